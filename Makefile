@@ -1,0 +1,38 @@
+# Two commands from a fresh clone: `make run` and `make test`. Both create .venv first.
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTHON ?= python3
+
+.PHONY: run test lint golden screenshots bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch is pinned to the CPU build (see README); pip takes it from the local wheel here.
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/mha-tui explain --heads 2 "I love AI !"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+test: lint
+	_TYPER_FORCE_DISABLE_TERMINAL=1 $(BIN)/python -m pytest
+
+# Regenerate the pinned transcript after a deliberate change; read the diff before committing.
+golden: $(STAMP)
+	$(BIN)/mha-tui explain --heads 2 "I love AI !" --dump tests/golden/default.txt
+	$(BIN)/mha-tui explain --heads 2 "I love AI !" --ascii --dump tests/golden/default-ascii.txt
+
+screenshots: $(STAMP)
+	$(BIN)/python -m mha_tui.screenshots screenshots
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,105 @@
+"""The running example's configuration: sentence -> tokens -> vocabulary -> ids.
+
+Pure Python on purpose: the CLI validates every argument with this module before it
+imports torch, so a typo is refused in milliseconds. Never import torch, rich, textual or
+typer here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Ceilings that keep a run within a laptop's memory and a terminal's patience. GPT-2 XL
+# has C=1600 and h=25; 4096 leaves room above any textbook model.
+MAX_EMBED_DIM = 4096
+MAX_SEQ_LEN = 4096
+MAX_SEED = 2**63 - 1
+
+
+class ConfigError(ValueError):
+    """An argument the explainer cannot run with; the message says what would work."""
+
+
+def tokenize(sentence: str) -> tuple[str, ...]:
+    """Split on whitespace, exactly as the reference chapter's running example does."""
+    return tuple(sentence.split())
+
+
+def divisors(n: int) -> list[int]:
+    """The head counts that split an embedding of width n evenly."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _positive(flag: str, value: int, ceiling: int) -> None:
+    if value <= 0:
+        raise ConfigError(f"{flag} must be a positive whole number, got {value}")
+    if value > ceiling:
+        raise ConfigError(f"{flag} {value} is above this tool's ceiling of {ceiling}")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything that determines a trace; two equal configs give byte-identical traces."""
+
+    sentence: str
+    embed_dim: int = 4
+    num_heads: int = 2
+    seed: int = 0
+    causal: bool = True
+    max_seq_len: int = 64
+
+    def __post_init__(self) -> None:
+        _positive("--embed-dim", self.embed_dim, MAX_EMBED_DIM)
+        _positive("--heads", self.num_heads, self.embed_dim)
+        if self.embed_dim % self.num_heads:
+            valid = ", ".join(map(str, divisors(self.embed_dim)))
+            raise ConfigError(
+                f"--heads {self.num_heads} does not divide --embed-dim {self.embed_dim}; "
+                f"valid head counts for {self.embed_dim}: {valid}"
+            )
+        _positive("--max-seq-len", self.max_seq_len, MAX_SEQ_LEN)
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
+        if not self.tokens:
+            raise ConfigError("the sentence is empty; give at least one word, e.g. \"I love AI !\"")
+        if len(self.tokens) > self.max_seq_len:
+            raise ConfigError(
+                f"the sentence has {len(self.tokens)} tokens but --max-seq-len is "
+                f"{self.max_seq_len}; raise it with --max-seq-len {len(self.tokens)}"
+            )
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        return tokenize(self.sentence)
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        """Distinct tokens in order of first appearance."""
+        return tuple(dict.fromkeys(self.tokens))
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        index = {token: i for i, token in enumerate(self.vocab)}
+        return tuple(index[token] for token in self.tokens)
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.tokens)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "sentence": self.sentence,
+            "tokens": list(self.tokens),
+            "vocab": list(self.vocab),
+            "ids": list(self.ids),
+            "embed_dim": self.embed_dim,
+            "num_heads": self.num_heads,
+            "head_dim": self.head_dim,
+            "seed": self.seed,
+            "causal": self.causal,
+            "max_seq_len": self.max_seq_len,
+        }

@@ -1,0 +1,132 @@
+"""Write a trace as a transcript: text drawn by `render`, or strict JSON.
+
+Deterministic: the same arguments give the same bytes on any terminal and in any locale
+(a private Console with a fixed width and no environment). A file is replaced only once
+the whole transcript exists. Never import textual or typer here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from .records import TensorRecord, Trace
+from .render import ASCII_GLYPHS, RenderOptions, header, stage_view
+
+
+def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
+    """A Console that ignores the environment (TERM, COLUMNS, NO_COLOR, locale)."""
+    return Console(
+        file=file, width=width, color_system="truecolor" if color else None,
+        force_terminal=color, force_jupyter=False, force_interactive=False,
+        legacy_windows=False, emoji=False, highlight=False, markup=False,
+        soft_wrap=False, no_color=not color, _environ={},
+    )
+
+
+def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = False) -> str:
+    buffer = io.StringIO()
+    console = transcript_console(buffer, width, color)
+    console.print(header(trace.config, opts))
+    console.print()
+    for stage in trace.stages:
+        console.print(stage_view(trace, stage, opts))
+    # Rich pads table rows to the full width; trailing blanks only make diffs noisy.
+    text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    if opts.ascii:
+        # Labels were escaped already; this maps the tool's own glyphs and guards the rest.
+        text = text.translate(ASCII_GLYPHS).encode("ascii", "backslashreplace").decode("ascii")
+    return text
+
+
+def _jsonable(values: np.ndarray) -> Any:
+    """Nested lists; -inf/inf/nan as strings so that any JSON parser reads the file."""
+    if values.dtype.kind in "iub":
+        return values.tolist()
+    if np.isfinite(values).all():
+        return values.astype(np.float64).tolist()
+
+    def convert(item: Any) -> Any:
+        if isinstance(item, list):
+            return [convert(x) for x in item]
+        if math.isfinite(item):
+            return item
+        return "nan" if math.isnan(item) else ("-inf" if item < 0 else "inf")
+
+    return convert(values.astype(np.float64).tolist())
+
+
+def _tensor_json(record: TensorRecord) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "shape": list(record.shape),
+        "dims": list(record.dims),
+        "strides": list(record.strides),
+        "contiguous": record.contiguous,
+    }
+    if record.shares_storage is not None:
+        data["shares_storage_with_input"] = record.shares_storage
+    data["values"] = _jsonable(record.values)
+    return data
+
+
+def to_json(trace: Trace) -> str:
+    document = {
+        "config": trace.config.as_dict(),
+        "stages": [
+            {
+                "id": stage.id,
+                "title": stage.title,
+                "code": stage.code,
+                "explanation": stage.explanation,
+                "shape_in": list(stage.shape_in),
+                "shape_out": list(stage.shape_out),
+                "dims_in": list(stage.dims_in),
+                "dims_out": list(stage.dims_out),
+                "note": stage.note,
+                "tensors": {r.name: _tensor_json(r) for r in stage.tensors},
+                "aside": {r.name: _tensor_json(r) for r in stage.aside},
+                "checks": [{"label": c.label, "ok": c.ok} for c in stage.checks],
+            }
+            for stage in trace.stages
+        ],
+    }
+    return json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def check_writable(path: Path) -> str | None:
+    """Why a transcript could not be written to path, before any work is done."""
+    if path.is_dir():
+        return f"--dump {path} is a directory; give a file name such as {path / 'transcript.txt'}"
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        return f"--dump {path}: the folder {parent} does not exist"
+    unwritable = f"--dump {path} is not writable; choose another path or '-' for stdout"
+    if path.exists() and not os.access(path, os.W_OK):
+        return unwritable
+    try:  # the real test (permission bits lie to root and on special file systems)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError:
+        return unwritable
+    return None
+
+
+def write_atomic(path: Path, content: str) -> None:
+    """Write next to the target, then rename over it: never a half-written file."""
+    parent = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(content)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

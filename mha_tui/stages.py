@@ -1,0 +1,120 @@
+"""The eleven stages of a multi-head attention forward pass, as a learner reads them.
+
+This catalogue is pure data so that the app can draw its stage rail before torch has
+finished importing. Every `code` string is a line of `MultiHeadAttention.forward`
+verbatim (a test checks this), so what the learner reads is what ran.
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    id: str
+    title: str
+    code: str
+    explanation: str
+
+
+STAGES: tuple[StageInfo, ...] = (
+    StageInfo(
+        "embed",
+        "Embed the tokens",
+        "x = embedding(ids)",
+        "The sentence is split on whitespace; each distinct token gets an id in order of "
+        "first appearance. The embedding table holds one learned row of C numbers per "
+        "vocabulary entry, and looking up the ids gives x, one row per token: (B, T, C).",
+    ),
+    StageInfo(
+        "project",
+        "Project to queries, keys and values",
+        "Q, K, V = self.W_Q(x), self.W_K(x), self.W_V(x)",
+        "Three C x C linear layers turn every token into a query (what it looks for), a "
+        "key (what it offers) and a value (what it passes on). nn.Linear stores its weight "
+        "as (out, in) and computes x @ W.T, so output channel j is row j of the weight. "
+        "Output channels 0..d_h-1 will become head 0, the next d_h head 1, and so on.",
+    ),
+    StageInfo(
+        "view",
+        "Split the channels into heads",
+        "Q, K, V = Q.view(B, T, h, d_h), K.view(B, T, h, d_h), V.view(B, T, h, d_h)",
+        "view re-reads the same memory with a new shape: the C axis of each token is cut "
+        "into h groups of d_h channels. No number moves and nothing is copied; only the "
+        "shape and the strides change.",
+    ),
+    StageInfo(
+        "transpose",
+        "Move the head axis next to the batch axis",
+        "Q, K, V = Q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2)",
+        "transpose(1, 2) swaps the T and h axes, giving (B, h, T, d_h): now every head owns a "
+        "(T, d_h) matrix and one batched matmul can treat (B, h) as batch axes. It is still "
+        "the same memory read with swapped strides, so the result is not contiguous. "
+        "A single view(B, h, T, d_h) would NOT do this: it would slice the memory in the "
+        "wrong order and mix tokens into the wrong heads.",
+    ),
+    StageInfo(
+        "scores",
+        "Raw attention scores: Q @ K^T",
+        "scores = Q @ K.transpose(-2, -1)",
+        "Each head compares every query with every key by a dot product over its d_h "
+        "channels. One batched matmul yields h separate (T, T) score matrices: row = the "
+        "query token, column = the key token it is compared with.",
+    ),
+    StageInfo(
+        "scale",
+        "Scale by sqrt(d_h)",
+        "scores = scores / math.sqrt(d_h)",
+        "Dot products of d_h-dimensional vectors grow with d_h; dividing by sqrt(d_h) keeps "
+        "the scores in a range where softmax does not saturate into one-hot rows.",
+    ),
+    StageInfo(
+        "mask",
+        "Causal mask: no peeking ahead",
+        "scores = scores + self.causal_mask[:T, :T]",
+        "A token may only attend to itself and earlier tokens. Adding -inf above the "
+        "diagonal makes those entries exactly -inf, which softmax turns into exactly 0. "
+        "The same (T, T) mask broadcasts over every batch and head.",
+    ),
+    StageInfo(
+        "softmax",
+        "Softmax: scores become weights",
+        "weights = F.softmax(scores, dim=-1)",
+        "Softmax along each row turns scores into attention weights: every entry is in "
+        "[0, 1] and every row sums to 1. Row t says how much token t takes from each token.",
+    ),
+    StageInfo(
+        "attend",
+        "Weighted sum of the values",
+        "context = weights @ V",
+        "Each head mixes its value vectors with its weights: row t of the result is the "
+        "weighted average of the value rows that token t attends to, (B, h, T, d_h).",
+    ),
+    StageInfo(
+        "concat",
+        "Put the heads back side by side",
+        "strided = context.transpose(1, 2)\ncontext = strided.contiguous().view(B, T, C)",
+        "transpose(1, 2) brings the token axis back in front: (B, T, h, d_h), a strided "
+        "view. view needs contiguous memory, so contiguous() copies the numbers into the "
+        "new order first; then view(B, T, C) lays the h heads' d_h channels side by side.",
+    ),
+    StageInfo(
+        "w_o",
+        "Output projection W_O",
+        "out = self.out_drop(self.W_O(context))",
+        "A final C x C linear layer mixes the heads: every output channel is a weighted sum "
+        "over all C input channels, so over every head. Without W_O, head 0's features "
+        "could never combine with head 1's.",
+    ),
+)
+
+STAGE_IDS: tuple[str, ...] = tuple(stage.id for stage in STAGES)
+
+
+def stage_info(stage_id: str) -> StageInfo:
+    for stage in STAGES:
+        if stage.id == stage_id:
+            return stage
+    raise KeyError(stage_id)

@@ -1,0 +1,134 @@
+"""The trace is the module's own forward, recorded stage by stage; its invariants hold."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from mha_tui import model, trace
+from mha_tui.config import Config
+from mha_tui.stages import STAGE_IDS, STAGES
+from mha_tui.trace import build, run_trace
+
+from .conftest import default_trace
+
+EXPECTED_IDS = ("embed", "project", "view", "transpose", "scores", "scale", "mask", "softmax",
+                "attend", "concat", "w_o")
+
+CONFIGS = [
+    Config("I love AI !"),
+    Config("I love AI !", embed_dim=8, num_heads=1, seed=3),
+    Config("the cat sat on the mat", embed_dim=12, num_heads=3, seed=1),
+    Config("a b c d e f g h i", embed_dim=16, num_heads=8, seed=9, causal=False),
+    Config("solo", embed_dim=6, num_heads=2, seed=2),
+]
+
+
+def test_stage_ids_in_order() -> None:
+    assert STAGE_IDS == EXPECTED_IDS
+    assert tuple(s.id for s in default_trace().stages) == EXPECTED_IDS
+
+
+def test_every_code_line_is_in_the_source_that_runs() -> None:
+    source = inspect.getsource(model.MultiHeadAttention.forward) + inspect.getsource(trace._run)
+    for stage in STAGES:
+        for line in stage.code.splitlines():
+            assert line in source, f"{stage.id}: {line!r} is not what runs"
+
+
+def test_construction_order_is_the_reference_chapters() -> None:
+    """manual_seed, then nn.Embedding(V, C), then W_Q, W_K, W_V, W_O in that order."""
+    config = Config("I love AI !")
+    torch.manual_seed(0)
+    embedding = nn.Embedding(4, 4)
+    linears = [nn.Linear(4, 4, bias=False) for _ in range(4)]
+    t = default_trace()
+    assert np.array_equal(t.stage("embed").tensor("embedding.weight").values,
+                          embedding.weight.detach().numpy())
+    for name, lin in zip(["W_Q", "W_K", "W_V"], linears, strict=False):
+        assert np.array_equal(t.stage("project").tensor(f"{name}.weight").values,
+                              lin.weight.detach().numpy())
+    assert np.array_equal(t.stage("w_o").tensor("W_O.weight").values, linears[3].weight.detach().numpy())
+    assert config.vocab == ("I", "love", "AI", "!") and config.ids == (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"C{c.embed_dim}h{c.num_heads}")
+def test_final_tensor_is_module_forward(config: Config) -> None:
+    t = run_trace(config)
+    embedding, module = build(config)
+    with torch.no_grad():
+        expected = module(embedding(torch.tensor([config.ids])))
+    assert torch.equal(torch.from_numpy(t.stage("w_o").tensor("out").values), expected)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"C{c.embed_dim}h{c.num_heads}")
+def test_softmax_and_mask_invariants(config: Config) -> None:
+    t = run_trace(config)
+    masked = t.stage("mask").tensor("scores").values
+    weights = t.stage("softmax").tensor("weights").values
+    assert np.allclose(weights.sum(-1), 1.0, atol=1e-6)
+    T = config.seq_len
+    above = np.triu(np.ones((T, T), dtype=bool), 1)
+    if config.causal:
+        assert np.isneginf(masked[..., above]).all()
+        assert (weights[..., above] == 0).all()
+        assert np.isfinite(masked[..., ~above]).all()
+    else:
+        assert np.isfinite(masked).all()
+        assert np.array_equal(masked, t.stage("scale").tensor("scores").values)
+
+
+def test_no_causal_keeps_mask_stage_and_says_so() -> None:
+    t = run_trace(Config("I love AI !", causal=False))
+    stage = t.stage("mask")
+    assert "No mask is applied" in stage.note
+    assert [r.name for r in stage.tensors] == ["scores"]
+    assert stage.tensor("scores").shares_storage is True  # the very same tensor passes through
+
+
+def test_strides_contiguity_and_storage() -> None:
+    t = default_trace()
+    view_q = t.stage("view").tensor("Q")
+    assert view_q.shape == (1, 4, 2, 2) and view_q.strides == (16, 4, 2, 1)
+    assert view_q.contiguous and view_q.shares_storage
+    tq = t.stage("transpose").tensor("Q")
+    assert tq.shape == (1, 2, 4, 2) and tq.strides == (16, 2, 4, 1)
+    assert not tq.contiguous and tq.shares_storage
+    strided, context = t.stage("concat").tensors
+    assert strided.shares_storage and not strided.contiguous
+    assert context.contiguous and context.shares_storage is False
+    assert t.stage("view").transition == "(1, 4, 4) -> (1, 4, 2, 2)"
+    assert t.stage("transpose").dims_transition == "(B, T, h, d_h) -> (B, h, T, d_h)"
+
+
+def test_token_axes_and_dims_are_labelled() -> None:
+    for stage in default_trace().stages:
+        for record in stage.tensors:
+            assert len(record.dims) == len(record.shape), (stage.id, record.name)
+
+
+def test_wrong_view_scrambles_heads() -> None:
+    aside = default_trace().stage("transpose").aside[0]
+    # head 0 of the wrong view holds both halves of "I" and of "love": tokens mixed into heads
+    assert aside.row_tags == (("I·h0", "I·h1", "love·h0", "love·h1"), ("AI·h0", "AI·h1", "!·h0", "!·h1"))
+    right = default_trace().stage("transpose").tensor("Q").values
+    assert not np.array_equal(aside.values, right)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"C{c.embed_dim}h{c.num_heads}")
+def test_no_check_fails(config: Config) -> None:
+    for stage in run_trace(config).stages:
+        for check in stage.checks:
+            assert check.ok is not False, (stage.id, check.label)
+
+
+def test_a_broken_module_is_caught_by_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check lines are computed: a softmax over the wrong axis shows up as a failure."""
+    real = torch.nn.functional.softmax
+    monkeypatch.setattr(model.F, "softmax", lambda s, dim: real(s, dim=-2))
+    t = run_trace(Config("I love AI !"))
+    assert any(c.ok is False for c in t.stage("softmax").checks)
