@@ -36,6 +36,7 @@ class TensorRecord:
     caption: str = ""
     # For a tensor whose rows are not tokens (the wrong view): what each row holds.
     row_tags: tuple[tuple[str, ...], ...] | None = None
+    row_tag_heads: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:

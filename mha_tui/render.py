@@ -29,6 +29,7 @@ from rich.text import Text
 
 from .config import Config
 from .records import Check, Stage, TensorRecord, Trace
+from .stages import StageInfo
 
 # Tableau 10: distinguishable, and readable on dark and light backgrounds.
 HEAD_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1",
@@ -296,8 +297,10 @@ def _channel_axis(n: int, d_h: int | None, prefix: str = "c") -> Axis:
     return Axis([f"{prefix}{c}" for c in range(n)], heads=heads, sub=[f"h{h}" for h in heads])
 
 
-def _token_axis(config: Config, tags: Sequence[str] | None = None) -> Axis:
-    return Axis(list(tags) if tags is not None else list(config.tokens), literal=True)
+def _token_axis(config: Config, tags: Sequence[str] | None = None,
+                tag_heads: Sequence[int] | None = None) -> Axis:
+    return Axis(list(tags) if tags is not None else list(config.tokens), heads=tag_heads,
+                literal=True)
 
 
 def _head_title(record: TensorRecord, head: int, opts: RenderOptions) -> Text:
@@ -345,9 +348,10 @@ def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -
         matrices = []
         for i in _heads_shown(v.shape[1], opts):
             tags = record.row_tags[i] if record.row_tags is not None else None
+            tag_heads = record.row_tag_heads[i] if record.row_tag_heads is not None else None
             cols = (_token_axis(config) if dims[-1] == "T"
                     else Axis([f"d{j}" for j in range(v.shape[3])]))
-            matrices.append(Matrix(v[0, i], record, _token_axis(config, tags), cols,
+            matrices.append(Matrix(v[0, i], record, _token_axis(config, tags, tag_heads), cols,
                                    _head_title(record, i, opts), opts, head=i))
         return matrices
     raise ValueError(f"no layout for dims {dims}")
@@ -403,15 +407,24 @@ def stage_heading(trace: Trace, stage: Stage) -> Text:
                          ("  ·  ", "dim"), (stage.title, "bold"))
 
 
+def code_block(code: str) -> Padding:
+    """The stage's PyTorch line(s), syntax-highlighted."""
+    return Padding(Syntax(code, "python", theme="monokai", background_color="default",
+                          word_wrap=True), (0, 0, 0, 2))
+
+
+def pending_intro(info: StageInfo) -> Group:
+    """What a stage says before its numbers exist (the app while torch loads)."""
+    return Group(Text("code", style="dim"), code_block(info.code), Text(info.explanation))
+
+
 def stage_intro(stage: Stage, opts: RenderOptions) -> Group:
     """Shape transition, the PyTorch line (highlighted), the explanation and any note."""
-    code = Syntax(stage.code, "python", theme="monokai", background_color="default",
-                  word_wrap=True)
     parts: list[RenderableType] = [
         Text.assemble(("shape  ", "dim"), (stage.transition, "bold"), "   ",
                       (stage.dims_transition, "cyan")),
-        Text.assemble(("code", "dim")),
-        Padding(code, (0, 0, 0, 2)),
+        Text("code", style="dim"),
+        code_block(stage.code),
         Text(stage.explanation),
     ]
     if stage.note:
@@ -431,7 +444,8 @@ def stage_tensors(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     parts: list[RenderableType] = []
     records = list(stage.tensors)
     if opts.wrong_view and stage.aside:
-        records = [*stage.aside, *records]
+        # The wrong reshape right above the right one, so the scrambled heads stand out.
+        records = [*stage.aside, stage.tensors[0]]
     for record in records:
         parts.append(TensorView(record, trace.config, opts))
         parts.append(Text(""))

@@ -45,6 +45,7 @@ def _record(
     head_split: int | None = None,
     caption: str = "",
     row_tags: tuple[tuple[str, ...], ...] | None = None,
+    row_tag_heads: tuple[tuple[int, ...], ...] | None = None,
 ) -> TensorRecord:
     t = t.detach()
     return TensorRecord(
@@ -59,6 +60,7 @@ def _record(
         head_split=head_split,
         caption=caption,
         row_tags=row_tags,
+        row_tag_heads=row_tag_heads,
     )
 
 
@@ -204,11 +206,12 @@ def _wrong_view(config: Config, q: torch.Tensor) -> TensorRecord:
         tuple(f"{config.tokens[int(token_of[0, i, r])]}·h{int(head_of[0, i, r])}" for r in range(T))
         for i in range(h)
     )
+    tag_heads = tuple(tuple(int(head_of[0, i, r]) for r in range(T)) for i in range(h))
     return _record("Q.view(B, h, T, d_h)", q.view(B, h, T, d_h), BHTD,
                    source=("project's Q", q),
                    caption="WRONG: one view(B, h, T, d_h) reads memory in the old order; "
                            "each row is labelled with the token and head block it really holds",
-                   row_tags=tags)
+                   row_tags=tags, row_tag_heads=tag_heads)
 
 
 def _transpose(config: Config, p: dict[str, torch.Tensor], v: dict[str, torch.Tensor],

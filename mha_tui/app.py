@@ -1,0 +1,288 @@
+"""The step-through app: which stage is shown, keys, layout. Drawing is `render`'s job.
+
+The trace is computed once, off the event loop (torch takes seconds to import), and handed
+to the app whole; until it arrives the header and stage rail are already on screen and key
+presses move the stage cursor. Nothing is computed in compose() or in key handlers: they
+only choose what to show and how wide. Never import typer or the CLI here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from typing import ClassVar
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.reactive import reactive
+from textual.screen import ModalScreen
+from textual.widgets import Footer, OptionList, Static
+from textual.widgets.option_list import Option
+
+from .config import Config
+from .records import Trace
+from .render import (
+    RenderOptions,
+    check_lines,
+    header,
+    pending_intro,
+    stage_heading,
+    stage_intro,
+    stage_tensors,
+)
+from .stages import STAGE_IDS, STAGES
+
+MIN_WIDTH, MIN_HEIGHT = 60, 16
+KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-"}
+MAX_DECIMALS = 8
+
+
+def _load_trace(config: Config) -> Trace:
+    from .trace import run_trace
+
+    return run_trace(config)
+
+
+class StageRail(OptionList):
+    """Every stage, the current one highlighted; a click jumps there. Keys stay with the app."""
+
+    can_focus = False
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key of the app, from the app's own bindings."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q,question_mark", "dismiss", "Close help", id="help.close"),
+    ]
+
+    def __init__(self, rows: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.rows = rows
+
+    def compose(self) -> ComposeResult:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(justify="right", style="bold cyan", no_wrap=True)
+        grid.add_column()
+        for keys, description in self.rows:
+            grid.add_row(keys, description)
+        with VerticalScroll(id="help-body"):
+            yield Static(Group(Text("Keys", style="bold"), grid,
+                               Text("Click a stage in the rail to jump to it. "
+                                    "escape, q or ? closes this help.", style="dim")))
+
+
+class ExplainApp(App[None]):
+    """Step through a traced MultiHeadAttention forward pass."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "mha-tui"
+    ENABLE_COMMAND_PALETTE = False
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("right,l,n,space", "step(1)", "Next", key_display="→", priority=True,
+                tooltip="Next stage", id="stage.next"),
+        Binding("left,h,p", "step(-1)", "Prev", key_display="←", priority=True,
+                tooltip="Previous stage", id="stage.prev"),
+        Binding("home", "jump(0)", "First", priority=True, tooltip="First stage", id="stage.first"),
+        Binding("end", "jump(-1)", "Last", priority=True, tooltip="Last stage", id="stage.last"),
+        *(Binding(str(k), f"jump({(k - 1) % 10})", f"Stage {(k - 1) % 10 + 1}", show=False,
+                  id=f"stage.jump{k}") for k in range(10)),
+        Binding("tab", "head(1)", "Head", key_display="tab", priority=True,
+                tooltip="Focus the next head; the others dim", id="head.next"),
+        Binding("shift+tab", "head(-1)", "Prev head", show=False, priority=True,
+                id="head.prev"),
+        Binding("a", "all_heads", "All", tooltip="Show every head at full strength",
+                id="head.all"),
+        Binding("v", "numbers", "Nums", tooltip="Numbers on/off over the colours",
+                id="view.numbers"),
+        Binding("plus,equals_sign", "decimals(1)", "+dec", key_display="+",
+                tooltip="More decimals", id="view.more"),
+        Binding("minus", "decimals(-1)", "-dec", key_display="-",
+                tooltip="Fewer decimals", id="view.fewer"),
+        Binding("w", "wrong_view", "Wrong", tooltip="At transpose: show the wrong "
+                "Q.view(B, h, T, d_h) above the right Q", id="view.wrong"),
+        Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
+        Binding("q", "quit", "Quit", id="app.quit"),
+    ]
+    """Navigation keys are priority bindings so no widget can swallow them."""
+
+    stage_index: reactive[int] = reactive(0, bindings=True, init=False)
+    """Which stage is on screen: the one value navigation changes."""
+
+    view: reactive[RenderOptions] = reactive(RenderOptions, bindings=True, init=False)
+    """How tensors are drawn: focused head, numbers, decimals, the wrong-view contrast."""
+
+    def __init__(self, config: Config, *, trace: Trace | None = None, start: str = STAGE_IDS[0],
+                 ascii_only: bool = False,
+                 loader: Callable[[Config], Trace] = _load_trace) -> None:
+        super().__init__()
+        self.config = config
+        self.trace = trace
+        self._loader = loader
+        self._start = STAGE_IDS.index(start)
+        self._ascii = ascii_only
+        self.load_error: str | None = None
+
+    # ------------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        yield Static(header(self.config, RenderOptions(ascii=self._ascii)), id="header")
+        with Horizontal(id="body"):
+            yield StageRail(*(Option(Text.assemble((f"{i + 1:>2} ", "dim"), info.id), id=info.id)
+                              for i, info in enumerate(STAGES)), id="rail")
+            with VerticalScroll(id="main"):
+                yield Static(id="title")
+                yield Static(id="intro")
+                yield Static(id="tensors")
+                yield Static(id="checks")
+        yield Static(id="too-small")
+        yield Footer(compact=True, show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.theme = "textual-dark"
+        no_color = "NO_COLOR" in os.environ
+        self.set_reactive(ExplainApp.view, RenderOptions(ascii=self._ascii, color=not no_color))
+        self.set_reactive(ExplainApp.stage_index, self._start)
+        if self.trace is None:
+            self.run_worker(self._load, thread=True, exclusive=True, name="trace")
+        self._fit(self.size.width, self.size.height)
+        self._show()
+
+    def _load(self) -> None:
+        try:
+            trace = self._loader(self.config)
+        except Exception as error:  # shown on screen; a TUI must not die with a traceback
+            self.call_from_thread(self._failed, f"{type(error).__name__}: {error}")
+            return
+        self.call_from_thread(self._loaded, trace)
+
+    def _loaded(self, trace: Trace) -> None:
+        self.trace = trace
+        self._show()
+
+    def _failed(self, message: str) -> None:
+        self.load_error = message
+        self._show()
+
+    # ------------------------------------------------------------------ showing
+
+    def watch_stage_index(self) -> None:
+        self.query_one("#main", VerticalScroll).scroll_home(animate=False)
+        self._show()
+
+    def watch_view(self) -> None:
+        self._show()
+
+    def on_resize(self, event: object) -> None:
+        self._fit(self.size.width, self.size.height)
+        self._show()
+
+    def _fit(self, width: int, height: int) -> None:
+        """Too small to be useful: say so instead of drawing a broken layout."""
+        small = width < MIN_WIDTH or height < MIN_HEIGHT
+        self.screen.set_class(small, "-too-small")
+        self.query_one("#too-small", Static).update(
+            Text(f"Make the terminal larger: mha-tui needs at least {MIN_WIDTH}x{MIN_HEIGHT} "
+                 f"(now {width}x{height}).", justify="center"))
+
+    def _window_options(self) -> RenderOptions:
+        """Elide tensors to what the main pane can show: cost follows the screen."""
+        main = self.query_one("#main")
+        width = max(30, (main.size.width or self.size.width - 28) - 2)
+        cell = self.view.decimals + 5
+        max_cols = max(2, (width - 14) // cell)
+        return replace(self.view, max_cols=max_cols, max_rows=16, max_heads=4, width=width)
+
+    def _show(self) -> None:
+        info = STAGES[self.stage_index]
+        rail = self.query_one(StageRail)
+        rail.highlighted = self.stage_index
+        title, intro = self.query_one("#title", Static), self.query_one("#intro", Static)
+        tensors, checks = self.query_one("#tensors", Static), self.query_one("#checks", Static)
+        if self.trace is None:
+            title.update(Text.assemble((f"{self.stage_index + 1}/{len(STAGES)} ", "dim"),
+                                       (info.id, "bold"), ("  ·  ", "dim"), (info.title, "bold")))
+            intro.update(pending_intro(info))
+            message = (Text(f"Could not run the module: {self.load_error}", style="bold red")
+                       if self.load_error else
+                       Text("loading torch and running the forward pass…", style="italic"))
+            tensors.update(message)
+            checks.update("")
+            return
+        stage = self.trace.stages[self.stage_index]
+        opts = self._window_options()
+        title.update(stage_heading(self.trace, stage))
+        intro.update(stage_intro(stage, opts))
+        tensors.update(stage_tensors(self.trace, stage, opts))
+        checks.update(check_lines(stage.checks, opts.ascii))
+
+    # ------------------------------------------------------------------ actions
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Grey out keys that cannot act here (None), rather than hiding them."""
+        last = len(STAGES) - 1
+        if action == "step":
+            step = parameters[0] if parameters else 1
+            return None if (step == 1 and self.stage_index == last) or (
+                step == -1 and self.stage_index == 0) else True
+        if action == "jump":
+            target = parameters[0] if parameters else 0
+            return None if target % len(STAGES) == self.stage_index else True
+        if action == "head":
+            return True if self.config.num_heads > 1 else None
+        if action == "all_heads":
+            return None if self.view.focus is None else True
+        if action == "decimals":
+            delta = parameters[0] if parameters else 1
+            return None if not 0 <= self.view.decimals + int(delta) <= MAX_DECIMALS else True
+        if action == "wrong_view":
+            return True if STAGES[self.stage_index].id == "transpose" else None
+        return True
+
+    def action_step(self, delta: int) -> None:
+        self.stage_index = min(len(STAGES) - 1, max(0, self.stage_index + delta))
+
+    def action_jump(self, index: int) -> None:
+        self.stage_index = index % len(STAGES)
+
+    def action_head(self, delta: int) -> None:
+        h = self.config.num_heads
+        current = self.view.focus
+        focus = (0 if delta > 0 else h - 1) if current is None else (current + delta) % h
+        self.view = replace(self.view, focus=focus)
+
+    def action_all_heads(self) -> None:
+        self.view = replace(self.view, focus=None)
+
+    def action_numbers(self) -> None:
+        self.view = replace(self.view, numbers=not self.view.numbers)
+
+    def action_decimals(self, delta: int) -> None:
+        self.view = replace(self.view, decimals=min(MAX_DECIMALS, max(0, self.view.decimals + delta)))
+
+    def action_wrong_view(self) -> None:
+        self.view = replace(self.view, wrong_view=not self.view.wrong_view)
+
+    def action_help(self) -> None:
+        rows: dict[str, list[str]] = {}
+        for binding in self.BINDINGS:
+            assert isinstance(binding, Binding)
+            description = binding.tooltip or binding.description
+            if binding.action.startswith("jump(") and binding.key not in ("home", "end"):
+                description = "Jump to stage 1-9, 0 for stage 10"
+            keys = (KEY_NAMES.get(key, key) for key in binding.key.split(","))
+            rows.setdefault(description, []).extend(keys)
+        self.push_screen(HelpScreen([(", ".join(keys), desc) for desc, keys in rows.items()]))
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.stage_index = event.option_index
+
+
+def run_app(config: Config, *, start: str = STAGE_IDS[0], ascii_only: bool = False) -> None:
+    ExplainApp(config, start=start, ascii_only=ascii_only).run()

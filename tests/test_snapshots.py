@@ -1,0 +1,59 @@
+"""SVG snapshots of the app. Accept a change with --snapshot-update only after looking at it."""
+
+from __future__ import annotations
+
+import pytest
+
+from mha_tui.app import ExplainApp
+from mha_tui.stages import STAGE_IDS
+
+from .conftest import default_trace
+
+
+def app_at(stage: str) -> ExplainApp:
+    trace = default_trace()
+    return ExplainApp(trace.config, trace=trace, start=stage)
+
+
+@pytest.mark.parametrize("stage", STAGE_IDS)
+def test_every_stage_at_100x32(snap_compare, stage: str) -> None:
+    """Each stage of "I love AI !" (C=4, h=2) as it first appears at 100x32."""
+    assert snap_compare(app_at(stage), terminal_size=(100, 32))
+
+
+def test_transpose_with_the_wrong_view_at_80x24(snap_compare) -> None:
+    """At 80x24: `w` puts Q.view(B, h, T, d_h) above the right Q, rows coloured by true head."""
+    assert snap_compare(app_at("transpose"), press=["w"], terminal_size=(80, 24))
+
+
+def test_softmax_focused_on_head_1_at_80x24(snap_compare) -> None:
+    """At 80x24: tab twice focuses head 1; head 0 dims."""
+    assert snap_compare(app_at("softmax"), press=["tab", "tab"], terminal_size=(80, 24))
+
+
+def test_project_without_numbers_at_80x24(snap_compare) -> None:
+    """At 80x24: `v` hides the numbers and leaves the colours of W_Q."""
+    assert snap_compare(app_at("project"), press=["v"], terminal_size=(80, 24))
+
+
+def test_help_screen_at_80x24(snap_compare) -> None:
+    """At 80x24: `?` lists every key."""
+    assert snap_compare(app_at("embed"), press=["question_mark"], terminal_size=(80, 24))
+
+
+def test_too_small_notice(snap_compare) -> None:
+    """At 50x12: a notice instead of a broken layout."""
+    assert snap_compare(app_at("embed"), terminal_size=(50, 12))
+
+
+async def test_committed_screenshots_are_current(tmp_path) -> None:
+    """screenshots/ is what `make screenshots` produces now, byte for byte."""
+    from pathlib import Path
+
+    from mha_tui.screenshots import SHOTS, shoot
+
+    written = await shoot(tmp_path)
+    committed = Path(__file__).parent.parent / "screenshots"
+    assert sorted(p.name for p in committed.glob("*.svg")) == sorted(name for name, _ in SHOTS)
+    for path in written:
+        assert path.read_bytes() == (committed / path.name).read_bytes(), path.name
