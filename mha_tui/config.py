@@ -50,7 +50,7 @@ class Config:
 
     def __post_init__(self) -> None:
         _positive("--embed-dim", self.embed_dim, MAX_EMBED_DIM)
-        _positive("--heads", self.num_heads, self.embed_dim)
+        _positive("--heads", self.num_heads, MAX_EMBED_DIM)
         if self.embed_dim % self.num_heads:
             valid = ", ".join(map(str, divisors(self.embed_dim)))
             raise ConfigError(

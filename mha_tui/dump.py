@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -47,24 +47,24 @@ def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = F
     return text
 
 
-def _jsonable(values: np.ndarray) -> Any:
-    """Nested lists; -inf/inf/nan as strings so that any JSON parser reads the file."""
-    if values.dtype.kind in "iub":
-        return values.tolist()
-    if np.isfinite(values).all():
-        return values.astype(np.float64).tolist()
+def _values_json(values: np.ndarray) -> str:
+    """Nested lists on one line, each float32 in its shortest form that reads back exactly;
+    -inf/inf/nan as strings so that any JSON parser reads the file."""
+    text = values.astype(str)  # NumPy's shortest round-tripping repr, per dtype, in C
+    if values.dtype.kind == "f":
+        finite = np.isfinite(values)
+        if not finite.all():
+            text = np.where(finite, text, np.char.add(np.char.add('"', text), '"'))
 
-    def convert(item: Any) -> Any:
-        if isinstance(item, list):
-            return [convert(x) for x in item]
-        if math.isfinite(item):
-            return item
-        return "nan" if math.isnan(item) else ("-inf" if item < 0 else "inf")
+    def nest(block: np.ndarray) -> str:
+        if block.ndim <= 1:
+            return "[" + ",".join(block.reshape(-1).tolist()) + "]"
+        return "[" + ",".join(nest(row) for row in block) + "]"
 
-    return convert(values.astype(np.float64).tolist())
+    return nest(text) if values.ndim else str(text)
 
 
-def _tensor_json(record: TensorRecord) -> dict[str, Any]:
+def _tensor_json(record: TensorRecord, placeholders: dict[str, str], nonce: str) -> dict[str, Any]:
     data: dict[str, Any] = {
         "shape": list(record.shape),
         "dims": list(record.dims),
@@ -73,11 +73,19 @@ def _tensor_json(record: TensorRecord) -> dict[str, Any]:
     }
     if record.shares_storage is not None:
         data["shares_storage_with_input"] = record.shares_storage
-    data["values"] = _jsonable(record.values)
+    key = f"{nonce}{len(placeholders)}"
+    placeholders[key] = _values_json(record.values)
+    data["values"] = key
     return data
 
 
 def to_json(trace: Trace) -> str:
+    """Readable structure (indented), compact values (one line per tensor)."""
+    placeholders: dict[str, str] = {}
+    user_text = json.dumps(trace.config.as_dict(), ensure_ascii=False)
+    nonce = "@values-"
+    while nonce in user_text:  # the only user text in the document is the config
+        nonce = f"@{secrets.token_hex(8)}-"
     document = {
         "config": trace.config.as_dict(),
         "stages": [
@@ -91,14 +99,21 @@ def to_json(trace: Trace) -> str:
                 "dims_in": list(stage.dims_in),
                 "dims_out": list(stage.dims_out),
                 "note": stage.note,
-                "tensors": {r.name: _tensor_json(r) for r in stage.tensors},
-                "aside": {r.name: _tensor_json(r) for r in stage.aside},
+                "tensors": {r.name: _tensor_json(r, placeholders, nonce) for r in stage.tensors},
+                "aside": {r.name: _tensor_json(r, placeholders, nonce) for r in stage.aside},
                 "checks": [{"label": c.label, "ok": c.ok} for c in stage.checks],
             }
             for stage in trace.stages
         ],
     }
-    return json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    skeleton = json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False)
+    parts = skeleton.split(f'"{nonce}')
+    out = [parts[0]]
+    for part in parts[1:]:
+        index, rest = part.split('"', 1)
+        out.append(placeholders[f"{nonce}{index}"])
+        out.append(rest)
+    return "".join(out) + "\n"
 
 
 def check_writable(path: Path) -> str | None:

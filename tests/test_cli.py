@@ -76,7 +76,7 @@ BAD = [
     (["explain", "a", "--embed-dim", "100000"], "above this tool's ceiling of 4096"),
     (["explain", "a", "--max-seq-len", "0"], "--max-seq-len must be a positive whole number"),
     (["explain", "a", "--max-seq-len", "99999"], "above this tool's ceiling of 4096"),
-    (["explain", "a", "--heads", "8", "--embed-dim", "4"], "above this tool's ceiling of 4"),
+    (["explain", "a", "--heads", "8", "--embed-dim", "4"], "valid head counts for 4: 1, 2, 4"),
     (["explain", "a", "--seed", "-1"], "--seed must be between 0 and"),
     (["explain", "a", "--heads", "two"], "Invalid value for '--heads'"),
     (["explain", "a", "--format", "xml"], "'xml' is not one of"),
