@@ -9,6 +9,7 @@ only choose what to show and how wide. Never import typer or the CLI here.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import ClassVar
@@ -21,20 +22,14 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import ModalScreen
+from textual.strip import Strip
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
 from .config import Config
 from .records import Trace
-from .render import (
-    RenderOptions,
-    check_lines,
-    header,
-    pending_intro,
-    stage_heading,
-    stage_intro,
-    stage_tensors,
-)
+from .render import RenderOptions, header, pending_screen, stage_screen
+from .stage_view import LineCache, StageView, render_strips
 from .stages import STAGE_IDS, STAGES
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
@@ -112,8 +107,11 @@ class ExplainApp(App[None]):
     ]
     """Navigation keys are priority bindings so no widget can swallow them."""
 
-    stage_index: reactive[int] = reactive(0, bindings=True, init=False)
-    """Which stage is on screen: the one value navigation changes."""
+    stage_index: reactive[int] = reactive(0, init=False)
+    """Which stage is on screen: the one value navigation changes.
+
+    Not `bindings=True`: that recomposes the footer (a full layout, ~13 ms) on every step;
+    the watcher refreshes bindings only when a key's enabled state really changes."""
 
     view: reactive[RenderOptions] = reactive(RenderOptions, bindings=True, init=False)
     """How tensors are drawn: focused head, numbers, decimals, the wrong-view contrast."""
@@ -128,6 +126,12 @@ class ExplainApp(App[None]):
         self._start = STAGE_IDS.index(start)
         self._ascii = ascii_only
         self.load_error: str | None = None
+        # Timing hooks for the benchmark: set MHA_TUI_MARKS=FILE to get "paint" and
+        # "values" wall-clock marks; repaint_seconds collects key-to-repaint durations.
+        self._marks_path = os.environ.get("MHA_TUI_MARKS")
+        self.repaint_seconds: list[float] = []
+        self._cache = LineCache()
+        self._cache_disabled = False  # the benchmark turns warming off to time cold paints
 
     # ------------------------------------------------------------------ layout
 
@@ -136,11 +140,7 @@ class ExplainApp(App[None]):
         with Horizontal(id="body"):
             yield StageRail(*(Option(Text.assemble((f"{i + 1:>2} ", "dim"), info.id), id=info.id)
                               for i, info in enumerate(STAGES)), id="rail")
-            with VerticalScroll(id="main"):
-                yield Static(id="title")
-                yield Static(id="intro")
-                yield Static(id="tensors")
-                yield Static(id="checks")
+            yield StageView(id="main")
         yield Static(id="too-small")
         yield Footer(compact=True, show_command_palette=False)
 
@@ -152,7 +152,12 @@ class ExplainApp(App[None]):
         if self.trace is None:
             self.run_worker(self._load, thread=True, exclusive=True, name="trace")
         self._fit(self.size.width, self.size.height)
-        self._show()
+        # The stage itself is drawn once the layout has given it a width (WidthChanged).
+
+    def _mark(self, name: str) -> None:
+        if self._marks_path:
+            with open(self._marks_path, "a", encoding="utf-8") as marks:
+                marks.write(f"{name} {time.time():.6f}\n")
 
     def _load(self) -> None:
         try:
@@ -165,6 +170,8 @@ class ExplainApp(App[None]):
     def _loaded(self, trace: Trace) -> None:
         self.trace = trace
         self._show()
+        self.call_after_refresh(self._mark, "values")
+        self._warm()
 
     def _failed(self, message: str) -> None:
         self.load_error = message
@@ -172,16 +179,26 @@ class ExplainApp(App[None]):
 
     # ------------------------------------------------------------------ showing
 
-    def watch_stage_index(self) -> None:
-        self.query_one("#main", VerticalScroll).scroll_home(animate=False)
-        self._show()
+    def watch_stage_index(self, old: int, new: int) -> None:
+        started = time.perf_counter()
+        if self._key_states(old) != self._key_states(new):
+            self.refresh_bindings()
+        self._show(home=True)
+        self.call_after_refresh(lambda: self.repaint_seconds.append(time.perf_counter() - started))
 
     def watch_view(self) -> None:
         self._show()
+        self._warm()
 
     def on_resize(self, event: object) -> None:
         self._fit(self.size.width, self.size.height)
+
+    def on_stage_view_width_changed(self) -> None:
+        first = not self.query_one(StageView).lines
         self._show()
+        self._warm()
+        if first:
+            self.call_after_refresh(self._mark, "paint")
 
     def _fit(self, width: int, height: int) -> None:
         """Too small to be useful: say so instead of drawing a broken layout."""
@@ -191,38 +208,56 @@ class ExplainApp(App[None]):
             Text(f"Make the terminal larger: mha-tui needs at least {MIN_WIDTH}x{MIN_HEIGHT} "
                  f"(now {width}x{height}).", justify="center"))
 
-    def _window_options(self) -> RenderOptions:
-        """Elide tensors to what the main pane can show: cost follows the screen."""
-        main = self.query_one("#main")
-        width = max(30, (main.size.width or self.size.width - 28) - 2)
+    def _window_options(self, width: int) -> RenderOptions:
+        """Elide tensors to what the pane can show: cost follows the screen."""
         cell = self.view.decimals + 5
         max_cols = max(2, (width - 14) // cell)
         return replace(self.view, max_cols=max_cols, max_rows=16, max_heads=4, width=width)
 
-    def _show(self) -> None:
-        info = STAGES[self.stage_index]
-        rail = self.query_one(StageRail)
-        rail.highlighted = self.stage_index
-        title, intro = self.query_one("#title", Static), self.query_one("#intro", Static)
-        tensors, checks = self.query_one("#tensors", Static), self.query_one("#checks", Static)
-        if self.trace is None:
-            title.update(Text.assemble((f"{self.stage_index + 1}/{len(STAGES)} ", "dim"),
-                                       (info.id, "bold"), ("  ·  ", "dim"), (info.title, "bold")))
-            intro.update(pending_intro(info))
-            message = (Text(f"Could not run the module: {self.load_error}", style="bold red")
-                       if self.load_error else
-                       Text("loading torch and running the forward pass…", style="italic"))
-            tensors.update(message)
-            checks.update("")
+    def _lines(self, index: int, width: int) -> list[Strip]:
+        """The stage's rendered lines at this width, from the cache or rendered now."""
+        assert self.trace is not None
+        opts = self._window_options(width)
+        key = (index, opts)
+        with self._cache.lock:
+            lines = self._cache.get(key)
+            if lines is None:
+                stage = self.trace.stages[index]
+                lines = render_strips(self.console, stage_screen(self.trace, stage, opts), width)
+                self._cache.put(key, lines)
+        return lines
+
+    def _show(self, home: bool = False) -> None:
+        self.query_one(StageRail).highlighted = self.stage_index
+        view = self.query_one(StageView)
+        width = view.text_width
+        if self.trace is not None:
+            view.show(self._lines(self.stage_index, width), home=home)
             return
-        stage = self.trace.stages[self.stage_index]
-        opts = self._window_options()
-        title.update(stage_heading(self.trace, stage))
-        intro.update(stage_intro(stage, opts))
-        tensors.update(stage_tensors(self.trace, stage, opts))
-        checks.update(check_lines(stage.checks, opts.ascii))
+        message = (Text(f"Could not run the module: {self.load_error}", style="bold red")
+                   if self.load_error else
+                   Text("loading torch and running the forward pass…", style="italic"))
+        pending = pending_screen(STAGES[self.stage_index], self.stage_index + 1, len(STAGES),
+                                 message, self.view)
+        view.show(render_strips(self.console, pending, width), home=home)
+
+    def _warm(self) -> None:
+        """Render the other stages in the background so that every step is a cache hit."""
+        if self.trace is not None and not self._cache_disabled:
+            self.run_worker(self._warm_all, thread=True, exclusive=True, group="warm",
+                            name="warm cache")
+
+    def _warm_all(self) -> None:
+        width = self.query_one(StageView).text_width
+        order = sorted(range(len(STAGES)), key=lambda i: abs(i - self.stage_index))
+        for index in order:
+            self._lines(index, width)
 
     # ------------------------------------------------------------------ actions
+
+    def _key_states(self, index: int) -> tuple[bool, bool, bool]:
+        """What decides which stage keys are greyed: first, last, transpose."""
+        return index == 0, index == len(STAGES) - 1, STAGES[index].id == "transpose"
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Grey out keys that cannot act here (None), rather than hiding them."""

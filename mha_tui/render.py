@@ -21,9 +21,9 @@ from rich.columns import Columns
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.padding import Padding
+from rich.panel import Panel
 from rich.rule import Rule
 from rich.style import Style
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
@@ -407,15 +407,58 @@ def stage_heading(trace: Trace, stage: Stage) -> Text:
                          ("  ·  ", "dim"), (stage.title, "bold"))
 
 
+class Code:
+    """PyTorch line(s): highlighted on a colour console, plain text on a plain one.
+
+    Plain consoles (the default transcript) would get the same characters from Syntax;
+    skipping it spares loading Pygments' lexer, a fifth of a transcript's run time.
+    """
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+
+    def _renderable(self, console: Console) -> RenderableType:
+        if console.no_color or console.color_system is None:
+            return Text(self.code)
+        from rich.syntax import Syntax  # Pygments costs ~0.1 s to import: only when used
+
+        # Token colours only, no background: the code sits on whatever panel holds it.
+        text = Syntax(self.code, "python", theme="monokai").highlight(self.code)
+        text.rstrip()
+        return text
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, Text(self.code))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self._renderable(console)
+
+
 def code_block(code: str) -> Padding:
-    """The stage's PyTorch line(s), syntax-highlighted."""
-    return Padding(Syntax(code, "python", theme="monokai", background_color="default",
-                          word_wrap=True), (0, 0, 0, 2))
+    """The stage's PyTorch line(s), indented under the word "code"."""
+    return Padding(Code(code), (0, 0, 0, 2))
 
 
-def pending_intro(info: StageInfo) -> Group:
-    """What a stage says before its numbers exist (the app while torch loads)."""
-    return Group(Text("code", style="dim"), code_block(info.code), Text(info.explanation))
+def stage_screen(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
+    """A whole stage as the app shows it: the transcript's parts, the intro in a panel."""
+    return Group(
+        stage_heading(trace, stage),
+        Panel(stage_intro(stage, opts), border_style="#4e79a7",
+              box=box.ASCII if opts.ascii else box.ROUNDED),
+        stage_tensors(trace, stage, opts),
+        Text("checks", style="dim"),
+        check_lines(stage.checks, opts.ascii),
+    )
+
+
+def pending_screen(info: StageInfo, number: int, total: int, message: Text,
+                   opts: RenderOptions) -> Group:
+    """A stage before its numbers exist (the app while torch loads): code and explanation."""
+    heading = Text.assemble((f"{number}/{total} ", "dim"), (info.id, "bold"),
+                            ("  ·  ", "dim"), (info.title, "bold"))
+    intro = Group(Text("code", style="dim"), code_block(info.code), Text(info.explanation))
+    return Group(heading, Panel(intro, border_style="#4e79a7",
+                                box=box.ASCII if opts.ascii else box.ROUNDED), message)
 
 
 def stage_intro(stage: Stage, opts: RenderOptions) -> Group:

@@ -11,6 +11,7 @@ from rich.console import Console
 from mha_tui.app import ExplainApp, HelpScreen
 from mha_tui.config import Config
 from mha_tui.render import RenderOptions
+from mha_tui.stage_view import StageView
 from mha_tui.stages import STAGE_IDS
 from mha_tui.trace import run_trace
 
@@ -22,9 +23,11 @@ def make_app(**kwargs: object) -> ExplainApp:
     return ExplainApp(trace.config, trace=trace, **kwargs)  # type: ignore[arg-type]
 
 
-def text_of(app: ExplainApp, selector: str) -> str:
-    """What a Static shows, as plain text at the widget's width."""
+def text_of(app: ExplainApp, selector: str = "#main") -> str:
+    """What a widget shows, as plain text."""
     widget = app.query_one(selector)
+    if isinstance(widget, StageView):
+        return widget.plain
     console = Console(file=StringIO(), width=max(widget.size.width, 40), color_system=None)
     console.print(widget.content)
     return console.file.getvalue()
@@ -78,9 +81,10 @@ async def test_keys_that_cannot_act_are_greyed_and_do_nothing() -> None:
 
 async def test_start_stage_option() -> None:
     app = make_app(start="softmax")
-    async with app.run_test(size=(100, 32)):
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause()
         assert stage_id(app) == "softmax"
-        assert "every row sums to 1" in text_of(app, "#checks")
+        assert "every row sums to 1" in text_of(app, "#main")
 
 
 async def test_tab_cycles_the_focused_head_and_a_shows_all() -> None:
@@ -103,7 +107,8 @@ async def test_tab_cycles_the_focused_head_and_a_shows_all() -> None:
 async def test_one_head_greys_the_head_keys() -> None:
     trace = run_trace(Config("I love AI !", num_heads=1))
     app = ExplainApp(trace.config, trace=trace)
-    async with app.run_test(size=(100, 32)):
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause()
         assert app.check_action("head", (1,)) is None
 
 
@@ -111,18 +116,19 @@ async def test_numbers_and_decimals() -> None:
     app = make_app(start="w_o")
     out = default_trace().stage("w_o").tensor("out").values[0, 0, 0]
     async with app.run_test(size=(100, 32)) as pilot:
-        assert f"{out:.4f}" in text_of(app, "#tensors")
+        await pilot.pause()
+        assert f"{out:.4f}" in text_of(app, "#main")
         await pilot.press("plus", "plus")
-        assert app.view.decimals == 6 and f"{out:.6f}" in text_of(app, "#tensors")
+        assert app.view.decimals == 6 and f"{out:.6f}" in text_of(app, "#main")
         for _ in range(10):
             await pilot.press("minus")
         assert app.view.decimals == 0
         assert app.check_action("decimals", (-1,)) is None
         await pilot.press("plus", "v")
         assert not app.view.numbers
-        assert f"{out:.1f}" not in text_of(app, "#tensors")
+        assert f"{out:.1f}" not in text_of(app, "#main")
         await pilot.press("v")
-        assert app.view.numbers and f"{out:.1f}" in text_of(app, "#tensors")
+        assert app.view.numbers and f"{out:.1f}" in text_of(app, "#main")
 
 
 async def test_wrong_view_only_at_transpose() -> None:
@@ -131,9 +137,9 @@ async def test_wrong_view_only_at_transpose() -> None:
         assert app.check_action("wrong_view", ()) is None
         await pilot.press("4")
         assert app.check_action("wrong_view", ()) is True
-        assert "Q.view(B, h, T, d_h)" not in text_of(app, "#tensors")
+        assert "WRONG" not in text_of(app, "#main")
         await pilot.press("w")
-        shown = text_of(app, "#tensors")
+        shown = text_of(app, "#main")
         assert "Q.view(B, h, T, d_h)" in shown and "WRONG" in shown
         assert "love·h1" in shown
 
@@ -168,15 +174,16 @@ async def test_keys_pressed_while_loading_are_kept() -> None:
 
     app = ExplainApp(config, loader=slow_loader)
     async with app.run_test(size=(100, 32)) as pilot:
-        assert "loading" in text_of(app, "#tensors")
-        assert "x = embedding(ids)" in text_of(app, "#intro")  # the catalogue is there already
+        await pilot.pause()
+        assert "loading" in text_of(app, "#main")
+        assert "x = embedding(ids)" in text_of(app, "#main")  # the catalogue is there already
         await pilot.press("right", "right")
         assert stage_id(app) == "view"
         release.set()
         await app.workers.wait_for_complete()
         await pilot.pause()
         assert app.trace is not None and stage_id(app) == "view"
-        assert "(1, 4, 4) -> (1, 4, 2, 2)" in text_of(app, "#intro")
+        assert "(1, 4, 4) -> (1, 4, 2, 2)" in text_of(app, "#main")
 
 
 async def test_a_failed_load_is_shown_not_raised() -> None:
@@ -187,7 +194,7 @@ async def test_a_failed_load_is_shown_not_raised() -> None:
     async with app.run_test(size=(100, 32)) as pilot:
         await app.workers.wait_for_complete()
         await pilot.pause()
-        assert "Could not run the module: MemoryError: simulated" in text_of(app, "#tensors")
+        assert "Could not run the module: MemoryError: simulated" in text_of(app, "#main")
 
 
 @pytest.mark.parametrize("size", [(50, 20), (100, 10)])
@@ -201,15 +208,16 @@ async def test_too_small_terminal_shows_a_notice_and_recovers(size: tuple[int, i
         await pilot.resize_terminal(100, 32)
         await pilot.pause()
         assert not app.screen.has_class("-too-small")
-        assert "embedding.weight" in text_of(app, "#tensors")
+        assert "embedding.weight" in text_of(app, "#main")
 
 
 async def test_elision_follows_the_pane_width() -> None:
     trace = run_trace(Config(" ".join(f"t{i}" for i in range(20)), embed_dim=64, num_heads=4))
-    app = ExplainApp(trace.config, trace=trace, start="project")
-    async with app.run_test(size=(100, 32)):
-        narrow = app._window_options()
-    app = ExplainApp(trace.config, trace=trace, start="project")
-    async with app.run_test(size=(160, 50)):
-        wide = app._window_options()
-    assert isinstance(narrow, RenderOptions) and narrow.max_cols < wide.max_cols < 64
+    shown = {}
+    for width in (100, 160):
+        app = ExplainApp(trace.config, trace=trace, start="project")
+        async with app.run_test(size=(width, 40)) as pilot:
+            await pilot.pause()
+            shown[width] = app._window_options(app.query_one(StageView).text_width)
+            assert "showing 16 of 20 rows" in text_of(app)
+    assert isinstance(shown[100], RenderOptions) and shown[100].max_cols < shown[160].max_cols < 64
