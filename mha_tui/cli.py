@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
+from typer._click.exceptions import NoArgsIsHelpError
 
 from . import __version__
 from .config import MAX_EMBED_DIM, MAX_SEQ_LEN, Config, ConfigError
@@ -139,6 +140,9 @@ def main() -> None:
     """Console-script entry point: usage errors become one line, never a traceback."""
     try:
         code = app(standalone_mode=False)
+    except NoArgsIsHelpError as help_request:  # plain `mha-tui`: the help, not an error
+        sys.stdout.write(help_request.format_message() + "\n")
+        raise SystemExit(0) from None
     except typer.TyperException as error:
         fail(error.format_message().replace("\n", " "))
     except typer.Abort:

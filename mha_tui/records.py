@@ -9,11 +9,12 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Literal
 
 from .config import Config
+
+if TYPE_CHECKING:  # only an annotation here; the app paints before NumPy is imported
+    import numpy as np
 
 Kind = Literal["signed", "prob", "int"]
 

@@ -9,12 +9,13 @@ Never import torch, textual or typer here.
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import numpy as np
 from rich import box
 from rich.color import Color
 from rich.columns import Columns
@@ -30,6 +31,9 @@ from rich.text import Text
 from .config import Config
 from .records import Check, Stage, TensorRecord, Trace
 from .stages import StageInfo
+
+if TYPE_CHECKING:  # NumPy arrives with torch; the app's first frame must not wait for it
+    import numpy as np
 
 # Tableau 10: distinguishable, and readable on dark and light backgrounds.
 HEAD_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1",
@@ -142,13 +146,15 @@ def head_style(head: int, dim: bool = False) -> Style:
 @lru_cache(maxsize=256)
 def _magnitude(record: TensorRecord) -> float:
     """Largest finite |value| of the whole tensor: one colour scale for every head."""
+    import numpy as np
+
     values = record.values
     finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
     return float(np.abs(finite).max()) if finite.size else 1.0
 
 
 def _cell_style(value: float, record: TensorRecord, dim: bool) -> Style:
-    if not np.isfinite(value):
+    if not math.isfinite(value):
         return _INF
     if record.kind == "prob":
         ramp, t = _RAMPS["prob"], float(value)
@@ -163,12 +169,10 @@ def _cell_style(value: float, record: TensorRecord, dim: bool) -> Style:
 def _fmt(value: float, kind: str, decimals: int) -> str:
     if kind == "int":
         return str(int(value))
-    if np.isneginf(value):
-        return "-inf"
-    if np.isposinf(value):
-        return "inf"
-    if np.isnan(value):
+    if math.isnan(value):
         return "nan"
+    if math.isinf(value):
+        return "-inf" if value < 0 else "inf"
     return f"{value:.{decimals}f}"
 
 
@@ -280,6 +284,8 @@ class Matrix:
 
 def _summary(values: np.ndarray, n_rows: int, n_cols: int, shown_rows: int, shown_cols: int,
              opts: RenderOptions) -> Text:
+    import numpy as np
+
     finite = values[np.isfinite(values)]
     stats = (f"min {finite.min():.{opts.decimals}f}  max {finite.max():.{opts.decimals}f}  "
              f"mean {finite.mean():.{opts.decimals}f}") if finite.size else "no finite values"
@@ -456,7 +462,9 @@ def pending_screen(info: StageInfo, number: int, total: int, message: Text,
     """A stage before its numbers exist (the app while torch loads): code and explanation."""
     heading = Text.assemble((f"{number}/{total} ", "dim"), (info.id, "bold"),
                             ("  ·  ", "dim"), (info.title, "bold"))
-    intro = Group(Text("code", style="dim"), code_block(info.code), Text(info.explanation))
+    # Plain code here: highlighting loads Pygments, which the first frame cannot wait for.
+    intro = Group(Text("code", style="dim"), Padding(Text(info.code), (0, 0, 0, 2)),
+                  Text(info.explanation))
     return Group(heading, Panel(intro, border_style="#4e79a7",
                                 box=box.ASCII if opts.ascii else box.ROUNDED), message)
 

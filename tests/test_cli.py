@@ -27,6 +27,12 @@ def test_version_and_help_with_typer_runner() -> None:
     assert "\x1b[" not in result.output
 
 
+def test_no_arguments_prints_help() -> None:
+    result = run_cli()
+    assert result.returncode == 0 and result.stderr == b""
+    assert b"explain" in result.stdout and b"Usage" in result.stdout
+
+
 def test_python_dash_m_and_console_script_agree() -> None:
     module = run_cli("--version")
     assert module.returncode == 0 and module.stdout.decode() == f"mha-tui {__version__}\n"
@@ -98,3 +104,10 @@ def test_bad_input_is_one_line_exit_2(argv: list[str], message: str) -> None:
     assert message in err
     assert err.count("\n") == 1 and err.startswith("mha-tui: error: ")
     assert "Traceback" not in err and result.stdout == b""
+
+
+def test_the_app_paints_without_torch_or_numpy_loaded() -> None:
+    """Everything the first frame needs is importable without torch (and NumPy)."""
+    loaded = _modules_after("import mha_tui.cli, mha_tui.app")
+    assert "textual" in loaded
+    assert "torch" not in loaded and "numpy" not in loaded and "pygments" not in loaded
