@@ -134,6 +134,12 @@ def check_writable(path: Path) -> str | None:
     return None
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, content: str) -> None:
     """Write next to the target, then rename over it: never a half-written file."""
     parent = path.parent if str(path.parent) else Path(".")
@@ -141,6 +147,9 @@ def write_atomic(path: Path, content: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
             handle.write(content)
+        # mkstemp makes 0600; a transcript gets the mode a plain open() would give it, or
+        # keeps the mode of the file it replaces.
+        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -67,9 +67,6 @@ class RenderOptions:
     wrong_view: bool = False
     width: int | None = None
 
-    def unbounded(self) -> RenderOptions:
-        return replace(self, full=True)
-
 
 # ---------------------------------------------------------------- user text, made safe
 

@@ -46,9 +46,6 @@ class LineCache:
             while len(self._lines) > self._size:
                 self._lines.popitem(last=False)
 
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._lines
-
     def clear(self) -> None:
         self._lines.clear()
 

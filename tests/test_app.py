@@ -221,3 +221,12 @@ async def test_elision_follows_the_pane_width() -> None:
             shown[width] = app._window_options(app.query_one(StageView).text_width)
             assert "showing 16 of 20 rows" in text_of(app)
     assert isinstance(shown[100], RenderOptions) and shown[100].max_cols < shown[160].max_cols < 64
+
+
+async def test_no_color_keeps_numbers_and_drops_value_colours(monkeypatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make_app(start="softmax")
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause()
+        assert app.view.color is False and app.view.numbers
+        assert "0.5308" in text_of(app)

@@ -135,6 +135,23 @@ def test_failed_dump_keeps_the_old_file(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["t.txt"]
 
 
+def test_written_transcript_gets_ordinary_permissions(tmp_path: Path) -> None:
+    import os
+
+    fresh = tmp_path / "fresh.txt"
+    old_mask = os.umask(0o022)
+    try:
+        write_atomic(fresh, "x\n")
+    finally:
+        os.umask(old_mask)
+    assert fresh.stat().st_mode & 0o777 == 0o644
+    kept = tmp_path / "kept.txt"
+    kept.write_text("old\n")
+    kept.chmod(0o640)
+    write_atomic(kept, "new\n")
+    assert kept.stat().st_mode & 0o777 == 0o640 and kept.read_text() == "new\n"
+
+
 def test_refused_run_leaves_no_file(tmp_path: Path) -> None:
     target = tmp_path / "t.txt"
     result = run_cli("explain", "a b c", "--heads", "3", "--dump", str(target))
@@ -176,3 +193,19 @@ def test_trace_invariants_hold_for_any_shape(head_dim: int, num_heads: int, seq_
         assert np.isfinite(masked).all()
     assert all(c.ok is not False for s in trace.stages for c in s.checks)
     json.loads(to_json(trace), parse_constant=lambda name: (_ for _ in ()).throw(ValueError(name)))
+
+
+async def test_gpt2_small_with_512_tokens_opens_and_steps() -> None:
+    """768 x 12 heads, 512 tokens: every stage draws a bounded window, cold cache."""
+    trace = run_trace(Config(" ".join(f"w{i}" for i in range(512)), embed_dim=768, num_heads=12,
+                             max_seq_len=512))
+    app = ExplainApp(trace.config, trace=trace)
+    app._cache_disabled = True
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause()
+        for _ in range(10):
+            await pilot.press("right")
+            await pilot.pause()
+            shown = app.query_one("#main").plain
+            assert len(shown.splitlines()) < 400
+        assert "showing 16 of 512 rows" in shown and "torch.equal = True" in shown
