@@ -131,8 +131,8 @@ def _exit_now() -> NoReturn:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-    except BrokenPipeError:
-        os._exit(0)
+    except BrokenPipeError:  # the reader left early (| head): nothing more to deliver
+        pass
     os._exit(0)
 
 

@@ -404,10 +404,13 @@ class TensorView:
 # ---------------------------------------------------------------- one stage
 
 
+def _heading(number: int, total: int, stage_id: str, title: str) -> Text:
+    return Text.assemble((f"{number}/{total} ", "dim"), (stage_id, "bold"),
+                         ("  ·  ", "dim"), (title, "bold"))
+
+
 def stage_heading(trace: Trace, stage: Stage) -> Text:
-    number = trace.index(stage.id) + 1
-    return Text.assemble((f"{number}/{len(trace.stages)} ", "dim"), (stage.id, "bold"),
-                         ("  ·  ", "dim"), (stage.title, "bold"))
+    return _heading(trace.index(stage.id) + 1, len(trace.stages), stage.id, stage.title)
 
 
 class Code:
@@ -442,12 +445,16 @@ def code_block(code: str) -> Padding:
     return Padding(Code(code), (0, 0, 0, 2))
 
 
+def _intro_panel(body: RenderableType, opts: RenderOptions) -> Panel:
+    """The app's frame around a stage's shape, code and explanation."""
+    return Panel(body, border_style=HEAD_COLORS[0], box=box.ASCII if opts.ascii else box.ROUNDED)
+
+
 def stage_screen(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     """A whole stage as the app shows it: the transcript's parts, the intro in a panel."""
     return Group(
         stage_heading(trace, stage),
-        Panel(stage_intro(stage, opts), border_style="#4e79a7",
-              box=box.ASCII if opts.ascii else box.ROUNDED),
+        _intro_panel(stage_intro(stage, opts), opts),
         stage_tensors(trace, stage, opts),
         Text("checks", style="dim"),
         check_lines(stage.checks, opts.ascii),
@@ -457,13 +464,10 @@ def stage_screen(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
 def pending_screen(info: StageInfo, number: int, total: int, message: Text,
                    opts: RenderOptions) -> Group:
     """A stage before its numbers exist (the app while torch loads): code and explanation."""
-    heading = Text.assemble((f"{number}/{total} ", "dim"), (info.id, "bold"),
-                            ("  ·  ", "dim"), (info.title, "bold"))
     # Plain code here: highlighting loads Pygments, which the first frame cannot wait for.
     intro = Group(Text("code", style="dim"), Padding(Text(info.code), (0, 0, 0, 2)),
                   Text(info.explanation))
-    return Group(heading, Panel(intro, border_style="#4e79a7",
-                                box=box.ASCII if opts.ascii else box.ROUNDED), message)
+    return Group(_heading(number, total, info.id, info.title), _intro_panel(intro, opts), message)
 
 
 def stage_intro(stage: Stage, opts: RenderOptions) -> Group:

@@ -47,7 +47,8 @@ class LineCache:
                 self._lines.popitem(last=False)
 
     def clear(self) -> None:
-        self._lines.clear()
+        with self.lock:
+            self._lines.clear()
 
 
 def render_strips(console: Console, renderable: RenderableType, width: int) -> list[Strip]:
