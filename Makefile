@@ -10,7 +10,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch is pinned to the CPU build (see README); pip takes it from the local wheel here.
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# [hf]: transformers and tokenizers, for `--hf` and its tests (built offline, tiny).
+	$(BIN)/python -m pip install --quiet -e ".[dev,hf]"
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -1,0 +1,179 @@
+"""`--hf`: a tiny GPT-2 and byte-level tokenizer built offline, found on disk or in a cache
+laid out as the hub lays it out, run once, and explained with the model's own numbers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+
+from mha_tui import hf
+
+from .hf_models import SENTENCES, hub_cache_layout, save_tiny_gpt2, save_tiny_mamba
+
+SENTENCE = "The cat sat on the mat."
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny GPT-2 (3 layers, C=16, 4 heads of 4) and its tokenizer, saved once."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_dir: Path) -> hf.Loaded:
+    return hf.load(str(tiny_dir))
+
+
+def _error(source: str) -> str:
+    with pytest.raises(hf.HfError) as caught:
+        hf.load(source)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+# ---------------------------------------------------------------- finding and loading
+
+
+def test_load_from_a_directory(tiny: hf.Loaded, tiny_dir: Path) -> None:
+    info = tiny.info
+    assert (info.class_name, info.n_layers, info.embed_dim, info.num_heads, info.head_dim) == (
+        "GPT2LMHeadModel", 3, 16, 4, 4)
+    assert info.vocab_size == tiny.model.config.vocab_size == len(tiny.tokenizer)
+    assert tiny.attention_path(2) == "transformer.h.2.attn"
+    assert tiny.attention(2) is tiny.model.transformer.h[2].attn
+    assert not tiny.model.training
+    assert tiny.model.config._attn_implementation == "eager"
+
+
+def test_cache_lookup_by_name(tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "hub"
+    snapshot = hub_cache_layout(cache, "tiny-org/tiny-gpt2", tiny_dir)
+    monkeypatch.chdir(tmp_path)  # no directory of the same name beside us
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    assert hf.locate("tiny-org/tiny-gpt2") == snapshot
+    # A bare name finds the one cached repo of that name whatever its owner (gpt2 is
+    # cached as openai-community/gpt2).
+    assert hf.locate("tiny-gpt2") == snapshot
+    loaded = hf.load("tiny-gpt2")
+    assert loaded.info.path == str(snapshot) and loaded.info.n_layers == 3
+    # HF_HOME/hub is the default when HF_HUB_CACHE is unset.
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    assert hf.hub_cache() == cache and hf.locate("tiny-org/tiny-gpt2") == snapshot
+    # refs/main points at a snapshot that is not there: not found, not a crash.
+    (cache / "models--tiny-org--tiny-gpt2" / "refs" / "main").write_text("f" * 40)
+    assert "hf download tiny-org/tiny-gpt2" in _error("tiny-org/tiny-gpt2")
+
+
+def test_missing_model_says_how_to_fetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.chdir(tmp_path)
+    message = _error("gpt2")
+    assert "not in the Hugging Face cache" in message and "`hf download gpt2`" in message
+    assert "never downloads" in message
+    assert "ORG/NAME" in _error("../no such/model dir")
+
+
+def test_refusals_are_one_line(tiny_dir: Path, tmp_path: Path) -> None:
+    no_tokenizer = save_tiny_gpt2(tmp_path / "no-tok", with_tokenizer=False)
+    assert "has no tokenizer" in _error(str(no_tokenizer))
+    (tmp_path / "empty").mkdir()
+    assert "has no config.json" in _error(str(tmp_path / "empty"))
+    assert "is a file" in _error(str(tiny_dir / "config.json"))
+    mamba = save_tiny_mamba(tmp_path / "mamba")
+    assert "no recognisable self-attention" in _error(str(mamba))
+
+
+def test_layer_out_of_range(tiny: hf.Loaded) -> None:
+    hf.check_layer(tiny, 2)
+    for layer in (3, -1):
+        with pytest.raises(hf.HfError, match=r"--layer .* out of range: .* has 3 layers, 0 to 2"):
+            hf.check_layer(tiny, layer)
+
+
+def test_never_downloads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(hf.HfError):
+        hf.load("openai-community/gpt2")
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+# ---------------------------------------------------------------- tokens
+
+
+def test_tokens_are_the_tokenizers_made_readable(tiny: hf.Loaded) -> None:
+    ids, tokens = hf.tokenize(tiny, "The cat sat")
+    assert ids == tiny.tokenizer("The cat sat")["input_ids"]
+    assert tokens == ("The", "␣cat", "␣sat")
+    assert tiny.tokenizer.convert_ids_to_tokens(ids)[1] == "Ġcat"
+    _, tokens = hf.tokenize(tiny, "The cat sat", ascii_only=True)
+    assert tokens == ("The", "_cat", "_sat")
+
+
+def test_byte_level_pieces_decode_where_they_form_text(tiny: hf.Loaded) -> None:
+    ids, tokens = hf.tokenize(tiny, SENTENCES[3])
+    assert len(tokens) == len(ids)
+    joined = "".join(tokens).replace("␣", " ")
+    assert "Café" in joined or "Caf" in joined
+    # The emoji is cut into pieces that are not text on their own: shown as their bytes.
+    assert any("\\xf0" in token for token in tokens)
+    assert "\\xf0\\x9f\\x98\\x80" in joined.replace("␣", "")
+    assert hf.readable_token("ĠðŁĺĢ", byte_level=True) == "␣😀"
+    assert hf.readable_token("Ċ", byte_level=True) == "\n"  # render.printable shows it as ␊
+    assert hf.readable_token("▁the", byte_level=False) == "␣the"
+
+
+def test_sentence_longer_than_the_model_reads(tiny: hf.Loaded) -> None:
+    with pytest.raises(hf.HfError, match="reads at most 64"):
+        hf.tokenize(tiny, " ".join(["cat"] * 80))
+    with pytest.raises(hf.HfError, match="no tokens"):
+        hf.tokenize(tiny, "")
+
+
+# ---------------------------------------------------------------- the forward, hooked
+
+
+def test_hooks_capture_the_models_own_tensors(tiny: hf.Loaded) -> None:
+    ids, _ = hf.tokenize(tiny, SENTENCE)
+    run = hf.run_forward(tiny, ids, range(3))
+    model = tiny.model
+    batch = torch.tensor([ids])
+    with torch.no_grad():
+        reference = model(batch, output_attentions=True, output_hidden_states=True, use_cache=False)
+    transformer = model.transformer
+    assert torch.equal(run.token_embeddings, transformer.wte.weight[batch])
+    assert run.position_name == "transformer.wpe"
+    assert torch.equal(run.position_embeddings, transformer.wpe.weight[: len(ids)].unsqueeze(0))
+    assert torch.equal(run.embedded, reference.hidden_states[0])
+    for layer in range(3):
+        captured = run.layers[layer]
+        assert captured.norm_name == "ln_1"
+        assert torch.equal(captured.residual, reference.hidden_states[layer])
+        with torch.no_grad():
+            assert torch.equal(captured.attention_input, transformer.h[layer].ln_1(captured.residual))
+            own_output, _ = transformer.h[layer].attn(captured.attention_input,
+                                                      attention_mask=_causal(len(ids)))
+        assert torch.equal(captured.weights, reference.attentions[layer])
+        assert torch.allclose(captured.output, own_output, atol=1e-6)
+
+
+def _causal(T: int) -> torch.Tensor:
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+    return torch.where(allowed, 0.0, torch.finfo(torch.float32).min)[None, None]
+
+
+def test_all_layers_limit_follows_the_models_size(tiny: hf.Loaded) -> None:
+    gpt2 = hf.ModelInfo("gpt2", "", "GPT2LMHeadModel", 12, 768, 12, 64, 50257, 1024)
+    limit = hf.all_layers_limit(gpt2)
+    per_layer = 12 * hf.MAPS_PER_LAYER * 4
+    assert 12 * per_layer * limit**2 <= hf.ALL_LAYERS_BUDGET < 12 * per_layer * (limit + 1) ** 2
+    assert hf.all_layers_limit(tiny.info) > limit
