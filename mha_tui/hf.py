@@ -16,8 +16,10 @@ Never import rich, textual or typer here.
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from .records import Check, Stage, TensorRecord
 
 INSTALL_HINT = 'pip install "mha-tui[hf]"'
 # Where a block keeps its self-attention, across the families transformers ships
@@ -302,14 +306,41 @@ def tokenize(loaded: Loaded, sentence: str, *, ascii_only: bool = False
 # ---------------------------------------------------------------- one forward, hooked
 
 
+@dataclass(frozen=True)
+class Line:
+    """A statement of the model's own code that called a submodule: file, line, text."""
+
+    file: str
+    line: int
+    text: str
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _caller() -> Line:
+    """The first frame outside torch: the model's line that called the hooked module."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
+                                 or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    if frame is None:
+        return Line("", 0, "")
+    file, line = frame.f_code.co_filename, frame.f_lineno
+    return Line(file, line, linecache.getline(file, line).strip())
+
+
 @dataclass(eq=False)
 class LayerInput:
     """Where one attention layer's input came from, as the model computed it (no grad)."""
 
     residual: torch.Tensor  # (B, T, C) the residual stream entering the block
+    residual_line: Line  # the model's line that called the block
     attention_input: torch.Tensor  # (B, T, C) what the attention module received
     norm_name: str | None  # the block's layer norm whose output that is
     norm: nn.Module | None
+    norm_line: Line | None
+    attention_line: Line  # the block's line that called the attention module
     output: torch.Tensor  # (B, T, C) the attention module's own output
     weights: torch.Tensor | None  # (B, h, T, T) the attention weights it returned
 
@@ -320,10 +351,15 @@ class ForwardRun:
 
     ids: torch.Tensor  # (B, T)
     token_embeddings: torch.Tensor  # (B, T, C)
+    token_line: Line
+    token_name: str
     position_embeddings: torch.Tensor | None  # (B, T, C), None when positions are rotary
+    position_line: Line | None
     position_name: str | None
     embedded: torch.Tensor  # (B, T, C) what entered the first block
+    embedded_line: Line
     layers: dict[int, LayerInput]
+    value: Any = None  # what the model's forward returned
 
 
 def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
@@ -343,74 +379,184 @@ def _position_embedding(loaded: Loaded) -> tuple[str, nn.Module] | None:
     return None
 
 
+def _module_path(model: nn.Module, target: nn.Module) -> str:
+    return next((path for path, module in model.named_modules() if module is target), "")
+
+
 def run_forward(loaded: Loaded, ids: Sequence[int], layers: Sequence[int],
                 around: Callable[[Callable[[], Any]], Any] | None = None) -> ForwardRun:
     """Run the model's own forward once; hooks keep every named layer's input and output.
 
     around(call) runs call() (the model's forward) and may watch it (the tracer): the model
-    is never run twice.
+    is never run twice. Hooks only keep references to the tensors the model made.
     """
     model = loaded.model
-    captured: dict[str, Any] = {}
+    seen: dict[str, tuple[Any, Line]] = {}
     handles = []
 
-    def keep(key: str) -> Callable[..., None]:
+    def after(key: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            captured[key] = output
+            seen.setdefault(key, (output, _caller()))
         return hook
 
-    handles.append(model.get_input_embeddings().register_forward_hook(keep("tokens")))
+    def before(key: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            seen.setdefault(key, (_hidden(args, kwargs), _caller()))
+        return hook
+
+    token_module = model.get_input_embeddings()
+    handles.append(token_module.register_forward_hook(after("tokens")))
     positions = _position_embedding(loaded)
     if positions is not None:
-        handles.append(positions[1].register_forward_hook(keep("positions")))
-    handles.append(loaded.blocks[0].register_forward_pre_hook(
-        lambda m, args, kwargs: captured.__setitem__("embedded", _hidden(args, kwargs)),
-        with_kwargs=True))
+        handles.append(positions[1].register_forward_hook(after("positions")))
+    handles.append(loaded.blocks[0].register_forward_pre_hook(before("embedded"), with_kwargs=True))
     norms: dict[int, list[tuple[str, nn.Module]]] = {}
     for layer in layers:
         block = loaded.blocks[layer]
         attention = loaded.attention(layer)
-        handles.append(block.register_forward_pre_hook(
-            lambda m, args, kwargs, layer=layer: captured.__setitem__(
-                f"residual{layer}", _hidden(args, kwargs)), with_kwargs=True))
-        handles.append(attention.register_forward_pre_hook(
-            lambda m, args, kwargs, layer=layer: captured.__setitem__(
-                f"input{layer}", _hidden(args, kwargs)), with_kwargs=True))
-        handles.append(attention.register_forward_hook(keep(f"output{layer}")))
+        handles.append(block.register_forward_pre_hook(before(f"residual{layer}"), with_kwargs=True))
+        handles.append(attention.register_forward_pre_hook(before(f"input{layer}"), with_kwargs=True))
+        handles.append(attention.register_forward_hook(after(f"output{layer}")))
         norms[layer] = [(name, child) for name, child in block.named_children()
                         if "norm" in type(child).__name__.lower() or name.startswith("ln")]
         for name, child in norms[layer]:
-            handles.append(child.register_forward_hook(keep(f"norm{layer}.{name}")))
+            handles.append(child.register_forward_hook(after(f"norm{layer}.{name}")))
     batch = torch.tensor([list(ids)])  # (B, T)
+
+    def call() -> Any:
+        return model(input_ids=batch, use_cache=False)
+
     try:
         with torch.no_grad():
-            def call() -> Any:
-                return model(input_ids=batch, use_cache=False)
-            if around is None:
-                call()
-            else:
-                around(call)
+            value = call() if around is None else around(call)
     finally:
         for handle in handles:
             handle.remove()
 
     run_layers = {}
     for layer in layers:
-        attention_input = captured[f"input{layer}"]
-        norm_name, norm = None, None
+        attention_input, attention_line = seen[f"input{layer}"]
+        norm_name, norm, norm_line = None, None, None
         for name, child in norms[layer]:
-            if captured.get(f"norm{layer}.{name}") is attention_input:
-                norm_name, norm = name, child
-        output = captured[f"output{layer}"]
+            output, line = seen.get(f"norm{layer}.{name}", (None, None))
+            if output is attention_input:
+                norm_name, norm, norm_line = name, child, line
+        output = seen[f"output{layer}"][0]
         out, weights = (output[0], output[1] if len(output) > 1 else None) if isinstance(
             output, tuple) else (output, None)
         run_layers[layer] = LayerInput(
-            residual=captured[f"residual{layer}"], attention_input=attention_input,
-            norm_name=norm_name, norm=norm, output=out,
+            residual=seen[f"residual{layer}"][0], residual_line=seen[f"residual{layer}"][1],
+            attention_input=attention_input, norm_name=norm_name, norm=norm, norm_line=norm_line,
+            attention_line=attention_line, output=out,
             weights=weights if isinstance(weights, torch.Tensor) else None)
+    position = seen.get("positions")
     return ForwardRun(
-        ids=batch, token_embeddings=captured["tokens"],
-        position_embeddings=captured.get("positions"),
+        ids=batch, token_embeddings=seen["tokens"][0], token_line=seen["tokens"][1],
+        token_name=_module_path(model, token_module),
+        position_embeddings=None if position is None else position[0],
+        position_line=None if position is None else position[1],
         position_name=None if positions is None else positions[0],
-        embedded=captured["embedded"], layers=run_layers,
+        embedded=seen["embedded"][0], embedded_line=seen["embedded"][1], layers=run_layers,
+        value=value,
+    )
+
+
+# ---------------------------------------------------------------- the first stage
+
+
+def _record(name: str, t: torch.Tensor, dims: tuple[str, ...], *, kind: str = "signed",
+            caption: str = "", source: tuple[str, torch.Tensor] | None = None) -> TensorRecord:
+    """A window onto the model's own tensor (no copy, no recomputation)."""
+    t = t.detach()
+    return TensorRecord(
+        name=name, dims=dims, values=t.numpy(), strides=tuple(t.stride()),
+        contiguous=t.is_contiguous(),
+        shares_storage=None if source is None else (
+            t.untyped_storage().data_ptr() == source[1].untyped_storage().data_ptr()),
+        shares_with=source[0] if source else "", kind=kind,  # type: ignore[arg-type]
+        caption=caption,
+    )
+
+
+def _code(*lines: Line | None) -> str:
+    """The model's own lines, each with the file and line number it was read from."""
+    shown = [line for line in lines if line is not None and line.text]
+    width = max((len(line.text) for line in shown), default=0)
+    return "\n".join(f"{line.text:<{width}}  # {os.path.basename(line.file)}:{line.line}"
+                     for line in shown)
+
+
+def input_stage(loaded: Loaded, run: ForwardRun, layer: int) -> Stage:
+    """Where layer L's attention input comes from: embeddings, residual stream, layer norm.
+
+    Every tensor is one the model computed (captured by hooks); the checks recompute a
+    lookup, a sum and the layer norm only to compare, and say so.
+    """
+    info, captured = loaded.info, run.layers[layer]
+    T = run.ids.shape[1]
+    tokens, positions = run.token_embeddings, run.position_embeddings
+    token_table = loaded.model.get_input_embeddings().weight
+    x = captured.attention_input
+    BTC = ("B", "T", "C")
+    records = [
+        _record("input_ids", run.ids, ("B", "T"), kind="int",
+                caption=f"the tokenizer's ids, one per token (vocabulary of {info.vocab_size})"),
+        _record(f"{run.token_name}(input_ids)", tokens, BTC,
+                caption=f"token embeddings: row t is row input_ids[t] of {run.token_name}.weight"),
+    ]
+    checks = [Check(f"row t of the token embeddings is row input_ids[t] of {run.token_name}.weight "
+                    f"for all {T} tokens", torch.equal(tokens[0], token_table[run.ids[0]]))]
+    if positions is not None and run.position_name is not None:
+        position_table = loaded.model.get_submodule(run.position_name).weight
+        records.append(_record(f"{run.position_name}(position_ids)", positions, BTC,
+                               caption=f"position embeddings: row t is row t of "
+                                       f"{run.position_name}.weight, whatever the token"))
+        checks.append(Check(f"row t of the position embeddings is row t of "
+                            f"{run.position_name}.weight, t = 0..{T - 1}",
+                            torch.equal(positions.reshape(T, -1), position_table[:T])))
+        summed = tokens + positions  # recomputed only for the check below
+        checks.append(Check("block 0's input is token + position embeddings "
+                            "(recomputed by mha-tui for this check; dropout is off in eval mode): "
+                            f"torch.equal = {torch.equal(run.embedded, summed)}",
+                            torch.equal(run.embedded, summed)))
+    records.append(_record(f"{loaded.blocks_path}.0 input", run.embedded, BTC,
+                           caption="the residual stream as it enters the first block"))
+    if layer > 0:
+        records.append(_record(
+            f"{loaded.blocks_path}.{layer} input", captured.residual, BTC,
+            caption=f"the residual stream after {layer} block{'s' if layer > 1 else ''}: "
+                    f"the embeddings plus every earlier block's attention and MLP outputs"))
+        checks.append(Check(
+            f"spread (std) of the residual stream: {run.embedded.std().item():.4f} entering "
+            f"block 0 -> {captured.residual.std().item():.4f} entering block {layer}", None))
+    norm = captured.norm_name
+    if norm is not None and captured.norm is not None:
+        records.append(_record(f"x = {norm}(hidden_states)", x, BTC,
+                               caption=f"layer {layer}'s layer norm: what the attention module "
+                                       f"receives as x"))
+        with torch.no_grad():
+            again = captured.norm(captured.residual)  # recomputed only for the check
+        checks.append(Check(f"x is {norm} applied to block {layer}'s input (recomputed by "
+                            f"mha-tui for this check): torch.equal = {torch.equal(x, again)}",
+                            torch.equal(x, again)))
+    else:
+        records.append(_record("x", x, BTC, caption="what the attention module receives"))
+    source = (f"layer {layer}'s input" if norm is None
+              else f"the residual stream through {norm}")
+    explanation = (
+        f"The tokenizer cut the sentence into {T} tokens. {run.token_name} turns each id into a "
+        f"learned row of C={info.embed_dim} numbers (what the token is)"
+        + (f", and {run.position_name} adds a row for its position (where it is)"
+           if positions is not None else "; positions are not added here")
+        + ". That sum enters block 0. Each block adds its attention and MLP outputs back onto "
+          "this residual stream, so layer " + str(layer) + " reads the stream after "
+        + str(layer) + f" block{'s' if layer != 1 else ''}"
+        + (f"; its layer norm {norm} rescales every token's C numbers before attention sees "
+           "them." if norm else ".")
+    )
+    return Stage(
+        id="embed", title=f"Where layer {layer}'s input comes from: {source}",
+        code=_code(run.token_line, run.position_line, captured.residual_line, captured.norm_line),
+        explanation=explanation, shape_in=tuple(run.ids.shape), shape_out=tuple(x.shape),
+        dims_in=("B", "T"), dims_out=BTC, tensors=tuple(records), checks=tuple(checks),
     )
