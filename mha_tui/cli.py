@@ -10,7 +10,7 @@ import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from typer._click.exceptions import NoArgsIsHelpError
@@ -18,6 +18,9 @@ from typer._click.exceptions import NoArgsIsHelpError
 from . import __version__
 from .config import MAX_EMBED_DIM, MAX_SEQ_LEN, Config, ConfigError
 from .stages import STAGE_IDS
+
+if TYPE_CHECKING:
+    from .records import Trace
 
 app = typer.Typer(
     name="mha-tui",
@@ -69,17 +72,29 @@ def explain(
     color: Annotated[bool, typer.Option("--color", help="Keep colours (ANSI codes) in the text transcript.")] = False,
     ascii_only: Annotated[bool, typer.Option("--ascii", help="Draw with plain ASCII only.")] = False,
     stage: Annotated[str, typer.Option("--stage", help="Stage to start the app at.")] = STAGE_IDS[0],
+    hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Explain one attention layer of a Hugging Face causal LM: a local directory, or a name in the local Hugging Face cache (gpt2). Never downloads. Needs pip install "mha-tui[hf]".')] = None,
+    layer: Annotated[int | None, typer.Option("--layer", help="With --hf: the layer to explain, from 0; in the app [ and ] move between layers.")] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
         fail("the sentence is not valid UTF-8 text")
-    try:
-        config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                        causal=causal, max_seq_len=max_seq_len)
-    except ConfigError as error:
-        fail(str(error))
-    if stage not in STAGE_IDS:
-        fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
+    if hf_source is None:
+        if layer is not None:
+            fail("--layer picks a layer of a pretrained model: use it with --hf PATH_OR_NAME")
+        try:
+            config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
+                            causal=causal, max_seq_len=max_seq_len)
+        except ConfigError as error:
+            fail(str(error))
+        if stage not in STAGE_IDS:
+            fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
+    else:
+        for flag, given in (("--heads", heads != 2), ("--embed-dim", embed_dim != 4),
+                            ("--seed", seed != 0), ("--no-causal", not causal),
+                            ("--max-seq-len", max_seq_len != 64)):
+            if given:
+                fail(f"{flag} does not apply with --hf: the model brings its own sizes, "
+                     f"weights and mask")
     if not 40 <= width <= 400:
         fail(f"--width must be between 40 and 400, got {width}")
     target = None if dump is None or str(dump) == "-" else dump
@@ -90,6 +105,10 @@ def explain(
         if problem:
             fail(problem)
 
+    if hf_source is not None:
+        _explain_hf(sentence, hf_source, layer or 0, dump=dump, target=target, fmt=fmt,
+                    width=width, full=full, color=color, ascii_only=ascii_only, stage=stage)
+        return
     if dump is None and sys.stdout.isatty():
         from .app import run_app
 
@@ -99,13 +118,44 @@ def explain(
                       ascii_only=ascii_only)
 
 
+def _explain_hf(sentence: str, source: str, layer: int, *, dump: Path | None,
+                target: Path | None, fmt: Format, width: int, full: bool, color: bool,
+                ascii_only: bool, stage: str) -> None:
+    """--hf: load the model (refusals here, before any app), then the app or a transcript."""
+    from . import hf
+
+    try:
+        loaded = hf.load(source)
+        hf.check_layer(loaded, layer)
+        session = hf.Session(loaded, sentence, ascii_only=ascii_only)
+    except hf.HfError as error:
+        fail(str(error))
+    if dump is None and sys.stdout.isatty():
+        from .app import run_app
+
+        run_app(session.config(layer), start=stage, ascii_only=ascii_only,
+                loader=lambda config: session.trace(config.model.layer if config.model else layer),
+                layers=session)
+        return
+    try:
+        trace = session.trace(layer)
+    except hf.HfError as error:
+        fail(str(error))
+    if stage != STAGE_IDS[0] and stage not in [s.id for s in trace.stages]:
+        fail(f"--stage {stage!r} is not a stage of this layer; choose one of: "
+             f"{', '.join(s.id for s in trace.stages)}")
+    _write_transcript(trace.config, target, fmt, width=width, full=full, color=color,
+                      ascii_only=ascii_only, trace=trace)
+
+
 def _write_transcript(config: Config, target: Path | None, fmt: Format, *, width: int,
-                      full: bool, color: bool, ascii_only: bool) -> None:
+                      full: bool, color: bool, ascii_only: bool, trace: Trace | None = None) -> None:
     from .dump import to_json, to_text, write_atomic
     from .render import RenderOptions
     from .trace import run_trace
 
-    trace = run_trace(config)
+    if trace is None:
+        trace = run_trace(config)
     if fmt is Format.json:
         content = to_json(trace)
     else:

@@ -38,6 +38,25 @@ def _positive(flag: str, value: int, ceiling: int) -> None:
 
 
 @dataclass(frozen=True)
+class ModelSource:
+    """A pretrained model explained with `--hf`: its tokenizer's tokens and the layer shown.
+
+    tokens are the tokenizer's pieces made readable (GPT-2's `Ġcat` as `␣cat`); ids its ids.
+    """
+
+    name: str
+    class_name: str
+    layer: int
+    n_layers: int
+    vocab_size: int
+    tokens: tuple[str, ...]
+    ids: tuple[int, ...]
+    # Every layer was recorded in the one forward pass (`[` and `]` move between them) when
+    # the sentence has at most this many tokens; longer, only `layer` was.
+    all_layers_limit: int = 0
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything that determines a trace; two equal configs give byte-identical traces."""
 
@@ -47,6 +66,7 @@ class Config:
     seed: int = 0
     causal: bool = True
     max_seq_len: int = 64
+    model: ModelSource | None = None
 
     def __post_init__(self) -> None:
         _positive("--embed-dim", self.embed_dim, MAX_EMBED_DIM)
@@ -70,7 +90,7 @@ class Config:
 
     @property
     def tokens(self) -> tuple[str, ...]:
-        return tokenize(self.sentence)
+        return self.model.tokens if self.model is not None else tokenize(self.sentence)
 
     @property
     def vocab(self) -> tuple[str, ...]:
@@ -79,6 +99,8 @@ class Config:
 
     @property
     def ids(self) -> tuple[int, ...]:
+        if self.model is not None:
+            return self.model.ids
         index = {token: i for i, token in enumerate(self.vocab)}
         return tuple(index[token] for token in self.tokens)
 
@@ -102,4 +124,6 @@ class Config:
             "seed": self.seed,
             "causal": self.causal,
             "max_seq_len": self.max_seq_len,
-        }
+        } | ({} if self.model is None else {"model": {
+            "name": self.model.name, "class": self.model.class_name, "layer": self.model.layer,
+            "n_layers": self.model.n_layers, "vocab_size": self.model.vocab_size}})

@@ -20,6 +20,8 @@ import linecache
 import os
 import re
 import sys
+import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .records import Check, Stage, TensorRecord
+from .config import MAX_SEQ_LEN, Config, ModelSource
+from .records import Check, Stage, TensorRecord, Trace
 
 INSTALL_HINT = 'pip install "mha-tui[hf]"'
 # Where a block keeps its self-attention, across the families transformers ships
@@ -560,3 +563,85 @@ def input_stage(loaded: Loaded, run: ForwardRun, layer: int) -> Stage:
         explanation=explanation, shape_in=tuple(run.ids.shape), shape_out=tuple(x.shape),
         dims_in=("B", "T"), dims_out=BTC, tensors=tuple(records), checks=tuple(checks),
     )
+
+
+# ---------------------------------------------------------------- a sentence, every layer
+
+
+class Session:
+    """One model and one sentence: configs and traces by layer, each from the model's forward.
+
+    While the sentence has at most all_layers_limit tokens, the first trace asked for runs
+    the forward once and records every layer; longer sentences record only the layer asked
+    for (one forward per layer visited, the previous layer's records dropped).
+    """
+
+    def __init__(self, loaded: Loaded, sentence: str, *, ascii_only: bool = False) -> None:
+        self.loaded = loaded
+        self.sentence = sentence
+        self.ids, self.tokens = tokenize(loaded, sentence, ascii_only=ascii_only)
+        self.limit = all_layers_limit(loaded.info)
+        self.all_layers = len(self.ids) <= self.limit
+        self._traces: dict[int, Trace] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def n_layers(self) -> int:
+        return self.loaded.info.n_layers
+
+    def config(self, layer: int) -> Config:
+        info = self.loaded.info
+        model = ModelSource(
+            name=info.name, class_name=info.class_name, layer=layer, n_layers=info.n_layers,
+            vocab_size=info.vocab_size, tokens=self.tokens, ids=tuple(self.ids),
+            all_layers_limit=self.limit,
+        )
+        return Config(self.sentence, embed_dim=info.embed_dim, num_heads=info.num_heads,
+                      max_seq_len=min(MAX_SEQ_LEN, max(len(self.ids), info.max_positions or 0)),
+                      model=model)
+
+    def recorded(self, layer: int) -> bool:
+        """Whether layer's trace is ready (moving there costs no forward pass)."""
+        return layer in self._traces
+
+    def trace(self, layer: int) -> Trace:
+        check_layer(self.loaded, layer)
+        with self._lock:
+            if layer not in self._traces:
+                layers = range(self.n_layers) if self.all_layers else [layer]
+                traces = trace_layers(self.loaded, self, layers)
+                if not self.all_layers:
+                    self._traces.clear()
+                self._traces.update(traces)
+            return self._traces[layer]
+
+
+def trace_layers(loaded: Loaded, session: Session, layers: Sequence[int]) -> dict[int, Trace]:
+    """Run the model's forward once, recording the attention of every layer in layers."""
+    from .tracing import record
+
+    roots = {loaded.attention_path(layer): loaded.attention(layer) for layer in layers}
+    result: Any = None
+
+    def around(call: Callable[[], Any]) -> Any:
+        nonlocal result
+        result = record(call, roots)
+        if result.error is not None:
+            raise HfError(f"{loaded.info.name}: the model's forward raised "
+                          f"{type(result.error).__name__}: {_first_line(result.error)}")
+        return result.value
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = run_forward(loaded, session.ids, layers, around)
+    traces = {}
+    for layer in layers:
+        config = session.config(layer)
+        recording = result.recordings[loaded.attention_path(layer)]
+        stages = _attention_stages(config, recording, run.layers[layer])
+        traces[layer] = Trace(config=config, stages=(input_stage(loaded, run, layer), *stages))
+    return traces
+
+
+def _attention_stages(config: Config, recording: Any, captured: LayerInput) -> tuple[Stage, ...]:
+    raise HfError("the recogniser is not on main yet")

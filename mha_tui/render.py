@@ -528,8 +528,20 @@ def replace_tensors(stage: Stage) -> Stage:
 
 
 def header(config: Config, opts: RenderOptions, width: int | None = None) -> Text:
-    """Sentence, tokens with their ids, and B, T, C, h, d_h on one line (wraps if narrow)."""
-    text = Text.assemble(("sentence ", "dim"))
+    """Sentence, tokens with their ids, and B, T, C, h, d_h on one line (wraps if narrow).
+
+    For a pretrained model (`--hf`), first the model, the layer and its sizes."""
+    text = Text()
+    model = config.model
+    if model is not None:
+        text.append("model ", style="dim")
+        text.append_text(label(model.name, max_cells=40, ascii_only=opts.ascii, style="bold"))
+        text.append(f" ({model.class_name})  ", style="dim")
+        text.append(f"layer {model.layer}", style="bold")
+        text.append(f" of 0-{model.n_layers - 1}", style="dim")
+        text.append(f"  C={config.embed_dim} h={config.num_heads} d_h={config.head_dim} "
+                    f"vocab={model.vocab_size} layers={model.n_layers}\n", style="cyan")
+    text.append("sentence ", style="dim")
     text.append_text(label(config.sentence, max_cells=40, ascii_only=opts.ascii))
     text.append("   tokens ", style="dim")
     for i, (token, token_id) in enumerate(zip(config.tokens[:16], config.ids, strict=False)):
@@ -540,6 +552,9 @@ def header(config: Config, opts: RenderOptions, width: int | None = None) -> Tex
     if len(config.tokens) > 16:
         text.append(f" … (+{len(config.tokens) - 16})" if not opts.ascii
                     else f" ... (+{len(config.tokens) - 16})", style="dim")
+    if model is not None:
+        text.append(f"   B=1 T={config.seq_len}", style="cyan")
+        return text
     text.append(f"   B=1 T={config.seq_len} C={config.embed_dim} h={config.num_heads} "
                 f"d_h={config.head_dim} seed={config.seed} "
                 f"{'causal' if config.causal else 'no mask'}", style="cyan")

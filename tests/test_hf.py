@@ -4,6 +4,8 @@ laid out as the hub lays it out, run once, and explained with the model's own nu
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,12 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
+from typer.testing import CliRunner
 
 from mha_tui import hf
+from mha_tui.cli import app
 
+from .conftest import ROOT, run_cli
 from .hf_models import SENTENCES, hub_cache_layout, save_tiny_gpt2, save_tiny_mamba
 
 SENTENCE = "The cat sat on the mat."
@@ -177,3 +182,52 @@ def test_all_layers_limit_follows_the_models_size(tiny: hf.Loaded) -> None:
     per_layer = 12 * hf.MAPS_PER_LAYER * 4
     assert 12 * per_layer * limit**2 <= hf.ALL_LAYERS_BUDGET < 12 * per_layer * (limit + 1) ** 2
     assert hf.all_layers_limit(tiny.info) > limit
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def _refused(*args: str, env: dict[str, str] | None = None) -> str:
+    """In process (loading torch once): exit 2, one line on stderr, nothing on stdout."""
+    result = CliRunner(env=env).invoke(app, ["explain", SENTENCE, *args, "--dump", "-"])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert isinstance(result.exception, SystemExit)
+    assert result.stdout == ""
+    stderr = result.stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("mha-tui: error: "), stderr
+    return stderr
+
+
+def test_cli_refusals_are_one_line_exit_2(tiny_dir: Path, tmp_path: Path) -> None:
+    env = {"HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HOME": str(tmp_path)}
+    assert "`hf download gpt2`" in _refused("--hf", "gpt2", env=env)
+    save_tiny_gpt2(tmp_path / "no-tok", with_tokenizer=False)
+    assert "has no tokenizer" in _refused("--hf", str(tmp_path / "no-tok"))
+    assert "--layer 3 is out of range" in _refused("--hf", str(tiny_dir), "--layer", "3")
+    assert "--layer -1 is out of range" in _refused("--hf", str(tiny_dir), "--layer", "-1")
+    save_tiny_mamba(tmp_path / "mamba")
+    assert "no recognisable self-attention" in _refused("--hf", str(tmp_path / "mamba"))
+    assert "use it with --hf" in _refused("--layer", "1")
+    assert "--heads does not apply with --hf" in _refused("--hf", str(tiny_dir), "--heads", "4")
+
+
+def test_a_missing_model_from_the_real_command(tmp_path: Path) -> None:
+    """The installed command, as a learner runs it: one line, exit 2, no traceback."""
+    result = run_cli("explain", SENTENCE, "--hf", "distilgpt2", "--dump", "-",
+                     env={"HF_HUB_CACHE": str(tmp_path)})
+    assert result.returncode == 2 and result.stdout == b""
+    assert result.stderr.decode() == (
+        f"mha-tui: error: --hf distilgpt2: no such directory and not in the Hugging Face cache at "
+        f"{tmp_path}; mha-tui never downloads: fetch it once with `hf download distilgpt2` "
+        f"(or pass a directory made by save_pretrained)\n")
+
+
+def test_without_transformers_says_what_to_install(tiny_dir: Path) -> None:
+    # The extra is installed here; hide it the way a missing package looks to an import.
+    code = ("import sys\nsys.modules['transformers'] = None\n"
+            f"sys.argv = ['mha-tui', 'explain', 'hi', '--hf', {str(tiny_dir)!r}, '--dump', '-']\n"
+            "from mha_tui.cli import main\nmain()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr == ('mha-tui: error: --hf needs Hugging Face transformers, which is not '
+                             'installed: pip install "mha-tui[hf]"\n')
