@@ -40,12 +40,15 @@ INSTALL_HINT = 'pip install "mha-tui[hf]"'
 ATTENTION_NAMES = ("attn", "self_attn", "attention", "self_attention")
 SPACE_MARK = "\u2423"  # ␣, the visible space
 ASCII_SPACE_MARK = "_"
-# Every layer's stages are recorded in the one forward pass while the attention maps they
-# hold stay below this many bytes (estimated from the model's sizes: see all_layers_limit).
+# Every layer's stages are recorded in the one forward pass while the copies the tracer
+# keeps stay below this many bytes (estimated from the model's sizes: see all_layers_limit).
 ALL_LAYERS_BUDGET = 256 * 2**20
-# Attention-map-sized tensors a recorded layer keeps: raw, scaled, masked scores, weights
-# after softmax and after dropout, and the mask the model built (float32 each).
-MAPS_PER_LAYER = 6
+# What one recorded GPT-2 attention layer keeps, measured: about 7 (h, T, T) maps (raw,
+# scaled and masked scores, softmax, its cast, dropout, and one more) and 24 (T, C)-sized
+# tensors (the fused projection counts 3, its split 3, views, transposes, heads, c_proj),
+# float32 each.
+MAPS_PER_LAYER = 7
+CHANNEL_TENSORS_PER_LAYER = 24
 _WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -238,14 +241,23 @@ def check_layer(loaded: Loaded, layer: int) -> None:
                       f"0 to {n - 1}")
 
 
+def recorded_bytes(info: ModelInfo, T: int, layers: int | None = None) -> int:
+    """About how many bytes the tracer keeps for `layers` layers on a T-token sentence."""
+    per_layer = 4 * (MAPS_PER_LAYER * info.num_heads * T * T
+                     + CHANNEL_TENSORS_PER_LAYER * info.embed_dim * T)
+    return (info.n_layers if layers is None else layers) * per_layer
+
+
 def all_layers_limit(info: ModelInfo, budget: int = ALL_LAYERS_BUDGET) -> int:
     """The longest sentence (in tokens) for which every layer is recorded in one pass.
 
-    A recorded layer keeps about MAPS_PER_LAYER (h, T, T) float32 maps, so memory grows with
-    layers * h * T^2; GPT-2 (12 layers, 12 heads) stays under the budget up to 190 tokens.
+    Memory grows with layers * (h * T^2 + C * T); beyond this length only the layer shown
+    is recorded, and moving to another layer runs the forward again.
     """
-    per_token_squared = info.n_layers * info.num_heads * MAPS_PER_LAYER * 4
-    return max(1, int((budget / per_token_squared) ** 0.5))
+    T = 1
+    while recorded_bytes(info, T + 1) <= budget:
+        T += 1
+    return T
 
 
 # ---------------------------------------------------------------- tokens
