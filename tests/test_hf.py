@@ -231,3 +231,96 @@ def test_without_transformers_says_what_to_install(tiny_dir: Path) -> None:
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr == ('mha-tui: error: --hf needs Hugging Face transformers, which is not '
                              'installed: pip install "mha-tui[hf]"\n')
+
+
+# ---------------------------------------------------------------- traced layers
+
+
+def _stage_of(trace, kind: str):
+    return next(stage for stage in trace.stages if stage.kind == kind)
+
+
+def _own_outputs(model: torch.nn.Module, ids: list[int]) -> tuple[object, list[torch.Tensor]]:
+    """An independent forward: output_attentions, and each attention module's own output."""
+    outputs: list[torch.Tensor] = []
+    handles = [block.attn.register_forward_hook(lambda m, a, out: outputs.append(out[0]))
+               for block in model.transformer.h]
+    try:
+        with torch.no_grad():
+            reference = model(torch.tensor([ids]), output_attentions=True, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return reference, outputs
+
+
+def test_every_layer_is_the_models_own_numbers(tiny: hf.Loaded) -> None:
+    session = hf.Session(tiny, SENTENCE)
+    reference, own = _own_outputs(tiny.model, session.ids)
+    h = tiny.info.num_heads
+    for layer in range(tiny.info.n_layers):
+        trace = session.trace(layer)
+        assert trace.config.model is not None and trace.config.model.layer == layer
+        assert trace.config.tokens == session.tokens
+        weights = _stage_of(trace, "softmax").tensors[-1].values  # (B, h, T, T)
+        assert weights.shape == (1, h, len(session.ids), len(session.ids))
+        for head in range(h):
+            assert torch.equal(torch.from_numpy(weights[0, head]), reference.attentions[layer][0, head])
+        final = trace.stages[-1].tensors[-1].values  # (B, T, C)
+        assert torch.equal(torch.from_numpy(final), own[layer])
+        assert all(check.ok is not False for stage in trace.stages for check in stage.checks), [
+            check.label for stage in trace.stages for check in stage.checks if check.ok is False]
+        first = trace.stages[0]
+        assert first.kind == "embed" and trace.stages[1].kind == "project"
+        assert [r.name for r in first.tensors][-1] == "x = ln_1(hidden_states)"
+
+
+def test_one_forward_records_every_layer_until_the_limit(tiny: hf.Loaded) -> None:
+    calls = []
+    handle = tiny.model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    try:
+        session = hf.Session(tiny, SENTENCE)
+        assert session.all_layers
+        for layer in (1, 0, 2, 1):
+            session.trace(layer)
+        assert len(calls) == 1
+        # Beyond the limit: one forward per layer visited, only that layer kept.
+        session = hf.Session(tiny, SENTENCE)
+        session.all_layers = False
+        session.trace(2)
+        assert session.recorded(2) and not session.recorded(0)
+        session.trace(0)
+        assert session.recorded(0) and not session.recorded(2)
+        assert len(calls) == 3
+    finally:
+        handle.remove()
+
+
+def test_transcript_of_one_layer(tiny_dir: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["explain", "The cat sat on the mat \x1b[31m", "--hf", str(tiny_dir),
+                                      "--layer", "2", "--dump", "-"])
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert "\x1b" not in text  # the tokenizer's control byte is shown as a visible stand-in
+    first = text.splitlines()[0]
+    assert f"model {tiny_dir}" in first and "(GPT2LMHeadModel)" in first and "layer 2" in first
+    assert "C=16 h=4 d_h=4 vocab=300 layers=3" in first
+    assert "␣cat" in text and "Ġ" not in text
+    assert "Where layer 2's input comes from" in text
+    for kind in ("project", "scores", "softmax", "attend", "w_o"):
+        assert f" {kind}  ·  " in text
+    result = CliRunner().invoke(app, ["explain", "The cat sat", "--hf", str(tiny_dir), "--ascii",
+                                      "--dump", str(tmp_path / "t.json"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    document = json.loads((tmp_path / "t.json").read_text())
+    assert document["config"]["tokens"] == ["The", "_cat", "_sat"]
+    assert document["config"]["model"]["layer"] == 0
+
+
+def test_readme_states_the_limit_the_code_computes() -> None:
+    gpt2 = hf.ModelInfo("gpt2", "", "GPT2LMHeadModel", 12, 768, 12, 64, 50257, 1024)
+    readme = (Path(ROOT) / "README.md").read_text(encoding="utf-8")
+    assert f"which is\n  {hf.all_layers_limit(gpt2)} tokens for GPT-2 small" in readme
+    assert f"under {hf.ALL_LAYERS_BUDGET // 2**20} MiB" in readme
