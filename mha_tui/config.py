@@ -113,6 +113,15 @@ class Config:
         return len(self.tokens)
 
     def as_dict(self) -> dict[str, object]:
+        if self.model is not None:  # the tokenizer's ids index the model's own vocabulary
+            return {
+                "sentence": self.sentence, "tokens": list(self.tokens), "ids": list(self.ids),
+                "embed_dim": self.embed_dim, "num_heads": self.num_heads,
+                "head_dim": self.head_dim,
+                "model": {"name": self.model.name, "class": self.model.class_name,
+                          "layer": self.model.layer, "n_layers": self.model.n_layers,
+                          "vocab_size": self.model.vocab_size},
+            }
         return {
             "sentence": self.sentence,
             "tokens": list(self.tokens),
@@ -124,6 +133,4 @@ class Config:
             "seed": self.seed,
             "causal": self.causal,
             "max_seq_len": self.max_seq_len,
-        } | ({} if self.model is None else {"model": {
-            "name": self.model.name, "class": self.model.class_name, "layer": self.model.layer,
-            "n_layers": self.model.n_layers, "vocab_size": self.model.vocab_size}})
+        }
