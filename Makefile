@@ -6,12 +6,13 @@ PYTHON ?= python3
 
 .PHONY: run test lint golden screenshots bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch is pinned to the CPU build (see README); pip takes it from the local wheel here.
 	# [hf]: transformers and tokenizers, for `--hf` and its tests (built offline, tiny).
-	$(BIN)/python -m pip install --quiet -e ".[dev,hf]"
+	# pyproject accepts a torch range; constraints.txt pins this project's own CPU build
+	# (see README), which pip takes from the local wheel here.
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,hf]"
 	touch $(STAMP)
 
 run: $(STAMP)
