@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from rich.console import Group
 from rich.table import Table
@@ -33,7 +33,8 @@ from .stage_view import LineCache, StageView, render_strips
 from .stages import STAGE_IDS, STAGES, stage_info
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
-KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-"}
+KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-",
+             "left_square_bracket": "[", "right_square_bracket": "]"}
 MAX_DECIMALS = 8
 
 
@@ -46,6 +47,18 @@ def _load_trace(config: Config) -> Trace:
 
     Syntax("x", "python").highlight("x")
     return trace
+
+
+class Layers(Protocol):
+    """A pretrained model's layers on one sentence (`--hf`): a trace per layer, on request."""
+
+    n_layers: int
+    limit: int  # every layer is recorded in one pass up to this many tokens
+    all_layers: bool
+
+    def recorded(self, layer: int) -> bool: ...
+
+    def trace(self, layer: int) -> Trace: ...
 
 
 class StageRail(OptionList):
@@ -107,6 +120,10 @@ class ExplainApp(App[None]):
                 tooltip="Fewer decimals", id="view.fewer"),
         Binding("w", "wrong_view", "Wrong", tooltip="At transpose: show the wrong "
                 "Q.view(B, h, T, d_h) above the right Q", id="view.wrong"),
+        Binding("left_square_bracket", "layer(-1)", "Layer", key_display="[",
+                tooltip="Previous layer of the model (--hf)", id="layer.prev"),
+        Binding("right_square_bracket", "layer(1)", "Layer", key_display="]",
+                tooltip="Next layer of the model (--hf)", id="layer.next"),
         Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
         Binding("q", "quit", "Quit", id="app.quit"),
     ]
@@ -123,9 +140,12 @@ class ExplainApp(App[None]):
 
     def __init__(self, config: Config, *, trace: Trace | None = None, start: str = STAGE_IDS[0],
                  ascii_only: bool = False,
-                 loader: Callable[[Config], Trace] = _load_trace) -> None:
+                 loader: Callable[[Config], Trace] = _load_trace,
+                 layers: Layers | None = None) -> None:
         super().__init__()
         self.config = config
+        self._layers = layers
+        self._layer = config.model.layer if config.model is not None else 0
         self.trace = trace
         self._loader = loader
         self._start = STAGE_IDS.index(start)
@@ -221,16 +241,18 @@ class ExplainApp(App[None]):
         max_cols = max(2, (width - 14) // cell)
         return replace(self.view, max_cols=max_cols, max_rows=16, max_heads=4, width=width)
 
-    def _lines(self, index: int, width: int) -> list[Strip]:
+    def _lines(self, index: int, width: int, trace: Trace | None = None,
+               layer: int | None = None) -> list[Strip]:
         """The stage's rendered lines at this width, from the cache or rendered now."""
-        assert self.trace is not None
+        trace = trace or self.trace
+        assert trace is not None
         opts = self._window_options(width)
-        key = (index, opts)
+        key = (self._layer if layer is None else layer, index, opts)
         with self._cache.lock:
             lines = self._cache.get(key)
             if lines is None:
-                stage = self.trace.stages[index]
-                lines = render_strips(self.console, stage_screen(self.trace, stage, opts), width)
+                stage = trace.stages[index]
+                lines = render_strips(self.console, stage_screen(trace, stage, opts), width)
                 self._cache.put(key, lines)
         return lines
 
@@ -256,10 +278,12 @@ class ExplainApp(App[None]):
                             name="warm cache")
 
     def _warm_all(self) -> None:
+        trace, layer = self.trace, self._layer  # a layer switch must not mix two layers' lines
+        assert trace is not None
         width = self.query_one(StageView).text_width
-        order = sorted(range(len(STAGES)), key=lambda i: abs(i - self.stage_index))
+        order = sorted(range(len(trace.stages)), key=lambda i: abs(i - self.stage_index))
         for index in order:
-            self._lines(index, width)
+            self._lines(index, width, trace, layer)
 
     # ------------------------------------------------------------------ actions
 
@@ -284,6 +308,11 @@ class ExplainApp(App[None]):
         if action == "decimals":
             delta = parameters[0] if parameters else 1
             return None if not 0 <= self.view.decimals + int(delta) <= MAX_DECIMALS else True
+        if action == "layer":
+            if self._layers is None:
+                return False  # not a pretrained model: no layers to move between
+            target = self._layer + (int(parameters[0]) if parameters else 1)
+            return True if self.trace is not None and 0 <= target < self._layers.n_layers else None
         if action == "wrong_view":
             return True if STAGES[self.stage_index].id == "transpose" else None
         return True
@@ -309,6 +338,40 @@ class ExplainApp(App[None]):
     def action_decimals(self, delta: int) -> None:
         self.view = replace(self.view, decimals=min(MAX_DECIMALS, max(0, self.view.decimals + delta)))
 
+    def action_layer(self, delta: int) -> None:
+        """`[` / `]`: the same stage of the previous / next layer of the model."""
+        layers, target = self._layers, self._layer + delta
+        if layers is None or not 0 <= target < layers.n_layers:
+            return
+        if layers.recorded(target):
+            self._show_layer(target, layers.trace(target))
+            return
+        self.notify(f"layer {target}: running the model's forward again (sentences longer than "
+                    f"{layers.limit} tokens keep one layer at a time)", timeout=4)
+        self.run_worker(lambda: self._load_layer(target), thread=True, exclusive=True,
+                        group="layer", name=f"layer {target}")
+
+    def _load_layer(self, layer: int) -> None:
+        assert self._layers is not None
+        try:
+            trace = self._layers.trace(layer)
+        except Exception as error:  # shown as a notice; the current layer stays on screen
+            self.call_from_thread(self.notify, f"could not run layer {layer}: {error}",
+                                  severity="error")
+            return
+        self.call_from_thread(self._show_layer, layer, trace)
+
+    def _show_layer(self, layer: int, trace: Trace) -> None:
+        """Put another layer's trace on screen at the same stage (its lines cached by layer)."""
+        self._layer = layer
+        self.trace = trace
+        self.config = trace.config
+        self.query_one("#header", Static).update(header(self.config, RenderOptions(ascii=self._ascii)))
+        self.set_reactive(ExplainApp.stage_index, min(self.stage_index, len(trace.stages) - 1))
+        self.refresh_bindings()
+        self._show()
+        self._warm()
+
     def action_wrong_view(self) -> None:
         self.view = replace(self.view, wrong_view=not self.view.wrong_view)
 
@@ -327,5 +390,6 @@ class ExplainApp(App[None]):
         self.stage_index = event.option_index
 
 
-def run_app(config: Config, *, start: str = STAGE_IDS[0], ascii_only: bool = False) -> None:
-    ExplainApp(config, start=start, ascii_only=ascii_only).run()
+def run_app(config: Config, *, start: str = STAGE_IDS[0], ascii_only: bool = False,
+            loader: Callable[[Config], Trace] = _load_trace, layers: Layers | None = None) -> None:
+    ExplainApp(config, start=start, ascii_only=ascii_only, loader=loader, layers=layers).run()
