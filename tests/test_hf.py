@@ -3,6 +3,7 @@ laid out as the hub lays it out, run once, and explained with the model's own nu
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -297,10 +298,11 @@ def test_one_forward_records_every_layer_until_the_limit(tiny: hf.Loaded) -> Non
 
 
 def test_transcript_of_one_layer(tiny_dir: Path, tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["explain", "The cat sat on the mat \x1b[31m", "--hf", str(tiny_dir),
-                                      "--layer", "2", "--dump", "-"])
-    assert result.exit_code == 0, result.output
-    text = result.stdout
+    """The real command (a transcript ends the process with os._exit: not in-process)."""
+    result = run_cli("explain", "The cat sat on the mat \x1b[31m", "--hf", str(tiny_dir),
+                     "--layer", "2", "--dump", "-")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout.decode()
     assert "\x1b" not in text  # the tokenizer's control byte is shown as a visible stand-in
     first = text.splitlines()[0]
     assert f"model {tiny_dir}" in first and "(GPT2LMHeadModel)" in first and "layer 2" in first
@@ -309,12 +311,12 @@ def test_transcript_of_one_layer(tiny_dir: Path, tmp_path: Path) -> None:
     assert "Where layer 2's input comes from" in text
     for kind in ("project", "scores", "softmax", "attend", "w_o"):
         assert f" {kind}  ·  " in text
-    result = CliRunner().invoke(app, ["explain", "The cat sat", "--hf", str(tiny_dir), "--ascii",
-                                      "--dump", str(tmp_path / "t.json"), "--format", "json"])
-    assert result.exit_code == 0, result.output
-    import json
-
-    document = json.loads((tmp_path / "t.json").read_text())
+    assert "✗" not in text
+    target = tmp_path / "t.json"
+    result = run_cli("explain", "The cat sat", "--hf", str(tiny_dir), "--ascii", "--dump", str(target),
+                     "--format", "json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(target.read_text())
     assert document["config"]["tokens"] == ["The", "_cat", "_sat"]
     assert document["config"]["model"]["layer"] == 0
 
@@ -324,3 +326,62 @@ def test_readme_states_the_limit_the_code_computes() -> None:
     readme = (Path(ROOT) / "README.md").read_text(encoding="utf-8")
     assert f"which is\n  {hf.all_layers_limit(gpt2)} tokens for GPT-2 small" in readme
     assert f"under {hf.ALL_LAYERS_BUDGET // 2**20} MiB" in readme
+
+
+# ---------------------------------------------------------------- the app
+
+
+async def test_app_brackets_move_between_layers(tiny: hf.Loaded) -> None:
+    from mha_tui.app import ExplainApp
+    from mha_tui.stage_view import StageView
+
+    session = hf.Session(tiny, SENTENCE)
+    app = ExplainApp(session.config(1), loader=lambda config: session.trace(1), layers=session)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        while app.trace is None:
+            await pilot.pause(0.05)
+        await pilot.pause()
+        softmax = next(i for i, stage in enumerate(app.trace.stages) if stage.kind == "softmax")
+        app.stage_index = softmax
+        await pilot.pause()
+        shown = app.query_one(StageView).plain
+        assert "softmax" in shown and "␣cat" in shown
+        for key, layer in [("right_square_bracket", 2), ("right_square_bracket", 2),
+                           ("left_square_bracket", 1), ("left_square_bracket", 0),
+                           ("left_square_bracket", 0)]:
+            await pilot.press(key)
+            await pilot.pause()
+            assert app.trace is session.trace(layer) and app.config.model.layer == layer
+            assert app.stage_index == softmax  # the same stage of the other layer
+        assert app.check_action("layer", (-1,)) is None and app.check_action("layer", (1,)) is True
+        assert "layer 0 of 0-2" in text_of_header(app)
+        at_layer_0 = app.query_one(StageView).plain
+        assert at_layer_0 != shown  # layer 0's weights, not layer 1's
+        await pilot.press("right_square_bracket")
+        await pilot.pause()
+        assert app.query_one(StageView).plain == shown and "layer 1 of 0-2" in text_of_header(app)
+
+
+def text_of_header(app) -> str:
+    from io import StringIO
+
+    from rich.console import Console
+
+    console = Console(file=StringIO(), width=200, color_system=None)
+    console.print(app.query_one("#header").content)
+    return console.file.getvalue()
+
+
+async def test_app_without_a_model_hides_the_layer_keys() -> None:
+    from mha_tui.app import ExplainApp
+
+    from .conftest import default_trace
+
+    trace = default_trace()
+    app = ExplainApp(trace.config, trace=trace)
+    async with app.run_test(size=(100, 32)) as pilot:
+        assert app.check_action("layer", (1,)) is False
+        before = app.stage_index
+        await pilot.press("right_square_bracket")
+        assert app.stage_index == before
