@@ -38,7 +38,7 @@ MAX_DECIMALS = 8
 
 
 def _load_trace(config: Config) -> Trace:
-    from .trace import run_trace
+    from .tracing import run_trace
 
     trace = run_trace(config)
     # Warm Pygments' Python lexer here, off the event loop, before the first stage draws.

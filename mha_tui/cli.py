@@ -103,7 +103,7 @@ def _write_transcript(config: Config, target: Path | None, fmt: Format, *, width
                       full: bool, color: bool, ascii_only: bool) -> None:
     from .dump import to_json, to_text, write_atomic
     from .render import RenderOptions
-    from .trace import run_trace
+    from .tracing import run_trace
 
     trace = run_trace(config)
     if fmt is Format.json:

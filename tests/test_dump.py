@@ -12,7 +12,7 @@ import pytest
 from mha_tui.config import Config
 from mha_tui.dump import to_json, to_text
 from mha_tui.render import RenderOptions
-from mha_tui.trace import run_trace
+from mha_tui.tracing import run_trace
 
 from .conftest import default_trace, run_cli
 

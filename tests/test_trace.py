@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from mha_tui import model, trace
+from mha_tui import model
+from mha_tui import tracing as trace
 from mha_tui.config import Config
 from mha_tui.stages import STAGE_IDS, STAGES
-from mha_tui.trace import build, run_trace
+from mha_tui.tracing import build, run_trace
 
 from .conftest import default_trace
 

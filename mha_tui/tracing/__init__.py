@@ -1,22 +1,33 @@
-"""Run the running example through MultiHeadAttention once and record every stage.
+"""Run a module's forward once and record what it did; the public `trace` entry point.
 
-The numbers come from the module's own forward (through its `tap`), never from a second
-implementation; the checks shown beside each stage are computed here from those tensors.
-This module knows torch and the record types: never import rich, textual or typer here.
+`trace(module, x, tokens)` is what the CLI and any caller use: it records every torch op the
+forward performs (`torch_ops.record`, one adapter per array library under this folder,
+imported only when used) and hands the recording to `mha_tui.recognise`, which turns ops
+into the stages a learner reads. `record(run, roots)` is the lower level: watch one or
+several submodules while any outer callable (a whole model's forward) runs.
+
+Transition note: until the recogniser lands, the stages of the built-in module still come
+from its `tap`; `trace` refuses other modules with NotImplementedError.
+This package knows torch and the record types: never import rich, textual or typer here.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from .config import Config
-from .model import MultiHeadAttention
-from .records import Check, Kind, Stage, TensorRecord, Trace
-from .stages import stage_info
+from ..config import Config
+from ..model import MultiHeadAttention
+from ..records import Check, Kind, Stage, TensorRecord, Trace
+from ..stages import stage_info
+
+if TYPE_CHECKING:
+    from .torch_ops import RecordResult
 
 
 def build(config: Config) -> tuple[nn.Embedding, MultiHeadAttention]:
@@ -66,6 +77,25 @@ def _record(
 
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
+
+
+def trace(module: nn.Module, x: torch.Tensor, tokens: Sequence[str] | None = None, *,
+          call: Callable[[nn.Module, torch.Tensor], object] | None = None,
+          embedding: nn.Embedding | None = None, ids: torch.Tensor | None = None,
+          config: Config | None = None) -> Trace:
+    """Run `module` on `x` (B, T, C) once and return the `Trace` of what its forward did.
+
+    tokens: labels for the T axis (default t0, t1, ...). call: how to call the module
+    (default `module(x)`; the loader passes e.g. `lambda m, x: m(x, x, x, attn_mask=mask)`);
+    a tuple result's first element is the output. embedding and ids: when given, the first
+    stage shows where x came from (`embedding(ids)`). config: the run's configuration when
+    the CLI built it (sizes, seed, sentence); otherwise one is made from x and tokens.
+    The module runs unchanged, in whatever mode it is in, under torch.no_grad(). If its
+    forward raises, the trace ends with an `error` stage instead of raising.
+    """
+    if config is None or not isinstance(module, MultiHeadAttention) or call is not None:
+        raise NotImplementedError("the op-level recogniser is not on main yet")
+    return run_trace(config)
 
 
 def run_trace(config: Config) -> Trace:
@@ -369,3 +399,10 @@ def _w_o(module: MultiHeadAttention, c: dict[str, torch.Tensor], out: torch.Tens
                   f"torch.equal = {torch.equal(out, untapped)}", torch.equal(out, untapped)),
         ],
     )
+
+
+def record(run: Callable[[], object], roots: Mapping[str, nn.Module]) -> RecordResult:
+    """Call `run()` and record every op inside each root's forward (see torch_ops.record)."""
+    from .torch_ops import record as _record
+
+    return _record(run, roots)
