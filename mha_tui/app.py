@@ -30,7 +30,7 @@ from .config import Config
 from .records import Trace
 from .render import RenderOptions, header, pending_screen, stage_screen
 from .stage_view import LineCache, StageView, render_strips
-from .stages import STAGE_IDS, STAGES
+from .stages import STAGE_IDS, STAGES, stage_info
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
 KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-"}
@@ -192,7 +192,8 @@ class ExplainApp(App[None]):
         rail.clear_options()
         rail.add_options(self._rail_options())
         ids = self.stage_ids
-        wanted = self._start_id if self.stage_index == self._start else ids[min(self.stage_index, len(ids) - 1)]
+        current = min(self.stage_index, len(ids) - 1)
+        wanted = self._start_id if self.stage_index == self._start else ids[current]
         index = ids.index(wanted) if wanted in ids else min(self.stage_index, len(ids) - 1)
         self.set_reactive(ExplainApp.stage_index, index)
         self.refresh_bindings()
@@ -264,8 +265,8 @@ class ExplainApp(App[None]):
         message = (Text(f"Could not run the module: {self.load_error}", style="bold red")
                    if self.load_error else
                    Text("loading torch and running the forward pass…", style="italic"))
-        pending = pending_screen(STAGES[min(self.stage_index, len(STAGES) - 1)], self.stage_index + 1,
-                                 len(STAGES),
+        info = stage_info(STAGE_IDS[min(self.stage_index, len(STAGE_IDS) - 1)], causal=self.config.causal)
+        pending = pending_screen(info, self.stage_index + 1, len(STAGES),
                                  message, self.view)
         view.show(render_strips(self.console, pending, width), home=home)
 

@@ -162,6 +162,19 @@ def _very_negative(values: np.ndarray) -> bool:
     return values.dtype.kind == "f" and bool((values <= LARGE_NEGATIVE).any())
 
 
+def _masks_somewhere(g: Graph, ref: Ref) -> bool:
+    """The tensor, or the buffer it was sliced from, holds a mask value (a one-token slice of
+    a causal mask is a single 0, but it is still the mask)."""
+    for _ in range(8):
+        if _very_negative(g.snap(ref).values):
+            return True
+        op = g.producer(ref)
+        if op is None or not op.inputs:
+            return False
+        ref = op.inputs[0]
+    return False
+
+
 def _fill_value(op: OpRecord) -> float | None:
     value = op.kwarg("value")
     if value is None:
@@ -264,7 +277,7 @@ def mask(g: Graph, op: OpRecord) -> str | None:
         return None
     others = g.other_inputs(op)
     if op.name in {"add", "add_", "sub", "sub_"}:
-        return "mask" if others and _very_negative(g.snap(others[0]).values) else None
+        return "mask" if others and _masks_somewhere(g, others[0]) else None
     if op.name in {"masked_fill", "masked_fill_"}:
         value = _fill_value(op)
         if value is not None and value <= LARGE_NEGATIVE:
@@ -316,7 +329,7 @@ def _head_calls(rec: Recording) -> list[ModuleCall]:
 
 
 def infer_sizes(rec: Recording, x: Snapshot, hint_heads: int, head_calls: list[ModuleCall]) -> Sizes:
-    B, T, C = (x.shape + (1, 1, 1))[:3] if x.ndim >= 3 else (1, x.shape[0], x.shape[-1])
+    B, T, C = x.shape[:3] if x.ndim >= 3 else (1, x.shape[0], x.shape[-1])
     if head_calls:
         h = len(head_calls)
         widths = [op.out.shape[-1] for op in rec.ops[head_calls[0].first:head_calls[0].end]

@@ -16,8 +16,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from .recognise import BHTD, BHTT, BTC, BTHD, Builder, Embedded, _info, _Unit, _yes
 from .records import Check, OpRecord, Recording, Ref, Snapshot, Source, Stage, TensorRecord
-from .recognise import BHTD, BHTT, BTC, BTHD, Builder, Embedded, _info, _plural, _Unit, _yes
+from .stages import NO_MASK, stage_info
 
 SDPA_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
@@ -149,12 +150,12 @@ class StageMaker:
             shape_in=ids.shape, shape_out=x.shape, dims_in=("B", "T"), dims_out=BTC,
             tensors=(
                 self.b.record("ids", ids, ("B", "T"), kind="int"),
-                self.b.record("embedding.weight", table, ("V", "C"),
+                self.b.record("embedding.weight", table, ("vocab", "C"),
                               caption="one learned row per vocabulary entry"),
                 self.b.record("x", x, BTC, share=("embedding.weight", table)),
             ),
             checks=(Check(f"x[0, t] is row ids[t] of the embedding table for "
-                          f"{'all ' if n > 1 else ''}{_plural(n, 'token')}", e.looked_up),),
+                          f"{_all(n, 'token')}", e.looked_up),),
             kind="embed", source=e.source,
         )
 
@@ -205,7 +206,8 @@ class StageMaker:
             outputs = self._split_records(splits, heads_split)
         checks = []
         names = ", ".join(r.name for r in outputs) or "the outputs"
-        layer = "nn.Linear" if any(o.name == "linear" for o in products) else products[0].name if products else ""
+        layer = ("nn.Linear" if any(o.name == "linear" for o in products)
+                 else products[0].name if products else "")
         checks.append(Check(f"{names} {'each ' if len(outputs) > 1 else ''}equal "
                             f"x @ W{'.weight.T' if layer == 'nn.Linear' else ''}"
                             f"{' + b' if has_bias else ''} ({layer}"
@@ -252,7 +254,7 @@ class StageMaker:
                                caption=f"heads side by side: channels {s.d_h} at a time come "
                                        f"from one head's module")
         else:
-            op, last = outs[0]
+            last = outs[0][1]
             if out_in:
                 caption = (f"stored as (out, in); {name} = x @ {first_w_ref.name}.T"
                            f"{' + bias' if biases else ''}")
@@ -386,9 +388,12 @@ class StageMaker:
                                 f"{_yes(differs)}", None))
             aside = (self._wrong_view(q, q_name, differs),)
         src = self.snap(self.x_in(ops[0]))
+        facts = {"result_contiguous": out.contiguous,
+                 "wrong_view_equal": bool(aside) and not aside[0].caption.startswith("WRONG")}
+        explanation = stage_info("transpose").explain(facts, why=_single_axes(s.T, s.h))
         return self.stage(unit, stage_id, "transpose", tensors, checks, shape_in=src.shape,
                           shape_out=out.shape, dims_in=self.dims(src.shape, BTHD),
-                          dims_out=self.dims(out.shape, BHTD), aside=aside)
+                          dims_out=self.dims(out.shape, BHTD), aside=aside, explanation=explanation)
 
     def _role_of_chain(self, op: OpRecord) -> str:
         ref = self.x_in(op)
@@ -409,13 +414,17 @@ class StageMaker:
         token_of = np.repeat(np.arange(T), C).reshape(B, s.h, T, s.d_h)[..., 0]
         head_of = np.tile(np.arange(C) // s.d_h, T).reshape(B, s.h, T, s.d_h)[..., 0]
         tokens = self.b.config.tokens
-        tags = tuple(tuple(f"{tokens[int(token_of[0, i, r])] if int(token_of[0, i, r]) < len(tokens) else int(token_of[0, i, r])}"
-                           f"·h{int(head_of[0, i, r])}" for r in range(T)) for i in range(s.h))
+
+        def word(t: int) -> str:
+            return tokens[t] if t < len(tokens) else str(t)
+
+        tags = tuple(tuple(f"{word(int(token_of[0, i, r]))}·h{int(head_of[0, i, r])}" for r in range(T))
+                     for i in range(s.h))
         tag_heads = tuple(tuple(int(head_of[0, i, r]) for r in range(T)) for i in range(s.h))
         caption = ("WRONG: one view(B, h, T, d_h) reads memory in the old order; each row is "
                    "labelled with the token and head block it really holds" if differs else
-                   "here one view(B, h, T, d_h) happens to give the same heads; with more heads "
-                   "or tokens it would not")
+                   f"the same numbers as the right {name} here, because {_single_axes(T, s.h)}; "
+                   f"each row is labelled with the token and head block it holds")
         values = q.values.reshape(B, s.h, T, s.d_h)
         strided = Snapshot(values=values, shape=values.shape, strides=_c_strides(values.shape),
                            contiguous=True, storage=q.storage)
@@ -451,7 +460,7 @@ class StageMaker:
         name = self.tensor_name(first, fallback="scores")
         h = self.s.h
         what = "einsum" if first.name == "einsum" else "batched matmul"
-        checks = [Check(f"one {what} = {h} separate per-head Q_i @ K_i^T" if not self.b.per_head
+        checks = [Check(_batched(h, "Q_i @ K_i^T", what) if not self.b.per_head
                         else f"each head's own q @ k^T, {h} heads side by side", ok)]
         rec = self.b.record(name, snap, BHTT if values.ndim == 4 else None, values=values,
                             caption="row: query token · column: key token")
@@ -484,7 +493,8 @@ class StageMaker:
         else:
             caption = raw
         rec = self.b.record(self.tensor_name(first, fallback="scores"), snap,
-                            BHTT if values.ndim == 4 and values.shape[-1] == s.T else self.dims(values.shape, BHTD),
+                            BHTT if values.ndim == 4 and values.shape[-1] == s.T
+                            else self.dims(values.shape, BHTD),
                             values=values, caption=caption)
         before_values = self.b.out_4d([before_ref.op], BHTT)[0] if before_ref.op is not None and \
             not self.b.per_head else before.values
@@ -513,7 +523,7 @@ class StageMaker:
                           shape_out=snap.shape, dims_in=rec.dims, dims_out=rec.dims, note=note)
 
     def mask(self, unit: _Unit, stage_id: str) -> Stage:
-        g, s = self.g, self.s
+        g = self.g
         groups = self._per_head_ops(unit)
         first = self.op(unit.ops[0])
         before_ref = self.x_in(first)
@@ -549,10 +559,11 @@ class StageMaker:
                                          values=mask_values, caption=caption,
                                          kind="int" if m.dtype == "bool" else "signed"))
         name = self.tensor_name(first, fallback="scores")
+        before_op = g.producer(before_ref)
+        before_name = self.tensor_name(before_op) if before_op is not None else "scores"
+        stage_name = "scale" if g.op_derives(first, {"scale"}) else "scores"
         tensors.append(self.b.record(name, snap, BHTT if values.ndim == 4 else None, values=values,
-                                     share=(f"{'scale' if g.op_derives(first, {'scale'}) else 'scores'}'s "
-                                            f"{self.tensor_name(g.producer(before_ref)) if g.producer(before_ref) else 'scores'}",
-                                            self.snap(before_ref))))
+                                     share=(f"{stage_name}'s {before_name}", self.snap(before_ref))))
         blocked = values <= -1e4 if values.dtype.kind == "f" else np.zeros(values.shape, bool)
         newly = blocked & ~(before_values <= -1e4) if before_values.shape == values.shape else blocked
         n_blocked = int(newly.sum())
@@ -635,7 +646,7 @@ class StageMaker:
         first = self.op(unit.ops[0])
         h = self.s.h
         what = "einsum" if first.name == "einsum" else "batched matmul"
-        checks = [Check(f"one {what} = {h} separate per-head weights_i @ V_i" if not self.b.per_head
+        checks = [Check(_batched(h, "weights_i @ V_i", what) if not self.b.per_head
                         else f"each head's own weights @ v, {h} heads side by side", ok)]
         rec = self.b.record(self.tensor_name(first, fallback="context"), snap,
                             BHTD if values.ndim == 4 else None, values=values,
@@ -688,10 +699,14 @@ class StageMaker:
             checks.insert(0, Check(f"torch.cat put the {s.h} heads' outputs side by side along the "
                                    f"last axis", None))
         src_shape = attend_snap.shape if attend_snap is not None else self.snap(self.x_in(ops[0])).shape
+        explanation = None
+        if moved is not None and any(op.name == "contiguous" for op in ops):
+            explanation = stage_info("concat").explain(
+                {"strided_contiguous": moved.out.contiguous}, why=_single_axes(s.T, s.h))
         return self.stage(unit, stage_id, "concat", tensors, checks,
                           shape_in=self.snap(self.x_in(ops[0])).shape if not self.b.per_head
                           else (s.B, s.h, s.T, s.d_h) if attend_values is not None else src_shape,
-                          shape_out=final.out.shape,
+                          shape_out=final.out.shape, explanation=explanation,
                           dims_in=BHTD, dims_out=self.dims(final.out.shape, BTC))
 
     def w_o(self, unit: _Unit, stage_id: str) -> Stage:
@@ -699,7 +714,8 @@ class StageMaker:
         s = self.s
         weight = next((t for t in stage.tensors if t.dims in (("C_out", "C_in"), ("C_in", "C_out"))), None)
         checks = list(stage.checks)
-        if weight is not None and s.h > 1 and weight.values.shape[-1 if weight.dims[0] == "C_out" else 0] == s.h * s.d_h:
+        in_axis = -1 if weight is not None and weight.dims[0] == "C_out" else 0
+        if weight is not None and s.h > 1 and weight.values.shape[in_axis] == s.h * s.d_h:
             w = weight.values if weight.dims[0] == "C_out" else weight.values.T
             mixes = all(bool((w[:, i * s.d_h:(i + 1) * s.d_h] != 0).any(axis=1).all()) for i in range(s.h))
             checks.insert(0, Check(f"every output channel reads from all {s.h} heads "
@@ -709,7 +725,7 @@ class StageMaker:
                                   "head_split": None, "caption": ""})
         object.__setattr__(stage, "tensors", (*stage.tensors[:-1], renamed))
         object.__setattr__(stage, "checks", tuple(c for c in checks if "nn.Linear" not in c.label
-                                                  or "bias" in c.label and c.ok is not True))
+                                                  or ("bias" in c.label and c.ok is not True)))
         return stage
 
     def _concat_name(self) -> str:
@@ -720,7 +736,7 @@ class StageMaker:
 
     def sdpa(self, unit: _Unit) -> list[Stage]:
         op = self.op(unit.ops[0])
-        g, s = self.g, self.s
+        s = self.s
         q, k, v = (self.snap(r).values.astype(np.float32) for r in op.inputs[:3])
         attn_mask_ref = None
         for position, arg in enumerate(op.args):
@@ -775,7 +791,7 @@ class StageMaker:
                            [Check(f"computed here: {s.h} heads' q_i @ k_i^T", None)],
                            "row: query token · column: key token"))
         stages.append(make("scale", "scores * scale", scaled,
-                           [Check(f"scale = {'1/sqrt(' + str(d) + ')' if op.kwarg('scale') is None else 'scale='}"
+                           [Check(f"scale = {f'1/sqrt({d})' if op.kwarg('scale') is None else 'scale='}"
                                   f" = {factor:.4f}", None)],
                            f"raw scores * {factor:.4f} = raw scores / sqrt({d})"))
         if masked_by:
@@ -838,6 +854,24 @@ class StageMaker:
             note="This is where the forward stopped: the message is torch's own.",
             kind="error", source=source, ops=(),
         )
+
+
+def _all(n: int, noun: str) -> str:
+    """"all 4 tokens", but "the one token": counts in labels read as plain English."""
+    return f"the one {noun}" if n == 1 else f"all {n} {noun}s"
+
+
+def _single_axes(T: int, h: int) -> str:
+    """Why a transpose of T and h moved nothing in memory (the reason, for an explanation)."""
+    if h == 1 and T == 1:
+        return "there is only one head and one token"
+    return "there is only one head" if h == 1 else "there is only one token"
+
+
+def _batched(h: int, product: str, what: str = "batched matmul") -> str:
+    if h == 1:
+        return f"one {what} = the one head's {product.replace('_i', '_0')}"
+    return f"one {what} = {h} separate per-head {product}"
 
 
 def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -910,6 +944,8 @@ def build_stages(b: Builder, units: list[_Unit], rec: Recording, *, embedded: Em
             object.__setattr__(fallback, "note", f"mha-tui could not lay this out as {kind} "
                                                  f"({type(error).__name__}: {error}); shown as it ran.")
             stages.append(fallback)
+    if not b.config.causal and not any(st.kind == "mask" for st in stages):
+        _skipped_mask(stages, b)
     if n_params is not None:
         _add_param_check(stages, n_params, b)
     if rec.error is not None:
@@ -934,3 +970,25 @@ def _add_param_check(stages: list[Stage], n_params: int, b: Builder) -> None:
                      if four else f"the module has {n_params} parameters")
             object.__setattr__(stage, "checks", (*stage.checks, Check(label, True if four else None)))
             return
+
+
+def _skipped_mask(stages: list[Stage], b: Builder) -> None:
+    """--no-causal on a module whose mask line is guarded: say that no mask ran, after scale."""
+    at = next((i for i, st in enumerate(stages) if st.kind == "scale"), None)
+    if at is None or not stages[at].tensors:
+        return
+    scaled = stages[at].tensors[-1]
+    passed = TensorRecord(**{**scaled.__dict__, "shares_storage": True,
+                             "shares_with": f"scale's {scaled.name}",
+                             "caption": "no mask: the scaled scores, unchanged"})
+    softmax = next((st for st in stages if st.kind == "softmax"), None)
+    same = softmax is not None and bool(softmax.ops) and any(
+        ref.kind == "op" and ref.op in {op.index for op in stages[at].ops}
+        for ref in softmax.ops[0].inputs)
+    stages.insert(at + 1, Stage(
+        id="mask", title=NO_MASK.title, code=NO_MASK.code, explanation=NO_MASK.explanation,
+        shape_in=stages[at].shape_out, shape_out=stages[at].shape_out, dims_in=scaled.dims,
+        dims_out=scaled.dims, tensors=(passed,),
+        checks=(Check("no mask was applied: the scores are the scaled scores, the same tensor",
+                      same),),
+        kind="mask", source=None, ops=()))
