@@ -106,6 +106,7 @@ class Graph:
             self.from_x[op.index] = any(self.is_x(ref) for ref in op.inputs)
         self.kind: dict[int, str] = {}
         self.head: dict[int, int] = {}
+        self.fused: set[int] = set()  # ops whose output is a whole fused q|k|v projection
 
     def is_x(self, ref: Ref) -> bool:
         if ref.kind == "input":
@@ -197,17 +198,18 @@ def projection(g: Graph, op: OpRecord) -> str | None:
     return "w_o" if g.op_derives(op, {"attend", "concat", "sdpa"}) else "project"
 
 
-def fused_split(g: Graph, op: OpRecord) -> str | None:
-    """split/chunk/unbind (or slicing) of a fused (C, 3C) projection: still the projection."""
-    if op.name not in SPLITS | {"getitem"}:
+def fused_split(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """What happens to a fused (C, 3C) projection until it is cut into q, k, v: split,
+    chunk, unbind, or torch's own unflatten/transpose/getitem. Still the projection."""
+    if op.name not in SHAPE_OPS or not g.x_inputs(op):
         return None
-    x = g.x_inputs(op)
-    source = g.producer(x[0]) if x else None
-    if source is not None and g.kind.get(source.index) == "project" and len(op.outputs) >= 1:
-        if op.name == "getitem" and g.snap(x[0]).shape[-1] == op.out.shape[-1]:
-            return None
-        return "project"
-    return None
+    ref = g.x_inputs(op)[0]
+    source = g.producer(ref)
+    if source is None or source.index not in g.fused:
+        return None
+    if op.name not in SPLITS | {"getitem"}:
+        g.fused.add(op.index)  # still the whole fused tensor, reshaped
+    return "project"
 
 
 def head_split(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
@@ -217,8 +219,11 @@ def head_split(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     if g.op_derives(op, {"scores", "attend"}):
         return None
     before, after = g.snap(g.x_inputs(op)[0]).shape, op.out.shape
-    if len(after) == len(before) + 1 and after[-1] == sizes.d_h and before[-1] == sizes.h * sizes.d_h:
+    if after[-1] == sizes.d_h and before[-1] == sizes.h * sizes.d_h and sizes.h * sizes.d_h != sizes.d_h \
+            and math.prod(after) == math.prod(before) and len(after) >= len(before):
         return "view"
+    if len(after) == len(before) + 1 and after[-1] == sizes.d_h and before[-1] == sizes.h * sizes.d_h:
+        return "view"  # one head: the new axis has size 1
     return None
 
 
@@ -360,7 +365,7 @@ def classify(g: Graph, sizes: Sizes) -> None:
     rules: list[Rule] = [
         sdpa,
         projection,
-        fused_split,
+        lambda g, op: fused_split(g, op, sizes),
         lambda g, op: head_split(g, op, sizes),
         lambda g, op: head_move(g, op, sizes),
         softmax,
@@ -381,6 +386,8 @@ def classify(g: Graph, sizes: Sizes) -> None:
                 kind = found
                 break
         g.kind[op.index] = kind
+        if kind == "project" and op.name in PROJECTIONS and op.out.shape[-1] == 3 * sizes.C:
+            g.fused.add(op.index)
     _fold_library_calls(g)
 
 
@@ -538,15 +545,42 @@ class Builder:
                values: np.ndarray | None = None, share: tuple[str, Snapshot] | None = None,
                **extra: object) -> TensorRecord:
         values = snap.values if values is None else values
-        if dims is None:
+        caption = str(extra.pop("caption", ""))
+        if dims is None or dims[0].startswith("d0"):
             dims = self.dims(values.shape)
+        if dims and dims[0] == "d0":
+            regrouped = self.regroup(values)
+            if regrouped is not None:
+                values, dims, held = regrouped
+                note = f"torch holds it as {held}; shown as ({', '.join(dims)})"
+                caption = f"{caption}; {note}" if caption else note
         if len(dims) != values.ndim:
             dims = tuple(f"d{i}" for i in range(values.ndim))
+        extra["caption"] = caption
         return TensorRecord(
             name=name, dims=dims, values=values, strides=snap.strides, contiguous=snap.contiguous,
             shares_storage=None if share is None else snap.storage == share[1].storage,
             shares_with=share[0] if share else "", **extra,  # type: ignore[arg-type]
         )
+
+    def regroup(self, values: np.ndarray) -> tuple[np.ndarray, tuple[str, ...], str] | None:
+        """torch's own MHA keeps tokens first and batch and heads merged: (T, B, C),
+        (T * B, C), (T, B * h, d_h), (B * h, T, .). Regroup those for display only."""
+        s = self.sizes
+        shape = tuple(values.shape)
+        if s.h * s.d_h != s.C:
+            return None
+        if shape == (s.T, s.B, s.C) and s.T != s.B:
+            return np.swapaxes(values, 0, 1), BTC, "(T, B, C)"
+        if shape == (s.T * s.B, s.C) and len(shape) == 2:
+            return np.swapaxes(values.reshape(s.T, s.B, s.C), 0, 1), BTC, "(T * B, C)"
+        if shape == (s.T, s.B * s.h, s.d_h):
+            return np.swapaxes(values.reshape(s.T, s.B, s.h, s.d_h), 0, 1), BTHD, "(T, B * h, d_h)"
+        if shape == (s.B * s.h, s.T, s.d_h):
+            return values.reshape(s.B, s.h, s.T, s.d_h), BHTD, "(B * h, T, d_h)"
+        if shape == (s.B * s.h, s.T, s.T):
+            return values.reshape(s.B, s.h, s.T, s.T), BHTT, "(B * h, T, T)"
+        return None
 
     def stacked(self, ops: list[OpRecord], axis: int = 1) -> np.ndarray:
         """Per-head results side by side on a head axis, as a fused module holds them."""

@@ -94,6 +94,9 @@ class StageMaker:
     def _spelled(self, ref: Ref, op: OpRecord) -> str:
         """The mask as the module's line spells it (`self.causal_mask[:T, :T]`), else composed."""
         composed = self.expr(ref)
+        if composed.count("(") > 1:  # a chain of conversions: name where it started
+            root = re.sub(r"^.*\(([^()]*)\).*$", r"\1", composed)
+            return f"{root} (converted: {composed.split('(')[0]} ...)"
         base = composed.split("[", 1)[0].split(".", 1)[0]
         texts = [op.source.text] + [self.op(i).source.text for i in range(max(0, op.index - 4), op.index)]
         for text in texts:
@@ -294,12 +297,15 @@ class StageMaker:
         for op in splits:
             source = self.snap(self.x_in(op))
             for n, out in enumerate(op.outputs):
-                name = self.tensor_name(op, n, fallback="qkv"[n] if n < 3 else f"part{n}")
+                part = n
+                if op.name == "getitem" and len(op.args) > 1 and isinstance(op.args[1], int):
+                    part = op.args[1]
+                name = self.tensor_name(op, part, fallback="qkv"[part] if part < 3 else f"part{part}")
                 records.append(b.record(name, out, self.dims(out.shape, BTC),
                                         share=("the fused projection", source),
                                         head_split=2 if out.shape[-1] == s.C and s.h > 1 else None,
-                                        caption=f"part {n} of the fused (C, {len(op.outputs)}C) "
-                                                f"projection; channels in blocks of d_h={s.d_h}"))
+                                        caption=f"part {part} of the fused (C, 3C) projection; "
+                                                f"channels in blocks of d_h={s.d_h}"))
         return records
 
     # ------------------------------------------------------------ view / transpose
@@ -462,13 +468,55 @@ class StageMaker:
         what = "einsum" if first.name == "einsum" else "batched matmul"
         checks = [Check(_batched(h, "Q_i @ K_i^T", what) if not self.b.per_head
                         else f"each head's own q @ k^T, {h} heads side by side", ok)]
+        fused_mask = next((op for op in (self.op(i) for i in unit.ops) if op.name == "baddbmm"
+                           and _very_negative_anywhere(self, op)), None)
+        src = self.snap(self.x_in(first))
+        if fused_mask is not None:
+            return self._scores_and_mask(unit, stage_id, fused_mask, values, snap, src)
         rec = self.b.record(name, snap, BHTT if values.ndim == 4 else None, values=values,
                             caption="row: query token · column: key token")
-        src = self.snap(self.x_in(first))
         self.out_of_kind["scores"] = (values, snap)
         return self.stage(unit, stage_id, "scores", [rec], checks, shape_in=src.shape,
                           shape_out=snap.shape, dims_in=self.dims(src.shape, BHTD),
                           dims_out=rec.dims)
+
+    def _scores_and_mask(self, unit: _Unit, stage_id: str, op: OpRecord, values: np.ndarray,
+                         snap: Snapshot, src: Snapshot) -> list[Stage]:
+        """torch.baddbmm(mask, q, k^T) adds the mask in the same call as the product: the
+        product alone is mha-tui's expansion, the masked result is torch's own."""
+        a, c = (self.snap(r).values for r in self.g.x_inputs(op)[:2])
+        raw = (a @ c).astype(a.dtype)
+        raw4 = raw.reshape(values.shape) if raw.size == values.size else raw
+        bias_ref = self.g.other_inputs(op)[0]
+        label = ("torch.baddbmm(mask, q, k^T) computes q @ k^T and adds the mask in one call; "
+                 "this stage's product alone is computed by mha-tui from its inputs, the next "
+                 "stage shows torch's own result.")
+        scores = self.stage(unit, stage_id, "scores", [
+            self.b.record("q @ k^T", _synthetic(raw4), BHTT if raw4.ndim == 4 else None,
+                          caption="row: query token · column: key token (mha-tui's expansion)")],
+            [Check(f"q @ k^T, {self.s.h} heads, computed here from baddbmm's inputs", None)],
+            shape_in=src.shape, shape_out=snap.shape, dims_in=self.dims(src.shape, BHTD),
+            dims_out=BHTT, note=label, title="Raw attention scores (mha-tui's expansion)")
+        blocked = values <= -1e4
+        kept = bool(np.allclose(values[~blocked], raw4[~blocked], rtol=1e-5, atol=1e-6)) \
+            if raw4.shape == values.shape else True
+        n_inf = int(np.isneginf(values).sum())
+        bias = self.snap(bias_ref)
+        mask = Stage(
+            id="mask", title=_info("mask")[0], code=scores.code,
+            explanation=_info("mask")[1], shape_in=snap.shape, shape_out=snap.shape,
+            dims_in=BHTT, dims_out=BHTT,
+            tensors=(self.b.record(self._spelled(bias_ref, op), bias, None,
+                                   caption="added by baddbmm: 0 where a token may look, -inf where not"),
+                     self.b.record(self.tensor_name(op, fallback="scores"), snap, BHTT, values=values)),
+            checks=(Check(f"{n_inf} of {int(blocked.sum())} blocked entries are exactly -inf",
+                          n_inf == int(blocked.sum())),
+                    Check("entries the mask lets through equal the product "
+                          "(allclose, rtol=1e-05, atol=1e-06)", kept)),
+            kind="mask", source=scores.source, ops=scores.ops)
+        self.made["mask"] = mask
+        self.out_of_kind["scores"] = (raw4, snap)
+        return [scores, mask]
 
     def scale(self, unit: _Unit, stage_id: str) -> Stage:
         s = self.s
@@ -721,6 +769,9 @@ class StageMaker:
             checks.insert(0, Check(f"every output channel reads from all {s.h} heads "
                                    f"(no all-zero block)", mixes))
         out = stage.tensors[-1]
+        last = self.op(max([*unit.ops, *unit.helpers]))
+        if last.out.shape != tuple(out.values.shape) and last.out.shape == (s.B, s.T, s.C):
+            out = self.b.record(out.name, last.out, BTC)
         renamed = TensorRecord(**{**out.__dict__, "shares_with": "concat's " + self._concat_name(),
                                   "head_split": None, "caption": ""})
         object.__setattr__(stage, "tensors", (*stage.tensors[:-1], renamed))
@@ -903,6 +954,13 @@ def _where_keeps(op: OpRecord) -> bool:
     return len(args) > 1 and hasattr(args[1], "index") and op.inputs[args[1].index].kind == "op"
 
 
+def _very_negative_anywhere(maker: StageMaker, op: OpRecord) -> bool:
+    from .recognise import _masks_somewhere
+
+    others = maker.g.other_inputs(op)
+    return bool(others) and _masks_somewhere(maker.g, others[0])
+
+
 def _scale_factor(g, op: OpRecord) -> float | None:  # type: ignore[no-untyped-def]
     from .recognise import _scalar_operand
 
@@ -938,7 +996,8 @@ def build_stages(b: Builder, units: list[_Unit], rec: Recording, *, embedded: Em
                 stages.extend(maker.sdpa(unit))
                 continue
             builder = getattr(maker, {"op": "plain_op"}.get(kind, kind))
-            stages.append(builder(unit, stage_id))
+            made = builder(unit, stage_id)
+            stages.extend(made if isinstance(made, list) else [made])
         except Exception as error:  # a rule that misread: show the ops plainly, never crash
             fallback = maker.plain_op(unit, stage_id if kind == "op" else f"op-{kind}")
             object.__setattr__(fallback, "note", f"mha-tui could not lay this out as {kind} "

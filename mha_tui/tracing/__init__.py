@@ -82,11 +82,26 @@ def trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | Non
     """
     import torch
 
+    call = call or (lambda m, inp: m(inp))
+    # nn.MultiheadAttention has a fused fast path that skips F.multi_head_attention_forward
+    # (and rounds differently); the traced run never takes it, so neither does the check.
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        return _trace(module, x, tokens, call, embedding, ids, config)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | None,
+           call: Callable[[nn.Module, torch.Tensor], object], embedding: nn.Embedding | None,
+           ids: torch.Tensor | None, config: Config | None) -> Trace:
+    import torch
+
     from ..recognise import Embedded, recognise
     from .torch_ops import record as _record
     from .torch_ops import snapshot, source_at
 
-    call = call or (lambda m, inp: m(inp))
     with warnings.catch_warnings(), torch.no_grad():
         # torch warns about NumPy interop on some platforms; a transcript must stay clean.
         warnings.simplefilter("ignore")
@@ -120,7 +135,7 @@ def trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | Non
 
 def _line_of(text: str) -> int:
     """This file's line that holds `text`: the embed stage shows the line that ran."""
-    lines, start = inspect.getsourcelines(trace)
+    lines, start = inspect.getsourcelines(_trace)
     return next((start + n for n, line in enumerate(lines) if text in line), start)
 
 
