@@ -154,7 +154,7 @@ class InPlaceMaskFirst(nn.Module):
         self.register_buffer("mask", torch.triu(torch.ones(16, 16), diagonal=1))
 
     def forward(self, x):
-        b, num_tokens, d_in = x.shape
+        b, num_tokens, _ = x.shape
         keys = self.W_key(x).view(b, num_tokens, H, C // H).transpose(1, 2)
         queries = self.W_query(x).view(b, num_tokens, H, C // H).transpose(1, 2)
         values = self.W_value(x).view(b, num_tokens, H, C // H).transpose(1, 2)
@@ -194,7 +194,7 @@ class Head(nn.Module):
         self.register_buffer("tril", torch.tril(torch.ones(16, 16)))
 
     def forward(self, x):
-        B, T_, C_ = x.shape
+        T_ = x.shape[1]
         k = self.key(x)
         q = self.query(x)
         wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5
