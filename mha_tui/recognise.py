@@ -234,9 +234,21 @@ def head_move(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     if g.op_derives(op, {"scores", "attend"}) or not g.op_derives(op, {"view"}):
         return None
     shape = op.out.shape
+    if _swaps_last_two(op, len(shape)):
+        return None  # k.transpose(-2, -1): part of q @ k^T, not a move of the head axis
     if len(shape) >= 3 and shape[-1] == sizes.d_h and shape[-2] == sizes.T:
         return "transpose"
     return None
+
+
+def _swaps_last_two(op: OpRecord, ndim: int) -> bool:
+    numbers = [a for a in op.scalars() if isinstance(a, int) and not isinstance(a, bool)]
+    if op.name in {"transpose", "swapaxes", "swapdims"} and len(numbers) >= 2:
+        return {n % ndim for n in numbers[:2]} == {ndim - 2, ndim - 1}
+    if op.name == "permute":
+        perm = next((a for a in op.scalars() if isinstance(a, tuple)), tuple(numbers))
+        return len(perm) == ndim and perm[-1] % ndim != ndim - 1
+    return op.name in {"t", "mT"}
 
 
 def sdpa(g: Graph, op: OpRecord) -> str | None:
@@ -307,6 +319,15 @@ def concat(g: Graph, op: OpRecord) -> str | None:
     return None
 
 
+def cache_append(g: Graph, op: OpRecord) -> str | None:
+    """torch.cat onto an empty tensor (a key/value cache filled for the first time): the
+    tensor passes through unchanged, so it is plumbing, not a step."""
+    if op.name not in {"cat", "concat", "concatenate"} or len(g.x_inputs(op)) != 1:
+        return None
+    others = g.other_inputs(op)
+    return "aux" if others and all(g.snap(r).values.size == 0 for r in others) else None
+
+
 def plumbing(g: Graph, op: OpRecord) -> str | None:
     """Shape-only ops no rule claimed (k.transpose(-2, -1), contiguous, float): helpers."""
     return "aux" if op.name in SHAPE_OPS and g.x_inputs(op) else None
@@ -364,6 +385,7 @@ def classify(g: Graph, sizes: Sizes) -> None:
     """Give every x-dependent op a kind; rules in order, the first that answers wins."""
     rules: list[Rule] = [
         sdpa,
+        cache_append,
         projection,
         lambda g, op: fused_split(g, op, sizes),
         lambda g, op: head_split(g, op, sizes),
@@ -423,6 +445,8 @@ def group(g: Graph) -> list[_Unit]:
             continue
         if kind == "dropout":
             source = g.producer(g.x_inputs(op)[0])
+            while source is not None and source.index not in owner and g.x_inputs(source):
+                source = g.producer(g.x_inputs(source)[0])  # back through plumbing (.type())
             same = np.array_equal(op.out.values, g.snap(g.x_inputs(op)[0]).values, equal_nan=True)
             if same and source is not None and source.index in owner:
                 owner[source.index].folded.append(op.index)

@@ -22,6 +22,22 @@ from .stages import NO_MASK, stage_info
 
 SDPA_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
+PER_HEAD_PROJECT = (
+    "Each of the {h} heads is its own module with its own query, key and value layers, C in "
+    "and d_h out. Their outputs are shown side by side, d_h channels per head, exactly as one "
+    "fused C x C layer per role would hold them: the same numbers, laid out the fused way.")
+FUSED_PROJECT = (
+    "One layer computes queries, keys and values at once: its output has 3C channels, and "
+    "split (or chunk) cuts it into q, k and v of C channels each, windows onto the same memory. "
+    "Within each, channels 0..d_h-1 will become head 0, the next d_h head 1, and so on.")
+MATMUL_PROJECT = (
+    "x times a (C, C) weight stored as (in, out): output channel j is column j of the weight "
+    "(nn.Linear stores the transpose). Output channels 0..d_h-1 will become head 0, the next "
+    "d_h head 1, and so on.")
+MATMUL_W_O = (
+    "A final C x C projection, x @ W with W stored as (in, out), mixes the heads: every output "
+    "channel is a weighted sum over all C input channels, so over every head.")
+
 
 def _synthetic(values: np.ndarray) -> Snapshot:
     """A tensor mha-tui computed itself (an expansion step): contiguous, its own memory."""
@@ -171,7 +187,7 @@ class StageMaker:
         products = [op for op in mains if op.name in ("linear", "addmm", "matmul", "mm", "einsum")]
         splits = [self.op(i) for i in unit.ops if self.op(i).name in ("split", "chunk", "unbind",
                                                                       "tensor_split", "getitem")]
-        x_ref = self.x_in(products[0]) if products else self.x_in(mains[0])
+        x_ref = self.x_in(self.op(min(i for i in unit.ops if self.g.x_inputs(self.op(i)))))
         x_snap = self.snap(x_ref)
         tensors: list[TensorRecord] = []
         outputs: list[TensorRecord] = []
@@ -221,7 +237,17 @@ class StageMaker:
                                 None))
         out_snap = outputs[0] if outputs else None
         shape_out = out_snap.shape if out_snap else x_snap.shape
-        stage = self.stage(unit, stage_id, kind, tensors + outputs, checks,
+        explanation = None
+        if kind == "project":
+            if self.b.per_head:
+                explanation = PER_HEAD_PROJECT.format(h=s.h)
+            elif splits:
+                explanation = FUSED_PROJECT
+            elif layer != "nn.Linear":
+                explanation = MATMUL_PROJECT
+        elif layer != "nn.Linear":
+            explanation = MATMUL_W_O
+        stage = self.stage(unit, stage_id, kind, tensors + outputs, checks, explanation=explanation,
                            shape_in=x_snap.shape, shape_out=shape_out,
                            dims_in=self.dims(x_snap.shape, BTC),
                            dims_out=out_snap.dims if out_snap else BTC)
@@ -245,6 +271,9 @@ class StageMaker:
             return
         first_w_ref, first_w, out_in = weights[0]
         name = self.tensor_name(ops[0], fallback="out" if kind == "w_o" else role)
+        leaf = ops[0].module.rsplit(".", 1)[-1]
+        if leaf and leaf not in ops[0].source.text:  # the line is inside the layer (Conv1D)
+            name = "out" if kind == "w_o" else f"{ops[0].module}(x)"
         if len(ops) > 1:  # one layer per head: rows stacked as a fused layer's
             values = np.concatenate([w.values if o else w.values.T for _, w, o in weights], axis=0)
             w_name = re.sub(r"\.\d+\.", ".*.", first_w_ref.name)

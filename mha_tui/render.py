@@ -338,6 +338,13 @@ def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -
         if record.head_split == 0:  # a head's rows: show which head beside the channel
             rows = Axis([f"out {c} h{c // d_h}" for c in range(v.shape[0])], heads=rows.heads)
         return [Matrix(v, record, rows, cols, None, opts)]
+    if dims == ("C_in", "C_out"):  # stored as (in, out): x @ W (Conv1D, raw parameters)
+        rows = _channel_axis(v.shape[0], split if record.head_split == 0 else None, "in ")
+        cols = _channel_axis(v.shape[1], split if record.head_split == 1 else None, "out ")
+        return [Matrix(v, record, rows, cols, None, opts)]
+    if dims == ("C",):
+        return [Matrix(v.reshape(1, -1), record, Axis(["bias"]), _channel_axis(v.shape[0], None), None,
+                       opts)]
     if dims == ("T", "T"):
         return [Matrix(v, record, _token_axis(config), _token_axis(config), None, opts)]
     if dims == ("B", "T", "h", "d_h"):
