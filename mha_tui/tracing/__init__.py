@@ -24,32 +24,29 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from ..config import Source
     from .torch_ops import RecordResult
 
 
 def build(config: Config) -> tuple[nn.Embedding, nn.Module]:
     """The default run: seed, then nn.Embedding(V, C), then the chapter's module, in eval mode."""
-    import torch
-    from torch import nn
+    from ..load import load
 
-    from ..examples.mygpt import MultiHeadAttention
-
-    torch.manual_seed(config.seed)
-    embedding = nn.Embedding(len(config.vocab), config.embed_dim)
-    module = MultiHeadAttention(config.embed_dim, config.num_heads, max_seq_len=config.max_seq_len,
-                                causal=config.causal)
-    embedding.eval()
-    module.eval()
-    return embedding, module
+    loaded = load(config)
+    return loaded.embedding, loaded.module
 
 
-def run_trace(config: Config) -> Trace:
-    """The default run (the "mygpt" chapter's module) on the config's sentence."""
-    import torch
+def run_trace(config: Config, source: Source | None = None) -> Trace:
+    """The CLI's run: load the module (`--model`, default mygpt, or `--module`) and trace it.
 
-    embedding, module = build(config)
-    ids = torch.tensor([config.ids])  # (B, T)
-    return trace(module, None, config.tokens, embedding=embedding, ids=ids, config=config)
+    Raises `mha_tui.load.LoadError` (one line) when the module cannot be built.
+    """
+    from ..load import load
+
+    loaded = load(config, source)
+    return trace(loaded.module, loaded.x, config.tokens,
+                 call=lambda module, x: module(*loaded.args, **loaded.kwargs),
+                 embedding=loaded.embedding, ids=loaded.ids, config=config)
 
 
 def _first_tensor(value: object) -> torch.Tensor | None:
