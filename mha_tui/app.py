@@ -28,7 +28,7 @@ from textual.widgets.option_list import Option
 
 from .config import Config
 from .records import Trace
-from .render import RenderOptions, header, pending_screen, stage_screen
+from .render import RenderOptions, header, module_line, pending_screen, stage_screen
 from .stage_view import LineCache, StageView, render_strips
 from .stages import STAGE_IDS, STAGES, stage_info
 
@@ -143,12 +143,20 @@ class ExplainApp(App[None]):
     # ------------------------------------------------------------------ layout
 
     def compose(self) -> ComposeResult:
-        yield Static(header(self.config, RenderOptions(ascii=self._ascii)), id="header")
+        yield Static(self._header(), id="header")
         with Horizontal(id="body"):
             yield StageRail(*self._rail_options(), id="rail")
             yield StageView(id="main")
         yield Static(id="too-small")
         yield Footer(compact=True, show_command_palette=False)
+
+    def _header(self) -> Text:
+        """Sentence, tokens and sizes; once traced, also the module's class and file."""
+        opts = RenderOptions(ascii=self._ascii)
+        text = header(self.config, opts)
+        if self.trace is not None and self.trace.module is not None:
+            text = Text("\n").join([text, module_line(self.trace.module, opts)])
+        return text
 
     @property
     def stage_ids(self) -> list[str]:
@@ -188,6 +196,7 @@ class ExplainApp(App[None]):
 
     def _loaded(self, trace: Trace) -> None:
         self.trace = trace
+        self.query_one("#header", Static).update(self._header())
         rail = self.query_one(StageRail)
         rail.clear_options()
         rail.add_options(self._rail_options())

@@ -45,7 +45,7 @@ class SingleHeadAttention(nn.Module):
         self.register_buffer("causal_mask", mask)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
+        B, T, C = x.shape  # (B, T, C)
         if T > self.max_seq_len:
             raise ValueError(
                 f"input length T={T} exceeds max_seq_len={self.max_seq_len}"
@@ -57,7 +57,7 @@ class SingleHeadAttention(nn.Module):
         if self.causal:
             scores = scores + self.causal_mask[:T, :T]  # (B, T, T)
         weights = F.softmax(scores, dim=-1)  # (B, T, T)
-        weights = self.attn_drop(weights)
+        weights = self.attn_drop(weights)  # (B, T, T)
         out = weights @ V  # (B, T, d_h)
         return self.out_drop(self.W_O(out))  # (B, T, C)
 
@@ -104,7 +104,7 @@ class MultiHeadAttention(nn.Module):
         self.register_buffer("causal_mask", mask)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
+        B, T, C = x.shape  # (B, T, C)
         if T > self.max_seq_len:
             raise ValueError(
                 f"input length T={T} exceeds max_seq_len={self.max_seq_len}"
@@ -124,7 +124,7 @@ class MultiHeadAttention(nn.Module):
         if self.causal:
             scores = scores + self.causal_mask[:T, :T]  # (T, T) broadcast over (B, h)
         weights = F.softmax(scores, dim=-1)  # (B, h, T, T)
-        weights = self.attn_drop(weights)  # identity in eval mode
+        weights = self.attn_drop(weights)  # (B, h, T, T), identity in eval mode
         out = weights @ V  # (B, h, T, d_h)
 
         # Undo the reshape: heads side by side in the C axis, then the output projection.
