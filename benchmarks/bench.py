@@ -33,6 +33,23 @@ MHA = [str(BIN / "mha-tui")]  # the console script, as a user runs it
 SENTENCE = "I love AI !"
 
 
+HF_SENTENCE = "The cat sat on the mat"
+
+
+def tiny_hf_model(directory: Path) -> Path | None:
+    """The tests' tiny GPT-2 and byte-level tokenizer, saved to directory (None without the
+    [hf] extra): transformers' import time and the model's own forward, not a download."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.hf_models import save_tiny_gpt2
+
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    return save_tiny_gpt2(directory)
+
+
 @dataclass
 class Run:
     seconds: float
@@ -140,6 +157,11 @@ def main() -> int:
                                "COMP_WORDS": "mha-tui expl", "COMP_CWORD": "1"}),
         "dump": ([*MHA, "explain", SENTENCE, "--dump", "-"], None),
     }
+    # --hf on a tiny GPT-2 (3 layers, C=16) built here offline, when the [hf] extra is there.
+    hf_dir = tempfile.TemporaryDirectory(prefix="mha-tui-bench-")
+    tiny = tiny_hf_model(Path(hf_dir.name))
+    if tiny is not None:
+        commands["hf"] = ([*MHA, "explain", HF_SENTENCE, "--hf", str(tiny), "--dump", "-"], None)
     samples: dict[str, list[Run]] = {name: [] for name in commands}
     apps: list[tuple[float, float, int]] = []
     for _ in range(n):
@@ -159,6 +181,10 @@ def main() -> int:
         ratio = result[name].seconds / f
         rows.append(Row(what, f"{result[name].seconds:.3f} s", ratio, f"<= {limit:.2f} x",
                         ratio <= limit))
+
+    if "hf" in result:
+        rows.append(Row(f'explain "{HF_SENTENCE}" --hf (tiny GPT-2) --dump -',
+                        f"{result['hf'].seconds:.3f} s", result["hf"].seconds / f, "", None))
 
     paint = statistics.median(a[0] for a in apps)
     values = statistics.median(a[1] for a in apps)

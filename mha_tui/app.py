@@ -399,9 +399,15 @@ class ExplainApp(App[None]):
 
     def _show_layer(self, layer: int, trace: Trace) -> None:
         """Put another layer's trace on screen at the same stage (its lines cached by layer)."""
+        same_rail = self.trace is not None and [s.id for s in self.trace.stages] == [
+            s.id for s in trace.stages]
         self._layer = layer
         self.trace = trace
         self.config = trace.config
+        if not same_rail:
+            rail = self.query_one(StageRail)
+            rail.clear_options()
+            rail.add_options(self._rail_options())
         self.query_one("#header", Static).update(header(self.config, RenderOptions(ascii=self._ascii)))
         self.set_reactive(ExplainApp.stage_index, min(self.stage_index, len(trace.stages) - 1))
         self.refresh_bindings()

@@ -127,10 +127,11 @@ def _explain_hf(sentence: str, source: str, layer: int, *, dump: Path | None,
     try:
         loaded = hf.load(source)
         hf.check_layer(loaded, layer)
-        session = hf.Session(loaded, sentence, ascii_only=ascii_only)
+        interactive = dump is None and sys.stdout.isatty()
+        session = hf.Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except hf.HfError as error:
         fail(str(error))
-    if dump is None and sys.stdout.isatty():
+    if interactive:
         from .app import run_app
 
         run_app(session.config(layer), start=stage, ascii_only=ascii_only,
@@ -141,9 +142,6 @@ def _explain_hf(sentence: str, source: str, layer: int, *, dump: Path | None,
         trace = session.trace(layer)
     except hf.HfError as error:
         fail(str(error))
-    if stage != STAGE_IDS[0] and stage not in [s.id for s in trace.stages]:
-        fail(f"--stage {stage!r} is not a stage of this layer; choose one of: "
-             f"{', '.join(s.id for s in trace.stages)}")
     _write_transcript(trace.config, target, fmt, width=width, full=full, color=color,
                       ascii_only=ascii_only, trace=trace)
 

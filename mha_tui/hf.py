@@ -23,7 +23,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .config import MAX_SEQ_LEN, Config, ModelSource
-from .records import Check, Stage, TensorRecord, Trace
+from .records import Check, ModuleInfo, Recording, Source, Stage, TensorRecord, Trace
 
 INSTALL_HINT = 'pip install "mha-tui[hf]"'
 # Where a block keeps its self-attention, across the families transformers ships
@@ -574,7 +574,15 @@ def input_stage(loaded: Loaded, run: ForwardRun, layer: int) -> Stage:
         code=_code(run.token_line, run.position_line, captured.residual_line, captured.norm_line),
         explanation=explanation, shape_in=tuple(run.ids.shape), shape_out=tuple(x.shape),
         dims_in=("B", "T"), dims_out=BTC, tensors=tuple(records), checks=tuple(checks),
+        kind="embed", source=_source(captured.norm_line or captured.attention_line),
     )
+
+
+def _source(line: Line) -> Source:
+    """The model's statement at line, as the tracer reads statements."""
+    from .tracing.torch_ops import source_at
+
+    return source_at(line.file, line.line) if line.file else Source(file="", line=0, text="")
 
 
 # ---------------------------------------------------------------- a sentence, every layer
@@ -588,12 +596,14 @@ class Session:
     for (one forward per layer visited, the previous layer's records dropped).
     """
 
-    def __init__(self, loaded: Loaded, sentence: str, *, ascii_only: bool = False) -> None:
+    def __init__(self, loaded: Loaded, sentence: str, *, ascii_only: bool = False,
+                 one_layer: bool = False) -> None:
+        """one_layer: record only the layer asked for (a transcript shows one layer)."""
         self.loaded = loaded
         self.sentence = sentence
         self.ids, self.tokens = tokenize(loaded, sentence, ascii_only=ascii_only)
         self.limit = all_layers_limit(loaded.info)
-        self.all_layers = len(self.ids) <= self.limit
+        self.all_layers = len(self.ids) <= self.limit and not one_layer
         self._traces: dict[int, Trace] = {}
         self._lock = threading.Lock()
 
@@ -650,10 +660,25 @@ def trace_layers(loaded: Loaded, session: Session, layers: Sequence[int]) -> dic
     for layer in layers:
         config = session.config(layer)
         recording = result.recordings[loaded.attention_path(layer)]
-        stages = _attention_stages(config, recording, run.layers[layer])
-        traces[layer] = Trace(config=config, stages=(input_stage(loaded, run, layer), *stages))
+        stages = _attention_stages(config, recording, run.layers[layer], loaded.attention(layer))
+        module = ModuleInfo(class_name=recording.module_class, file=recording.module_file)
+        traces[layer] = Trace(config=config, stages=(input_stage(loaded, run, layer), *stages),
+                              module=module, recording=recording)
     return traces
 
 
-def _attention_stages(config: Config, recording: Any, captured: LayerInput) -> tuple[Stage, ...]:
-    raise HfError("the recogniser is not on main yet")
+def _attention_stages(config: Config, recording: Recording, captured: LayerInput,
+                      attention: nn.Module) -> tuple[Stage, ...]:
+    """The recogniser's stages for one layer's recorded attention forward, and a last check:
+    the recorded output is the very tensor the module returned inside the model's forward."""
+    from .recognise import recognise
+
+    n_params = sum(p.numel() for p in attention.parameters())
+    stages = recognise(recording, config, n_params=n_params)
+    if recording.output is None or not stages:
+        return stages
+    recorded = torch.from_numpy(recording.snapshot(recording.output).values)
+    same = bool(torch.equal(recorded, captured.output))
+    check = Check(f"the last tensor equals the output the attention module returned inside the "
+                  f"model's forward (seen by a forward hook): torch.equal = {same}", same)
+    return (*stages[:-1], replace(stages[-1], checks=(*stages[-1].checks, check)))

@@ -163,6 +163,9 @@ def _cell_style(value: float, record: TensorRecord, dim: bool) -> Style:
     return ramp[step]
 
 
+LARGE = 1e6  # from here on a value is written in scientific notation
+
+
 def _fmt(value: float, kind: str, decimals: int) -> str:
     if kind == "int":
         return str(int(value))
@@ -170,6 +173,8 @@ def _fmt(value: float, kind: str, decimals: int) -> str:
         return "nan"
     if math.isinf(value):
         return "-inf" if value < 0 else "inf"
+    if abs(value) >= LARGE:  # a mask's finfo.min would be 40 digits wide: 3 significant ones
+        return f"{value:.2e}"
     return f"{value:.{decimals}f}"
 
 
@@ -284,8 +289,10 @@ def _summary(values: np.ndarray, n_rows: int, n_cols: int, shown_rows: int, show
     import numpy as np
 
     finite = values[np.isfinite(values)]
-    stats = (f"min {finite.min():.{opts.decimals}f}  max {finite.max():.{opts.decimals}f}  "
-             f"mean {finite.mean():.{opts.decimals}f}") if finite.size else "no finite values"
+    # float64: a mask's -3.4e38 entries would overflow a float32 sum.
+    low, high, mean = (_fmt(float(v), "", opts.decimals) for v in (
+        finite.min(), finite.max(), finite.mean(dtype=np.float64))) if finite.size else ("",) * 3
+    stats = f"min {low}  max {high}  mean {mean}" if finite.size else "no finite values"
     return Text(f"  showing {shown_rows} of {n_rows} rows, {shown_cols} of {n_cols} columns · "
                 f"{stats}", style="dim")
 
