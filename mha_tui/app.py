@@ -421,6 +421,8 @@ class ExplainApp(App[None]):
         rows: dict[str, list[str]] = {}
         for binding in self.BINDINGS:
             assert isinstance(binding, Binding)
+            if binding.action.startswith("layer(") and self._layers is None:
+                continue  # layers exist only for a pretrained model (--hf)
             description = binding.tooltip or binding.description
             if binding.action.startswith("jump(") and binding.key not in ("home", "end"):
                 description = "Jump to stage 1-9, 0 for stage 10"
