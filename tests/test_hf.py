@@ -385,3 +385,52 @@ async def test_app_without_a_model_hides_the_layer_keys() -> None:
         before = app.stage_index
         await pilot.press("right_square_bracket")
         assert app.stage_index == before
+
+
+# ---------------------------------------------------------------- GPT-2's real shapes
+
+
+LONG = ("The cat sat on the mat and the dog sat on the log, and the cat and the dog were friends, "
+        "so the cat liked the mat and the dog liked the log.")
+
+
+@pytest.fixture(scope="session")
+def gpt2_shaped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GPT-2 small's attention shapes (C=768, 12 heads of 64) in two layers."""
+    return save_tiny_gpt2(tmp_path_factory.mktemp("gpt2-shaped"), n_layer=2, n_embd=768,
+                          n_head=12, n_positions=128)
+
+
+@pytest.mark.slow
+def test_gpt2_shapes_keep_the_transcript_bounded(gpt2_shaped: Path) -> None:
+    result = run_cli("explain", LONG, "--hf", str(gpt2_shaped), "--layer", "1", "--dump", "-")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.decode().splitlines()
+    T = int(next(word for line in lines[:8] for word in line.split() if word.startswith("T="))[2:])
+    assert T > 30
+    # Elided to 12 rows, 10 columns and 4 of 12 heads per tensor: a few thousand lines at most,
+    # never T x C or h x T x T numbers.
+    assert len(lines) < 2500 and max(len(line) for line in lines) <= 100
+    assert any("4 of 12 heads shown" in line for line in lines)
+    assert "C=768 h=12 d_h=64" in " ".join(lines[:2])
+
+
+@pytest.mark.slow
+async def test_gpt2_shapes_step_through_the_app(gpt2_shaped: Path) -> None:
+    from mha_tui.app import ExplainApp
+    from mha_tui.stage_view import StageView
+
+    session = hf.Session(hf.load(str(gpt2_shaped)), LONG)
+    app = ExplainApp(session.config(0), loader=lambda config: session.trace(0), layers=session)
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.trace is None:
+            await pilot.pause(0.05)
+        for _ in range(len(app.trace.stages) - 1):
+            await pilot.press("right")
+        assert app.stage_index == len(app.trace.stages) - 1
+        softmax = next(i for i, stage in enumerate(app.trace.stages) if stage.kind == "softmax")
+        await pilot.press("right_square_bracket", "home", *["right"] * softmax, "tab")
+        assert app.config.model.layer == 1 and app.view.focus == 0
+        assert app.trace.stages[app.stage_index].kind == "softmax"
+        shown = app.query_one(StageView).plain
+        assert "head 0" in shown and "head 1" not in shown  # the focused head alone
