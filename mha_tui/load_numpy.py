@@ -19,18 +19,32 @@ Never import rich, textual or typer here either.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .config import Config
+from .config import Config, Source, parse_module_ref
+from .learner import (
+    LoadError,
+    _class_file,
+    _describe,
+    _import_file,
+    _import_name,
+    _learner_code,
+    _safe,
+    _shown_path,
+    constructor_arguments,
+)
 
 if TYPE_CHECKING:
     from .records import Trace
 
 MASK_NAMES = ("mask", "attn_mask")
+# The NumPy `--model`s: the blueprint's loop form and its einsum form.
+NUMPY_MODELS = ("blueprint", "blueprint-einsum")
 
 
 def embedding_table(config: Config) -> np.ndarray:
@@ -56,6 +70,7 @@ class LoadedNumpy:
     kwargs: dict[str, np.ndarray | None] = field(default_factory=dict)
     label: str = ""
     construction: str = ""
+    file: str = ""
 
 
 def build_blueprint(config: Config, *, einsum: bool = False) -> LoadedNumpy:
@@ -75,7 +90,101 @@ def _inputs(module: object, config: Config, *, label: str, construction: str) ->
     x = table[ids]  # (T, C)
     args, kwargs = forward_inputs(module, x, causal=config.causal)
     return LoadedNumpy(module=module, ids=ids, table=table, x=x, args=args, kwargs=kwargs,
-                       label=label, construction=construction)
+                       label=label, construction=construction, file=_class_file(type(module)))
+
+
+# ---------------------------------------------------------------- a learner's NumPy class
+
+
+def numpy_class(ref: str) -> type | None:
+    """The `--module` class when it is NumPy code, None when it is a torch module.
+
+    The learner's file is imported once (learner.py remembers it, so the torch load room
+    does not run it again). A class that is not a torch nn.Module is NumPy code; when the
+    file did not import torch at all, every refusal is made here, so that a learner without
+    torch never needs it.
+    """
+    where, attr, is_file = parse_module_ref(ref)
+    module = _import_file(where) if is_file else _import_name(where)
+    torch = sys.modules.get("torch")
+    target: object = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            if torch is not None:
+                return None  # the torch load room names the nn.Module classes there
+            shown = _shown_path(where) if is_file else where
+            classes = sorted(name for name, value in vars(module).items()
+                             if isinstance(value, type)
+                             and getattr(value, "__module__", None) == module.__name__)
+            there = f"; classes there: {', '.join(classes)}" if classes else "; it defines no class"
+            raise LoadError(f"--module {_safe(shown)} has no {_safe(attr)!r}{there}")
+        target = getattr(target, part)
+    if torch is not None and isinstance(target, type) and issubclass(target, torch.nn.Module):
+        return None
+    if not isinstance(target, type):
+        if torch is not None:
+            return None
+        shown = _shown_path(where) if is_file else where
+        raise LoadError(f"--module {_safe(shown)}:{_safe(attr)} is {_describe(target)}, not a "
+                        "class; name the class (e.g. my_attn.py:MultiHeadAttention)")
+    return target
+
+
+def load_learner(config: Config, source: Source, cls: type) -> LoadedNumpy:
+    """Build a learner's NumPy class by the same rules as a torch module (and `seed`)."""
+    label = source.module or cls.__name__
+    if source.weights is not None:
+        raise LoadError(f"--weights loads a torch state dict; {_safe(label)} is NumPy code, "
+                        "which makes its own arrays (pass their seed with --init seed=N)")
+    init = dict(source.init)
+    try:
+        takes_seed = "seed" in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        takes_seed = False
+    if takes_seed and "seed" not in init:
+        init["seed"] = config.seed  # the blueprint's convention: the weights' generator seed
+    kwargs = constructor_arguments(cls, config, init)
+    call = f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+    with _learner_code(f"building {call}", _class_file(cls)):
+        module = cls(**kwargs)
+    from .tracing.numpy_ops import forward_of
+
+    try:
+        forward_of(module)
+    except TypeError:
+        raise LoadError(f"{_safe(call)} has neither forward() nor __call__(); mha-tui calls "
+                        "module.forward(x, mask)") from None
+    loaded = _inputs(module, config, label=label, construction=call)
+    _probe(loaded)
+    return loaded
+
+
+def _probe(loaded: LoadedNumpy) -> None:
+    """Run a learner's forward once, untraced, to refuse a result that is not an array.
+    A forward that raises is not refused: the trace shows every stage up to the failure."""
+    from .tracing.numpy_ops import forward_of
+
+    try:
+        with _learner_code("probing", loaded.file), np.errstate(all="ignore"):
+            result = forward_of(loaded.module)(*loaded.args, **loaded.kwargs)
+    except LoadError:
+        return
+    if isinstance(result, tuple | list) and result:
+        result = result[0]
+    if not isinstance(result, np.ndarray):
+        raise LoadError(f"{type(loaded.module).__name__}.forward returned {_describe(result)}, not "
+                        "an ndarray; mha-tui needs the attention output (an array, or a tuple "
+                        "whose first element is one)")
+
+
+def load(config: Config, source: Source) -> LoadedNumpy | None:
+    """The NumPy module for this run, or None when it is a torch module (load.py's job)."""
+    if source.module is None:
+        if source.model not in NUMPY_MODELS:
+            return None
+        return build_blueprint(config, einsum=source.model == "blueprint-einsum")
+    cls = numpy_class(source.module)
+    return None if cls is None else load_learner(config, source, cls)
 
 
 def forward_inputs(module: object, x: np.ndarray, *, causal: bool

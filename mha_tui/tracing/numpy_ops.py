@@ -192,11 +192,11 @@ class Traced(np.ndarray):
              target=self)
 
     @property
-    def T(self) -> object:  # noqa: N802 -- NumPy's own name
+    def T(self) -> object:
         return _run("T", "ndarray.T", lambda a: a.T, (self,), {})
 
     @property
-    def mT(self) -> object:  # noqa: N802 -- NumPy's own name
+    def mT(self) -> object:
         return _run("mT", "ndarray.mT", lambda a: a.mT, (self,), {})
 
 
