@@ -169,11 +169,12 @@ def _probe(loaded: LoadedNumpy) -> None:
             result = forward_of(loaded.module)(*loaded.args, **loaded.kwargs)
     except LoadError:
         return
-    if isinstance(result, tuple | list) and result:
-        result = result[0]
-    if not isinstance(result, np.ndarray):
-        raise LoadError(f"{type(loaded.module).__name__}.forward returned {_describe(result)}, not "
-                        "an ndarray; mha-tui needs the attention output (an array, or a tuple "
+    first = result[0] if isinstance(result, tuple | list) and result else result
+    if not isinstance(first, np.ndarray):
+        what = _describe(result) if first is result else \
+            f"{_describe(result)} whose first element is {_describe(first)}"
+        raise LoadError(f"{type(loaded.module).__name__}.forward returned {what}, not an "
+                        "ndarray; mha-tui needs the attention output (an array, or a tuple "
                         "whose first element is one)")
 
 

@@ -327,3 +327,66 @@ def test_blueprint_from_the_cli_matches_the_independent_numbers() -> None:
     assert last["dims"] == ["T", "C"]
     values = np.array(last["values"], dtype=np.float64)
     assert _close(values, want["out"])
+
+
+# ------------------------------------------------------------------- --module with NumPy code
+
+NUMPY_BAD_MODULES = [
+    ("returns_list", "class A:\n    def __init__(self, d_model):\n        pass\n"
+                     "    def forward(self, x):\n        return [1, 2]\n", "A",
+     "A.forward returned a list whose first element is an int, not an ndarray"),
+    ("missing", "class A:\n    pass\n\n\nclass B:\n    pass\n", "Z", "has no 'Z'; classes there: A, B"),
+    ("function", "def f():\n    pass\n", "f", "is a function, not a class"),
+    ("no_forward", "class A:\n    pass\n", "A", "A() has neither forward() nor __call__()"),
+    ("unfilled", "class A:\n    def __init__(self, foo):\n        pass\n"
+                 "    def forward(self, x):\n        return x\n", "A",
+     "A() needs a value for 'foo', which mha-tui cannot guess; give it with --init foo=VALUE"),
+    ("syntax", "class A:\n    def forward(self, x)\n        return x\n", "A", "line 2: SyntaxError"),
+    ("raises_on_build", "class A:\n    def __init__(self, d_model):\n        raise ValueError('no')\n",
+     "A", "line 3: ValueError: no (while building A(d_model=4))"),
+]
+
+
+@pytest.mark.parametrize(("name", "source", "cls", "message"), NUMPY_BAD_MODULES,
+                         ids=[case[0] for case in NUMPY_BAD_MODULES])
+def test_bad_numpy_modules_are_refused_with_one_line(tmp_path, name: str, source: str, cls: str,
+                                                     message: str) -> None:
+    from mha_tui.config import Source
+    from mha_tui.learner import LoadError
+    from mha_tui.load_numpy import load
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    with pytest.raises(LoadError) as refused:
+        load(Config("I love AI !"), Source(module=f"{path}:{cls}"))
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_numpy_module_is_built_by_name_with_its_seed(tmp_path) -> None:
+    from mha_tui.config import Source
+    from mha_tui.load_numpy import load
+
+    path = tmp_path / "mine.py"
+    path.write_text("import numpy as np\n\n\nclass Mine:\n"
+                    "    def __init__(self, d_model, n_heads, seed=0, scale=1.0):\n"
+                    "        self.W = np.random.default_rng(seed).standard_normal((d_model, d_model))\n"
+                    "        self.scale = scale\n\n"
+                    "    def forward(self, x, mask=None):\n"
+                    "        return (x @ self.W) * self.scale\n")
+    loaded = load(Config("I love AI !", embed_dim=8, num_heads=2, seed=9),
+                  Source(module=f"{path}:Mine", init=(("scale", 2.0),)))
+    assert loaded is not None
+    assert loaded.construction == "Mine(d_model=8, n_heads=2, seed=9, scale=2.0)"
+    assert loaded.x.shape == (4, 8) and set(loaded.kwargs) == {"mask"}
+    assert np.array_equal(loaded.module.W, np.random.default_rng(9).standard_normal((8, 8)))
+
+
+def test_weights_files_are_for_torch_modules_only(tmp_path) -> None:
+    from mha_tui.config import Source
+    from mha_tui.learner import LoadError
+    from mha_tui.load_numpy import load
+
+    path = tmp_path / "mine.py"
+    path.write_text("class Mine:\n    def forward(self, x):\n        return x\n")
+    with pytest.raises(LoadError, match="--weights loads a torch state dict"):
+        load(Config("I love AI !"), Source(module=f"{path}:Mine", weights=str(tmp_path / "w.pt")))
