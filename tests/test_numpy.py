@@ -390,3 +390,32 @@ def test_weights_files_are_for_torch_modules_only(tmp_path) -> None:
     path.write_text("class Mine:\n    def forward(self, x):\n        return x\n")
     with pytest.raises(LoadError, match="--weights loads a torch state dict"):
         load(Config("I love AI !"), Source(module=f"{path}:Mine", weights=str(tmp_path / "w.pt")))
+
+
+def test_per_head_weight_lists_come_out_as_h_head_slices() -> None:
+    from tests.fixtures.numpy_attn import PerHeadWeights
+
+    from mha_tui.load_numpy import causal_mask, embedding_table
+
+    config = Config("I love AI ! again", embed_dim=6, num_heads=3, seed=2)
+    module = PerHeadWeights(6, 3, seed=2)
+    table, ids = embedding_table(config), np.array(config.ids)
+    x, mask = table[ids], causal_mask(len(ids))
+    result = trace(module, x, config.tokens, kwargs={"mask": mask}, table=table, ids=ids,
+                   config=config)
+    kinds = [s.kind for s in result.stages]
+    assert kinds == ["embed", "project", "scores", "scale", "mask", "softmax", "attend", "concat",
+                     "w_o"]
+    weights = []
+    for i in range(3):
+        s = (x @ module.W_q[i]) @ (x @ module.W_k[i]).T / np.sqrt(2) + mask
+        e = np.exp(s)
+        weights.append(e / e.sum(-1, keepdims=True))
+    softmax = result.stage("softmax")
+    assert softmax.tensors[-1].dims == ("h", "T", "T")
+    assert _close(softmax.tensors[-1].values, np.stack(weights))
+    assert "the row maximum is subtracted before exp (no overflow): no" in \
+        [c.label for c in softmax.checks]
+    assert result.stage("concat").checks[0].label.startswith("np.concatenate put the 3 heads'")
+    assert result.stage("project").tensors[0].name == "W_q.*"
+    assert all(c.ok is not False for s in result.stages for c in s.checks)
