@@ -123,9 +123,11 @@ class ExplainApp(App[None]):
 
     def __init__(self, config: Config, *, trace: Trace | None = None, start: str = STAGE_IDS[0],
                  ascii_only: bool = False,
-                 loader: Callable[[Config], Trace] = _load_trace) -> None:
+                 loader: Callable[[Config], Trace] = _load_trace, batched: bool = True) -> None:
         super().__init__()
         self.config = config
+        # False for a NumPy module (x is (T, C)): the header leaves out B from the first frame.
+        self._batched = batched
         self.trace = trace
         self._loader = loader
         self._start_id = start
@@ -153,7 +155,8 @@ class ExplainApp(App[None]):
     def _header(self) -> Text:
         """Sentence, tokens and sizes; once traced, also the module's class and file."""
         opts = RenderOptions(ascii=self._ascii)
-        text = header(self.config, opts)
+        batched = self.trace.batched if self.trace is not None else self._batched
+        text = header(self.config, opts, batched=batched)
         if self.trace is not None and self.trace.module is not None:
             text = Text("\n").join([text, module_line(self.trace.module, opts)])
         return text

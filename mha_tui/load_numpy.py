@@ -100,31 +100,32 @@ def numpy_class(ref: str) -> type | None:
     """The `--module` class when it is NumPy code, None when it is a torch module.
 
     The learner's file is imported once (learner.py remembers it, so the torch load room
-    does not run it again). A class that is not a torch nn.Module is NumPy code; when the
-    file did not import torch at all, every refusal is made here, so that a learner without
-    torch never needs it.
+    does not run it again). A class that is not a torch nn.Module is NumPy code. Refusals
+    (no such name, not a class) are made here unless the file defines torch modules, so a
+    learner without torch never needs it.
     """
     where, attr, is_file = parse_module_ref(ref)
     module = _import_file(where) if is_file else _import_name(where)
     torch = sys.modules.get("torch")
+
+    def is_torch(value: object) -> bool:
+        return torch is not None and isinstance(value, type) and issubclass(value, torch.nn.Module)
+
+    classes = sorted(name for name, value in vars(module).items()
+                     if isinstance(value, type) and getattr(value, "__module__", None) == module.__name__)
+    torch_file = any(is_torch(getattr(module, name)) for name in classes)
+    shown = _shown_path(where) if is_file else where
     target: object = module
     for part in attr.split("."):
         if not hasattr(target, part):
-            if torch is not None:
+            if torch_file:
                 return None  # the torch load room names the nn.Module classes there
-            shown = _shown_path(where) if is_file else where
-            classes = sorted(name for name, value in vars(module).items()
-                             if isinstance(value, type)
-                             and getattr(value, "__module__", None) == module.__name__)
             there = f"; classes there: {', '.join(classes)}" if classes else "; it defines no class"
             raise LoadError(f"--module {_safe(shown)} has no {_safe(attr)!r}{there}")
         target = getattr(target, part)
-    if torch is not None and isinstance(target, type) and issubclass(target, torch.nn.Module):
+    if is_torch(target) or (not isinstance(target, type) and torch_file):
         return None
     if not isinstance(target, type):
-        if torch is not None:
-            return None
-        shown = _shown_path(where) if is_file else where
         raise LoadError(f"--module {_safe(shown)}:{_safe(attr)} is {_describe(target)}, not a "
                         "class; name the class (e.g. my_attn.py:MultiHeadAttention)")
     return target

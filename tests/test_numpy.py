@@ -393,9 +393,8 @@ def test_weights_files_are_for_torch_modules_only(tmp_path) -> None:
 
 
 def test_per_head_weight_lists_come_out_as_h_head_slices() -> None:
-    from tests.fixtures.numpy_attn import PerHeadWeights
-
     from mha_tui.load_numpy import causal_mask, embedding_table
+    from tests.fixtures.numpy_attn import PerHeadWeights
 
     config = Config("I love AI ! again", embed_dim=6, num_heads=3, seed=2)
     module = PerHeadWeights(6, 3, seed=2)

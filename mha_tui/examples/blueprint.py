@@ -45,15 +45,15 @@ class MultiHeadAttention:
     def forward(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         # x: (T, d_model), mask: (T, T) additive or None
         # returns: (T, d_model)
-        T = x.shape[0]
-        H, d_head = self.n_heads, self.d_head
+        T = x.shape[0]  # x: (T, d_model)
+        H, d_head = self.n_heads, self.d_head  # H heads of d_head channels (d_model = H * d_head)
         Q = x @ self.W_Q  # (T, d_model)
         K = x @ self.W_K  # (T, d_model)
         V = x @ self.W_V  # (T, d_model)
         Q = Q.reshape(T, H, d_head).transpose(1, 0, 2)  # (H, T, d_head)
         K = K.reshape(T, H, d_head).transpose(1, 0, 2)  # (H, T, d_head)
         V = V.reshape(T, H, d_head).transpose(1, 0, 2)  # (H, T, d_head)
-        heads = []
+        heads = []  # H arrays of (T, d_head)
         for h in range(H):
             scores_h = Q[h] @ K[h].T / np.sqrt(d_head)  # (T, T)
             if mask is not None:
@@ -71,8 +71,8 @@ class MultiHeadAttentionEinsum(MultiHeadAttention):
     def forward(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         # x: (T, d_model), mask: (T, T) additive or None
         # returns: (T, d_model)
-        T = x.shape[0]
-        H, d_head = self.n_heads, self.d_head
+        T = x.shape[0]  # x: (T, d_model)
+        H, d_head = self.n_heads, self.d_head  # H heads of d_head channels (d_model = H * d_head)
         Q = (x @ self.W_Q).reshape(T, H, d_head).transpose(1, 0, 2)  # (H, T, d_head)
         K = (x @ self.W_K).reshape(T, H, d_head).transpose(1, 0, 2)  # (H, T, d_head)
         V = (x @ self.W_V).reshape(T, H, d_head).transpose(1, 0, 2)  # (H, T, d_head)
