@@ -218,8 +218,11 @@ def _wrong_view(config: Config, q: torch.Tensor, equal: bool) -> TensorRecord:
     # the same way: which token and which head block every row really holds.
     token_of = torch.arange(T).repeat_interleave(C).view(B, h, T, d_h)[..., 0]  # (B, h, T)
     head_of = (torch.arange(C) // d_h).repeat(T).view(B, h, T, d_h)[..., 0]  # (B, h, T)
+    # A repeated token is told apart by its position ("the·0·h1"), as on the token axes.
+    counts = {tok: config.tokens.count(tok) for tok in config.tokens}
+    names = [f"{tok}·{t}" if counts[tok] > 1 else tok for t, tok in enumerate(config.tokens)]
     tags = tuple(
-        tuple(f"{config.tokens[int(token_of[0, i, r])]}·h{int(head_of[0, i, r])}" for r in range(T))
+        tuple(f"{names[int(token_of[0, i, r])]}·h{int(head_of[0, i, r])}" for r in range(T))
         for i in range(h)
     )
     tag_heads = tuple(tuple(int(head_of[0, i, r]) for r in range(T)) for i in range(h))
