@@ -141,6 +141,9 @@ def main() -> int:
         "dump": ([*MHA, "explain", SENTENCE, "--dump", "-"], None),
         # The NumPy blueprint: no torch on this path at all.
         "numpy": ([*MHA, "explain", SENTENCE, "--model", "blueprint", "--dump", "-"], None),
+        # GPT-2 small's sizes, every number: 2.4 M values in column blocks, ~25 MB of text.
+        "full": ([*MHA, "explain", SENTENCE, "--embed-dim", "768", "--heads", "12", "--full",
+                  "--dump", "-"], None),
     }
     samples: dict[str, list[Run]] = {name: [] for name in commands}
     apps: list[tuple[float, float, int]] = []
@@ -160,7 +163,8 @@ def main() -> int:
                               ("help", "mha-tui --help", 0.25),
                               ("completion", "shell completion (bash)", 0.25),
                               ("dump", f'explain "{SENTENCE}" --dump -', 1.10),
-                              ("numpy", f'explain "{SENTENCE}" --model blueprint --dump -', 0.30)]:
+                              ("numpy", f'explain "{SENTENCE}" --model blueprint --dump -', 0.30),
+                              ("full", "C=768 h=12 --full --dump - (2.4 M numbers)", 3.0)]:
         ratio = result[name].seconds / f
         rows.append(Row(what, f"{result[name].seconds:.3f} s", ratio, f"<= {limit:.2f} x",
                         ratio <= limit))
