@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import ClassVar, Protocol
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -36,6 +36,7 @@ MIN_WIDTH, MIN_HEIGHT = 60, 16
 KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-",
              "left_square_bracket": "[", "right_square_bracket": "]"}
 MAX_DECIMALS = 8
+MAX_COLS = 64  # more than any pane shows at 4 decimals
 
 
 def _load_trace(config: Config) -> Trace:
@@ -140,10 +141,12 @@ class ExplainApp(App[None]):
 
     def __init__(self, config: Config, *, trace: Trace | None = None, start: str = STAGE_IDS[0],
                  ascii_only: bool = False,
-                 loader: Callable[[Config], Trace] = _load_trace,
+                 loader: Callable[[Config], Trace] = _load_trace, batched: bool = True,
                  layers: Layers | None = None) -> None:
         super().__init__()
         self.config = config
+        # False for a NumPy module (x is (T, C)): the header leaves out B from the first frame.
+        self._batched = batched
         self._layers = layers
         self._layer = config.model.layer if config.model is not None else 0
         self.trace = trace
@@ -170,13 +173,15 @@ class ExplainApp(App[None]):
         yield Static(id="too-small")
         yield Footer(compact=True, show_command_palette=False)
 
-    def _header(self) -> Text:
-        """Sentence, tokens and sizes; once traced, also the module's class and file."""
+    def _header(self) -> RenderableType:
+        """Sentence, tokens and sizes (laid out at the header's width, so the sizes always
+        show); once traced, also the module's class and file."""
         opts = RenderOptions(ascii=self._ascii)
-        text = header(self.config, opts)
-        if self.trace is not None and self.trace.module is not None:
-            text = Text("\n").join([text, module_line(self.trace.module, opts)])
-        return text
+        batched = self.trace.batched if self.trace is not None else self._batched
+        if self.trace is not None and self.trace.module is not None and self.config.model is None:
+            # (a pretrained model's header names its attention module on the model's line)
+            return Group(header(self.config, opts, batched=batched), module_line(self.trace.module, opts))
+        return header(self.config, opts, batched=batched)
 
     @property
     def stage_ids(self) -> list[str]:
@@ -266,10 +271,12 @@ class ExplainApp(App[None]):
                  f"(now {width}x{height}).", justify="center"))
 
     def _window_options(self, width: int) -> RenderOptions:
-        """Elide tensors to what the pane can show: cost follows the screen."""
-        cell = self.view.decimals + 5
-        max_cols = max(2, (width - 14) // cell)
-        return replace(self.view, max_cols=max_cols, max_rows=16, max_heads=4, width=width)
+        """Elide tensors to what the pane can show: cost follows the screen.
+
+        Each matrix fits as many whole columns as the width holds (render.Matrix measures
+        its formatted cells); max_cols only bounds how many it formats to find out.
+        """
+        return replace(self.view, max_cols=MAX_COLS, max_rows=16, max_heads=4, width=width)
 
     def _lines(self, index: int, width: int, trace: Trace | None = None,
                layer: int | None = None) -> list[Strip]:
@@ -408,7 +415,7 @@ class ExplainApp(App[None]):
             rail = self.query_one(StageRail)
             rail.clear_options()
             rail.add_options(self._rail_options())
-        self.query_one("#header", Static).update(header(self.config, RenderOptions(ascii=self._ascii)))
+        self.query_one("#header", Static).update(self._header())
         self.set_reactive(ExplainApp.stage_index, min(self.stage_index, len(trace.stages) - 1))
         self.refresh_bindings()
         self._show()

@@ -54,6 +54,7 @@ class ModelSource:
     # Every layer was recorded in the one forward pass (`[` and `]` move between them) when
     # the sentence has at most this many tokens; longer, only `layer` was.
     all_layers_limit: int = 0
+    attention: str = ""  # the attention submodule's path, e.g. transformer.h.5.attn
 
 
 @dataclass(frozen=True)

@@ -616,7 +616,7 @@ class Session:
         model = ModelSource(
             name=info.name, class_name=info.class_name, layer=layer, n_layers=info.n_layers,
             vocab_size=info.vocab_size, tokens=self.tokens, ids=tuple(self.ids),
-            all_layers_limit=self.limit,
+            all_layers_limit=self.limit, attention=self.loaded.attention_path(layer),
         )
         return Config(self.sentence, embed_dim=info.embed_dim, num_heads=info.num_heads,
                       max_seq_len=min(MAX_SEQ_LEN, max(len(self.ids), info.max_positions or 0)),
