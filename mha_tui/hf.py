@@ -5,7 +5,8 @@ Finds the model in a local directory or in the local Hugging Face cache, loads i
 weights exist as tensors), runs the model's own forward on the tokenised sentence, and
 captures, with forward hooks, where each attention layer's input comes from: the token and
 position embeddings, the residual stream entering the block, the layer norm's output.
-Nothing here recomputes a number the model computed.
+Every tensor shown is the model's own; the few checks that recompute something to compare
+(a lookup, a sum, the layer norm) say so in their label.
 
 Must never download: `local_files_only=True` everywhere, and the hub's offline switches are
 set before `transformers` is imported. Must never load weights in a way that can execute
