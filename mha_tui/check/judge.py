@@ -722,10 +722,11 @@ class Judge:
         upstream = {p.index for c in chains for operand in
                     self.flow.tensor_operands(c[2])[-2:]
                     for p in self._chain_to_projection(operand)[3] if p.name in SCALE_OPS}
-        if ok and upstream and per_chain == len(upstream) // max(1, len(chains)):
-            note = note or "scales q before the product q @ k^T instead of the scores: equivalent"
         if note:
             self.differences.append(note)
+        if ok and upstream:
+            self.differences.append("scales q (or k) before the product q @ k^T instead of the "
+                                    "scores: equivalent")
         if not stages:
             if ok:
                 return []
@@ -780,13 +781,19 @@ class Judge:
         mask_ok = True
         value_note = ""
         for stage in stages:
-            ops = self.main_ops(stage, MASK_OPS)
+            ops = self.main_ops(stage, MASK_OPS | {"baddbmm"})
             if not ops:
                 rows.append(self.row(stage, "mask", None, None, "no masking op recognised"))
                 continue
             op = ops[-1]
-            before = _f64(self.flow.snap(self.flow.x_inputs(op)[0]).values)
             after = _f64(op.out.values)
+            if op.name == "baddbmm":  # mask + q @ k^T in one op (torch's own MHA)
+                operands = [_f64(self.flow.snap(r).values) for r in self.flow.tensor_operands(op)]
+                before = float(op.kwarg("alpha", 1) or 1) * (operands[1] @ operands[2])
+                self.differences.append("adds the mask inside the scores product (baddbmm): "
+                                        "equivalent")
+            else:
+                before = _f64(self.flow.snap(self.flow.x_inputs(op)[0]).values)
             if before.shape != after.shape:
                 before = np.broadcast_to(before, after.shape)
             newly = blocked(after) & ~blocked(before)
@@ -799,7 +806,7 @@ class Judge:
             values = after[newly]
             if good and values.size and np.isfinite(values).all():
                 value_note = (f"masks with {float(values.max()):.3g} instead of -inf: softmax gives "
-                              f"those entries weight 0 in float32, the same weights")
+                              f"those entries weight 0 in float32, the same weights: equivalent")
             diag = None if good else self._mask_diagnosis(pattern, expected, d)
             n = int(expected.sum())
             rows.append(self.row(stage, "mask", good, d,

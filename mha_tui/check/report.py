@@ -103,20 +103,22 @@ def verdict_renderable(verdict: Verdict, *, ascii_only: bool = False) -> Rendera
 
 
 def summary_table(verdicts: Sequence[Verdict], *, ascii_only: bool = False) -> Table:
-    """Several modules: one row each (an instructor's view of a folder of submissions)."""
+    """Several modules: one row each (an instructor's view of a folder of submissions).
+
+    The diagnosis is its short kind here; `check FILE:Class` on one module gives the whole.
+    """
     table = Table(box=box.ASCII if ascii_only else box.SIMPLE_HEAD, show_edge=False,
                   pad_edge=False)
     table.add_column("", no_wrap=True)
-    table.add_column("module")
-    table.add_column("first wrong stage", no_wrap=True)
-    table.add_column("where", no_wrap=True)
-    table.add_column("diagnosis")
+    table.add_column("module", overflow="fold", ratio=1)
+    table.add_column("first wrong", no_wrap=True)
+    table.add_column("line", justify="right", no_wrap=True)
+    table.add_column("diagnosis", no_wrap=True)
     for verdict in verdicts:
         d = verdict.diagnosis
         table.add_row(_mark(verdict.equivalent, ascii_only), Text(printable(verdict.module)),
-                      Text(d.stage if d else ""),
-                      Text(where(d.file, d.line) if d else ""),
-                      Text(printable(f"[{d.kind}] {d.message}") if d else "equivalent"))
+                      Text(d.stage if d else ""), Text(str(d.line) if d and d.line else ""),
+                      Text(d.kind if d else "equivalent"))
     return table
 
 
