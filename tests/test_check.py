@@ -218,6 +218,15 @@ def test_cli_several_modules_one_row_each() -> None:
     assert "mask_reversed" in table.output and table.output.count("✓") == 1
 
 
+def test_cli_class_for_every_file() -> None:
+    """An instructor's folder: FILE.py without a class takes --class."""
+    files = [str(MISTAKES / f"{n}.py") for n in ("correct", "no_scale")]
+    result = runner.invoke(app, ["check", *files, "--class", "MultiHeadAttention",
+                                 "--format", "json"])
+    assert result.exit_code == 1
+    assert [d["equivalent"] for d in json.loads(result.stdout)] == [True, False]
+
+
 def test_cli_all_equivalent_exits_0() -> None:
     result = runner.invoke(app, ["check", "--model", "raschka", "--format", "json"])
     assert result.exit_code == 0
@@ -228,6 +237,7 @@ def test_cli_all_equivalent_exits_0() -> None:
     ["check"],
     ["check", "no_such_file.py:MultiHeadAttention"],
     ["check", "not a spec"],
+    ["check", "my_attn.py"],
     ["check", "--model", "course", "--heads", "3"],
     ["check", "--model", "course", "--width", "10"],
     ["check", "--model", "course", "--sentence", ""],
@@ -266,3 +276,65 @@ def test_the_judge_imports_no_torch() -> None:
             "assert 'torch' not in sys.modules, 'torch imported'; "
             "assert 'textual' not in sys.modules and 'typer' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------- the app
+
+
+async def _loaded(app, pilot) -> None:
+    """Until the worker has traced (and judged): the app is then fully drawn."""
+    for _ in range(600):
+        if app.trace is not None:
+            break
+        await pilot.pause(0.05)
+    await pilot.pause()
+
+
+async def test_app_check_marks_the_rail_and_shows_the_diagnosis() -> None:
+    """explain --module ... --check: ✓/✗ in the rail, the judgement beside each stage."""
+    from mha_tui.app import ExplainApp, StageRail
+    from mha_tui.cli import _checked
+    from mha_tui.stage_view import StageView
+
+    config = Config(SENTENCE)
+    path = MISTAKES / "softmax_axis.py"
+    run, checker = _checked(config, Source(module=f"{path}:MultiHeadAttention"))
+    app = ExplainApp(config, loader=run, checker=checker)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _loaded(app, pilot)
+        rail = app.query_one(StageRail)
+        labels = {app.stage_ids[i]: str(rail.get_option_at_index(i).prompt)
+                  for i in range(rail.option_count)}
+        assert "✗" in labels["softmax"] and "✓" in labels["scores"], labels
+        assert "✓" not in labels["softmax"]
+        app.stage_index = app.stage_ids.index("softmax")
+        await pilot.pause()
+        shown = app.query_one(StageView).plain
+        assert "First wrong" in shown and "softmax_wrong_axis" in shown
+        assert f":{marked_line(path)}" in shown
+        app.stage_index = app.stage_ids.index("scores")
+        await pilot.pause()
+        shown = app.query_one(StageView).plain
+        assert "check ✓" in shown and "First wrong" not in shown
+
+
+async def test_app_without_check_has_no_marks() -> None:
+    from mha_tui.app import ExplainApp, StageRail
+    from mha_tui.cli import _checked
+
+    config = Config(SENTENCE)
+    run, _ = _checked(config, Source(model="course"))
+    app = ExplainApp(config, loader=run)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _loaded(app, pilot)
+        rail = app.query_one(StageRail)
+        prompts = [str(rail.get_option_at_index(i).prompt) for i in range(rail.option_count)]
+        assert not any("✓" in p or "✗" in p for p in prompts)
+
+
+def test_explain_check_needs_the_app() -> None:
+    """--check marks the app; a transcript is `check`'s job: one line, exit 2."""
+    result = subprocess.run([sys.executable, "-m", "mha_tui", "explain", SENTENCE, "--check",
+                             "--dump", "-"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "mha-tui check" in result.stderr and len(result.stderr.splitlines()) == 1

@@ -430,7 +430,8 @@ class Judge:
 
     # ------------------------------------------------------------ head forms
 
-    def _chain_to_projection(self, ref: Ref) -> tuple[np.ndarray | None, float, OpRecord | None, list[OpRecord]]:
+    def _chain_to_projection(self, ref: Ref
+                             ) -> tuple[np.ndarray | None, float, OpRecord | None, list[OpRecord]]:
         """Walk back from a head-form operand to the projection output it was cut from.
 
         Returns (the projection's part that became this operand -- for a fused projection
@@ -556,7 +557,7 @@ class Judge:
         judged = False
         for role, entries in self.head_operands().items():
             per_head = [e for e in entries if self.head_index(e[2]) is not None]
-            for values, ref, consumer in entries:
+            for values, ref, _consumer in entries:
                 projected, factor, proj_op, passed = self._chain_to_projection(ref)
                 if projected is None:
                     continue
@@ -709,8 +710,7 @@ class Judge:
         out = _f64(last_op.out.values) if last_op is not None else _f64(scores_op.out.values)
         finite = out[np.isfinite(out) & (out > LARGE_NEGATIVE)]
         diff = float(np.abs(finite - finite * expected / total).max()) if finite.size and total else 0.0
-        checked = (f"scores times 1/sqrt(d_h) = {expected:.4f} before softmax (measured "
-                   f"{total:.4f})")
+        checked = f"scores * 1/sqrt(d_h) = {expected:.4f} before softmax (measured {total:.4f})"
         diagnosis = None if ok else self._scale_diagnosis(total)
         note = ""
         per_chain = len(chains[0][1])
@@ -797,8 +797,10 @@ class Judge:
             if before.shape != after.shape:
                 before = np.broadcast_to(before, after.shape)
             newly = blocked(after) & ~blocked(before)
-            flat = newly.reshape(-1, self.T, self.T) if newly.ndim >= 2 and newly.shape[-1] == self.T else None
-            pattern = flat[0] if flat is not None and all(np.array_equal(f, flat[0]) for f in flat) else None
+            square = newly.ndim >= 2 and newly.shape[-1] == self.T
+            flat = newly.reshape(-1, self.T, self.T) if square else None
+            same = flat is not None and all(np.array_equal(f, flat[0]) for f in flat)
+            pattern = flat[0] if same and flat is not None else None
             kept = ~newly
             d = max_diff(np.where(kept, after, 0.0), np.where(kept, before, 0.0))
             good = pattern is not None and np.array_equal(pattern, expected) and d <= ATOL
@@ -1126,9 +1128,8 @@ class Judge:
             done.add(op.index)
             kinds = [s for s in self.trace.stages if op in s.ops]
             good, diff, diag = self._judge_sdpa(op)
-            wrong = "attend" if diag and diag[0] == "sdpa_wrong" else \
-                "scale" if diag and diag[0].startswith("scale") or diag and "scaled" in diag[0] \
-                else "mask" if diag else ""
+            wrong = "" if diag is None else "attend" if diag[0] == "sdpa_wrong" else \
+                "scale" if "scale" in diag[0] else "mask"
             checked = {
                 "scores": "Q_i @ K_i^T for every head, inside the fused op",
                 "scale": f"scaled by 1/sqrt(d_h) = {1 / math.sqrt(self.d_h):.4f} inside the fused op",

@@ -127,3 +127,60 @@ def to_json(verdicts: Sequence[Verdict]) -> str:
     data = [v.as_dict() for v in verdicts]
     payload = data[0] if len(data) == 1 else data
     return json.dumps(payload, ensure_ascii=False, indent=1, allow_nan=False) + "\n"
+
+
+# ---------------------------------------------------------------------------- in the app
+
+
+def rows_by_stage(verdict: Verdict, stages: Sequence[tuple[str, int]]) -> dict[str, list[StageVerdict]]:
+    """Each stage's rows: its own, plus a missing step's row on the stage at its line.
+
+    stages: (stage id, source line) in the trace's order.
+    """
+    found: dict[str, list[StageVerdict]] = {sid: [] for sid, _ in stages}
+    for row in verdict.stages:
+        if row.stage_id in found:
+            found[row.stage_id].append(row)
+            continue
+        home = next((sid for sid, line in stages if line == row.line), None)
+        if home is None and stages:
+            home = stages[-1][0]
+        if home is not None:
+            found[home].append(row)
+    return found
+
+
+def stage_mark(rows: Sequence[StageVerdict], *, ascii_only: bool = False) -> Text:
+    """✓ / ✗ for the rail: ✗ if any row of the stage is wrong, · if none was judged."""
+    oks = [row.ok for row in rows]
+    ok: bool | None = False if False in oks else True if True in oks else None
+    return _mark(ok, ascii_only)
+
+
+def stage_judgement(verdict: Verdict, rows: Sequence[StageVerdict], *,
+                    ascii_only: bool = False) -> RenderableType | None:
+    """What `check` said about this stage, and the diagnosis if this is the first wrong one."""
+    if not rows:
+        return None
+    parts: list[RenderableType] = []
+    for row in rows:
+        line = Text("check ", style="bold")
+        line.append_text(_mark(row.ok, ascii_only))
+        line.append(" ")
+        if not row.stage_id:
+            line.append(f"{row.kind} (missing): ", style="bold")
+        line.append(printable(row.checked))
+        if row.max_diff is not None:
+            line.append(f"  (largest difference {_diff(row.max_diff)})", style="dim")
+        parts.append(line)
+    d = verdict.diagnosis
+    if d is not None and any(row.ok is False and row.line == d.line and row.kind == d.stage
+                             for row in rows):
+        text = Text("First wrong: ", style="bold red")
+        place = where(d.file, d.line)
+        if place:
+            text.append(place + "  ", style="bold")
+        text.append(f"[{d.kind}] ", style="red")
+        text.append(printable(d.message))
+        parts.append(text)
+    return Group(*parts)

@@ -58,7 +58,7 @@ def reference_output(x: np.ndarray, weights: object, heads: int, causal: bool) -
     from ..examples.mygpt import MultiHeadAttention
 
     data = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-    B, T, C = data.shape
+    _, T, C = data.shape  # (B, T, C)
     module = MultiHeadAttention(C, heads, max_seq_len=max(64, T), causal=causal)
     module.W_Q = _linear(*weights.q)  # type: ignore[attr-defined]
     module.W_K = _linear(*weights.k)  # type: ignore[attr-defined]
