@@ -1128,8 +1128,8 @@ class Judge:
             done.add(op.index)
             kinds = [s for s in self.trace.stages if op in s.ops]
             good, diff, diag = self._judge_sdpa(op)
-            wrong = "" if diag is None else "attend" if diag[0] == "sdpa_wrong" else \
-                "scale" if "scale" in diag[0] else "mask"
+            wrong = "" if diag is None else "attend" if diag[0] in ("sdpa_wrong", "dropout_active") \
+                else "scale" if "scale" in diag[0] else "mask"
             checked = {
                 "scores": "Q_i @ K_i^T for every head, inside the fused op",
                 "scale": f"scaled by 1/sqrt(d_h) = {1 / math.sqrt(self.d_h):.4f} inside the fused op",
@@ -1167,6 +1167,12 @@ class Judge:
         good, diff = close(op.out.values, attention(1 / math.sqrt(d), expected_mask))
         if good:
             return True, diff, None
+        p = op.kwarg("dropout_p", 0.0)
+        if isinstance(p, float) and p > 0:
+            return False, diff, ("dropout_active",
+                                 f"dropout is active inside F.scaled_dot_product_attention "
+                                 f"(dropout_p={p}): {self._runs_differ()}; pass "
+                                 "dropout_p=self.dropout if self.training else 0.0")
         for factor in (1 / math.sqrt(self.C), 1.0, 1 / d, math.sqrt(d)):
             if close(op.out.values, attention(factor, expected_mask))[0]:
                 return False, diff, self._scale_diagnosis(factor)
