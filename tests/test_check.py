@@ -147,6 +147,24 @@ def test_no_causal_judges_against_unmasked_attention() -> None:
     assert verdict.diagnosis.kind == "mask_unexpected"
 
 
+def test_the_numbers_behind_the_verdicts() -> None:
+    """Equal infinities are equal, NaN where NaN is expected is equal, a scale is a ratio."""
+    import numpy as np
+
+    from mha_tui.check.judge import _ratio, blocked, close, max_diff, softmax
+
+    inf = float("inf")
+    assert max_diff(np.array([-inf, 1.0]), np.array([-inf, 1.0])) == 0.0
+    assert max_diff(np.array([np.nan]), np.array([np.nan])) == 0.0
+    assert max_diff(np.array([np.nan]), np.array([0.0])) == inf
+    assert max_diff(np.zeros(2), np.zeros(3)) == inf
+    assert blocked(np.array([-inf, -1e9, np.finfo(np.float32).min, -5.0, 0.0])).tolist() == [
+        True, True, True, False, False]
+    assert _ratio(np.array([1.0, -inf, 2.0]), np.array([2.0, -inf, 4.0])) == 0.5
+    assert close(softmax(np.array([[0.0, -inf]])), np.array([[1.0, 0.0]]))[0]
+    assert not close(np.array([1.0]), np.array([1.001]))[0]
+
+
 # ---------------------------------------------------------------------------- hypothesis
 
 sizes = st.tuples(st.sampled_from([(4, 2), (6, 3), (8, 2), (8, 4), (6, 2), (12, 3)]),

@@ -249,13 +249,6 @@ class Flow:
     def x_inputs(self, op: OpRecord) -> list[Ref]:
         return [r for r in op.inputs if self.is_x(r)]
 
-    def operand(self, op: OpRecord, position: int) -> Ref | None:
-        """The tensor passed as positional argument `position` (TensorArg order)."""
-        args = [a for a in op.args]
-        if position < len(args) and isinstance(args[position], TensorArg):
-            return op.inputs[args[position].index]
-        return None
-
     def tensor_operands(self, op: OpRecord) -> list[Ref]:
         """Tensor arguments in call order (einsum's operands come as a tuple)."""
         refs = []
