@@ -138,7 +138,8 @@ def rows_by_stage(verdict: Verdict, stages: Sequence[tuple[str, int]]) -> dict[s
     stages: (stage id, source line) in the trace's order.
     """
     found: dict[str, list[StageVerdict]] = {sid: [] for sid, _ in stages}
-    for row in verdict.stages:
+    ends = [verdict.end_to_end] if verdict.end_to_end is not None else []
+    for row in [*verdict.stages, *ends]:
         if row.stage_id in found:
             found[row.stage_id].append(row)
             continue
@@ -167,7 +168,9 @@ def stage_judgement(verdict: Verdict, rows: Sequence[StageVerdict], *,
         line = Text("check ", style="bold")
         line.append_text(_mark(row.ok, ascii_only))
         line.append(" ")
-        if not row.stage_id:
+        if row.kind == "end_to_end":
+            line.append("end to end: ", style="bold")
+        elif not row.stage_id:
             line.append(f"{row.kind} (missing): ", style="bold")
         line.append(printable(row.checked))
         if row.max_diff is not None:
