@@ -156,7 +156,9 @@ class ExplainApp(App[None]):
         show); once traced, also the module's class and file."""
         opts = RenderOptions(ascii=self._ascii)
         if self.trace is not None and self.trace.module is not None:
-            return Group(header(self.config, opts), module_line(self.trace.module, opts))
+            # The header holds three lines: two for the sentence, tokens and sizes.
+            return Group(header(self.config, opts, max_lines=2),
+                         module_line(self.trace.module, opts))
         return header(self.config, opts)
 
     @property
