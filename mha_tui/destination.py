@@ -31,6 +31,7 @@ from typing import BinaryIO, Literal
 
 SPOOL_IN_MEMORY = 64 << 20  # beyond this a spool moves to a temporary file
 _FD_PATH = re.compile(r"^/(?:dev/fd|proc/self/fd|proc/thread-self/fd)/(\d+)$")
+_OTHER_FD_PATH = re.compile(r"^/proc/\d+/fd/\d+$")  # another process's descriptor
 _STD_PATH = {"/dev/stdout": 1, "/dev/stderr": 2, "/dev/stdin": 0}
 
 
@@ -105,6 +106,10 @@ def resolve(raw: str) -> Destination:
         return _fd_destination(raw, int(match.group(1)) if match else _STD_PATH[raw])
     if not raw:
         raise DumpError("--dump needs a file name, or '-' for standard output")
+    if _OTHER_FD_PATH.match(raw):  # opened anew, written through, never renamed over
+        if not os.access(raw, os.W_OK):
+            raise _refuse(raw, "is not writable; choose another path or '-' for stdout")
+        return Destination("through", raw, path=Path(raw))
     try:
         return _resolve_path(raw)
     except OSError as error:  # a name too long, a loop of links, a folder we cannot enter
@@ -118,11 +123,16 @@ def _resolve_path(raw: str) -> Destination:
                                f"{os.path.join(raw, 'transcript.txt')}")
         raise _refuse(raw, "ends with '/', which names a folder, and there is no such "
                            "folder; give a file name without the '/'")
-    os.lstat(os.path.dirname(raw) or ".")  # surfaces ENAMETOOLONG, ELOOP, EACCES as one line
+    folder = os.path.dirname(raw) or "."
+    try:
+        os.stat(folder)  # ENAMETOOLONG, ELOOP, EACCES surface in resolve() as one line
+    except (FileNotFoundError, NotADirectoryError):
+        raise _refuse(raw, f"the folder {_short(folder, 60)} does not exist") from None
     target = Path(os.path.realpath(raw))  # every symlink followed (a dangling one too)
     if str(target).startswith("/proc/"):
-        # /proc's links (a file descriptor's, say) are not files to rename over.
-        return Destination("through", raw, path=Path(raw))
+        # /proc's entries are not files to rename over, nor to write a transcript into
+        # (a file descriptor's link, /dev/fd/N, is handled above).
+        raise _refuse(raw, "is not writable; choose another path or '-' for stdout")
     try:
         info = os.stat(target)
     except FileNotFoundError:
