@@ -30,7 +30,7 @@ from .config import Config
 from .records import Trace
 from .render import RenderOptions, header, pending_screen, stage_screen
 from .stage_view import LineCache, StageView, render_strips
-from .stages import STAGE_IDS, STAGES
+from .stages import STAGE_IDS, STAGES, stage_info
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
 KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-"}
@@ -244,7 +244,8 @@ class ExplainApp(App[None]):
         message = (Text(f"Could not run the module: {self.load_error}", style="bold red")
                    if self.load_error else
                    Text("loading torch and running the forward pass…", style="italic"))
-        pending = pending_screen(STAGES[self.stage_index], self.stage_index + 1, len(STAGES),
+        info = stage_info(STAGE_IDS[self.stage_index], causal=self.config.causal)
+        pending = pending_screen(info, self.stage_index + 1, len(STAGES),
                                  message, self.view)
         view.show(render_strips(self.console, pending, width), home=home)
 
