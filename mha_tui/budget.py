@@ -13,6 +13,7 @@ from .config import Config
 
 FLOAT = 4  # float32
 TORCH_AND_PYTHON = 400 << 20  # the interpreter, torch and NumPy loaded, before any tensor
+SMALL = 64 << 20  # tensors below this are never a reason to refuse
 JSON_BYTES_PER_VALUE = 11  # "-0.12345678," on average; "0.0," and '"-inf",' are shorter
 
 
@@ -107,7 +108,8 @@ def memory_problem(config: Config, available: Available | None) -> str | None:
     if available is None:
         return None
     need = trace_bytes(config)
-    if need + TORCH_AND_PYTHON <= available.bytes:
+    # A small run is never refused: a tight machine's trouble is then not the size.
+    if need < SMALL or need + TORCH_AND_PYTHON <= available.bytes:
         return None
     return (f"{sizes(config)} needs about {human(need)} of memory for its tensors, plus "
             f"{human(TORCH_AND_PYTHON)} for Python and torch; {human(available.bytes)} is "

@@ -182,6 +182,8 @@ def test_memory_estimate_reads_meminfo_and_says_both_figures(tmp_path: Path) -> 
     problem = budget.memory_problem(config, available)
     assert problem is not None and "needs about" in problem and "500.0 MiB is available" in problem
     assert budget.memory_problem(config, budget.Available(8 << 30, "x")) is None
+    tiny = Config("I love AI !")  # a tight machine is not a reason to refuse a tiny run
+    assert budget.memory_problem(tiny, budget.Available(1 << 20, "x")) is None
     (tmp_path / "memory.max").write_text("1073741824\n")
     (tmp_path / "memory.current").write_text("973741824\n")
     capped = budget.available_memory(str(meminfo), cgroup=str(tmp_path))
@@ -199,3 +201,30 @@ def test_element_estimate_counts_what_the_trace_records(words: int, C: int, h: i
     trace = run_trace(config)
     recorded = sum(r.values.size for s in trace.stages for r in (*s.tensors, *s.aside))
     assert budget.trace_elements(config) == recorded
+
+
+def test_a_real_allocation_failure_is_one_line_and_leaves_no_file(tmp_path: Path) -> None:
+    """Address space capped a little above what the imports take: torch or NumPy fails to
+    allocate mid-run (the size passes the estimate, which reads MemAvailable)."""
+    import resource
+
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch, numpy, rich, mha_tui.trace, mha_tui.dump\n"
+         "print(open('/proc/self/status').read().split('VmSize:')[1].split()[0])"],
+        capture_output=True, text=True, cwd=ROOT, check=True)
+    limit = (int(probe.stdout) << 10) + (350 << 20)
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    target = tmp_path / "t.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    result = subprocess.run(
+        [sys.executable, "-m", "mha_tui", "explain", " ".join(f"w{i}" for i in range(1024)),
+         "--embed-dim", "768", "--heads", "12", "--max-seq-len", "1024", "--format", "json",
+         "--dump", str(target)], capture_output=True, env=env, cwd=ROOT, timeout=300,
+        preexec_fn=cap)
+    err = result.stderr.decode()
+    assert result.returncode == 1, err
+    assert err.startswith("mha-tui: error: ran out of memory for 1024 tokens") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
