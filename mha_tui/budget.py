@@ -13,6 +13,7 @@ from .config import Config
 
 FLOAT = 4  # float32
 TORCH_AND_PYTHON = 400 << 20  # the interpreter, torch and NumPy loaded, before any tensor
+TORCH_VIRTUAL = 400 << 20  # address space torch maps (libraries, threads) beyond its memory
 SMALL = 64 << 20  # tensors below this are never a reason to refuse
 JSON_BYTES_PER_VALUE = 11  # "-0.12345678," on average; "0.0," and '"-inf",' are shorter
 
@@ -70,6 +71,18 @@ def available_memory(meminfo: str = "/proc/meminfo",
                 found.append(Available(pages, "free physical memory"))
         except (OSError, ValueError, AttributeError):
             pass
+    try:  # `ulimit -v`: the address space left, less what torch maps beyond its memory
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/status", encoding="ascii") as handle:
+                status = handle.read()
+            mapped = int(status.split("VmSize:")[1].split()[0]) * 1024
+            found.append(Available(max(soft - mapped - TORCH_VIRTUAL, 0),
+                                   "the address-space limit, ulimit -v"))
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
     try:  # cgroup v2: a container's own ceiling
         with open(os.path.join(cgroup, "memory.max"), encoding="ascii") as handle:
             limit = handle.read().strip()

@@ -20,6 +20,7 @@ from .stages import STAGE_IDS
 
 if TYPE_CHECKING:
     from .destination import Destination
+    from .records import Trace
 
 app = typer.Typer(
     name="mha-tui",
@@ -113,7 +114,7 @@ def explain(
         run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only)
         return
     _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
-                      ascii_only=ascii_only, first=STAGE_IDS.index(stage) if stage else 0)
+                      ascii_only=ascii_only, stage=stage)
 
 
 def _note_unused_for_json(*, width: int | None, full: bool, color: bool) -> None:
@@ -155,7 +156,7 @@ def _out_of_memory(error: BaseException) -> bool:
 
 
 def _write_transcript(config: Config, destination: Destination | None, fmt: Format, *, width: int,
-                      full: bool, color: bool, ascii_only: bool, first: int) -> None:
+                      full: bool, color: bool, ascii_only: bool, stage: str | None) -> None:
     from .destination import DumpError, opened, resolve
 
     if destination is None:
@@ -163,9 +164,10 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
     try:
         from .dump import to_text, write_json
         from .render import RenderOptions
-        from .trace import run_trace
+        from .tracing import run_trace
 
         trace = run_trace(config)
+        first = _first_stage(trace, stage)
         with opened(destination) as out:
             if fmt is Format.json:
                 write_json(trace, out, first=first, ascii_only=ascii_only)
@@ -186,10 +188,22 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
             raise
         fail(f"ran out of memory for {config.seq_len} tokens, --embed-dim {config.embed_dim}, "
              f"--heads {config.num_heads}; try a smaller size", 1)
-    _exit_now()
+    _exit_now(1 if trace.failed else 0)  # the module's forward raised: the transcript ends there
 
 
-def _exit_now() -> NoReturn:
+def _first_stage(trace: Trace, stage: str | None) -> int:
+    """Where a transcript with --stage starts: the first stage of that kind in this trace."""
+    if stage is None:
+        return 0
+    for index, recorded in enumerate(trace.stages):
+        if stage in (recorded.id, recorded.kind):
+            return index
+    _say(f"mha-tui: note: this forward has no {stage!r} stage; the transcript starts at the "
+         "first stage")
+    return 0
+
+
+def _exit_now(code: int = 0) -> NoReturn:
     """Done and flushed: skip the interpreter's teardown of torch (about 0.5 s here).
 
     Everything the run promised is on disk or in the pipe; teardown would only free memory
@@ -200,7 +214,7 @@ def _exit_now() -> NoReturn:
         sys.stderr.flush()
     except BrokenPipeError:  # the reader left early (| head): nothing more to deliver
         pass
-    os._exit(0)
+    os._exit(code)
 
 
 _STDOUT_CLOSED = False

@@ -19,8 +19,8 @@ import numpy as np
 from rich.console import Console
 
 from .floats import float32_text
-from .records import TensorRecord, Trace
-from .render import ASCII_GLYPHS, RenderOptions, header, stage_view
+from .records import OpRecord, TensorRecord, Trace
+from .render import ASCII_GLYPHS, RenderOptions, display_path, header, module_line, stage_view
 
 
 def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
@@ -39,6 +39,8 @@ def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = F
     buffer = io.StringIO()
     console = transcript_console(buffer, width, color)
     console.print(header(trace.config, opts))
+    if trace.module is not None:
+        console.print(module_line(trace.module, opts))
     console.print()
     for stage in trace.stages[first:]:
         console.print(stage_view(trace, stage, opts))
@@ -141,20 +143,31 @@ def _tensor_json(record: TensorRecord, tensors: list[np.ndarray], nonce: str) ->
     return data
 
 
-def write_json(trace: Trace, out: BinaryIO, *, first: int = 0, ascii_only: bool = False) -> None:
-    """Readable structure (indented), compact values (one line per tensor), streamed into
-    out tensor by tensor. `first`: the index of the first stage written."""
-    tensors: list[np.ndarray] = []
-    user_text = json.dumps(trace.config.as_dict(), ensure_ascii=False)
-    nonce = "@values-"
-    while nonce in user_text:  # the only user text in the document is the config
-        nonce = f"@{secrets.token_hex(8)}-"
-    document = {
+def _op_json(op: OpRecord) -> dict[str, Any]:
+    """An op as the stage holds it: what ran, where, and what it made (values stay in tensors)."""
+    return {
+        "index": op.index, "op": op.name, "call": op.qualname, "module": op.module,
+        "line": op.source.line, "file": display_path(op.source.file),
+        "inputs": [ref.name or (f"op {ref.op}" if ref.kind == "op" else ref.kind) for ref in op.inputs],
+        "shapes": [list(out.shape) for out in op.outputs],
+        "in_place": op.in_place,
+    }
+
+
+def _document(trace: Trace, first: int, tensors: list[np.ndarray], nonce: str) -> dict[str, Any]:
+    """The transcript's structure, each tensor's values a placeholder naming its index."""
+    return {
         "config": trace.config.as_dict(),
+        "module": None if trace.module is None else {
+            "class": trace.module.class_name, "file": display_path(trace.module.file),
+            "per_head_modules": trace.module.per_head_modules},
         "stages": [
             {
                 "id": stage.id,
+                "kind": stage.kind,
                 "title": stage.title,
+                "source": None if stage.source is None else {
+                    "file": display_path(stage.source.file), "line": stage.source.line},
                 "code": stage.code,
                 "explanation": stage.explanation,
                 "shape_in": list(stage.shape_in),
@@ -165,11 +178,24 @@ def write_json(trace: Trace, out: BinaryIO, *, first: int = 0, ascii_only: bool 
                 "tensors": {r.name: _tensor_json(r, tensors, nonce) for r in stage.tensors},
                 "aside": {r.name: _tensor_json(r, tensors, nonce) for r in stage.aside},
                 "checks": [{"label": c.label, "ok": c.ok} for c in stage.checks],
+                "ops": [_op_json(op) for op in stage.ops],
             }
             for stage in trace.stages[first:]
         ],
     }
-    skeleton = json.dumps(document, indent=1, ensure_ascii=ascii_only, allow_nan=False)
+
+
+def write_json(trace: Trace, out: BinaryIO, *, first: int = 0, ascii_only: bool = False) -> None:
+    """Readable structure (indented), compact values (one line per tensor), streamed into
+    out tensor by tensor. `first`: the index of the first stage written."""
+    nonce = "@values-"
+    while True:  # a placeholder no user text (tokens, file names, source lines) contains
+        tensors: list[np.ndarray] = []
+        document = _document(trace, first, tensors, nonce)
+        skeleton = json.dumps(document, indent=1, ensure_ascii=ascii_only, allow_nan=False)
+        if skeleton.count(f'"{nonce}') == len(tensors):
+            break
+        nonce = f"@{secrets.token_hex(8)}-"
     if not ascii_only:
         skeleton = _NON_ASCII.sub(_json_escape, skeleton)
     parts = skeleton.split(f'"{nonce}')

@@ -58,7 +58,7 @@ def test_help_and_version_import_neither_torch_nor_textual(argv: list[str]) -> N
 
 
 def test_transcript_path_never_imports_textual() -> None:
-    code = ("from mha_tui.config import Config\nfrom mha_tui.trace import run_trace\n"
+    code = ("from mha_tui.config import Config\nfrom mha_tui.tracing import run_trace\n"
             "from mha_tui.dump import to_text, to_json\nfrom mha_tui.render import RenderOptions\n"
             "t = run_trace(Config('I love AI !'))\nto_text(t, RenderOptions()); to_json(t)")
     loaded = _modules_after(code)
@@ -153,13 +153,13 @@ def test_dump_to_a_full_disk_is_one_line() -> None:
     "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried "
     "to allocate 4294967296 bytes.")])
 def test_running_out_of_memory_is_one_line_exit_1(monkeypatch, capsys, error) -> None:
-    import mha_tui.trace
+    import mha_tui.tracing
     from mha_tui import cli
 
     def exhausted(config):
         raise error
 
-    monkeypatch.setattr(mha_tui.trace, "run_trace", exhausted)
+    monkeypatch.setattr(mha_tui.tracing, "run_trace", exhausted)
     monkeypatch.setattr(sys, "argv", ["mha-tui", "explain", "I love AI !", "--dump", "-"])
     with pytest.raises(SystemExit) as stop:
         cli.main()
@@ -195,7 +195,7 @@ def test_memory_estimate_reads_meminfo_and_says_both_figures(tmp_path: Path) -> 
 def test_element_estimate_counts_what_the_trace_records(words: int, C: int, h: int) -> None:
     from mha_tui import budget
     from mha_tui.config import Config
-    from mha_tui.trace import run_trace
+    from mha_tui.tracing import run_trace
 
     config = Config(" ".join(f"t{i % 4}" for i in range(words)), embed_dim=C, num_heads=h)
     trace = run_trace(config)
@@ -203,13 +203,14 @@ def test_element_estimate_counts_what_the_trace_records(words: int, C: int, h: i
     assert budget.trace_elements(config) == recorded
 
 
-def test_a_real_allocation_failure_is_one_line_and_leaves_no_file(tmp_path: Path) -> None:
-    """Address space capped a little above what the imports take: torch or NumPy fails to
-    allocate mid-run (the size passes the estimate, which reads MemAvailable)."""
+def test_an_address_space_limit_too_small_is_refused_before_the_run(tmp_path: Path) -> None:
+    """`ulimit -v` a little above what the imports map: the estimate sees that the tensors
+    cannot fit and refuses up front (a failed allocation inside BLAS would end the process
+    from C, with no chance of a clean message)."""
     import resource
 
     probe = subprocess.run(
-        [sys.executable, "-c", "import torch, numpy, rich, mha_tui.trace, mha_tui.dump\n"
+        [sys.executable, "-c", "import torch, numpy, rich, mha_tui.tracing, mha_tui.dump\n"
          "print(open('/proc/self/status').read().split('VmSize:')[1].split()[0])"],
         capture_output=True, text=True, cwd=ROOT, check=True)
     limit = (int(probe.stdout) << 10) + (350 << 20)
@@ -219,12 +220,12 @@ def test_a_real_allocation_failure_is_one_line_and_leaves_no_file(tmp_path: Path
 
     target = tmp_path / "t.json"
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
-    result = subprocess.run(
-        [sys.executable, "-m", "mha_tui", "explain", " ".join(f"w{i}" for i in range(1024)),
-         "--embed-dim", "768", "--heads", "12", "--max-seq-len", "1024", "--format", "json",
-         "--dump", str(target)], capture_output=True, env=env, cwd=ROOT, timeout=300,
-        preexec_fn=cap)
+    argv = [sys.executable, "-m", "mha_tui", "explain", " ".join(f"w{i}" for i in range(1024)),
+            "--embed-dim", "768", "--heads", "12", "--max-seq-len", "1024", "--format", "json",
+            "--dump", str(target)]
+    result = subprocess.run(argv, capture_output=True, env=env, cwd=ROOT, timeout=300,
+                            preexec_fn=cap)
     err = result.stderr.decode()
-    assert result.returncode == 1, err
-    assert err.startswith("mha-tui: error: ran out of memory for 1024 tokens") and err.count("\n") == 1
+    assert result.returncode == 2, err
+    assert "needs about" in err and "ulimit -v" in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
