@@ -141,6 +141,10 @@ def main() -> int:
         "completion": ([*MHA], {"_MHA_TUI_COMPLETE": "complete_bash",
                                "COMP_WORDS": "mha-tui expl", "COMP_CWORD": "1"}),
         "dump": ([*MHA, "explain", SENTENCE, "--dump", "-"], None),
+        # GPT-2 small's sizes, every number: 2.4 M values in column blocks, ~25 MB of text.
+        "full": ([*MHA, "explain", SENTENCE, "--embed-dim", "768", "--heads", "12", "--full",
+                  "--dump", "-"], None),
+        # ... and with 512 tokens as JSON: 21.5 M values, 227 MB, streamed into a file.
         "json_gpt2": ([*MHA, "explain", GPT2_512, "--embed-dim", "768", "--heads", "12",
                        "--max-seq-len", "512", "--format", "json", "--dump", JSON_OUT], None),
     }
@@ -160,6 +164,7 @@ def main() -> int:
                               ("help", "mha-tui --help", 0.25),
                               ("completion", "shell completion (bash)", 0.25),
                               ("dump", f'explain "{SENTENCE}" --dump -', 1.10),
+                              ("full", "C=768 h=12 --full --dump - (2.4 M numbers)", 3.0),
                               ("json_gpt2", "JSON, C=768 h=12 T=512 (21.5 M values, 227 MB)",
                                3.00)]:
         ratio = result[name].seconds / f
