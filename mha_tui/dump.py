@@ -38,7 +38,7 @@ def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = F
     """The text transcript; `first`: the index of the first stage shown."""
     buffer = io.StringIO()
     console = transcript_console(buffer, width, color)
-    console.print(header(trace.config, opts))
+    console.print(header(trace.config, opts, batched=trace.batched))
     if trace.module is not None:
         console.print(module_line(trace.module, opts))
     console.print()
@@ -134,6 +134,7 @@ def _tensor_json(record: TensorRecord, tensors: list[np.ndarray], nonce: str) ->
         "shape": list(record.shape),
         "dims": list(record.dims),
         "strides": list(record.strides),
+        "stride_unit": record.stride_unit,
         "contiguous": record.contiguous,
     }
     if record.shares_storage is not None:
