@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -16,10 +17,21 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError
 
 from . import __version__
-from .config import MAX_EMBED_DIM, MAX_SEQ_LEN, Config, ConfigError
+from .config import (
+    DEFAULT_MODEL,
+    MAX_EMBED_DIM,
+    MAX_SEQ_LEN,
+    MODEL_NAMES,
+    Config,
+    ConfigError,
+    Source,
+    parse_init,
+)
 from .stages import STAGE_IDS
 
 if TYPE_CHECKING:
+    from .check import Verdict
+    from .destination import Destination
     from .records import Trace
 
 app = typer.Typer(
@@ -37,10 +49,18 @@ class Format(StrEnum):
     json = "json"
 
 
-def fail(message: str) -> NoReturn:
-    """One line on stderr, exit code 2."""
-    sys.stderr.write(f"mha-tui: error: {message}\n")
-    raise SystemExit(2)
+def fail(message: str, code: int = 2) -> NoReturn:
+    """One line on stderr, exit code 2 (usage) or 1 (a failure at run time)."""
+    _say(f"mha-tui: error: {message}")
+    raise SystemExit(code)
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(line.replace("\n", " ") + "\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError):  # stderr closed: the exit code is all we can give
+        pass
 
 
 def _version(value: bool) -> None:
@@ -65,76 +85,141 @@ def explain(
     seed: Annotated[int, typer.Option("--seed", help="torch.manual_seed before building the modules.")] = 0,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Apply the causal mask.")] = True,
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help=f"Longest sentence the module accepts (at most {MAX_SEQ_LEN}).")] = 64,
-    dump: Annotated[Path | None, typer.Option("--dump", help="Write the transcript to PATH ('-' for stdout) instead of opening the app.")] = None,
+    dump: Annotated[str | None, typer.Option("--dump", metavar="PATH", help="Write the transcript to PATH ('-' for stdout) instead of opening the app. Devices, FIFOs and /dev/fd/N are written through; a file is replaced only once the transcript is complete.")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Transcript format.", case_sensitive=False)] = Format.text,
-    width: Annotated[int, typer.Option("--width", help="Text transcript width in columns (40 to 400).")] = 100,
+    width: Annotated[int | None, typer.Option("--width", help="Text transcript width in columns (40 to 400, default 100); JSON has no width.")] = None,
     full: Annotated[bool, typer.Option("--full", help="Never elide rows, columns or heads in the text transcript.")] = False,
     color: Annotated[bool, typer.Option("--color", help="Keep colours (ANSI codes) in the text transcript.")] = False,
-    ascii_only: Annotated[bool, typer.Option("--ascii", help="Draw with plain ASCII only.")] = False,
-    stage: Annotated[str, typer.Option("--stage", help="Stage to start the app at.")] = STAGE_IDS[0],
+    ascii_only: Annotated[bool, typer.Option("--ascii", help="Plain ASCII only (in JSON: every non-ASCII character as a \\u escape).")] = False,
+    stage: Annotated[str | None, typer.Option("--stage", help="Stage to start at: in the app, or the transcript from that stage on.")] = None,
+    check_stages: Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")] = False,
     hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Explain one attention layer of a Hugging Face causal LM: a local directory, or a name in the local Hugging Face cache (gpt2). Never downloads. Needs pip install "mha-tui[hf]".')] = None,
     layer: Annotated[int | None, typer.Option("--layer", help="With --hf: the layer to explain, from 0; in the app [ and ] move between layers.")] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
         fail("the sentence is not valid UTF-8 text")
+    if hf_source is not None:
+        for flag, given in (("--heads", heads != 2), ("--embed-dim", embed_dim != 4),
+                            ("--seed", seed != 0), ("--no-causal", not causal),
+                            ("--max-seq-len", max_seq_len != 64), ("--check", check_stages)):
+            if given:
+                fail(f"{flag} does not apply with --hf: the model brings its own sizes, "
+                     f"weights and mask")
+    elif layer is not None:
+        fail("--layer picks a layer of a pretrained model: use it with --hf PATH_OR_NAME")
     if hf_source is None:
-        if layer is not None:
-            fail("--layer picks a layer of a pretrained model: use it with --hf PATH_OR_NAME")
         try:
             config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
                             causal=causal, max_seq_len=max_seq_len)
         except ConfigError as error:
             fail(str(error))
-        if stage not in STAGE_IDS:
+        if stage is not None and stage not in STAGE_IDS:
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
-    else:
-        for flag, given in (("--heads", heads != 2), ("--embed-dim", embed_dim != 4),
-                            ("--seed", seed != 0), ("--no-causal", not causal),
-                            ("--max-seq-len", max_seq_len != 64)):
-            if given:
-                fail(f"{flag} does not apply with --hf: the model brings its own sizes, "
-                     f"weights and mask")
-    if not 40 <= width <= 400:
+    if fmt is Format.json:
+        _note_unused_for_json(width=width, full=full, color=color)
+    elif width is not None and not 40 <= width <= 400:
         fail(f"--width must be between 40 and 400, got {width}")
-    target = None if dump is None or str(dump) == "-" else dump
-    if target is not None:
-        from .dump import check_writable
+    destination = None
+    if _STDOUT_CLOSED and (dump is None or dump == "-"):
+        fail(f"{'--dump -: ' if dump else ''}standard output is closed; give --dump PATH "
+             "to write the transcript to a file")
+    if dump is not None:
+        from .destination import DumpError, resolve
 
-        problem = check_writable(target)
-        if problem:
-            fail(problem)
-
+        try:
+            destination = resolve(dump)
+        except DumpError as error:
+            fail(str(error), error.code)
     if hf_source is not None:
-        _explain_hf(sentence, hf_source, layer or 0, dump=dump, target=target, fmt=fmt,
-                    width=width, full=full, color=color, ascii_only=ascii_only, stage=stage)
+        _explain_hf(sentence, hf_source, layer or 0, destination=destination,
+                    interactive=dump is None and sys.stdout.isatty(), fmt=fmt, width=width or 100,
+                    full=full, color=color, ascii_only=ascii_only, stage=stage)
+        return
+    _check_budget(config, destination, fmt)
+
+    if check_stages:
+        _explain_checked(config, Source(), dump=dump, stage=stage, ascii_only=ascii_only)
         return
     if dump is None and sys.stdout.isatty():
         from .app import run_app
 
-        run_app(config, start=stage, ascii_only=ascii_only)
+        run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only)
         return
-    _write_transcript(config, target, fmt, width=width, full=full, color=color,
-                      ascii_only=ascii_only)
+    _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
+                      ascii_only=ascii_only, stage=stage)
 
 
-def _explain_hf(sentence: str, source: str, layer: int, *, dump: Path | None,
-                target: Path | None, fmt: Format, width: int, full: bool, color: bool,
-                ascii_only: bool, stage: str) -> None:
+def _explain_checked(config: Config, source: Source, *, dump: str | None, stage: str | None,
+                     ascii_only: bool) -> None:
+    """explain --check: the app, its rail marked with the verdict of every stage."""
+    if dump is not None or not sys.stdout.isatty():
+        fail("--check marks the stages in the app (a terminal); for a table or JSON run "
+             "mha-tui check with the same module")
+    from .app import ExplainApp
+    from .load import LoadError
+
+    try:
+        run, checker = _checked(config, source)  # builds the module now: bad input, exit 2
+    except LoadError as error:
+        fail(str(error))
+    ExplainApp(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only, loader=run, checker=checker).run()
+
+
+def _note_unused_for_json(*, width: int | None, full: bool, color: bool) -> None:
+    """JSON is always complete and has no width or colours: say so rather than ignore."""
+    unused = [flag for flag, given in (("--width", width is not None), ("--color", color))
+              if given]
+    parts = []
+    if full:
+        parts.append("--full changes nothing (JSON is never elided)")
+    if unused:
+        parts.append(f"{' and '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply "
+                     "(JSON has no width or colours)")
+    if parts:
+        _say(f"mha-tui: note: with --format json, {'; '.join(parts)}")
+
+
+def _check_budget(config: Config, destination: Destination | None, fmt: Format) -> None:
+    """Refuse, before building anything, a size that cannot fit in memory or on disk."""
+    from . import budget
+
+    problem = budget.memory_problem(config, budget.available_memory())
+    if problem:
+        fail(problem)
+    if fmt is Format.json and destination is not None:
+        folder = str(destination.folder)
+        problem = budget.disk_problem(config, folder, budget.free_disk(folder))
+        if problem:
+            fail(problem)
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, MemoryError):
+        return True
+    # torch reports a failed CPU allocation as a RuntimeError ("DefaultCPUAllocator: can't
+    # allocate memory", "not enough memory"); there is no narrower public type for it.
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("allocate memory" in text
+                                                or "not enough memory" in text)
+
+
+def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destination | None,
+                interactive: bool, fmt: Format, width: int, full: bool, color: bool,
+                ascii_only: bool, stage: str | None) -> None:
     """--hf: load the model (refusals here, before any app), then the app or a transcript."""
     from . import hf
 
     try:
         loaded = hf.load(source)
         hf.check_layer(loaded, layer)
-        interactive = dump is None and sys.stdout.isatty()
         session = hf.Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except hf.HfError as error:
         fail(str(error))
     if interactive:
         from .app import run_app
 
-        run_app(session.config(layer), start=stage, ascii_only=ascii_only,
+        run_app(session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                 loader=lambda config: session.trace(config.model.layer if config.model else layer),
                 layers=session)
         return
@@ -142,32 +227,190 @@ def _explain_hf(sentence: str, source: str, layer: int, *, dump: Path | None,
         trace = session.trace(layer)
     except hf.HfError as error:
         fail(str(error))
-    _write_transcript(trace.config, target, fmt, width=width, full=full, color=color,
-                      ascii_only=ascii_only, trace=trace)
+    _write_transcript(trace.config, destination, fmt, width=width, full=full, color=color,
+                      ascii_only=ascii_only, stage=stage, trace=trace)
 
 
-def _write_transcript(config: Config, target: Path | None, fmt: Format, *, width: int,
-                      full: bool, color: bool, ascii_only: bool, trace: Trace | None = None) -> None:
-    from .dump import to_json, to_text, write_atomic
-    from .render import RenderOptions
-    from .tracing import run_trace
+def _write_transcript(config: Config, destination: Destination | None, fmt: Format, *, width: int,
+                      full: bool, color: bool, ascii_only: bool, stage: str | None,
+                      trace: Trace | None = None) -> None:
+    from .destination import DumpError, opened, resolve
 
-    if trace is None:
-        trace = run_trace(config)
-    if fmt is Format.json:
-        content = to_json(trace)
-    else:
-        content = to_text(trace, RenderOptions(full=full, ascii=ascii_only), width=width,
-                          color=color)
-    if target is None:
-        # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
-        sys.stdout.buffer.write(content.encode("utf-8"))
-    else:
-        try:
-            write_atomic(target, content)
-        except OSError as error:
-            fail(f"could not write --dump {target}: {error.strerror or error}")
+    if destination is None:
+        destination = resolve("-")
+    try:
+        from .dump import to_text, write_json
+        from .render import RenderOptions
+        from .tracing import run_trace
+
+        if trace is None:
+            trace = run_trace(config)
+        first = _first_stage(trace, stage)
+        with opened(destination) as out:
+            if fmt is Format.json:
+                write_json(trace, out, first=first, ascii_only=ascii_only)
+            else:
+                # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
+                out.write(to_text(trace, RenderOptions(full=full, ascii=ascii_only),
+                                  width=width, color=color, first=first).encode("utf-8"))
+    except DumpError as error:
+        fail(str(error), error.code)
+    except BrokenPipeError:  # the reader left early (| head): nothing more to deliver
+        os._exit(0)
+    except OSError as error:
+        where = ("standard output" if destination.kind == "fd" and destination.fd == 1
+                 else f"--dump {destination.shown}")
+        fail(f"could not write the transcript to {where}: {error.strerror or error}", 1)
+    except (MemoryError, RuntimeError) as error:
+        if not _out_of_memory(error):
+            raise
+        fail(f"ran out of memory for {config.seq_len} tokens, --embed-dim {config.embed_dim}, "
+             f"--heads {config.num_heads}; try a smaller size", 1)
     _exit_now(1 if trace.failed else 0)  # the module's forward raised: the transcript ends there
+
+
+def _first_stage(trace: Trace, stage: str | None) -> int:
+    """Where a transcript with --stage starts: the first stage of that kind in this trace."""
+    if stage is None:
+        return 0
+    for index, recorded in enumerate(trace.stages):
+        if stage in (recorded.id, recorded.kind):
+            return index
+    _say(f"mha-tui: note: this forward has no {stage!r} stage; the transcript starts at the "
+         "first stage")
+    return 0
+
+
+# ---------------------------------------------------------------------------- check
+
+DEFAULT_SENTENCE = "I love AI !"
+
+
+@app.command()
+def check(
+    specs: Annotated[list[str] | None, typer.Argument(metavar="[FILE.py:CLASS]...", help="The modules to judge: FILE.py:Class or package.module:Class, one or several.", show_default=False)] = None,
+    model: Annotated[str | None, typer.Option("--model", metavar="NAME", help=f"Also judge a tutorial's module: {', '.join(MODEL_NAMES)}.")] = None,
+    class_name: Annotated[str | None, typer.Option("--class", metavar="CLASS", help="The class in every FILE.py given without one (check submissions/*.py --class MultiHeadAttention).")] = None,
+    sentence: Annotated[str, typer.Option("--sentence", "-s", help="The input sentence; tokens are split on whitespace.")] = DEFAULT_SENTENCE,
+    heads: Annotated[int, typer.Option("--heads", "-H", help="Number of heads h; must divide --embed-dim.")] = 2,
+    embed_dim: Annotated[int, typer.Option("--embed-dim", "-C", help=f"Embedding width C (at most {MAX_EMBED_DIM}).")] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="torch.manual_seed before building the modules.")] = 0,
+    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Judge against causal attention (and pass the mask to a forward that takes one).")] = True,
+    max_seq_len: Annotated[int, typer.Option("--max-seq-len", help=f"Longest sentence the module accepts (at most {MAX_SEQ_LEN}).")] = 64,
+    init: Annotated[list[str] | None, typer.Option("--init", metavar="NAME=VALUE", help="A constructor argument, VALUE a Python literal; repeatable.")] = None,
+    weights: Annotated[Path | None, typer.Option("--weights", metavar="FILE", help="Load the module's tensors from a state dict (.pt via torch.load(weights_only=True), or .safetensors).")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="text: a table and the diagnosis; json: for graders.", case_sensitive=False)] = Format.text,
+    width: Annotated[int, typer.Option("--width", help="Table width in columns when not on a terminal (40 to 400).")] = 100,
+    ascii_only: Annotated[bool, typer.Option("--ascii", help="Draw with plain ASCII only.")] = False,
+) -> None:
+    """Is my attention module right? Judge every stage; name the first wrong line and why.
+
+    Exit code 0: every module is equivalent to multi-head attention; 1: at least one is
+    not (or cannot be built, among several); 2: usage error.
+    """
+    if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
+        fail("the sentence is not valid UTF-8 text")
+    try:
+        config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
+                        causal=causal, max_seq_len=max_seq_len)
+    except ConfigError as error:
+        fail(str(error))
+    if not 40 <= width <= 400:
+        fail(f"--width must be between 40 and 400, got {width}")
+    named = []
+    for spec in specs or []:
+        if ":" not in spec:
+            if class_name is None:
+                fail(f"{spec!r}: name the class, as FILE.py:Class, or give --class CLASS for "
+                     "every file")
+            spec = f"{spec}:{class_name}"
+        named.append(spec)
+    sources = [_check_source(None, spec, init or [], weights) for spec in named]
+    if model is not None:
+        sources.append(_check_source(model, None, init or [], weights))
+    if not sources:
+        fail("give the module to check: FILE.py:Class (or package.module:Class), "
+             "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")
+    from .check import failed_to_load
+    from .load import LoadError
+
+    verdicts = []
+    for source in sources:
+        try:
+            verdicts.append(check_source(config, source))
+        except LoadError as error:
+            message = str(error).removeprefix("--module ")  # here the module is an argument
+            if len(sources) == 1:
+                fail(message)
+            verdicts.append(failed_to_load(source.module or source.model, message))
+    _write_verdicts(verdicts, fmt, width=width, ascii_only=ascii_only)
+    raise typer.Exit(0 if all(v.equivalent for v in verdicts) else 1)
+
+
+def _check_source(model: str | None, module: str | None, init: list[str],
+                  weights: Path | None) -> Source:
+    """--model or a module, --init, --weights, checked before anything heavy is imported."""
+    try:
+        return Source(model=model or DEFAULT_MODEL, module=module,
+                      init=tuple(parse_init(text) for text in init),
+                      weights=None if weights is None else str(weights))
+    except ConfigError as error:
+        fail(str(error))
+
+
+def _checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
+                                                       Callable[[Trace], Verdict]]:
+    """Build the module now (bad input fails here, exit 2); return how to trace it and how
+    to judge a trace of it: load -> trace -> what needs running again (torch) -> judge."""
+    from .load import load
+
+    loaded = load(config, source)
+
+    def call(module: object, x: object) -> object:  # x once, or as query, key and value
+        return module(*(x,) * len(loaded.args), **loaded.kwargs)  # type: ignore[operator]
+
+    def run(config: Config) -> Trace:
+        from .tracing import trace
+
+        return trace(loaded.module, loaded.x, config.tokens, call=call,
+                     embedding=loaded.embedding, ids=loaded.ids, config=config)
+
+    def checker(traced: Trace) -> Verdict:
+        from .check import Facts, judge
+        from .tracing.rerun import parameter_shapes, reference_output, second_recording
+
+        facts = Facts(causal=config.causal, heads=config.num_heads,
+                      parameters=parameter_shapes(loaded.module),
+                      second=second_recording(loaded.module, loaded.x, call),
+                      reference=reference_output, training=loaded.module.training)
+        return judge(traced, facts, loaded.label)
+
+    return run, checker
+
+
+def check_source(config: Config, source: Source) -> Verdict:
+    """Judge one module: what `mha-tui check` does for each it is given."""
+    run, checker = _checked(config, source)
+    return checker(run(config))
+
+
+def _write_verdicts(verdicts: list[Verdict], fmt: Format, *, width: int, ascii_only: bool) -> None:
+    from .check.report import summary_table, to_json, verdict_renderable
+
+    if fmt is Format.json:
+        sys.stdout.buffer.write(to_json(verdicts).encode("utf-8"))
+        return
+    from rich.console import Console
+
+    tty = sys.stdout.isatty()
+    console = Console(file=sys.stdout, width=None if tty else width, highlight=False,
+                      soft_wrap=False, no_color=not tty or None, emoji=False, markup=False,
+                      force_terminal=tty or None)
+    if len(verdicts) == 1:
+        console.print(verdict_renderable(verdicts[0], ascii_only=ascii_only))
+    else:
+        console.print(summary_table(verdicts, ascii_only=ascii_only))
+
 
 
 def _exit_now(code: int = 0) -> NoReturn:
@@ -184,8 +427,31 @@ def _exit_now(code: int = 0) -> NoReturn:
     os._exit(code)
 
 
+_STDOUT_CLOSED = False
+
+
+def _guard_standard_streams() -> None:
+    """A closed fd 0, 1 or 2 is held by /dev/null (read-only, so writes fail loudly): the
+    next file opened must not become "standard output" by taking its number."""
+    global _STDOUT_CLOSED
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            held = os.open(os.devnull, os.O_RDONLY)
+            if held != fd:  # a lower one was free too; it gets its own turn
+                os.dup2(held, fd)
+                os.close(held)
+            if fd == 1:
+                _STDOUT_CLOSED = True
+                sys.stdout = open(os.devnull, "w")
+            elif fd == 2:
+                sys.stderr = None  # type: ignore[assignment]
+
+
 def main() -> None:
     """Console-script entry point: usage errors become one line, never a traceback."""
+    _guard_standard_streams()
     try:
         code = app(standalone_mode=False)
     except NoArgsIsHelpError as help_request:  # plain `mha-tui`: the help, not an error
@@ -201,4 +467,7 @@ def main() -> None:
     except BrokenPipeError:
         sys.stderr.close()
         raise SystemExit(0) from None
-    raise SystemExit(code if isinstance(code, int) else 0)
+    code = code if isinstance(code, int) else 0
+    if "torch" in sys.modules:  # a finished run (check): skip torch's teardown, see _exit_now
+        _exit_now(code)
+    raise SystemExit(code)
