@@ -12,7 +12,7 @@ This package knows torch and the record types: never import rich, textual or typ
 
 from __future__ import annotations
 
-import inspect
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -105,7 +105,7 @@ def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | No
         embedded = None
         if embedding is not None and ids is not None:
             x = embedding(ids)  # (B, T, C)
-            line = source_at(__file__, _line_of("x = embedding(ids)"))
+            line = source_at(__file__, sys._getframe().f_lineno - 1)  # the line above
             embedded = Embedded(ids=snapshot(ids), table=snapshot(embedding.weight), x=snapshot(x),
                                 source=line, looked_up=bool(torch.equal(x[0], embedding.weight[ids[0]])))
         if x is None:
@@ -128,12 +128,6 @@ def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | No
                       per_head_modules=any(s.checks and "ran as its own module" in c.label
                                            for s in stages for c in s.checks))
     return Trace(config=config, stages=stages, module=info, recording=recording)
-
-
-def _line_of(text: str) -> int:
-    """This file's line that holds `text`: the embed stage shows the line that ran."""
-    lines, start = inspect.getsourcelines(_trace)
-    return next((start + n for n, line in enumerate(lines) if text in line), start)
 
 
 def _config_for(module: nn.Module, x: torch.Tensor, tokens: Sequence[str] | None) -> Config:
