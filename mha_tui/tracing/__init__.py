@@ -112,6 +112,7 @@ def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | No
             raise ValueError("trace() needs x, or an embedding and ids to make it")
         if config is None:
             config = _config_for(module, x, tokens)
+        rng = torch.random.get_rng_state()  # the check re-runs dropout with the same draws
         result = _record(lambda: call(module, x), {"": module})
         recording = result.recordings.get("")
         if recording is None:
@@ -119,7 +120,10 @@ def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | No
         forward_equal = None
         if result.error is None:
             out = _first_tensor(result.value)
+            after = torch.random.get_rng_state()
+            torch.random.set_rng_state(rng)
             again = _first_tensor(call(module, x))
+            torch.random.set_rng_state(after)
             forward_equal = out is not None and again is not None and bool(torch.equal(out, again))
         n_params = sum(p.numel() for p in module.parameters())
     stages = recognise(recording, config, embedded=embedded, forward_equal=forward_equal,
