@@ -79,6 +79,10 @@ class StageMaker:
 
     def tensor_name(self, op: OpRecord, position: int = 0, fallback: str = "") -> str:
         targets = _targets(op.source.text)
+        if not targets and op.in_place and op.inputs:  # scores.masked_fill_(...): still scores
+            producer = self.g.producer(op.inputs[0])
+            if producer is not None:
+                return self.tensor_name(producer, op.inputs[0].output, fallback)
         if len(targets) > position:
             return targets[position]
         if targets and len(op.outputs) == 1:

@@ -27,7 +27,7 @@ SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str]] = [
     ("08b-softmax-head-1.svg", ["8", "tab", "tab"]),
     ("10-concat.svg", ["0"]),
     ("11-w_o.svg", ["end"]),
-    ("20-raschka-mask-before-scale.svg", ["5"], "raschka"),
+    ("20-raschka-mask-before-scale.svg", ["6"], "raschka"),
     ("21-many-eyes-softmax-per-head.svg", ["6"], "many-eyes"),
 ]
 
