@@ -487,30 +487,46 @@ class Matrix:
         rows, cols = self.shown(width)
         n_rows, n_cols = self.values.shape
         if rows < n_rows or cols < n_cols:
-            yield _summary(self.values, self.record, n_rows, n_cols, rows, cols, self.opts)
+            yield _summary(self.values, self.record, n_rows, n_cols, rows, cols, self.opts,
+                           width)
 
 
 def _summary(values: np.ndarray, record: TensorRecord, n_rows: int, n_cols: int,
-             shown_rows: int, shown_cols: int, opts: RenderOptions) -> Text:
-    """What the window leaves out: how much is hidden, and the range of every value."""
+             shown_rows: int, shown_cols: int, opts: RenderOptions,
+             width: int | None = None) -> Text:
+    """What the window leaves out: how much is hidden, and the range of every value.
+
+    Its parts go on as few lines of width as they fit, a part never broken in two.
+    """
     import numpy as np
 
-    parts = [f"showing {shown_rows} of {n_rows} rows, {shown_cols} of {n_cols} columns"]
+    rows = f"{shown_rows} of {n_rows} row{'s' if n_rows > 1 else ''}"
+    cols = f"{shown_cols} of {n_cols} column{'s' if n_cols > 1 else ''}"
+    # (separator before, words that stay together): " · " between facts, "  " within one
+    pieces = [("", f"showing {rows},"), (" ", cols)]
     if record.kind == "int":
-        parts.append(f"min {int(values.min())}  max {int(values.max())}")
+        pieces += [(" · ", f"min {int(values.min())}"), ("  ", f"max {int(values.max())}")]
     else:
         finite = values[np.isfinite(values)]
         if finite.size:
             d = opts.decimals
-            parts.append(("finite values: " if finite.size < values.size else "")
-                         + f"min {_fmt(float(finite.min()), 'signed', d)}  "
-                         f"max {_fmt(float(finite.max()), 'signed', d)}  "
-                         f"mean {_fmt(float(finite.mean()), 'signed', d)}")
+            stats = [f"min {_fmt(float(finite.min()), 'signed', d)}",
+                     f"max {_fmt(float(finite.max()), 'signed', d)}",
+                     f"mean {_fmt(float(finite.mean()), 'signed', d)}"]
+            if finite.size < values.size:
+                stats[0] = "finite values: " + stats[0]
+            pieces += [(" · ", stats[0]), ("  ", stats[1]), ("  ", stats[2])]
         counts = [(int(np.isneginf(values).sum()), "-inf"), (int(np.isposinf(values).sum()), "inf"),
                   (int(np.isnan(values).sum()), "nan")]
-        parts.extend(f"{count} {'is' if count == 1 else 'are'} {name}"
-                     for count, name in counts if count)
-    return Text("  " + " · ".join(parts), style="dim")
+        pieces += [(" · ", f"{count} {'is' if count == 1 else 'are'} {name}")
+                   for count, name in counts if count]
+    lines = ["  " + pieces[0][1]]
+    for sep, words in pieces[1:]:
+        if width is None or len(lines[-1]) + len(sep) + len(words) <= width:
+            lines[-1] += sep + words
+        else:
+            lines.append("  " + words)
+    return Text("\n".join(lines), style="dim")
 
 
 # ---------------------------------------------------------------- one tensor
@@ -530,11 +546,17 @@ def _token_axis(config: Config, tags: Sequence[str] | None = None,
     return Axis(list(config.tokens), literal=True, positions=True)
 
 
-def _head_title(record: TensorRecord, head: int, opts: RenderOptions) -> Text:
+def _head_title(record: TensorRecord, head: int, opts: RenderOptions, batched: bool = True) -> Text:
     dim = opts.focus is not None and head != opts.focus
     # The index that selects this matrix from the tensor: batch 0, head `head`.
     return Text.assemble((f"head {head}", head_style(head, dim)),
-                         (f"  {record.name}[0, {head}]", _DIM if dim else "dim"))
+                         (f"  {record.name}[0, {head}]" if batched else f"  {record.name}[{head}]",
+                          _DIM if dim else "dim"))
+
+
+# Dims of a tensor with no batch axis (NumPy's (T, C)): drawn as the batched layout's one
+# batch entry, labelled without the B.
+_UNBATCHED = {("T",), ("T", "C"), ("T", "h", "d_h"), ("h", "T", "d_h"), ("h", "T", "T")}
 
 
 def _heads_shown(h: int, opts: RenderOptions) -> list[int]:
@@ -547,6 +569,14 @@ def _heads_shown(h: int, opts: RenderOptions) -> list[int]:
 
 def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -> list[Matrix]:
     """The 2-D slices a learner reads for this tensor, labelled by what its axes mean."""
+    if record.dims in _UNBATCHED and record.values.ndim == len(record.dims):
+        batched = replace(record, values=record.values[None], dims=("B", *record.dims))
+        return _tensor_matrices(batched, config, opts, batched=False)
+    return _tensor_matrices(record, config, opts)
+
+
+def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
+                     batched: bool = True) -> list[Matrix]:
     v, dims, d_h = record.values, record.dims, config.head_dim
     split = d_h if record.head_split is not None else None
     if dims == ("B", "T"):
@@ -587,7 +617,7 @@ def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -
             cols = (_token_axis(config) if dims[-1] == "T"
                     else Axis([f"d{j}" for j in range(v.shape[3])]))
             matrices.append(Matrix(v[0, i], record, _token_axis(config, tags, tag_heads), cols,
-                                   _head_title(record, i, opts), opts, head=i))
+                                   _head_title(record, i, opts, batched), opts, head=i))
         return matrices
     return _generic_matrices(record, opts)
 
@@ -622,7 +652,8 @@ def tensor_meta(record: TensorRecord) -> Text:
         (record.name, "bold"), "  ",
         ("shape ", "dim"), str(record.shape).replace(",)", ")"), "  ",
         ("dims ", "dim"), "(" + ", ".join(record.dims) + ")", "\n  ",
-        ("strides ", "dim"), str(record.strides).replace(",)", ")"), "  ",
+        ("strides ", "dim"), str(record.strides).replace(",)", ")"),
+        (" bytes" if record.stride_unit == "bytes" else "", "dim"), "  ",
         ("contiguous ", "dim"), _yes(record.contiguous),
     )
     if record.shares_storage is not None:
@@ -647,7 +678,8 @@ class TensorView:
             yield matrices[0]
         else:
             yield Columns(matrices, padding=(0, 3))
-        h = record.values.shape[1] if record.dims[:2] == ("B", "h") else 0
+        h = record.values.shape[1] if record.dims[:2] == ("B", "h") else \
+            record.values.shape[0] if record.dims[:1] == ("h",) else 0
         shown = len(_heads_shown(h, opts)) if h else 0
         if h and shown < h:
             yield Text(f"  {shown} of {h} heads shown", style="dim")
@@ -757,17 +789,33 @@ def stage_tensors(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     return Group(*parts)
 
 
+class HeadingRule:
+    """A stage heading on a rule; when the width cannot hold it, the heading wraps above
+    a plain rule rather than being cut."""
+
+    def __init__(self, heading: Text, characters: str) -> None:
+        self.heading, self.characters = heading, characters
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.heading.cell_len + 4 <= options.max_width:
+            yield Rule(self.heading, characters=self.characters, align="left")
+        else:
+            yield self.heading
+            yield Rule(characters=self.characters)
+
+
 def stage_view(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     """A whole stage as the transcript prints it (the app lays out the same parts)."""
     rule_chars = "-" if opts.ascii else "━"
     parts: list[RenderableType] = [
-        Rule(stage_heading(trace, stage), characters=rule_chars, align="left"),
+        HeadingRule(stage_heading(trace, stage), rule_chars),
         stage_intro(stage, opts),
         Text(""),
         stage_tensors(trace, stage, opts),
     ]
     if stage.aside and not opts.wrong_view:
-        parts.append(Text("Why not one view(B, h, T, d_h)?", style="bold"))
+        wrong = stage.aside[0].name.split(".", 1)[-1]  # view(B, h, T, d_h); NumPy: reshape(h, T, d_h)
+        parts.append(Text(f"Why not one {wrong}?", style="bold"))
         parts.append(stage_tensors(trace, replace_tensors(stage), opts))
     parts.append(Text("checks", style="dim"))
     parts.append(check_lines(stage.checks, opts.ascii))
@@ -780,8 +828,8 @@ def replace_tensors(stage: Stage) -> Stage:
     return replace(stage, tensors=stage.aside, aside=())
 
 
-def _sizes(config: Config) -> Text:
-    return Text(f"B=1 T={config.seq_len} C={config.embed_dim} h={config.num_heads} "
+def _sizes(config: Config, batched: bool = True) -> Text:
+    return Text(f"{'B=1 ' if batched else ''}T={config.seq_len} C={config.embed_dim} h={config.num_heads} "
                 f"d_h={config.head_dim} seed={config.seed} "
                 f"{'causal' if config.causal else 'no mask'}", style="cyan", end="")
 
@@ -807,16 +855,18 @@ def _token_list(config: Config, opts: RenderOptions, room: int) -> Text:
     return text
 
 
-def header(config: Config, opts: RenderOptions, width: int | None = None) -> RenderableType:
-    """Sentence, tokens with their ids, and B, T, C, h, d_h, at most three lines of width.
+def header(config: Config, opts: RenderOptions, width: int | None = None, *,
+           batched: bool = True, max_lines: int = 3) -> RenderableType:
+    """Sentence, tokens with their ids, and B, T, C, h, d_h, at most max_lines of width.
 
     The sizes are always shown whole; the sentence and the token list give way (cut with an
     ellipsis, tokens elided with a count). Without a width, the header is laid out at the
-    width it is drawn at (the app's header follows the terminal's size).
+    width it is drawn at (the app's header follows the terminal's size). batched: False for
+    a module whose x has no batch axis (NumPy's (T, C)): no B then.
     """
     if width is None:
-        return Header(config, opts)
-    sizes = _sizes(config)
+        return Header(config, opts, batched, max_lines)
+    sizes = _sizes(config, batched)
     sentence = Text("sentence ", style="dim", no_wrap=True, end="")
     sentence.append_text(label(config.sentence, max_cells=max(1, min(40, width - 9)),
                                ascii_only=opts.ascii))
@@ -834,20 +884,27 @@ def header(config: Config, opts: RenderOptions, width: int | None = None) -> Ren
         lines.append(sizes)
     else:  # the sizes need two lines: the token list already spells out the sentence
         lines = [tokens, sizes]
+    if len(lines) > max_lines and lines[0] is sentence:
+        lines = lines[1:]  # the token list already spells out the sentence
     return Text("\n").join(lines)
 
 
 class Header:
     """The header laid out at the width it is given when drawn."""
 
-    def __init__(self, config: Config, opts: RenderOptions) -> None:
-        self.config, self.opts = config, opts
+    def __init__(self, config: Config, opts: RenderOptions, batched: bool = True,
+                 max_lines: int = 3) -> None:
+        self.config, self.opts, self.batched, self.max_lines = config, opts, batched, max_lines
+
+    def _text(self, width: int) -> RenderableType:
+        return header(self.config, self.opts, width, batched=self.batched,
+                      max_lines=self.max_lines)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield header(self.config, self.opts, options.max_width)
+        yield self._text(options.max_width)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement.get(console, options, header(self.config, self.opts, options.max_width))
+        return Measurement.get(console, options, self._text(options.max_width))
 
 
 def display_path(path: str) -> str:

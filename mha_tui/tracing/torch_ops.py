@@ -25,15 +25,11 @@ adapter is imported only when a torch module is traced. Never import rich, textu
 
 from __future__ import annotations
 
-import ast
 import inspect
-import linecache
 import os
 import sys
-import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from types import CodeType, FrameType, TracebackType
 
 import numpy as np
@@ -52,6 +48,7 @@ from ..records import (
     Source,
     TensorArg,
 )
+from .source import source_at  # the module's own line: shared with the NumPy adapter
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -88,60 +85,6 @@ def op_name(func: Callable[..., object]) -> tuple[str, str]:
                           ("torch._C._nn.", "torch.nn.functional.")):
         qualname = qualname.replace(prefix, plain)
     return _DUNDER.get(name, name), qualname
-
-
-# ----------------------------------------------------------------------- source lines
-
-
-_COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.While,
-             ast.With, ast.Try, ast.AsyncFor, ast.AsyncWith, ast.Match)
-
-
-def _spans(text: str, offset: int) -> tuple[tuple[int, int], ...]:
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return ()
-    return tuple(sorted((node.lineno + offset, (node.end_lineno or node.lineno) + offset)
-                        for node in ast.walk(tree)
-                        if isinstance(node, ast.stmt) and not isinstance(node, _COMPOUND)))
-
-
-@lru_cache(maxsize=512)
-def _statements(filename: str, first: int = 0, last: int = 0) -> tuple[tuple[int, int], ...]:
-    """(first, last) line of every simple statement in a function (or a whole file).
-
-    Parsing only the function that ran keeps this cheap even inside torch's 6,000-line
-    functional.py; a function that does not parse on its own falls back to the file."""
-    lines = linecache.getlines(filename)
-    if first and last >= first:
-        snippet = textwrap.dedent("".join(lines[first - 1:last]))
-        spans = _spans(snippet, first - 1)
-        if spans:
-            return spans
-    return _spans("".join(lines), 0)
-
-
-def statement_at(filename: str, line: int, code: CodeType | None = None) -> tuple[int, int]:
-    """The smallest simple statement around a line (a multi-line call shows whole)."""
-    first = last = 0
-    if code is not None:
-        first = code.co_firstlineno
-        last = max((ln for _, _, ln in code.co_lines() if ln is not None), default=0)
-    best = (line, line)
-    for start, end in _statements(filename, first, last):
-        if start <= line <= end and (best == (line, line) or end - start < best[1] - best[0]):
-            best = (start, end)
-    return best
-
-
-@lru_cache(maxsize=4096)
-def source_at(filename: str, line: int, function: str = "", code: CodeType | None = None) -> Source:
-    """The statement that ran at filename:line, read from that file."""
-    first, last = statement_at(filename, line, code)
-    lines = [linecache.getline(filename, n).rstrip("\n") for n in range(first, last + 1)]
-    text = textwrap.dedent("\n".join(lines)).strip("\n")
-    return Source(file=filename, line=first, text=text, end_line=last, function=function)
 
 
 # ----------------------------------------------------------------------- snapshots
