@@ -28,11 +28,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, TracebackType
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .config import Config, Source, parse_module_ref
+
+if TYPE_CHECKING:
+    from .records import Trace
 
 
 class LoadError(ValueError):
@@ -107,11 +111,15 @@ class Loaded:
     kwargs: dict[str, torch.Tensor | None] = field(default_factory=dict)  # the mask, by name
     label: str = ""  # "raschka", "my_attn.py:MultiHeadAttention"
     file: str = ""  # the file the module's class is defined in
-    call: str = ""  # the constructor call made, e.g. "MultiHeadAttention(embed_dim=4, ...)"
+    construction: str = ""  # the constructor call made, e.g. "MultiHeadAttention(embed_dim=4, ...)"
+
+    def call(self, module: nn.Module, x: torch.Tensor) -> object:
+        """How the tracer calls the module: x once or three times, and the mask by name."""
+        return module(*(x,) * len(self.args), **self.kwargs)
 
     def forward(self) -> torch.Tensor:
         """module(*args, **kwargs), reduced to its output tensor."""
-        return output_tensor(self.module(*self.args, **self.kwargs), self.module)
+        return output_tensor(self.call(self.module, self.x), self.module)
 
 
 def output_tensor(result: object, module: nn.Module) -> torch.Tensor:
@@ -164,9 +172,48 @@ def load(config: Config, source: Source | None = None) -> Loaded:
         ids = torch.tensor([config.ids])  # (B, T)
         x = embedding(ids)  # (B, T, C)
     args, forward_kwargs = forward_inputs(module, x, causal=config.causal)
-    return Loaded(module=module, embedding=embedding, ids=ids, x=x, args=args,
-                  kwargs=forward_kwargs, label=label, file=_class_file(cls),
-                  call=f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})")
+    loaded = Loaded(module=module, embedding=embedding, ids=ids, x=x, args=args,
+                    kwargs=forward_kwargs, label=label, file=_class_file(cls),
+                    construction=_call_text(cls, kwargs))
+    if source.module is not None:
+        _probe(loaded)
+    return loaded
+
+
+def traced(config: Config, source: Source | None = None) -> Callable[[Config], Trace]:
+    """load -> trace, as the CLI and the app run it: the module is built now, so that bad
+    input is refused before anything is shown; the returned function traces it."""
+    loaded = load(config, source)
+
+    def run(config: Config) -> Trace:
+        from . import trace
+
+        try:
+            return trace(loaded.module, loaded.x, config.tokens, call=loaded.call,
+                         embedding=loaded.embedding, ids=loaded.ids, config=config)
+        except NotImplementedError as error:  # until the op-level recogniser is on main
+            raise LoadError(f"{loaded.label} cannot be traced by this version: {error}") from None
+
+    return run
+
+
+def _probe(loaded: Loaded) -> None:
+    """Run a learner's forward once, untraced, to refuse a result that is not a tensor.
+
+    A forward that raises is not refused here: the trace shows every stage up to the
+    failing line, which is what a learner needs to see.
+    """
+    try:
+        with torch.no_grad(), contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = loaded.call(loaded.module, loaded.x)
+    except Exception:
+        return
+    output_tensor(result, loaded.module)
+
+
+def _call_text(cls: type, kwargs: Mapping[str, object]) -> str:
+    return f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
 
 
 # ---------------------------------------------------------------- finding the class
@@ -336,7 +383,7 @@ def constructor_arguments(cls: type, config: Config, init: Mapping[str, object])
 
 def _construct(cls: type[nn.Module], kwargs: dict[str, object]) -> nn.Module:
     file = _class_file(cls)
-    call = f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+    call = _call_text(cls, kwargs)
     with _learner_code(f"building {call}", file):
         module = cls(**kwargs)
     if not isinstance(module, nn.Module):  # a __new__ that returns something else
