@@ -31,6 +31,8 @@ BIN = Path(sys.executable).parent
 PYTHON = str(BIN / "python")
 MHA = [str(BIN / "mha-tui")]  # the console script, as a user runs it
 SENTENCE = "I love AI !"
+# A learner's file for the --module row: nanoGPT-style, fused projection and SDPA.
+LEARNER = str(Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "nanogpt_attn.py")
 
 
 @dataclass
@@ -139,6 +141,9 @@ def main() -> int:
         "completion": ([*MHA], {"_MHA_TUI_COMPLETE": "complete_bash",
                                "COMP_WORDS": "mha-tui expl", "COMP_CWORD": "1"}),
         "dump": ([*MHA, "explain", SENTENCE, "--dump", "-"], None),
+        "raschka": ([*MHA, "explain", SENTENCE, "--model", "raschka", "--dump", "-"], None),
+        "module": ([*MHA, "explain", SENTENCE, "--module", f"{LEARNER}:CausalSelfAttention",
+                    "--dump", "-"], None),
     }
     samples: dict[str, list[Run]] = {name: [] for name in commands}
     apps: list[tuple[float, float, int]] = []
@@ -155,7 +160,10 @@ def main() -> int:
     for name, what, limit in [("version", "mha-tui --version", 0.25),
                               ("help", "mha-tui --help", 0.25),
                               ("completion", "shell completion (bash)", 0.25),
-                              ("dump", f'explain "{SENTENCE}" --dump -', 1.10)]:
+                              ("dump", f'explain "{SENTENCE}" --dump -', 1.10),
+                              ("raschka", "  same, --model raschka", 1.10),
+                              ("module", "  same, --module nanogpt_attn.py:CausalSelfAttention",
+                               1.10)]:
         ratio = result[name].seconds / f
         rows.append(Row(what, f"{result[name].seconds:.3f} s", ratio, f"<= {limit:.2f} x",
                         ratio <= limit))
