@@ -107,14 +107,17 @@ def test_constructor_arguments_are_filled_by_name(tmp_path: Path) -> None:
 def test_every_listed_name_gets_its_value() -> None:
     class Everything(nn.Module):
         def __init__(self, embed_dim, d_model, d_in, d_out, n_embd, num_heads, n_heads, n_head,
-                     max_seq_len, context_length, block_size, dropout=0.5, batch_first=False):
+                     max_seq_len, context_length, block_size, dropout=0.5, batch_first=False,
+                     causal=True):
             super().__init__()
 
     kwargs = constructor_arguments(Everything, CONFIG, {})
     assert kwargs == {**dict.fromkeys(("embed_dim", "d_model", "d_in", "d_out", "n_embd"), 8),
                       **dict.fromkeys(("num_heads", "n_heads", "n_head"), 2),
                       **dict.fromkeys(("max_seq_len", "context_length", "block_size"), 32),
-                      "dropout": 0.0, "batch_first": True}
+                      "dropout": 0.0, "batch_first": True, "causal": True}
+    no_causal = Config("I love AI !", embed_dim=8, num_heads=2, causal=False)
+    assert constructor_arguments(Everything, no_causal, {})["causal"] is False
 
 
 def test_init_sets_other_parameters_and_overrides_the_rules(tmp_path: Path) -> None:

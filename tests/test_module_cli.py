@@ -157,3 +157,12 @@ def test_the_real_command_refuses_the_same_way(tmp_path: Path, case: str) -> Non
     assert result.returncode == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr
     assert re.search(message, stderr) and result.stdout == b""
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_hostile_file_name_is_shown_escaped(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """User text on the terminal: an ESC in a file name is shown, never sent."""
+    name = str(tmp_path / "evil\x1b]0;owned\x07\u202e.py")
+    code, _, stderr = _main(["explain", "I love AI !", "--module", f"{name}:Attn", "--dump", "-"], capfd)
+    assert code == 2 and stderr.count("\n") == 1
+    assert "\x1b" not in stderr and "\x07" not in stderr and "\u202e" not in stderr
+    assert "evil\\x1b]0;owned\\x07\\u202e.py does not exist" in stderr
