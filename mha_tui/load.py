@@ -189,8 +189,10 @@ def traced(config: Config, source: Source | None = None) -> Callable[[Config], T
         from . import trace
 
         try:
-            return trace(loaded.module, loaded.x, config.tokens, call=loaded.call,
-                         embedding=loaded.embedding, ids=loaded.ids, config=config)
+            # The learner's prints go to stderr: a transcript on stdout stays a transcript.
+            with contextlib.redirect_stdout(sys.stderr):
+                return trace(loaded.module, loaded.x, config.tokens, call=loaded.call,
+                             embedding=loaded.embedding, ids=loaded.ids, config=config)
         except NotImplementedError as error:  # until the op-level recogniser is on main
             raise LoadError(f"{loaded.label} cannot be traced by this version: {error}") from None
 
