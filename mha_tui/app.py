@@ -12,7 +12,8 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import ClassVar
+from functools import partial
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.console import Group
 from rich.table import Table
@@ -28,19 +29,22 @@ from textual.widgets.option_list import Option
 
 from .config import Config
 from .records import Trace
-from .render import RenderOptions, header, pending_screen, stage_screen
+from .render import RenderOptions, header, module_line, pending_screen, stage_screen
 from .stage_view import LineCache, StageView, render_strips
 from .stages import STAGE_IDS, STAGES, stage_info
+
+if TYPE_CHECKING:
+    from .load import Loaded
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
 KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-"}
 MAX_DECIMALS = 8
 
 
-def _load_trace(config: Config) -> Trace:
-    from .trace import run_trace
+def _load_trace(config: Config, loaded: Loaded | None = None) -> Trace:
+    from .tracing import run_trace
 
-    trace = run_trace(config)
+    trace = run_trace(config, loaded=loaded)
     # Warm Pygments' Python lexer here, off the event loop, before the first stage draws.
     from rich.syntax import Syntax
 
@@ -128,7 +132,9 @@ class ExplainApp(App[None]):
         self.config = config
         self.trace = trace
         self._loader = loader
-        self._start = STAGE_IDS.index(start)
+        self._start_id = start
+        ids = [stage.id for stage in trace.stages] if trace is not None else list(STAGE_IDS)
+        self._start = ids.index(start) if start in ids else 0
         self._ascii = ascii_only
         self.load_error: str | None = None
         # Timing hooks for the benchmark: set MHA_TUI_MARKS=FILE to get "paint" and
@@ -141,13 +147,31 @@ class ExplainApp(App[None]):
     # ------------------------------------------------------------------ layout
 
     def compose(self) -> ComposeResult:
-        yield Static(header(self.config, RenderOptions(ascii=self._ascii)), id="header")
+        yield Static(self._header(), id="header")
         with Horizontal(id="body"):
-            yield StageRail(*(Option(Text.assemble((f"{i + 1:>2} ", "dim"), info.id), id=info.id)
-                              for i, info in enumerate(STAGES)), id="rail")
+            yield StageRail(*self._rail_options(), id="rail")
             yield StageView(id="main")
         yield Static(id="too-small")
         yield Footer(compact=True, show_command_palette=False)
+
+    def _header(self) -> Text:
+        """Sentence, tokens and sizes; once traced, also the module's class and file."""
+        opts = RenderOptions(ascii=self._ascii)
+        text = header(self.config, opts)
+        if self.trace is not None and self.trace.module is not None:
+            text = Text("\n").join([text, module_line(self.trace.module, opts)])
+        return text
+
+    @property
+    def stage_ids(self) -> list[str]:
+        """The stages on the rail: the module's own once traced, the catalogue before."""
+        if self.trace is not None:
+            return [stage.id for stage in self.trace.stages]
+        return list(STAGE_IDS)
+
+    def _rail_options(self) -> list[Option]:
+        return [Option(Text.assemble((f"{i + 1:>2} ", "dim"), stage_id), id=stage_id)
+                for i, stage_id in enumerate(self.stage_ids)]
 
     def on_mount(self) -> None:
         self.theme = "textual-dark"
@@ -176,6 +200,16 @@ class ExplainApp(App[None]):
 
     def _loaded(self, trace: Trace) -> None:
         self.trace = trace
+        self.query_one("#header", Static).update(self._header())
+        rail = self.query_one(StageRail)
+        rail.clear_options()
+        rail.add_options(self._rail_options())
+        ids = self.stage_ids
+        current = min(self.stage_index, len(ids) - 1)
+        wanted = self._start_id if self.stage_index == self._start else ids[current]
+        index = ids.index(wanted) if wanted in ids else min(self.stage_index, len(ids) - 1)
+        self.set_reactive(ExplainApp.stage_index, index)
+        self.refresh_bindings()
         self._show()
         self.call_after_refresh(self._mark, "values")
         self._warm()
@@ -244,7 +278,7 @@ class ExplainApp(App[None]):
         message = (Text(f"Could not run the module: {self.load_error}", style="bold red")
                    if self.load_error else
                    Text("loading torch and running the forward pass…", style="italic"))
-        info = stage_info(STAGE_IDS[self.stage_index], causal=self.config.causal)
+        info = stage_info(STAGE_IDS[min(self.stage_index, len(STAGE_IDS) - 1)], causal=self.config.causal)
         pending = pending_screen(info, self.stage_index + 1, len(STAGES),
                                  message, self.view)
         view.show(render_strips(self.console, pending, width), home=home)
@@ -257,7 +291,7 @@ class ExplainApp(App[None]):
 
     def _warm_all(self) -> None:
         width = self.query_one(StageView).text_width
-        order = sorted(range(len(STAGES)), key=lambda i: abs(i - self.stage_index))
+        order = sorted(range(len(self.stage_ids)), key=lambda i: abs(i - self.stage_index))
         for index in order:
             self._lines(index, width)
 
@@ -265,18 +299,24 @@ class ExplainApp(App[None]):
 
     def _key_states(self, index: int) -> tuple[bool, bool, bool]:
         """What decides which stage keys are greyed: first, last, transpose."""
-        return index == 0, index == len(STAGES) - 1, STAGES[index].id == "transpose"
+        return index == 0, index == len(self.stage_ids) - 1, self._has_aside(index)
+
+    def _has_aside(self, index: int) -> bool:
+        """Whether this stage has the wrong-view contrast (heads split by a reshape)."""
+        if self.trace is None:
+            return STAGE_IDS[min(index, len(STAGE_IDS) - 1)] == "transpose"
+        return bool(self.trace.stages[index].aside)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Grey out keys that cannot act here (None), rather than hiding them."""
-        last = len(STAGES) - 1
+        last = len(self.stage_ids) - 1
         if action == "step":
             step = parameters[0] if parameters else 1
             return None if (step == 1 and self.stage_index == last) or (
                 step == -1 and self.stage_index == 0) else True
         if action == "jump":
             target = parameters[0] if parameters else 0
-            return None if target % len(STAGES) == self.stage_index else True
+            return None if target % len(self.stage_ids) == self.stage_index else True
         if action == "head":
             return True if self.config.num_heads > 1 else None
         if action == "all_heads":
@@ -285,14 +325,14 @@ class ExplainApp(App[None]):
             delta = parameters[0] if parameters else 1
             return None if not 0 <= self.view.decimals + int(delta) <= MAX_DECIMALS else True
         if action == "wrong_view":
-            return True if STAGES[self.stage_index].id == "transpose" else None
+            return True if self._has_aside(self.stage_index) else None
         return True
 
     def action_step(self, delta: int) -> None:
-        self.stage_index = min(len(STAGES) - 1, max(0, self.stage_index + delta))
+        self.stage_index = min(len(self.stage_ids) - 1, max(0, self.stage_index + delta))
 
     def action_jump(self, index: int) -> None:
-        self.stage_index = index % len(STAGES)
+        self.stage_index = index % len(self.stage_ids)
 
     def action_head(self, delta: int) -> None:
         h = self.config.num_heads
@@ -327,5 +367,8 @@ class ExplainApp(App[None]):
         self.stage_index = event.option_index
 
 
-def run_app(config: Config, *, start: str = STAGE_IDS[0], ascii_only: bool = False) -> None:
-    ExplainApp(config, start=start, ascii_only=ascii_only).run()
+def run_app(config: Config, *, start: str = STAGE_IDS[0], ascii_only: bool = False,
+            loaded: Loaded | None = None) -> None:
+    """loaded: the module the CLI built from --model/--module (None: the default run)."""
+    ExplainApp(config, start=start, ascii_only=ascii_only,
+               loader=partial(_load_trace, loaded=loaded)).run()

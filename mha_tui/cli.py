@@ -29,7 +29,7 @@ from .config import (
 from .stages import STAGE_IDS
 
 if TYPE_CHECKING:
-    from .records import Trace
+    from .load import Loaded
 
 app = typer.Typer(
     name="mha-tui",
@@ -111,29 +111,21 @@ def explain(
         if problem:
             fail(problem)
 
-    if not source.is_default:
-        from .load import LoadError, traced
+    loaded = None
+    if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
+        from .load import LoadError, load
 
-        in_app = dump is None and sys.stdout.isatty()
         try:
-            run = traced(config, source)  # builds the module now: bad input fails here, exit 2
-            trace = None if in_app else run(config)
+            loaded = load(config, source)
         except LoadError as error:
             fail(str(error))
-        if in_app:
-            from .app import ExplainApp
-
-            ExplainApp(config, start=stage, ascii_only=ascii_only, loader=run).run()
-            return
-        _write_transcript(config, target, fmt, width=width, full=full, color=color,
-                          ascii_only=ascii_only, trace=trace)
     if dump is None and sys.stdout.isatty():
         from .app import run_app
 
-        run_app(config, start=stage, ascii_only=ascii_only)
+        run_app(config, start=stage, ascii_only=ascii_only, loaded=loaded)
         return
     _write_transcript(config, target, fmt, width=width, full=full, color=color,
-                      ascii_only=ascii_only)
+                      ascii_only=ascii_only, loaded=loaded)
 
 
 def _source(model: Model | None, module: str | None, init: list[str], weights: Path | None) -> Source:
@@ -149,12 +141,12 @@ def _source(model: Model | None, module: str | None, init: list[str], weights: P
 
 
 def _write_transcript(config: Config, target: Path | None, fmt: Format, *, width: int,
-                      full: bool, color: bool, ascii_only: bool, trace: Trace | None = None) -> None:
+                      full: bool, color: bool, ascii_only: bool, loaded: Loaded | None = None) -> None:
     from .dump import to_json, to_text, write_atomic
     from .render import RenderOptions
-    from .trace import run_trace
+    from .tracing import run_trace
 
-    trace = trace or run_trace(config)
+    trace = run_trace(config, loaded=loaded)
     if fmt is Format.json:
         content = to_json(trace)
     else:
@@ -168,10 +160,10 @@ def _write_transcript(config: Config, target: Path | None, fmt: Format, *, width
             write_atomic(target, content)
         except OSError as error:
             fail(f"could not write --dump {target}: {error.strerror or error}")
-    _exit_now()
+    _exit_now(1 if trace.failed else 0)  # the module's forward raised: the transcript ends there
 
 
-def _exit_now() -> NoReturn:
+def _exit_now(code: int = 0) -> NoReturn:
     """Done and flushed: skip the interpreter's teardown of torch (about 0.5 s here).
 
     Everything the run promised is on disk or in the pipe; teardown would only free memory
@@ -182,7 +174,7 @@ def _exit_now() -> NoReturn:
         sys.stderr.flush()
     except BrokenPipeError:  # the reader left early (| head): nothing more to deliver
         pass
-    os._exit(0)
+    os._exit(code)
 
 
 def main() -> None:

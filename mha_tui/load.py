@@ -28,15 +28,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .config import Config, Source, parse_module_ref
-
-if TYPE_CHECKING:
-    from .records import Trace
 
 
 class LoadError(ValueError):
@@ -77,16 +73,8 @@ class Example:
     own_mask: bool = False
 
 
-def _mygpt_module() -> str:
-    # The chapter's module, as plain tutorial code; until that file exists the package's
-    # own module (same class, same construction) stands in.
-    if importlib.util.find_spec("mha_tui.examples.mygpt") is not None:
-        return "mha_tui.examples.mygpt"
-    return "mha_tui.model"
-
-
 EXAMPLES: dict[str, Example] = {
-    "mygpt": Example("", "MultiHeadAttention"),
+    "mygpt": Example("mha_tui.examples.mygpt", "MultiHeadAttention"),
     "course": Example("mha_tui.examples.course", "MultiHeadAttention"),
     "raschka": Example("mha_tui.examples.raschka", "MultiHeadAttention", own_mask=True),
     # Each head is d_out wide and there is no projection: C // h keeps the output C wide.
@@ -152,8 +140,7 @@ def load(config: Config, source: Source | None = None) -> Loaded:
         example = None
     else:
         example = EXAMPLES[source.model]
-        name = example.module or _mygpt_module()
-        cls = getattr(importlib.import_module(name), example.cls)
+        cls = getattr(importlib.import_module(example.module), example.cls)
         label = source.model
         if example.own_mask and not config.causal:
             raise LoadError(f"--model {source.model} always applies its own causal mask (a buffer "
@@ -178,25 +165,6 @@ def load(config: Config, source: Source | None = None) -> Loaded:
     if source.module is not None:
         _probe(loaded)
     return loaded
-
-
-def traced(config: Config, source: Source | None = None) -> Callable[[Config], Trace]:
-    """load -> trace, as the CLI and the app run it: the module is built now, so that bad
-    input is refused before anything is shown; the returned function traces it."""
-    loaded = load(config, source)
-
-    def run(config: Config) -> Trace:
-        from . import trace
-
-        try:
-            # The learner's prints go to stderr: a transcript on stdout stays a transcript.
-            with contextlib.redirect_stdout(sys.stderr):
-                return trace(loaded.module, loaded.x, config.tokens, call=loaded.call,
-                             embedding=loaded.embedding, ids=loaded.ids, config=config)
-        except NotImplementedError as error:  # until the op-level recogniser is on main
-            raise LoadError(f"{loaded.label} cannot be traced by this version: {error}") from None
-
-    return run
 
 
 def _probe(loaded: Loaded) -> None:
