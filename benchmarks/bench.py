@@ -144,6 +144,9 @@ def main() -> int:
         "raschka": ([*MHA, "explain", SENTENCE, "--model", "raschka", "--dump", "-"], None),
         "module": ([*MHA, "explain", SENTENCE, "--module", f"{LEARNER}:CausalSelfAttention",
                     "--dump", "-"], None),
+        # GPT-2 small's sizes, every number: 2.4 M values in column blocks, ~25 MB of text.
+        "full": ([*MHA, "explain", SENTENCE, "--embed-dim", "768", "--heads", "12", "--full",
+                  "--dump", "-"], None),
     }
     samples: dict[str, list[Run]] = {name: [] for name in commands}
     apps: list[tuple[float, float, int]] = []
@@ -163,7 +166,8 @@ def main() -> int:
                               ("dump", f'explain "{SENTENCE}" --dump -', 1.10),
                               ("raschka", "  same, --model raschka", 1.10),
                               ("module", "  same, --module nanogpt_attn.py:CausalSelfAttention",
-                               1.10)]:
+                               1.10),
+                              ("full", "C=768 h=12 --full --dump - (2.4 M numbers)", 3.0)]:
         ratio = result[name].seconds / f
         rows.append(Row(what, f"{result[name].seconds:.3f} s", ratio, f"<= {limit:.2f} x",
                         ratio <= limit))

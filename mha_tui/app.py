@@ -15,7 +15,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 MIN_WIDTH, MIN_HEIGHT = 60, 16
 KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-"}
 MAX_DECIMALS = 8
+MAX_COLS = 64  # more than any pane shows at 4 decimals
 
 
 def _load_trace(config: Config, loaded: Loaded | None = None) -> Trace:
@@ -154,13 +155,13 @@ class ExplainApp(App[None]):
         yield Static(id="too-small")
         yield Footer(compact=True, show_command_palette=False)
 
-    def _header(self) -> Text:
-        """Sentence, tokens and sizes; once traced, also the module's class and file."""
+    def _header(self) -> RenderableType:
+        """Sentence, tokens and sizes (laid out at the header's width, so the sizes always
+        show); once traced, also the module's class and file."""
         opts = RenderOptions(ascii=self._ascii)
-        text = header(self.config, opts)
         if self.trace is not None and self.trace.module is not None:
-            text = Text("\n").join([text, module_line(self.trace.module, opts)])
-        return text
+            return Group(header(self.config, opts), module_line(self.trace.module, opts))
+        return header(self.config, opts)
 
     @property
     def stage_ids(self) -> list[str]:
@@ -250,10 +251,12 @@ class ExplainApp(App[None]):
                  f"(now {width}x{height}).", justify="center"))
 
     def _window_options(self, width: int) -> RenderOptions:
-        """Elide tensors to what the pane can show: cost follows the screen."""
-        cell = self.view.decimals + 5
-        max_cols = max(2, (width - 14) // cell)
-        return replace(self.view, max_cols=max_cols, max_rows=16, max_heads=4, width=width)
+        """Elide tensors to what the pane can show: cost follows the screen.
+
+        Each matrix fits as many whole columns as the width holds (render.Matrix measures
+        its formatted cells); max_cols only bounds how many it formats to find out.
+        """
+        return replace(self.view, max_cols=MAX_COLS, max_rows=16, max_heads=4, width=width)
 
     def _lines(self, index: int, width: int) -> list[Strip]:
         """The stage's rendered lines at this width, from the cache or rendered now."""

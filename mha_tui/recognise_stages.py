@@ -451,7 +451,10 @@ class StageMaker:
         tokens = self.b.config.tokens
 
         def word(t: int) -> str:
-            return tokens[t] if t < len(tokens) else str(t)
+            if t >= len(tokens):
+                return str(t)
+            # A repeated token is told apart by its position ("the·0·h1"), as on token axes.
+            return f"{tokens[t]}·{t}" if tokens.count(tokens[t]) > 1 else tokens[t]
 
         tags = tuple(tuple(f"{word(int(token_of[0, i, r]))}·h{int(head_of[0, i, r])}" for r in range(T))
                      for i in range(s.h))
