@@ -128,9 +128,11 @@ class ExplainApp(App[None]):
 
     def __init__(self, config: Config, *, trace: Trace | None = None, start: str = STAGE_IDS[0],
                  ascii_only: bool = False,
-                 loader: Callable[[Config], Trace] = _load_trace) -> None:
+                 loader: Callable[[Config], Trace] = _load_trace, batched: bool = True) -> None:
         super().__init__()
         self.config = config
+        # False for a NumPy module (x is (T, C)): the header leaves out B from the first frame.
+        self._batched = batched
         self.trace = trace
         self._loader = loader
         self._start_id = start
@@ -159,9 +161,10 @@ class ExplainApp(App[None]):
         """Sentence, tokens and sizes (laid out at the header's width, so the sizes always
         show); once traced, also the module's class and file."""
         opts = RenderOptions(ascii=self._ascii)
+        batched = self.trace.batched if self.trace is not None else self._batched
         if self.trace is not None and self.trace.module is not None:
-            return Group(header(self.config, opts), module_line(self.trace.module, opts))
-        return header(self.config, opts)
+            return Group(header(self.config, opts, batched=batched), module_line(self.trace.module, opts))
+        return header(self.config, opts, batched=batched)
 
     @property
     def stage_ids(self) -> list[str]:

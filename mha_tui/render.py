@@ -530,11 +530,17 @@ def _token_axis(config: Config, tags: Sequence[str] | None = None,
     return Axis(list(config.tokens), literal=True, positions=True)
 
 
-def _head_title(record: TensorRecord, head: int, opts: RenderOptions) -> Text:
+def _head_title(record: TensorRecord, head: int, opts: RenderOptions, batched: bool = True) -> Text:
     dim = opts.focus is not None and head != opts.focus
     # The index that selects this matrix from the tensor: batch 0, head `head`.
     return Text.assemble((f"head {head}", head_style(head, dim)),
-                         (f"  {record.name}[0, {head}]", _DIM if dim else "dim"))
+                         (f"  {record.name}[0, {head}]" if batched else f"  {record.name}[{head}]",
+                          _DIM if dim else "dim"))
+
+
+# Dims of a tensor with no batch axis (NumPy's (T, C)): drawn as the batched layout's one
+# batch entry, labelled without the B.
+_UNBATCHED = {("T",), ("T", "C"), ("T", "h", "d_h"), ("h", "T", "d_h"), ("h", "T", "T")}
 
 
 def _heads_shown(h: int, opts: RenderOptions) -> list[int]:
@@ -547,6 +553,14 @@ def _heads_shown(h: int, opts: RenderOptions) -> list[int]:
 
 def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -> list[Matrix]:
     """The 2-D slices a learner reads for this tensor, labelled by what its axes mean."""
+    if record.dims in _UNBATCHED and record.values.ndim == len(record.dims):
+        batched = replace(record, values=record.values[None], dims=("B", *record.dims))
+        return _tensor_matrices(batched, config, opts, batched=False)
+    return _tensor_matrices(record, config, opts)
+
+
+def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
+                     batched: bool = True) -> list[Matrix]:
     v, dims, d_h = record.values, record.dims, config.head_dim
     split = d_h if record.head_split is not None else None
     if dims == ("B", "T"):
@@ -587,7 +601,7 @@ def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -
             cols = (_token_axis(config) if dims[-1] == "T"
                     else Axis([f"d{j}" for j in range(v.shape[3])]))
             matrices.append(Matrix(v[0, i], record, _token_axis(config, tags, tag_heads), cols,
-                                   _head_title(record, i, opts), opts, head=i))
+                                   _head_title(record, i, opts, batched), opts, head=i))
         return matrices
     return _generic_matrices(record, opts)
 
@@ -622,7 +636,8 @@ def tensor_meta(record: TensorRecord) -> Text:
         (record.name, "bold"), "  ",
         ("shape ", "dim"), str(record.shape).replace(",)", ")"), "  ",
         ("dims ", "dim"), "(" + ", ".join(record.dims) + ")", "\n  ",
-        ("strides ", "dim"), str(record.strides).replace(",)", ")"), "  ",
+        ("strides ", "dim"), str(record.strides).replace(",)", ")"),
+        (" bytes" if record.stride_unit == "bytes" else "", "dim"), "  ",
         ("contiguous ", "dim"), _yes(record.contiguous),
     )
     if record.shares_storage is not None:
@@ -647,7 +662,8 @@ class TensorView:
             yield matrices[0]
         else:
             yield Columns(matrices, padding=(0, 3))
-        h = record.values.shape[1] if record.dims[:2] == ("B", "h") else 0
+        h = record.values.shape[1] if record.dims[:2] == ("B", "h") else \
+            record.values.shape[0] if record.dims[:1] == ("h",) else 0
         shown = len(_heads_shown(h, opts)) if h else 0
         if h and shown < h:
             yield Text(f"  {shown} of {h} heads shown", style="dim")
@@ -767,7 +783,8 @@ def stage_view(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
         stage_tensors(trace, stage, opts),
     ]
     if stage.aside and not opts.wrong_view:
-        parts.append(Text("Why not one view(B, h, T, d_h)?", style="bold"))
+        wrong = stage.aside[0].name.split(".", 1)[-1]  # view(B, h, T, d_h); NumPy: reshape(h, T, d_h)
+        parts.append(Text(f"Why not one {wrong}?", style="bold"))
         parts.append(stage_tensors(trace, replace_tensors(stage), opts))
     parts.append(Text("checks", style="dim"))
     parts.append(check_lines(stage.checks, opts.ascii))
@@ -780,8 +797,8 @@ def replace_tensors(stage: Stage) -> Stage:
     return replace(stage, tensors=stage.aside, aside=())
 
 
-def _sizes(config: Config) -> Text:
-    return Text(f"B=1 T={config.seq_len} C={config.embed_dim} h={config.num_heads} "
+def _sizes(config: Config, batched: bool = True) -> Text:
+    return Text(f"{'B=1 ' if batched else ''}T={config.seq_len} C={config.embed_dim} h={config.num_heads} "
                 f"d_h={config.head_dim} seed={config.seed} "
                 f"{'causal' if config.causal else 'no mask'}", style="cyan", end="")
 
@@ -807,16 +824,18 @@ def _token_list(config: Config, opts: RenderOptions, room: int) -> Text:
     return text
 
 
-def header(config: Config, opts: RenderOptions, width: int | None = None) -> RenderableType:
+def header(config: Config, opts: RenderOptions, width: int | None = None, *,
+           batched: bool = True) -> RenderableType:
     """Sentence, tokens with their ids, and B, T, C, h, d_h, at most three lines of width.
 
     The sizes are always shown whole; the sentence and the token list give way (cut with an
     ellipsis, tokens elided with a count). Without a width, the header is laid out at the
-    width it is drawn at (the app's header follows the terminal's size).
+    width it is drawn at (the app's header follows the terminal's size). batched: False for
+    a module whose x has no batch axis (NumPy's (T, C)): no B then.
     """
     if width is None:
-        return Header(config, opts)
-    sizes = _sizes(config)
+        return Header(config, opts, batched)
+    sizes = _sizes(config, batched)
     sentence = Text("sentence ", style="dim", no_wrap=True, end="")
     sentence.append_text(label(config.sentence, max_cells=max(1, min(40, width - 9)),
                                ascii_only=opts.ascii))
@@ -840,14 +859,15 @@ def header(config: Config, opts: RenderOptions, width: int | None = None) -> Ren
 class Header:
     """The header laid out at the width it is given when drawn."""
 
-    def __init__(self, config: Config, opts: RenderOptions) -> None:
-        self.config, self.opts = config, opts
+    def __init__(self, config: Config, opts: RenderOptions, batched: bool = True) -> None:
+        self.config, self.opts, self.batched = config, opts, batched
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield header(self.config, self.opts, options.max_width)
+        yield header(self.config, self.opts, options.max_width, batched=self.batched)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement.get(console, options, header(self.config, self.opts, options.max_width))
+        return Measurement.get(console, options, header(self.config, self.opts, options.max_width,
+                                                        batched=self.batched))
 
 
 def display_path(path: str) -> str:
