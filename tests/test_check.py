@@ -325,6 +325,7 @@ async def test_app_check_marks_the_rail_and_shows_the_diagnosis() -> None:
                   for i in range(rail.option_count)}
         assert "✗" in labels["softmax"] and "✓" in labels["scores"], labels
         assert "✓" not in labels["softmax"]
+        assert "✓" in labels["w_o"]  # the end-to-end difference does not mark W_O wrong
         app.stage_index = app.stage_ids.index("softmax")
         await pilot.pause()
         shown = app.query_one(StageView).plain
