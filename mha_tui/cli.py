@@ -274,7 +274,7 @@ DEFAULT_SENTENCE = "I love AI !"
 
 @app.command()
 def check(
-    specs: Annotated[list[str] | None, typer.Argument(metavar="[FILE.py:CLASS]...", help="The modules to judge: FILE.py:Class or package.module:Class, one or several.", show_default=False)] = None,
+    specs: Annotated[list[str] | None, typer.Argument(metavar="FILE.py:CLASS", help="The modules to judge: FILE.py:Class or package.module:Class, one or several.", show_default=False)] = None,
     model: Annotated[str | None, typer.Option("--model", metavar="NAME", help=f"Also judge a tutorial's module: {', '.join(MODEL_NAMES)}.")] = None,
     class_name: Annotated[str | None, typer.Option("--class", metavar="CLASS", help="The class in every FILE.py given without one (check submissions/*.py --class MultiHeadAttention).")] = None,
     sentence: Annotated[str, typer.Option("--sentence", "-s", help="The input sentence; tokens are split on whitespace.")] = DEFAULT_SENTENCE,

@@ -1203,7 +1203,14 @@ class Judge:
         for make in (self.project_rows, self.split_rows, self.scores_rows, self.scale_rows,
                      self.mask_rows, self.softmax_rows, self.dropout_rows, self.attend_rows,
                      self.sdpa_rows, self.concat_rows, self.output_projection_rows, self.op_rows):
-            rows.extend(make())
+            try:
+                rows.extend(make())
+            except Exception as error:  # a module no rule foresaw: say so, go on
+                kind = make.__name__.removesuffix("_rows").removeprefix("output_projection")
+                rows.append(self.row(None, kind or "w_o", None, None,
+                                     f"not judged: mha-tui could not read this module's "
+                                     f"{kind or 'output projection'} ({type(error).__name__}: "
+                                     f"{error})", position=len(self.trace.stages)))
         order = {stage.id: i for i, stage in enumerate(self.trace.stages)}
         for r in rows:
             if r.verdict.stage_id in order and not r.position:
@@ -1223,7 +1230,10 @@ class Judge:
             diagnosis = diagnosis or crash[1]
         end = None
         if crash is None:
-            end, mismatch = self.end_to_end()
+            try:
+                end, mismatch = self.end_to_end()
+            except Exception:  # no comparison rather than no verdict
+                end, mismatch = None, None
             if end is not None and end.ok is False and diagnosis is None:
                 diagnosis = mismatch
         equivalent = diagnosis is None and all(v.ok is not False for v in verdicts) and (
