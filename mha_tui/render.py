@@ -487,30 +487,46 @@ class Matrix:
         rows, cols = self.shown(width)
         n_rows, n_cols = self.values.shape
         if rows < n_rows or cols < n_cols:
-            yield _summary(self.values, self.record, n_rows, n_cols, rows, cols, self.opts)
+            yield _summary(self.values, self.record, n_rows, n_cols, rows, cols, self.opts,
+                           width)
 
 
 def _summary(values: np.ndarray, record: TensorRecord, n_rows: int, n_cols: int,
-             shown_rows: int, shown_cols: int, opts: RenderOptions) -> Text:
-    """What the window leaves out: how much is hidden, and the range of every value."""
+             shown_rows: int, shown_cols: int, opts: RenderOptions,
+             width: int | None = None) -> Text:
+    """What the window leaves out: how much is hidden, and the range of every value.
+
+    Its parts go on as few lines of width as they fit, a part never broken in two.
+    """
     import numpy as np
 
-    parts = [f"showing {shown_rows} of {n_rows} rows, {shown_cols} of {n_cols} columns"]
+    rows = f"{shown_rows} of {n_rows} row{'s' if n_rows > 1 else ''}"
+    cols = f"{shown_cols} of {n_cols} column{'s' if n_cols > 1 else ''}"
+    # (separator before, words that stay together): " · " between facts, "  " within one
+    pieces = [("", f"showing {rows},"), (" ", cols)]
     if record.kind == "int":
-        parts.append(f"min {int(values.min())}  max {int(values.max())}")
+        pieces += [(" · ", f"min {int(values.min())}"), ("  ", f"max {int(values.max())}")]
     else:
         finite = values[np.isfinite(values)]
         if finite.size:
             d = opts.decimals
-            parts.append(("finite values: " if finite.size < values.size else "")
-                         + f"min {_fmt(float(finite.min()), 'signed', d)}  "
-                         f"max {_fmt(float(finite.max()), 'signed', d)}  "
-                         f"mean {_fmt(float(finite.mean()), 'signed', d)}")
+            stats = [f"min {_fmt(float(finite.min()), 'signed', d)}",
+                     f"max {_fmt(float(finite.max()), 'signed', d)}",
+                     f"mean {_fmt(float(finite.mean()), 'signed', d)}"]
+            if finite.size < values.size:
+                stats[0] = "finite values: " + stats[0]
+            pieces += [(" · ", stats[0]), ("  ", stats[1]), ("  ", stats[2])]
         counts = [(int(np.isneginf(values).sum()), "-inf"), (int(np.isposinf(values).sum()), "inf"),
                   (int(np.isnan(values).sum()), "nan")]
-        parts.extend(f"{count} {'is' if count == 1 else 'are'} {name}"
-                     for count, name in counts if count)
-    return Text("  " + " · ".join(parts), style="dim")
+        pieces += [(" · ", f"{count} {'is' if count == 1 else 'are'} {name}")
+                   for count, name in counts if count]
+    lines = ["  " + pieces[0][1]]
+    for sep, words in pieces[1:]:
+        if width is None or len(lines[-1]) + len(sep) + len(words) <= width:
+            lines[-1] += sep + words
+        else:
+            lines.append("  " + words)
+    return Text("\n".join(lines), style="dim")
 
 
 # ---------------------------------------------------------------- one tensor
@@ -773,11 +789,26 @@ def stage_tensors(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     return Group(*parts)
 
 
+class HeadingRule:
+    """A stage heading on a rule; when the width cannot hold it, the heading wraps above
+    a plain rule rather than being cut."""
+
+    def __init__(self, heading: Text, characters: str) -> None:
+        self.heading, self.characters = heading, characters
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.heading.cell_len + 4 <= options.max_width:
+            yield Rule(self.heading, characters=self.characters, align="left")
+        else:
+            yield self.heading
+            yield Rule(characters=self.characters)
+
+
 def stage_view(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     """A whole stage as the transcript prints it (the app lays out the same parts)."""
     rule_chars = "-" if opts.ascii else "━"
     parts: list[RenderableType] = [
-        Rule(stage_heading(trace, stage), characters=rule_chars, align="left"),
+        HeadingRule(stage_heading(trace, stage), rule_chars),
         stage_intro(stage, opts),
         Text(""),
         stage_tensors(trace, stage, opts),
@@ -825,8 +856,8 @@ def _token_list(config: Config, opts: RenderOptions, room: int) -> Text:
 
 
 def header(config: Config, opts: RenderOptions, width: int | None = None, *,
-           batched: bool = True) -> RenderableType:
-    """Sentence, tokens with their ids, and B, T, C, h, d_h, at most three lines of width.
+           batched: bool = True, max_lines: int = 3) -> RenderableType:
+    """Sentence, tokens with their ids, and B, T, C, h, d_h, at most max_lines of width.
 
     The sizes are always shown whole; the sentence and the token list give way (cut with an
     ellipsis, tokens elided with a count). Without a width, the header is laid out at the
@@ -834,7 +865,7 @@ def header(config: Config, opts: RenderOptions, width: int | None = None, *,
     a module whose x has no batch axis (NumPy's (T, C)): no B then.
     """
     if width is None:
-        return Header(config, opts, batched)
+        return Header(config, opts, batched, max_lines)
     sizes = _sizes(config, batched)
     sentence = Text("sentence ", style="dim", no_wrap=True, end="")
     sentence.append_text(label(config.sentence, max_cells=max(1, min(40, width - 9)),
@@ -853,21 +884,27 @@ def header(config: Config, opts: RenderOptions, width: int | None = None, *,
         lines.append(sizes)
     else:  # the sizes need two lines: the token list already spells out the sentence
         lines = [tokens, sizes]
+    if len(lines) > max_lines and lines[0] is sentence:
+        lines = lines[1:]  # the token list already spells out the sentence
     return Text("\n").join(lines)
 
 
 class Header:
     """The header laid out at the width it is given when drawn."""
 
-    def __init__(self, config: Config, opts: RenderOptions, batched: bool = True) -> None:
-        self.config, self.opts, self.batched = config, opts, batched
+    def __init__(self, config: Config, opts: RenderOptions, batched: bool = True,
+                 max_lines: int = 3) -> None:
+        self.config, self.opts, self.batched, self.max_lines = config, opts, batched, max_lines
+
+    def _text(self, width: int) -> RenderableType:
+        return header(self.config, self.opts, width, batched=self.batched,
+                      max_lines=self.max_lines)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield header(self.config, self.opts, options.max_width, batched=self.batched)
+        yield self._text(options.max_width)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement.get(console, options, header(self.config, self.opts, options.max_width,
-                                                        batched=self.batched))
+        return Measurement.get(console, options, self._text(options.max_width))
 
 
 def display_path(path: str) -> str:
