@@ -12,7 +12,8 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import ClassVar
+from functools import partial
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -32,16 +33,19 @@ from .render import RenderOptions, header, module_line, pending_screen, stage_sc
 from .stage_view import LineCache, StageView, render_strips
 from .stages import STAGE_IDS, STAGES, stage_info
 
+if TYPE_CHECKING:
+    from .load import Loaded
+
 MIN_WIDTH, MIN_HEIGHT = 60, 16
 KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-"}
 MAX_DECIMALS = 8
 MAX_COLS = 64  # more than any pane shows at 4 decimals
 
 
-def _load_trace(config: Config) -> Trace:
+def _load_trace(config: Config, loaded: Loaded | None = None) -> Trace:
     from .tracing import run_trace
 
-    trace = run_trace(config)
+    trace = run_trace(config, loaded=loaded)
     # Warm Pygments' Python lexer here, off the event loop, before the first stage draws.
     from rich.syntax import Syntax
 
@@ -371,5 +375,8 @@ class ExplainApp(App[None]):
         self.stage_index = event.option_index
 
 
-def run_app(config: Config, *, start: str = STAGE_IDS[0], ascii_only: bool = False) -> None:
-    ExplainApp(config, start=start, ascii_only=ascii_only).run()
+def run_app(config: Config, *, start: str = STAGE_IDS[0], ascii_only: bool = False,
+            loaded: Loaded | None = None) -> None:
+    """loaded: the module the CLI built from --model/--module (None: the default run)."""
+    ExplainApp(config, start=start, ascii_only=ascii_only,
+               loader=partial(_load_trace, loaded=loaded)).run()

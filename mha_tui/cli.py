@@ -10,14 +10,26 @@ import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from typer._click.exceptions import NoArgsIsHelpError
 
 from . import __version__
-from .config import MAX_EMBED_DIM, MAX_SEQ_LEN, Config, ConfigError
+from .config import (
+    DEFAULT_MODEL,
+    MAX_EMBED_DIM,
+    MAX_SEQ_LEN,
+    MODEL_NAMES,
+    Config,
+    ConfigError,
+    Source,
+    parse_init,
+)
 from .stages import STAGE_IDS
+
+if TYPE_CHECKING:
+    from .load import Loaded
 
 app = typer.Typer(
     name="mha-tui",
@@ -32,6 +44,10 @@ app = typer.Typer(
 class Format(StrEnum):
     text = "text"
     json = "json"
+
+
+# --model's choices, listed in --help: the tutorials' modules in mha_tui/examples.
+Model = StrEnum("Model", [(name.replace("-", "_"), name) for name in MODEL_NAMES])
 
 
 def fail(message: str) -> NoReturn:
@@ -69,6 +85,10 @@ def explain(
     color: Annotated[bool, typer.Option("--color", help="Keep colours (ANSI codes) in the text transcript.")] = False,
     ascii_only: Annotated[bool, typer.Option("--ascii", help="Draw with plain ASCII only.")] = False,
     stage: Annotated[str, typer.Option("--stage", help="Stage to start the app at.")] = STAGE_IDS[0],
+    model: Annotated[Model | None, typer.Option("--model", help=f"A tutorial's module (default {DEFAULT_MODEL}).", case_sensitive=False)] = None,
+    module: Annotated[str | None, typer.Option("--module", metavar="FILE.py:CLASS", help="Your own module instead: FILE.py:Class or package.module:Class.")] = None,
+    init: Annotated[list[str] | None, typer.Option("--init", metavar="NAME=VALUE", help="A constructor argument, VALUE a Python literal; repeatable.")] = None,
+    weights: Annotated[Path | None, typer.Option("--weights", metavar="FILE", help="Load the module's tensors from a state dict (.pt via torch.load(weights_only=True), or .safetensors).")] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
@@ -78,6 +98,7 @@ def explain(
                         causal=causal, max_seq_len=max_seq_len)
     except ConfigError as error:
         fail(str(error))
+    source = _source(model, module, init or [], weights)
     if stage not in STAGE_IDS:
         fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
     if not 40 <= width <= 400:
@@ -90,22 +111,42 @@ def explain(
         if problem:
             fail(problem)
 
+    loaded = None
+    if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
+        from .load import LoadError, load
+
+        try:
+            loaded = load(config, source)
+        except LoadError as error:
+            fail(str(error))
     if dump is None and sys.stdout.isatty():
         from .app import run_app
 
-        run_app(config, start=stage, ascii_only=ascii_only)
+        run_app(config, start=stage, ascii_only=ascii_only, loaded=loaded)
         return
     _write_transcript(config, target, fmt, width=width, full=full, color=color,
-                      ascii_only=ascii_only)
+                      ascii_only=ascii_only, loaded=loaded)
+
+
+def _source(model: Model | None, module: str | None, init: list[str], weights: Path | None) -> Source:
+    """--model, --module, --init, --weights, checked before anything heavy is imported."""
+    if model is not None and module is not None:
+        fail(f"--model {model.value} and --module {module} both name the module; give one of them")
+    try:
+        return Source(model=model.value if model else DEFAULT_MODEL, module=module,
+                      init=tuple(parse_init(text) for text in init),
+                      weights=None if weights is None else str(weights))
+    except ConfigError as error:
+        fail(str(error))
 
 
 def _write_transcript(config: Config, target: Path | None, fmt: Format, *, width: int,
-                      full: bool, color: bool, ascii_only: bool) -> None:
+                      full: bool, color: bool, ascii_only: bool, loaded: Loaded | None = None) -> None:
     from .dump import to_json, to_text, write_atomic
     from .render import RenderOptions
     from .tracing import run_trace
 
-    trace = run_trace(config)
+    trace = run_trace(config, loaded=loaded)
     if fmt is Format.json:
         content = to_json(trace)
     else:

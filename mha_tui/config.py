@@ -168,8 +168,3 @@ class Source:
     def is_default(self) -> bool:
         return (self.model == DEFAULT_MODEL and self.module is None and not self.init
                 and self.weights is None)
-
-    @property
-    def label(self) -> str:
-        """What the header calls it: the model's name or the --module reference."""
-        return self.module if self.module is not None else self.model
