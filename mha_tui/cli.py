@@ -21,6 +21,7 @@ from .config import (
     MAX_EMBED_DIM,
     MAX_SEQ_LEN,
     MODEL_NAMES,
+    NUMPY_MODEL_NAMES,
     Config,
     ConfigError,
     Source,
@@ -30,6 +31,7 @@ from .stages import STAGE_IDS
 
 if TYPE_CHECKING:
     from .load import Loaded
+    from .load_numpy import LoadedNumpy
 
 app = typer.Typer(
     name="mha-tui",
@@ -47,7 +49,7 @@ class Format(StrEnum):
 
 
 # --model's choices, listed in --help: the tutorials' modules in mha_tui/examples.
-Model = StrEnum("Model", [(name.replace("-", "_"), name) for name in MODEL_NAMES])
+Model = StrEnum("Model", [(name.replace("-", "_"), name) for name in MODEL_NAMES + NUMPY_MODEL_NAMES])
 
 
 def fail(message: str) -> NoReturn:
@@ -111,12 +113,18 @@ def explain(
         if problem:
             fail(problem)
 
-    loaded = None
+    loaded: Loaded | LoadedNumpy | None = None
     if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
-        from .load import LoadError, load
+        from .learner import LoadError
+        from .load_numpy import load as load_numpy
 
         try:
-            loaded = load(config, source)
+            # NumPy code (the blueprint, a NumPy --module class) never imports torch.
+            loaded = load_numpy(config, source)
+            if loaded is None:
+                from .load import load
+
+                loaded = load(config, source)
         except LoadError as error:
             fail(str(error))
     if dump is None and sys.stdout.isatty():
@@ -141,7 +149,7 @@ def _source(model: Model | None, module: str | None, init: list[str], weights: P
 
 
 def _write_transcript(config: Config, target: Path | None, fmt: Format, *, width: int,
-                      full: bool, color: bool, ascii_only: bool, loaded: Loaded | None = None) -> None:
+                      full: bool, color: bool, ascii_only: bool, loaded: Loaded | LoadedNumpy | None = None) -> None:
     from .dump import to_json, to_text, write_atomic
     from .render import RenderOptions
     from .tracing import run_trace

@@ -53,6 +53,8 @@ def _values_json(values: np.ndarray) -> str:
     """Nested lists on one line, each float32 in its shortest form that reads back exactly;
     -inf/inf/nan as strings so that any JSON parser reads the file."""
     text = values.astype(str)  # NumPy's shortest round-tripping repr, per dtype, in C
+    if values.dtype.kind == "b":  # a boolean mask: JSON's own true/false, not Python's
+        text = np.where(values, "true", "false")
     if values.dtype.kind == "f":
         finite = np.isfinite(values)
         if not finite.all():

@@ -132,7 +132,15 @@ def numpy_class(ref: str) -> type | None:
     if not isinstance(target, type):
         raise LoadError(f"--module {_safe(shown)}:{_safe(attr)} is {_describe(target)}, not a "
                         "class; name the class (e.g. my_attn.py:MultiHeadAttention)")
+    if not callable(getattr(target, "forward", None)) and "__call__" not in _own_attributes(target):
+        raise LoadError(f"--module {_safe(shown)}:{_safe(attr)} is neither an nn.Module subclass "
+                        "nor a class with a forward() method (for NumPy code)")
     return target
+
+
+def _own_attributes(cls: type) -> set[str]:
+    """Names defined by the class or its bases, object's own left out."""
+    return {name for klass in cls.__mro__ if klass is not object for name in vars(klass)}
 
 
 def load_learner(config: Config, source: Source, cls: type, label: str = "") -> LoadedNumpy:
