@@ -9,7 +9,6 @@ Never import torch, textual or typer here.
 
 from __future__ import annotations
 
-import math
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -165,19 +164,6 @@ def _magnitude(record: TensorRecord) -> float:
     return float(np.abs(finite).max()) if finite.size else 1.0
 
 
-def _cell_style(value: float, record: TensorRecord, dim: bool) -> Style:
-    if not math.isfinite(value):
-        return _INF
-    if record.kind == "prob":
-        ramp, t = _RAMPS["prob"], float(value)
-    else:
-        ramp, t = _RAMPS["neg" if value < 0 else "pos"], abs(value) / (_magnitude(record) or 1.0)
-    step = min(_STEPS - 1, max(0, round(t * (_STEPS - 1))))
-    if dim:
-        step //= 4
-    return ramp[step]
-
-
 def _fmt(value: float, kind: str, decimals: int) -> str:
     """One value as printed: whole, never a signed zero ("-0.0000" is "0.0000")."""
     if kind == "int":
@@ -322,21 +308,38 @@ class Matrix:
         return texts
 
     def _styles(self, j: int) -> list[Style | None]:
-        """Column j's cell styles: the value's colour, dimmed outside the focused head."""
+        """Column j's cell styles: the value's colour, dimmed outside the focused head.
+
+        Probabilities on the green ramp from 0 to 1; other values blue (negative) or red
+        (positive) by |value| over the tensor's largest finite |value|, so every head shares
+        one scale; -inf/nan grey italic. Steps computed for the whole column at once.
+        """
+        import numpy as np
+
         record, opts = self.record, self.opts
-        row_heads = self.rows.heads
         col_head = None if self.cols.heads is None else self.cols.heads[j]
-        styles: list[Style | None] = []
-        for i in self._shown_rows:
-            row_head = None if row_heads is None else row_heads[i]
-            head = (self.head if self.head is not None
-                    else row_head if row_head is not None else col_head)
-            dim = self._dim(head)
-            if not opts.color or record.kind == "int":
-                styles.append(_DIM if dim else None)
-            else:
-                styles.append(_cell_style(float(self.values[i, j]), record, dim))
-        return styles
+        dims = [False] * len(self._shown_rows)
+        if opts.focus is not None:
+            row_heads = self.rows.heads
+            for k, i in enumerate(self._shown_rows):
+                row_head = None if row_heads is None else row_heads[i]
+                head = (self.head if self.head is not None
+                        else row_head if row_head is not None else col_head)
+                dims[k] = self._dim(head)
+        if not opts.color or record.kind == "int":
+            return [_DIM if dim else None for dim in dims]
+        values = self.values[self._shown_rows, j].astype(np.float64)
+        finite = np.isfinite(values)
+        safe = np.where(finite, values, 0.0)
+        if record.kind == "prob":
+            t = safe
+        else:
+            t = np.abs(safe) / (_magnitude(record) or 1.0)
+        steps = np.clip(np.rint(t * (_STEPS - 1)), 0, _STEPS - 1).astype(np.int64).tolist()
+        ramps = ([_RAMPS["prob"]] * len(steps) if record.kind == "prob"
+                 else [_RAMPS["neg"] if v < 0 else _RAMPS["pos"] for v in safe.tolist()])
+        return [_INF if not ok else ramp[step // 4 if dim else step]
+                for ok, ramp, step, dim in zip(finite.tolist(), ramps, steps, dims, strict=True)]
 
     def _width(self, j: int, elided: bool) -> int:
         return max(max(map(len, self._texts(j)), default=0),
@@ -489,6 +492,8 @@ class Matrix:
         if rows < n_rows or cols < n_cols:
             yield _summary(self.values, self.record, n_rows, n_cols, rows, cols, self.opts,
                            width)
+        elif len(self._layout(width)) > 1:
+            yield newline  # column blocks: a blank line before the next head's title
 
 
 def _summary(values: np.ndarray, record: TensorRecord, n_rows: int, n_cols: int,

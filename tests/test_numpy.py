@@ -482,7 +482,10 @@ def test_per_head_weight_lists_come_out_as_h_head_slices() -> None:
 
 
 def test_a_boolean_mask_is_json_true_false() -> None:
-    from mha_tui.dump import _values_json
+    import io
 
-    assert json.loads(_values_json(np.array([[True, False], [False, True]]))) == [[True, False],
-                                                                                 [False, True]]
+    from mha_tui.dump import write_values
+
+    out = io.BytesIO()
+    write_values(np.array([[True, False], [False, True]]), out)
+    assert json.loads(out.getvalue()) == [[True, False], [False, True]]

@@ -264,3 +264,11 @@ def test_narrow_transcripts_cut_no_title_and_no_summary_line(width: int) -> None
         assert cell_len(line) <= width
         # a statistic's name and its value stay on one line
         assert not re.search(r"\b(min|max|mean|of \d+)$", line), line
+
+
+def test_full_heads_in_column_blocks_are_set_apart() -> None:
+    """With --full, a head whose columns need several blocks ends with a blank line, so the
+    next head's title does not run into its last block."""
+    text = to_text(trace_of(32, 2), RenderOptions(full=True), width=100)
+    assert "columns 10-15 of 16" in text
+    assert "\n\nhead 1  Q[0, 1]\ncolumns 0-9 of 16\n" in text
