@@ -34,6 +34,7 @@ from .stage_view import LineCache, StageView, render_strips
 from .stages import STAGE_IDS, STAGES, stage_info
 
 if TYPE_CHECKING:
+    from .check import Verdict
     from .load import Loaded
     from .load_numpy import LoadedNumpy
 
@@ -129,13 +130,17 @@ class ExplainApp(App[None]):
 
     def __init__(self, config: Config, *, trace: Trace | None = None, start: str = STAGE_IDS[0],
                  ascii_only: bool = False,
-                 loader: Callable[[Config], Trace] = _load_trace, batched: bool = True) -> None:
+                 loader: Callable[[Config], Trace] = _load_trace, batched: bool = True,
+                 checker: Callable[[Trace], Verdict] | None = None) -> None:
         super().__init__()
         self.config = config
         # False for a NumPy module (x is (T, C)): the header leaves out B from the first frame.
         self._batched = batched
         self.trace = trace
         self._loader = loader
+        # `--check`: judges the trace (in the loading worker); its verdict marks the rail.
+        self._checker = checker
+        self.verdict: Verdict | None = None
         self._start_id = start
         ids = [stage.id for stage in trace.stages] if trace is not None else list(STAGE_IDS)
         self._start = ids.index(start) if start in ids else 0
@@ -177,8 +182,26 @@ class ExplainApp(App[None]):
         return list(STAGE_IDS)
 
     def _rail_options(self) -> list[Option]:
-        return [Option(Text.assemble((f"{i + 1:>2} ", "dim"), stage_id), id=stage_id)
+        marks = self._check_rows()
+        return [Option(Text.assemble((f"{i + 1:>2} ", "dim"), *self._rail_mark(marks, stage_id),
+                                     stage_id), id=stage_id)
                 for i, stage_id in enumerate(self.stage_ids)]
+
+    def _check_rows(self) -> dict[str, list] | None:
+        """`--check`: each stage's verdict rows (None without --check or before the trace)."""
+        if self.verdict is None or self.trace is None:
+            return None
+        from .check.report import rows_by_stage
+
+        return rows_by_stage(self.verdict, [(s.id, s.source.line if s.source else 0)
+                                            for s in self.trace.stages])
+
+    def _rail_mark(self, marks: dict[str, list] | None, stage_id: str) -> tuple[Text, ...]:
+        if marks is None:
+            return ()
+        from .check.report import stage_mark
+
+        return (stage_mark(marks.get(stage_id, []), ascii_only=self._ascii), Text(" "))
 
     def on_mount(self) -> None:
         self.theme = "textual-dark"
@@ -200,6 +223,8 @@ class ExplainApp(App[None]):
     def _load(self) -> None:
         try:
             trace = self._loader(self.config)
+            if self._checker is not None:
+                self.verdict = self._checker(trace)
         except Exception as error:  # shown on screen; a TUI must not die with a traceback
             self.call_from_thread(self._failed, f"{type(error).__name__}: {error}")
             return
@@ -273,7 +298,15 @@ class ExplainApp(App[None]):
             lines = self._cache.get(key)
             if lines is None:
                 stage = self.trace.stages[index]
-                lines = render_strips(self.console, stage_screen(self.trace, stage, opts), width)
+                screen = stage_screen(self.trace, stage, opts)
+                marks = self._check_rows()
+                if marks is not None:  # --check: the judgement above the stage
+                    from .check.report import stage_judgement
+
+                    said = stage_judgement(self.verdict, marks.get(stage.id, []),  # type: ignore[arg-type]
+                                           ascii_only=self._ascii)
+                    screen = Group(said, Text(""), screen) if said is not None else screen
+                lines = render_strips(self.console, screen, width)
                 self._cache.put(key, lines)
         return lines
 
