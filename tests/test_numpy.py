@@ -489,3 +489,64 @@ def test_a_boolean_mask_is_json_true_false() -> None:
     out = io.BytesIO()
     write_values(np.array([[True, False], [False, True]]), out)
     assert json.loads(out.getvalue()) == [[True, False], [False, True]]
+
+
+# ------------------------------------------------------------------- mha-tui check, NumPy code
+
+CHECK_CASES = [  # (class in tests/fixtures/numpy_attn.py, equivalent, first wrong kind, diagnosis)
+    ("NumpyAttention", True, None, None),
+    ("PerHeadWeights", True, None, None),
+    ("ScaledBySqrtC", False, "scale", "scaled_by_sqrt_C"),
+    ("SoftmaxOverQueries", False, "softmax", "softmax_wrong_axis"),
+    ("BrokenReshape", False, "error", "crash"),
+]
+
+
+@pytest.mark.parametrize(("cls", "equivalent", "stage", "diagnosis"), CHECK_CASES,
+                         ids=[case[0] for case in CHECK_CASES])
+def test_check_judges_numpy_modules(cls: str, equivalent: bool, stage: str | None,
+                                    diagnosis: str | None) -> None:
+    from mha_tui.cli import check_source
+    from mha_tui.config import Source
+
+    fixture = f"{ROOT}/tests/fixtures/numpy_attn.py:{cls}"
+    verdict = check_source(Config("I love AI !", embed_dim=8, num_heads=2), Source(module=fixture))
+    assert verdict.equivalent is equivalent
+    if diagnosis is None:
+        assert verdict.diagnosis is None
+        assert all(row.ok is not False for row in verdict.stages)
+        end = [row for row in verdict.stages if row.kind == "end_to_end"]
+        if cls == "NumpyAttention":  # weights found by role: compared with the NumPy reference
+            assert end and end[0].ok is True and "the NumPy blueprint's computation" in end[0].checked
+    else:
+        assert verdict.diagnosis is not None and verdict.diagnosis.kind == diagnosis
+        assert verdict.diagnosis.stage == stage
+
+
+@pytest.mark.parametrize("model", ["blueprint", "blueprint-einsum"])
+def test_check_says_the_blueprint_is_multi_head_attention(model: str) -> None:
+    from mha_tui.cli import check_source
+    from mha_tui.config import Source
+
+    verdict = check_source(Config("the cat sat on the mat", embed_dim=8, num_heads=4, seed=1),
+                           Source(model=model))
+    assert verdict.equivalent and verdict.diagnosis is None
+    kinds = [row.kind for row in verdict.stages]
+    assert {"project", "scores", "scale", "mask", "softmax", "attend", "concat", "w_o"} <= set(kinds)
+    softmax = next(row for row in verdict.stages if row.kind == "softmax")
+    assert softmax.ok is True  # the hand-written softmax, judged as one
+
+
+def test_check_on_numpy_code_never_imports_torch() -> None:
+    code = ("import sys, runpy, os\n"
+            "os._exit = lambda code: (sys.stdout.flush(), sys.stderr.write("
+            "'TORCH ' + str('torch' in sys.modules) + '\\n'), sys.exit(code))\n"
+            "sys.argv = ['mha-tui', 'check', '--model', 'blueprint']\n"
+            "try:\n"
+            "    runpy.run_module('mha_tui', run_name='__main__')\n"
+            "finally:\n"
+            "    sys.stderr.write('TORCH ' + str('torch' in sys.modules) + '\\n')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"TORCH False" in done.stderr and b"TORCH True" not in done.stderr
+    assert b"equivalent to multi-head attention" in done.stdout
