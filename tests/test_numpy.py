@@ -515,9 +515,10 @@ def test_check_judges_numpy_modules(cls: str, equivalent: bool, stage: str | Non
     if diagnosis is None:
         assert verdict.diagnosis is None
         assert all(row.ok is not False for row in verdict.stages)
-        end = [row for row in verdict.stages if row.kind == "end_to_end"]
+        end = verdict.end_to_end
         if cls == "NumpyAttention":  # weights found by role: compared with the NumPy reference
-            assert end and end[0].ok is True and "the NumPy blueprint's computation" in end[0].checked
+            assert end is not None and end.ok is True
+            assert "the NumPy blueprint's computation" in end.checked
     else:
         assert verdict.diagnosis is not None and verdict.diagnosis.kind == diagnosis
         assert verdict.diagnosis.stage == stage
@@ -535,6 +536,8 @@ def test_check_says_the_blueprint_is_multi_head_attention(model: str) -> None:
     assert {"project", "scores", "scale", "mask", "softmax", "attend", "concat", "w_o"} <= set(kinds)
     softmax = next(row for row in verdict.stages if row.kind == "softmax")
     assert softmax.ok is True  # the hand-written softmax, judged as one
+    if model == "blueprint-einsum":  # its weights found by role, the output compared end to end
+        assert verdict.end_to_end is not None and verdict.end_to_end.ok is True
 
 
 def test_check_on_numpy_code_never_imports_torch() -> None:
