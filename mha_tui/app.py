@@ -36,6 +36,7 @@ from .stages import STAGE_IDS, STAGES, stage_info
 if TYPE_CHECKING:
     from .check import Verdict
     from .load import Loaded
+    from .load_numpy import LoadedNumpy
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
 KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-"}
@@ -43,7 +44,7 @@ MAX_DECIMALS = 8
 MAX_COLS = 64  # more than any pane shows at 4 decimals
 
 
-def _load_trace(config: Config, loaded: Loaded | None = None) -> Trace:
+def _load_trace(config: Config, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
     from .tracing import run_trace
 
     trace = run_trace(config, loaded=loaded)
@@ -409,7 +410,8 @@ class ExplainApp(App[None]):
 
 
 def run_app(config: Config, *, start: str = STAGE_IDS[0], ascii_only: bool = False,
-            loaded: Loaded | None = None) -> None:
+            loaded: Loaded | LoadedNumpy | None = None) -> None:
     """loaded: the module the CLI built from --model/--module (None: the default run)."""
     ExplainApp(config, start=start, ascii_only=ascii_only,
-               loader=partial(_load_trace, loaded=loaded)).run()
+               loader=partial(_load_trace, loaded=loaded),
+               batched=getattr(loaded, "batched", True)).run()  # NumPy: x is (T, C)

@@ -22,6 +22,7 @@ from .config import (
     MAX_EMBED_DIM,
     MAX_SEQ_LEN,
     MODEL_NAMES,
+    NUMPY_MODEL_NAMES,
     Config,
     ConfigError,
     Source,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .check import Verdict
     from .destination import Destination
     from .load import Loaded
+    from .load_numpy import LoadedNumpy
     from .records import Trace
 
 app = typer.Typer(
@@ -51,7 +53,7 @@ class Format(StrEnum):
 
 
 # --model's choices, listed in --help: the tutorials' modules in mha_tui/examples.
-Model = StrEnum("Model", [(name.replace("-", "_"), name) for name in MODEL_NAMES])
+Model = StrEnum("Model", [(name.replace("-", "_"), name) for name in MODEL_NAMES + NUMPY_MODEL_NAMES])
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -135,12 +137,18 @@ def explain(
         _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
         return
 
-    loaded = None
+    loaded: Loaded | LoadedNumpy | None = None
     if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
-        from .load import LoadError, load
+        from .learner import LoadError
+        from .load_numpy import load as load_numpy
 
         try:
-            loaded = load(config, source)
+            # NumPy code (the blueprint, a NumPy --module class) never imports torch.
+            loaded = load_numpy(config, source)
+            if loaded is None:
+                from .load import load
+
+                loaded = load(config, source)
         except LoadError as error:
             fail(str(error))
     if dump is None and sys.stdout.isatty():
@@ -171,7 +179,7 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
         fail("--check marks the stages in the app (a terminal); for a table or JSON run "
              "mha-tui check with the same module")
     from .app import ExplainApp
-    from .load import LoadError
+    from .learner import LoadError
 
     try:
         run, checker = _checked(config, source)  # builds the module now: bad input, exit 2
@@ -220,7 +228,7 @@ def _out_of_memory(error: BaseException) -> bool:
 
 def _write_transcript(config: Config, destination: Destination | None, fmt: Format, *, width: int,
                       full: bool, color: bool, ascii_only: bool, stage: str | None,
-                      loaded: Loaded | None = None) -> None:
+                      loaded: Loaded | LoadedNumpy | None = None) -> None:
     from .destination import DumpError, opened, resolve
 
     if destination is None:
@@ -318,7 +326,7 @@ def check(
         fail("give the module to check: FILE.py:Class (or package.module:Class), "
              "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")
     from .check import failed_to_load
-    from .load import LoadError
+    from .learner import LoadError
 
     verdicts = []
     for source in sources:
@@ -348,6 +356,11 @@ def _checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
                                                        Callable[[Trace], Verdict]]:
     """Build the module now (bad input fails here, exit 2); return how to trace it and how
     to judge a trace of it: load -> trace -> what needs running again (torch) -> judge."""
+    from .load_numpy import load as load_numpy
+
+    numpy_loaded = load_numpy(config, source)
+    if numpy_loaded is not None:  # NumPy code: judged the same way, without torch
+        return _checked_numpy(config, numpy_loaded)
     from .load import load
 
     loaded = load(config, source)
@@ -371,6 +384,32 @@ def _checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
         return judge(traced, facts, loaded.label)
 
     return run, checker
+
+
+def _checked_numpy(config: Config, loaded: LoadedNumpy) -> tuple[Callable[[Config], Trace],
+                                                                  Callable[[Trace], Verdict]]:
+    """_checked for a NumPy module: a second NumPy recording, its arrays as parameters,
+    and the blueprint's computation in NumPy as the end-to-end reference."""
+    from .load_numpy import traced
+
+    def checker(trace: Trace) -> Verdict:
+        import numpy as np
+
+        from .check import Facts, judge
+        from .check.numpy_reference import reference_output
+        from .tracing.numpy_ops import module_arrays, record
+
+        with np.errstate(all="ignore"):
+            again = record(loaded.module, loaded.args, loaded.kwargs)
+        facts = Facts(causal=config.causal, heads=config.num_heads,
+                      parameters=tuple((name, tuple(a.shape))
+                                       for name, a in module_arrays(loaded.module).items()),
+                      second=None if again.error else again.recordings[""],
+                      reference=reference_output, training=False,
+                      reference_name="the NumPy blueprint's computation")
+        return judge(trace, facts, loaded.label)
+
+    return traced(loaded), checker
 
 
 def check_source(config: Config, source: Source) -> Verdict:

@@ -114,6 +114,8 @@ class Config:
 
 # `--model NAME`: the tutorials' modules shipped in mha_tui/examples (built by mha_tui.load).
 MODEL_NAMES = ("mygpt", "course", "raschka", "raschka-wrapper", "many-eyes")
+# The NumPy blueprint (seed 002): its per-head loop and its einsum form; no torch.
+NUMPY_MODEL_NAMES = ("blueprint", "blueprint-einsum")
 DEFAULT_MODEL = "mygpt"
 
 
@@ -161,8 +163,9 @@ class Source:
     weights: str | None = None
 
     def __post_init__(self) -> None:
-        if self.model not in MODEL_NAMES:
-            raise ConfigError(f"--model {self.model!r} is not one of: {', '.join(MODEL_NAMES)}")
+        if self.model not in MODEL_NAMES + NUMPY_MODEL_NAMES:
+            raise ConfigError(f"--model {self.model!r} is not one of: "
+                              f"{', '.join(MODEL_NAMES + NUMPY_MODEL_NAMES)}")
         if self.module is not None:
             parse_module_ref(self.module)
 

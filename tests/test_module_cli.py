@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from mha_tui.cli import app
-from mha_tui.config import MODEL_NAMES
+from mha_tui.config import MODEL_NAMES, NUMPY_MODEL_NAMES
 
 from .conftest import run_cli
 
@@ -37,7 +37,7 @@ def test_help_lists_the_new_options_and_the_models() -> None:
     assert result.exit_code == 0
     for flag in ("--model", "--module", "--init", "--weights", "FILE.py:CLASS", "NAME=VALUE"):
         assert flag in result.output
-    assert "<" + "|".join(MODEL_NAMES) + ">" in " ".join(result.output.split())
+    assert "<" + "|".join(MODEL_NAMES + NUMPY_MODEL_NAMES) + ">" in " ".join(result.output.split())
 
 
 class Evil:
@@ -79,8 +79,9 @@ BAD: list[tuple[str, list[str], str]] = [
     ("missing file", ["--module", "{tmp}/nope.py:Attn"], r"--module \S*nope\.py does not exist"),
     ("syntax error", ["--module", "{syntax}:Attn"], r"syntax\.py, line 2: SyntaxError: "),
     ("missing class", ["--module", "{good}:MHA"], r"good\.py has no 'MHA'; nn\.Module classes there: Attn"),
-    ("not an nn.Module", ["--module", "{not_module}:Attn"], r"plain\.py:Attn is a type, not an nn\.Module"),
-    ("a function", ["--module", "{not_module}:helper"], r"plain\.py:helper is a function, not an"),
+    ("not an nn.Module", ["--module", "{not_module}:Attn"],
+     r"plain\.py:Attn is neither an nn\.Module subclass nor a class with a forward\(\) method"),
+    ("a function", ["--module", "{not_module}:helper"], r"plain\.py:helper is a function, not a"),
     ("no such package", ["--module", "no_such_pkg.attn:Attn"], r"no module named 'no_such_pkg\.attn'"),
     ("bad --module form", ["--module", "good.py"], r"--module takes FILE\.py:Class or package\.module:Class"),
     ("unfilled argument", ["--module", "{unfilled}:Attn"],

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from ..config import Source
     from ..load import Loaded
+    from ..load_numpy import LoadedNumpy
     from .torch_ops import RecordResult
 
 
@@ -37,16 +38,21 @@ def build(config: Config) -> tuple[nn.Embedding, nn.Module]:
     return loaded.embedding, loaded.module
 
 
-def run_trace(config: Config, source: Source | None = None, *, loaded: Loaded | None = None
-              ) -> Trace:
+def run_trace(config: Config, source: Source | None = None, *,
+              loaded: Loaded | LoadedNumpy | None = None) -> Trace:
     """The CLI's run: load the module (`--model`, default mygpt, or `--module`) and trace it.
 
     loaded: a module the CLI has already built (so that bad input was refused before the
     app opened). Raises `mha_tui.load.LoadError` (one line) when the module cannot be built.
+    A NumPy module (`load_numpy`) is traced by the NumPy adapter, without torch.
     """
     import contextlib
     import sys
 
+    if getattr(loaded, "library", "torch") == "numpy":
+        from ..load_numpy import traced
+
+        return traced(loaded)(config)  # type: ignore[arg-type]
     from ..load import load
 
     loaded = loaded or load(config, source)
