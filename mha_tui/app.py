@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.console import Group, RenderableType
@@ -34,6 +35,8 @@ from .stages import STAGE_IDS, STAGES, stage_info
 
 if TYPE_CHECKING:
     from .check import Verdict
+    from .load import Loaded
+    from .load_numpy import LoadedNumpy
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
 KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-"}
@@ -41,10 +44,10 @@ MAX_DECIMALS = 8
 MAX_COLS = 64  # more than any pane shows at 4 decimals
 
 
-def _load_trace(config: Config) -> Trace:
+def _load_trace(config: Config, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
     from .tracing import run_trace
 
-    trace = run_trace(config)
+    trace = run_trace(config, loaded=loaded)
     # Warm Pygments' Python lexer here, off the event loop, before the first stage draws.
     from rich.syntax import Syntax
 
@@ -406,5 +409,9 @@ class ExplainApp(App[None]):
         self.stage_index = event.option_index
 
 
-def run_app(config: Config, *, start: str = STAGE_IDS[0], ascii_only: bool = False) -> None:
-    ExplainApp(config, start=start, ascii_only=ascii_only).run()
+def run_app(config: Config, *, start: str = STAGE_IDS[0], ascii_only: bool = False,
+            loaded: Loaded | LoadedNumpy | None = None) -> None:
+    """loaded: the module the CLI built from --model/--module (None: the default run)."""
+    ExplainApp(config, start=start, ascii_only=ascii_only,
+               loader=partial(_load_trace, loaded=loaded),
+               batched=getattr(loaded, "batched", True)).run()  # NumPy: x is (T, C)
