@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from rich.console import Group, RenderableType
@@ -34,6 +35,8 @@ from .stages import STAGE_IDS, STAGES, stage_info
 
 if TYPE_CHECKING:
     from .check import Verdict
+    from .load import Loaded
+    from .load_numpy import LoadedNumpy
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
 KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-",
@@ -42,10 +45,10 @@ MAX_DECIMALS = 8
 MAX_COLS = 64  # more than any pane shows at 4 decimals
 
 
-def _load_trace(config: Config) -> Trace:
+def _load_trace(config: Config, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
     from .tracing import run_trace
 
-    trace = run_trace(config)
+    trace = run_trace(config, loaded=loaded)
     # Warm Pygments' Python lexer here, off the event loop, before the first stage draws.
     from rich.syntax import Syntax
 
@@ -479,5 +482,10 @@ class ExplainApp(App[None]):
 
 
 def run_app(config: Config, *, start: str = STAGE_IDS[0], ascii_only: bool = False,
-            loader: Callable[[Config], Trace] = _load_trace, layers: Layers | None = None) -> None:
-    ExplainApp(config, start=start, ascii_only=ascii_only, loader=loader, layers=layers).run()
+            loaded: Loaded | LoadedNumpy | None = None,
+            loader: Callable[[Config], Trace] | None = None, layers: Layers | None = None) -> None:
+    """loaded: the module the CLI built from --model/--module (None: the default run);
+    loader and layers: a pretrained model's layers (--hf) instead."""
+    ExplainApp(config, start=start, ascii_only=ascii_only,
+               loader=loader or partial(_load_trace, loaded=loaded),
+               batched=getattr(loaded, "batched", True), layers=layers).run()  # NumPy: x is (T, C)
