@@ -91,8 +91,10 @@ def explain(
             fail(problem)
 
     if dump is None and sys.stdout.isatty():
-        from .app import run_app
+        from .app import prepare_terminal, run_app
 
+        if problem := prepare_terminal():  # keys from the terminal; its real size
+            fail(problem)
         run_app(config, start=stage, ascii_only=ascii_only)
         return
     _write_transcript(config, target, fmt, width=width, full=full, color=color,
