@@ -30,7 +30,7 @@ from .config import Config
 from .records import Trace
 from .render import RenderOptions, header, pending_screen, stage_screen
 from .stage_view import LineCache, StageView, render_strips
-from .stages import STAGES, StageInfo
+from .stages import STAGES, StageInfo, stage_info
 from .widgets import HelpScreen, StageRail, TooSmall, ascii_strips, use_ascii_scrollbars
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
@@ -155,8 +155,10 @@ class ExplainApp(App[None]):
         super().__init__()
         self.config = config
         self.trace = trace
-        # The one place the app learns which stages exist; everything else asks self.stages.
-        self.stages: tuple[StageInfo, ...] = STAGES
+        # The one place the app learns which stages exist, as this module ran them (no mask
+        # with --no-causal); everything else asks self.stages.
+        self.stages: tuple[StageInfo, ...] = tuple(
+            stage_info(info.id, causal=config.causal) for info in STAGES)
         self._loader = loader
         ids = [info.id for info in self.stages]
         self._start = ids.index(start) if start is not None else 0

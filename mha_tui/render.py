@@ -327,7 +327,7 @@ def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -
     split = d_h if record.head_split is not None else None
     if dims == ("B", "T"):
         return [Matrix(v, record, Axis(["ids"]), _token_axis(config), None, opts)]
-    if dims == ("V", "C"):
+    if dims == ("vocab", "C"):
         return [Matrix(v, record, Axis(list(config.vocab), literal=True), _channel_axis(v.shape[1], None),
                        None, opts)]
     if dims == ("B", "T", "C"):

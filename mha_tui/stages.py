@@ -12,11 +12,34 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Variant:
+    """A sentence of an explanation that a computed fact can contradict, and its replacement.
+
+    `fact` names a boolean the tracer computes from the recorded tensors; when it is True
+    `instead` replaces `general`. `instead` may name values ({why}) the tracer supplies.
+    """
+
+    fact: str
+    general: str
+    instead: str
+
+
+@dataclass(frozen=True)
 class StageInfo:
     id: str
     title: str
     code: str
     explanation: str
+    variants: tuple[Variant, ...] = ()
+
+    def explain(self, facts: dict[str, bool], **values: str) -> str:
+        """The explanation with every sentence the facts contradict replaced."""
+        text = self.explanation
+        for variant in self.variants:
+            if facts.get(variant.fact):
+                assert variant.general in text, (self.id, variant.general)
+                text = text.replace(variant.general, variant.instead.format(**values))
+        return text
 
 
 STAGES: tuple[StageInfo, ...] = (
@@ -54,6 +77,18 @@ STAGES: tuple[StageInfo, ...] = (
         "the same memory read with swapped strides, so the result is not contiguous. "
         "A single view(B, h, T, d_h) would NOT do this: it would slice the memory in the "
         "wrong order and mix tokens into the wrong heads.",
+        (
+            Variant("result_contiguous",
+                    "so the result is not contiguous.",
+                    "and because {why}, the order in memory is unchanged: the result is "
+                    "still contiguous."),
+            Variant("wrong_view_equal",
+                    "A single view(B, h, T, d_h) would NOT do this: it would slice the memory "
+                    "in the wrong order and mix tokens into the wrong heads.",
+                    "Here a single view(B, h, T, d_h) gives the same numbers, because {why}; "
+                    "with more heads and tokens it would slice the memory in the wrong order "
+                    "and mix tokens into the wrong heads."),
+        ),
     ),
     StageInfo(
         "scores",
@@ -99,6 +134,13 @@ STAGES: tuple[StageInfo, ...] = (
         "transpose(1, 2) brings the token axis back in front: (B, T, h, d_h), a strided "
         "view. view needs contiguous memory, so contiguous() copies the numbers into the "
         "new order first; then view(B, T, C) lays the h heads' d_h channels side by side.",
+        (
+            Variant("strided_contiguous",
+                    "a strided view. view needs contiguous memory, so contiguous() copies the "
+                    "numbers into the new order first;",
+                    "a view that is already contiguous because {why}. contiguous() therefore "
+                    "returns it as it is, copying nothing;"),
+        ),
     ),
     StageInfo(
         "w_o",
@@ -112,8 +154,27 @@ STAGES: tuple[StageInfo, ...] = (
 
 STAGE_IDS: tuple[str, ...] = tuple(stage.id for stage in STAGES)
 
+# The mask stage of a module built with causal=False: the line that adds the mask is
+# guarded by `if self.causal:` and did not run. Shown as skipped, never as if it ran.
+NO_MASK = StageInfo(
+    "mask",
+    "No mask: --no-causal skipped it",
+    "if self.causal:  # False: the module was built with causal=False\n"
+    "    scores = scores + self.causal_mask[:T, :T]  # skipped, did not run",
+    "No mask was applied. The module was built with causal=False, so the line that adds "
+    "the causal mask did not run: every token may attend to every token, later ones "
+    "included, and the scaled scores go on to softmax unchanged.",
+)
 
-def stage_info(stage_id: str) -> StageInfo:
+
+def code_lines(code: str) -> list[str]:
+    """The source lines of a stage's code, without the annotations mha-tui adds as comments."""
+    return [line.split("  # ", 1)[0] for line in code.splitlines()]
+
+
+def stage_info(stage_id: str, *, causal: bool = True) -> StageInfo:
+    if stage_id == "mask" and not causal:
+        return NO_MASK
     for stage in STAGES:
         if stage.id == stage_id:
             return stage

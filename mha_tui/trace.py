@@ -68,6 +68,18 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def _all(n: int, noun: str) -> str:
+    """"all 4 tokens", but "the one token": counts in labels read as plain English."""
+    return f"the one {noun}" if n == 1 else f"all {n} {noun}s"
+
+
+def _single_axes(T: int, h: int) -> str:
+    """Why a transpose of T and h moved nothing in memory (the reason, for an explanation)."""
+    if h == 1 and T == 1:
+        return "there is only one head and one token"
+    return "there is only one head" if h == 1 else "there is only one token"
+
+
 def run_trace(config: Config) -> Trace:
     """The whole forward pass of the running example, one Stage per step."""
     with warnings.catch_warnings(), torch.no_grad():
@@ -114,14 +126,18 @@ def _stage(
     dims_out: tuple[str, ...],
     tensors: list[TensorRecord],
     checks: list[Check],
+    *,
+    causal: bool = True,
+    facts: dict[str, bool] | None = None,
+    why: str = "",
     **extra: object,
 ) -> Stage:
-    info = stage_info(stage_id)
+    info = stage_info(stage_id, causal=causal)
     return Stage(
         id=info.id,
         title=info.title,
         code=info.code,
-        explanation=info.explanation,
+        explanation=info.explain(facts or {}, why=why),
         shape_in=tuple(shape_in),
         shape_out=tuple(shape_out),
         dims_in=dims_in,
@@ -145,11 +161,11 @@ def _embed(config: Config, ids: torch.Tensor, embedding: nn.Embedding, x: torch.
         "embed", ids.shape, x.shape, ("B", "T"), BTC,
         [
             _record("ids", ids, ("B", "T"), kind="int"),
-            _record("embedding.weight", table, ("V", "C"),
+            _record("embedding.weight", table, ("vocab", "C"),
                     caption="one learned row per vocabulary entry"),
             _record("x", x, BTC, source=("embedding.weight", table)),
         ],
-        [Check(f"x[0, t] is row ids[t] of the embedding table for all {config.seq_len} tokens",
+        [Check(f"x[0, t] is row ids[t] of the embedding table for {_all(config.seq_len, 'token')}",
                looked_up)],
     )
 
@@ -194,7 +210,7 @@ def _view(p: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Stage:
     )
 
 
-def _wrong_view(config: Config, q: torch.Tensor) -> TensorRecord:
+def _wrong_view(config: Config, q: torch.Tensor, equal: bool) -> TensorRecord:
     """Q.view(B, h, T, d_h): the tempting one-step reshape that scrambles tokens and heads."""
     B, T, C = q.shape
     h, d_h = config.num_heads, config.head_dim
@@ -207,10 +223,14 @@ def _wrong_view(config: Config, q: torch.Tensor) -> TensorRecord:
         for i in range(h)
     )
     tag_heads = tuple(tuple(int(head_of[0, i, r]) for r in range(T)) for i in range(h))
+    caption = ("WRONG: one view(B, h, T, d_h) reads memory in the old order; "
+               "each row is labelled with the token and head block it really holds")
+    if equal:  # h = 1 or T = 1: the old order is the new one, nothing to scramble
+        caption = (f"the same numbers as the right Q here, because "
+                   f"{_single_axes(T, h)}; each row is labelled with the token and head "
+                   f"block it holds")
     return _record("Q.view(B, h, T, d_h)", q.view(B, h, T, d_h), BHTD,
-                   source=("project's Q", q),
-                   caption="WRONG: one view(B, h, T, d_h) reads memory in the old order; "
-                           "each row is labelled with the token and head block it really holds",
+                   source=("project's Q", q), caption=caption,
                    row_tags=tags, row_tag_heads=tag_heads)
 
 
@@ -222,6 +242,7 @@ def _transpose(config: Config, p: dict[str, torch.Tensor], v: dict[str, torch.Te
         for n in "QKV" for i in range(config.num_heads)
     )
     wrong = p["Q"].view(t["Q"].shape)
+    wrong_equal = torch.equal(wrong, t["Q"])
     return _stage(
         "transpose", v["Q"].shape, t["Q"].shape, BTHD, BHTD,
         [_record(n, t[n], BHTD, source=(f"view's {n}", v[n])) for n in "QKV"],
@@ -233,7 +254,9 @@ def _transpose(config: Config, p: dict[str, torch.Tensor], v: dict[str, torch.Te
             Check("a single Q.view(B, h, T, d_h) gives different heads: "
                   f"{_yes(not torch.equal(wrong, t['Q']))}", None),
         ],
-        aside=(_wrong_view(config, p["Q"]),),
+        facts={"result_contiguous": t["Q"].is_contiguous(), "wrong_view_equal": wrong_equal},
+        why=_single_axes(config.seq_len, config.num_heads),
+        aside=(_wrong_view(config, p["Q"], wrong_equal),),
     )
 
 
@@ -246,8 +269,14 @@ def _scores(t: dict[str, torch.Tensor], s: dict[str, torch.Tensor], d_h: int) ->
     return _stage(
         "scores", Q.shape, scores.shape, BHTD, BHTT,
         [_record("scores", scores, BHTT, caption="row: query token · column: key token")],
-        [Check(f"one batched matmul = {Q.shape[1]} separate per-head Q_i @ K_i^T", per_head)],
+        [Check(_batched(Q.shape[1], "Q_i @ K_i^T"), per_head)],
     )
+
+
+def _batched(h: int, product: str) -> str:
+    if h == 1:
+        return f"one batched matmul = the one head's {product.replace('_i', '_0')}"
+    return f"one batched matmul = {h} separate per-head {product}"
 
 
 def _scale(s: dict[str, torch.Tensor], sc: dict[str, torch.Tensor], d_h: int) -> Stage:
@@ -271,9 +300,9 @@ def _mask(module: MultiHeadAttention, config: Config, sc: dict[str, torch.Tensor
             "mask", scaled.shape, masked.shape, BHTT, BHTT,
             [_record("scores", masked, BHTT, source=("scale's scores", scaled),
                      caption="no mask: the scaled scores, unchanged")],
-            [Check("--no-causal: no mask is applied; every token sees every token",
-                   torch.equal(masked, scaled))],
-            note="No mask is applied (--no-causal): the scaled scores pass through unchanged.",
+            [Check("no mask was applied: the scores are the scaled scores, the same tensor",
+                   torch.equal(masked, scaled) and _shares(masked, scaled))],
+            causal=False,
         )
     mask = module.causal_mask[:T, :T]
     above = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
@@ -289,7 +318,10 @@ def _mask(module: MultiHeadAttention, config: Config, sc: dict[str, torch.Tensor
         ],
         [
             Check(f"{n_inf} of {n_above} entries above the diagonal are exactly -inf",
-                  n_inf == n_above and bool(torch.isneginf(masked[..., above]).all())),
+                  n_inf == n_above and bool(torch.isneginf(masked[..., above]).all()))
+            if n_above else
+            Check("nothing lies above the diagonal with one token: the mask adds only 0",
+                  n_inf == 0),
             Check("entries on and below the diagonal are unchanged", kept),
         ],
     )
@@ -323,8 +355,7 @@ def _attend(t: dict[str, torch.Tensor], s: dict[str, torch.Tensor],
     return _stage(
         "attend", weights.shape, context.shape, BHTT, BHTD,
         [_record("context", context, BHTD, caption="row t: token t's weighted mix of values")],
-        [Check(f"one batched matmul = {V.shape[1]} separate per-head weights_i @ V_i",
-               per_head)],
+        [Check(_batched(V.shape[1], "weights_i @ V_i"), per_head)],
     )
 
 
@@ -348,6 +379,8 @@ def _concat(a: dict[str, torch.Tensor], c: dict[str, torch.Tensor], h: int, d_h:
                   copied or strided.is_contiguous()),
             Check(f"channels i*{d_h}..(i+1)*{d_h}-1 hold head i's context", blocks),
         ],
+        facts={"strided_contiguous": strided.is_contiguous()},
+        why=_single_axes(before.shape[2], h),
     )
 
 
@@ -364,7 +397,8 @@ def _w_o(module: MultiHeadAttention, c: dict[str, torch.Tensor], out: torch.Tens
             _record("out", out, BTC, source=("concat's context", context)),
         ],
         [
-            Check(f"every output channel reads from all {h} heads (no all-zero block)", mixes),
+            Check(f"every output channel reads from {_all(h, 'head')} (no all-zero block)",
+                  mixes),
             Check(f"out equals the module's own forward, module(x): "
                   f"torch.equal = {torch.equal(out, untapped)}", torch.equal(out, untapped)),
         ],

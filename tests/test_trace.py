@@ -11,7 +11,7 @@ from torch import nn
 
 from mha_tui import model, trace
 from mha_tui.config import Config
-from mha_tui.stages import STAGE_IDS, STAGES
+from mha_tui.stages import NO_MASK, STAGE_IDS, STAGES, code_lines
 from mha_tui.trace import build, run_trace
 
 from .conftest import default_trace
@@ -35,8 +35,8 @@ def test_stage_ids_in_order() -> None:
 
 def test_every_code_line_is_in_the_source_that_runs() -> None:
     source = inspect.getsource(model.MultiHeadAttention.forward) + inspect.getsource(trace._run)
-    for stage in STAGES:
-        for line in stage.code.splitlines():
+    for stage in (*STAGES, NO_MASK):
+        for line in code_lines(stage.code):
             assert line in source, f"{stage.id}: {line!r} is not what runs"
 
 
@@ -85,9 +85,46 @@ def test_softmax_and_mask_invariants(config: Config) -> None:
 def test_no_causal_keeps_mask_stage_and_says_so() -> None:
     t = run_trace(Config("I love AI !", causal=False))
     stage = t.stage("mask")
-    assert "No mask is applied" in stage.note
     assert [r.name for r in stage.tensors] == ["scores"]
     assert stage.tensor("scores").shares_storage is True  # the very same tensor passes through
+    # Title, explanation and code say that no mask was applied, not what a mask would do.
+    assert "causal mask" not in stage.title.lower() and "no mask" in stage.title.lower()
+    assert stage.explanation.startswith("No mask was applied")
+    assert "-inf" not in stage.explanation and "earlier tokens" not in stage.explanation
+    guard, skipped = stage.code.splitlines()
+    assert guard.startswith("if self.causal:") and "False" in guard
+    assert "causal_mask[:T, :T]" in skipped and "skipped" in skipped
+    assert all("diagonal" not in c.label for c in stage.checks)
+
+
+FEW = [Config("I love AI !"), Config("I love AI !", num_heads=1), Config("solo"),
+       Config("solo", num_heads=1), Config("the cat sat", embed_dim=6, num_heads=3)]
+
+
+@pytest.mark.parametrize("config", FEW, ids=lambda c: f"T{c.seq_len}h{c.num_heads}")
+def test_explanations_follow_the_computed_facts(config: Config) -> None:
+    """One head or one token: the words follow contiguity, copying and the wrong view."""
+    t = run_trace(config)
+    transpose, concat = t.stage("transpose"), t.stage("concat")
+    contiguous = transpose.tensor("Q").contiguous
+    assert ("not contiguous" in transpose.explanation) is (not contiguous)
+    assert ("still contiguous" in transpose.explanation) is contiguous
+    wrong = transpose.aside[0]
+    differs = not np.array_equal(wrong.values, transpose.tensor("Q").values)
+    assert wrong.caption.startswith("WRONG") is differs
+    assert ("would NOT do this" in transpose.explanation) is differs
+    strided, context = concat.tensors
+    copied = not context.shares_storage
+    assert copied is (not strided.contiguous)
+    assert ("copies the numbers" in concat.explanation) is copied
+    assert ("copying nothing" in concat.explanation) is (not copied)
+    labels = [c.label for s in t.stages for c in s.checks]
+    assert not [label for label in labels if " all 1 " in label or "= 1 separate" in label]
+
+
+def test_embedding_axis_is_vocab_not_v() -> None:
+    """`V` is the values tensor; the embedding table's rows are the vocabulary."""
+    assert default_trace().stage("embed").tensor("embedding.weight").dims == ("vocab", "C")
 
 
 def test_strides_contiguity_and_storage() -> None:
