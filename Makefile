@@ -6,11 +6,12 @@ PYTHON ?= python3
 
 .PHONY: run test lint golden screenshots bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch is pinned to the CPU build (see README); pip takes it from the local wheel here.
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# pyproject accepts a torch range; constraints.txt pins this project's own CPU build
+	# (see README), which pip takes from the local wheel here.
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 run: $(STAMP)

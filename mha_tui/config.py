@@ -103,3 +103,70 @@ class Config:
             "causal": self.causal,
             "max_seq_len": self.max_seq_len,
         }
+
+
+# ---------------------------------------------------------------- which module to explain
+
+# `--model NAME`: the tutorials' modules shipped in mha_tui/examples (built by mha_tui.load).
+MODEL_NAMES = ("mygpt", "course", "raschka", "raschka-wrapper", "many-eyes")
+DEFAULT_MODEL = "mygpt"
+
+
+def parse_init(text: str) -> tuple[str, object]:
+    """`--init NAME=VALUE`: a constructor argument, VALUE a Python literal (ast.literal_eval)."""
+    import ast
+    import keyword
+
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or not name.isidentifier() or keyword.iskeyword(name):
+        raise ConfigError(f"--init {text!r} is not NAME=VALUE; e.g. --init qkv_bias=True")
+    try:
+        parsed = ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise ConfigError(
+            f"--init {text!r}: {value.strip()!r} is not a Python literal "
+            f"(a number, True/False/None, a quoted string, a list or tuple of those)"
+        ) from None
+    return name, parsed
+
+
+def parse_module_ref(text: str) -> tuple[str, str, bool]:
+    """`--module FILE.py:Class` or `package.module:Class` -> (where, class path, is a file)."""
+    where, sep, attr = text.rpartition(":")
+    usage = "--module takes FILE.py:Class or package.module:Class"
+    if not sep or not where or not attr:
+        raise ConfigError(f"{usage}, got {text!r}")
+    if not all(part.isidentifier() for part in attr.split(".")):
+        raise ConfigError(f"{usage}; {attr!r} is not a class name")
+    is_file = where.endswith(".py") or "/" in where or "\\" in where
+    if not is_file and not all(part.isidentifier() for part in where.split(".")):
+        raise ConfigError(f"{usage}; {where!r} is neither a .py file nor a module name")
+    return where, attr, is_file
+
+
+@dataclass(frozen=True, eq=False)
+class Source:
+    """Which attention module runs: a tutorial's (`--model`) or the learner's (`--module`),
+    with constructor arguments (`--init`) and a weights file (`--weights`)."""
+
+    model: str = DEFAULT_MODEL
+    module: str | None = None
+    init: tuple[tuple[str, object], ...] = ()
+    weights: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.model not in MODEL_NAMES:
+            raise ConfigError(f"--model {self.model!r} is not one of: {', '.join(MODEL_NAMES)}")
+        if self.module is not None:
+            parse_module_ref(self.module)
+
+    @property
+    def is_default(self) -> bool:
+        return (self.model == DEFAULT_MODEL and self.module is None and not self.init
+                and self.weights is None)
+
+    @property
+    def label(self) -> str:
+        """What the header calls it: the model's name or the --module reference."""
+        return self.module if self.module is not None else self.model

@@ -1,0 +1,482 @@
+"""The load room: the attention module to explain, and the input its forward gets.
+
+Everything is built in the order a reader of a tutorial builds it: import the module's
+file, `torch.manual_seed(seed)`, the token embedding `nn.Embedding(V, C)`, then the
+attention module with its constructor arguments filled by name, then (optionally) its
+tensors replaced from a weights file, then eval mode. x is the embedding of the sentence's
+ids. `--model NAME` is the same path with a file from `mha_tui/examples`.
+
+A learner's code is theirs: it is imported and run, never edited. A weights file is only
+read in ways that cannot execute code (`torch.load(weights_only=True)` or safetensors).
+Every refusal is a `LoadError` whose message is one line naming the file, the line or the
+name at fault. Knows torch; never imports rich, textual or typer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import traceback
+import unicodedata
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType, TracebackType
+
+import torch
+from torch import nn
+
+from .config import Config, Source, parse_module_ref
+
+
+class LoadError(ValueError):
+    """The module or its weights cannot be used; the message is one line for stderr."""
+
+
+# ---------------------------------------------------------------- constructor arguments
+
+# Constructor parameters filled by name (whatever default they have); every other
+# parameter keeps its default or needs --init NAME=VALUE.
+EMBED_NAMES = ("embed_dim", "d_model", "d_in", "d_out", "n_embd")
+HEAD_NAMES = ("num_heads", "n_heads", "n_head")
+LENGTH_NAMES = ("max_seq_len", "context_length", "block_size")
+MASK_NAMES = ("mask", "attn_mask")
+
+
+def filled_by_name(config: Config) -> dict[str, object]:
+    """What each well-known constructor parameter gets for this run."""
+    values: dict[str, object] = dict.fromkeys(EMBED_NAMES, config.embed_dim)
+    values.update(dict.fromkeys(HEAD_NAMES, config.num_heads))
+    values.update(dict.fromkeys(LENGTH_NAMES, config.max_seq_len))
+    # Eval mode switches dropout off anyway; 0.0 also keeps a training-mode module honest.
+    values.update(dropout=0.0, batch_first=True, causal=config.causal)
+    return values
+
+
+# ---------------------------------------------------------------- the tutorials' modules
+
+
+@dataclass(frozen=True)
+class Example:
+    """A `--model`: a class in mha_tui/examples and the arguments the rules cannot guess."""
+
+    module: str
+    cls: str
+    fixed: Callable[[Config], dict[str, object]] = lambda config: {}
+    # Masks with its own buffer, so --no-causal cannot switch the mask off.
+    own_mask: bool = False
+
+
+def _mygpt_module() -> str:
+    # The chapter's module, as plain tutorial code; until that file exists the package's
+    # own module (same class, same construction) stands in.
+    if importlib.util.find_spec("mha_tui.examples.mygpt") is not None:
+        return "mha_tui.examples.mygpt"
+    return "mha_tui.model"
+
+
+EXAMPLES: dict[str, Example] = {
+    "mygpt": Example("", "MultiHeadAttention"),
+    "course": Example("mha_tui.examples.course", "MultiHeadAttention"),
+    "raschka": Example("mha_tui.examples.raschka", "MultiHeadAttention", own_mask=True),
+    # Each head is d_out wide and there is no projection: C // h keeps the output C wide.
+    "raschka-wrapper": Example("mha_tui.examples.raschka", "MultiHeadAttentionWrapper",
+                               fixed=lambda config: {"d_out": config.head_dim}, own_mask=True),
+    "many-eyes": Example("mha_tui.examples.many_eyes", "MultiHeadAttention", own_mask=True),
+}
+
+
+# ---------------------------------------------------------------- what load returns
+
+
+@dataclass(frozen=True, eq=False)
+class Loaded:
+    """A built module, its input, and how its forward is called."""
+
+    module: nn.Module
+    embedding: nn.Embedding
+    ids: torch.Tensor  # (B, T) int64
+    x: torch.Tensor  # (B, T, C)
+    args: tuple[torch.Tensor, ...]  # forward's positional inputs: (x,) or (x, x, x)
+    kwargs: dict[str, torch.Tensor | None] = field(default_factory=dict)  # the mask, by name
+    label: str = ""  # "raschka", "my_attn.py:MultiHeadAttention"
+    file: str = ""  # the file the module's class is defined in
+    call: str = ""  # the constructor call made, e.g. "MultiHeadAttention(embed_dim=4, ...)"
+
+    def forward(self) -> torch.Tensor:
+        """module(*args, **kwargs), reduced to its output tensor."""
+        return output_tensor(self.module(*self.args, **self.kwargs), self.module)
+
+
+def output_tensor(result: object, module: nn.Module) -> torch.Tensor:
+    """A forward's output: the tensor itself, or the first element of a tuple or list."""
+    if isinstance(result, tuple | list) and result:
+        result = result[0]
+    if not isinstance(result, torch.Tensor):
+        raise LoadError(
+            f"{type(module).__name__}.forward returned {_describe(result)}, not a tensor; "
+            "mha-tui needs the attention output (a tensor, or a tuple whose first element is one)"
+        )
+    return result
+
+
+def _describe(value: object) -> str:
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
+
+
+# ---------------------------------------------------------------- the one entry point
+
+
+def load(config: Config, source: Source | None = None) -> Loaded:
+    """Import, seed, embed, build, fill weights, eval: the module and x for this run."""
+    source = source or Source()
+    if source.module is not None:
+        cls, label = _learner_class(source.module)
+        example = None
+    else:
+        example = EXAMPLES[source.model]
+        name = example.module or _mygpt_module()
+        cls = getattr(importlib.import_module(name), example.cls)
+        label = source.model
+        if example.own_mask and not config.causal:
+            raise LoadError(f"--model {source.model} always applies its own causal mask (a buffer "
+                            "in the module); --no-causal works with mygpt, course and --module")
+    fixed = example.fixed(config) if example else {}
+    kwargs = constructor_arguments(cls, config, {**fixed, **dict(source.init)})
+
+    with torch.no_grad():
+        torch.manual_seed(config.seed)
+        embedding = nn.Embedding(len(config.vocab), config.embed_dim)
+        module = _construct(cls, kwargs)
+        if source.weights is not None:
+            load_weights(module, source.weights)
+        embedding.eval()
+        module.eval()
+        ids = torch.tensor([config.ids])  # (B, T)
+        x = embedding(ids)  # (B, T, C)
+    args, forward_kwargs = forward_inputs(module, x, causal=config.causal)
+    return Loaded(module=module, embedding=embedding, ids=ids, x=x, args=args,
+                  kwargs=forward_kwargs, label=label, file=_class_file(cls),
+                  call=f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})")
+
+
+# ---------------------------------------------------------------- finding the class
+
+
+def _learner_class(ref: str) -> tuple[type[nn.Module], str]:
+    where, attr, is_file = parse_module_ref(ref)
+    module = _import_file(where) if is_file else _import_name(where)
+    shown = _shown_path(where) if is_file else where
+    target: object = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            classes = sorted(name for name, value in vars(module).items()
+                             if isinstance(value, type) and issubclass(value, nn.Module)
+                             and getattr(value, "__module__", None) == module.__name__)
+            there = f"; nn.Module classes there: {', '.join(classes)}" if classes else \
+                "; it defines no nn.Module class"
+            raise LoadError(f"--module {_safe(shown)} has no {_safe(attr)!r}{there}")
+        target = getattr(target, part)
+    if not (isinstance(target, type) and issubclass(target, nn.Module)):
+        what = "an nn.Module instance" if isinstance(target, nn.Module) else _describe(target)
+        raise LoadError(f"--module {_safe(shown)}:{_safe(attr)} is {what}, not an nn.Module "
+                        "subclass; name the class (e.g. my_attn.py:MultiHeadAttention)")
+    return target, f"{shown}:{attr}"
+
+
+def _shown_path(path: str) -> str:
+    """A path as the user sees it: relative to the working directory when inside it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _import_file(where: str) -> ModuleType:
+    """Execute a learner's .py file as a fresh module, as `python FILE` would see it.
+
+    It is registered under a private name (never its own stem: a file called json.py must
+    not shadow json), and its folder is on sys.path only while it runs, so that it can
+    import its neighbours.
+    """
+    path = Path(where).expanduser()
+    shown = _shown_path(where)
+    if not path.is_file():
+        reason = "is a folder" if path.is_dir() else "does not exist"
+        raise LoadError(f"--module {_safe(shown)} {reason}; give a .py file and a class, "
+                        "e.g. --module my_attn.py:MultiHeadAttention")
+    path = path.resolve()
+    name = "_mha_tui_learner_." + re.sub(r"\W", "_", path.stem)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise LoadError(f"--module {_safe(shown)} cannot be imported as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and typing look their module up by name
+    folder = str(path.parent)
+    sys.path.insert(0, folder)
+    try:
+        with _learner_code(f"importing {shown}", str(path)):
+            spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+    return module
+
+
+def _import_name(where: str) -> ModuleType:
+    try:
+        spec = importlib.util.find_spec(where)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        hint = f"; did you mean --module {where}.py:...?" if Path(f"{where}.py").is_file() else ""
+        raise LoadError(f"--module: no module named {where!r} in this Python environment{hint}")
+    with _learner_code(f"importing {where}", spec.origin or where):
+        return importlib.import_module(where)
+
+
+def _class_file(cls: type) -> str:
+    try:
+        return inspect.getsourcefile(cls) or ""
+    except TypeError:
+        return ""
+
+
+# ---------------------------------------------------------------- learner code, run safely
+
+
+@contextlib.contextmanager
+def _learner_code(doing: str, file: str) -> Iterator[None]:
+    """Run a learner's code: its exceptions become one line naming their file and line.
+
+    Its prints go to stderr, so that a transcript on stdout stays a transcript.
+    """
+    try:
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    except LoadError:
+        raise
+    except SyntaxError as error:
+        where = _shown_path(error.filename or file)
+        raise LoadError(f"{_safe(where)}, line {error.lineno}: SyntaxError: "
+                        f"{_safe(error.msg)} (while {_safe(doing)})") from None
+    except (Exception, SystemExit) as error:
+        raise LoadError(f"{_at(error.__traceback__, file)}{type(error).__name__}: "
+                        f"{_safe(str(error)) or '(no message)'} (while {_safe(doing)})") from None
+
+
+def _at(tb: TracebackType | None, file: str) -> str:
+    """'my_attn.py, line 12: ' for the innermost frame in `file` (else the innermost)."""
+    frames = traceback.extract_tb(tb)
+    if not frames:
+        return ""
+    mine = [f for f in frames if os.path.realpath(f.filename) == os.path.realpath(file)]
+    frame = (mine or frames)[-1]
+    return f"{_safe(_shown_path(frame.filename))}, line {frame.lineno}: "
+
+
+def _safe(text: str, limit: int = 300) -> str:
+    """Learner text for one stderr line: whitespace runs made single spaces, controls
+    made visible, long text cut."""
+    text = " ".join(text.split())
+    out = "".join(
+        repr(ch)[1:-1] if unicodedata.category(ch) in ("Cc", "Cf", "Cs") else ch for ch in text
+    )
+    return out if len(out) <= limit else out[: limit - 1] + "…"
+
+
+# ---------------------------------------------------------------- construction
+
+
+def constructor_arguments(cls: type, config: Config, init: Mapping[str, object]) -> dict[str, object]:
+    """The keyword arguments cls(...) gets: --init first, then the by-name rules; every
+    other parameter keeps its default. A required one left over is refused."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        params = {}
+    by_name = filled_by_name(config)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    for name in init:
+        if name not in named and not takes_any:
+            raise LoadError(f"--init {name}: {cls.__name__}() has no parameter {name!r}; "
+                            f"it takes: {', '.join(named) or 'nothing'}")
+    kwargs: dict[str, object] = {}
+    for name, param in params.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if name in init:
+            kwargs[name] = init[name]
+        elif name in by_name:
+            kwargs[name] = by_name[name]
+        elif param.default is param.empty:
+            raise LoadError(f"{cls.__name__}() needs a value for {name!r}, which mha-tui cannot "
+                            f"guess; give it with --init {name}=VALUE")
+        if param.kind is param.POSITIONAL_ONLY and name in kwargs:
+            raise LoadError(f"{cls.__name__}() takes {name!r} as positional-only; mha-tui "
+                            "passes constructor arguments by name")
+    kwargs.update((k, v) for k, v in init.items() if k not in kwargs)  # into **kwargs
+    return kwargs
+
+
+def _construct(cls: type[nn.Module], kwargs: dict[str, object]) -> nn.Module:
+    file = _class_file(cls)
+    call = f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+    with _learner_code(f"building {call}", file):
+        module = cls(**kwargs)
+    if not isinstance(module, nn.Module):  # a __new__ that returns something else
+        raise LoadError(f"{call} returned {_describe(module)}, not an nn.Module")
+    return module
+
+
+# ---------------------------------------------------------------- forward's inputs
+
+
+def causal_mask(T: int) -> torch.Tensor:
+    """(T, T) booleans, True where a token may not look (the masked_fill convention)."""
+    return torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+
+
+def forward_inputs(module: nn.Module, x: torch.Tensor, *, causal: bool
+                   ) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor | None]]:
+    """What forward is called with: x, or x three times for (query, key, value); a
+    parameter named mask or attn_mask gets the causal mask (None with --no-causal)."""
+    name = f"{type(module).__name__}.forward"
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return (x,), {}
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.name not in MASK_NAMES]
+    required = [p for p in positional if p.default is p.empty]
+    if tuple(p.name for p in positional[:3]) in (("query", "key", "value"), ("q", "k", "v")):
+        args: tuple[torch.Tensor, ...] = (x, x, x)
+    elif positional or any(p.kind is p.VAR_POSITIONAL for p in params):
+        args = (x,)
+    else:
+        raise LoadError(f"{name}() takes no input; mha-tui gives it x, shape (B, T, C)")
+    if len(required) > len(args):
+        listed = ", ".join(p.name for p in required)
+        raise LoadError(f"{name}({listed}) needs {len(required)} inputs; mha-tui gives x, or x "
+                        "three times to forward(query, key, value)")
+    for p in params:
+        if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name not in MASK_NAMES:
+            raise LoadError(f"{name} needs {p.name!r}, which mha-tui cannot give; give it a default")
+    kwargs: dict[str, torch.Tensor | None] = {}
+    T = x.shape[1]
+    for p in params:
+        if p.name in MASK_NAMES:
+            if causal:
+                kwargs[p.name] = causal_mask(T)
+            elif p.default is p.empty:
+                kwargs[p.name] = None
+    return args, kwargs
+
+
+# ---------------------------------------------------------------- weights
+
+
+def read_weights(path: str) -> dict[str, torch.Tensor]:
+    """A state dict from FILE, read without executing anything in it."""
+    shown = _safe(_shown_path(path))
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise LoadError(f"--weights {shown} {'is a folder' if file.is_dir() else 'does not exist'}")
+    if file.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            data: object = load_file(str(file), device="cpu")
+        except (SafetensorError, OSError, ValueError) as error:
+            raise LoadError(f"--weights {shown} is not a readable .safetensors file: "
+                            f"{_safe(str(error))}") from None
+    else:
+        with file.open("rb") as head:
+            magic = head.read(4)
+        # torch.save writes a zip archive (or, before torch 1.6, a pickle: protocol 2 opens 0x80).
+        if magic != b"PK\x03\x04" and magic[:1] != b"\x80":
+            raise LoadError(f"--weights {shown} is neither a torch.save file nor a .safetensors file")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                data = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as error:  # the unpickler's refusals come as several types
+            raise LoadError(_weights_refusal(shown, error)) from None
+    return _state_dict(shown, data)
+
+
+def _weights_refusal(shown: str, error: Exception) -> str:
+    text = str(error)
+    only = "refused: a weights file may hold only tensors (save model.state_dict(), or use .safetensors)"
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found:
+        return f"--weights {shown} would run code when loaded (it calls {_safe(found.group(1))}); {only}"
+    if "Weights only load failed" in text:
+        detail = re.search(r"WeightsUnpickler error:\s*(.+?)\n\n", text, re.S)
+        why = f" ({_safe(detail.group(1))})" if detail else ""
+        return f"--weights {shown} cannot be read without risking running code{why}; {only}"
+    return f"--weights {shown} is not a state dict torch.load can read: {_safe(text)}"
+
+
+def _state_dict(shown: str, data: object) -> dict[str, torch.Tensor]:
+    if isinstance(data, Mapping) and not all(isinstance(v, torch.Tensor) for v in data.values()):
+        # A training checkpoint: the module's tensors are one entry among others.
+        for key in ("state_dict", "model_state_dict", "model"):
+            inner = data.get(key)
+            if isinstance(inner, Mapping) and inner and \
+                    all(isinstance(v, torch.Tensor) for v in inner.values()):
+                data = inner
+                break
+    if not isinstance(data, Mapping):
+        raise LoadError(f"--weights {shown} holds {_describe(data)}, not a state dict "
+                        "(save model.state_dict())")
+    for key, value in data.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise LoadError(f"--weights {shown}: entry {_safe(repr(key))} is {_describe(value)}, "
+                            "not a tensor")
+    return dict(data)
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "(" + ", ".join(map(str, t.shape)) + ("," if t.dim() == 1 else "") + ")"
+
+
+def load_weights(module: nn.Module, path: str) -> None:
+    """Replace the module's parameters and buffers by the file's; refuse the first misfit."""
+    shown = _safe(_shown_path(path))
+    state = read_weights(path)
+    expected = module.state_dict()
+    what = type(module).__name__
+    for key, tensor in expected.items():
+        if key not in state:
+            raise LoadError(f"--weights {shown} has no {key!r}, which {what} has "
+                            f"({len(expected)} tensors in the module, {len(state)} in the file)")
+        if state[key].shape != tensor.shape:
+            raise LoadError(f"--weights {shown}: {key!r} is {_shape(state[key])} in the file but "
+                            f"{_shape(tensor)} in {what} (check --embed-dim, --heads and --init)")
+        if state[key].is_floating_point() != tensor.is_floating_point():
+            raise LoadError(f"--weights {shown}: {key!r} is {state[key].dtype} in the file but "
+                            f"{tensor.dtype} in {what}")
+    for key in state:
+        if key not in expected:
+            raise LoadError(f"--weights {shown} has {_safe(repr(key))}, which {what} does not have")
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as error:
+        raise LoadError(f"--weights {shown}: {_safe(str(error))}") from None

@@ -1,0 +1,71 @@
+"""mha-tui installs into a learner's existing environment without replacing its torch.
+
+pyproject.toml asks for a torch range; this project's own set-up pins the CPU build in
+constraints.txt, which the Makefile hands to pip. The wheel carries the tutorials' modules.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+PROJECT = Path(ROOT)
+
+
+def _dependencies() -> dict[str, str]:
+    deps = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return {re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0]: d for d in deps}
+
+
+def test_torch_is_a_range_and_the_exact_pin_lives_in_the_constraints_file() -> None:
+    deps = _dependencies()
+    assert "==" not in deps["torch"] and ">=" in deps["torch"], deps["torch"]
+    assert "safetensors" in deps
+    pins = [line for line in (PROJECT / "constraints.txt").read_text().splitlines()
+            if line and not line.startswith("#")]
+    assert pins == ["torch==2.13.0"]
+    install = [line for line in (PROJECT / "Makefile").read_text().splitlines()
+               if "pip install" in line and "-e" in line]
+    assert install and all("-c constraints.txt" in line for line in install)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel built from a copy of the sources (the build leaves nothing in the checkout)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    shutil.copytree(PROJECT, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis",
+        "tests", "screenshots", "benchmarks"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "--quiet", str(src), "-w", str(tmp / "dist")], check=True, capture_output=True)
+    (built,) = (tmp / "dist").glob("mha_tui-*.whl")
+    return built
+
+
+def test_the_wheel_carries_the_examples_and_the_app_style(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in ("course", "raschka", "many_eyes"):
+        assert f"mha_tui/examples/{name}.py" in names
+    assert {"mha_tui/load.py", "mha_tui/app.tcss"} <= names
+
+
+def test_installing_into_an_environment_with_torch_installs_only_mha_tui(wheel: Path,
+                                                                         tmp_path: Path) -> None:
+    """pip, offline, into this environment (torch 2.13.0 already there): the plan is to
+    install mha-tui and nothing else; torch stays."""
+    report = tmp_path / "report.json"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--quiet",
+                    "--report", str(report), str(wheel)], check=True, capture_output=True)
+    planned = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
+    assert planned == ["mha-tui"]
