@@ -93,7 +93,7 @@ def app_in_pty() -> tuple[float, float, int]:
 async def _repaints(config_args: dict, warm: bool) -> float:
     from mha_tui.app import ExplainApp
     from mha_tui.config import Config
-    from mha_tui.trace import run_trace
+    from mha_tui.tracing import run_trace
 
     trace = run_trace(Config(**config_args))
     app = ExplainApp(trace.config, trace=trace)

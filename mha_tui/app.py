@@ -28,9 +28,9 @@ from textual.widgets.option_list import Option
 
 from .config import Config
 from .records import Trace
-from .render import RenderOptions, header, pending_screen, stage_screen
+from .render import RenderOptions, header, module_line, pending_screen, stage_screen
 from .stage_view import LineCache, StageView, render_strips
-from .stages import STAGES, StageInfo, stage_info
+from .stages import STAGE_IDS, stage_info
 from .widgets import HelpScreen, StageRail, TooSmall, ascii_strips, use_ascii_scrollbars
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
@@ -54,7 +54,7 @@ ASCII_FOOTER_KEYS = {"→": "l", "←": "h", "↑": "k", "↓": "j"}
 
 
 def _load_trace(config: Config) -> Trace:
-    from .trace import run_trace
+    from .tracing import run_trace
 
     trace = run_trace(config)
     # Warm Pygments' Python lexer here, off the event loop, before the first stage draws.
@@ -155,13 +155,10 @@ class ExplainApp(App[None]):
         super().__init__()
         self.config = config
         self.trace = trace
-        # The one place the app learns which stages exist, as this module ran them (no mask
-        # with --no-causal); everything else asks self.stages.
-        self.stages: tuple[StageInfo, ...] = tuple(
-            stage_info(info.id, causal=config.causal) for info in STAGES)
         self._loader = loader
-        ids = [info.id for info in self.stages]
-        self._start = ids.index(start) if start is not None else 0
+        self._start_id = start
+        ids = self.stage_ids
+        self._start = ids.index(start) if start in ids else 0
         self._ascii = ascii_only
         self.load_error: str | None = None
         # Timing hooks for the benchmark: set MHA_TUI_MARKS=FILE to get "paint" and
@@ -172,6 +169,23 @@ class ExplainApp(App[None]):
         self._cache_disabled = False  # the benchmark turns warming off to time cold paints
         self._key_state: tuple[bool, ...] = ()
         self._explain_chosen = False  # `e` pressed: the user's choice outlasts resizes
+
+    # ------------------------------------------------------------------ which stages
+
+    @property
+    def stage_ids(self) -> list[str]:
+        """The stages on the rail: the module's own once traced, the catalogue before.
+
+        The one place the app learns which stages exist; everything else asks this."""
+        if self.trace is not None:
+            return [stage.id for stage in self.trace.stages]
+        return list(STAGE_IDS)
+
+    def _has_aside(self, index: int) -> bool:
+        """Whether this stage has the wrong-view contrast (heads split by a reshape)."""
+        if self.trace is None:
+            return STAGE_IDS[min(index, len(STAGE_IDS) - 1)] == "transpose"
+        return bool(self.trace.stages[index].aside)
 
     # ------------------------------------------------------------------ layout
 
@@ -193,10 +207,8 @@ class ExplainApp(App[None]):
         self.set_reactive(ExplainApp.view, RenderOptions(
             ascii=self._ascii, color=not no_color, explain=self._explain_default(self.size.height)))
         self.set_reactive(ExplainApp.stage_index, self._start)
-        self.query_one("#header", Static).update(header(self.config, RenderOptions(ascii=self._ascii)))
-        self.query_one(StageRail).add_options(
-            Option(Text.assemble((f"{i + 1:>2} ", "dim"), info.id), id=info.id)
-            for i, info in enumerate(self.stages))
+        self.query_one("#header", Static).update(self._header())
+        self.query_one(StageRail).add_options(self._rail_options())
         stage_view = self.query_one(StageView)
         if self._ascii:
             use_ascii_scrollbars(stage_view)
@@ -207,6 +219,18 @@ class ExplainApp(App[None]):
             # first paint nothing visible and brings the numbers ~0.5 s sooner.
             self.run_worker(self._load, thread=True, exclusive=True, name="trace")
         # The stage itself is drawn once the layout has given it a width (WidthChanged).
+
+    def _header(self) -> Text:
+        """Sentence, tokens and sizes; once traced, also the module's class and file."""
+        opts = RenderOptions(ascii=self._ascii)
+        text = header(self.config, opts)
+        if self.trace is not None and self.trace.module is not None:
+            text = Text("\n").join([text, module_line(self.trace.module, opts)])
+        return text
+
+    def _rail_options(self) -> list[Option]:
+        return [Option(Text.assemble((f"{i + 1:>2} ", "dim"), stage_id), id=stage_id)
+                for i, stage_id in enumerate(self.stage_ids)]
 
     def get_key_display(self, binding: Binding) -> str:
         """The footer's key names; with --ascii the arrows become the letter keys beside them."""
@@ -228,6 +252,16 @@ class ExplainApp(App[None]):
 
     def _loaded(self, trace: Trace) -> None:
         self.trace = trace
+        self.query_one("#header", Static).update(self._header())
+        rail = self.query_one(StageRail)
+        rail.clear_options()
+        rail.add_options(self._rail_options())
+        ids = self.stage_ids
+        current = min(self.stage_index, len(ids) - 1)
+        wanted = self._start_id if self.stage_index == self._start else ids[current]
+        index = ids.index(wanted) if wanted in ids else min(self.stage_index, len(ids) - 1)
+        self.set_reactive(ExplainApp.stage_index, index)
+        self.refresh_bindings()
         self._show()
         self.call_after_refresh(self._mark, "values")
         self._warm()
@@ -298,8 +332,10 @@ class ExplainApp(App[None]):
             message = (Text(f"Could not run the module: {self.load_error}", style="bold red")
                        if self.load_error else
                        Text("loading torch and running the forward pass…", style="italic"))
-            pending = pending_screen(self.stages[self.stage_index], self.stage_index + 1,
-                                     len(self.stages), message, self.view)
+            info = stage_info(STAGE_IDS[min(self.stage_index, len(STAGE_IDS) - 1)],
+                              causal=self.config.causal)
+            pending = pending_screen(info, self.stage_index + 1, len(STAGE_IDS), message,
+                                     self.view)
             view.show(self._strips(pending, width), home=home)
         self._sync_keys()
 
@@ -311,7 +347,7 @@ class ExplainApp(App[None]):
 
     def _warm_all(self) -> None:
         width = self.query_one(StageView).text_width
-        order = sorted(range(len(self.stages)), key=lambda i: abs(i - self.stage_index))
+        order = sorted(range(len(self.stage_ids)), key=lambda i: abs(i - self.stage_index))
         for index in order:
             self._lines(index, width)
 
@@ -319,26 +355,26 @@ class ExplainApp(App[None]):
 
     def _sync_keys(self) -> None:
         """Refresh the footer only when a key's enabled state really changed (it costs a
-        full footer layout): first or last stage, transpose, top or bottom of the stage."""
+        full footer layout): first or last stage, the wrong-view stage, top or bottom of the
+        stage."""
         view = self.query_one(StageView)
         index = self.stage_index
-        state = (index == 0, index == len(self.stages) - 1,
-                 self.stages[index].id == "transpose", view.scroll_y <= 0,
-                 view.scroll_y >= view.max_scroll_y)
+        state = (index == 0, index == len(self.stage_ids) - 1, self._has_aside(index),
+                 view.scroll_y <= 0, view.scroll_y >= view.max_scroll_y)
         if state != self._key_state:
             self._key_state = state
             self.refresh_bindings()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Grey out keys that cannot act here (None), rather than hiding them."""
-        last = len(self.stages) - 1
+        last = len(self.stage_ids) - 1
         forward = int(parameters[0]) > 0 if parameters else True  # type: ignore[call-overload]
         if action == "step":
             return None if (forward and self.stage_index == last) or (
                 not forward and self.stage_index == 0) else True
         if action == "jump":
             target = int(parameters[0]) if parameters else 0  # type: ignore[call-overload]
-            return None if target % len(self.stages) == self.stage_index else True
+            return None if target % len(self.stage_ids) == self.stage_index else True
         if action in ("scroll", "page", "edge"):
             view = self.query_one(StageView)
             if action == "edge":
@@ -353,14 +389,14 @@ class ExplainApp(App[None]):
             delta = int(parameters[0]) if parameters else 1  # type: ignore[call-overload]
             return None if not 0 <= self.view.decimals + delta <= MAX_DECIMALS else True
         if action == "wrong_view":
-            return True if self.stages[self.stage_index].id == "transpose" else None
+            return True if self._has_aside(self.stage_index) else None
         return True
 
     def action_step(self, delta: int) -> None:
-        self.stage_index = min(len(self.stages) - 1, max(0, self.stage_index + delta))
+        self.stage_index = min(len(self.stage_ids) - 1, max(0, self.stage_index + delta))
 
     def action_jump(self, index: int) -> None:
-        self.stage_index = index % len(self.stages)
+        self.stage_index = index % len(self.stage_ids)
 
     def action_scroll(self, lines: int) -> None:
         self.query_one(StageView).scroll_relative(y=lines, animate=False)

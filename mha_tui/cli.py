@@ -105,7 +105,7 @@ def _write_transcript(config: Config, target: Path | None, fmt: Format, *, width
                       full: bool, color: bool, ascii_only: bool) -> None:
     from .dump import to_json, to_text, write_atomic
     from .render import RenderOptions
-    from .trace import run_trace
+    from .tracing import run_trace
 
     trace = run_trace(config)
     if fmt is Format.json:
@@ -121,10 +121,10 @@ def _write_transcript(config: Config, target: Path | None, fmt: Format, *, width
             write_atomic(target, content)
         except OSError as error:
             fail(f"could not write --dump {target}: {error.strerror or error}")
-    _exit_now()
+    _exit_now(1 if trace.failed else 0)  # the module's forward raised: the transcript ends there
 
 
-def _exit_now() -> NoReturn:
+def _exit_now(code: int = 0) -> NoReturn:
     """Done and flushed: skip the interpreter's teardown of torch (about 0.5 s here).
 
     Everything the run promised is on disk or in the pipe; teardown would only free memory
@@ -135,7 +135,7 @@ def _exit_now() -> NoReturn:
         sys.stderr.flush()
     except BrokenPipeError:  # the reader left early (| head): nothing more to deliver
         pass
-    os._exit(0)
+    os._exit(code)
 
 
 def main() -> None:

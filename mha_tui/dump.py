@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from .records import TensorRecord, Trace
-from .render import ASCII_GLYPHS, RenderOptions, header, stage_view
+from .records import OpRecord, TensorRecord, Trace
+from .render import ASCII_GLYPHS, RenderOptions, display_path, header, module_line, stage_view
 
 
 def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
@@ -36,6 +36,8 @@ def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = F
     buffer = io.StringIO()
     console = transcript_console(buffer, width, color)
     console.print(header(trace.config, opts))
+    if trace.module is not None:
+        console.print(module_line(trace.module, opts))
     console.print()
     for stage in trace.stages:
         console.print(stage_view(trace, stage, opts))
@@ -79,6 +81,17 @@ def _tensor_json(record: TensorRecord, placeholders: dict[str, str], nonce: str)
     return data
 
 
+def _op_json(op: OpRecord) -> dict[str, Any]:
+    """An op as the stage holds it: what ran, where, and what it made (values stay in tensors)."""
+    return {
+        "index": op.index, "op": op.name, "call": op.qualname, "module": op.module,
+        "line": op.source.line, "file": display_path(op.source.file),
+        "inputs": [ref.name or (f"op {ref.op}" if ref.kind == "op" else ref.kind) for ref in op.inputs],
+        "shapes": [list(out.shape) for out in op.outputs],
+        "in_place": op.in_place,
+    }
+
+
 def to_json(trace: Trace) -> str:
     """Readable structure (indented), compact values (one line per tensor)."""
     placeholders: dict[str, str] = {}
@@ -88,10 +101,16 @@ def to_json(trace: Trace) -> str:
         nonce = f"@{secrets.token_hex(8)}-"
     document = {
         "config": trace.config.as_dict(),
+        "module": None if trace.module is None else {
+            "class": trace.module.class_name, "file": display_path(trace.module.file),
+            "per_head_modules": trace.module.per_head_modules},
         "stages": [
             {
                 "id": stage.id,
+                "kind": stage.kind,
                 "title": stage.title,
+                "source": None if stage.source is None else {
+                    "file": display_path(stage.source.file), "line": stage.source.line},
                 "code": stage.code,
                 "explanation": stage.explanation,
                 "shape_in": list(stage.shape_in),
@@ -102,6 +121,7 @@ def to_json(trace: Trace) -> str:
                 "tensors": {r.name: _tensor_json(r, placeholders, nonce) for r in stage.tensors},
                 "aside": {r.name: _tensor_json(r, placeholders, nonce) for r in stage.aside},
                 "checks": [{"label": c.label, "ok": c.ok} for c in stage.checks],
+                "ops": [_op_json(op) for op in stage.ops],
             }
             for stage in trace.stages
         ],

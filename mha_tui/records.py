@@ -1,9 +1,27 @@
-"""What a recorded forward pass is made of: stages holding tensors, as plain frozen data.
+"""What a recorded forward pass is made of, as plain frozen data.
 
-Produced by `mha_tui.trace` (which knows torch), read by `mha_tui.render` and
-`mha_tui.dump` (which must not need torch). Values are NumPy arrays that share memory
-with the module's own tensors: nothing here is recomputed.
-Never import torch, rich, textual or typer here.
+Two layers, one way:
+
+* **ops** -- what the tracer saw. `mha_tui.tracing` (one adapter per array library:
+  `tracing/torch_ops.py` for PyTorch, a NumPy adapter later) runs a module's forward and
+  writes one `OpRecord` per operation it performed: the op's name, the submodule whose
+  forward was running (`heads.1.query`), where every tensor argument came from (`Ref`: an
+  earlier op, the forward's own input, a parameter, a buffer, a constant), the non-tensor
+  arguments (`dim=-1`, the scalar divisor), a `Snapshot` of each output taken when the op
+  ran (so a later in-place `masked_fill_` cannot rewrite history), and the `Source` line of
+  the module's own code that called it. A `Recording` holds them, in the order they ran,
+  with the forward's arguments, its result, and the error if it raised.
+* **stages** -- what a learner reads. `mha_tui.recognise` (which never imports torch) groups
+  the ops into `Stage`s: a `kind` (embed, project, view, transpose, scores, scale, mask,
+  softmax, dropout, attend, concat, w_o, op, error), the `Source` line shown, the ops it
+  holds, the tensors to draw (`TensorRecord`) and the checks computed from them. A `Trace`
+  is the stages of one forward, with the module it came from.
+
+Everything here is NumPy arrays and plain Python values: a record can be rendered, dumped,
+checked or recognised in a process that never imported torch. Values are copies taken at
+record time (or windows onto them), never recomputed.
+Never import torch, rich, textual or typer here (NumPy only under TYPE_CHECKING: the app
+paints its first frame before NumPy is imported).
 """
 
 from __future__ import annotations
@@ -13,10 +31,182 @@ from typing import TYPE_CHECKING, Literal
 
 from .config import Config
 
-if TYPE_CHECKING:  # only an annotation here; the app paints before NumPy is imported
+if TYPE_CHECKING:
     import numpy as np
 
+# ---------------------------------------------------------------------------- ops layer
+
+
+@dataclass(frozen=True)
+class Source:
+    """A place in the code that ran: the statement of the module's own code behind an op.
+
+    `line` is the line Python was executing; `text` is the whole statement around it, as
+    read from `file` (the file that ran, not a copy), dedented; `end_line` its last line.
+    Ops inside a library module (nn.Linear, nn.Dropout) point at the line that called the
+    module; ops inside torch's own attention function (for nn.MultiheadAttention) point at
+    torch's lines.
+    """
+
+    file: str
+    line: int
+    text: str
+    end_line: int = 0
+    function: str = ""
+
+    @property
+    def lines(self) -> tuple[int, int]:
+        return self.line, max(self.line, self.end_line)
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """One tensor as it was at the moment it was recorded.
+
+    `values` is a copy (later in-place ops do not change it). `storage` identifies the
+    memory the tensor lived in (equal numbers: the same storage; a view shares it), so
+    "is this a view?" can be answered without the tensor.
+    """
+
+    values: np.ndarray
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    contiguous: bool
+    storage: int
+    storage_offset: int = 0
+    dtype: str = "float32"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+RefKind = Literal["op", "input", "param", "buffer", "const"]
+
+
+@dataclass(frozen=True, eq=False)
+class Ref:
+    """Where a tensor argument of an op came from.
+
+    kind "op": output `output` of op number `op`; "input": the forward's argument called
+    `name`; "param"/"buffer": the root module's parameter or buffer `name` (`W_Q.weight`,
+    `causal_mask`); "const": a tensor made outside the forward (or by an unrecorded
+    call). Anything but "op" carries its own snapshot.
+    """
+
+    kind: RefKind
+    name: str = ""
+    op: int | None = None
+    output: int = 0
+    snapshot: Snapshot | None = None
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """Stands in an op's `args`/`kwargs` for its tensor argument number `index` (see inputs)."""
+
+    index: int
+
+
+@dataclass(frozen=True, eq=False)
+class OpRecord:
+    """One operation the forward performed.
+
+    name: canonical (`matmul` for `@`, `div` for `/`, `add_` for `+=`, `getitem` for
+    `t[:T, :T]`, `linear`, `softmax`, ...); qualname: how torch called it
+    (`Tensor.__truediv__`). module: the submodule path whose forward was running ("" for
+    the root; `heads.1.query`), module_class its class name. inputs: every tensor
+    argument in order; args/kwargs: the call's arguments with tensors replaced by
+    `TensorArg`, everything else as plain Python values (ints, floats, tuples, str).
+    outputs: a snapshot of every tensor it returned (a tuple result gives several).
+    """
+
+    index: int
+    name: str
+    qualname: str
+    module: str
+    module_class: str
+    inputs: tuple[Ref, ...]
+    args: tuple[object, ...]
+    kwargs: tuple[tuple[str, object], ...]
+    outputs: tuple[Snapshot, ...]
+    source: Source
+    in_place: bool = False
+
+    @property
+    def out(self) -> Snapshot:
+        return self.outputs[0]
+
+    def kwarg(self, name: str, default: object = None) -> object:
+        for key, value in self.kwargs:
+            if key == name:
+                return value
+        return default
+
+    def scalars(self) -> tuple[object, ...]:
+        """The non-tensor positional arguments, in order."""
+        return tuple(a for a in self.args if not isinstance(a, TensorArg))
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """A submodule's forward running inside the root's, from op `first` to op `end` - 1.
+
+    library: the class is defined by torch (nn.Linear, nn.Dropout, nn.MultiheadAttention).
+    """
+
+    path: str
+    class_name: str
+    library: bool
+    first: int
+    end: int
+    source: Source | None = None
+
+
+@dataclass(frozen=True)
+class RecordedError:
+    """The forward raised: torch's own message and the line that failed."""
+
+    type: str
+    message: str
+    source: Source | None
+
+
+@dataclass(frozen=True, eq=False)
+class Recording:
+    """Everything one call of a module's forward did, in order.
+
+    inputs: the forward's own arguments by parameter name (tensors only), as snapshots;
+    output: where its result (the first tensor of a tuple) came from, None when it raised.
+    """
+
+    module_class: str
+    module_file: str
+    inputs: tuple[tuple[str, Snapshot], ...]
+    ops: tuple[OpRecord, ...]
+    calls: tuple[ModuleCall, ...] = ()
+    output: Ref | None = None
+    error: RecordedError | None = None
+
+    def snapshot(self, ref: Ref) -> Snapshot:
+        """The tensor a reference points at, as it was recorded."""
+        if ref.kind == "op":
+            assert ref.op is not None
+            return self.ops[ref.op].outputs[ref.output]
+        assert ref.snapshot is not None
+        return ref.snapshot
+
+
+# ---------------------------------------------------------------------------- stages layer
+
 Kind = Literal["signed", "prob", "int"]
+
+StageKind = Literal["embed", "project", "view", "transpose", "scores", "scale", "mask",
+                    "softmax", "dropout", "attend", "concat", "w_o", "op", "error"]
+
+STAGE_KINDS: tuple[str, ...] = ("embed", "project", "view", "transpose", "scores", "scale",
+                                "mask", "softmax", "dropout", "attend", "concat", "w_o", "op",
+                                "error")
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,6 +247,13 @@ class Check:
 
 @dataclass(frozen=True, eq=False)
 class Stage:
+    """One step a learner reads: a kind, the code that ran, its tensors and checks.
+
+    id: unique in the trace (the kind, or `op-3` when a kind repeats); kind: one of
+    STAGE_KINDS; source: the module's line shown (the first op's; `code` holds every
+    distinct statement of the stage's ops); ops: the recorded ops it holds, in order.
+    """
+
     id: str
     title: str
     code: str
@@ -70,6 +267,9 @@ class Stage:
     note: str = ""
     # Shown on request: the tempting wrong alternative (a single view at `transpose`).
     aside: tuple[TensorRecord, ...] = field(default=())
+    kind: str = ""
+    source: Source | None = None
+    ops: tuple[OpRecord, ...] = ()
 
     @property
     def transition(self) -> str:
@@ -87,10 +287,25 @@ class Stage:
         raise KeyError(name)
 
 
+@dataclass(frozen=True)
+class ModuleInfo:
+    """The module that was explained: its class and the file its forward came from.
+
+    per_head_modules: the heads ran as separate modules (a ModuleList of heads) and their
+    results are shown side by side, as for a fused module.
+    """
+
+    class_name: str
+    file: str
+    per_head_modules: bool = False
+
+
 @dataclass(frozen=True, eq=False)
 class Trace:
     config: Config
     stages: tuple[Stage, ...]
+    module: ModuleInfo | None = None
+    recording: Recording | None = None
 
     def stage(self, stage_id: str) -> Stage:
         for stage in self.stages:
@@ -100,6 +315,11 @@ class Trace:
 
     def index(self, stage_id: str) -> int:
         return [stage.id for stage in self.stages].index(stage_id)
+
+    @property
+    def failed(self) -> bool:
+        """The forward raised: the last stage is the `error` stage."""
+        return bool(self.stages) and self.stages[-1].kind == "error"
 
 
 def _shape(shape: tuple[int, ...]) -> str:

@@ -29,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .config import Config
-from .records import Check, Stage, TensorRecord, Trace
+from .records import Check, ModuleInfo, Stage, TensorRecord, Trace
 from .stages import StageInfo
 
 if TYPE_CHECKING:  # NumPy arrives with torch; the app's first frame must not wait for it
@@ -339,6 +339,13 @@ def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -
         if record.head_split == 0:  # a head's rows: show which head beside the channel
             rows = Axis([f"out {c} h{c // d_h}" for c in range(v.shape[0])], heads=rows.heads)
         return [Matrix(v, record, rows, cols, None, opts)]
+    if dims == ("C_in", "C_out"):  # stored as (in, out): x @ W (Conv1D, raw parameters)
+        rows = _channel_axis(v.shape[0], split if record.head_split == 0 else None, "in ")
+        cols = _channel_axis(v.shape[1], split if record.head_split == 1 else None, "out ")
+        return [Matrix(v, record, rows, cols, None, opts)]
+    if dims == ("C",):
+        return [Matrix(v.reshape(1, -1), record, Axis(["bias"]), _channel_axis(v.shape[0], None), None,
+                       opts)]
     if dims == ("T", "T"):
         return [Matrix(v, record, _token_axis(config), _token_axis(config), None, opts)]
     if dims == ("B", "T", "h", "d_h"):
@@ -358,7 +365,27 @@ def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -
             matrices.append(Matrix(v[0, i], record, _token_axis(config, tags, tag_heads), cols,
                                    _head_title(record, i, opts), opts, head=i))
         return matrices
-    raise ValueError(f"no layout for dims {dims}")
+    return _generic_matrices(record, opts)
+
+
+def _generic_matrices(record: TensorRecord, opts: RenderOptions) -> list[Matrix]:
+    """Any other tensor (an op no rule placed, a bias, a (in, out) weight): its last axis as
+    columns, every leading index as one row, labelled by that index."""
+    import numpy as np
+
+    v = record.values
+    if v.ndim == 0:
+        v = v.reshape(1, 1)
+    if v.ndim == 1:
+        return [Matrix(v.reshape(1, -1), record, Axis([""]),
+                       Axis([f"{record.dims[0] if record.dims else 'c'}{c}" for c in range(v.shape[0])]),
+                       None, opts)]
+    rows = [", ".join(map(str, index)) for index in np.ndindex(*v.shape[:-1])]
+    flat = v.reshape(-1, v.shape[-1])
+    row_prefix = record.dims[-2] if len(record.dims) == 2 else ""
+    labels = [f"{row_prefix} {r}".strip() if row_prefix else f"[{r}]" for r in rows]
+    return [Matrix(flat, record, Axis(labels), Axis([f"{record.dims[-1]} {c}" for c in range(v.shape[-1])]),
+                   None, opts)]
 
 
 def _yes(flag: bool) -> str:
@@ -548,4 +575,28 @@ def header(config: Config, opts: RenderOptions, width: int | None = None) -> Tex
     text.append(f"   B=1 T={config.seq_len} C={config.embed_dim} h={config.num_heads} "
                 f"d_h={config.head_dim} seed={config.seed} "
                 f"{'causal' if config.causal else 'no mask'}", style="cyan")
+    return text
+
+
+def display_path(path: str) -> str:
+    """A module's file as a reader finds it: inside mha-tui's package, under the current
+    folder, or absolute. Deterministic for the built-in modules wherever mha-tui is installed."""
+    import os
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    absolute = os.path.abspath(path) if path else ""
+    if absolute.startswith(package + os.sep):
+        return "mha_tui/" + os.path.relpath(absolute, package).replace(os.sep, "/")
+    cwd = os.getcwd()
+    if absolute.startswith(cwd + os.sep):
+        return os.path.relpath(absolute, cwd)
+    return absolute
+
+
+def module_line(info: ModuleInfo, opts: RenderOptions) -> Text:
+    """Which module was explained: its class and the file its forward came from."""
+    text = Text.assemble(("module ", "dim"), (info.class_name, "bold"), ("  file ", "dim"))
+    text.append_text(label(display_path(info.file), max_cells=200, ascii_only=opts.ascii))
+    if info.per_head_modules:
+        text.append("  (each head ran as its own module)", style="dim")
     return text

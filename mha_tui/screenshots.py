@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .app import ExplainApp
 from .config import Config
-from .trace import run_trace
+from .tracing import run_trace
 
 SIZE = (100, 32)
 # (file name, key presses from the first stage)

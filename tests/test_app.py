@@ -13,7 +13,7 @@ from mha_tui.config import Config
 from mha_tui.render import RenderOptions
 from mha_tui.stage_view import StageView
 from mha_tui.stages import STAGE_IDS
-from mha_tui.trace import run_trace
+from mha_tui.tracing import run_trace
 from mha_tui.widgets import HelpScreen, TooSmall
 
 from .conftest import default_trace

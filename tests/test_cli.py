@@ -57,7 +57,7 @@ def test_help_and_version_import_neither_torch_nor_textual(argv: list[str]) -> N
 
 
 def test_transcript_path_never_imports_textual() -> None:
-    code = ("from mha_tui.config import Config\nfrom mha_tui.trace import run_trace\n"
+    code = ("from mha_tui.config import Config\nfrom mha_tui.tracing import run_trace\n"
             "from mha_tui.dump import to_text, to_json\nfrom mha_tui.render import RenderOptions\n"
             "t = run_trace(Config('I love AI !'))\nto_text(t, RenderOptions()); to_json(t)")
     loaded = _modules_after(code)

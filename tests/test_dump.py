@@ -12,7 +12,7 @@ import pytest
 from mha_tui.config import Config
 from mha_tui.dump import to_json, to_text
 from mha_tui.render import RenderOptions
-from mha_tui.trace import run_trace
+from mha_tui.tracing import run_trace
 
 from .conftest import default_trace, run_cli
 
@@ -47,7 +47,7 @@ def test_text_shows_the_modules_numbers() -> None:
     """Every number printed for `out` is the module's value at 4 decimals."""
     text = (GOLDEN / "default.txt").read_text("utf-8")
     out = default_trace().stage("w_o").tensor("out").values[0]
-    block = text[text.index("out  shape"):]
+    block = text[text.rindex("out  shape"):]
     for token, row in zip(["I", "love", "AI", "!"], out, strict=True):
         line = next(li for li in block.splitlines() if li.strip().startswith(token + " "))
         assert [float(v) for v in line.split()[1:]] == [round(float(v), 4) for v in row]

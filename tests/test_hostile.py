@@ -16,7 +16,7 @@ from mha_tui.app import ExplainApp
 from mha_tui.config import Config
 from mha_tui.dump import to_json, to_text, write_atomic
 from mha_tui.render import RenderOptions, label, printable
-from mha_tui.trace import run_trace
+from mha_tui.tracing import run_trace
 
 from .conftest import run_cli
 

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mha_tui.model import MultiHeadAttention, SingleHeadAttention
+import mha_tui
+from mha_tui.examples.mygpt import MultiHeadAttention, SingleHeadAttention
 
 # Experiment 19 of the reference chapter: SingleHeadAttention(4, 4) and
 # MultiHeadAttention(4, num_heads=1), each built after manual_seed(0), on
@@ -115,7 +116,8 @@ def test_matches_torch_multihead_attention(C: int, h: int, T: int, seed: int, ca
         mask = mha.causal_mask[:T, :T] if causal else None
         expected, expected_weights = ref(x, x, x, attn_mask=mask, need_weights=True,
                                          average_attn_weights=False)
-        weights: dict[str, torch.Tensor] = {}
-        out = mha(x, tap=lambda stage, **t: weights.update(t) if stage == "softmax" else None)
+        out = mha(x)
+    traced = mha_tui.trace(mha, x)  # the weights as the tracer recorded them from the forward
+    weights = torch.from_numpy(traced.stage("softmax").tensors[0].values)
     assert torch.allclose(out, expected, atol=1e-6)
-    assert torch.allclose(weights["weights"], expected_weights, atol=1e-6)
+    assert torch.allclose(weights, expected_weights, atol=1e-6)

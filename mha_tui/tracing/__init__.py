@@ -1,0 +1,156 @@
+"""Run a module's forward once and record what it did; the public `trace` entry point.
+
+`trace(module, x, tokens)` is what the CLI and any caller use: it records every torch op the
+forward performs (`torch_ops.record`; one adapter per array library lives in this folder and
+is imported only when used), then hands the plain recording to `mha_tui.recognise`, which
+turns ops into the stages a learner reads. `record(run, roots)` is the lower level: watch
+one or several submodules while any outer callable (a whole model's forward) runs.
+
+The module runs unchanged: no tap, no edit, nothing of mha-tui inside its forward.
+This package knows torch and the record types: never import rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from ..config import Config
+from ..records import ModuleInfo, Trace
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ..config import Source
+    from .torch_ops import RecordResult
+
+
+def build(config: Config) -> tuple[nn.Embedding, nn.Module]:
+    """The default run: seed, then nn.Embedding(V, C), then the chapter's module, in eval mode."""
+    from ..load import load
+
+    loaded = load(config)
+    return loaded.embedding, loaded.module
+
+
+def run_trace(config: Config, source: Source | None = None) -> Trace:
+    """The CLI's run: load the module (`--model`, default mygpt, or `--module`) and trace it.
+
+    Raises `mha_tui.load.LoadError` (one line) when the module cannot be built.
+    """
+    from ..load import load
+
+    loaded = load(config, source)
+    return trace(loaded.module, loaded.x, config.tokens,
+                 call=lambda module, x: module(*loaded.args, **loaded.kwargs),
+                 embedding=loaded.embedding, ids=loaded.ids, config=config)
+
+
+def _first_tensor(value: object) -> torch.Tensor | None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, list | tuple):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | None = None, *,
+          call: Callable[[nn.Module, torch.Tensor], object] | None = None,
+          embedding: nn.Embedding | None = None, ids: torch.Tensor | None = None,
+          config: Config | None = None) -> Trace:
+    """Run `module` on `x` (B, T, C) once and return the `Trace` of what its forward did.
+
+    tokens: labels for the T axis (default t0, t1, ...). call: how to call the module
+    (default `module(x)`; the loader passes e.g. `lambda m, x: m(x, x, x, attn_mask=mask)`);
+    a tuple result's first element is the output. embedding and ids: when given, x is
+    `embedding(ids)` and the first stage shows that lookup (x may then be None). config:
+    the run's configuration when the CLI built it (sizes, seed, sentence); otherwise one is
+    made from x and tokens. The module runs unchanged, in whatever mode it is in, under
+    torch.no_grad(). If its forward raises, the trace ends with an `error` stage (and
+    `Trace.failed` is true) instead of raising.
+    """
+    import torch
+
+    call = call or (lambda m, inp: m(inp))
+    # nn.MultiheadAttention has a fused fast path that skips F.multi_head_attention_forward
+    # (and rounds differently); the traced run never takes it, so neither does the check.
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        return _trace(module, x, tokens, call, embedding, ids, config)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | None,
+           call: Callable[[nn.Module, torch.Tensor], object], embedding: nn.Embedding | None,
+           ids: torch.Tensor | None, config: Config | None) -> Trace:
+    import torch
+
+    from ..recognise import Embedded, recognise
+    from .torch_ops import record as _record
+    from .torch_ops import snapshot, source_at
+
+    with warnings.catch_warnings(), torch.no_grad():
+        # torch warns about NumPy interop on some platforms; a transcript must stay clean.
+        warnings.simplefilter("ignore")
+        embedded = None
+        if embedding is not None and ids is not None:
+            x = embedding(ids)  # (B, T, C)
+            line = source_at(__file__, _line_of("x = embedding(ids)"))
+            embedded = Embedded(ids=snapshot(ids), table=snapshot(embedding.weight), x=snapshot(x),
+                                source=line, looked_up=bool(torch.equal(x[0], embedding.weight[ids[0]])))
+        if x is None:
+            raise ValueError("trace() needs x, or an embedding and ids to make it")
+        if config is None:
+            config = _config_for(module, x, tokens)
+        result = _record(lambda: call(module, x), {"": module})
+        recording = result.recordings.get("")
+        if recording is None:
+            raise ValueError(f"{type(module).__name__}'s forward never ran")
+        forward_equal = None
+        if result.error is None:
+            out = _first_tensor(result.value)
+            again = _first_tensor(call(module, x))
+            forward_equal = out is not None and again is not None and bool(torch.equal(out, again))
+        n_params = sum(p.numel() for p in module.parameters())
+    stages = recognise(recording, config, embedded=embedded, forward_equal=forward_equal,
+                       n_params=n_params)
+    info = ModuleInfo(class_name=recording.module_class, file=recording.module_file,
+                      per_head_modules=any(s.checks and "ran as its own module" in c.label
+                                           for s in stages for c in s.checks))
+    return Trace(config=config, stages=stages, module=info, recording=recording)
+
+
+def _line_of(text: str) -> int:
+    """This file's line that holds `text`: the embed stage shows the line that ran."""
+    lines, start = inspect.getsourcelines(_trace)
+    return next((start + n for n, line in enumerate(lines) if text in line), start)
+
+
+def _config_for(module: nn.Module, x: torch.Tensor, tokens: Sequence[str] | None) -> Config:
+    T, C = int(x.shape[-2]), int(x.shape[-1])
+    words = list(tokens) if tokens is not None else [f"t{i}" for i in range(T)]
+    heads = 1
+    for attribute in ("num_heads", "n_head", "n_heads", "nhead", "h"):
+        value = getattr(module, attribute, None)
+        if isinstance(value, int) and value > 0 and C % value == 0:
+            heads = value
+            break
+    return Config(" ".join(w if w.strip() and not any(c.isspace() for c in w) else "_" for w in words),
+                  embed_dim=C, num_heads=heads, max_seq_len=max(64, T))
+
+
+def record(run: Callable[[], object], roots: Mapping[str, nn.Module]) -> RecordResult:
+    """Call `run()` and record every op inside each root's forward (see torch_ops.record)."""
+    from .torch_ops import record as _record
+
+    return _record(run, roots)

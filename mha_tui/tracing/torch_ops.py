@@ -1,0 +1,484 @@
+"""The PyTorch adapter: record every torch op a module's forward performs, with its line.
+
+How it works (and what it must never do):
+
+* A `torch.overrides.TorchFunctionMode` sees every torch function, Tensor method and
+  operator (`@`, `/`, `+=`, `t[:T]`) called while it is active. Each call runs unchanged
+  (the module computes its own numbers; nothing is recomputed here), then its outputs are
+  snapshot as NumPy copies, so an in-place op later (`masked_fill_`, `+=`) cannot rewrite
+  what was recorded. Inside the handler the mode is off, so the ops that one op makes
+  internally (F.linear inside nn.Linear) are not recorded twice.
+* Forward pre/post hooks on every submodule of the roots give the submodule path
+  (`heads.1.query`) and the module calls; hooks on the roots capture the forward's own
+  arguments and result, and decide what is recorded: only ops that run inside a root's
+  forward, whatever outer callable (a whole GPT-2) calls it.
+* Each op is attributed to the innermost frame of "own code": a file outside torch, the
+  root's own forward, or torch's `F.multi_head_attention_forward` (so nn.MultiheadAttention
+  is shown step by step with torch's lines). Ops inside a library module such as nn.Linear
+  therefore point at the line that called the module.
+* Tensor identity (`id`, kept alive for the recording) links every argument to the op that
+  made it, or to the forward's input, a parameter, a buffer, or a constant.
+
+No module is edited and no mha-tui code runs inside a forward except these hooks. This
+adapter is imported only when a torch module is traced. Never import rich, textual or typer.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import linecache
+import os
+import sys
+import textwrap
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from types import CodeType, FrameType, TracebackType
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..records import (
+    ModuleCall,
+    OpRecord,
+    RecordedError,
+    Recording,
+    Ref,
+    Snapshot,
+    Source,
+    TensorArg,
+)
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_THIS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_MHA_FORWARD = F.multi_head_attention_forward
+
+# Operators by their dunder name, as a learner would call them.
+_DUNDER = {
+    "__add__": "add", "__radd__": "add", "__iadd__": "add_",
+    "__sub__": "sub", "__rsub__": "rsub", "__isub__": "sub_",
+    "__mul__": "mul", "__rmul__": "mul", "__imul__": "mul_",
+    "__truediv__": "div", "__rtruediv__": "rdiv", "__itruediv__": "div_",
+    "__matmul__": "matmul", "__rmatmul__": "rmatmul", "__imatmul__": "matmul_",
+    "__pow__": "pow", "__rpow__": "rpow", "__neg__": "neg",
+    "__getitem__": "getitem", "__setitem__": "setitem",
+    "__eq__": "eq", "__ne__": "ne", "__lt__": "lt", "__le__": "le", "__gt__": "gt",
+    "__ge__": "ge", "__invert__": "bitwise_not", "__and__": "bitwise_and",
+    "__or__": "bitwise_or", "__xor__": "bitwise_xor", "__floordiv__": "floor_divide",
+    "__mod__": "remainder",
+}
+
+
+def op_name(func: Callable[..., object]) -> tuple[str, str]:
+    """(canonical name, qualified name) of a torch function, method or operator."""
+    name = getattr(func, "__name__", type(func).__name__)
+    owner = getattr(func, "__self__", None)
+    if name == "__get__" and owner is not None:  # a property such as Tensor.T or Tensor.mT
+        name = getattr(owner, "__name__", "get")
+        return name, f"Tensor.{name}"
+    qual = getattr(func, "__qualname__", name)
+    module = getattr(func, "__module__", None) or ""
+    qualname = qual if qual.startswith("Tensor.") or qual.startswith("_TensorBase.") else (
+        f"{module}.{qual}" if module else qual)
+    for prefix, plain in (("_TensorBase.", "Tensor."), ("TensorBase.", "Tensor."),
+                          ("torch._C._nn.", "torch.nn.functional.")):
+        qualname = qualname.replace(prefix, plain)
+    return _DUNDER.get(name, name), qualname
+
+
+# ----------------------------------------------------------------------- source lines
+
+
+@lru_cache(maxsize=256)
+def _statements(filename: str) -> tuple[tuple[int, int], ...]:
+    """(first, last) line of every simple statement in a file, innermost last."""
+    text = "".join(linecache.getlines(filename))
+    if not text:
+        return ()
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return ()
+    spans = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and not isinstance(
+            node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.If | ast.For
+            | ast.While | ast.With | ast.Try | ast.AsyncFor | ast.AsyncWith | ast.Match
+        ):
+            spans.append((node.lineno, node.end_lineno or node.lineno))
+    return tuple(sorted(spans))
+
+
+def statement_at(filename: str, line: int) -> tuple[int, int]:
+    """The smallest simple statement around a line (a multi-line call shows whole)."""
+    best = (line, line)
+    for first, last in _statements(filename):
+        if first <= line <= last and (best == (line, line) or last - first < best[1] - best[0]):
+            best = (first, last)
+    return best
+
+
+@lru_cache(maxsize=4096)
+def source_at(filename: str, line: int, function: str = "") -> Source:
+    """The statement that ran at filename:line, read from that file."""
+    first, last = statement_at(filename, line)
+    lines = [linecache.getline(filename, n).rstrip("\n") for n in range(first, last + 1)]
+    text = textwrap.dedent("\n".join(lines)).strip("\n")
+    return Source(file=filename, line=first, text=text, end_line=last, function=function)
+
+
+# ----------------------------------------------------------------------- snapshots
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, sparse)
+        return id(t)
+
+
+def snapshot(t: torch.Tensor) -> Snapshot:
+    """A copy of the tensor's values now, with its layout (strides, storage) as it is."""
+    data = t.detach()
+    if data.dtype in (torch.bfloat16, torch.float16):
+        copy = data.to(torch.float32)
+    elif data.is_contiguous():
+        copy = data.clone()
+    else:
+        copy = data.contiguous()  # copies already
+    if copy.device.type != "cpu":
+        copy = copy.cpu()
+    return Snapshot(
+        values=copy.resolve_conj().resolve_neg().numpy(),
+        shape=tuple(data.shape),
+        strides=tuple(data.stride()) if data.layout == torch.strided else (),
+        contiguous=bool(data.is_contiguous()),
+        storage=_storage(data),
+        storage_offset=int(data.storage_offset()) if data.layout == torch.strided else 0,
+        dtype=str(data.dtype).removeprefix("torch."),
+    )
+
+
+def _plain(value: object) -> object:
+    """A non-tensor argument as a plain Python value the recogniser can read."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, torch.Size):
+        return tuple(int(v) for v in value)
+    if isinstance(value, list | tuple):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, slice):
+        return ("slice", _plain(value.start), _plain(value.stop), _plain(value.step))
+    if value is Ellipsis:
+        return "..."
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, np.generic):
+        return value.item()
+    return repr(value)
+
+
+# ----------------------------------------------------------------------- the recorder
+
+
+@dataclass
+class _Session:
+    """One root module's forward being recorded."""
+
+    name: str
+    module: nn.Module
+    names: dict[int, tuple[str, str]]  # id(param or buffer) -> ("param"|"buffer", name)
+    codes: frozenset[CodeType]
+    inputs: list[tuple[str, Snapshot]] = field(default_factory=list)
+    ops: list[OpRecord] = field(default_factory=list)
+    calls: list[ModuleCall] = field(default_factory=list)
+    producers: dict[int, tuple[int, int]] = field(default_factory=dict)
+    input_refs: dict[int, Ref] = field(default_factory=dict)
+    const_refs: dict[int, Ref] = field(default_factory=dict)
+    alive: list[object] = field(default_factory=list)
+    stack: list[tuple[str, str, int, Source | None]] = field(default_factory=list)
+    output: Ref | None = None
+    error: RecordedError | None = None
+    failed_at: Source | None = None
+    done: bool = False
+
+    def ref(self, t: torch.Tensor) -> Ref:
+        key = id(t)
+        if key in self.producers:
+            op, out = self.producers[key]
+            return Ref("op", op=op, output=out)
+        if key in self.input_refs:
+            return self.input_refs[key]
+        if key in self.names:
+            kind, name = self.names[key]
+            ref = Ref(kind, name=name, snapshot=snapshot(t))  # type: ignore[arg-type]
+            self.const_refs[key] = ref
+            self.names.pop(key)  # snapshot a parameter once
+            self.input_refs[key] = ref
+            self.alive.append(t)
+            return ref
+        if key not in self.const_refs:
+            self.const_refs[key] = Ref("const", snapshot=snapshot(t))
+            self.alive.append(t)
+        return self.const_refs[key]
+
+    def recording(self) -> Recording:
+        cls = type(self.module)
+        try:
+            file = inspect.getsourcefile(cls) or ""
+        except TypeError:
+            file = ""
+        return Recording(
+            module_class=cls.__name__, module_file=file, inputs=tuple(self.inputs),
+            ops=tuple(self.ops), calls=tuple(self.calls), output=self.output, error=self.error,
+        )
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        session = self.recorder.active
+        if session is None:
+            return func(*args, **kwargs)
+        if func is _MHA_FORWARD:
+            return self.recorder.expand(self, func, args, kwargs)
+        try:
+            result = func(*args, **kwargs)
+        except Exception:
+            session.failed_at = self.recorder.where(session)
+            raise
+        self.recorder.op(session, func, args, kwargs, result)
+        return result
+
+
+class Recorder:
+    """Records the roots' forwards while `run()` executes (see `record`)."""
+
+    def __init__(self, roots: Mapping[str, nn.Module]) -> None:
+        self.roots = dict(roots)
+        self.sessions: dict[str, _Session] = {}
+        self.active_stack: list[_Session] = []
+        self.mode = _Mode(self)
+
+    @property
+    def active(self) -> _Session | None:
+        return self.active_stack[-1] if self.active_stack else None
+
+    # -------------------------------------------------------------- hooks
+
+    def install(self) -> list[torch.utils.hooks.RemovableHandle]:
+        handles = []
+        for root_name, root in self.roots.items():
+            handles.append(root.register_forward_pre_hook(
+                self._root_pre(root_name), with_kwargs=True, prepend=True))
+            # Not always_call: a forward that raises stays active until `fail` records it.
+            handles.append(root.register_forward_hook(self._root_post(root_name)))
+            for path, sub in root.named_modules():
+                if sub is root:
+                    continue
+                handles.append(sub.register_forward_pre_hook(self._sub_pre(path), prepend=True))
+                handles.append(sub.register_forward_hook(self._sub_post(path), always_call=True))
+        return handles
+
+    def _root_pre(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+            if name in self.sessions:  # a second call of the same root is not recorded
+                return
+            names: dict[int, tuple[str, str]] = {}
+            for pname, p in module.named_parameters():
+                names[id(p)] = ("param", pname)
+            for bname, b in module.named_buffers():
+                names[id(b)] = ("buffer", bname)
+            codes = {type(module).forward.__code__} if hasattr(type(module).forward, "__code__") else set()
+            session = _Session(name=name, module=module, names=names, codes=frozenset(codes))
+            try:
+                bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+                named = list(bound.arguments.items())
+            except (TypeError, ValueError):
+                named = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+            for arg_name, value in named:
+                for i, t in enumerate(_tensors(value)):
+                    label = arg_name if i == 0 else f"{arg_name}[{i}]"
+                    if id(t) in session.input_refs:  # the same x passed as query, key, value
+                        continue
+                    snap = snapshot(t)
+                    session.inputs.append((label, snap))
+                    session.input_refs[id(t)] = Ref("input", name=label, snapshot=snap)
+                    session.alive.append(t)
+            self.sessions[name] = session
+            self.active_stack.append(session)
+
+        return hook
+
+    def _root_post(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[object, ...], output: object) -> None:
+            session = self.sessions.get(name)
+            if session is None or session.done or self.active is not session:
+                return
+            session.done = True
+            self.active_stack.pop()
+            out = _tensors(output)
+            if out:
+                session.output = session.ref(out[0])
+
+        return hook
+
+    def _sub_pre(self, path: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[object, ...]) -> None:
+            session = self.active
+            if session is None:
+                return
+            source = self.where(session)
+            session.stack.append((path, type(module).__name__, len(session.ops), source))
+
+        return hook
+
+    def _sub_post(self, path: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[object, ...], output: object) -> None:
+            session = self.active
+            if session is None or not session.stack or session.stack[-1][0] != path:
+                return
+            _, cls, first, source = session.stack.pop()
+            library = type(module).__module__.startswith("torch.")
+            session.calls.append(ModuleCall(path, cls, library, first, len(session.ops), source))
+
+        return hook
+
+    # -------------------------------------------------------------- ops
+
+    def where(self, session: _Session, frame: FrameType | None = None) -> Source:
+        """The innermost frame of the module's own code, as a Source."""
+        frame = frame or sys._getframe(1)
+        fallback = None
+        while frame is not None:
+            code = frame.f_code
+            filename = code.co_filename
+            if code in session.codes or code is _MHA_FORWARD.__code__ or not (
+                filename.startswith(_TORCH_DIR) or filename.startswith(_THIS_DIR)
+            ):
+                return source_at(filename, frame.f_lineno, code.co_name)
+            fallback = fallback or frame
+            frame = frame.f_back
+        if fallback is not None:
+            return source_at(fallback.f_code.co_filename, fallback.f_lineno, fallback.f_code.co_name)
+        return Source(file="", line=0, text="")
+
+    def op(self, session: _Session, func: Callable[..., object], args: tuple[object, ...],
+           kwargs: dict[str, object], result: object) -> None:
+        name, qualname = op_name(func)
+        in_place = (name.endswith("_") and not name.startswith("_")) or name == "setitem"
+        outputs = _tensors(result)
+        if name == "setitem" and args and isinstance(args[0], torch.Tensor):
+            outputs = [args[0]]
+        if not outputs:
+            return  # shape, size, dim, item, ...: no tensor made
+        inputs: list[Ref] = []
+        seen: dict[int, int] = {}
+
+        def convert(value: object) -> object:
+            if isinstance(value, torch.Tensor):
+                key = id(value)
+                if key not in seen:
+                    seen[key] = len(inputs)
+                    inputs.append(session.ref(value))
+                return TensorArg(seen[key])
+            if isinstance(value, list | tuple) and any(isinstance(v, torch.Tensor) for v in value):
+                return tuple(convert(v) for v in value)
+            return _plain(value)
+
+        plain_args = tuple(convert(a) for a in args)
+        plain_kwargs = tuple((k, convert(v)) for k, v in kwargs.items())
+        path, cls = (session.stack[-1][0], session.stack[-1][1]) if session.stack else ("", "")
+        index = len(session.ops)
+        session.ops.append(OpRecord(
+            index=index, name=name, qualname=qualname, module=path, module_class=cls,
+            inputs=tuple(inputs), args=plain_args, kwargs=plain_kwargs,
+            outputs=tuple(snapshot(t) for t in outputs), source=self.where(session),
+            in_place=in_place,
+        ))
+        for i, t in enumerate(outputs):
+            session.producers[id(t)] = (index, i)
+            session.alive.append(t)
+
+    def expand(self, mode: _Mode, func: Callable[..., object], args: tuple[object, ...],
+               kwargs: dict[str, object]) -> object:
+        """Run F.multi_head_attention_forward with the mode on, so its steps are recorded.
+
+        There is no public way to re-enter a function's own body under the mode that
+        dispatched it (its `has_torch_function` check would dispatch again, forever), so
+        that one check is answered False for the duration of the call; F.linear, softmax
+        and every op inside still go through the mode.
+        """
+        original = F.has_torch_function
+        F.has_torch_function = lambda ops: False  # only multi_head_attention_forward uses it
+        try:
+            with mode:
+                return func(*args, **kwargs)
+        finally:
+            F.has_torch_function = original
+
+    def fail(self, error: BaseException, tb: TracebackType | None) -> None:
+        """The forward raised: record torch's message and the failing line."""
+        for session in self.active_stack:
+            source = session.failed_at
+            if source is None:
+                frame = None
+                while tb is not None:
+                    frame = tb.tb_frame
+                    tb = tb.tb_next
+                source = self.where(session, frame) if frame is not None else None
+            message = str(error).strip() or type(error).__name__
+            session.error = RecordedError(type(error).__name__, message, source)
+        self.active_stack.clear()
+
+
+@dataclass(frozen=True, eq=False)
+class RecordResult:
+    """What `record` returns: run()'s result, every root's recording, and the exception."""
+
+    value: object
+    recordings: dict[str, Recording]
+    error: BaseException | None = None
+
+
+def record(run: Callable[[], object], roots: Mapping[str, nn.Module]) -> RecordResult:
+    """Call `run()` and record every op executed inside each root module's forward.
+
+    `roots` names the modules to watch (`{"": module}` for one; `{"h.0.attn": ..., ...}`
+    for every layer of a model); `run` is any callable that ends up calling them (the
+    module itself, or a whole model's forward, which passes its own arguments). Each root's
+    first call is recorded: its arguments and result (through hooks), and every torch op
+    inside it. If `run` raises, the exception is returned, not raised, and the recording
+    of the root that was running ends with the error.
+    """
+    recorder = Recorder(roots)
+    handles = recorder.install()
+    value: object = None
+    error: BaseException | None = None
+    try:
+        with recorder.mode:
+            value = run()
+    except Exception as exc:
+        error = exc
+        recorder.fail(exc, exc.__traceback__)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return RecordResult(value, {name: s.recording() for name, s in recorder.sessions.items()},
+                        error)
