@@ -461,21 +461,25 @@ def prepare_terminal() -> str | None:
     - COLUMNS/LINES exported in the shell would lock the app's size: Textual asks
       shutil.get_terminal_size, which prefers them to the terminal's real size, on start
       and on every resize. The app follows the terminal, so they go.
+    - Textual draws on stderr (its Linux driver writes frames there). With stderr
+      redirected (2>log) the frames would fill the file and the terminal stay blank: the
+      CLI chose the app because stdout is a terminal, so draw there.
     - Textual reads keys from stdin. When stdin is a pipe or a file, the keys typed in the
       terminal (even q) would never arrive: read them from the controlling terminal
       instead, as less and fzf do. No controlling terminal: refuse.
     """
     os.environ.pop("COLUMNS", None)
     os.environ.pop("LINES", None)
-    if sys.__stdin__ is not None and sys.__stdin__.isatty():
-        return None
-    try:
-        tty = os.open("/dev/tty", os.O_RDWR)
-    except OSError as error:
-        return (f"the app reads keys from the terminal, and there is none ({error.strerror}); "
-                "use --dump to write a transcript")
-    os.dup2(tty, 0)
-    os.close(tty)
+    if not os.isatty(0):
+        try:
+            tty = os.open("/dev/tty", os.O_RDWR)
+        except OSError as error:
+            return (f"the app reads keys from the terminal, and there is none "
+                    f"({error.strerror}); use --dump to write a transcript")
+        os.dup2(tty, 0)
+        os.close(tty)
+    if os.isatty(1) and not os.isatty(2):  # after any refusal: that goes to the real stderr
+        os.dup2(1, 2)
     return None
 
 

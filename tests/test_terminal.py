@@ -40,7 +40,8 @@ def _make_controlling_terminal() -> None:
 
 
 def run_in_pty(*args: str, env: dict[str, str] | None = None, stdin_pipe: bool = False,
-               controlling_terminal: bool = True, keys: tuple[bytes, ...] = (),
+               controlling_terminal: bool = True, stderr_pipe: bool = False,
+               keys: tuple[bytes, ...] = (),
                size: tuple[int, int] = (100, 32)) -> Session:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
@@ -52,7 +53,7 @@ def run_in_pty(*args: str, env: dict[str, str] | None = None, stdin_pipe: bool =
         proc = subprocess.Popen(
             [sys.executable, "-m", "mha_tui", "explain", "I love AI !", *args],
             stdin=subprocess.PIPE if stdin_pipe else slave, stdout=slave,
-            stderr=slave if controlling_terminal else subprocess.PIPE,
+            stderr=subprocess.PIPE if stderr_pipe or not controlling_terminal else slave,
             start_new_session=True, env=full_env, cwd=ROOT, close_fds=True,
             preexec_fn=_make_controlling_terminal if controlling_terminal else None)
         os.close(slave)
@@ -103,6 +104,14 @@ def test_without_a_terminal_to_read_keys_from_it_refuses_in_one_line() -> None:
     lines = session.stderr.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mha-tui: error: the app reads keys from the terminal")
     assert b"Traceback" not in session.stderr
+
+
+def test_with_stderr_redirected_the_app_still_draws_on_the_terminal() -> None:
+    """Textual draws on stderr: `2>log` filled the log with frames and left the screen blank."""
+    session = run_in_pty(stderr_pipe=True, keys=(b"l",))
+    assert session.code == 0
+    assert b"1/11" in session.output and b"2/11" in session.output
+    assert session.stderr == b""
 
 
 def test_exported_columns_and_lines_do_not_lock_the_size() -> None:
