@@ -52,9 +52,9 @@ def run_process(argv: list[str], env: dict[str, str] | None = None) -> Run:
     return Run(elapsed, usage.ru_maxrss)
 
 
-def app_in_pty() -> tuple[float, float, int]:
+def app_in_pty(*extra: str) -> tuple[float, float, int]:
     """One run of the app in a 100x32 pseudo-terminal: seconds to first paint and to first
-    values (from the app's marks), and its peak RSS (KiB)."""
+    values (from the app's marks), and its peak RSS (KiB). extra: more `explain` arguments."""
     with tempfile.TemporaryDirectory() as tmp:
         marks = Path(tmp) / "marks"
         master, slave = pty.openpty()
@@ -62,7 +62,7 @@ def app_in_pty() -> tuple[float, float, int]:
         env = {**os.environ, "MHA_TUI_MARKS": str(marks), "TERM": "xterm-256color"}
         env.pop("NO_COLOR", None)
         started = time.time()
-        proc = subprocess.Popen([*MHA, "explain", SENTENCE], stdin=slave, stdout=slave,
+        proc = subprocess.Popen([*MHA, "explain", SENTENCE, *extra], stdin=slave, stdout=slave,
                                 stderr=slave, env=env, close_fds=True)
         os.close(slave)
 
@@ -139,13 +139,20 @@ def main() -> int:
         "completion": ([*MHA], {"_MHA_TUI_COMPLETE": "complete_bash",
                                "COMP_WORDS": "mha-tui expl", "COMP_CWORD": "1"}),
         "dump": ([*MHA, "explain", SENTENCE, "--dump", "-"], None),
+        # The NumPy blueprint: no torch on this path at all.
+        "numpy": ([*MHA, "explain", SENTENCE, "--model", "blueprint", "--dump", "-"], None),
+        # GPT-2 small's sizes, every number: 2.4 M values in column blocks, ~25 MB of text.
+        "full": ([*MHA, "explain", SENTENCE, "--embed-dim", "768", "--heads", "12", "--full",
+                  "--dump", "-"], None),
     }
     samples: dict[str, list[Run]] = {name: [] for name in commands}
     apps: list[tuple[float, float, int]] = []
+    numpy_apps: list[tuple[float, float, int]] = []
     for _ in range(n):
         for name, (argv, env) in commands.items():
             samples[name].append(run_process(argv, env))
         apps.append(app_in_pty())
+        numpy_apps.append(app_in_pty("--model", "blueprint"))
     result = {name: Run(statistics.median(r.seconds for r in runs),
                         int(statistics.median(r.max_rss_kib for r in runs)))
               for name, runs in samples.items()}
@@ -155,7 +162,9 @@ def main() -> int:
     for name, what, limit in [("version", "mha-tui --version", 0.25),
                               ("help", "mha-tui --help", 0.25),
                               ("completion", "shell completion (bash)", 0.25),
-                              ("dump", f'explain "{SENTENCE}" --dump -', 1.10)]:
+                              ("dump", f'explain "{SENTENCE}" --dump -', 1.10),
+                              ("numpy", f'explain "{SENTENCE}" --model blueprint --dump -', 0.30),
+                              ("full", "C=768 h=12 --full --dump - (2.4 M numbers)", 3.0)]:
         ratio = result[name].seconds / f
         rows.append(Row(what, f"{result[name].seconds:.3f} s", ratio, f"<= {limit:.2f} x",
                         ratio <= limit))
@@ -167,6 +176,9 @@ def main() -> int:
                     "<= 0.20 x", paint / f <= 0.20))
     rows.append(Row("app: first stage's values on screen", f"{values:.3f} s", values / f,
                     "<= 1.15 x", values / f <= 1.15))
+    numpy_values = statistics.median(a[1] for a in numpy_apps)
+    rows.append(Row("app, --model blueprint (NumPy): first values", f"{numpy_values:.3f} s",
+                    numpy_values / f, "< the torch module's", numpy_values < values))
 
     default = {"sentence": SENTENCE}
     gpt2 = {"sentence": " ".join(f"w{i}" for i in range(128)), "embed_dim": 768,

@@ -17,7 +17,22 @@ __version__ = "0.1.0"
 
 
 def trace(module: Any, x: Any, tokens: Any = None, **options: Any) -> Trace:
-    """Trace one forward of `module` on `x`; see `mha_tui.tracing.trace` for the options."""
+    """Trace one forward of `module` on `x`; see `mha_tui.tracing.trace` for the options.
+
+    A NumPy module (x an ndarray, the module not a torch nn.Module) is traced by the NumPy
+    adapter instead (`mha_tui.tracing.numpy_ops.trace`: x (T, C), options args, kwargs,
+    table, ids, config), and torch is never imported."""
+    if type(x).__module__ == "numpy" and not _is_torch_module(module):
+        from .tracing.numpy_ops import trace as _trace_numpy  # NumPy code: torch never loads
+
+        return _trace_numpy(module, x, tokens, **options)
     from .tracing import trace as _trace  # torch is imported only now
 
     return _trace(module, x, tokens, **options)
+
+
+def _is_torch_module(module: Any) -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")  # not imported: the module cannot be a torch one
+    return torch is not None and isinstance(module, torch.nn.Module)

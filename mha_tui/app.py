@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import ClassVar
 
+from rich.console import Group, RenderableType
 from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult
@@ -39,6 +40,7 @@ RAIL_MIN_WIDTH = 80
 EXPLAIN_MIN_HEIGHT = 24
 """Shorter than this, the explanation starts folded: the numbers come first (`e` unfolds)."""
 MAX_DECIMALS = 8
+MAX_COLS = 64  # more than any pane shows at 4 decimals
 
 STAGE = Binding.Group("Stage", compact=True)
 SCROLL = Binding.Group("Scroll", compact=True)
@@ -151,9 +153,11 @@ class ExplainApp(App[None]):
 
     def __init__(self, config: Config, *, trace: Trace | None = None, start: str | None = None,
                  ascii_only: bool = False,
-                 loader: Callable[[Config], Trace] = _load_trace) -> None:
+                 loader: Callable[[Config], Trace] = _load_trace, batched: bool = True) -> None:
         super().__init__()
         self.config = config
+        # False for a NumPy module (x is (T, C)): the header leaves out B from the first frame.
+        self._batched = batched
         self.trace = trace
         self._loader = loader
         self._start_id = start
@@ -220,13 +224,14 @@ class ExplainApp(App[None]):
             self.run_worker(self._load, thread=True, exclusive=True, name="trace")
         # The stage itself is drawn once the layout has given it a width (WidthChanged).
 
-    def _header(self) -> Text:
-        """Sentence, tokens and sizes; once traced, also the module's class and file."""
+    def _header(self) -> RenderableType:
+        """Sentence, tokens and sizes (laid out at the header's width, so the sizes always
+        show); once traced, also the module's class and file."""
         opts = RenderOptions(ascii=self._ascii)
-        text = header(self.config, opts)
+        batched = self.trace.batched if self.trace is not None else self._batched
         if self.trace is not None and self.trace.module is not None:
-            text = Text("\n").join([text, module_line(self.trace.module, opts)])
-        return text
+            return Group(header(self.config, opts, batched=batched), module_line(self.trace.module, opts))
+        return header(self.config, opts, batched=batched)
 
     def _rail_options(self) -> list[Option]:
         return [Option(Text.assemble((f"{i + 1:>2} ", "dim"), stage_id), id=stage_id)
@@ -300,10 +305,12 @@ class ExplainApp(App[None]):
             self.call_after_refresh(self._mark, "paint")
 
     def _window_options(self, width: int) -> RenderOptions:
-        """Elide tensors to what the pane can show: cost follows the screen."""
-        cell = self.view.decimals + 5
-        max_cols = max(2, (width - 14) // cell)
-        return replace(self.view, max_cols=max_cols, max_rows=16, max_heads=4, width=width)
+        """Elide tensors to what the pane can show: cost follows the screen.
+
+        Each matrix fits as many whole columns as the width holds (render.Matrix measures
+        its formatted cells); max_cols only bounds how many it formats to find out.
+        """
+        return replace(self.view, max_cols=MAX_COLS, max_rows=16, max_heads=4, width=width)
 
     def _strips(self, renderable: object, width: int) -> list[Strip]:
         strips = render_strips(self.console, renderable, width)  # type: ignore[arg-type]

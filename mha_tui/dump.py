@@ -35,7 +35,7 @@ def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
 def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = False) -> str:
     buffer = io.StringIO()
     console = transcript_console(buffer, width, color)
-    console.print(header(trace.config, opts))
+    console.print(header(trace.config, opts, batched=trace.batched))
     if trace.module is not None:
         console.print(module_line(trace.module, opts))
     console.print()
@@ -71,6 +71,7 @@ def _tensor_json(record: TensorRecord, placeholders: dict[str, str], nonce: str)
         "shape": list(record.shape),
         "dims": list(record.dims),
         "strides": list(record.strides),
+        "stride_unit": record.stride_unit,
         "contiguous": record.contiguous,
     }
     if record.shares_storage is not None:

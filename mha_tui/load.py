@@ -14,52 +14,31 @@ name at fault. Knows torch; never imports rich, textual or typer.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import inspect
-import os
 import re
-import sys
-import traceback
-import unicodedata
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType, TracebackType
 
 import torch
 from torch import nn
 
 from .config import Config, Source, parse_module_ref
-
-
-class LoadError(ValueError):
-    """The module or its weights cannot be used; the message is one line for stderr."""
-
-
-# ---------------------------------------------------------------- constructor arguments
-
-# Constructor parameters filled by name (whatever default they have); every other
-# parameter keeps its default or needs --init NAME=VALUE.
-EMBED_NAMES = ("embed_dim", "d_model", "d_in", "d_out", "n_embd")
-HEAD_NAMES = ("num_heads", "n_heads", "n_head")
-LENGTH_NAMES = ("max_seq_len", "context_length", "block_size")
-MASK_NAMES = ("mask", "attn_mask")
-
-
-def filled_by_name(config: Config) -> dict[str, object]:
-    """What each well-known constructor parameter gets for this run."""
-    values: dict[str, object] = dict.fromkeys(EMBED_NAMES, config.embed_dim)
-    values.update(dict.fromkeys(HEAD_NAMES, config.num_heads))
-    values.update(dict.fromkeys(LENGTH_NAMES, config.max_seq_len))
-    # Eval mode switches dropout off anyway; 0.0 also keeps a training-mode module honest.
-    values.update(dropout=0.0, batch_first=True, causal=config.causal)
-    return values
-
-
-# ---------------------------------------------------------------- the tutorials' modules
+from .learner import (  # the torch-free half of the load room, shared with load_numpy
+    MASK_NAMES,
+    LoadError,
+    _class_file,
+    _describe,
+    _import_file,
+    _import_name,
+    _learner_code,
+    _safe,
+    _shown_path,
+    constructor_arguments,
+)
 
 
 @dataclass(frozen=True)
@@ -126,13 +105,6 @@ def output_tensor(result: object, module: nn.Module) -> torch.Tensor:
     return result
 
 
-def _describe(value: object) -> str:
-    if value is None:
-        return "None"
-    name = type(value).__name__
-    return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
-
-
 # ---------------------------------------------------------------- the one entry point
 
 
@@ -193,145 +165,7 @@ def _learner_class(ref: str) -> tuple[type[nn.Module], str]:
     return target, f"{shown}:{attr}"
 
 
-def _shown_path(path: str) -> str:
-    """A path as the user sees it: relative to the working directory when inside it."""
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
-
-
-def _import_file(where: str) -> ModuleType:
-    """Execute a learner's .py file as a fresh module, as `python FILE` would see it.
-
-    It is registered under a private name (never its own stem: a file called json.py must
-    not shadow json), and its folder is on sys.path only while it runs, so that it can
-    import its neighbours.
-    """
-    path = Path(where).expanduser()
-    shown = _shown_path(where)
-    if not path.is_file():
-        reason = "is a folder" if path.is_dir() else "does not exist"
-        raise LoadError(f"--module {_safe(shown)} {reason}; give a .py file and a class, "
-                        "e.g. --module my_attn.py:MultiHeadAttention")
-    path = path.resolve()
-    name = "_mha_tui_learner_." + re.sub(r"\W", "_", path.stem)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise LoadError(f"--module {_safe(shown)} cannot be imported as Python")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and typing look their module up by name
-    folder = str(path.parent)
-    sys.path.insert(0, folder)
-    try:
-        with _learner_code(f"importing {shown}", str(path)):
-            spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(folder)
-    return module
-
-
-def _import_name(where: str) -> ModuleType:
-    try:
-        spec = importlib.util.find_spec(where)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None:
-        hint = f"; did you mean --module {where}.py:...?" if Path(f"{where}.py").is_file() else ""
-        raise LoadError(f"--module: no module named {where!r} in this Python environment{hint}")
-    with _learner_code(f"importing {where}", spec.origin or where):
-        return importlib.import_module(where)
-
-
-def _class_file(cls: type) -> str:
-    try:
-        return inspect.getsourcefile(cls) or ""
-    except TypeError:
-        return ""
-
-
-# ---------------------------------------------------------------- learner code, run safely
-
-
-@contextlib.contextmanager
-def _learner_code(doing: str, file: str) -> Iterator[None]:
-    """Run a learner's code: its exceptions become one line naming their file and line.
-
-    Its prints go to stderr, so that a transcript on stdout stays a transcript.
-    """
-    try:
-        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    except LoadError:
-        raise
-    except SyntaxError as error:
-        where = _shown_path(error.filename or file)
-        raise LoadError(f"{_safe(where)}, line {error.lineno}: SyntaxError: "
-                        f"{_safe(error.msg)} (while {_safe(doing)})") from None
-    except (Exception, SystemExit) as error:
-        raise LoadError(f"{_at(error.__traceback__, file)}{type(error).__name__}: "
-                        f"{_safe(str(error)) or '(no message)'} (while {_safe(doing)})") from None
-
-
-def _at(tb: TracebackType | None, file: str) -> str:
-    """'my_attn.py, line 12: ' for the innermost frame in `file` (else the innermost)."""
-    frames = traceback.extract_tb(tb)
-    if not frames:
-        return ""
-    mine = [f for f in frames if os.path.realpath(f.filename) == os.path.realpath(file)]
-    frame = (mine or frames)[-1]
-    return f"{_safe(_shown_path(frame.filename))}, line {frame.lineno}: "
-
-
-def _safe(text: str, limit: int = 300) -> str:
-    """Learner text for one stderr line: whitespace runs made single spaces, controls
-    made visible, long text cut."""
-    text = " ".join(text.split())
-    out = "".join(
-        repr(ch)[1:-1] if unicodedata.category(ch) in ("Cc", "Cf", "Cs") else ch for ch in text
-    )
-    return out if len(out) <= limit else out[: limit - 1] + "…"
-
-
 # ---------------------------------------------------------------- construction
-
-
-def constructor_arguments(cls: type, config: Config, init: Mapping[str, object]) -> dict[str, object]:
-    """The keyword arguments cls(...) gets: --init first, then the by-name rules; every
-    other parameter keeps its default. A required one left over is refused."""
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        params = {}
-    by_name = filled_by_name(config)
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    named = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    for name in init:
-        if name not in named and not takes_any:
-            raise LoadError(f"--init {name}: {cls.__name__}() has no parameter {name!r}; "
-                            f"it takes: {', '.join(named) or 'nothing'}")
-    kwargs: dict[str, object] = {}
-    for name, param in params.items():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
-        if name in init:
-            kwargs[name] = init[name]
-        elif name in by_name:
-            kwargs[name] = by_name[name]
-        elif param.default is param.empty:
-            raise LoadError(f"{cls.__name__}() needs a value for {name!r}, which mha-tui cannot "
-                            f"guess; give it with --init {name}=VALUE")
-        if param.kind is param.POSITIONAL_ONLY and name in kwargs:
-            raise LoadError(f"{cls.__name__}() takes {name!r} as positional-only; mha-tui "
-                            "passes constructor arguments by name")
-    kwargs.update((k, v) for k, v in init.items() if k not in kwargs)  # into **kwargs
-    return kwargs
 
 
 def _construct(cls: type[nn.Module], kwargs: dict[str, object]) -> nn.Module:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -47,7 +47,8 @@ PROJECTIONS = {"linear", "addmm", "matmul", "mm", "einsum", "rmatmul"}
 SHAPE_OPS = {"view", "reshape", "transpose", "permute", "contiguous", "unsqueeze", "squeeze",
              "expand", "expand_as", "flatten", "unflatten", "swapaxes", "swapdims", "movedim",
              "t", "T", "mT", "float", "to", "type", "type_as", "clone", "detach", "getitem",
-             "split", "chunk", "unbind", "tensor_split", "half", "double", "bool"}
+             "split", "chunk", "unbind", "tensor_split", "half", "double", "bool",
+             "astype", "copy", "ravel"}  # NumPy's spellings
 SPLITS = {"split", "chunk", "unbind", "tensor_split"}
 SOFTMAXES = {"softmax", "_softmax", "softmax_"}
 DROPOUTS = {"dropout", "dropout_", "feature_dropout", "alpha_dropout"}
@@ -63,6 +64,7 @@ class Embedded:
     x: Snapshot
     source: Source
     looked_up: bool
+    table_name: str = "embedding.weight"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class Sizes:
     C: int
     h: int
     d_h: int
+    # False when x has no batch axis (NumPy's (T, C)): every dims label drops its B.
+    batched: bool = True
 
 
 @dataclass
@@ -106,6 +110,7 @@ class Graph:
             self.from_x[op.index] = any(self.is_x(ref) for ref in op.inputs)
         self.kind: dict[int, str] = {}
         self.head: dict[int, int] = {}
+        self.softmax_parts: set[int] | None = None
         self.fused: set[int] = set()  # ops whose output is a whole fused q|k|v projection
 
     def is_x(self, ref: Ref) -> bool:
@@ -260,6 +265,40 @@ def softmax(g: Graph, op: OpRecord) -> str | None:
     return "softmax" if op.name in SOFTMAXES and g.x_inputs(op) else None
 
 
+def handwritten_softmax(g: Graph, op: OpRecord) -> str | None:
+    """exp(s - max(s)) / sum(exp(...)) written out over several ops or lines: one softmax."""
+    if g.softmax_parts is None:
+        g.softmax_parts = _softmax_parts(g)
+    return "softmax" if op.index in g.softmax_parts else None
+
+
+def _softmax_parts(g: Graph) -> set[int]:
+    """Every op of each hand-written softmax: the division e / sum(e) where e = exp(...),
+    with the row maximum subtracted first when it is (the numerically stable form)."""
+    parts: set[int] = set()
+    for op in g.ops:
+        if op.name not in {"div", "true_divide"} or len(op.inputs) != 2:
+            continue
+        e, total = g.producer(op.inputs[0]), g.producer(op.inputs[1])
+        if e is None or total is None or e.name != "exp" or total.name != "sum":
+            continue
+        if not total.inputs or total.inputs[0].op != e.index or not e.inputs:
+            continue
+        found = [e.index, total.index, op.index]
+        shifted = g.producer(e.inputs[0])
+        if shifted is not None and shifted.name == "sub" and len(shifted.inputs) == 2:
+            peak = g.producer(shifted.inputs[1])
+            if peak is not None and peak.name in {"max", "amax"} and peak.inputs and \
+                    _same(peak.inputs[0], shifted.inputs[0]):
+                found += [shifted.index, peak.index]
+        parts.update(found)
+    return parts
+
+
+def _same(a: Ref, b: Ref) -> bool:
+    return a.kind == b.kind and a.op == b.op and a.output == b.output and a.name == b.name
+
+
 def dropout(g: Graph, op: OpRecord) -> str | None:
     return "dropout" if op.name in DROPOUTS and g.x_inputs(op) else None
 
@@ -355,6 +394,11 @@ def _head_calls(rec: Recording) -> list[ModuleCall]:
 
 
 def infer_sizes(rec: Recording, x: Snapshot, hint_heads: int, head_calls: list[ModuleCall]) -> Sizes:
+    """B, T, C from x, h and d_h from the ops; no batch axis when x is (T, C)."""
+    return replace(_infer_sizes(rec, x, hint_heads, head_calls), batched=x.ndim >= 3)
+
+
+def _infer_sizes(rec: Recording, x: Snapshot, hint_heads: int, head_calls: list[ModuleCall]) -> Sizes:
     B, T, C = x.shape[:3] if x.ndim >= 3 else (1, x.shape[0], x.shape[-1])
     if head_calls:
         h = len(head_calls)
@@ -391,6 +435,7 @@ def classify(g: Graph, sizes: Sizes) -> None:
         lambda g, op: head_split(g, op, sizes),
         lambda g, op: head_move(g, op, sizes),
         softmax,
+        handwritten_softmax,
         dropout,
         scores_or_attend,
         mask,
@@ -432,6 +477,46 @@ def _assign_heads(g: Graph, head_calls: list[ModuleCall]) -> None:
     for h, call in enumerate(head_calls):
         for i in range(call.first, call.end):
             g.head[i] = h
+
+
+def _assign_loop_heads(g: Graph, sizes: Sizes) -> None:
+    """A per-head loop (`Q[h]`, `K[h]`, `V[h]` taken from the (h, T, d_h) heads one index at
+    a time): each op that follows from head i's slices belongs to head i, up to the op that
+    joins the heads again (np.stack, torch.cat)."""
+    if g.head or sizes.h < 2:
+        return
+    lead = () if not sizes.batched else (sizes.B,)
+    heads_shape = (*lead, sizes.h, sizes.T, sizes.d_h)
+    own = _own_head_weights(g, sizes.h)
+    for op in g.ops:
+        if not g.from_x[op.index]:
+            continue
+        if op.index in own:
+            g.head[op.index] = own[op.index]
+            continue
+        if op.name == "getitem" and op.inputs and g.snap(op.inputs[0]).shape == heads_shape:
+            index = op.args[1] if len(op.args) > 1 else None
+            if isinstance(index, tuple) and len(index) == len(lead) + 1 and \
+                    all(part == ("slice", None, None, None) for part in index[:-1]):
+                index = index[-1]
+            if isinstance(index, int) and not isinstance(index, bool) and -sizes.h <= index < sizes.h:
+                g.head[op.index] = index % sizes.h
+                continue
+        heads = {g.head.get(ref.op) for ref in g.x_inputs(op) if ref.kind == "op"}
+        if len(heads) == 1 and None not in heads:
+            g.head[op.index] = heads.pop()  # type: ignore[assignment]
+
+
+def _own_head_weights(g: Graph, h: int) -> dict[int, int]:
+    """Ops that use head i's own weight (`W_q[i]`, `heads.i.W_q`: a list of h per-head
+    arrays, as plain NumPy code keeps them): op index -> i."""
+    found: dict[int, int] = {}
+    for op in g.ops:
+        for ref in g.other_inputs(op):
+            match = re.search(r"(?:^|\.)(\d+)(?:\.|$)", ref.name) if ref.kind == "param" else None
+            if match and g.snap(ref).ndim == 2:
+                found[op.index] = int(match.group(1))
+    return found if sorted(set(found.values())) == list(range(h)) else {}
 
 
 def group(g: Graph) -> list[_Unit]:
@@ -509,7 +594,9 @@ class Builder:
 
     def __init__(self, g: Graph, sizes: Sizes, config: Config, head_calls: list[ModuleCall]) -> None:
         self.g, self.sizes, self.config = g, sizes, config
-        self.per_head = bool(head_calls)
+        # Heads computed one at a time: as separate modules, or in a loop over Q[h], K[h], V[h].
+        self.per_head = bool(head_calls) or bool(g.head)
+        self.head_modules = bool(head_calls)
         self.names: dict[int, str] = {}
         self.stage_of: dict[int, str] = {}
 
@@ -559,11 +646,18 @@ class Builder:
         table = {
             BTC: (s.B, s.T, s.C), BTHD: (s.B, s.T, s.h, s.d_h), BHTD: (s.B, s.h, s.T, s.d_h),
             BHTT: (s.B, s.h, s.T, s.T), ("T", "T"): (s.T, s.T), ("B", "T"): (s.B, s.T),
+            ("T", "d_h"): (s.T, s.d_h),  # one head's slice in a per-head loop
         }
         for dims in [*prefer, BTC, BHTD, BTHD, BHTT, ("T", "T")]:
-            if dims in table and tuple(shape) == table[dims]:
-                return dims
+            if dims in table and tuple(shape) == self.unbatched(table[dims], dims):
+                return self.unbatched(dims, dims)
         return tuple(f"d{i}" for i in range(len(shape)))
+
+    def unbatched(self, values: tuple, dims: tuple[str, ...]) -> tuple:
+        """Without a batch axis (NumPy's (T, C)), every label and size loses its B."""
+        if self.sizes.batched or "B" not in dims:
+            return values
+        return tuple(v for v, d in zip(values, dims, strict=True) if d != "B")
 
     def record(self, name: str, snap: Snapshot, dims: tuple[str, ...] | None = None, *,
                values: np.ndarray | None = None, share: tuple[str, Snapshot] | None = None,
@@ -572,6 +666,8 @@ class Builder:
         caption = str(extra.pop("caption", ""))
         if dims is None or dims[0].startswith("d0"):
             dims = self.dims(values.shape)
+        if len(dims) == values.ndim + 1:
+            dims = self.unbatched(dims, dims)
         if dims and dims[0] == "d0":
             regrouped = self.regroup(values)
             if regrouped is not None:
@@ -583,6 +679,7 @@ class Builder:
         extra["caption"] = caption
         return TensorRecord(
             name=name, dims=dims, values=values, strides=snap.strides, contiguous=snap.contiguous,
+            stride_unit=snap.stride_unit,
             shares_storage=None if share is None else snap.storage == share[1].storage,
             shares_with=share[0] if share else "", **extra,  # type: ignore[arg-type]
         )
@@ -592,7 +689,7 @@ class Builder:
         (T * B, C), (T, B * h, d_h), (B * h, T, .). Regroup those for display only."""
         s = self.sizes
         shape = tuple(values.shape)
-        if s.h * s.d_h != s.C:
+        if s.h * s.d_h != s.C or not s.batched:
             return None
         if shape == (s.T, s.B, s.C) and s.T != s.B:
             return np.swapaxes(values, 0, 1), BTC, "(T, B, C)"
@@ -606,9 +703,14 @@ class Builder:
             return values.reshape(s.B, s.h, s.T, s.T), BHTT, "(B * h, T, T)"
         return None
 
-    def stacked(self, ops: list[OpRecord], axis: int = 1) -> np.ndarray:
+    @property
+    def head_axis(self) -> int:
+        """Where per-head results stack: after B, or first when there is no batch axis."""
+        return 1 if self.sizes.batched else 0
+
+    def stacked(self, ops: list[OpRecord], axis: int | None = None) -> np.ndarray:
         """Per-head results side by side on a head axis, as a fused module holds them."""
-        return np.stack([op.out.values for op in ops], axis=axis)
+        return np.stack([op.out.values for op in ops], axis=self.head_axis if axis is None else axis)
 
     def heads_of(self, ops: list[int]) -> list[list[OpRecord]]:
         by_head: dict[int, list[OpRecord]] = {}
@@ -627,6 +729,8 @@ class Builder:
         last = g.ops[ops[-1]]
         if last.name == "einsum" and values.ndim == 4:
             values = _einsum_heads_first(last, values)
+        if not s.batched:  # NumPy: (h, T, .) already, or one head's (T, .)
+            return (values[None] if values.ndim == 2 else values), snap
         if values.ndim == 3 and values.shape[0] == s.B * s.h and s.h > 1:
             values = values.reshape(s.B, s.h, *values.shape[1:])
         elif values.ndim == 3 and s.h == 1:
@@ -666,6 +770,7 @@ def recognise(rec: Recording, config: Config, *, embedded: Embedded | None = Non
         sizes = infer_sizes(rec, x, config.num_heads, head_calls)
     g = Graph(rec)
     _assign_heads(g, head_calls)
+    _assign_loop_heads(g, sizes)
     classify(g, sizes)
     units = group(g)
     builder = Builder(g, sizes, config, head_calls)

@@ -16,9 +16,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .recognise import BHTD, BHTT, BTC, BTHD, Builder, Embedded, _info, _Unit, _yes
+from .recognise import BHTD, BHTT, BTC, BTHD, Builder, Embedded, _info, _plural, _Unit, _yes
 from .records import Check, OpRecord, Recording, Ref, Snapshot, Source, Stage, TensorRecord
-from .stages import NO_MASK, stage_info
+from .stages import NO_MASK, NO_MASK_ARGUMENT, stage_info
 
 SDPA_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
@@ -169,11 +169,11 @@ class StageMaker:
             shape_in=ids.shape, shape_out=x.shape, dims_in=("B", "T"), dims_out=BTC,
             tensors=(
                 self.b.record("ids", ids, ("B", "T"), kind="int"),
-                self.b.record("embedding.weight", table, ("vocab", "C"),
+                self.b.record(e.table_name, table, ("vocab", "C"),
                               caption="one learned row per vocabulary entry"),
-                self.b.record("x", x, BTC, share=("embedding.weight", table)),
+                self.b.record("x", x, BTC, share=(e.table_name, table)),
             ),
-            checks=(Check(f"x[0, t] is row ids[t] of the embedding table for "
+            checks=(Check(f"x[{'0, ' if self.s.batched else ''}t] is row ids[t] of the embedding table for "
                           f"{_all(n, 'token')}", e.looked_up),),
             kind="embed", source=e.source,
         )
@@ -231,7 +231,7 @@ class StageMaker:
                             f"x @ W{'.weight.T' if layer == 'nn.Linear' else ''}"
                             f"{' + b' if has_bias else ''} ({layer}"
                             f"{', with bias' if has_bias else ', no bias'})", ok_all))
-        if self.b.per_head and kind == "project":
+        if self.b.head_modules and kind == "project":
             checks.append(Check(f"each of the {s.h} heads ran as its own module with its own "
                                 f"layers; shown side by side as one fused module would hold them",
                                 None))
@@ -276,7 +276,7 @@ class StageMaker:
             name = "out" if kind == "w_o" else f"{ops[0].module}(x)"
         if len(ops) > 1:  # one layer per head: rows stacked as a fused layer's
             values = np.concatenate([w.values if o else w.values.T for _, w, o in weights], axis=0)
-            w_name = re.sub(r"\.\d+\.", ".*.", first_w_ref.name)
+            w_name = re.sub(r"\.\d+(?=\.|$)", ".*", first_w_ref.name)
             w_rec = b.record(f"{w_name}", first_w, ("C_out", "C_in"), values=values, head_split=0,
                              caption=f"each head's own layer, stacked: rows {s.d_h} at a time are "
                                      f"one head's (stored as (out, in) per head)")
@@ -356,7 +356,7 @@ class StageMaker:
         checks = [
             Check(f"{names} share storage with the projections: {_yes(shared)}"
                   f"{', nothing copied' if shared else ''}", shared),
-            Check(f"the numbers are untouched: {tensors[0].name}.view(...) flattened back equals "
+            Check(f"the numbers are untouched: {tensors[0].name}.{first.name}(...) flattened back equals "
                   f"{tensors[0].name}", same),
         ]
         src = self.snap(self.x_in(first))
@@ -399,13 +399,16 @@ class StageMaker:
                                     share=(self._origin_name(src_ref), src)))
             shared &= op.out.storage == src.storage
             projected = self._project_source(src_ref)
-            if projected is not None and op.out.values.ndim == 4 and projected.values.ndim == 3:
+            moved, from_projection = self._batched(op.out.values), None
+            if projected is not None:
+                from_projection = self._batched(projected.values)
+            if from_projection is not None and moved.ndim == 4 and from_projection.ndim == 3:
                 first_projected = first_projected or projected
                 if self._role_of_chain(op) == "Q":
                     q_projected = projected
                 for i in range(s.h):
-                    blocks &= bool(np.array_equal(op.out.values[:, i],
-                                                  projected.values[:, :, i * s.d_h:(i + 1) * s.d_h]))
+                    blocks &= bool(np.array_equal(moved[:, i],
+                                                  from_projection[:, :, i * s.d_h:(i + 1) * s.d_h]))
         out = ops[0].out
         checks = [
             Check(f"head i holds channels i*{s.d_h}..(i+1)*{s.d_h}-1 of every token", blocks),
@@ -415,11 +418,11 @@ class StageMaker:
         aside: tuple[TensorRecord, ...] = ()
         q = q_projected or first_projected
         q_name = tensors[0].name
-        if q is not None and q.values.ndim == 3 and out.values.ndim == 4:
-            wrong = q.values.reshape(s.B, s.h, s.T, s.d_h)
+        if q is not None and self._batched(q.values).ndim == 3 and self._batched(out.values).ndim == 4:
+            wrong = q.values.reshape(out.values.shape)
             differs = not np.array_equal(wrong, out.values if self._role_of_chain(ops[0]) == "Q"
                                          else tensors[0].values)
-            checks.append(Check(f"a single {q_name}.view(B, h, T, d_h) gives different heads: "
+            checks.append(Check(f"a single {q_name}.{self._wrong_call()} gives different heads: "
                                 f"{_yes(differs)}", None))
             aside = (self._wrong_view(q, q_name, differs),)
         src = self.snap(self.x_in(ops[0]))
@@ -443,27 +446,42 @@ class StageMaker:
             ref = self.x_in(producer)
         return "?"
 
+    def _batched(self, values: np.ndarray) -> np.ndarray:
+        """The values with a batch axis of 1 in front when the module has none (NumPy)."""
+        return values if self.s.batched else values[None]
+
+    def _wrong_call(self) -> str:
+        """The tempting single call that splits heads without moving them."""
+        return "view(B, h, T, d_h)" if self.s.batched else "reshape(h, T, d_h)"
+
     def _wrong_view(self, q: Snapshot, name: str, differs: bool) -> TensorRecord:
         s = self.s
-        B, T, C = q.values.shape
+        B, T, C = self._batched(q.values).shape
         token_of = np.repeat(np.arange(T), C).reshape(B, s.h, T, s.d_h)[..., 0]
         head_of = np.tile(np.arange(C) // s.d_h, T).reshape(B, s.h, T, s.d_h)[..., 0]
         tokens = self.b.config.tokens
 
         def word(t: int) -> str:
-            return tokens[t] if t < len(tokens) else str(t)
+            if t >= len(tokens):
+                return str(t)
+            # A repeated token is told apart by its position ("the·0·h1"), as on token axes.
+            return f"{tokens[t]}·{t}" if tokens.count(tokens[t]) > 1 else tokens[t]
 
         tags = tuple(tuple(f"{word(int(token_of[0, i, r]))}·h{int(head_of[0, i, r])}" for r in range(T))
                      for i in range(s.h))
         tag_heads = tuple(tuple(int(head_of[0, i, r]) for r in range(T)) for i in range(s.h))
-        caption = ("WRONG: one view(B, h, T, d_h) reads memory in the old order; each row is "
+        caption = (f"WRONG: one {self._wrong_call()} reads memory in the old order; each row is "
                    "labelled with the token and head block it really holds" if differs else
                    f"the same numbers as the right {name} here, because {_single_axes(T, s.h)}; "
                    f"each row is labelled with the token and head block it holds")
         values = q.values.reshape(B, s.h, T, s.d_h)
-        strided = Snapshot(values=values, shape=values.shape, strides=_c_strides(values.shape),
-                           contiguous=True, storage=q.storage)
-        return self.b.record(f"{name}.view(B, h, T, d_h)", strided, BHTD, values=values,
+        if not s.batched:
+            values = values[0]
+        unit = q.values.itemsize if q.stride_unit == "bytes" else 1
+        strided = Snapshot(values=values, shape=values.shape,
+                           strides=tuple(n * unit for n in _c_strides(values.shape)),
+                           contiguous=True, storage=q.storage, stride_unit=q.stride_unit)
+        return self.b.record(f"{name}.{self._wrong_call()}", strided, BHTD, values=values,
                              share=(f"project's {name}", q), caption=caption,
                              row_tags=tags, row_tag_heads=tag_heads)
 
@@ -506,7 +524,8 @@ class StageMaker:
                             caption="row: query token · column: key token")
         self.out_of_kind["scores"] = (values, snap)
         return self.stage(unit, stage_id, "scores", [rec], checks, shape_in=src.shape,
-                          shape_out=snap.shape, dims_in=self.dims(src.shape, BHTD),
+                          shape_out=values.shape if self.b.per_head else snap.shape,
+                          dims_in=self.dims(src.shape, BHTD, ("T", "d_h")),
                           dims_out=rec.dims)
 
     def _scores_and_mask(self, unit: _Unit, stage_id: str, op: OpRecord, values: np.ndarray,
@@ -573,8 +592,13 @@ class StageMaker:
                             BHTT if values.ndim == 4 and values.shape[-1] == s.T
                             else self.dims(values.shape, BHTD),
                             values=values, caption=caption)
-        before_values = self.b.out_4d([before_ref.op], BHTT)[0] if before_ref.op is not None and \
-            not self.b.per_head else before.values
+        groups = self._per_head_ops(unit)
+        if self.b.per_head and len(groups) > 1:  # every head's input, not only the first's
+            before_values = np.stack([self.snap(self.x_in(grp[0])).values for grp in groups],
+                                     axis=self.b.head_axis)
+        else:
+            before_values = self.b.out_4d([before_ref.op], BHTT)[0] if before_ref.op is not None \
+                else before.values
         checks = []
         raw_f = before_values[np.isfinite(before_values)].astype(np.float64)
         new_f = values[np.isfinite(values)].astype(np.float64)
@@ -596,8 +620,9 @@ class StageMaker:
             note = "This module masks before it scales: -inf divided by sqrt(d_h) stays -inf."
         else:
             note = ""
-        return self.stage(unit, stage_id, "scale", [rec], checks, shape_in=before.shape,
-                          shape_out=snap.shape, dims_in=rec.dims, dims_out=rec.dims, note=note)
+        return self.stage(unit, stage_id, "scale", [rec], checks, shape_in=before_values.shape,
+                          shape_out=values.shape if self.b.per_head else snap.shape, dims_in=rec.dims,
+                          dims_out=rec.dims, note=note)
 
     def mask(self, unit: _Unit, stage_id: str) -> Stage:
         g = self.g
@@ -606,7 +631,8 @@ class StageMaker:
         before_ref = self.x_in(first)
         values, snap = self.four_d(unit, BHTT)
         if self.b.per_head and len(groups) > 1:
-            before_values = np.stack([self.snap(self.x_in(grp[0])).values for grp in groups], axis=1)
+            before_values = np.stack([self.snap(self.x_in(grp[0])).values for grp in groups],
+                                     axis=self.b.head_axis)
         else:
             before_values = self.b.out_4d([before_ref.op], BHTT)[0] if before_ref.op is not None \
                 else self.snap(before_ref).values
@@ -684,21 +710,42 @@ class StageMaker:
         values, snap = self.four_d(unit, BHTT)
         groups = self._per_head_ops(unit)
         if self.b.per_head and len(groups) > 1:
-            before = np.stack([self.snap(self.x_in(grp[0])).values for grp in groups], axis=1)
+            before = np.stack([self.snap(self.x_in(grp[0])).values for grp in groups],
+                                     axis=self.b.head_axis)
         else:
             ref = self.x_in(first)
             before = self.b.out_4d([ref.op], BHTT)[0] if ref.op is not None else self.snap(ref).values
         checks = _softmax_checks(values, before)
-        dim = first.kwarg("dim", next((a for a in first.scalars() if isinstance(a, int)), -1))
+        ops = [self.op(i) for i in unit.ops]
+        sums = [op for op in ops if op.name == "sum"]
+        by_hand = any(op.name == "exp" for op in ops) and bool(sums)
+        told = sums[0] if by_hand else first  # the op whose axis the rows are taken along
+        dim = told.kwarg("dim", told.kwarg("axis", next((a for a in told.scalars()
+                                                         if isinstance(a, int)), -1)))
         if dim not in (-1, values.ndim - 1, snap.ndim - 1):
-            checks.append(Check(f"softmax over dim={dim}, not the last axis: rows do not sum to 1",
-                                False))
-        rec = self.b.record(self.tensor_name(first, fallback="weights"), snap,
+            checks.append(Check(f"softmax over {'axis' if by_hand else 'dim'}={dim}, not the last "
+                                f"axis: rows do not sum to 1", False))
+        name_op = ops[-1] if by_hand else first
+        rec = self.b.record(self.tensor_name(name_op, fallback="weights"), snap,
                             BHTT if values.ndim == 4 else None, values=values, kind="prob",
                             caption="row: query token · column: key token it takes from")
         note = "" if "mask" in self.made else "No mask was applied: every token may attend to every token."
+        explanation = None
+        if by_hand:
+            stable = any(op.name == "sub" for op in ops)
+            lines = len({(op.source.file, op.source.line) for op in ops})
+            checks.append(Check(f"written by hand ({_plural(lines, 'line')}): "
+                                f"{'subtract the row maximum, ' if stable else ''}exp, divide by the "
+                                f"row sum; recognised from those ops as one softmax", None))
+            checks.append(Check(f"the row maximum is subtracted before exp (no overflow): "
+                                f"{_yes(stable)}", None))
+            explanation = (_info("softmax")[1] + " Here softmax is written out by hand: "
+                           + ("exp(s - max(s)) / sum(exp(s - max(s))) along each row. Subtracting "
+                              "the row maximum changes nothing in the result and keeps exp from "
+                              "overflowing." if stable else "exp(s) / sum(exp(s)) along each row."))
         return self.stage(unit, stage_id, "softmax", [rec], checks, shape_in=before.shape,
-                          shape_out=values.shape, dims_in=rec.dims, dims_out=rec.dims, note=note)
+                          shape_out=values.shape, dims_in=rec.dims, dims_out=rec.dims, note=note,
+                          explanation=explanation)
 
     def dropout(self, unit: _Unit, stage_id: str) -> Stage:
         op = self.op(unit.ops[0])
@@ -731,7 +778,8 @@ class StageMaker:
         self.out_of_kind["attend"] = (values, snap)
         src = self.snap(self.x_in(first))
         return self.stage(unit, stage_id, "attend", [rec], checks, shape_in=src.shape,
-                          shape_out=snap.shape, dims_in=self.dims(src.shape, BHTT), dims_out=rec.dims)
+                          shape_out=values.shape if self.b.per_head else snap.shape,
+                          dims_in=self.dims(src.shape, BHTT, ("T", "T")), dims_out=rec.dims)
 
     # ------------------------------------------------------------ concat / w_o
 
@@ -758,6 +806,9 @@ class StageMaker:
                 copied = final.out.storage != moved.out.storage
                 checks.append(Check(f"contiguous() copied the numbers into new storage: {_yes(copied)}"
                                     if any(op.name == "contiguous" for op in ops) else
+                                    f"reshape copied the numbers into new memory (a view cannot "
+                                    f"read them in this order): {_yes(copied)}"
+                                    if final.name == "reshape" and not moved.out.contiguous else
                                     f"the result has its own storage: {_yes(copied)}",
                                     copied or moved.out.contiguous))
         name = self.tensor_name(final, fallback="context")
@@ -768,13 +819,20 @@ class StageMaker:
         tensors.append(b.record(name, final.out, self.dims(final.out.shape, BTC), share=share,
                                 head_split=2 if s.h > 1 else None,
                                 caption="heads side by side: block i is head i's output"))
-        if attend_values is not None and final.out.values.ndim == 3 and attend_values.ndim == 4:
-            blocks = all(np.array_equal(final.out.values[:, :, i * s.d_h:(i + 1) * s.d_h],
-                                        attend_values[:, i]) for i in range(s.h))
+        merged = self._batched(final.out.values)
+        per_head = self._batched(attend_values) if attend_values is not None else None
+        if per_head is not None and merged.ndim == 3 and per_head.ndim == 4:
+            blocks = all(np.array_equal(merged[:, :, i * s.d_h:(i + 1) * s.d_h],
+                                        per_head[:, i]) for i in range(s.h))
             checks.append(Check(f"channels i*{s.d_h}..(i+1)*{s.d_h}-1 hold head i's {name}", blocks))
-        if final.name in ("cat", "concat"):
-            checks.insert(0, Check(f"torch.cat put the {s.h} heads' outputs side by side along the "
+        if final.name in ("cat", "concat", "concatenate"):
+            joined = "np.concatenate" if final.name == "concatenate" else "torch.cat"
+            checks.insert(0, Check(f"{joined} put the {s.h} heads' outputs side by side along the "
                                    f"last axis", None))
+        stacked = next((op for op in ops if op.name == "stack"), None)
+        if stacked is not None:
+            checks.insert(0, Check(f"np.stack put the {s.h} heads' outputs on a new head axis: "
+                                   f"{_shape_text(stacked.out.shape)}", None))
         src_shape = attend_snap.shape if attend_snap is not None else self.snap(self.x_in(ops[0])).shape
         explanation = None
         if moved is not None and any(op.name == "contiguous" for op in ops):
@@ -782,7 +840,8 @@ class StageMaker:
                 {"strided_contiguous": moved.out.contiguous}, why=_single_axes(s.T, s.h))
         return self.stage(unit, stage_id, "concat", tensors, checks,
                           shape_in=self.snap(self.x_in(ops[0])).shape if not self.b.per_head
-                          else (s.B, s.h, s.T, s.d_h) if attend_values is not None else src_shape,
+                          else b.unbatched((s.B, s.h, s.T, s.d_h), BHTD) if attend_values is not None
+                          else src_shape,
                           shape_out=final.out.shape, explanation=explanation,
                           dims_in=BHTD, dims_out=self.dims(final.out.shape, BTC))
 
@@ -954,6 +1013,10 @@ def _batched(h: int, product: str, what: str = "batched matmul") -> str:
     return f"one {what} = {h} separate per-head {product}"
 
 
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
 def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, step = [], 1
     for n in reversed(shape):
@@ -1044,9 +1107,34 @@ def build_stages(b: Builder, units: list[_Unit], rec: Recording, *, embedded: Em
             last = next((st for st in stages if any(op.index == rec.output.op for op in st.ops)), last)
         name = last.tensors[-1].name if last.tensors else "the output"
         object.__setattr__(last, "checks", (*last.checks, Check(
-            f"{name} equals the module's own forward, module(x): torch.equal = {forward_equal}",
+            f"{name} equals the module's own forward, {_own_forward(rec)} = {forward_equal}",
             forward_equal)))
+    if not b.sizes.batched:
+        _unbatch_dims(stages, b)
     return tuple(stages)
+
+
+def _own_forward(rec: Recording) -> str:
+    if rec.library == "numpy":
+        return f"module.forward({', '.join(name for name, _ in rec.inputs)}): np.array_equal"
+    return "module(x): torch.equal"
+
+
+def _unbatch_dims(stages: list[Stage], b: Builder) -> None:
+    """No batch axis (NumPy's (T, C)): a stage's dims say (T, C), never (B, T, C), and its
+    words say what NumPy does (x @ W, reshape, no batch)."""
+    for stage in stages:
+        for field_name, shape in (("dims_in", stage.shape_in), ("dims_out", stage.shape_out)):
+            dims = getattr(stage, field_name)
+            if len(dims) == len(shape) + 1:
+                object.__setattr__(stage, field_name, b.unbatched(dims, dims))
+        try:
+            info = stage_info(stage.kind)
+        except KeyError:
+            continue
+        object.__setattr__(stage, "explanation", info.reword(stage.explanation))
+        if stage.title == "Move the head axis next to the batch axis":
+            object.__setattr__(stage, "title", "Move the head axis in front")
 
 
 def _add_param_check(stages: list[Stage], n_params: int, b: Builder) -> None:
@@ -1073,8 +1161,9 @@ def _skipped_mask(stages: list[Stage], b: Builder) -> None:
     same = softmax is not None and bool(softmax.ops) and any(
         ref.kind == "op" and ref.op in {op.index for op in stages[at].ops}
         for ref in softmax.ops[0].inputs)
+    skipped = NO_MASK_ARGUMENT if b.g.rec.library == "numpy" else NO_MASK
     stages.insert(at + 1, Stage(
-        id="mask", title=NO_MASK.title, code=NO_MASK.code, explanation=NO_MASK.explanation,
+        id="mask", title=skipped.title, code=skipped.code, explanation=skipped.explanation,
         shape_in=stages[at].shape_out, shape_out=stages[at].shape_out, dims_in=scaled.dims,
         dims_out=scaled.dims, tensors=(passed,),
         checks=(Check("no mask was applied: the scores are the scaled scores, the same tensor",

@@ -75,6 +75,8 @@ class Snapshot:
     storage: int
     storage_offset: int = 0
     dtype: str = "float32"
+    # torch counts strides in elements, NumPy in bytes: shown with the unit they are in.
+    stride_unit: str = "elements"
 
     @property
     def ndim(self) -> int:
@@ -187,6 +189,8 @@ class Recording:
     calls: tuple[ModuleCall, ...] = ()
     output: Ref | None = None
     error: RecordedError | None = None
+    # The array library the forward ran in: "torch" or "numpy".
+    library: str = "torch"
 
     def snapshot(self, ref: Ref) -> Snapshot:
         """The tensor a reference points at, as it was recorded."""
@@ -221,6 +225,8 @@ class TensorRecord:
     # Whether it is a window onto the stage input's memory (None: nothing to compare).
     shares_storage: bool | None = None
     shares_with: str = ""
+    # "elements" (torch) or "bytes" (NumPy): strides are shown in the unit the library uses.
+    stride_unit: str = "elements"
     kind: Kind = "signed"
     # Axis whose entries go to heads in blocks of d_h (Q's channels, W_Q's rows, ...).
     head_split: int | None = None
@@ -315,6 +321,11 @@ class Trace:
 
     def index(self, stage_id: str) -> int:
         return [stage.id for stage in self.stages].index(stage_id)
+
+    @property
+    def batched(self) -> bool:
+        """Whether x has a batch axis: (B, T, C) for torch modules, (T, C) for NumPy's."""
+        return self.recording is None or self.recording.library != "numpy"
 
     @property
     def failed(self) -> bool:

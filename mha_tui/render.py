@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from rich import box
+from rich.cells import cell_len
 from rich.color import Color
 from rich.columns import Columns
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
@@ -24,8 +25,8 @@ from rich.measure import Measurement
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.rule import Rule
+from rich.segment import Segment
 from rich.style import Style
-from rich.table import Table
 from rich.text import Text
 
 from .config import Config
@@ -44,8 +45,6 @@ _POSITIVE = (217, 75, 59)
 _PROBABILITY = (44, 162, 95)
 _STEPS = 16
 LABEL_CELLS = 12
-# SIMPLE_HEAD drawn with ASCII: one rule under the header, nothing else.
-ASCII_SIMPLE_HEAD = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
 # The tool's own one-cell glyphs and their one-cell ASCII stand-ins (alignment survives).
 ASCII_GLYPHS = str.maketrans({"·": ".", "━": "-", "─": "-", "⋮": ":", "✓": "+", "✗": "x",
                               "…": "~", "→": ">", "␛": "^"})
@@ -83,6 +82,15 @@ def _stand_in(ch: str) -> str:
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
+def _visible(ch: str) -> str:
+    category = unicodedata.category(ch)
+    if category in ("Cc", "Cs") or (
+        category == "Cf" and ord(ch) not in _KEEP_FORMAT and not 0xE0000 <= ord(ch) <= 0xE007F
+    ):
+        return _stand_in(ch)
+    return ch
+
+
 @lru_cache(maxsize=4096)
 def printable(text: str) -> str:
     """User text with every control, format and lone-surrogate character made visible.
@@ -90,30 +98,37 @@ def printable(text: str) -> str:
     Neither Rich nor Textual strips ESC; this is the one gate tokens pass on their way to
     a terminal or a transcript.
     """
-    out = []
-    for ch in text:
-        category = unicodedata.category(ch)
-        if category in ("Cc", "Cs") or (
-            category == "Cf" and ord(ch) not in _KEEP_FORMAT and not 0xE0000 <= ord(ch) <= 0xE007F
-        ):
-            out.append(_stand_in(ch))
-        else:
-            out.append(ch)
-    return "".join(out)
+    return "".join(_visible(ch) for ch in text)
+
+
+@lru_cache(maxsize=4096)
+def _units(text: str, ascii_only: bool) -> tuple[str, ...]:
+    """The shown text of each character: a stand-in such as `\\x9b` is one unit, never split."""
+    units = (_visible(ch) for ch in text)
+    if ascii_only:
+        units = (u.encode("ascii", "backslashreplace").decode("ascii") for u in units)
+    return tuple(units)
 
 
 def label(text: str, max_cells: int = LABEL_CELLS, *, ascii_only: bool = False,
           style: Style | str = "") -> Text:
-    """A token as a label: literal, safe, at most max_cells wide (ellipsis when cut)."""
-    safe = printable(text)
-    if ascii_only:
-        safe = safe.encode("ascii", "backslashreplace").decode("ascii")
-    result = Text(safe, style=style, no_wrap=True, end="")
-    if result.cell_len > max_cells:
-        result.truncate(max_cells, overflow="ellipsis")
-        if ascii_only:
-            result = Text(result.plain[:-1] + "~", style=style, no_wrap=True, end="")
-    return result
+    """A token as a label: literal, safe, at most max_cells wide (ellipsis when cut).
+
+    A cut falls between characters as shown: an escape such as `\\u202e` is kept whole or
+    left out whole, never cut in the middle.
+    """
+    units = _units(text, ascii_only)
+    safe = "".join(units)
+    if cell_len(safe) > max_cells:
+        kept, used = [], 0
+        for unit in units:
+            width = cell_len(unit)
+            if used + width > max_cells - 1:
+                break
+            kept.append(unit)
+            used += width
+        safe = "".join(kept) + ("~" if ascii_only else "…")
+    return Text(safe, style=style, no_wrap=True, end="")
 
 
 # ---------------------------------------------------------------- colours
@@ -165,13 +180,25 @@ def _cell_style(value: float, record: TensorRecord, dim: bool) -> Style:
 
 
 def _fmt(value: float, kind: str, decimals: int) -> str:
+    """One value as printed: whole, never a signed zero ("-0.0000" is "0.0000")."""
     if kind == "int":
         return str(int(value))
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "-inf" if value < 0 else "inf"
-    return f"{value:.{decimals}f}"
+    text = f"{value:.{decimals}f}"  # nan, inf and -inf come out as themselves
+    if text[0] == "-" and not text.strip("-0."):
+        return text[1:]
+    return text
+
+
+def _fmt_column(values: np.ndarray, kind: str, decimals: int) -> list[str]:
+    """A column's values formatted at once (a list comprehension: fast enough for --full)."""
+    if kind == "int":
+        return [str(int(v)) for v in values.tolist()]
+    spec = f".{decimals}f"
+    out = [format(v, spec) for v in values.tolist()]
+    for i, text in enumerate(out):
+        if text[0] == "-" and not text.strip("-0."):
+            out[i] = text[1:]
+    return out
 
 
 # ---------------------------------------------------------------- one matrix
@@ -194,101 +221,297 @@ class Axis:
     heads: Sequence[int] | None = None
     literal: bool = False  # labels are user text (tokens): truncate and sanitise
     sub: Sequence[str] | None = None  # a second header line (e.g. the head of a channel)
+    # Token positions: a repeated token, or every token of an elided axis, shows its index.
+    positions: bool = False
+
+
+_GAP = 2  # blanks between two columns
+
+
+@dataclass(frozen=True)
+class _Cell:
+    text: str
+    style: Style | str
+    cells: int  # terminal cells (tokens may hold wide characters)
 
 
 class Matrix:
-    """A 2-D slice drawn as a labelled table: values and/or colour, elided to a window."""
+    """A 2-D slice drawn as a labelled table: values and/or colour, elided to a window.
+
+    A number is printed whole or its column is left out (the gap column says how many),
+    never cut: the columns shown are chosen from the width the matrix is given and the
+    widest formatted cell. With `full`, every column is shown, in blocks that fit the
+    width ("columns 0-7 of 16"), the way torch and NumPy print wide arrays. Lines are
+    built as segments directly: a table of half a million numbers takes about a second.
+    """
 
     def __init__(self, values: np.ndarray, record: TensorRecord, rows: Axis, cols: Axis,
                  title: Text | None, opts: RenderOptions, head: int | None = None) -> None:
         self.values, self.record, self.rows, self.cols = values, record, rows, cols
         self.title, self.opts, self.head = title, opts, head
-        self._built: RenderableType | None = None
+        n_rows = values.shape[0]
+        self.row_idx = _window(n_rows, opts.max_rows, opts.full)
+        self._shown_rows = [i for i in self.row_idx if i is not None]
+        # Numbers stay whenever colour cannot stand in for them (no colour, integer ids).
+        self.numbers = opts.numbers or not opts.color or record.kind == "int"
+        self._columns: dict[int, list[str]] = {}
+        self._drawn: dict[tuple[int, bool], list[str | list[Segment]]] = {}
+        self._headers: dict[tuple[int, bool], list[_Cell]] = {}
+        self._layouts: dict[int, list[list[int | None]]] = {}
+        self._row_labels: list[_Cell] | None = None
+
+    # ------------------------------------------------------------ labels and cells
 
     def _dim(self, head: int | None) -> bool:
         return self.opts.focus is not None and head is not None and head != self.opts.focus
 
-    def _axis_label(self, axis: Axis, i: int) -> Text:
+    def _label_style(self, axis: Axis, i: int) -> Style:
+        if self._dim(self.head):
+            return _DIM
         head = self.head if axis.heads is None else axis.heads[i]
         owned = axis.heads is not None
-        style = head_style(head, self._dim(head)) if owned and head is not None else Style(bold=True)
-        if self._dim(self.head):
-            style = _DIM
-        text = (label(axis.labels[i], ascii_only=self.opts.ascii, style=style) if axis.literal
-                else Text(axis.labels[i], style=style, no_wrap=True, end=""))
-        if axis.sub is not None:
-            text.append("\n")
-            text.append(axis.sub[i], style=style)
-        return text
+        return head_style(head, self._dim(head)) if owned and head is not None else Style(bold=True)
 
-    def elided(self) -> bool:
-        r, c = self.values.shape
-        return not self.opts.full and (r > self.opts.max_rows or c > self.opts.max_cols)
+    def _repeated(self, axis: Axis) -> set[str]:
+        seen: set[str] = set()
+        repeated: set[str] = set()
+        for text in axis.labels:
+            (repeated if text in seen else seen).add(text)
+        return repeated
 
-    def _build(self) -> RenderableType:
-        opts = self.opts
-        n_rows, n_cols = self.values.shape
-        row_idx = _window(n_rows, opts.max_rows, opts.full)
-        col_idx = _window(n_cols, opts.max_cols, opts.full)
-        gap = "..." if opts.ascii else "…"
-        vgap = ":" if opts.ascii else "⋮"
-        table = Table(
-            box=ASCII_SIMPLE_HEAD if opts.ascii else box.SIMPLE_HEAD,
-            title=self.title, title_justify="left", show_edge=False, pad_edge=False,
-            padding=(0, 1), collapse_padding=True, safe_box=opts.ascii,
-        )
-        table.add_column(Text(""), no_wrap=True, justify="right")
-        for j in col_idx:
-            header = Text(gap) if j is None else self._axis_label(self.cols, j)
-            table.add_column(header, justify="right", no_wrap=True)
-        for i in row_idx:
-            if i is None:
-                table.add_row(Text(vgap), *(Text(vgap) for _ in col_idx))
-                continue
-            cells: list[Text] = [self._axis_label(self.rows, i)]
-            row_head = None if self.rows.heads is None else self.rows.heads[i]
-            for j in col_idx:
-                if j is None:
-                    cells.append(Text(gap, style=_DIM))
+    def _axis_labels(self, axis: Axis, indices: Sequence[int], elided: bool) -> list[_Cell]:
+        repeated = self._repeated(axis) if axis.positions else set()
+        dot = "." if self.opts.ascii else "·"
+        out = []
+        for i in indices:
+            style = self._label_style(axis, i)
+            if axis.literal:
+                suffix = (f"{dot}{i}" if axis.positions and (elided or axis.labels[i] in repeated)
+                          else "")
+                text = label(axis.labels[i], max(1, LABEL_CELLS - len(suffix)),
+                             ascii_only=self.opts.ascii).plain + suffix
+                out.append(_Cell(text, style, cell_len(text)))
+            else:
+                out.append(_Cell(axis.labels[i], style, cell_len(axis.labels[i])))
+        return out
+
+    def _row_label_cells(self) -> list[_Cell]:
+        if self._row_labels is None:
+            elided = None in self.row_idx
+            self._row_labels = self._axis_labels(self.rows, self._shown_rows, elided)
+        return self._row_labels
+
+    def _header(self, j: int, elided: bool) -> list[_Cell]:
+        """The header line(s) of column j: its label, and its sub-label if the axis has one."""
+        key = (j, elided)
+        if key not in self._headers:
+            cells = self._axis_labels(self.cols, [j], elided)
+            if self.cols.sub is not None:
+                sub = self.cols.sub[j]
+                cells.append(_Cell(sub, cells[0].style, cell_len(sub)))
+            self._headers[key] = cells
+        return self._headers[key]
+
+    def _texts(self, j: int) -> list[str]:
+        """Column j's shown values, formatted once."""
+        texts = self._columns.get(j)
+        if texts is None:
+            values = self.values[self._shown_rows, j]
+            texts = (_fmt_column(values, self.record.kind, self.opts.decimals) if self.numbers
+                     else ["   "] * len(values))
+            self._columns[j] = texts
+        return texts
+
+    def _styles(self, j: int) -> list[Style | None]:
+        """Column j's cell styles: the value's colour, dimmed outside the focused head."""
+        record, opts = self.record, self.opts
+        row_heads = self.rows.heads
+        col_head = None if self.cols.heads is None else self.cols.heads[j]
+        styles: list[Style | None] = []
+        for i in self._shown_rows:
+            row_head = None if row_heads is None else row_heads[i]
+            head = (self.head if self.head is not None
+                    else row_head if row_head is not None else col_head)
+            dim = self._dim(head)
+            if not opts.color or record.kind == "int":
+                styles.append(_DIM if dim else None)
+            else:
+                styles.append(_cell_style(float(self.values[i, j]), record, dim))
+        return styles
+
+    def _width(self, j: int, elided: bool) -> int:
+        return max(max(map(len, self._texts(j)), default=0),
+                   max(c.cells for c in self._header(j, elided)))
+
+    def _gap_header(self, hidden: int) -> str:
+        return f"+{hidden}"
+
+    # ------------------------------------------------------------ choosing columns
+
+    def _layout(self, width: int) -> list[list[int | None]]:
+        """Blocks of column indices (None: the gap) that fit in width."""
+        if width in self._layouts:
+            return self._layouts[width]
+        n = self.values.shape[1]
+        label_width = max((c.cells for c in self._row_label_cells()), default=0)
+        room = width - label_width
+        blocks: list[list[int | None]]
+        if self.opts.full:
+            blocks, block, used = [], [], 0
+            for j in range(n):
+                need = _GAP + self._width(j, False)
+                if block and used + need > room:
+                    blocks.append(block)
+                    block, used = [], 0
+                block.append(j)
+                used += need
+            blocks.append(block)
+        else:
+            candidates = [j for j in _window(n, self.opts.max_cols, False) if j is not None]
+            best: list[int | None] = candidates[:1] + ([None] if n > 1 else [])
+            for k in range(1, len(candidates) + 1):
+                chosen = candidates[:(k + 1) // 2] + (candidates[-(k // 2):] if k // 2 else [])
+                if k == n:
+                    cols: list[int | None] = list(chosen)
+                    used = sum(_GAP + self._width(j, False) for j in chosen)
+                else:
+                    cols = [*chosen[:(k + 1) // 2], None, *chosen[(k + 1) // 2:]]
+                    used = (_GAP + len(self._gap_header(n - k))
+                            + sum(_GAP + self._width(j, True) for j in chosen))
+                if used > room and k > 1:
+                    break
+                best = cols
+            blocks = [best]
+        self._layouts[width] = blocks
+        return blocks
+
+    def shown(self, width: int) -> tuple[int, int]:
+        """How many rows and columns are drawn at this width."""
+        return len(self._shown_rows), sum(j is not None for b in self._layout(width) for j in b)
+
+    # ------------------------------------------------------------ drawing
+
+    def _block(self, block: list[int | None], color: bool) -> list[str | list[Segment]]:
+        """One block: header line(s), rule, rows; plain strings unless drawn in colour."""
+        n = self.values.shape[1]
+        hidden = n - sum(j is not None for j in block)
+        elided = hidden > 0
+        gap = "..." if self.opts.ascii else "…"
+        vgap = ":" if self.opts.ascii else "⋮"
+        labels = self._row_label_cells()
+        gap_header = _Cell(self._gap_header(hidden), _DIM, len(self._gap_header(hidden)))
+        headers = [[gap_header] if j is None else self._header(j, elided) for j in block]
+        texts = [[gap] * len(labels) if j is None else self._texts(j) for j in block]
+        label_width = max((c.cells for c in labels), default=0)
+        widths = [max(max(map(len, col), default=1), *(c.cells for c in head))
+                  for col, head in zip(texts, headers, strict=True)]
+        total = label_width + sum(_GAP + w for w in widths)
+        blank = _Cell("", "", 0)
+        header_lines = [[h[k] if k < len(h) else blank for h in headers]
+                        for k in range(max(len(h) for h in headers))]
+        rule = ("-" if self.opts.ascii else "─") * total
+        out: list[str | list[Segment]] = []
+        if not color:
+            sep = " " * _GAP
+            for cells in header_lines:
+                out.append(" " * label_width + "".join(
+                    sep + " " * (w - c.cells) + c.text for w, c in zip(widths, cells, strict=True)))
+            out.append(rule)
+            r = 0
+            for i in self.row_idx:
+                if i is None:
+                    out.append(vgap.rjust(label_width) + "".join(sep + vgap.rjust(w) for w in widths))
                     continue
-                col_head = None if self.cols.heads is None else self.cols.heads[j]
-                head = self.head if self.head is not None else row_head if row_head is not None else col_head
-                cells.append(self._cell(float(self.values[i, j]), self._dim(head)))
-            table.add_row(*cells)
-        if not self.elided():
-            return table
-        shown_rows = sum(r is not None for r in row_idx)
-        shown_cols = sum(c is not None for c in col_idx)
-        return Group(table, _summary(self.values, n_rows, n_cols, shown_rows, shown_cols, opts))
+                cell = labels[r]
+                out.append(" " * (label_width - cell.cells) + cell.text + "".join(
+                    sep + col[r].rjust(w) for w, col in zip(widths, texts, strict=True)))
+                r += 1
+            return out
+        styles = [[_DIM] * len(labels) if j is None else self._styles(j) for j in block]
+        for cells in header_lines:
+            line = [Segment(" " * label_width)]
+            for w, c in zip(widths, cells, strict=True):
+                line += [Segment(" " * (_GAP + w - c.cells)), Segment(c.text, c.style or None)]
+            out.append(line)
+        out.append([Segment(rule)])
+        r = 0
+        for i in self.row_idx:
+            if i is None:
+                out.append([Segment(vgap.rjust(label_width) + "".join(
+                    " " * _GAP + vgap.rjust(w) for w in widths))])
+                continue
+            cell = labels[r]
+            line = [Segment(" " * (label_width - cell.cells)), Segment(cell.text, cell.style or None)]
+            for w, col, sty in zip(widths, texts, styles, strict=True):
+                line += [Segment(" " * (_GAP + w - len(col[r]))), Segment(col[r], sty[r])]
+            out.append(line)
+            r += 1
+        return out
 
-    def renderable(self) -> RenderableType:
-        if self._built is None:
-            self._built = self._build()
-        return self._built
+    def _lines(self, width: int, color: bool) -> list[str | list[Segment]]:
+        key = (width, color)
+        if key in self._drawn:
+            return self._drawn[key]
+        out: list[str | list[Segment]] = []
+        blocks = self._layout(width)
+        for number, block in enumerate(blocks):
+            if len(blocks) > 1:
+                if number:
+                    out.append("")
+                caption = f"columns {block[0]}-{block[-1]} of {self.values.shape[1]}"
+                out.append([Segment(caption, Style(dim=True))] if color else caption)
+            out.extend(self._block(block, color))
+        self._drawn[key] = out
+        return out
+
+    def _natural_width(self, width: int) -> int:
+        lines = self._lines(width, False)
+        table = max((cell_len(line) for line in lines if isinstance(line, str)), default=0)
+        return max(table, self.title.cell_len if self.title is not None else 0)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement.get(console, options, self.renderable())
+        width = min(self._natural_width(options.max_width), options.max_width)
+        return Measurement(width, width)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self.renderable()
+        width = options.max_width
+        if self.title is not None:
+            yield self.title
+        color = not (console.no_color or console.color_system is None)
+        newline = Segment.line()
+        for line in self._lines(width, color):
+            if isinstance(line, str):  # one segment per line: what makes --full fast
+                yield Segment(line)
+            else:
+                yield from line
+            yield newline
+        rows, cols = self.shown(width)
+        n_rows, n_cols = self.values.shape
+        if rows < n_rows or cols < n_cols:
+            yield _summary(self.values, self.record, n_rows, n_cols, rows, cols, self.opts)
 
-    def _cell(self, value: float, dim: bool) -> Text:
-        kind, opts = self.record.kind, self.opts
-        text = _fmt(value, kind, opts.decimals) if opts.numbers else "   "
-        if not opts.color or kind == "int":
-            return Text(text, style=_DIM if dim else "", end="")
-        return Text(text, style=_cell_style(value, self.record, dim), end="")
 
-
-def _summary(values: np.ndarray, n_rows: int, n_cols: int, shown_rows: int, shown_cols: int,
-             opts: RenderOptions) -> Text:
+def _summary(values: np.ndarray, record: TensorRecord, n_rows: int, n_cols: int,
+             shown_rows: int, shown_cols: int, opts: RenderOptions) -> Text:
+    """What the window leaves out: how much is hidden, and the range of every value."""
     import numpy as np
 
-    finite = values[np.isfinite(values)]
-    stats = (f"min {finite.min():.{opts.decimals}f}  max {finite.max():.{opts.decimals}f}  "
-             f"mean {finite.mean():.{opts.decimals}f}") if finite.size else "no finite values"
-    return Text(f"  showing {shown_rows} of {n_rows} rows, {shown_cols} of {n_cols} columns · "
-                f"{stats}", style="dim")
+    parts = [f"showing {shown_rows} of {n_rows} rows, {shown_cols} of {n_cols} columns"]
+    if record.kind == "int":
+        parts.append(f"min {int(values.min())}  max {int(values.max())}")
+    else:
+        finite = values[np.isfinite(values)]
+        if finite.size:
+            d = opts.decimals
+            parts.append(("finite values: " if finite.size < values.size else "")
+                         + f"min {_fmt(float(finite.min()), 'signed', d)}  "
+                         f"max {_fmt(float(finite.max()), 'signed', d)}  "
+                         f"mean {_fmt(float(finite.mean()), 'signed', d)}")
+        counts = [(int(np.isneginf(values).sum()), "-inf"), (int(np.isposinf(values).sum()), "inf"),
+                  (int(np.isnan(values).sum()), "nan")]
+        parts.extend(f"{count} {'is' if count == 1 else 'are'} {name}"
+                     for count, name in counts if count)
+    return Text("  " + " · ".join(parts), style="dim")
 
 
 # ---------------------------------------------------------------- one tensor
@@ -303,14 +526,22 @@ def _channel_axis(n: int, d_h: int | None, prefix: str = "c") -> Axis:
 
 def _token_axis(config: Config, tags: Sequence[str] | None = None,
                 tag_heads: Sequence[int] | None = None) -> Axis:
-    return Axis(list(tags) if tags is not None else list(config.tokens), heads=tag_heads,
-                literal=True)
+    if tags is not None:  # rows that are not tokens (the wrong view): already unambiguous
+        return Axis(list(tags), heads=tag_heads, literal=True)
+    return Axis(list(config.tokens), literal=True, positions=True)
 
 
-def _head_title(record: TensorRecord, head: int, opts: RenderOptions) -> Text:
+def _head_title(record: TensorRecord, head: int, opts: RenderOptions, batched: bool = True) -> Text:
     dim = opts.focus is not None and head != opts.focus
+    # The index that selects this matrix from the tensor: batch 0, head `head`.
     return Text.assemble((f"head {head}", head_style(head, dim)),
-                         (f"  [0, {head}]", _DIM if dim else "dim"))
+                         (f"  {record.name}[0, {head}]" if batched else f"  {record.name}[{head}]",
+                          _DIM if dim else "dim"))
+
+
+# Dims of a tensor with no batch axis (NumPy's (T, C)): drawn as the batched layout's one
+# batch entry, labelled without the B.
+_UNBATCHED = {("T",), ("T", "C"), ("T", "h", "d_h"), ("h", "T", "d_h"), ("h", "T", "T")}
 
 
 def _heads_shown(h: int, opts: RenderOptions) -> list[int]:
@@ -323,6 +554,14 @@ def _heads_shown(h: int, opts: RenderOptions) -> list[int]:
 
 def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -> list[Matrix]:
     """The 2-D slices a learner reads for this tensor, labelled by what its axes mean."""
+    if record.dims in _UNBATCHED and record.values.ndim == len(record.dims):
+        batched = replace(record, values=record.values[None], dims=("B", *record.dims))
+        return _tensor_matrices(batched, config, opts, batched=False)
+    return _tensor_matrices(record, config, opts)
+
+
+def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
+                     batched: bool = True) -> list[Matrix]:
     v, dims, d_h = record.values, record.dims, config.head_dim
     split = d_h if record.head_split is not None else None
     if dims == ("B", "T"):
@@ -363,7 +602,7 @@ def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -
             cols = (_token_axis(config) if dims[-1] == "T"
                     else Axis([f"d{j}" for j in range(v.shape[3])]))
             matrices.append(Matrix(v[0, i], record, _token_axis(config, tags, tag_heads), cols,
-                                   _head_title(record, i, opts), opts, head=i))
+                                   _head_title(record, i, opts, batched), opts, head=i))
         return matrices
     return _generic_matrices(record, opts)
 
@@ -398,7 +637,8 @@ def tensor_meta(record: TensorRecord) -> Text:
         (record.name, "bold"), "  ",
         ("shape ", "dim"), str(record.shape).replace(",)", ")"), "  ",
         ("dims ", "dim"), "(" + ", ".join(record.dims) + ")", "\n  ",
-        ("strides ", "dim"), str(record.strides).replace(",)", ")"), "  ",
+        ("strides ", "dim"), str(record.strides).replace(",)", ")"),
+        (" bytes" if record.stride_unit == "bytes" else "", "dim"), "  ",
         ("contiguous ", "dim"), _yes(record.contiguous),
     )
     if record.shares_storage is not None:
@@ -423,7 +663,8 @@ class TensorView:
             yield matrices[0]
         else:
             yield Columns(matrices, padding=(0, 3))
-        h = record.values.shape[1] if record.dims[:2] == ("B", "h") else 0
+        h = record.values.shape[1] if record.dims[:2] == ("B", "h") else \
+            record.values.shape[0] if record.dims[:1] == ("h",) else 0
         shown = len(_heads_shown(h, opts)) if h else 0
         if h and shown < h:
             yield Text(f"  {shown} of {h} heads shown", style="dim")
@@ -459,6 +700,7 @@ class Code:
         # Token colours only, no background: the code sits on whatever panel holds it.
         text = Syntax(self.code, "python", theme="monokai").highlight(self.code)
         text.rstrip()
+        text.no_wrap = False  # Syntax crops long lines; wrap them as the plain text does
         return text
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
@@ -546,7 +788,8 @@ def stage_view(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
         stage_tensors(trace, stage, opts),
     ]
     if stage.aside and not opts.wrong_view:
-        parts.append(Text("Why not one view(B, h, T, d_h)?", style="bold"))
+        wrong = stage.aside[0].name.split(".", 1)[-1]  # view(B, h, T, d_h); NumPy: reshape(h, T, d_h)
+        parts.append(Text(f"Why not one {wrong}?", style="bold"))
         parts.append(stage_tensors(trace, replace_tensors(stage), opts))
     parts.append(Text("checks", style="dim"))
     parts.append(check_lines(stage.checks, opts.ascii))
@@ -559,23 +802,77 @@ def replace_tensors(stage: Stage) -> Stage:
     return replace(stage, tensors=stage.aside, aside=())
 
 
-def header(config: Config, opts: RenderOptions, width: int | None = None) -> Text:
-    """Sentence, tokens with their ids, and B, T, C, h, d_h on one line (wraps if narrow)."""
-    text = Text.assemble(("sentence ", "dim"))
-    text.append_text(label(config.sentence, max_cells=40, ascii_only=opts.ascii))
-    text.append("   tokens ", style="dim")
-    for i, (token, token_id) in enumerate(zip(config.tokens[:16], config.ids, strict=False)):
+def _sizes(config: Config, batched: bool = True) -> Text:
+    return Text(f"{'B=1 ' if batched else ''}T={config.seq_len} C={config.embed_dim} h={config.num_heads} "
+                f"d_h={config.head_dim} seed={config.seed} "
+                f"{'causal' if config.causal else 'no mask'}", style="cyan", end="")
+
+
+def _token_list(config: Config, opts: RenderOptions, room: int) -> Text:
+    """`the=0 cat=1 …`, as many tokens as fit in room cells, then how many are left out."""
+    tokens = list(zip(config.tokens, config.ids, strict=True))
+    gap = "..." if opts.ascii else "…"
+    text = Text(no_wrap=True, end="")
+    for i, (token, token_id) in enumerate(tokens):
+        item = Text.assemble(label(token, ascii_only=opts.ascii, style="bold"),
+                             (f"={token_id}", "dim"))
+        rest = len(tokens) - i - 1
+        marker = f" {gap} (+{rest})" if rest else ""
+        need = text.cell_len + (1 if i else 0) + item.cell_len
+        # Keep this token if it fits with the marker the tokens after it would need.
+        if need + len(marker) > room and not (rest == 0 and need <= room):
+            text.append(f"{' ' if i else ''}{gap} (+{len(tokens) - i})", style="dim")
+            return text
         if i:
             text.append(" ")
-        text.append_text(label(token, ascii_only=opts.ascii, style="bold"))
-        text.append(f"={token_id}", style="dim")
-    if len(config.tokens) > 16:
-        text.append(f" … (+{len(config.tokens) - 16})" if not opts.ascii
-                    else f" ... (+{len(config.tokens) - 16})", style="dim")
-    text.append(f"   B=1 T={config.seq_len} C={config.embed_dim} h={config.num_heads} "
-                f"d_h={config.head_dim} seed={config.seed} "
-                f"{'causal' if config.causal else 'no mask'}", style="cyan")
+        text.append_text(item)
     return text
+
+
+def header(config: Config, opts: RenderOptions, width: int | None = None, *,
+           batched: bool = True) -> RenderableType:
+    """Sentence, tokens with their ids, and B, T, C, h, d_h, at most three lines of width.
+
+    The sizes are always shown whole; the sentence and the token list give way (cut with an
+    ellipsis, tokens elided with a count). Without a width, the header is laid out at the
+    width it is drawn at (the app's header follows the terminal's size). batched: False for
+    a module whose x has no batch axis (NumPy's (T, C)): no B then.
+    """
+    if width is None:
+        return Header(config, opts, batched)
+    sizes = _sizes(config, batched)
+    sentence = Text("sentence ", style="dim", no_wrap=True, end="")
+    sentence.append_text(label(config.sentence, max_cells=max(1, min(40, width - 9)),
+                               ascii_only=opts.ascii))
+    tokens = Text("tokens ", style="dim", no_wrap=True, end="")
+    tokens.append_text(_token_list(config, opts, max(1, width - 7)))
+    one = Text.assemble(sentence, "   ", tokens, "   ", sizes, no_wrap=True)
+    if one.cell_len <= width:
+        return one
+    lines = [sentence, tokens]
+    if tokens.cell_len + 3 + sizes.cell_len <= width:
+        lines[1] = Text.assemble(tokens, "   ", sizes, no_wrap=True, end="")
+    elif sentence.cell_len + 3 + sizes.cell_len <= width:
+        lines[0] = Text.assemble(sentence, "   ", sizes, no_wrap=True, end="")
+    elif sizes.cell_len <= width:
+        lines.append(sizes)
+    else:  # the sizes need two lines: the token list already spells out the sentence
+        lines = [tokens, sizes]
+    return Text("\n").join(lines)
+
+
+class Header:
+    """The header laid out at the width it is given when drawn."""
+
+    def __init__(self, config: Config, opts: RenderOptions, batched: bool = True) -> None:
+        self.config, self.opts, self.batched = config, opts, batched
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield header(self.config, self.opts, options.max_width, batched=self.batched)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, header(self.config, self.opts, options.max_width,
+                                                        batched=self.batched))
 
 
 def display_path(path: str) -> str:

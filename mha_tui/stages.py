@@ -24,6 +24,11 @@ class Variant:
     instead: str
 
 
+# The fact behind the NumPy wording: x is (T, C) with no batch axis, weights are used as
+# x @ W, heads are split by reshape (the blueprint's conventions).
+NO_BATCH = "no_batch"
+
+
 @dataclass(frozen=True)
 class StageInfo:
     id: str
@@ -36,9 +41,17 @@ class StageInfo:
         """The explanation with every sentence the facts contradict replaced."""
         text = self.explanation
         for variant in self.variants:
-            if facts.get(variant.fact):
+            if facts.get(variant.fact) and variant.fact != NO_BATCH:
                 assert variant.general in text, (self.id, variant.general)
                 text = text.replace(variant.general, variant.instead.format(**values))
+        return self.reword(text) if facts.get(NO_BATCH) else text
+
+    def reword(self, text: str) -> str:
+        """An explanation (maybe already varied) in NumPy's words: no batch axis, x @ W,
+        reshape. Sentences that are not there (a stage's own wording) are left alone."""
+        for variant in self.variants:
+            if variant.fact == NO_BATCH:
+                text = text.replace(variant.general, variant.instead)
         return text
 
 
@@ -50,6 +63,10 @@ STAGES: tuple[StageInfo, ...] = (
         "The sentence is split on whitespace; each distinct token gets an id in order of "
         "first appearance. The embedding table holds one learned row of C numbers per "
         "vocabulary entry, and looking up the ids gives x, one row per token: (B, T, C).",
+        (
+            Variant(NO_BATCH, "one row per token: (B, T, C).",
+                    "one row per token: (T, C), with no batch axis."),
+        ),
     ),
     StageInfo(
         "project",
@@ -59,6 +76,13 @@ STAGES: tuple[StageInfo, ...] = (
         "key (what it offers) and a value (what it passes on). nn.Linear stores its weight "
         "as (out, in) and computes x @ W.T, so output channel j is row j of the weight. "
         "Output channels 0..d_h-1 will become head 0, the next d_h head 1, and so on.",
+        (
+            Variant(NO_BATCH, "Three C x C linear layers", "Three C x C matrices"),
+            Variant(NO_BATCH, "nn.Linear stores its weight as (out, in) and computes x @ W.T, so "
+                    "output channel j is row j of the weight.",
+                    "Each is stored as (in, out) and used as x @ W, so output channel j is "
+                    "column j of W."),
+        ),
     ),
     StageInfo(
         "view",
@@ -67,6 +91,10 @@ STAGES: tuple[StageInfo, ...] = (
         "view re-reads the same memory with a new shape: the C axis of each token is cut "
         "into h groups of d_h channels. No number moves and nothing is copied; only the "
         "shape and the strides change.",
+        (
+            Variant(NO_BATCH, "view re-reads the same memory",
+                    "reshape re-reads the same memory (here it can: the numbers are contiguous)"),
+        ),
     ),
     StageInfo(
         "transpose",
@@ -88,6 +116,13 @@ STAGES: tuple[StageInfo, ...] = (
                     "Here a single view(B, h, T, d_h) gives the same numbers, because {why}; "
                     "with more heads and tokens it would slice the memory in the wrong order "
                     "and mix tokens into the wrong heads."),
+            Variant(NO_BATCH, "transpose(1, 2) swaps the T and h axes, giving (B, h, T, d_h): now "
+                    "every head owns a (T, d_h) matrix and one batched matmul can treat (B, h) as "
+                    "batch axes.",
+                    "transpose(1, 0, 2) swaps the T and h axes, giving (h, T, d_h): now every head "
+                    "owns a (T, d_h) matrix, ready for a loop over heads or one batched matmul "
+                    "or einsum."),
+            Variant(NO_BATCH, "single view(B, h, T, d_h)", "single reshape(h, T, d_h)"),
         ),
     ),
     StageInfo(
@@ -97,6 +132,11 @@ STAGES: tuple[StageInfo, ...] = (
         "Each head compares every query with every key by a dot product over its d_h "
         "channels. One batched matmul yields h separate (T, T) score matrices: row = the "
         "query token, column = the key token it is compared with.",
+        (
+            Variant(NO_BATCH, "One batched matmul yields",
+                    "Whether one head at a time in a loop or all at once in one einsum, this "
+                    "yields"),
+        ),
     ),
     StageInfo(
         "scale",
@@ -112,6 +152,9 @@ STAGES: tuple[StageInfo, ...] = (
         "A token may only attend to itself and earlier tokens. Adding -inf above the "
         "diagonal makes those entries exactly -inf, which softmax turns into exactly 0. "
         "The same (T, T) mask broadcasts over every batch and head.",
+        (
+            Variant(NO_BATCH, "over every batch and head.", "over every head."),
+        ),
     ),
     StageInfo(
         "softmax",
@@ -126,6 +169,9 @@ STAGES: tuple[StageInfo, ...] = (
         "context = weights @ V",
         "Each head mixes its value vectors with its weights: row t of the result is the "
         "weighted average of the value rows that token t attends to, (B, h, T, d_h).",
+        (
+            Variant(NO_BATCH, "attends to, (B, h, T, d_h).", "attends to, (h, T, d_h)."),
+        ),
     ),
     StageInfo(
         "concat",
@@ -140,6 +186,15 @@ STAGES: tuple[StageInfo, ...] = (
                     "numbers into the new order first;",
                     "a view that is already contiguous because {why}. contiguous() therefore "
                     "returns it as it is, copying nothing;"),
+            Variant(NO_BATCH, "transpose(1, 2) brings the token axis back in front: (B, T, h, d_h), "
+                    "a strided view. view needs contiguous memory, so contiguous() copies the "
+                    "numbers into the new order first; then view(B, T, C) lays the h heads' d_h "
+                    "channels side by side.",
+                    "transpose(1, 0, 2) brings the token axis back in front: (T, h, d_h), a "
+                    "strided view. reshape(T, C) then lays the h heads' d_h channels side by "
+                    "side; NumPy copies the numbers into the new order only when the view's "
+                    "memory order does not allow a plain re-read (the checks say which "
+                    "happened)."),
         ),
     ),
     StageInfo(
@@ -149,10 +204,24 @@ STAGES: tuple[StageInfo, ...] = (
         "A final C x C linear layer mixes the heads: every output channel is a weighted sum "
         "over all C input channels, so over every head. Without W_O, head 0's features "
         "could never combine with head 1's.",
+        (
+            Variant(NO_BATCH, "A final C x C linear layer", "A final C x C matrix, W_O,"),
+        ),
     ),
 )
 
 STAGE_IDS: tuple[str, ...] = tuple(stage.id for stage in STAGES)
+
+# The mask stage of a NumPy forward given mask=None (--no-causal): its guarded line did not
+# run and so was not recorded; the stage says so and shows no code.
+NO_MASK_ARGUMENT = StageInfo(
+    "mask",
+    "No mask: --no-causal passed none",
+    "",
+    "No mask was applied. With --no-causal the forward got mask=None, so no mask was added "
+    "to the scores: every token may attend to every token, later ones included, and the "
+    "scaled scores go on to softmax unchanged.",
+)
 
 # The mask stage of a module built with causal=False: the line that adds the mask is
 # guarded by `if self.causal:` and did not run. Shown as skipped, never as if it ran.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from io import StringIO
 
@@ -10,7 +11,6 @@ from rich.console import Console
 
 from mha_tui.app import ExplainApp
 from mha_tui.config import Config
-from mha_tui.render import RenderOptions
 from mha_tui.stage_view import StageView
 from mha_tui.stages import STAGE_IDS
 from mha_tui.tracing import run_trace
@@ -115,7 +115,7 @@ async def test_one_head_greys_the_head_keys() -> None:
 
 async def test_numbers_and_decimals() -> None:
     app = make_app(start="w_o")
-    out = default_trace().stage("w_o").tensor("out").values[0, 0, 0]
+    out = default_trace().stage("w_o").tensor("out").values[0, 0, 1]  # -0.2523: no signed zero
     async with app.run_test(size=(100, 32)) as pilot:
         await pilot.pause()
         assert f"{out:.4f}" in text_of(app, "#main")
@@ -248,9 +248,13 @@ async def test_elision_follows_the_pane_width() -> None:
         app = ExplainApp(trace.config, trace=trace, start="project")
         async with app.run_test(size=(width, 40)) as pilot:
             await pilot.pause()
-            shown[width] = app._window_options(app.query_one(StageView).text_width)
-            assert "showing 16 of 20 rows" in text_of(app)
-    assert isinstance(shown[100], RenderOptions) and shown[100].max_cols < shown[160].max_cols < 64
+            text = text_of(app)
+            match = re.search(r"showing 16 of 20 rows, (\d+) of 64 columns", text)
+            assert match, text
+            shown[width] = int(match.group(1))
+            # every line fits the pane: columns are left out, never cut
+            assert max(map(len, text.splitlines())) <= app.query_one(StageView).text_width
+    assert 2 < shown[100] < shown[160] < 64
 
 
 async def test_no_color_keeps_numbers_and_drops_value_colours(monkeypatch) -> None:
@@ -437,3 +441,35 @@ async def test_ascii_means_ascii_everywhere_on_screen() -> None:
         await pilot.resize_terminal(50, 12)
         await pilot.pause()
         assert screen_glyphs(app) == set()
+
+
+async def test_numbers_off_with_no_color_keeps_the_numbers(monkeypatch) -> None:
+    """`v` without colour would blank every table: the numbers stay, there is nothing else."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make_app(start="softmax")
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.press("v")
+        await pilot.pause()
+        assert not app.view.numbers and "0.5308" in text_of(app)
+
+
+async def test_code_lines_wrap_in_a_narrow_pane() -> None:
+    app = make_app(start="transpose")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        joined = " ".join(" ".join(line.strip(" │") for line in text_of(app).splitlines()).split())
+        for line in app.trace.stage("transpose").code.splitlines():
+            assert " ".join(line.split()) in joined, line
+
+
+@pytest.mark.parametrize("size", [(80, 24), (60, 16)])
+async def test_header_keeps_the_sizes_with_a_long_sentence(size: tuple[int, int]) -> None:
+    words = ("the quick brownish foxes jumped gracefully over seventeen extraordinarily "
+             "lazy dogs while curious cats watched attentively")
+    trace = run_trace(Config(words, embed_dim=8, num_heads=2))
+    app = ExplainApp(trace.config, trace=trace)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        shown = app.export_screenshot()
+        plain = re.sub(r"<[^>]+>", "", shown).replace("&#160;", " ")
+        assert "d_h=4" in plain and f"T={len(words.split())}" in plain

@@ -25,15 +25,11 @@ adapter is imported only when a torch module is traced. Never import rich, textu
 
 from __future__ import annotations
 
-import ast
 import inspect
-import linecache
 import os
 import sys
-import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from types import CodeType, FrameType, TracebackType
 
 import numpy as np
@@ -52,6 +48,7 @@ from ..records import (
     Source,
     TensorArg,
 )
+from .source import source_at  # the module's own line: shared with the NumPy adapter
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -88,47 +85,6 @@ def op_name(func: Callable[..., object]) -> tuple[str, str]:
                           ("torch._C._nn.", "torch.nn.functional.")):
         qualname = qualname.replace(prefix, plain)
     return _DUNDER.get(name, name), qualname
-
-
-# ----------------------------------------------------------------------- source lines
-
-
-@lru_cache(maxsize=256)
-def _statements(filename: str) -> tuple[tuple[int, int], ...]:
-    """(first, last) line of every simple statement in a file, innermost last."""
-    text = "".join(linecache.getlines(filename))
-    if not text:
-        return ()
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return ()
-    spans = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and not isinstance(
-            node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.If | ast.For
-            | ast.While | ast.With | ast.Try | ast.AsyncFor | ast.AsyncWith | ast.Match
-        ):
-            spans.append((node.lineno, node.end_lineno or node.lineno))
-    return tuple(sorted(spans))
-
-
-def statement_at(filename: str, line: int) -> tuple[int, int]:
-    """The smallest simple statement around a line (a multi-line call shows whole)."""
-    best = (line, line)
-    for first, last in _statements(filename):
-        if first <= line <= last and (best == (line, line) or last - first < best[1] - best[0]):
-            best = (first, last)
-    return best
-
-
-@lru_cache(maxsize=4096)
-def source_at(filename: str, line: int, function: str = "") -> Source:
-    """The statement that ran at filename:line, read from that file."""
-    first, last = statement_at(filename, line)
-    lines = [linecache.getline(filename, n).rstrip("\n") for n in range(first, last + 1)]
-    text = textwrap.dedent("\n".join(lines)).strip("\n")
-    return Source(file=filename, line=first, text=text, end_line=last, function=function)
 
 
 # ----------------------------------------------------------------------- snapshots

@@ -1,0 +1,224 @@
+"""The load room for NumPy modules: the blueprint (`--model blueprint`) and a learner's class.
+
+Built in the order a reader of the NumPy blueprint (seed 002) builds it:
+
+    module = MultiHeadAttention(d_model, n_heads, seed=seed)   # W_Q, W_K, W_V, W_O from
+                                                               # np.random.default_rng(seed)
+    table = np.random.default_rng(seed + 1).standard_normal((V, d_model)).astype(np.float32)
+    x = table[ids]                                             # (T, d_model), no batch axis
+    mask = np.triu(np.full((T, T), -np.inf, dtype=np.float32), k=1)   # or None: --no-causal
+
+then `module.forward(x, mask)`. A learner's NumPy class (`--module`) is built by the same
+rules as a torch module (d_model / n_heads / seed ... filled by name) and gets the same x and
+the blueprint's additive mask in a forward parameter named `mask` or `attn_mask`.
+
+NumPy only: importing this module (and running a NumPy module) never imports torch.
+Never import rich, textual or typer here either.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .config import Config, Source, parse_module_ref
+from .learner import (
+    LoadError,
+    _class_file,
+    _describe,
+    _import_file,
+    _import_name,
+    _learner_code,
+    _safe,
+    _shown_path,
+    constructor_arguments,
+)
+
+if TYPE_CHECKING:
+    from .records import Trace
+
+MASK_NAMES = ("mask", "attn_mask")
+# The NumPy `--model`s: the blueprint's loop form and its einsum form.
+NUMPY_MODELS = ("blueprint", "blueprint-einsum")
+
+
+def embedding_table(config: Config) -> np.ndarray:
+    """The blueprint's embedding: a second generator, seeded seed + 1, one row per token."""
+    rng = np.random.default_rng(config.seed + 1)
+    return rng.standard_normal((len(config.vocab), config.embed_dim)).astype(np.float32)
+
+
+def causal_mask(T: int) -> np.ndarray:
+    """The blueprint's additive (T, T) mask: 0 where a token may look, -inf above the diagonal."""
+    return np.triu(np.full((T, T), -np.inf, dtype=np.float32), k=1)
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedNumpy:
+    """A built NumPy module, its input, and how its forward is called."""
+
+    module: object
+    ids: np.ndarray  # (T,) int64
+    table: np.ndarray  # (V, C)
+    x: np.ndarray  # (T, C)
+    args: tuple[np.ndarray, ...]  # forward's positional inputs: (x,) or (x, x, x)
+    kwargs: dict[str, np.ndarray | None] = field(default_factory=dict)
+    label: str = ""
+    construction: str = ""
+    file: str = ""
+
+
+def build_blueprint(config: Config, *, einsum: bool = False) -> LoadedNumpy:
+    """`--model blueprint`: the blueprint's class, embedding and mask for this run."""
+    from .examples.blueprint import MultiHeadAttention, MultiHeadAttentionEinsum
+
+    cls = MultiHeadAttentionEinsum if einsum else MultiHeadAttention
+    module = cls(config.embed_dim, config.num_heads, seed=config.seed)
+    construction = f"{cls.__name__}({config.embed_dim}, {config.num_heads}, seed={config.seed})"
+    return _inputs(module, config, label="blueprint-einsum" if einsum else "blueprint",
+                   construction=construction)
+
+
+def _inputs(module: object, config: Config, *, label: str, construction: str) -> LoadedNumpy:
+    table = embedding_table(config)
+    ids = np.array(config.ids, dtype=np.int64)  # (T,)
+    x = table[ids]  # (T, C)
+    args, kwargs = forward_inputs(module, x, causal=config.causal)
+    return LoadedNumpy(module=module, ids=ids, table=table, x=x, args=args, kwargs=kwargs,
+                       label=label, construction=construction, file=_class_file(type(module)))
+
+
+# ---------------------------------------------------------------- a learner's NumPy class
+
+
+def numpy_class(ref: str) -> type | None:
+    """The `--module` class when it is NumPy code, None when it is a torch module.
+
+    The learner's file is imported once (learner.py remembers it, so the torch load room
+    does not run it again). A class that is not a torch nn.Module is NumPy code. Refusals
+    (no such name, not a class) are made here unless the file defines torch modules, so a
+    learner without torch never needs it.
+    """
+    where, attr, is_file = parse_module_ref(ref)
+    module = _import_file(where) if is_file else _import_name(where)
+    torch = sys.modules.get("torch")
+
+    def is_torch(value: object) -> bool:
+        return torch is not None and isinstance(value, type) and issubclass(value, torch.nn.Module)
+
+    classes = sorted(name for name, value in vars(module).items()
+                     if isinstance(value, type) and getattr(value, "__module__", None) == module.__name__)
+    torch_file = any(is_torch(getattr(module, name)) for name in classes)
+    shown = _shown_path(where) if is_file else where
+    target: object = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            if torch_file:
+                return None  # the torch load room names the nn.Module classes there
+            there = f"; classes there: {', '.join(classes)}" if classes else "; it defines no class"
+            raise LoadError(f"--module {_safe(shown)} has no {_safe(attr)!r}{there}")
+        target = getattr(target, part)
+    if is_torch(target) or (not isinstance(target, type) and torch_file):
+        return None
+    if not isinstance(target, type):
+        raise LoadError(f"--module {_safe(shown)}:{_safe(attr)} is {_describe(target)}, not a "
+                        "class; name the class (e.g. my_attn.py:MultiHeadAttention)")
+    return target
+
+
+def load_learner(config: Config, source: Source, cls: type) -> LoadedNumpy:
+    """Build a learner's NumPy class by the same rules as a torch module (and `seed`)."""
+    label = source.module or cls.__name__
+    if source.weights is not None:
+        raise LoadError(f"--weights loads a torch state dict; {_safe(label)} is NumPy code, "
+                        "which makes its own arrays (pass their seed with --init seed=N)")
+    init = dict(source.init)
+    try:
+        takes_seed = "seed" in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        takes_seed = False
+    if takes_seed and "seed" not in init:
+        init["seed"] = config.seed  # the blueprint's convention: the weights' generator seed
+    kwargs = constructor_arguments(cls, config, init)
+    call = f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+    with _learner_code(f"building {call}", _class_file(cls)):
+        module = cls(**kwargs)
+    from .tracing.numpy_ops import forward_of
+
+    try:
+        forward_of(module)
+    except TypeError:
+        raise LoadError(f"{_safe(call)} has neither forward() nor __call__(); mha-tui calls "
+                        "module.forward(x, mask)") from None
+    loaded = _inputs(module, config, label=label, construction=call)
+    _probe(loaded)
+    return loaded
+
+
+def _probe(loaded: LoadedNumpy) -> None:
+    """Run a learner's forward once, untraced, to refuse a result that is not an array.
+    A forward that raises is not refused: the trace shows every stage up to the failure."""
+    from .tracing.numpy_ops import forward_of
+
+    try:
+        with _learner_code("probing", loaded.file), np.errstate(all="ignore"):
+            result = forward_of(loaded.module)(*loaded.args, **loaded.kwargs)
+    except LoadError:
+        return
+    first = result[0] if isinstance(result, tuple | list) and result else result
+    if not isinstance(first, np.ndarray):
+        what = _describe(result) if first is result else \
+            f"{_describe(result)} whose first element is {_describe(first)}"
+        raise LoadError(f"{type(loaded.module).__name__}.forward returned {what}, not an "
+                        "ndarray; mha-tui needs the attention output (an array, or a tuple "
+                        "whose first element is one)")
+
+
+def load(config: Config, source: Source) -> LoadedNumpy | None:
+    """The NumPy module for this run, or None when it is a torch module (load.py's job)."""
+    if source.module is None:
+        if source.model not in NUMPY_MODELS:
+            return None
+        return build_blueprint(config, einsum=source.model == "blueprint-einsum")
+    cls = numpy_class(source.module)
+    return None if cls is None else load_learner(config, source, cls)
+
+
+def forward_inputs(module: object, x: np.ndarray, *, causal: bool
+                   ) -> tuple[tuple[np.ndarray, ...], dict[str, np.ndarray | None]]:
+    """x (or x three times for forward(query, key, value)); `mask`/`attn_mask` gets the
+    additive causal mask, or None with --no-causal."""
+    from .tracing.numpy_ops import forward_of
+
+    try:
+        params = list(inspect.signature(forward_of(module)).parameters.values())
+    except (TypeError, ValueError):
+        return (x,), {}
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.name not in MASK_NAMES]
+    names = tuple(p.name for p in positional[:3])
+    args = (x, x, x) if names in (("query", "key", "value"), ("q", "k", "v")) else (x,)
+    kwargs: dict[str, np.ndarray | None] = {}
+    for p in params:
+        if p.name in MASK_NAMES:
+            kwargs[p.name] = causal_mask(x.shape[0]) if causal else None
+    return args, kwargs
+
+
+def traced(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
+    """The function the CLI and the app call to trace the built module."""
+
+    def run(config: Config) -> Trace:
+        from .tracing.numpy_ops import trace
+
+        return trace(loaded.module, loaded.x, config.tokens, args=loaded.args,
+                           kwargs=loaded.kwargs, table=loaded.table, ids=loaded.ids,
+                           config=config)
+
+    return run
+

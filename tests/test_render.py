@@ -1,0 +1,252 @@
+"""The renderers as a reader meets them: whole numbers, wrapped code, labels that say what
+they are, at any width the transcript and the app allow."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from io import StringIO
+
+import numpy as np
+import pytest
+from rich.cells import cell_len
+from rich.console import Console
+
+from mha_tui.config import Config
+from mha_tui.dump import to_text
+from mha_tui.records import TensorRecord, Trace
+from mha_tui.render import Axis, Matrix, RenderOptions, TensorView, header, label, stage_view
+from mha_tui.tracing import run_trace
+
+from .conftest import default_trace
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# A number printed by a table: sign, digits, a point and decimals; or inf/nan.
+NUMBER = re.compile(r"-?\d+\.\d+")
+
+
+@cache
+def trace_of(embed_dim: int = 4, heads: int = 2, sentence: str = "I love AI !") -> Trace:
+    return run_trace(Config(sentence, embed_dim=embed_dim, num_heads=heads,
+                            max_seq_len=max(64, len(sentence.split()))))
+
+
+def draw(renderable: object, width: int = 100, color: bool = False) -> str:
+    console = Console(file=StringIO(), width=width, color_system="truecolor" if color else None,
+                      force_terminal=color, no_color=not color, _environ={})
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def table_lines(text: str) -> list[str]:
+    """The lines of a transcript that hold values (a label, then numbers)."""
+    return [line for line in text.splitlines() if NUMBER.search(line) and "shape" not in line
+            and "showing" not in line and not line.startswith(("✓", "·", "[", "raw"))]
+
+
+# ---------------------------------------------------------------- item 4: whole numbers
+
+
+@pytest.mark.parametrize("width", [40, 60, 100])
+@pytest.mark.parametrize(("embed_dim", "heads"), [(4, 2), (16, 2), (768, 12)])
+@pytest.mark.parametrize("full", [False, True])
+def test_a_number_is_printed_whole_or_left_out_never_cut(width: int, embed_dim: int,
+                                                         heads: int, full: bool) -> None:
+    if full and embed_dim == 768 and width != 100:
+        pytest.skip("one GPT-2 --full run is enough")
+    trace = trace_of(embed_dim, heads)
+    text = to_text(trace, RenderOptions(full=full), width=width)
+    assert max(cell_len(line) for line in text.splitlines()) <= width
+    for line in table_lines(text):
+        # a cut number ends in the ellipsis: "-1.…", "0.8…", "-0…"
+        assert not re.search(r"[\d.-]…", line), line
+    # every value row of every table: its label, then only whole numbers or the gap
+    for line in text.splitlines():
+        if re.search(r"\d\.\d{4}", line) and "…" in line:
+            cells = line.split()
+            assert all(NUMBER.fullmatch(c) or c in ("…", "-inf") for c in cells[-3:]), line
+
+
+def _numbers_of_block_table(text: str, start: str, rows: int, cols: int) -> np.ndarray:
+    """Read a matrix back from a transcript: the `columns a-b of n` blocks after start."""
+    values: list[list[float]] = [[] for _ in range(rows)]
+    blocks = re.split(r"columns (\d+)-(\d+) of \d+\n", text[text.index(start):])
+    for first, last, body in zip(blocks[1::3], blocks[2::3], blocks[3::3], strict=False):
+        lines = [li for li in body.splitlines() if NUMBER.search(li)][:rows]
+        for row, line in zip(values, lines, strict=True):
+            numbers = [float(x) for x in NUMBER.findall(line)]
+            assert len(numbers) == int(last) - int(first) + 1, line
+            row.extend(numbers)
+        if int(last) == cols - 1:
+            break
+    return np.array(values)
+
+
+def test_full_splits_wide_tables_into_column_blocks_holding_every_value() -> None:
+    """--full at C=16: torch-style column blocks, and the numbers read back are the module's."""
+    trace = trace_of(16, 2)
+    text = to_text(trace, RenderOptions(full=True), width=100)
+    assert "columns 0-9 of 16" in text and "columns 10-15 of 16" in text
+    weight = trace.stage("embed").tensor("embedding.weight").values
+    read = _numbers_of_block_table(text, "embedding.weight  shape", *weight.shape)
+    assert np.array_equal(read, np.round(weight.astype(np.float64), 4))
+
+
+def test_a_gap_column_says_how_many_columns_it_hides() -> None:
+    text = to_text(trace_of(768, 12), RenderOptions(), width=100)
+    block = text[text.index("embedding.weight  shape"):]
+    block = block[:block.index("\n\n")]
+    hidden = int(re.search(r"\+(\d+) ", block).group(1))
+    shown = int(re.search(r"showing 4 of 4 rows, (\d+) of 768 columns", block).group(1))
+    assert hidden + shown == 768
+    # as many columns as the width holds: one more would not fit
+    assert max(map(len, block.splitlines())) > 100 - 9
+
+
+def test_columns_follow_the_width_they_are_given() -> None:
+    """'7 of 8 columns' when 8 would fit: the number shown comes from the widest cell."""
+    trace = trace_of(8, 2)
+    record = trace.stage("embed").tensor("x")
+    view = TensorView(record, trace.config, RenderOptions(max_cols=64))
+    needed = max(cell_len(line) for line in draw(view, 400).splitlines()
+                 if "strides" not in line and "shape" not in line)
+    assert "showing" not in draw(view, needed) and "showing" in draw(view, needed - 1)
+
+
+# ---------------------------------------------------------------- item 5: code wraps
+
+
+@pytest.mark.parametrize("width", [40, 60])
+def test_code_wraps_in_colour_as_in_plain_text(width: int) -> None:
+    trace = default_trace()
+    stage = trace.stage("transpose")
+    plain = draw(stage_view(trace, stage, RenderOptions()), width)
+    colour = ANSI.sub("", draw(stage_view(trace, stage, RenderOptions()), width, color=True))
+    for text in (plain, colour):
+        joined = " ".join(text.split())
+        for line in stage.code.splitlines():
+            assert " ".join(line.split()) in joined, line
+        assert max(cell_len(line.rstrip()) for line in text.splitlines()) <= width
+
+
+# ---------------------------------------------------------------- item 9: numbers stay
+
+
+def test_numbers_off_without_colour_keeps_the_numbers() -> None:
+    trace = default_trace()
+    stage = trace.stage("softmax")
+    text = draw(stage_view(trace, stage, RenderOptions(numbers=False, color=False)))
+    assert "0.5308" in text
+
+
+def test_numbers_off_keeps_integer_ids_even_in_colour() -> None:
+    trace = default_trace()
+    ids = trace.stage("embed").tensor("ids")
+    text = ANSI.sub("", draw(TensorView(ids, trace.config, RenderOptions(numbers=False)),
+                             color=True))
+    assert re.search(r"ids\s+0\s+1\s+2\s+3", text), text
+    weights = trace.stage("softmax").tensor("weights")
+    coloured = ANSI.sub("", draw(TensorView(weights, trace.config,
+                                            RenderOptions(numbers=False)), color=True))
+    assert "0.5308" not in coloured  # colour stands in for the probabilities
+
+
+# ---------------------------------------------------------------- item 10: header
+
+
+LONG = ("the quick brown fox jumps over the lazy dog while the cat watches from the warm "
+        "window and the bird sings")
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100])
+@pytest.mark.parametrize("sentence", ["I love AI !", LONG, " ".join(f"w{i}" for i in range(512))],
+                         ids=["short", "long", "512-tokens"])
+def test_header_fits_its_width_and_always_shows_the_sizes(width: int, sentence: str) -> None:
+    config = Config(sentence, embed_dim=768, num_heads=12, max_seq_len=512)
+    text = draw(header(config, RenderOptions()), width)
+    lines = text.splitlines()
+    assert len(lines) <= 3 and max(map(cell_len, lines)) <= width
+    sizes = f"B=1 T={config.seq_len} C=768 h=12 d_h=64"
+    assert sizes in text
+    if len(config.tokens) > 5 and width <= 60:
+        assert re.search(r"… \(\+\d+\)", text)  # the token list gives way, with a count
+
+
+# ---------------------------------------------------------------- item 12: repeated tokens
+
+
+def test_repeated_tokens_show_their_positions() -> None:
+    trace = trace_of(4, 2, "the cat sat on the mat")
+    text = to_text(trace, RenderOptions())
+    assert "the·0" in text and "the·4" in text
+    assert "cat·1" not in text  # only where a token repeats
+    x = text[text.index("\nx  shape"):]
+    rows = [line.split()[0] for line in x.splitlines()[5:11]]
+    assert rows == ["the·0", "cat", "sat", "on", "the·4", "mat"]
+    aside = trace.stage("transpose").aside[0]
+    assert "the·0·h0" in aside.row_tags[0] and "the·4·h0" in aside.row_tags[1]
+
+
+def test_an_elided_token_axis_shows_every_position() -> None:
+    trace = trace_of(4, 2, " ".join(f"t{i % 7}" for i in range(40)))
+    text = to_text(trace, RenderOptions())
+    x = text[text.index("\nx  shape"):]
+    x = x[:x.index("checks")]
+    assert "t5·5" in x and "t4·39" in x and "⋮" in x
+
+
+# ---------------------------------------------------------------- item 15: labels
+
+
+def test_head_title_says_which_index_it_is() -> None:
+    text = to_text(default_trace(), RenderOptions())
+    assert "head 1  Q[0, 1]" in text and "head 0  weights[0, 0]" in text
+    assert "  [0, 1]" not in text
+
+
+def _record(values: np.ndarray, kind: str = "signed") -> TensorRecord:
+    return TensorRecord(name="t", dims=("T", "T"), values=values, strides=(1, 1),
+                        contiguous=True, kind=kind)  # type: ignore[arg-type]
+
+
+def test_values_that_round_to_zero_have_no_sign() -> None:
+    values = np.array([[-0.00001, 0.5], [-0.4, -0.00004]], dtype=np.float32)
+    matrix = Matrix(values, _record(values), Axis(["a", "b"]), Axis(["x", "y"]), None,
+                    RenderOptions())
+    text = draw(matrix)
+    assert "-0.0000" not in text and "0.0000" in text and "-0.4000" in text
+    zero = draw(Matrix(values, _record(values), Axis(["a", "b"]), Axis(["x", "y"]), None,
+                       RenderOptions(decimals=0)))
+    assert not re.search(r"-0\b", zero)
+
+
+def test_summary_of_a_masked_tensor_counts_minus_inf() -> None:
+    trace = trace_of(4, 2, " ".join(f"t{i}" for i in range(20)))
+    text = to_text(trace, RenderOptions())
+    mask = text[text.index("7/11 mask"):]
+    mask = " ".join(mask[:mask.index("checks")].split())  # summaries wrap in narrow columns
+    summaries = re.findall(r"showing .*?(?= \S+ shape| head \d| \d of \d heads|$)", mask)
+    assert len(summaries) == 3  # the mask, and two heads of the masked scores
+    assert all("finite values: min" in s and "are -inf" in s for s in summaries), summaries
+    masked = trace.stage("mask").tensor("causal_mask[:T, :T]").values
+    assert f"{int(np.isneginf(masked).sum())} are -inf" in summaries[0]
+
+
+def test_summary_of_integer_ids_has_no_decimals() -> None:
+    trace = trace_of(4, 2, " ".join(f"t{i}" for i in range(40)))
+    text = to_text(trace, RenderOptions(), width=60)
+    ids = text[text.index("ids  shape"):]
+    summary = re.search(r"showing .*", ids).group(0)
+    assert "min 0  max 39" in summary and "0.0000" not in summary
+
+
+@pytest.mark.parametrize("token", ["abcdefghij\x9bxyz", "abcdefghi\u202eevil",
+                                   "abcdefgh\U000e0001tag", "ab\x9b\x9b\x9b\x9b\x9bcd"])
+def test_an_escape_is_never_cut_in_the_middle(token: str) -> None:
+    for ascii_only in (False, True):
+        shown = label(token, ascii_only=ascii_only).plain
+        assert cell_len(shown) <= 12
+        body = shown.rstrip("…~")
+        # every backslash starts a complete escape
+        for match in re.finditer(r"\\", body):
+            assert re.match(r"\\(x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})", body[match.start():]), shown
