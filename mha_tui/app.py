@@ -230,7 +230,9 @@ class ExplainApp(App[None]):
         opts = RenderOptions(ascii=self._ascii)
         batched = self.trace.batched if self.trace is not None else self._batched
         if self.trace is not None and self.trace.module is not None:
-            return Group(header(self.config, opts, batched=batched), module_line(self.trace.module, opts))
+            # The header holds three lines: two for the sentence, tokens and sizes.
+            return Group(header(self.config, opts, batched=batched, max_lines=2),
+                         module_line(self.trace.module, opts))
         return header(self.config, opts, batched=batched)
 
     def _rail_options(self) -> list[Option]:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from enum import StrEnum
-from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from typer._click.exceptions import NoArgsIsHelpError
@@ -18,6 +17,10 @@ from typer._click.exceptions import NoArgsIsHelpError
 from . import __version__
 from .config import MAX_EMBED_DIM, MAX_SEQ_LEN, Config, ConfigError
 from .stages import STAGE_IDS
+
+if TYPE_CHECKING:
+    from .destination import Destination
+    from .records import Trace
 
 app = typer.Typer(
     name="mha-tui",
@@ -34,10 +37,18 @@ class Format(StrEnum):
     json = "json"
 
 
-def fail(message: str) -> NoReturn:
-    """One line on stderr, exit code 2."""
-    sys.stderr.write(f"mha-tui: error: {message}\n")
-    raise SystemExit(2)
+def fail(message: str, code: int = 2) -> NoReturn:
+    """One line on stderr, exit code 2 (usage) or 1 (a failure at run time)."""
+    _say(f"mha-tui: error: {message}")
+    raise SystemExit(code)
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(line.replace("\n", " ") + "\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError):  # stderr closed: the exit code is all we can give
+        pass
 
 
 def _version(value: bool) -> None:
@@ -62,13 +73,13 @@ def explain(
     seed: Annotated[int, typer.Option("--seed", help="torch.manual_seed before building the modules.")] = 0,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Apply the causal mask.")] = True,
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help=f"Longest sentence the module accepts (at most {MAX_SEQ_LEN}).")] = 64,
-    dump: Annotated[Path | None, typer.Option("--dump", help="Write the transcript to PATH ('-' for stdout) instead of opening the app.")] = None,
+    dump: Annotated[str | None, typer.Option("--dump", metavar="PATH", help="Write the transcript to PATH ('-' for stdout) instead of opening the app. Devices, FIFOs and /dev/fd/N are written through; a file is replaced only once the transcript is complete.")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Transcript format.", case_sensitive=False)] = Format.text,
-    width: Annotated[int, typer.Option("--width", help="Text transcript width in columns (40 to 400).")] = 100,
+    width: Annotated[int | None, typer.Option("--width", help="Text transcript width in columns (40 to 400, default 100); JSON has no width.")] = None,
     full: Annotated[bool, typer.Option("--full", help="Never elide rows, columns or heads in the text transcript.")] = False,
     color: Annotated[bool, typer.Option("--color", help="Keep colours (ANSI codes) in the text transcript.")] = False,
-    ascii_only: Annotated[bool, typer.Option("--ascii", help="Draw with plain ASCII only.")] = False,
-    stage: Annotated[str, typer.Option("--stage", help="Stage to start the app at.")] = STAGE_IDS[0],
+    ascii_only: Annotated[bool, typer.Option("--ascii", help="Plain ASCII only (in JSON: every non-ASCII character as a \\u escape).")] = False,
+    stage: Annotated[str | None, typer.Option("--stage", help="Stage to start at: in the app, or the transcript from that stage on.")] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
@@ -78,50 +89,120 @@ def explain(
                         causal=causal, max_seq_len=max_seq_len)
     except ConfigError as error:
         fail(str(error))
-    if stage not in STAGE_IDS:
+    if stage is not None and stage not in STAGE_IDS:
         fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
-    if not 40 <= width <= 400:
+    if fmt is Format.json:
+        _note_unused_for_json(width=width, full=full, color=color)
+    elif width is not None and not 40 <= width <= 400:
         fail(f"--width must be between 40 and 400, got {width}")
-    target = None if dump is None or str(dump) == "-" else dump
-    if target is not None:
-        from .dump import check_writable
+    destination = None
+    if _STDOUT_CLOSED and (dump is None or dump == "-"):
+        fail(f"{'--dump -: ' if dump else ''}standard output is closed; give --dump PATH "
+             "to write the transcript to a file")
+    if dump is not None:
+        from .destination import DumpError, resolve
 
-        problem = check_writable(target)
-        if problem:
-            fail(problem)
+        try:
+            destination = resolve(dump)
+        except DumpError as error:
+            fail(str(error), error.code)
+    _check_budget(config, destination, fmt)
 
     if dump is None and sys.stdout.isatty():
         from .app import prepare_terminal, run_app
 
         if problem := prepare_terminal():  # keys from the terminal; its real size
             fail(problem)
-        run_app(config, start=stage, ascii_only=ascii_only)
+        run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only)
         return
-    _write_transcript(config, target, fmt, width=width, full=full, color=color,
-                      ascii_only=ascii_only)
+    _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
+                      ascii_only=ascii_only, stage=stage)
 
 
-def _write_transcript(config: Config, target: Path | None, fmt: Format, *, width: int,
-                      full: bool, color: bool, ascii_only: bool) -> None:
-    from .dump import to_json, to_text, write_atomic
-    from .render import RenderOptions
-    from .tracing import run_trace
+def _note_unused_for_json(*, width: int | None, full: bool, color: bool) -> None:
+    """JSON is always complete and has no width or colours: say so rather than ignore."""
+    unused = [flag for flag, given in (("--width", width is not None), ("--color", color))
+              if given]
+    parts = []
+    if full:
+        parts.append("--full changes nothing (JSON is never elided)")
+    if unused:
+        parts.append(f"{' and '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply "
+                     "(JSON has no width or colours)")
+    if parts:
+        _say(f"mha-tui: note: with --format json, {'; '.join(parts)}")
 
-    trace = run_trace(config)
-    if fmt is Format.json:
-        content = to_json(trace)
-    else:
-        content = to_text(trace, RenderOptions(full=full, ascii=ascii_only), width=width,
-                          color=color)
-    if target is None:
-        # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
-        sys.stdout.buffer.write(content.encode("utf-8"))
-    else:
-        try:
-            write_atomic(target, content)
-        except OSError as error:
-            fail(f"could not write --dump {target}: {error.strerror or error}")
+
+def _check_budget(config: Config, destination: Destination | None, fmt: Format) -> None:
+    """Refuse, before building anything, a size that cannot fit in memory or on disk."""
+    from . import budget
+
+    problem = budget.memory_problem(config, budget.available_memory())
+    if problem:
+        fail(problem)
+    if fmt is Format.json and destination is not None:
+        folder = str(destination.folder)
+        problem = budget.disk_problem(config, folder, budget.free_disk(folder))
+        if problem:
+            fail(problem)
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, MemoryError):
+        return True
+    # torch reports a failed CPU allocation as a RuntimeError ("DefaultCPUAllocator: can't
+    # allocate memory", "not enough memory"); there is no narrower public type for it.
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("allocate memory" in text
+                                                or "not enough memory" in text)
+
+
+def _write_transcript(config: Config, destination: Destination | None, fmt: Format, *, width: int,
+                      full: bool, color: bool, ascii_only: bool, stage: str | None) -> None:
+    from .destination import DumpError, opened, resolve
+
+    if destination is None:
+        destination = resolve("-")
+    try:
+        from .dump import to_text, write_json
+        from .render import RenderOptions
+        from .tracing import run_trace
+
+        trace = run_trace(config)
+        first = _first_stage(trace, stage)
+        with opened(destination) as out:
+            if fmt is Format.json:
+                write_json(trace, out, first=first, ascii_only=ascii_only)
+            else:
+                # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
+                out.write(to_text(trace, RenderOptions(full=full, ascii=ascii_only),
+                                  width=width, color=color, first=first).encode("utf-8"))
+    except DumpError as error:
+        fail(str(error), error.code)
+    except BrokenPipeError:  # the reader left early (| head): nothing more to deliver
+        os._exit(0)
+    except OSError as error:
+        where = ("standard output" if destination.kind == "fd" and destination.fd == 1
+                 else f"--dump {destination.shown}")
+        fail(f"could not write the transcript to {where}: {error.strerror or error}", 1)
+    except (MemoryError, RuntimeError) as error:
+        if not _out_of_memory(error):
+            raise
+        fail(f"ran out of memory for {config.seq_len} tokens, --embed-dim {config.embed_dim}, "
+             f"--heads {config.num_heads}; try a smaller size", 1)
     _exit_now(1 if trace.failed else 0)  # the module's forward raised: the transcript ends there
+
+
+def _first_stage(trace: Trace, stage: str | None) -> int:
+    """Where a transcript with --stage starts: the first stage of that kind in this trace."""
+    if stage is None:
+        return 0
+    for index, recorded in enumerate(trace.stages):
+        if stage in (recorded.id, recorded.kind):
+            return index
+    _say(f"mha-tui: note: this forward has no {stage!r} stage; the transcript starts at the "
+         "first stage")
+    return 0
 
 
 def _exit_now(code: int = 0) -> NoReturn:
@@ -138,8 +219,31 @@ def _exit_now(code: int = 0) -> NoReturn:
     os._exit(code)
 
 
+_STDOUT_CLOSED = False
+
+
+def _guard_standard_streams() -> None:
+    """A closed fd 0, 1 or 2 is held by /dev/null (read-only, so writes fail loudly): the
+    next file opened must not become "standard output" by taking its number."""
+    global _STDOUT_CLOSED
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            held = os.open(os.devnull, os.O_RDONLY)
+            if held != fd:  # a lower one was free too; it gets its own turn
+                os.dup2(held, fd)
+                os.close(held)
+            if fd == 1:
+                _STDOUT_CLOSED = True
+                sys.stdout = open(os.devnull, "w")
+            elif fd == 2:
+                sys.stderr = None  # type: ignore[assignment]
+
+
 def main() -> None:
     """Console-script entry point: usage errors become one line, never a traceback."""
+    _guard_standard_streams()
     try:
         code = app(standalone_mode=False)
     except NoArgsIsHelpError as help_request:  # plain `mha-tui`: the help, not an error

@@ -63,6 +63,11 @@ class Config:
         if not self.tokens:
             raise ConfigError("the sentence is empty; give at least one word, e.g. \"I love AI !\"")
         if len(self.tokens) > self.max_seq_len:
+            if len(self.tokens) > MAX_SEQ_LEN:  # no --max-seq-len can help: say so
+                raise ConfigError(
+                    f"the sentence has {len(self.tokens)} tokens, above this tool's ceiling of "
+                    f"{MAX_SEQ_LEN} (--max-seq-len {MAX_SEQ_LEN} at most); shorten it"
+                )
             raise ConfigError(
                 f"the sentence has {len(self.tokens)} tokens but --max-seq-len is "
                 f"{self.max_seq_len}; raise it with --max-seq-len {len(self.tokens)}"

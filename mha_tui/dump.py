@@ -1,23 +1,24 @@
 """Write a trace as a transcript: text drawn by `render`, or strict JSON.
 
 Deterministic: the same arguments give the same bytes on any terminal and in any locale
-(a private Console with a fixed width and no environment). A file is replaced only once
-the whole transcript exists. Never import textual or typer here.
+(a private Console with a fixed width and no environment). JSON is streamed tensor by
+tensor into whatever `destination.opened` gives, which delivers it only once complete.
+Never import textual or typer here.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
+import re
 import secrets
-import tempfile
-from pathlib import Path
-from typing import Any
+import unicodedata
+from typing import Any, BinaryIO
 
 import numpy as np
 from rich.console import Console
 
+from .floats import float32_text
 from .records import OpRecord, TensorRecord, Trace
 from .render import ASCII_GLYPHS, RenderOptions, display_path, header, module_line, stage_view
 
@@ -32,14 +33,16 @@ def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
     )
 
 
-def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = False) -> str:
+def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = False,
+            first: int = 0) -> str:
+    """The text transcript; `first`: the index of the first stage shown."""
     buffer = io.StringIO()
     console = transcript_console(buffer, width, color)
     console.print(header(trace.config, opts, batched=trace.batched))
     if trace.module is not None:
         console.print(module_line(trace.module, opts))
     console.print()
-    for stage in trace.stages:
+    for stage in trace.stages[first:]:
         console.print(stage_view(trace, stage, opts))
     # Rich pads table rows to the full width; trailing blanks only make diffs noisy.
     text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
@@ -49,24 +52,84 @@ def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = F
     return text
 
 
-def _values_json(values: np.ndarray) -> str:
-    """Nested lists on one line, each float32 in its shortest form that reads back exactly;
-    -inf/inf/nan as strings so that any JSON parser reads the file."""
-    text = values.astype(str)  # NumPy's shortest round-tripping repr, per dtype, in C
-    if values.dtype.kind == "f":
-        finite = np.isfinite(values)
-        if not finite.all():
+_CHUNK = 1 << 16  # values formatted at a time: a few MB of scratch whatever the tensor
+_TEXT = 24  # widest number text: "-1.2345678e-05", "-0.000123456789", '"-inf"'
+
+
+def _number_texts(chunk: np.ndarray) -> np.ndarray:
+    """JSON texts of a 1-D chunk as a (N, _TEXT) uint8 matrix, 0 bytes not part of them."""
+    if chunk.dtype == np.float32:
+        return float32_text(chunk, _TEXT)
+    if chunk.dtype == np.bool_:
+        text = np.where(chunk, "true", "false")
+    else:  # ints, other floats: NumPy's shortest round-trip text, per dtype
+        text = chunk.astype(str)
+        if chunk.dtype.kind == "f":
+            finite = np.isfinite(chunk)
             text = np.where(finite, text, np.char.add(np.char.add('"', text), '"'))
-
-    def nest(block: np.ndarray) -> str:
-        if block.ndim <= 1:
-            return "[" + ",".join(block.reshape(-1).tolist()) + "]"
-        return "[" + ",".join(nest(row) for row in block) + "]"
-
-    return nest(text) if values.ndim else str(text)
+    raw = text.astype(f"S{_TEXT}")
+    return raw.view(np.uint8).reshape(len(chunk), _TEXT)
 
 
-def _tensor_json(record: TensorRecord, placeholders: dict[str, str], nonce: str) -> dict[str, Any]:
+def write_values(values: np.ndarray, out: BinaryIO) -> None:
+    """A tensor's values as nested JSON lists on one line, written a chunk at a time.
+
+    Each float32 in its shortest form that reads back exactly (NumPy's), -inf/inf/nan as
+    strings so that any JSON parser reads the file. Never builds the whole text.
+    """
+    if values.ndim == 0:
+        text = _number_texts(values.reshape(1))
+        out.write(text[text != 0].tobytes())
+        return
+    if values.size == 0:
+        out.write(json.dumps(values.tolist(), separators=(",", ":")).encode("ascii"))
+        return
+    shape, ndim, size = values.shape, values.ndim, values.size
+    # After flat index i, one "]" closes each axis whose block ends at i; the next element
+    # opens as many "[" after a comma. Blocks are the products of trailing axis lengths.
+    blocks = [int(np.prod(shape[d:])) for d in range(1, ndim)]
+    closers = np.frombuffer(b"]" * ndim + b"," + b"[" * ndim, dtype=np.uint8)
+    slot = np.arange(2 * ndim + 1)[None, :]
+    out.write(b"[" * ndim)
+    flat = values.reshape(-1)  # a copy only for a strided view, one tensor at most
+    for start in range(0, size, _CHUNK):
+        chunk = flat[start:start + _CHUNK]
+        following = np.arange(start + 1, start + 1 + len(chunk))
+        closed = np.zeros(len(chunk), dtype=np.int64)
+        for block in blocks:
+            closed += following % block == 0
+        last = following == size
+        closed[last] = ndim
+        keep = np.where(slot < ndim, slot < closed[:, None],
+                        np.where(slot == ndim, ~last[:, None],
+                                 (slot - ndim - 1 < closed[:, None]) & ~last[:, None]))
+        rows = np.concatenate([_number_texts(chunk), closers * keep], axis=1)
+        out.write(rows[rows != 0].tobytes())
+
+
+# What the text transcript makes visible (`render.printable`: controls, lone surrogates,
+# format characters but ZWNJ/ZWJ and emoji tags), plus the line and paragraph separators:
+# escaped in JSON as \uXXXX rather than written raw. JSON syntax outside strings is ASCII,
+# so escaping these characters anywhere in the document only ever touches string contents.
+_NON_ASCII = re.compile(r"[^\x00-\x7e]")
+_KEEP_FORMAT = {0x200C, 0x200D}
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    ch = match.group()
+    code = ord(ch)
+    category = unicodedata.category(ch)
+    if category in ("Cc", "Cs", "Zl", "Zp") or (
+        category == "Cf" and code not in _KEEP_FORMAT and not 0xE0000 <= code <= 0xE007F
+    ):
+        if code > 0xFFFF:  # a surrogate pair, as JSON spells characters beyond the BMP
+            code -= 0x10000
+            return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+        return f"\\u{code:04x}"
+    return ch
+
+
+def _tensor_json(record: TensorRecord, tensors: list[np.ndarray], nonce: str) -> dict[str, Any]:
     data: dict[str, Any] = {
         "shape": list(record.shape),
         "dims": list(record.dims),
@@ -76,9 +139,8 @@ def _tensor_json(record: TensorRecord, placeholders: dict[str, str], nonce: str)
     }
     if record.shares_storage is not None:
         data["shares_storage_with_input"] = record.shares_storage
-    key = f"{nonce}{len(placeholders)}"
-    placeholders[key] = _values_json(record.values)
-    data["values"] = key
+    data["values"] = f"{nonce}{len(tensors)}"
+    tensors.append(record.values)
     return data
 
 
@@ -93,14 +155,9 @@ def _op_json(op: OpRecord) -> dict[str, Any]:
     }
 
 
-def to_json(trace: Trace) -> str:
-    """Readable structure (indented), compact values (one line per tensor)."""
-    placeholders: dict[str, str] = {}
-    user_text = json.dumps(trace.config.as_dict(), ensure_ascii=False)
-    nonce = "@values-"
-    while nonce in user_text:  # the only user text in the document is the config
-        nonce = f"@{secrets.token_hex(8)}-"
-    document = {
+def _document(trace: Trace, first: int, tensors: list[np.ndarray], nonce: str) -> dict[str, Any]:
+    """The transcript's structure, each tensor's values a placeholder naming its index."""
+    return {
         "config": trace.config.as_dict(),
         "module": None if trace.module is None else {
             "class": trace.module.class_name, "file": display_path(trace.module.file),
@@ -119,59 +176,40 @@ def to_json(trace: Trace) -> str:
                 "dims_in": list(stage.dims_in),
                 "dims_out": list(stage.dims_out),
                 "note": stage.note,
-                "tensors": {r.name: _tensor_json(r, placeholders, nonce) for r in stage.tensors},
-                "aside": {r.name: _tensor_json(r, placeholders, nonce) for r in stage.aside},
+                "tensors": {r.name: _tensor_json(r, tensors, nonce) for r in stage.tensors},
+                "aside": {r.name: _tensor_json(r, tensors, nonce) for r in stage.aside},
                 "checks": [{"label": c.label, "ok": c.ok} for c in stage.checks],
                 "ops": [_op_json(op) for op in stage.ops],
             }
-            for stage in trace.stages
+            for stage in trace.stages[first:]
         ],
     }
-    skeleton = json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False)
+
+
+def write_json(trace: Trace, out: BinaryIO, *, first: int = 0, ascii_only: bool = False) -> None:
+    """Readable structure (indented), compact values (one line per tensor), streamed into
+    out tensor by tensor. `first`: the index of the first stage written."""
+    nonce = "@values-"
+    while True:  # a placeholder no user text (tokens, file names, source lines) contains
+        tensors: list[np.ndarray] = []
+        document = _document(trace, first, tensors, nonce)
+        skeleton = json.dumps(document, indent=1, ensure_ascii=ascii_only, allow_nan=False)
+        if skeleton.count(f'"{nonce}') == len(tensors):
+            break
+        nonce = f"@{secrets.token_hex(8)}-"
+    if not ascii_only:
+        skeleton = _NON_ASCII.sub(_json_escape, skeleton)
     parts = skeleton.split(f'"{nonce}')
-    out = [parts[0]]
+    out.write(parts[0].encode("utf-8"))
     for part in parts[1:]:
         index, rest = part.split('"', 1)
-        out.append(placeholders[f"{nonce}{index}"])
-        out.append(rest)
-    return "".join(out) + "\n"
+        write_values(tensors[int(index)], out)
+        out.write(rest.encode("utf-8"))
+    out.write(b"\n")
 
 
-def check_writable(path: Path) -> str | None:
-    """Why a transcript could not be written to path, before any work is done."""
-    if path.is_dir():
-        return f"--dump {path} is a directory; give a file name such as {path / 'transcript.txt'}"
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        return f"--dump {path}: the folder {parent} does not exist"
-    unwritable = f"--dump {path} is not writable; choose another path or '-' for stdout"
-    if path.exists() and not os.access(path, os.W_OK):
-        return unwritable
-    try:  # the real test (permission bits lie to root and on special file systems)
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-    except OSError:
-        return unwritable
-    return None
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_atomic(path: Path, content: str) -> None:
-    """Write next to the target, then rename over it: never a half-written file."""
-    parent = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(content)
-        # mkstemp makes 0600; a transcript gets the mode a plain open() would give it, or
-        # keeps the mode of the file it replaces.
-        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def to_json(trace: Trace, *, first: int = 0, ascii_only: bool = False) -> str:
+    """The JSON transcript as one string (tests, small traces); `write_json` streams it."""
+    buffer = io.BytesIO()
+    write_json(trace, buffer, first=first, ascii_only=ascii_only)
+    return buffer.getvalue().decode("utf-8")

@@ -9,7 +9,6 @@ Never import torch, textual or typer here.
 
 from __future__ import annotations
 
-import math
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -166,19 +165,6 @@ def _magnitude(record: TensorRecord) -> float:
     return float(np.abs(finite).max()) if finite.size else 1.0
 
 
-def _cell_style(value: float, record: TensorRecord, dim: bool) -> Style:
-    if not math.isfinite(value):
-        return _INF
-    if record.kind == "prob":
-        ramp, t = _RAMPS["prob"], float(value)
-    else:
-        ramp, t = _RAMPS["neg" if value < 0 else "pos"], abs(value) / (_magnitude(record) or 1.0)
-    step = min(_STEPS - 1, max(0, round(t * (_STEPS - 1))))
-    if dim:
-        step //= 4
-    return ramp[step]
-
-
 def _fmt(value: float, kind: str, decimals: int) -> str:
     """One value as printed: whole, never a signed zero ("-0.0000" is "0.0000")."""
     if kind == "int":
@@ -323,21 +309,38 @@ class Matrix:
         return texts
 
     def _styles(self, j: int) -> list[Style | None]:
-        """Column j's cell styles: the value's colour, dimmed outside the focused head."""
+        """Column j's cell styles: the value's colour, dimmed outside the focused head.
+
+        Probabilities on the green ramp from 0 to 1; other values blue (negative) or red
+        (positive) by |value| over the tensor's largest finite |value|, so every head shares
+        one scale; -inf/nan grey italic. Steps computed for the whole column at once.
+        """
+        import numpy as np
+
         record, opts = self.record, self.opts
-        row_heads = self.rows.heads
         col_head = None if self.cols.heads is None else self.cols.heads[j]
-        styles: list[Style | None] = []
-        for i in self._shown_rows:
-            row_head = None if row_heads is None else row_heads[i]
-            head = (self.head if self.head is not None
-                    else row_head if row_head is not None else col_head)
-            dim = self._dim(head)
-            if not opts.color or record.kind == "int":
-                styles.append(_DIM if dim else None)
-            else:
-                styles.append(_cell_style(float(self.values[i, j]), record, dim))
-        return styles
+        dims = [False] * len(self._shown_rows)
+        if opts.focus is not None:
+            row_heads = self.rows.heads
+            for k, i in enumerate(self._shown_rows):
+                row_head = None if row_heads is None else row_heads[i]
+                head = (self.head if self.head is not None
+                        else row_head if row_head is not None else col_head)
+                dims[k] = self._dim(head)
+        if not opts.color or record.kind == "int":
+            return [_DIM if dim else None for dim in dims]
+        values = self.values[self._shown_rows, j].astype(np.float64)
+        finite = np.isfinite(values)
+        safe = np.where(finite, values, 0.0)
+        if record.kind == "prob":
+            t = safe
+        else:
+            t = np.abs(safe) / (_magnitude(record) or 1.0)
+        steps = np.clip(np.rint(t * (_STEPS - 1)), 0, _STEPS - 1).astype(np.int64).tolist()
+        ramps = ([_RAMPS["prob"]] * len(steps) if record.kind == "prob"
+                 else [_RAMPS["neg"] if v < 0 else _RAMPS["pos"] for v in safe.tolist()])
+        return [_INF if not ok else ramp[step // 4 if dim else step]
+                for ok, ramp, step, dim in zip(finite.tolist(), ramps, steps, dims, strict=True)]
 
     def _width(self, j: int, elided: bool) -> int:
         return max(max(map(len, self._texts(j)), default=0),
@@ -488,30 +491,48 @@ class Matrix:
         rows, cols = self.shown(width)
         n_rows, n_cols = self.values.shape
         if rows < n_rows or cols < n_cols:
-            yield _summary(self.values, self.record, n_rows, n_cols, rows, cols, self.opts)
+            yield _summary(self.values, self.record, n_rows, n_cols, rows, cols, self.opts,
+                           width)
+        elif len(self._layout(width)) > 1:
+            yield newline  # column blocks: a blank line before the next head's title
 
 
 def _summary(values: np.ndarray, record: TensorRecord, n_rows: int, n_cols: int,
-             shown_rows: int, shown_cols: int, opts: RenderOptions) -> Text:
-    """What the window leaves out: how much is hidden, and the range of every value."""
+             shown_rows: int, shown_cols: int, opts: RenderOptions,
+             width: int | None = None) -> Text:
+    """What the window leaves out: how much is hidden, and the range of every value.
+
+    Its parts go on as few lines of width as they fit, a part never broken in two.
+    """
     import numpy as np
 
-    parts = [f"showing {shown_rows} of {n_rows} rows, {shown_cols} of {n_cols} columns"]
+    rows = f"{shown_rows} of {n_rows} row{'s' if n_rows > 1 else ''}"
+    cols = f"{shown_cols} of {n_cols} column{'s' if n_cols > 1 else ''}"
+    # (separator before, words that stay together): " · " between facts, "  " within one
+    pieces = [("", f"showing {rows},"), (" ", cols)]
     if record.kind == "int":
-        parts.append(f"min {int(values.min())}  max {int(values.max())}")
+        pieces += [(" · ", f"min {int(values.min())}"), ("  ", f"max {int(values.max())}")]
     else:
         finite = values[np.isfinite(values)]
         if finite.size:
             d = opts.decimals
-            parts.append(("finite values: " if finite.size < values.size else "")
-                         + f"min {_fmt(float(finite.min()), 'signed', d)}  "
-                         f"max {_fmt(float(finite.max()), 'signed', d)}  "
-                         f"mean {_fmt(float(finite.mean()), 'signed', d)}")
+            stats = [f"min {_fmt(float(finite.min()), 'signed', d)}",
+                     f"max {_fmt(float(finite.max()), 'signed', d)}",
+                     f"mean {_fmt(float(finite.mean()), 'signed', d)}"]
+            if finite.size < values.size:
+                stats[0] = "finite values: " + stats[0]
+            pieces += [(" · ", stats[0]), ("  ", stats[1]), ("  ", stats[2])]
         counts = [(int(np.isneginf(values).sum()), "-inf"), (int(np.isposinf(values).sum()), "inf"),
                   (int(np.isnan(values).sum()), "nan")]
-        parts.extend(f"{count} {'is' if count == 1 else 'are'} {name}"
-                     for count, name in counts if count)
-    return Text("  " + " · ".join(parts), style="dim")
+        pieces += [(" · ", f"{count} {'is' if count == 1 else 'are'} {name}")
+                   for count, name in counts if count]
+    lines = ["  " + pieces[0][1]]
+    for sep, words in pieces[1:]:
+        if width is None or len(lines[-1]) + len(sep) + len(words) <= width:
+            lines[-1] += sep + words
+        else:
+            lines.append("  " + words)
+    return Text("\n".join(lines), style="dim")
 
 
 # ---------------------------------------------------------------- one tensor
@@ -778,11 +799,26 @@ def stage_tensors(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     return Group(*parts)
 
 
+class HeadingRule:
+    """A stage heading on a rule; when the width cannot hold it, the heading wraps above
+    a plain rule rather than being cut."""
+
+    def __init__(self, heading: Text, characters: str) -> None:
+        self.heading, self.characters = heading, characters
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.heading.cell_len + 4 <= options.max_width:
+            yield Rule(self.heading, characters=self.characters, align="left")
+        else:
+            yield self.heading
+            yield Rule(characters=self.characters)
+
+
 def stage_view(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     """A whole stage as the transcript prints it (the app lays out the same parts)."""
     rule_chars = "-" if opts.ascii else "━"
     parts: list[RenderableType] = [
-        Rule(stage_heading(trace, stage), characters=rule_chars, align="left"),
+        HeadingRule(stage_heading(trace, stage), rule_chars),
         stage_intro(stage, opts),
         Text(""),
         stage_tensors(trace, stage, opts),
@@ -830,8 +866,8 @@ def _token_list(config: Config, opts: RenderOptions, room: int) -> Text:
 
 
 def header(config: Config, opts: RenderOptions, width: int | None = None, *,
-           batched: bool = True) -> RenderableType:
-    """Sentence, tokens with their ids, and B, T, C, h, d_h, at most three lines of width.
+           batched: bool = True, max_lines: int = 3) -> RenderableType:
+    """Sentence, tokens with their ids, and B, T, C, h, d_h, at most max_lines of width.
 
     The sizes are always shown whole; the sentence and the token list give way (cut with an
     ellipsis, tokens elided with a count). Without a width, the header is laid out at the
@@ -839,7 +875,7 @@ def header(config: Config, opts: RenderOptions, width: int | None = None, *,
     a module whose x has no batch axis (NumPy's (T, C)): no B then.
     """
     if width is None:
-        return Header(config, opts, batched)
+        return Header(config, opts, batched, max_lines)
     sizes = _sizes(config, batched)
     sentence = Text("sentence ", style="dim", no_wrap=True, end="")
     sentence.append_text(label(config.sentence, max_cells=max(1, min(40, width - 9)),
@@ -858,21 +894,27 @@ def header(config: Config, opts: RenderOptions, width: int | None = None, *,
         lines.append(sizes)
     else:  # the sizes need two lines: the token list already spells out the sentence
         lines = [tokens, sizes]
+    if len(lines) > max_lines and lines[0] is sentence:
+        lines = lines[1:]  # the token list already spells out the sentence
     return Text("\n").join(lines)
 
 
 class Header:
     """The header laid out at the width it is given when drawn."""
 
-    def __init__(self, config: Config, opts: RenderOptions, batched: bool = True) -> None:
-        self.config, self.opts, self.batched = config, opts, batched
+    def __init__(self, config: Config, opts: RenderOptions, batched: bool = True,
+                 max_lines: int = 3) -> None:
+        self.config, self.opts, self.batched, self.max_lines = config, opts, batched, max_lines
+
+    def _text(self, width: int) -> RenderableType:
+        return header(self.config, self.opts, width, batched=self.batched,
+                      max_lines=self.max_lines)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield header(self.config, self.opts, options.max_width, batched=self.batched)
+        yield self._text(options.max_width)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement.get(console, options, header(self.config, self.opts, options.max_width,
-                                                        batched=self.batched))
+        return Measurement.get(console, options, self._text(options.max_width))
 
 
 def display_path(path: str) -> str:

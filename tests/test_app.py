@@ -473,3 +473,4 @@ async def test_header_keeps_the_sizes_with_a_long_sentence(size: tuple[int, int]
         shown = app.export_screenshot()
         plain = re.sub(r"<[^>]+>", "", shown).replace("&#160;", " ")
         assert "d_h=4" in plain and f"T={len(words.split())}" in plain
+        assert "MultiHeadAttention" in plain  # and the module line below them

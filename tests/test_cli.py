@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,13 +91,19 @@ BAD = [
     (["explain", "a", "--width", "5"], "--width must be between 40 and 400"),
     (["explain", "a", "--bogus"], "No such option: --bogus"),
     (["explain"], "Missing argument 'sentence'"),
-    (["explain", "a", "--dump", "/"], "is a directory"),
+    (["explain", "a", "--dump", "/"], "is a folder"),
+    (["explain", "a", "--dump", "/tmp/" + "x" * 300], "File name too long"),
+    (["explain", "a", "--dump", "/nonexistent-dir/"], "names a folder"),
+    (["explain", " ".join(["w"] * 4097), "--max-seq-len", "4096"],
+     "4097 tokens, above this tool's ceiling of 4096 (--max-seq-len 4096 at most)"),
+    (["explain", " ".join(["w"] * 2048), "--embed-dim", "4096", "--heads", "4096",
+      "--max-seq-len", "2048"], "needs about 448.9 GiB of memory for its tensors"),
     (["explain", "a", "--dump", "/nonexistent-dir/x.txt"], "does not exist"),
     (["explain", "a", "--dump", "/proc/version"], "not writable"),
 ]
 
 
-@pytest.mark.parametrize(("argv", "message"), BAD, ids=[" ".join(a[1:]) or "none" for a, _ in BAD])
+@pytest.mark.parametrize(("argv", "message"), BAD, ids=[" ".join(a[1:])[:60] or "none" for a, _ in BAD])
 def test_bad_input_is_one_line_exit_2(argv: list[str], message: str) -> None:
     result = run_cli(*argv)
     err = result.stderr.decode("utf-8")
@@ -111,3 +118,114 @@ def test_the_app_paints_without_torch_or_numpy_loaded() -> None:
     loaded = _modules_after("import mha_tui.cli, mha_tui.app")
     assert "textual" in loaded
     assert "torch" not in loaded and "numpy" not in loaded and "pygments" not in loaded
+
+
+def test_max_seq_len_hint_never_exceeds_the_ceiling() -> None:
+    result = run_cli("explain", " ".join(["w"] * 5000))
+    err = result.stderr.decode()
+    assert result.returncode == 2 and "4096" in err and "5000" in err
+    assert "--max-seq-len 5000" not in err
+
+
+def _run_with_stdout(stdout, preexec=None) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    return subprocess.run([sys.executable, "-m", "mha_tui", "explain", "I love AI !", "--dump",
+                           "-"], stdout=stdout, stderr=subprocess.PIPE, env=env, cwd=ROOT,
+                          timeout=120, preexec_fn=preexec)
+
+
+def test_dump_to_a_closed_stdout_is_one_line() -> None:
+    result = _run_with_stdout(subprocess.DEVNULL, preexec=lambda: os.close(1))
+    assert result.returncode == 2
+    assert result.stderr == (b"mha-tui: error: --dump -: standard output is closed; "
+                             b"give --dump PATH to write the transcript to a file\n")
+
+
+def test_dump_to_a_full_disk_is_one_line() -> None:
+    with open("/dev/full", "wb") as full:  # only written to, like `> /dev/full`
+        result = _run_with_stdout(full)
+    assert result.returncode == 1
+    assert result.stderr == (b"mha-tui: error: could not write the transcript to standard "
+                             b"output: No space left on device\n")
+
+
+@pytest.mark.parametrize("error", [MemoryError(), RuntimeError(
+    "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried "
+    "to allocate 4294967296 bytes.")])
+def test_running_out_of_memory_is_one_line_exit_1(monkeypatch, capsys, error) -> None:
+    import mha_tui.tracing
+    from mha_tui import cli
+
+    def exhausted(config):
+        raise error
+
+    monkeypatch.setattr(mha_tui.tracing, "run_trace", exhausted)
+    monkeypatch.setattr(sys, "argv", ["mha-tui", "explain", "I love AI !", "--dump", "-"])
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mha-tui: error: ran out of memory for 4 tokens") and err.count("\n") == 1
+
+
+def test_memory_estimate_reads_meminfo_and_says_both_figures(tmp_path: Path) -> None:
+    from mha_tui import budget
+    from mha_tui.config import Config
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       1000000 kB\nMemAvailable:     512000 kB\n")
+    available = budget.available_memory(str(meminfo), cgroup=str(tmp_path))
+    assert available == budget.Available(512000 * 1024, "MemAvailable in /proc/meminfo")
+    config = Config(" ".join(f"w{i}" for i in range(512)), embed_dim=768, num_heads=12,
+                    max_seq_len=512)
+    assert budget.trace_elements(config) == 21_496_320  # what the JSON of this size holds
+    problem = budget.memory_problem(config, available)
+    assert problem is not None and "needs about" in problem and "500.0 MiB is available" in problem
+    assert budget.memory_problem(config, budget.Available(8 << 30, "x")) is None
+    tiny = Config("I love AI !")  # a tight machine is not a reason to refuse a tiny run
+    assert budget.memory_problem(tiny, budget.Available(1 << 20, "x")) is None
+    (tmp_path / "memory.max").write_text("1073741824\n")
+    (tmp_path / "memory.current").write_text("973741824\n")
+    capped = budget.available_memory(str(meminfo), cgroup=str(tmp_path))
+    assert capped == budget.Available(100_000_000, "the cgroup's memory.max")
+    assert budget.available_memory(str(tmp_path / "absent"), cgroup=str(tmp_path / "x")) is not None
+
+
+@pytest.mark.parametrize(("words", "C", "h"), [(5, 8, 2), (12, 16, 4), (7, 6, 3)])
+def test_element_estimate_counts_what_the_trace_records(words: int, C: int, h: int) -> None:
+    from mha_tui import budget
+    from mha_tui.config import Config
+    from mha_tui.tracing import run_trace
+
+    config = Config(" ".join(f"t{i % 4}" for i in range(words)), embed_dim=C, num_heads=h)
+    trace = run_trace(config)
+    recorded = sum(r.values.size for s in trace.stages for r in (*s.tensors, *s.aside))
+    assert budget.trace_elements(config) == recorded
+
+
+def test_an_address_space_limit_too_small_is_refused_before_the_run(tmp_path: Path) -> None:
+    """`ulimit -v` a little above what the imports map: the estimate sees that the tensors
+    cannot fit and refuses up front (a failed allocation inside BLAS would end the process
+    from C, with no chance of a clean message)."""
+    import resource
+
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch, numpy, rich, mha_tui.tracing, mha_tui.dump\n"
+         "print(open('/proc/self/status').read().split('VmSize:')[1].split()[0])"],
+        capture_output=True, text=True, cwd=ROOT, check=True)
+    limit = (int(probe.stdout) << 10) + (350 << 20)
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    target = tmp_path / "t.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    argv = [sys.executable, "-m", "mha_tui", "explain", " ".join(f"w{i}" for i in range(1024)),
+            "--embed-dim", "768", "--heads", "12", "--max-seq-len", "1024", "--format", "json",
+            "--dump", str(target)]
+    result = subprocess.run(argv, capture_output=True, env=env, cwd=ROOT, timeout=300,
+                            preexec_fn=cap)
+    err = result.stderr.decode()
+    assert result.returncode == 2, err
+    assert "needs about" in err and "ulimit -v" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []

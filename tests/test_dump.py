@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import ctypes
+import io
 import json
+import os
 import re
+import stat
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mha_tui.config import Config
-from mha_tui.dump import to_json, to_text
+from mha_tui.dump import to_json, to_text, write_json, write_values
 from mha_tui.render import RenderOptions
 from mha_tui.tracing import run_trace
 
-from .conftest import default_trace, run_cli
+from .conftest import ROOT, default_trace, run_cli
 
 GOLDEN = Path(__file__).parent / "golden"
 ANSI = re.compile(rb"\x1b\[")
@@ -128,3 +135,276 @@ def test_dump_to_a_file(tmp_path: Path, fmt: str) -> None:
     assert result.stdout == b"" and result.stderr == b""
     assert target.read_bytes() == run_cli("explain", "I love AI !", "--dump", "-", "--format", fmt).stdout
     assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+# ---------------------------------------------------------------- where --dump writes
+# Every case runs the real command. Nothing here touches /dev itself: device nodes are
+# made in a temporary folder.
+
+DEFAULT_TEXT = (GOLDEN / "default.txt").read_bytes()
+
+
+def _dump(target: str, *extra: str, **kwargs) -> subprocess.CompletedProcess[bytes]:
+    return run_cli("explain", "I love AI !", "--dump", target, *extra, **kwargs)
+
+
+def test_symlink_is_followed_and_its_target_replaced_in_its_own_folder(tmp_path: Path) -> None:
+    real_dir, link_dir = tmp_path / "real", tmp_path / "links"
+    real_dir.mkdir()
+    link_dir.mkdir()
+    target = real_dir / "t.txt"
+    target.write_text("old\n")
+    link = link_dir / "t.txt"
+    link.symlink_to(target)
+    result = _dump(str(link))
+    assert result.returncode == 0, result.stderr
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_bytes() == DEFAULT_TEXT
+    assert sorted(p.name for p in real_dir.iterdir()) == ["t.txt"]
+    assert sorted(p.name for p in link_dir.iterdir()) == ["t.txt"]
+
+
+def test_dangling_symlink_creates_its_target(tmp_path: Path) -> None:
+    link = tmp_path / "link.txt"
+    link.symlink_to(tmp_path / "made.txt")
+    assert _dump(str(link)).returncode == 0
+    assert link.is_symlink() and (tmp_path / "made.txt").read_bytes() == DEFAULT_TEXT
+
+
+def test_fifo_is_written_through_to_its_reader(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+
+    def reader() -> None:
+        with open(fifo, "rb") as handle:
+            received.append(handle.read())
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    result = _dump(str(fifo))
+    thread.join(30)
+    assert result.returncode == 0, result.stderr
+    assert received == [DEFAULT_TEXT]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")
+def test_character_device_is_written_through_and_stays_a_device(tmp_path: Path) -> None:
+    null = os.stat("/dev/null")  # only read: the node is made in tmp_path
+    node = tmp_path / "null"
+    os.mknod(node, stat.S_IFCHR | 0o666, null.st_rdev)
+    result = _dump(str(node), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    info = os.lstat(node)
+    assert stat.S_ISCHR(info.st_mode) and info.st_rdev == null.st_rdev
+    assert [p.name for p in tmp_path.iterdir()] == ["null"]
+
+
+def test_dev_fd_is_written_through_the_descriptor() -> None:
+    read_end, write_end = os.pipe()
+    received: list[bytes] = []
+
+    def reader() -> None:
+        with os.fdopen(read_end, "rb") as handle:
+            received.append(handle.read())
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    full_env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    result = subprocess.run(
+        [sys.executable, "-m", "mha_tui", "explain", "I love AI !", "--dump",
+         f"/dev/fd/{write_end}"], capture_output=True, pass_fds=(write_end,), env=full_env,
+        cwd=ROOT, timeout=120)
+    os.close(write_end)
+    thread.join(30)
+    assert result.returncode == 0, result.stderr
+    assert received == [DEFAULT_TEXT] and result.stdout == b""
+
+
+def test_dev_fd_not_open_is_refused() -> None:
+    result = _dump("/dev/fd/97")
+    assert result.returncode == 2
+    assert result.stderr == b"mha-tui: error: --dump /dev/fd/97: file descriptor 97 is not open\n"
+
+
+def _without_root_overrides() -> None:
+    """In the child before exec: drop root's power to ignore permissions (CAP_DAC_OVERRIDE,
+    CAP_DAC_READ_SEARCH) from the bounding set, so that a read-only folder is read-only."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):
+        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_writable_file_in_a_read_only_folder_is_rewritten_in_place(tmp_path: Path) -> None:
+    """As root, folder permissions do not bite: the command runs without those powers."""
+    run_as = {"preexec_fn": _without_root_overrides} if os.geteuid() == 0 else {}
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    target = folder / "t.txt"
+    target.write_text("an older, longer transcript\n" * 1000)
+    target.chmod(0o666)
+    inode = target.stat().st_ino
+    folder.chmod(0o555)
+    try:
+        full_env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+        result = subprocess.run([sys.executable, "-m", "mha_tui", "explain", "I love AI !",
+                                 "--dump", str(target)], capture_output=True, env=full_env,
+                                cwd=ROOT, timeout=120, **run_as)
+    finally:
+        folder.chmod(0o755)
+    assert result.returncode == 0, result.stderr
+    assert target.read_bytes() == DEFAULT_TEXT
+    assert target.stat().st_ino == inode
+    assert [p.name for p in folder.iterdir()] == ["t.txt"]
+
+
+@pytest.mark.parametrize("name", ["absent/", "a-file/"])
+def test_trailing_slash_never_writes_the_bare_name(tmp_path: Path, name: str) -> None:
+    (tmp_path / "a-file").write_text("keep me\n")
+    result = run_cli("explain", "I love AI !", "--dump", f"{tmp_path}/{name}")
+    err = result.stderr.decode()
+    assert result.returncode == 2 and err.count("\n") == 1, err
+    assert "names a folder" in err
+    assert not (tmp_path / "absent").exists()
+    assert (tmp_path / "a-file").read_text() == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_long_name_that_fits_is_written(tmp_path: Path) -> None:
+    target = tmp_path / ("n" * 250)  # the temporary name beside it must fit too
+    result = _dump(str(target))
+    assert result.returncode == 0, result.stderr
+    assert target.read_bytes() == DEFAULT_TEXT
+
+
+# ---------------------------------------------------------------- JSON: numbers and text
+
+
+def _reference_values(values: np.ndarray) -> str:
+    """The values line as the first implementation built it: NumPy's astype(str), nested."""
+    text = values.astype(str)
+    if values.dtype.kind == "f":
+        finite = np.isfinite(values)
+        text = np.where(finite, text, np.char.add(np.char.add('"', text), '"'))
+
+    def nest(block: np.ndarray) -> str:
+        if block.ndim <= 1:
+            return "[" + ",".join(block.reshape(-1).tolist()) + "]"
+        return "[" + ",".join(nest(row) for row in block) + "]"
+
+    return nest(text)
+
+
+SPECIAL = [0.0, -0.0, 1.0, 0.5, 0.1, 1e-4, 9.99e-5, 1e-5, 999999.94, 1e6, 123456789.0,
+           16777217.0, 3.4028235e38, 1e-45, 1.2e-38, 1e-13, 1e13, np.inf, -np.inf, np.nan]
+
+
+def test_float_text_is_numpys_shortest_round_trip_text() -> None:
+    """The vectorised formatter against NumPy itself: random bit patterns (every exponent),
+    ordinary activations, round decimals and the edges of each notation."""
+    rng = np.random.default_rng(0)
+    samples = np.concatenate([
+        rng.integers(0, 2**32, 300_000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+        (rng.standard_normal(300_000) * 0.3).astype(np.float32),
+        (np.arange(0, 20_000) / 1000).astype(np.float32),
+        np.array(SPECIAL + [10.0**k for k in range(-14, 14)], dtype=np.float32),
+    ])
+    for shape in [(len(samples),), (2, len(samples) // 2)]:
+        values = samples[: int(np.prod(shape))].reshape(shape)
+        out = io.BytesIO()
+        write_values(values, out)
+        assert out.getvalue().decode("ascii") == _reference_values(values)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (3, 1), (2, 3, 4), (1, 2, 1, 3), (2, 0)])
+def test_values_nest_like_json(shape: tuple[int, ...]) -> None:
+    values = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) - 2.5
+    out = io.BytesIO()
+    write_values(values, out)
+    assert json.loads(out.getvalue()) == values.tolist()
+
+
+def test_json_is_streamed_tensor_by_tensor() -> None:
+    """No single write holds the document: a 64-token, C=256 trace in writes of a few MB."""
+    trace = run_trace(Config(" ".join(f"w{i}" for i in range(64)), embed_dim=256, num_heads=8))
+
+    class Sink(io.BytesIO):
+        largest = 0
+
+        def write(self, data) -> int:
+            Sink.largest = max(Sink.largest, len(data))
+            return super().write(data)
+
+    sink = Sink()
+    write_json(trace, sink)
+    assert len(sink.getvalue()) > 4 * Sink.largest
+    assert sink.getvalue().decode("utf-8") == to_json(trace)
+    assert _strict(sink.getvalue().decode("utf-8"))["config"]["embed_dim"] == 256
+
+
+HIDDEN = ["\x7f", "\x85", "\x9b", "\u202e", "\u2066", "\u200b", "\ufeff", "\u00ad", "\u2028",
+          "\U000110bd"]
+
+
+def test_json_escapes_what_the_text_transcript_makes_visible() -> None:
+    tokens = ["a" + ch + "b" for ch in HIDDEN] + ["猫", "👩\u200d👩\u200d👧", "e\u0301"]
+    sentence = " ".join(tokens)  # \x85 and \u2028 are whitespace: they split tokens too
+    trace = run_trace(Config(sentence, embed_dim=4, num_heads=2))
+    text = to_json(trace)
+    for ch in HIDDEN:
+        assert ch not in text
+    assert "a\\u009bb" in text and "a\\u202eb" in text and "a\\ud804\\udcbdb" in text
+    assert "猫" in text and "👩\u200d👩\u200d👧" in text  # ordinary text stays readable
+    data = _strict(text)  # and reads back to the same strings
+    assert data["config"]["sentence"] == sentence
+    assert data["config"]["tokens"] == list(trace.config.tokens)
+
+
+def test_json_escapes_exactly_the_characters_printable_shows() -> None:
+    """One rule for both transcripts: escaped in JSON iff made visible in the text."""
+    from mha_tui.render import printable
+
+    sample = [chr(c) for c in [*range(0x7F, 0xB0), *range(0x2000, 0x2070), 0xFEFF, 0xFFFB,
+                               0xE0001, 0xE0041, 0x110BD, 0x1D173, 0x0600, 0x061C]]
+    trace = run_trace(Config("x", embed_dim=4, num_heads=2))
+    for ch in sample:
+        object.__setattr__(trace.config, "sentence", f"x{ch}")  # the sentence is user text
+        shown_in_text = printable(ch) != ch
+        escaped_in_json = ch not in to_json(trace)
+        if ch not in "\u2028\u2029":
+            assert escaped_in_json == shown_in_text, hex(ord(ch))
+
+
+def test_ascii_json_is_pure_ascii_and_reads_back() -> None:
+    result = run_cli("explain", "猫 \x9b \u202eevil !", "--dump", "-", "--format", "json",
+                     "--ascii")
+    assert result.returncode == 0 and result.stderr == b""
+    result.stdout.decode("ascii")
+    assert _strict(result.stdout.decode())["config"]["tokens"] == ["猫", "\x9b", "\u202eevil", "!"]
+
+
+# ---------------------------------------------------------------- options that meet --dump
+
+
+def test_stage_starts_the_transcript_at_that_stage() -> None:
+    text = run_cli("explain", "I love AI !", "--dump", "-", "--stage", "softmax")
+    assert text.returncode == 0 and text.stderr == b""
+    out = text.stdout.decode()
+    assert out.startswith("sentence I love AI !")
+    assert "8/11 softmax" in out and "7/11 mask" not in out and "1/11 embed" not in out
+    golden = DEFAULT_TEXT.decode()
+    assert out[out.index("8/11 softmax"):] == golden[golden.index("8/11 softmax"):]
+    js = run_cli("explain", "I love AI !", "--dump", "-", "--format", "json", "--stage", "attend")
+    assert [s["id"] for s in _strict(js.stdout.decode())["stages"]] == ["attend", "concat", "w_o"]
+
+
+def test_text_only_options_with_json_are_named_not_refused() -> None:
+    plain = run_cli("explain", "I love AI !", "--dump", "-", "--format", "json")
+    odd = run_cli("explain", "I love AI !", "--dump", "-", "--format", "json", "--width", "5",
+                  "--color", "--full")
+    assert odd.returncode == 0 and odd.stdout == plain.stdout
+    err = odd.stderr.decode()
+    assert err.count("\n") == 1 and err.startswith("mha-tui: note: ")
+    assert "--full" in err and "--width and --color do not apply" in err

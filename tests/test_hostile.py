@@ -14,7 +14,8 @@ from rich.cells import cell_len
 
 from mha_tui.app import ExplainApp
 from mha_tui.config import Config
-from mha_tui.dump import to_json, to_text, write_atomic
+from mha_tui.destination import opened, resolve
+from mha_tui.dump import to_json, to_text
 from mha_tui.render import RenderOptions, label, printable
 from mha_tui.tracing import run_trace
 
@@ -126,11 +127,16 @@ def test_ascii_transcript_is_pure_ascii_for_any_tokens() -> None:
     assert b"\\u732b" in result.stdout  # the cat, escaped rather than dropped
 
 
+def _write(path: Path, text: str) -> None:
+    with opened(resolve(str(path))) as out:
+        out.write(text.encode("utf-8"))
+
+
 def test_failed_dump_keeps_the_old_file(tmp_path: Path) -> None:
     target = tmp_path / "t.txt"
     target.write_text("old transcript\n")
     with pytest.raises(UnicodeEncodeError):
-        write_atomic(target, "half of a new one \udcff never finished")
+        _write(target, "half of a new one \udcff never finished")
     assert target.read_text() == "old transcript\n"
     assert [p.name for p in tmp_path.iterdir()] == ["t.txt"]
 
@@ -141,14 +147,14 @@ def test_written_transcript_gets_ordinary_permissions(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh.txt"
     old_mask = os.umask(0o022)
     try:
-        write_atomic(fresh, "x\n")
+        _write(fresh, "x\n")
     finally:
         os.umask(old_mask)
     assert fresh.stat().st_mode & 0o777 == 0o644
     kept = tmp_path / "kept.txt"
     kept.write_text("old\n")
     kept.chmod(0o640)
-    write_atomic(kept, "new\n")
+    _write(kept, "new\n")
     assert kept.stat().st_mode & 0o777 == 0o640 and kept.read_text() == "new\n"
 
 

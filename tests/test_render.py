@@ -250,3 +250,25 @@ def test_an_escape_is_never_cut_in_the_middle(token: str) -> None:
         # every backslash starts a complete escape
         for match in re.finditer(r"\\", body):
             assert re.match(r"\\(x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})", body[match.start():]), shown
+
+
+@pytest.mark.parametrize("width", [40, 60])
+def test_narrow_transcripts_cut_no_title_and_no_summary_line(width: int) -> None:
+    """Stage titles wrap above the rule; a summary's parts go on lines of their own."""
+    trace = trace_of(16, 2, " ".join(f"t{i}" for i in range(20)))
+    text = to_text(trace, RenderOptions(), width=width)
+    joined = " ".join(text.split())
+    for stage in trace.stages:
+        assert stage.title in joined
+    for line in text.splitlines():
+        assert cell_len(line) <= width
+        # a statistic's name and its value stay on one line
+        assert not re.search(r"\b(min|max|mean|of \d+)$", line), line
+
+
+def test_full_heads_in_column_blocks_are_set_apart() -> None:
+    """With --full, a head whose columns need several blocks ends with a blank line, so the
+    next head's title does not run into its last block."""
+    text = to_text(trace_of(32, 2), RenderOptions(full=True), width=100)
+    assert "columns 10-15 of 16" in text
+    assert "\n\nhead 1  Q[0, 1]\ncolumns 0-9 of 16\n" in text
