@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.console import Group, RenderableType
 from rich.text import Text
@@ -33,6 +33,9 @@ from .render import RenderOptions, header, module_line, pending_screen, stage_sc
 from .stage_view import LineCache, StageView, render_strips
 from .stages import STAGE_IDS, stage_info
 from .widgets import HelpScreen, StageRail, TooSmall, ascii_strips, use_ascii_scrollbars
+
+if TYPE_CHECKING:
+    from .check import Verdict
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
 RAIL_MIN_WIDTH = 80
@@ -153,13 +156,17 @@ class ExplainApp(App[None]):
 
     def __init__(self, config: Config, *, trace: Trace | None = None, start: str | None = None,
                  ascii_only: bool = False,
-                 loader: Callable[[Config], Trace] = _load_trace, batched: bool = True) -> None:
+                 loader: Callable[[Config], Trace] = _load_trace, batched: bool = True,
+                 checker: Callable[[Trace], Verdict] | None = None) -> None:
         super().__init__()
         self.config = config
         # False for a NumPy module (x is (T, C)): the header leaves out B from the first frame.
         self._batched = batched
         self.trace = trace
         self._loader = loader
+        # `--check`: judges the trace (in the loading worker); its verdict marks the rail.
+        self._checker = checker
+        self.verdict: Verdict | None = None
         self._start_id = start
         ids = self.stage_ids
         self._start = ids.index(start) if start in ids else 0
@@ -236,8 +243,26 @@ class ExplainApp(App[None]):
         return header(self.config, opts, batched=batched)
 
     def _rail_options(self) -> list[Option]:
-        return [Option(Text.assemble((f"{i + 1:>2} ", "dim"), stage_id), id=stage_id)
+        marks = self._check_rows()
+        return [Option(Text.assemble((f"{i + 1:>2} ", "dim"), *self._rail_mark(marks, stage_id),
+                                     stage_id), id=stage_id)
                 for i, stage_id in enumerate(self.stage_ids)]
+
+    def _check_rows(self) -> dict[str, list] | None:
+        """`--check`: each stage's verdict rows (None without --check or before the trace)."""
+        if self.verdict is None or self.trace is None:
+            return None
+        from .check.report import rows_by_stage
+
+        return rows_by_stage(self.verdict, [(s.id, s.source.line if s.source else 0)
+                                            for s in self.trace.stages])
+
+    def _rail_mark(self, marks: dict[str, list] | None, stage_id: str) -> tuple[Text, ...]:
+        if marks is None:
+            return ()
+        from .check.report import stage_mark
+
+        return (stage_mark(marks.get(stage_id, []), ascii_only=self._ascii), Text(" "))
 
     def get_key_display(self, binding: Binding) -> str:
         """The footer's key names; with --ascii the arrows become the letter keys beside them."""
@@ -252,6 +277,8 @@ class ExplainApp(App[None]):
     def _load(self) -> None:
         try:
             trace = self._loader(self.config)
+            if self._checker is not None:
+                self.verdict = self._checker(trace)
         except Exception as error:  # shown on screen; a TUI must not die with a traceback
             self.call_from_thread(self._failed, f"{type(error).__name__}: {error}")
             return
@@ -327,7 +354,15 @@ class ExplainApp(App[None]):
             lines = self._cache.get(key)
             if lines is None:
                 stage = self.trace.stages[index]
-                lines = self._strips(stage_screen(self.trace, stage, opts), width)
+                screen = stage_screen(self.trace, stage, opts)
+                marks = self._check_rows()
+                if marks is not None:  # --check: the judgement above the stage
+                    from .check.report import stage_judgement
+
+                    said = stage_judgement(self.verdict, marks.get(stage.id, []),  # type: ignore[arg-type]
+                                           ascii_only=self._ascii)
+                    screen = Group(said, Text(""), screen) if said is not None else screen
+                lines = self._strips(screen, width)
                 self._cache.put(key, lines)
         return lines
 
@@ -504,5 +539,7 @@ def wants_ascii() -> bool:
     return False
 
 
-def run_app(config: Config, *, start: str | None = None, ascii_only: bool = False) -> None:
-    ExplainApp(config, start=start, ascii_only=ascii_only or wants_ascii()).run()
+def run_app(config: Config, *, start: str | None = None, ascii_only: bool = False,
+            **options: Any) -> None:
+    """Run the app in this terminal (call prepare_terminal first); options: loader, checker."""
+    ExplainApp(config, start=start, ascii_only=ascii_only or wants_ascii(), **options).run()

@@ -8,17 +8,29 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from typer._click.exceptions import NoArgsIsHelpError
 
 from . import __version__
-from .config import MAX_EMBED_DIM, MAX_SEQ_LEN, Config, ConfigError
+from .config import (
+    DEFAULT_MODEL,
+    MAX_EMBED_DIM,
+    MAX_SEQ_LEN,
+    MODEL_NAMES,
+    Config,
+    ConfigError,
+    Source,
+    parse_init,
+)
 from .stages import STAGE_IDS
 
 if TYPE_CHECKING:
+    from .check import Verdict
     from .destination import Destination
     from .records import Trace
 
@@ -80,6 +92,7 @@ def explain(
     color: Annotated[bool, typer.Option("--color", help="Keep colours (ANSI codes) in the text transcript.")] = False,
     ascii_only: Annotated[bool, typer.Option("--ascii", help="Plain ASCII only (in JSON: every non-ASCII character as a \\u escape).")] = False,
     stage: Annotated[str | None, typer.Option("--stage", help="Stage to start at: in the app, or the transcript from that stage on.")] = None,
+    check_stages: Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")] = False,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
@@ -108,6 +121,9 @@ def explain(
             fail(str(error), error.code)
     _check_budget(config, destination, fmt)
 
+    if check_stages:
+        _explain_checked(config, Source(), dump=dump, stage=stage, ascii_only=ascii_only)
+        return
     if dump is None and sys.stdout.isatty():
         from .app import prepare_terminal, run_app
 
@@ -117,6 +133,24 @@ def explain(
         return
     _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
                       ascii_only=ascii_only, stage=stage)
+
+
+def _explain_checked(config: Config, source: Source, *, dump: str | None, stage: str | None,
+                     ascii_only: bool) -> None:
+    """explain --check: the app, its rail marked with the verdict of every stage."""
+    if dump is not None or not sys.stdout.isatty():
+        fail("--check marks the stages in the app (a terminal); for a table or JSON run "
+             "mha-tui check with the same module")
+    from .app import prepare_terminal, run_app
+    from .load import LoadError
+
+    try:
+        run, checker = _checked(config, source)  # builds the module now: bad input, exit 2
+    except LoadError as error:
+        fail(str(error))
+    if problem := prepare_terminal():  # keys from the terminal; its real size
+        fail(problem)
+    run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only, loader=run, checker=checker)
 
 
 def _note_unused_for_json(*, width: int | None, full: bool, color: bool) -> None:
@@ -205,6 +239,138 @@ def _first_stage(trace: Trace, stage: str | None) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- check
+
+DEFAULT_SENTENCE = "I love AI !"
+
+
+@app.command()
+def check(
+    specs: Annotated[list[str] | None, typer.Argument(metavar="[FILE.py:CLASS]...", help="The modules to judge: FILE.py:Class or package.module:Class, one or several.", show_default=False)] = None,
+    model: Annotated[str | None, typer.Option("--model", metavar="NAME", help=f"Also judge a tutorial's module: {', '.join(MODEL_NAMES)}.")] = None,
+    class_name: Annotated[str | None, typer.Option("--class", metavar="CLASS", help="The class in every FILE.py given without one (check submissions/*.py --class MultiHeadAttention).")] = None,
+    sentence: Annotated[str, typer.Option("--sentence", "-s", help="The input sentence; tokens are split on whitespace.")] = DEFAULT_SENTENCE,
+    heads: Annotated[int, typer.Option("--heads", "-H", help="Number of heads h; must divide --embed-dim.")] = 2,
+    embed_dim: Annotated[int, typer.Option("--embed-dim", "-C", help=f"Embedding width C (at most {MAX_EMBED_DIM}).")] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="torch.manual_seed before building the modules.")] = 0,
+    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Judge against causal attention (and pass the mask to a forward that takes one).")] = True,
+    max_seq_len: Annotated[int, typer.Option("--max-seq-len", help=f"Longest sentence the module accepts (at most {MAX_SEQ_LEN}).")] = 64,
+    init: Annotated[list[str] | None, typer.Option("--init", metavar="NAME=VALUE", help="A constructor argument, VALUE a Python literal; repeatable.")] = None,
+    weights: Annotated[Path | None, typer.Option("--weights", metavar="FILE", help="Load the module's tensors from a state dict (.pt via torch.load(weights_only=True), or .safetensors).")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="text: a table and the diagnosis; json: for graders.", case_sensitive=False)] = Format.text,
+    width: Annotated[int, typer.Option("--width", help="Table width in columns when not on a terminal (40 to 400).")] = 100,
+    ascii_only: Annotated[bool, typer.Option("--ascii", help="Draw with plain ASCII only.")] = False,
+) -> None:
+    """Is my attention module right? Judge every stage; name the first wrong line and why.
+
+    Exit code 0: every module is equivalent to multi-head attention; 1: at least one is
+    not (or cannot be built, among several); 2: usage error.
+    """
+    if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
+        fail("the sentence is not valid UTF-8 text")
+    try:
+        config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
+                        causal=causal, max_seq_len=max_seq_len)
+    except ConfigError as error:
+        fail(str(error))
+    if not 40 <= width <= 400:
+        fail(f"--width must be between 40 and 400, got {width}")
+    named = []
+    for spec in specs or []:
+        if ":" not in spec:
+            if class_name is None:
+                fail(f"{spec!r}: name the class, as FILE.py:Class, or give --class CLASS for "
+                     "every file")
+            spec = f"{spec}:{class_name}"
+        named.append(spec)
+    sources = [_check_source(None, spec, init or [], weights) for spec in named]
+    if model is not None:
+        sources.append(_check_source(model, None, init or [], weights))
+    if not sources:
+        fail("give the module to check: FILE.py:Class (or package.module:Class), "
+             "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")
+    from .check import failed_to_load
+    from .load import LoadError
+
+    verdicts = []
+    for source in sources:
+        try:
+            verdicts.append(check_source(config, source))
+        except LoadError as error:
+            message = str(error).removeprefix("--module ")  # here the module is an argument
+            if len(sources) == 1:
+                fail(message)
+            verdicts.append(failed_to_load(source.module or source.model, message))
+    _write_verdicts(verdicts, fmt, width=width, ascii_only=ascii_only)
+    raise typer.Exit(0 if all(v.equivalent for v in verdicts) else 1)
+
+
+def _check_source(model: str | None, module: str | None, init: list[str],
+                  weights: Path | None) -> Source:
+    """--model or a module, --init, --weights, checked before anything heavy is imported."""
+    try:
+        return Source(model=model or DEFAULT_MODEL, module=module,
+                      init=tuple(parse_init(text) for text in init),
+                      weights=None if weights is None else str(weights))
+    except ConfigError as error:
+        fail(str(error))
+
+
+def _checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
+                                                       Callable[[Trace], Verdict]]:
+    """Build the module now (bad input fails here, exit 2); return how to trace it and how
+    to judge a trace of it: load -> trace -> what needs running again (torch) -> judge."""
+    from .load import load
+
+    loaded = load(config, source)
+
+    def call(module: object, x: object) -> object:  # x once, or as query, key and value
+        return module(*(x,) * len(loaded.args), **loaded.kwargs)  # type: ignore[operator]
+
+    def run(config: Config) -> Trace:
+        from .tracing import trace
+
+        return trace(loaded.module, loaded.x, config.tokens, call=call,
+                     embedding=loaded.embedding, ids=loaded.ids, config=config)
+
+    def checker(traced: Trace) -> Verdict:
+        from .check import Facts, judge
+        from .tracing.rerun import parameter_shapes, reference_output, second_recording
+
+        facts = Facts(causal=config.causal, heads=config.num_heads,
+                      parameters=parameter_shapes(loaded.module),
+                      second=second_recording(loaded.module, loaded.x, call),
+                      reference=reference_output, training=loaded.module.training)
+        return judge(traced, facts, loaded.label)
+
+    return run, checker
+
+
+def check_source(config: Config, source: Source) -> Verdict:
+    """Judge one module: what `mha-tui check` does for each it is given."""
+    run, checker = _checked(config, source)
+    return checker(run(config))
+
+
+def _write_verdicts(verdicts: list[Verdict], fmt: Format, *, width: int, ascii_only: bool) -> None:
+    from .check.report import summary_table, to_json, verdict_renderable
+
+    if fmt is Format.json:
+        sys.stdout.buffer.write(to_json(verdicts).encode("utf-8"))
+        return
+    from rich.console import Console
+
+    tty = sys.stdout.isatty()
+    console = Console(file=sys.stdout, width=None if tty else width, highlight=False,
+                      soft_wrap=False, no_color=not tty or None, emoji=False, markup=False,
+                      force_terminal=tty or None)
+    if len(verdicts) == 1:
+        console.print(verdict_renderable(verdicts[0], ascii_only=ascii_only))
+    else:
+        console.print(summary_table(verdicts, ascii_only=ascii_only))
+
+
+
 def _exit_now(code: int = 0) -> NoReturn:
     """Done and flushed: skip the interpreter's teardown of torch (about 0.5 s here).
 
@@ -259,4 +425,7 @@ def main() -> None:
     except BrokenPipeError:
         sys.stderr.close()
         raise SystemExit(0) from None
-    raise SystemExit(code if isinstance(code, int) else 0)
+    code = code if isinstance(code, int) else 0
+    if "torch" in sys.modules:  # a finished run (check): skip torch's teardown, see _exit_now
+        _exit_now(code)
+    raise SystemExit(code)

@@ -56,10 +56,11 @@ _CHUNK = 1 << 16  # values formatted at a time: a few MB of scratch whatever the
 _TEXT = 24  # widest number text: "-1.2345678e-05", "-0.000123456789", '"-inf"'
 
 
-def _number_texts(chunk: np.ndarray) -> np.ndarray:
-    """JSON texts of a 1-D chunk as a (N, _TEXT) uint8 matrix, 0 bytes not part of them."""
+def _number_texts(chunk: np.ndarray, rows: np.ndarray) -> None:
+    """Write a 1-D chunk's JSON texts into rows[:, :_TEXT] (zeroed), 0 bytes not part of them."""
     if chunk.dtype == np.float32:
-        return float32_text(chunk, _TEXT)
+        float32_text(chunk, rows)
+        return
     if chunk.dtype == np.bool_:
         text = np.where(chunk, "true", "false")
     else:  # ints, other floats: NumPy's shortest round-trip text, per dtype
@@ -67,8 +68,7 @@ def _number_texts(chunk: np.ndarray) -> np.ndarray:
         if chunk.dtype.kind == "f":
             finite = np.isfinite(chunk)
             text = np.where(finite, text, np.char.add(np.char.add('"', text), '"'))
-    raw = text.astype(f"S{_TEXT}")
-    return raw.view(np.uint8).reshape(len(chunk), _TEXT)
+    rows[:, :_TEXT] = text.astype(f"S{_TEXT}").view(np.uint8).reshape(len(chunk), _TEXT)
 
 
 def write_values(values: np.ndarray, out: BinaryIO) -> None:
@@ -77,33 +77,35 @@ def write_values(values: np.ndarray, out: BinaryIO) -> None:
     Each float32 in its shortest form that reads back exactly (NumPy's), -inf/inf/nan as
     strings so that any JSON parser reads the file. Never builds the whole text.
     """
-    if values.ndim == 0:
-        text = _number_texts(values.reshape(1))
-        out.write(text[text != 0].tobytes())
-        return
     if values.size == 0:
         out.write(json.dumps(values.tolist(), separators=(",", ":")).encode("ascii"))
         return
+    if values.ndim == 0:
+        rows = np.zeros((1, _TEXT), dtype=np.uint8)
+        _number_texts(values.reshape(1), rows)
+        out.write(rows[rows != 0].tobytes())
+        return
     shape, ndim, size = values.shape, values.ndim, values.size
-    # After flat index i, one "]" closes each axis whose block ends at i; the next element
-    # opens as many "[" after a comma. Blocks are the products of trailing axis lengths.
+    # Each text is followed by a comma; where axes end, "]" before it and "[" after it, one
+    # per axis closed (the blocks are the products of trailing axis lengths).
     blocks = [int(np.prod(shape[d:])) for d in range(1, ndim)]
-    closers = np.frombuffer(b"]" * ndim + b"," + b"[" * ndim, dtype=np.uint8)
-    slot = np.arange(2 * ndim + 1)[None, :]
+    comma = _TEXT + ndim
     out.write(b"[" * ndim)
     flat = values.reshape(-1)  # a copy only for a strided view, one tensor at most
     for start in range(0, size, _CHUNK):
         chunk = flat[start:start + _CHUNK]
+        rows = np.zeros((len(chunk), _TEXT + 2 * ndim + 1), dtype=np.uint8)
+        _number_texts(chunk, rows)
+        rows[:, comma] = ord(",")
         following = np.arange(start + 1, start + 1 + len(chunk))
-        closed = np.zeros(len(chunk), dtype=np.int64)
-        for block in blocks:
-            closed += following % block == 0
-        last = following == size
-        closed[last] = ndim
-        keep = np.where(slot < ndim, slot < closed[:, None],
-                        np.where(slot == ndim, ~last[:, None],
-                                 (slot - ndim - 1 < closed[:, None]) & ~last[:, None]))
-        rows = np.concatenate([_number_texts(chunk), closers * keep], axis=1)
+        for block in blocks:  # few rows end an axis: mark only those
+            ends = np.flatnonzero(following % block == 0)
+            closed = (rows[ends, _TEXT:comma] != 0).sum(axis=1)  # axes closed so far
+            rows[ends, _TEXT + closed] = ord("]")
+            rows[ends, comma + 1 + closed] = ord("[")
+        if start + len(chunk) == size:  # the very end: every axis closes, nothing follows
+            rows[-1, _TEXT:] = 0
+            rows[-1, _TEXT:comma] = ord("]")
         out.write(rows[rows != 0].tobytes())
 
 

@@ -196,13 +196,12 @@ def _scientific(neg: np.ndarray, m: np.ndarray, s: np.ndarray) -> tuple[np.ndarr
     return chars, length
 
 
-def float32_text(values: np.ndarray, width: int) -> np.ndarray:
-    """Each float32 of a 1-D array as NumPy's `astype(str)` text, non-finite ones quoted
-    ("-inf"), as rows of a uint8 matrix (N, width >= 24) in which 0 bytes are not part of the
-    text: `matrix[matrix != 0]` is the texts one after another."""
+def float32_text(values: np.ndarray, out: np.ndarray, width: int = 24) -> None:
+    """Write each float32 of a 1-D array as NumPy's `astype(str)` text, non-finite ones
+    quoted ("-inf"), into the zeroed rows out[:, :width] (width >= 24), where 0 bytes are
+    not part of the text: `out[out != 0]` is the texts one after another."""
     x = np.ascontiguousarray(values, dtype=np.float32)
     count = len(x)
-    out = np.zeros((count, width), dtype=np.uint8)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         a = np.abs(x).astype(np.float64)
         neg = np.signbit(x).astype(np.int64)
@@ -212,15 +211,19 @@ def float32_text(values: np.ndarray, width: int) -> np.ndarray:
         if zero.size:  # "0.0" and "-0.0"
             out[zero, :20] = _positional(neg[zero], np.zeros(len(zero)),
                                          np.zeros(len(zero), np.int64))
-        idx = np.flatnonzero(fast)
+        every = bool(fast.all())  # the usual chunk: no fancy indexing
+        idx = np.arange(count) if every else np.flatnonzero(fast)
         if idx.size:
-            m, s, unsure = _shortest(a[idx], np.abs(x[idx]))
-            slow[idx[unsure]] = True
-            keep = ~unsure
-            idx, m, s = idx[keep], m[keep], s[keep]
+            m, s, unsure = _shortest(a if every else a[idx], np.abs(x if every else x[idx]))
+            if unsure.any():
+                slow[idx[unsure]] = True
+                keep = ~unsure
+                idx, m, s = idx[keep], m[keep], s[keep]
             positional = (a[idx] >= _POSITIONAL[0]) & (a[idx] < _POSITIONAL[1])
-            rows = idx[positional]
-            if rows.size:
+            if len(idx) == count and positional.all():  # the usual chunk: no fancy indexing
+                out[:, :20] = _positional(neg, m, s)
+            elif positional.any():
+                rows = idx[positional]
                 out[rows, :20] = _positional(neg[rows], m[positional], s[positional])
             rows = idx[~positional]
             if rows.size:
@@ -230,5 +233,4 @@ def float32_text(values: np.ndarray, width: int) -> np.ndarray:
         text = x[rows].astype(str)
         finite = np.isfinite(x[rows])
         text = np.where(finite, text, np.char.add(np.char.add('"', text), '"'))
-        out[rows] = text.astype(f"S{width}").view(np.uint8).reshape(len(rows), width)
-    return out
+        out[rows, :width] = text.astype(f"S{width}").view(np.uint8).reshape(len(rows), width)

@@ -1,0 +1,189 @@
+"""A verdict as a learner reads it (a short Rich table and the diagnosis) or as a grader
+reads it (JSON).
+
+Paths and source lines are the learner's text: they pass through `render.printable`
+and enter Rich as `Text`, never as markup. Never import torch, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from ..render import printable
+from .judge import StageVerdict, Verdict
+
+MARKS = {True: ("✓", "green"), False: ("✗", "bold red"), None: ("·", "dim")}
+ASCII_MARKS = {True: ("ok", "green"), False: ("X", "bold red"), None: ("-", "dim")}
+
+
+def shown_path(path: str) -> str:
+    """A file as the user sees it: relative to the working directory when inside it."""
+    if not path:
+        return ""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return printable(path)
+    return printable(path if rel.startswith("..") else rel)
+
+
+def where(file: str, line: int) -> str:
+    if not file:
+        return ""
+    return f"{shown_path(file)}:{line}" if line else shown_path(file)
+
+
+def _diff(value: float | None) -> str:
+    if value is None:
+        return ""
+    if value != value:  # NaN
+        return "nan"
+    return "0" if value == 0 else f"{value:.1e}"
+
+
+def _mark(ok: bool | None, ascii_only: bool) -> Text:
+    symbol, style = (ASCII_MARKS if ascii_only else MARKS)[ok]
+    return Text(symbol, style=style)
+
+
+def stage_table(verdict: Verdict, *, ascii_only: bool = False) -> Table:
+    """One row per stage: mark, stage, largest difference, line, what was checked."""
+    table = Table(box=box.ASCII if ascii_only else box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False, expand=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("stage", no_wrap=True)
+    table.add_column("max diff", justify="right", no_wrap=True)
+    table.add_column("line", justify="right", no_wrap=True)
+    table.add_column("checked")
+    rows: list[StageVerdict] = [*verdict.stages]
+    if verdict.end_to_end is not None:
+        rows.append(verdict.end_to_end)
+    for row in rows:
+        name = row.kind if not row.stage_id or row.stage_id == row.kind else \
+            f"{row.kind} ({row.stage_id})"
+        if not row.stage_id and row.kind != "end_to_end":
+            name += " (missing)"
+        table.add_row(_mark(row.ok, ascii_only), Text(name), _diff(row.max_diff),
+                      Text(str(row.line) if row.line else ""), Text(printable(row.checked)))
+    return table
+
+
+def verdict_renderable(verdict: Verdict, *, ascii_only: bool = False) -> RenderableType:
+    """The whole report for one module: heading, table, diagnosis, legitimate differences."""
+    head = Text()
+    head.append(printable(verdict.module), style="bold")
+    if verdict.equivalent:
+        head.append("  equivalent to multi-head attention", style="green")
+    else:
+        head.append("  NOT equivalent", style="bold red")
+    parts: list[RenderableType] = [head, stage_table(verdict, ascii_only=ascii_only)]
+    if verdict.diagnosis is not None:
+        d = verdict.diagnosis
+        text = Text()
+        text.append("First wrong: ", style="bold red")
+        place = where(d.file, d.line)
+        if place:
+            text.append(place, style="bold")
+            text.append("  ")
+        text.append(f"[{d.kind}] ", style="red")
+        text.append(printable(d.message))
+        parts.append(text)
+    for difference in verdict.differences:
+        line = Text("Different but equivalent: ", style="dim")
+        line.append(printable(difference))
+        parts.append(line)
+    return Group(*parts)
+
+
+def summary_table(verdicts: Sequence[Verdict], *, ascii_only: bool = False) -> Table:
+    """Several modules: one row each (an instructor's view of a folder of submissions).
+
+    The diagnosis is its short kind here; `check FILE:Class` on one module gives the whole.
+    """
+    table = Table(box=box.ASCII if ascii_only else box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("module", overflow="fold", ratio=1)
+    table.add_column("first wrong", no_wrap=True)
+    table.add_column("line", justify="right", no_wrap=True)
+    table.add_column("diagnosis", no_wrap=True)
+    for verdict in verdicts:
+        d = verdict.diagnosis
+        table.add_row(_mark(verdict.equivalent, ascii_only), Text(printable(verdict.module)),
+                      Text(d.stage if d else ""), Text(str(d.line) if d and d.line else ""),
+                      Text(d.kind if d else "equivalent"))
+    return table
+
+
+def to_json(verdicts: Sequence[Verdict]) -> str:
+    """One object for one module, a list for several (strict JSON, no NaN)."""
+    data = [v.as_dict() for v in verdicts]
+    payload = data[0] if len(data) == 1 else data
+    return json.dumps(payload, ensure_ascii=False, indent=1, allow_nan=False) + "\n"
+
+
+# ---------------------------------------------------------------------------- in the app
+
+
+def rows_by_stage(verdict: Verdict, stages: Sequence[tuple[str, int]]) -> dict[str, list[StageVerdict]]:
+    """Each stage's rows: its own, plus a missing step's row on the stage at its line.
+
+    stages: (stage id, source line) in the trace's order.
+    """
+    found: dict[str, list[StageVerdict]] = {sid: [] for sid, _ in stages}
+    ends = [verdict.end_to_end] if verdict.end_to_end is not None else []
+    for row in [*verdict.stages, *ends]:
+        if row.stage_id in found:
+            found[row.stage_id].append(row)
+            continue
+        home = next((sid for sid, line in stages if line == row.line), None)
+        if home is None and stages:
+            home = stages[-1][0]
+        if home is not None:
+            found[home].append(row)
+    return found
+
+
+def stage_mark(rows: Sequence[StageVerdict], *, ascii_only: bool = False) -> Text:
+    """✓ / ✗ for the rail: ✗ if any row of the stage is wrong, · if none was judged."""
+    oks = [row.ok for row in rows]
+    ok: bool | None = False if False in oks else True if True in oks else None
+    return _mark(ok, ascii_only)
+
+
+def stage_judgement(verdict: Verdict, rows: Sequence[StageVerdict], *,
+                    ascii_only: bool = False) -> RenderableType | None:
+    """What `check` said about this stage, and the diagnosis if this is the first wrong one."""
+    if not rows:
+        return None
+    parts: list[RenderableType] = []
+    for row in rows:
+        line = Text("check ", style="bold")
+        line.append_text(_mark(row.ok, ascii_only))
+        line.append(" ")
+        if row.kind == "end_to_end":
+            line.append("end to end: ", style="bold")
+        elif not row.stage_id:
+            line.append(f"{row.kind} (missing): ", style="bold")
+        line.append(printable(row.checked))
+        if row.max_diff is not None:
+            line.append(f"  (largest difference {_diff(row.max_diff)})", style="dim")
+        parts.append(line)
+    d = verdict.diagnosis
+    if d is not None and any(row.ok is False and row.line == d.line and row.kind == d.stage
+                             for row in rows):
+        text = Text("First wrong: ", style="bold red")
+        place = where(d.file, d.line)
+        if place:
+            text.append(place + "  ", style="bold")
+        text.append(f"[{d.kind}] ", style="red")
+        text.append(printable(d.message))
+        parts.append(text)
+    return Group(*parts)

@@ -1,0 +1,70 @@
+"""What `mha-tui check` needs run again, done here because it takes torch.
+
+* `second_recording`: the same forward recorded a second time on the same input, so the
+  judge can tell a dropout that is active (two runs differ) from a deterministic module.
+* `reference_output`: the "mygpt" chapter's MultiHeadAttention with a module's weights
+  copied in by role (Q, K, V, O; biases kept; no output projection becomes the identity),
+  run on the same x. The judge compares it with the module's own output.
+* `parameter_shapes`: every parameter's name and shape (a declared but unused W_O).
+
+Only plain values cross to the check room (NumPy arrays, recordings, tuples): the judge
+never imports torch. Never import rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..records import Recording
+
+
+def parameter_shapes(module: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, shape) of every parameter, in declaration order."""
+    return tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
+
+
+def second_recording(module: nn.Module, x: torch.Tensor,
+                     call: Callable[[nn.Module, torch.Tensor], object]) -> Recording | None:
+    """Record the forward once more on the same x (None if it raises)."""
+    from .torch_ops import record
+
+    with torch.no_grad():
+        result = record(lambda: call(module, x), {"": module})
+    if result.error is not None:
+        return None
+    return result.recordings.get("")
+
+
+def _linear(weight: np.ndarray, bias: np.ndarray | None) -> nn.Linear:
+    out_features, in_features = weight.shape
+    layer = nn.Linear(in_features, out_features, bias=bias is not None)
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(weight, dtype=np.float32)))
+        if bias is not None:
+            layer.bias.copy_(torch.from_numpy(np.ascontiguousarray(bias, dtype=np.float32)))
+    return layer
+
+
+def reference_output(x: np.ndarray, weights: object, heads: int, causal: bool) -> np.ndarray:
+    """The mygpt module, weights copied in by role, run on x: (B, T, C) as NumPy (float64).
+
+    weights: an object with q, k, v, o attributes, each (weight (out, in), bias or None);
+    o None means no output projection (the identity, no bias).
+    """
+    from ..examples.mygpt import MultiHeadAttention
+
+    data = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    _, T, C = data.shape  # (B, T, C)
+    module = MultiHeadAttention(C, heads, max_seq_len=max(64, T), causal=causal)
+    module.W_Q = _linear(*weights.q)  # type: ignore[attr-defined]
+    module.W_K = _linear(*weights.k)  # type: ignore[attr-defined]
+    module.W_V = _linear(*weights.v)  # type: ignore[attr-defined]
+    o = weights.o  # type: ignore[attr-defined]
+    module.W_O = _linear(*o) if o is not None else _linear(np.eye(C), None)
+    module.eval()
+    with torch.no_grad():
+        return module(data).double().numpy()

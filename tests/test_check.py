@@ -1,0 +1,358 @@
+"""`mha-tui check`: the mistake catalogue, the equivalent variants, hypothesis, the CLI.
+
+Every fixture in tests/fixtures/mistakes/ holds one classic mistake on the line marked
+`# MISTAKE`: the judge must call the module not equivalent, put the diagnosis on that line,
+and say which mistake it is from the numbers. Every tutorial module and every legitimate
+variant must be judged equivalent, end to end included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from mha_tui.cli import app, check_source
+from mha_tui.config import MODEL_NAMES, Config, Source
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MISTAKES = FIXTURES / "mistakes"
+SENTENCE = "I love AI !"
+
+# fixture -> (diagnosis kind, the stage kind that is wrong)
+CATALOGUE = {
+    "scale_sqrt_c": ("scaled_by_sqrt_C", "scale"),
+    "no_scale": ("not_scaled", "scale"),
+    "single_view": ("split_without_transpose", "view"),
+    "softmax_axis": ("softmax_wrong_axis", "softmax"),
+    "mask_reversed": ("mask_reversed", "mask"),
+    "mask_missing": ("mask_missing", "mask"),
+    "mask_discarded": ("mask_missing", "mask"),
+    "mask_after_softmax": ("mask_after_softmax", "mask"),
+    "merge_no_transpose": ("merge_without_transpose", "concat"),
+    "no_output_projection": ("no_output_projection", "w_o"),
+    "dropout_active": ("dropout_active", "dropout"),
+    "crash": ("crash", "error"),
+}
+
+VARIANTS = [
+    f"{FIXTURES / 'check_variants.py'}:{name}"
+    for name in ("FusedMaskFirst", "WhereMinusBillion", "SplitScale", "SdpaMaskArgument")
+] + [
+    f"{FIXTURES / 'nanogpt_attn.py'}:CausalSelfAttention",
+    f"{FIXTURES / 'einsum_attn.py'}:EinsumAttention",
+    f"{MISTAKES / 'correct.py'}:MultiHeadAttention",
+    "torch.nn:MultiheadAttention",
+]
+
+
+def marked_line(path: Path) -> int:
+    lines = path.read_text().splitlines()
+    return next(i + 1 for i, line in enumerate(lines) if line.endswith("# MISTAKE"))
+
+
+def judged(spec: str | None = None, *, model: str = "mygpt", C: int = 4, h: int = 2,
+           sentence: str = SENTENCE, seed: int = 0, causal: bool = True):
+    config = Config(sentence, embed_dim=C, num_heads=h, seed=seed, causal=causal)
+    source = Source(module=spec) if spec else Source(model=model)
+    return check_source(config, source)
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def test_each_mistake_is_found_on_its_line(name: str) -> None:
+    """One mistake each: not equivalent, the right diagnosis, its line, its stage first."""
+    path = MISTAKES / f"{name}.py"
+    kind, stage = CATALOGUE[name]
+    verdict = judged(f"{path}:MultiHeadAttention")
+    assert not verdict.equivalent
+    assert verdict.diagnosis is not None
+    assert verdict.diagnosis.kind == kind, verdict.diagnosis
+    assert verdict.diagnosis.line == marked_line(path)
+    assert os.path.samefile(verdict.diagnosis.file, path)
+    first_wrong = next(row for row in verdict.stages if row.ok is False)
+    assert first_wrong.kind == stage
+    assert first_wrong.line == marked_line(path)
+
+
+def test_one_mistake_is_reported_once() -> None:
+    """Stages after the wrong one are judged from their own input: they stay right."""
+    verdict = judged(f"{MISTAKES / 'single_view.py'}:MultiHeadAttention")
+    wrong = [row.kind for row in verdict.stages if row.ok is False]
+    assert wrong == ["view"]
+    assert verdict.end_to_end is not None and verdict.end_to_end.ok is False
+
+
+def test_diagnoses_are_computed_from_the_numbers() -> None:
+    """The scale diagnosis quotes the measured ratio; the mask one counts entries."""
+    scale = judged(f"{MISTAKES / 'scale_sqrt_c.py'}:MultiHeadAttention", C=12, h=3)
+    assert "0.2887" in scale.diagnosis.message  # 1/sqrt(12), measured
+    assert "sqrt(h) = 1.7321" in scale.diagnosis.message
+    mask = judged(f"{MISTAKES / 'mask_reversed.py'}:MultiHeadAttention", sentence="a b c d e")
+    assert "15 entries" in mask.diagnosis.message  # 5 tokens: the diagonal and below
+    dropout = judged(f"{MISTAKES / 'dropout_active.py'}:MultiHeadAttention")
+    assert "two runs of the forward on the same input differ" in dropout.diagnosis.message
+
+
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_every_tutorial_module_is_equivalent(model: str) -> None:
+    verdict = judged(model=model)
+    assert verdict.equivalent, verdict.diagnosis
+    assert verdict.diagnosis is None
+    assert all(row.ok is not False for row in verdict.stages)
+    assert verdict.end_to_end is not None and verdict.end_to_end.ok, verdict.end_to_end
+
+
+@pytest.mark.parametrize("spec", VARIANTS, ids=lambda s: s.rsplit(":", 1)[-1])
+def test_legitimate_variants_are_equivalent(spec: str) -> None:
+    verdict = judged(spec)
+    assert verdict.equivalent, verdict.diagnosis
+    assert verdict.end_to_end is not None and verdict.end_to_end.ok, verdict.end_to_end
+
+
+@pytest.mark.parametrize(("spec", "said"), [
+    (f"{FIXTURES / 'check_variants.py'}:FusedMaskFirst", "before scaling"),
+    (f"{FIXTURES / 'check_variants.py'}:FusedMaskFirst", "fused (C, 3C)"),
+    (f"{FIXTURES / 'check_variants.py'}:FusedMaskFirst", "d_h ** -0.5"),
+    (f"{FIXTURES / 'check_variants.py'}:WhereMinusBillion", "-1e+09 instead of -inf"),
+    (f"{FIXTURES / 'check_variants.py'}:WhereMinusBillion", "biases"),
+    (f"{FIXTURES / 'check_variants.py'}:SplitScale", "2 steps"),
+    (f"{FIXTURES / 'nanogpt_attn.py'}:CausalSelfAttention", "scaled_dot_product_attention"),
+    (f"{FIXTURES / 'einsum_attn.py'}:EinsumAttention", "einsum"),
+    (f"{FIXTURES / 'einsum_attn.py'}:EinsumAttention", "x @ W"),
+    ("torch.nn:MultiheadAttention", "baddbmm"),
+])
+def test_differences_are_said(spec: str, said: str) -> None:
+    """What the module does differently is named, and called equivalent."""
+    verdict = judged(spec)
+    assert any(said in d and "equivalent" in d for d in verdict.differences), verdict.differences
+
+
+def test_per_head_modules_and_no_projection_are_said() -> None:
+    verdict = judged(model="raschka-wrapper")
+    assert any("no output projection" in d for d in verdict.differences)
+    assert any("its own module" in d for d in verdict.differences)
+
+
+def test_no_causal_judges_against_unmasked_attention() -> None:
+    assert judged(model="course", causal=False).equivalent
+    verdict = judged(f"{MISTAKES / 'correct.py'}:MultiHeadAttention", causal=False)
+    assert not verdict.equivalent  # it masks with its own buffer whatever --no-causal says
+    assert verdict.diagnosis.kind == "mask_unexpected"
+
+
+def test_the_numbers_behind_the_verdicts() -> None:
+    """Equal infinities are equal, NaN where NaN is expected is equal, a scale is a ratio."""
+    import numpy as np
+
+    from mha_tui.check.judge import _ratio, blocked, close, max_diff, softmax
+
+    inf = float("inf")
+    assert max_diff(np.array([-inf, 1.0]), np.array([-inf, 1.0])) == 0.0
+    assert max_diff(np.array([np.nan]), np.array([np.nan])) == 0.0
+    assert max_diff(np.array([np.nan]), np.array([0.0])) == inf
+    assert max_diff(np.zeros(2), np.zeros(3)) == inf
+    assert blocked(np.array([-inf, -1e9, np.finfo(np.float32).min, -5.0, 0.0])).tolist() == [
+        True, True, True, False, False]
+    assert _ratio(np.array([1.0, -inf, 2.0]), np.array([2.0, -inf, 4.0])) == 0.5
+    assert close(softmax(np.array([[0.0, -inf]])), np.array([[1.0, 0.0]]))[0]
+    assert not close(np.array([1.0]), np.array([1.001]))[0]
+
+
+# ---------------------------------------------------------------------------- hypothesis
+
+sizes = st.tuples(st.sampled_from([(4, 2), (6, 3), (8, 2), (8, 4), (6, 2), (12, 3)]),
+                  st.integers(2, 6), st.integers(0, 2**31))
+quick = settings(max_examples=8, deadline=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.too_slow])
+
+
+def _sentence(T: int) -> str:
+    return " ".join(f"w{i}" for i in range(T))
+
+
+@quick
+@given(sizes)
+def test_a_correct_module_is_always_equivalent(case) -> None:
+    (C, h), T, seed = case
+    verdict = judged(f"{MISTAKES / 'correct.py'}:MultiHeadAttention", C=C, h=h, seed=seed,
+                     sentence=_sentence(T))
+    assert verdict.equivalent, verdict.diagnosis
+
+
+@quick
+@given(sizes, st.sampled_from(sorted(CATALOGUE)))
+def test_a_mistaken_module_is_never_equivalent(case, name: str) -> None:
+    """h >= 2 and T >= 2: every mistake in the catalogue changes the numbers there."""
+    (C, h), T, seed = case
+    verdict = judged(f"{MISTAKES / name}.py:MultiHeadAttention", C=C, h=h, seed=seed,
+                     sentence=_sentence(T))
+    assert not verdict.equivalent
+    assert verdict.diagnosis.kind == CATALOGUE[name][0]
+
+
+# ---------------------------------------------------------------------------- the CLI
+
+runner = CliRunner()
+
+
+def test_cli_exit_codes_and_table() -> None:
+    good = runner.invoke(app, ["check", f"{MISTAKES / 'correct.py'}:MultiHeadAttention"])
+    assert good.exit_code == 0, good.output
+    assert "equivalent" in good.output and "✓" in good.output
+    bad = runner.invoke(app, ["check", f"{MISTAKES / 'softmax_axis.py'}:MultiHeadAttention"])
+    assert bad.exit_code == 1
+    assert "✗" in bad.output and "softmax_wrong_axis" in bad.output
+    assert f":{marked_line(MISTAKES / 'softmax_axis.py')}" in bad.output
+
+
+def test_cli_json_for_graders() -> None:
+    result = runner.invoke(app, ["check", f"{MISTAKES / 'no_scale.py'}:MultiHeadAttention",
+                                 "--format", "json"])
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert set(data) >= {"module", "equivalent", "stages", "diagnosis"}
+    assert data["equivalent"] is False
+    assert data["diagnosis"]["kind"] == "not_scaled"
+    assert data["diagnosis"]["line"] == marked_line(MISTAKES / "no_scale.py")
+    for stage in data["stages"]:
+        assert set(stage) == {"kind", "ok", "max_diff", "file", "line", "checked"}
+
+
+def test_cli_several_modules_one_row_each() -> None:
+    specs = [f"{MISTAKES / n}.py:MultiHeadAttention" for n in ("correct", "mask_reversed")]
+    result = runner.invoke(app, ["check", *specs, "--model", "course", "--format", "json"])
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert [d["equivalent"] for d in data] == [True, False, True]
+    table = runner.invoke(app, ["check", *specs])
+    assert table.exit_code == 1
+    assert "mask_reversed" in table.output and table.output.count("✓") == 1
+
+
+def test_cli_class_for_every_file() -> None:
+    """An instructor's folder: FILE.py without a class takes --class."""
+    files = [str(MISTAKES / f"{n}.py") for n in ("correct", "no_scale")]
+    result = runner.invoke(app, ["check", *files, "--class", "MultiHeadAttention",
+                                 "--format", "json"])
+    assert result.exit_code == 1
+    assert [d["equivalent"] for d in json.loads(result.stdout)] == [True, False]
+
+
+def test_cli_all_equivalent_exits_0() -> None:
+    result = runner.invoke(app, ["check", "--model", "raschka", "--format", "json"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["equivalent"] is True
+
+
+@pytest.mark.parametrize("args", [
+    ["check"],
+    ["check", "no_such_file.py:MultiHeadAttention"],
+    ["check", "not a spec"],
+    ["check", "my_attn.py"],
+    ["check", "--model", "course", "--heads", "3"],
+    ["check", "--model", "course", "--width", "10"],
+    ["check", "--model", "course", "--sentence", ""],
+])
+def test_cli_usage_errors_exit_2(args: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "mha_tui", *args], capture_output=True,
+                            text=True, env={**os.environ, "_TYPER_FORCE_DISABLE_TERMINAL": "1"})
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_a_module_that_cannot_load_among_several_is_a_failing_row(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("def oops(:\n")
+    result = runner.invoke(app, ["check", f"{broken}:MultiHeadAttention", "--model", "course",
+                                 "--format", "json"])
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data[0]["diagnosis"]["kind"] == "load_error" and data[1]["equivalent"]
+
+
+def test_paths_are_shown_literally_and_safely(tmp_path: Path) -> None:
+    """A file name with a control character reaches the terminal as a visible stand-in."""
+    odd = tmp_path / "odd\x1bname.py"
+    odd.write_text((MISTAKES / "softmax_axis.py").read_text())
+    result = runner.invoke(app, ["check", f"{odd}:MultiHeadAttention", "--width", "200"])
+    assert result.exit_code == 1
+    assert "\x1b" not in result.output
+
+
+def test_the_judge_imports_no_torch() -> None:
+    """The check room reads records: judging and reporting never need torch."""
+    code = ("import sys, mha_tui.check, mha_tui.check.report; "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "assert 'textual' not in sys.modules and 'typer' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------- the app
+
+
+async def _loaded(app, pilot) -> None:
+    """Until the worker has traced (and judged): the app is then fully drawn."""
+    for _ in range(600):
+        if app.trace is not None:
+            break
+        await pilot.pause(0.05)
+    await pilot.pause()
+
+
+async def test_app_check_marks_the_rail_and_shows_the_diagnosis() -> None:
+    """explain --module ... --check: ✓/✗ in the rail, the judgement beside each stage."""
+    from mha_tui.app import ExplainApp, StageRail
+    from mha_tui.cli import _checked
+    from mha_tui.stage_view import StageView
+
+    config = Config(SENTENCE)
+    path = MISTAKES / "softmax_axis.py"
+    run, checker = _checked(config, Source(module=f"{path}:MultiHeadAttention"))
+    app = ExplainApp(config, loader=run, checker=checker)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _loaded(app, pilot)
+        rail = app.query_one(StageRail)
+        labels = {app.stage_ids[i]: str(rail.get_option_at_index(i).prompt)
+                  for i in range(rail.option_count)}
+        assert "✗" in labels["softmax"] and "✓" in labels["scores"], labels
+        assert "✓" not in labels["softmax"]
+        app.stage_index = app.stage_ids.index("softmax")
+        await pilot.pause()
+        shown = app.query_one(StageView).plain
+        assert "First wrong" in shown and "softmax_wrong_axis" in shown
+        assert f":{marked_line(path)}" in shown
+        app.stage_index = app.stage_ids.index("scores")
+        await pilot.pause()
+        shown = app.query_one(StageView).plain
+        assert "check ✓" in shown and "First wrong" not in shown
+
+
+async def test_app_without_check_has_no_marks() -> None:
+    from mha_tui.app import ExplainApp, StageRail
+    from mha_tui.cli import _checked
+
+    config = Config(SENTENCE)
+    run, _ = _checked(config, Source(model="course"))
+    app = ExplainApp(config, loader=run)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _loaded(app, pilot)
+        rail = app.query_one(StageRail)
+        prompts = [str(rail.get_option_at_index(i).prompt) for i in range(rail.option_count)]
+        assert not any("✓" in p or "✗" in p for p in prompts)
+
+
+def test_explain_check_needs_the_app() -> None:
+    """--check marks the app; a transcript is `check`'s job: one line, exit 2."""
+    result = subprocess.run([sys.executable, "-m", "mha_tui", "explain", SENTENCE, "--check",
+                             "--dump", "-"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "mha-tui check" in result.stderr and len(result.stderr.splitlines()) == 1
