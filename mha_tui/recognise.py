@@ -610,6 +610,8 @@ class Builder:
         match = re.match(r"\s*([A-Za-z_][A-Za-z_0-9]*)\s*(?:\[[^\]]*\])?\s*[+\-*/@]?=(?!=)", text)
         if match and match.group(1) != "return":
             return match.group(1)
+        if text.lstrip().startswith("return"):
+            return "out"
         return {"project": "projection", "w_o": "out"}.get(self.g.kind.get(op.index, ""), op.name)
 
     def role(self, op: OpRecord) -> str:

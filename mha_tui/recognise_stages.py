@@ -22,6 +22,10 @@ from .stages import NO_MASK, NO_MASK_ARGUMENT, stage_info
 
 SDPA_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
+SKIPPED_MASK = (
+    "No mask was applied (--no-causal): the module's masking lines did not run, so every "
+    "token may attend to every token, later ones included, and the scaled scores go on to "
+    "softmax unchanged.")
 PER_HEAD_PROJECT = (
     "Each of the {h} heads is its own module with its own query, key and value layers, C in "
     "and d_h out. Their outputs are shown side by side, d_h channels per head, exactly as one "
@@ -79,6 +83,10 @@ class StageMaker:
 
     def tensor_name(self, op: OpRecord, position: int = 0, fallback: str = "") -> str:
         targets = _targets(op.source.text)
+        if not targets and op.in_place and op.inputs:  # scores.masked_fill_(...): still scores
+            producer = self.g.producer(op.inputs[0])
+            if producer is not None:
+                return self.tensor_name(producer, op.inputs[0].output, fallback)
         if len(targets) > position:
             return targets[position]
         if targets and len(op.outputs) == 1:
@@ -1148,24 +1156,59 @@ def _add_param_check(stages: list[Stage], n_params: int, b: Builder) -> None:
             return
 
 
+def _skipped_lines(before: Stage, after: Stage) -> tuple[str, Source] | None:
+    """The module's own lines between the scale stage's statement and softmax's that did not
+    run (an `if` that was False and its body), read from the file, each marked as skipped."""
+    import linecache
+
+    if before.source is None or not after.ops:
+        return None
+    start = max(op.source.end_line or op.source.line for op in before.ops) if before.ops else 0
+    end = after.ops[0].source.line
+    file = after.ops[0].source.file
+    if not start or file != before.source.file or end - start < 2:
+        return None
+    lines = [linecache.getline(file, n).rstrip("\n") for n in range(start + 1, end)]
+    code = [line for line in lines if line.strip() and not line.strip().startswith("#")]
+    if not code or not code[0].strip().startswith("if "):
+        return None
+    indent = min(len(line) - len(line.lstrip()) for line in code)
+    marked = []
+    for n, line in enumerate(code):
+        text = line[indent:].split("  # ", 1)[0].rstrip()
+        marked.append(text + ("  # False: the line below did not run" if n == 0 and text.startswith("if ")
+                              else "  # skipped, did not run"))
+    return "\n".join(marked), Source(file=file, line=start + 1, text="\n".join(marked), end_line=end - 1)
+
+
 def _skipped_mask(stages: list[Stage], b: Builder) -> None:
-    """--no-causal on a module whose mask line is guarded: say that no mask ran, after scale."""
+    """--no-causal on a module whose mask line is guarded: say that no mask ran, after scale,
+    showing the module's own guarded lines as skipped."""
     at = next((i for i, st in enumerate(stages) if st.kind == "scale"), None)
-    if at is None or not stages[at].tensors:
+    softmax = next((st for st in stages if st.kind == "softmax"), None)
+    if at is None or not stages[at].tensors or softmax is None:
+        return
+    skipped = _skipped_lines(stages[at], softmax)
+    if skipped is None and b.g.rec.library != "numpy":
         return
     scaled = stages[at].tensors[-1]
     passed = TensorRecord(**{**scaled.__dict__, "shares_storage": True,
                              "shares_with": f"scale's {scaled.name}",
                              "caption": "no mask: the scaled scores, unchanged"})
-    softmax = next((st for st in stages if st.kind == "softmax"), None)
-    same = softmax is not None and bool(softmax.ops) and any(
+    same = bool(softmax.ops) and any(
         ref.kind == "op" and ref.op in {op.index for op in stages[at].ops}
         for ref in softmax.ops[0].inputs)
-    skipped = NO_MASK_ARGUMENT if b.g.rec.library == "numpy" else NO_MASK
+    numpy = b.g.rec.library == "numpy"
+    info = NO_MASK_ARGUMENT if numpy else NO_MASK
+    if skipped is not None:
+        code, source = skipped
+        explanation = info.explanation if numpy else SKIPPED_MASK
+    else:
+        code, source, explanation = info.code, None, info.explanation
     stages.insert(at + 1, Stage(
-        id="mask", title=skipped.title, code=skipped.code, explanation=skipped.explanation,
+        id="mask", title=info.title, code=code, explanation=explanation,
         shape_in=stages[at].shape_out, shape_out=stages[at].shape_out, dims_in=scaled.dims,
         dims_out=scaled.dims, tensors=(passed,),
         checks=(Check("no mask was applied: the scores are the scaled scores, the same tensor",
                       same),),
-        kind="mask", source=None, ops=()))
+        kind="mask", source=source, ops=()))

@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 from .app import ExplainApp
-from .config import Config
+from .config import Config, Source
+from .records import Trace
 from .tracing import run_trace
 
 SIZE = (100, 32)
-# (file name, key presses from the first stage)
-SHOTS = [
+# (file name, key presses from the first stage[, --model]); the default model is mygpt
+SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str]] = [
     ("01-embed.svg", []),
     ("02-project.svg", ["2"]),
     ("03-view.svg", ["3"]),
@@ -26,13 +27,19 @@ SHOTS = [
     ("08b-softmax-head-1.svg", ["8", "tab", "tab"]),
     ("10-concat.svg", ["0"]),
     ("11-w_o.svg", ["end"]),
+    ("20-raschka-mask-before-scale.svg", ["6"], "raschka"),
+    ("21-many-eyes-softmax-per-head.svg", ["6"], "many-eyes"),
 ]
 
 
 async def shoot(directory: Path) -> list[Path]:
-    trace = run_trace(Config("I love AI !"))
+    traces: dict[str, Trace] = {}
     written = []
-    for name, keys in SHOTS:
+    for name, keys, *model in SHOTS:
+        which = model[0] if model else "mygpt"
+        if which not in traces:
+            traces[which] = run_trace(Config("I love AI !"), Source(model=which))
+        trace = traces[which]
         app = ExplainApp(trace.config, trace=trace)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press(*keys)

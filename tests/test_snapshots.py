@@ -63,6 +63,37 @@ def test_project_without_numbers_at_80x24(snap_compare) -> None:
     assert snap_compare(app_at("project"), press=["v"], terminal_size=(80, 24))
 
 
+def _model_app(model: str, stage: str) -> ExplainApp:
+    from mha_tui.config import Config, Source
+    from mha_tui.tracing import run_trace
+
+    trace = run_trace(Config("I love AI !"), Source(model=model))
+    return ExplainApp(trace.config, trace=trace, start=stage)
+
+
+def test_raschka_masks_before_it_scales_at_100x32(snap_compare) -> None:
+    """raschka: the rail reads scores, mask, scale; the mask stage shows masked_fill_ in place."""
+    assert snap_compare(_model_app("raschka", "mask"), terminal_size=(100, 32))
+
+
+def test_many_eyes_heads_as_modules_at_100x32(snap_compare) -> None:
+    """many-eyes: each head its own module; softmax shows the heads side by side, no view stage."""
+    assert snap_compare(_model_app("many-eyes", "softmax"), terminal_size=(100, 32))
+
+
+def test_a_crashing_module_ends_with_the_error_at_100x32(snap_compare) -> None:
+    """A learner's module that forgets contiguous(): every stage, then the error, last."""
+    import torch
+
+    import mha_tui
+    from tests.fixtures.crash_attn import CrashingAttention
+
+    torch.manual_seed(0)
+    module = CrashingAttention(4, 2).eval()
+    trace = mha_tui.trace(module, torch.randn(1, 4, 4), ["I", "love", "AI", "!"])
+    assert snap_compare(ExplainApp(trace.config, trace=trace, start="error"), terminal_size=(100, 32))
+
+
 def test_help_screen_at_80x24(snap_compare) -> None:
     """At 80x24: `?` lists every key."""
     assert snap_compare(app_at("embed"), press=["question_mark"], terminal_size=(80, 24))
@@ -81,6 +112,6 @@ async def test_committed_screenshots_are_current(tmp_path) -> None:
 
     written = await shoot(tmp_path)
     committed = Path(__file__).parent.parent / "screenshots"
-    assert sorted(p.name for p in committed.glob("*.svg")) == sorted(name for name, _ in SHOTS)
+    assert sorted(p.name for p in committed.glob("*.svg")) == sorted(shot[0] for shot in SHOTS)
     for path in written:
         assert path.read_bytes() == (committed / path.name).read_bytes(), path.name

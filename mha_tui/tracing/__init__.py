@@ -12,7 +12,7 @@ This package knows torch and the record types: never import rich, textual or typ
 
 from __future__ import annotations
 
-import inspect
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -105,13 +105,14 @@ def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | No
         embedded = None
         if embedding is not None and ids is not None:
             x = embedding(ids)  # (B, T, C)
-            line = source_at(__file__, _line_of("x = embedding(ids)"))
+            line = source_at(__file__, sys._getframe().f_lineno - 1)  # the line above
             embedded = Embedded(ids=snapshot(ids), table=snapshot(embedding.weight), x=snapshot(x),
                                 source=line, looked_up=bool(torch.equal(x[0], embedding.weight[ids[0]])))
         if x is None:
             raise ValueError("trace() needs x, or an embedding and ids to make it")
         if config is None:
             config = _config_for(module, x, tokens)
+        rng = torch.random.get_rng_state()  # the check re-runs dropout with the same draws
         result = _record(lambda: call(module, x), {"": module})
         recording = result.recordings.get("")
         if recording is None:
@@ -119,7 +120,10 @@ def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | No
         forward_equal = None
         if result.error is None:
             out = _first_tensor(result.value)
+            after = torch.random.get_rng_state()
+            torch.random.set_rng_state(rng)
             again = _first_tensor(call(module, x))
+            torch.random.set_rng_state(after)
             forward_equal = out is not None and again is not None and bool(torch.equal(out, again))
         n_params = sum(p.numel() for p in module.parameters())
     stages = recognise(recording, config, embedded=embedded, forward_equal=forward_equal,
@@ -128,12 +132,6 @@ def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | No
                       per_head_modules=any(s.checks and "ran as its own module" in c.label
                                            for s in stages for c in s.checks))
     return Trace(config=config, stages=stages, module=info, recording=recording)
-
-
-def _line_of(text: str) -> int:
-    """This file's line that holds `text`: the embed stage shows the line that ran."""
-    lines, start = inspect.getsourcelines(_trace)
-    return next((start + n for n, line in enumerate(lines) if text in line), start)
 
 
 def _config_for(module: nn.Module, x: torch.Tensor, tokens: Sequence[str] | None) -> Config:

@@ -328,7 +328,7 @@ class Recorder:
             if code in session.codes or code is _MHA_FORWARD.__code__ or not (
                 filename.startswith(_TORCH_DIR) or filename.startswith(_THIS_DIR)
             ):
-                return source_at(filename, frame.f_lineno, code.co_name)
+                return source_at(filename, frame.f_lineno, code.co_name, code)
             fallback = fallback or frame
             frame = frame.f_back
         if fallback is not None:
