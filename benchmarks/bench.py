@@ -31,6 +31,8 @@ BIN = Path(sys.executable).parent
 PYTHON = str(BIN / "python")
 MHA = [str(BIN / "mha-tui")]  # the console script, as a user runs it
 SENTENCE = "I love AI !"
+# A learner's file for the --module row: nanoGPT-style, fused projection and SDPA.
+LEARNER = str(Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "nanogpt_attn.py")
 GPT2_512 = " ".join(f"w{i}" for i in range(512))  # GPT-2 small sizes, 512 tokens
 JSON_OUT = os.path.join(tempfile.gettempdir(), "mha-tui-bench.json")
 
@@ -141,6 +143,9 @@ def main() -> int:
         "completion": ([*MHA], {"_MHA_TUI_COMPLETE": "complete_bash",
                                "COMP_WORDS": "mha-tui expl", "COMP_CWORD": "1"}),
         "dump": ([*MHA, "explain", SENTENCE, "--dump", "-"], None),
+        "raschka": ([*MHA, "explain", SENTENCE, "--model", "raschka", "--dump", "-"], None),
+        "module": ([*MHA, "explain", SENTENCE, "--module", f"{LEARNER}:CausalSelfAttention",
+                    "--dump", "-"], None),
         # The NumPy blueprint: no torch on this path at all.
         "numpy": ([*MHA, "explain", SENTENCE, "--model", "blueprint", "--dump", "-"], None),
         # GPT-2 small's sizes, every number: 2.4 M values in column blocks, ~25 MB of text.
@@ -168,6 +173,9 @@ def main() -> int:
                               ("help", "mha-tui --help", 0.25),
                               ("completion", "shell completion (bash)", 0.25),
                               ("dump", f'explain "{SENTENCE}" --dump -', 1.10),
+                              ("raschka", "  same, --model raschka", 1.10),
+                              ("module", "  same, --module nanogpt_attn.py:CausalSelfAttention",
+                               1.10),
                               ("numpy", f'explain "{SENTENCE}" --model blueprint --dump -', 0.30),
                               ("full", "C=768 h=12 --full --dump - (2.4 M numbers)", 3.0),
                               ("json_gpt2", "JSON, C=768 h=12 T=512 (21.5 M values, 227 MB)",

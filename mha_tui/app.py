@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.console import Group, RenderableType
@@ -36,6 +37,8 @@ from .widgets import HelpScreen, StageRail, TooSmall, ascii_strips, use_ascii_sc
 
 if TYPE_CHECKING:
     from .check import Verdict
+    from .load import Loaded
+    from .load_numpy import LoadedNumpy
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
 RAIL_MIN_WIDTH = 80
@@ -58,10 +61,10 @@ ASCII_KEYS = {"→": "right", "←": "left", "↑": "up", "↓": "down"}
 ASCII_FOOTER_KEYS = {"→": "l", "←": "h", "↑": "k", "↓": "j"}
 
 
-def _load_trace(config: Config) -> Trace:
+def _load_trace(config: Config, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
     from .tracing import run_trace
 
-    trace = run_trace(config)
+    trace = run_trace(config, loaded=loaded)
     # Warm Pygments' Python lexer here, off the event loop, before the first stage draws.
     from rich.syntax import Syntax
 
@@ -540,6 +543,11 @@ def wants_ascii() -> bool:
 
 
 def run_app(config: Config, *, start: str | None = None, ascii_only: bool = False,
-            **options: Any) -> None:
-    """Run the app in this terminal (call prepare_terminal first); options: loader, checker."""
-    ExplainApp(config, start=start, ascii_only=ascii_only or wants_ascii(), **options).run()
+            loaded: Loaded | LoadedNumpy | None = None, **options: Any) -> None:
+    """Run the app in this terminal (call prepare_terminal first).
+
+    loaded: the module the CLI built from --model/--module (None: the default run);
+    options: ExplainApp's, e.g. loader and checker for --check."""
+    options.setdefault("loader", partial(_load_trace, loaded=loaded))
+    ExplainApp(config, start=start, ascii_only=ascii_only or wants_ascii(),
+               batched=getattr(loaded, "batched", True), **options).run()  # NumPy: x is (T, C)

@@ -22,6 +22,7 @@ from .config import (
     MAX_EMBED_DIM,
     MAX_SEQ_LEN,
     MODEL_NAMES,
+    NUMPY_MODEL_NAMES,
     Config,
     ConfigError,
     Source,
@@ -32,6 +33,8 @@ from .stages import STAGE_IDS
 if TYPE_CHECKING:
     from .check import Verdict
     from .destination import Destination
+    from .load import Loaded
+    from .load_numpy import LoadedNumpy
     from .records import Trace
 
 app = typer.Typer(
@@ -47,6 +50,10 @@ app = typer.Typer(
 class Format(StrEnum):
     text = "text"
     json = "json"
+
+
+# --model's choices, listed in --help: the tutorials' modules in mha_tui/examples.
+Model = StrEnum("Model", [(name.replace("-", "_"), name) for name in MODEL_NAMES + NUMPY_MODEL_NAMES])
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -92,6 +99,10 @@ def explain(
     color: Annotated[bool, typer.Option("--color", help="Keep colours (ANSI codes) in the text transcript.")] = False,
     ascii_only: Annotated[bool, typer.Option("--ascii", help="Plain ASCII only (in JSON: every non-ASCII character as a \\u escape).")] = False,
     stage: Annotated[str | None, typer.Option("--stage", help="Stage to start at: in the app, or the transcript from that stage on.")] = None,
+    model: Annotated[Model | None, typer.Option("--model", help=f"A tutorial's module (default {DEFAULT_MODEL}).", case_sensitive=False)] = None,
+    module: Annotated[str | None, typer.Option("--module", metavar="FILE.py:CLASS", help="Your own module instead: FILE.py:Class or package.module:Class.")] = None,
+    init: Annotated[list[str] | None, typer.Option("--init", metavar="NAME=VALUE", help="A constructor argument, VALUE a Python literal; repeatable.")] = None,
+    weights: Annotated[Path | None, typer.Option("--weights", metavar="FILE", help="Load the module's tensors from a state dict (.pt via torch.load(weights_only=True), or .safetensors).")] = None,
     check_stages: Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")] = False,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
@@ -102,6 +113,7 @@ def explain(
                         causal=causal, max_seq_len=max_seq_len)
     except ConfigError as error:
         fail(str(error))
+    source = _source(model, module, init or [], weights)
     if stage is not None and stage not in STAGE_IDS:
         fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
     if fmt is Format.json:
@@ -122,17 +134,44 @@ def explain(
     _check_budget(config, destination, fmt)
 
     if check_stages:
-        _explain_checked(config, Source(), dump=dump, stage=stage, ascii_only=ascii_only)
+        _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
         return
+
+    loaded: Loaded | LoadedNumpy | None = None
+    if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
+        from .learner import LoadError
+        from .load_numpy import load as load_numpy
+
+        try:
+            # NumPy code (the blueprint, a NumPy --module class) never imports torch.
+            loaded = load_numpy(config, source)
+            if loaded is None:
+                from .load import load
+
+                loaded = load(config, source)
+        except LoadError as error:
+            fail(str(error))
     if dump is None and sys.stdout.isatty():
         from .app import prepare_terminal, run_app
 
         if problem := prepare_terminal():  # keys from the terminal; its real size
             fail(problem)
-        run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only)
+        run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only, loaded=loaded)
         return
     _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
-                      ascii_only=ascii_only, stage=stage)
+                      ascii_only=ascii_only, stage=stage, loaded=loaded)
+
+
+def _source(model: Model | None, module: str | None, init: list[str], weights: Path | None) -> Source:
+    """--model, --module, --init, --weights, checked before anything heavy is imported."""
+    if model is not None and module is not None:
+        fail(f"--model {model.value} and --module {module} both name the module; give one of them")
+    try:
+        return Source(model=model.value if model else DEFAULT_MODEL, module=module,
+                      init=tuple(parse_init(text) for text in init),
+                      weights=None if weights is None else str(weights))
+    except ConfigError as error:
+        fail(str(error))
 
 
 def _explain_checked(config: Config, source: Source, *, dump: str | None, stage: str | None,
@@ -142,7 +181,7 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
         fail("--check marks the stages in the app (a terminal); for a table or JSON run "
              "mha-tui check with the same module")
     from .app import prepare_terminal, run_app
-    from .load import LoadError
+    from .learner import LoadError
 
     try:
         run, checker = _checked(config, source)  # builds the module now: bad input, exit 2
@@ -192,7 +231,8 @@ def _out_of_memory(error: BaseException) -> bool:
 
 
 def _write_transcript(config: Config, destination: Destination | None, fmt: Format, *, width: int,
-                      full: bool, color: bool, ascii_only: bool, stage: str | None) -> None:
+                      full: bool, color: bool, ascii_only: bool, stage: str | None,
+                      loaded: Loaded | LoadedNumpy | None = None) -> None:
     from .destination import DumpError, opened, resolve
 
     if destination is None:
@@ -202,7 +242,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
         from .render import RenderOptions
         from .tracing import run_trace
 
-        trace = run_trace(config)
+        trace = run_trace(config, loaded=loaded)
         first = _first_stage(trace, stage)
         with opened(destination) as out:
             if fmt is Format.json:
@@ -246,7 +286,7 @@ DEFAULT_SENTENCE = "I love AI !"
 
 @app.command()
 def check(
-    specs: Annotated[list[str] | None, typer.Argument(metavar="[FILE.py:CLASS]...", help="The modules to judge: FILE.py:Class or package.module:Class, one or several.", show_default=False)] = None,
+    specs: Annotated[list[str] | None, typer.Argument(metavar="FILE.py:CLASS", help="The modules to judge: FILE.py:Class or package.module:Class, one or several.", show_default=False)] = None,
     model: Annotated[str | None, typer.Option("--model", metavar="NAME", help=f"Also judge a tutorial's module: {', '.join(MODEL_NAMES)}.")] = None,
     class_name: Annotated[str | None, typer.Option("--class", metavar="CLASS", help="The class in every FILE.py given without one (check submissions/*.py --class MultiHeadAttention).")] = None,
     sentence: Annotated[str, typer.Option("--sentence", "-s", help="The input sentence; tokens are split on whitespace.")] = DEFAULT_SENTENCE,
@@ -290,7 +330,7 @@ def check(
         fail("give the module to check: FILE.py:Class (or package.module:Class), "
              "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")
     from .check import failed_to_load
-    from .load import LoadError
+    from .learner import LoadError
 
     verdicts = []
     for source in sources:
@@ -320,6 +360,11 @@ def _checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
                                                        Callable[[Trace], Verdict]]:
     """Build the module now (bad input fails here, exit 2); return how to trace it and how
     to judge a trace of it: load -> trace -> what needs running again (torch) -> judge."""
+    from .load_numpy import load as load_numpy
+
+    numpy_loaded = load_numpy(config, source)
+    if numpy_loaded is not None:  # NumPy code: judged the same way, without torch
+        return _checked_numpy(config, numpy_loaded)
     from .load import load
 
     loaded = load(config, source)
@@ -328,10 +373,9 @@ def _checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
         return module(*(x,) * len(loaded.args), **loaded.kwargs)  # type: ignore[operator]
 
     def run(config: Config) -> Trace:
-        from .tracing import trace
+        from .tracing import run_trace
 
-        return trace(loaded.module, loaded.x, config.tokens, call=call,
-                     embedding=loaded.embedding, ids=loaded.ids, config=config)
+        return run_trace(config, loaded=loaded)
 
     def checker(traced: Trace) -> Verdict:
         from .check import Facts, judge
@@ -344,6 +388,32 @@ def _checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
         return judge(traced, facts, loaded.label)
 
     return run, checker
+
+
+def _checked_numpy(config: Config, loaded: LoadedNumpy) -> tuple[Callable[[Config], Trace],
+                                                                  Callable[[Trace], Verdict]]:
+    """_checked for a NumPy module: a second NumPy recording, its arrays as parameters,
+    and the blueprint's computation in NumPy as the end-to-end reference."""
+    from .load_numpy import traced
+
+    def checker(trace: Trace) -> Verdict:
+        import numpy as np
+
+        from .check import Facts, judge
+        from .check.numpy_reference import reference_output
+        from .tracing.numpy_ops import module_arrays, record
+
+        with np.errstate(all="ignore"):
+            again = record(loaded.module, loaded.args, loaded.kwargs)
+        facts = Facts(causal=config.causal, heads=config.num_heads,
+                      parameters=tuple((name, tuple(a.shape))
+                                       for name, a in module_arrays(loaded.module).items()),
+                      second=None if again.error else again.recordings[""],
+                      reference=reference_output, training=False,
+                      reference_name="the NumPy blueprint's computation")
+        return judge(trace, facts, loaded.label)
+
+    return traced(loaded), checker
 
 
 def check_source(config: Config, source: Source) -> Verdict:

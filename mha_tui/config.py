@@ -114,6 +114,8 @@ class Config:
 
 # `--model NAME`: the tutorials' modules shipped in mha_tui/examples (built by mha_tui.load).
 MODEL_NAMES = ("mygpt", "course", "raschka", "raschka-wrapper", "many-eyes")
+# The NumPy blueprint (seed 002): its per-head loop and its einsum form; no torch.
+NUMPY_MODEL_NAMES = ("blueprint", "blueprint-einsum")
 DEFAULT_MODEL = "mygpt"
 
 
@@ -161,8 +163,9 @@ class Source:
     weights: str | None = None
 
     def __post_init__(self) -> None:
-        if self.model not in MODEL_NAMES:
-            raise ConfigError(f"--model {self.model!r} is not one of: {', '.join(MODEL_NAMES)}")
+        if self.model not in MODEL_NAMES + NUMPY_MODEL_NAMES:
+            raise ConfigError(f"--model {self.model!r} is not one of: "
+                              f"{', '.join(MODEL_NAMES + NUMPY_MODEL_NAMES)}")
         if self.module is not None:
             parse_module_ref(self.module)
 
@@ -170,8 +173,3 @@ class Source:
     def is_default(self) -> bool:
         return (self.model == DEFAULT_MODEL and self.module is None and not self.init
                 and self.weights is None)
-
-    @property
-    def label(self) -> str:
-        """What the header calls it: the model's name or the --module reference."""
-        return self.module if self.module is not None else self.model

@@ -14,10 +14,12 @@ name at fault. Knows torch; never imports rich, textual or typer.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import re
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,16 +54,8 @@ class Example:
     own_mask: bool = False
 
 
-def _mygpt_module() -> str:
-    # The chapter's module, as plain tutorial code; until that file exists the package's
-    # own module (same class, same construction) stands in.
-    if importlib.util.find_spec("mha_tui.examples.mygpt") is not None:
-        return "mha_tui.examples.mygpt"
-    return "mha_tui.model"
-
-
 EXAMPLES: dict[str, Example] = {
-    "mygpt": Example("", "MultiHeadAttention"),
+    "mygpt": Example("mha_tui.examples.mygpt", "MultiHeadAttention"),
     "course": Example("mha_tui.examples.course", "MultiHeadAttention"),
     "raschka": Example("mha_tui.examples.raschka", "MultiHeadAttention", own_mask=True),
     # Each head is d_out wide and there is no projection: C // h keeps the output C wide.
@@ -86,11 +80,15 @@ class Loaded:
     kwargs: dict[str, torch.Tensor | None] = field(default_factory=dict)  # the mask, by name
     label: str = ""  # "raschka", "my_attn.py:MultiHeadAttention"
     file: str = ""  # the file the module's class is defined in
-    call: str = ""  # the constructor call made, e.g. "MultiHeadAttention(embed_dim=4, ...)"
+    construction: str = ""  # the constructor call made, e.g. "MultiHeadAttention(embed_dim=4, ...)"
+
+    def call(self, module: nn.Module, x: torch.Tensor) -> object:
+        """How the tracer calls the module: x once or three times, and the mask by name."""
+        return module(*(x,) * len(self.args), **self.kwargs)
 
     def forward(self) -> torch.Tensor:
         """module(*args, **kwargs), reduced to its output tensor."""
-        return output_tensor(self.module(*self.args, **self.kwargs), self.module)
+        return output_tensor(self.call(self.module, self.x), self.module)
 
 
 def output_tensor(result: object, module: nn.Module) -> torch.Tensor:
@@ -116,8 +114,7 @@ def load(config: Config, source: Source | None = None) -> Loaded:
         example = None
     else:
         example = EXAMPLES[source.model]
-        name = example.module or _mygpt_module()
-        cls = getattr(importlib.import_module(name), example.cls)
+        cls = getattr(importlib.import_module(example.module), example.cls)
         label = source.model
         if example.own_mask and not config.causal:
             raise LoadError(f"--model {source.model} always applies its own causal mask (a buffer "
@@ -136,9 +133,31 @@ def load(config: Config, source: Source | None = None) -> Loaded:
         ids = torch.tensor([config.ids])  # (B, T)
         x = embedding(ids)  # (B, T, C)
     args, forward_kwargs = forward_inputs(module, x, causal=config.causal)
-    return Loaded(module=module, embedding=embedding, ids=ids, x=x, args=args,
-                  kwargs=forward_kwargs, label=label, file=_class_file(cls),
-                  call=f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})")
+    loaded = Loaded(module=module, embedding=embedding, ids=ids, x=x, args=args,
+                    kwargs=forward_kwargs, label=label, file=_class_file(cls),
+                    construction=_call_text(cls, kwargs))
+    if source.module is not None:
+        _probe(loaded)
+    return loaded
+
+
+def _probe(loaded: Loaded) -> None:
+    """Run a learner's forward once, untraced, to refuse a result that is not a tensor.
+
+    A forward that raises is not refused here: the trace shows every stage up to the
+    failing line, which is what a learner needs to see.
+    """
+    try:
+        with torch.no_grad(), contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = loaded.call(loaded.module, loaded.x)
+    except Exception:
+        return
+    output_tensor(result, loaded.module)
+
+
+def _call_text(cls: type, kwargs: Mapping[str, object]) -> str:
+    return f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
 
 
 # ---------------------------------------------------------------- finding the class
@@ -170,7 +189,7 @@ def _learner_class(ref: str) -> tuple[type[nn.Module], str]:
 
 def _construct(cls: type[nn.Module], kwargs: dict[str, object]) -> nn.Module:
     file = _class_file(cls)
-    call = f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+    call = _call_text(cls, kwargs)
     with _learner_code(f"building {call}", file):
         module = cls(**kwargs)
     if not isinstance(module, nn.Module):  # a __new__ that returns something else

@@ -18,15 +18,16 @@ Never import rich, textual or typer here either.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from .config import Config, Source, parse_module_ref
+from .config import NUMPY_MODEL_NAMES, Config, Source, parse_module_ref
 from .learner import (
     LoadError,
     _class_file,
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
     from .records import Trace
 
 MASK_NAMES = ("mask", "attn_mask")
-# The NumPy `--model`s: the blueprint's loop form and its einsum form.
-NUMPY_MODELS = ("blueprint", "blueprint-einsum")
 
 
 def embedding_table(config: Config) -> np.ndarray:
@@ -60,7 +59,12 @@ def causal_mask(T: int) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class LoadedNumpy:
-    """A built NumPy module, its input, and how its forward is called."""
+    """A built NumPy module, its input, and how its forward is called.
+
+    x has no batch axis, and tracing it never imports torch (`library`, `batched`)."""
+
+    library: ClassVar[str] = "numpy"
+    batched: ClassVar[bool] = False
 
     module: object
     ids: np.ndarray  # (T,) int64
@@ -73,15 +77,15 @@ class LoadedNumpy:
     file: str = ""
 
 
-def build_blueprint(config: Config, *, einsum: bool = False) -> LoadedNumpy:
-    """`--model blueprint`: the blueprint's class, embedding and mask for this run."""
+def build_blueprint(config: Config, *, einsum: bool = False,
+                    init: tuple[tuple[str, object], ...] = ()) -> LoadedNumpy:
+    """`--model blueprint` (`blueprint-einsum`): the blueprint's class, built by the same
+    rules as a learner's (d_model, n_heads, seed by name; --init), its x and mask."""
     from .examples.blueprint import MultiHeadAttention, MultiHeadAttentionEinsum
 
     cls = MultiHeadAttentionEinsum if einsum else MultiHeadAttention
-    module = cls(config.embed_dim, config.num_heads, seed=config.seed)
-    construction = f"{cls.__name__}({config.embed_dim}, {config.num_heads}, seed={config.seed})"
-    return _inputs(module, config, label="blueprint-einsum" if einsum else "blueprint",
-                   construction=construction)
+    name = "blueprint-einsum" if einsum else "blueprint"
+    return load_learner(config, Source(model=name, init=init), cls, label=name)
 
 
 def _inputs(module: object, config: Config, *, label: str, construction: str) -> LoadedNumpy:
@@ -128,12 +132,20 @@ def numpy_class(ref: str) -> type | None:
     if not isinstance(target, type):
         raise LoadError(f"--module {_safe(shown)}:{_safe(attr)} is {_describe(target)}, not a "
                         "class; name the class (e.g. my_attn.py:MultiHeadAttention)")
+    if not callable(getattr(target, "forward", None)) and "__call__" not in _own_attributes(target):
+        raise LoadError(f"--module {_safe(shown)}:{_safe(attr)} is neither an nn.Module subclass "
+                        "nor a class with a forward() method (for NumPy code)")
     return target
 
 
-def load_learner(config: Config, source: Source, cls: type) -> LoadedNumpy:
+def _own_attributes(cls: type) -> set[str]:
+    """Names defined by the class or its bases, object's own left out."""
+    return {name for klass in cls.__mro__ if klass is not object for name in vars(klass)}
+
+
+def load_learner(config: Config, source: Source, cls: type, label: str = "") -> LoadedNumpy:
     """Build a learner's NumPy class by the same rules as a torch module (and `seed`)."""
-    label = source.module or cls.__name__
+    label = label or source.module or cls.__name__
     if source.weights is not None:
         raise LoadError(f"--weights loads a torch state dict; {_safe(label)} is NumPy code, "
                         "which makes its own arrays (pass their seed with --init seed=N)")
@@ -182,9 +194,12 @@ def _probe(loaded: LoadedNumpy) -> None:
 def load(config: Config, source: Source) -> LoadedNumpy | None:
     """The NumPy module for this run, or None when it is a torch module (load.py's job)."""
     if source.module is None:
-        if source.model not in NUMPY_MODELS:
+        if source.model not in NUMPY_MODEL_NAMES:
             return None
-        return build_blueprint(config, einsum=source.model == "blueprint-einsum")
+        if source.weights is not None:
+            raise LoadError(f"--weights loads a torch state dict; --model {source.model} is NumPy "
+                            "code, which draws its own weights (choose them with --seed)")
+        return build_blueprint(config, einsum=source.model == "blueprint-einsum", init=source.init)
     cls = numpy_class(source.module)
     return None if cls is None else load_learner(config, source, cls)
 
@@ -216,9 +231,11 @@ def traced(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
     def run(config: Config) -> Trace:
         from .tracing.numpy_ops import trace
 
-        return trace(loaded.module, loaded.x, config.tokens, args=loaded.args,
-                           kwargs=loaded.kwargs, table=loaded.table, ids=loaded.ids,
-                           config=config)
+        # The learner's prints go to stderr: a transcript on stdout stays a transcript.
+        with contextlib.redirect_stdout(sys.stderr):
+            return trace(loaded.module, loaded.x, config.tokens, args=loaded.args,
+                         kwargs=loaded.kwargs, table=loaded.table, ids=loaded.ids,
+                         config=config)
 
     return run
 

@@ -678,6 +678,11 @@ class Builder:
                 caption = f"{caption}; {note}" if caption else note
         if len(dims) != values.ndim:
             dims = tuple(f"d{i}" for i in range(values.ndim))
+        if self.per_head and snap.strides and len(snap.strides) == values.ndim - 1 and \
+                "h" in dims and not self.head_modules:
+            # A loop over heads made h separate arrays; the strides are each head's own.
+            note = f"the {self.sizes.h} heads' separate {snap.shape} results stacked; strides: one head's"
+            caption = f"{caption}; {note}" if caption else note
         extra["caption"] = caption
         return TensorRecord(
             name=name, dims=dims, values=values, strides=snap.strides, contiguous=snap.contiguous,

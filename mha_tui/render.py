@@ -379,7 +379,8 @@ class Matrix:
                     used = sum(_GAP + self._width(j, False) for j in chosen)
                 else:
                     cols = [*chosen[:(k + 1) // 2], None, *chosen[(k + 1) // 2:]]
-                    used = (_GAP + len(self._gap_header(n - k))
+                    gap = len("..." if self.opts.ascii else "…")
+                    used = (_GAP + max(gap, len(self._gap_header(n - k)))
                             + sum(_GAP + self._width(j, True) for j in chosen))
                 if used > room and k > 1:
                     break

@@ -147,6 +147,20 @@ def test_no_causal_judges_against_unmasked_attention() -> None:
     assert verdict.diagnosis.kind == "mask_unexpected"
 
 
+def test_a_judgement_that_fails_is_a_row_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module no rule foresaw: the row says it was not judged, the rest stands."""
+    from mha_tui.check.judge import Judge
+
+    def broken(self: Judge) -> list:
+        raise IndexError("no such axis")
+
+    monkeypatch.setattr(Judge, "softmax_rows", broken)
+    verdict = judged(model="course")
+    row = next(r for r in verdict.stages if "could not read" in r.checked)
+    assert row.ok is None and "IndexError: no such axis" in row.checked
+    assert verdict.equivalent
+
+
 def test_the_numbers_behind_the_verdicts() -> None:
     """Equal infinities are equal, NaN where NaN is expected is equal, a scale is a ratio."""
     import numpy as np
@@ -325,6 +339,7 @@ async def test_app_check_marks_the_rail_and_shows_the_diagnosis() -> None:
                   for i in range(rail.option_count)}
         assert "✗" in labels["softmax"] and "✓" in labels["scores"], labels
         assert "✓" not in labels["softmax"]
+        assert "✓" in labels["w_o"]  # the end-to-end difference does not mark W_O wrong
         app.stage_index = app.stage_ids.index("softmax")
         await pilot.pause()
         shown = app.query_one(StageView).plain

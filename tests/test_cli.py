@@ -156,7 +156,7 @@ def test_running_out_of_memory_is_one_line_exit_1(monkeypatch, capsys, error) ->
     import mha_tui.tracing
     from mha_tui import cli
 
-    def exhausted(config):
+    def exhausted(config, source=None, *, loaded=None):  # run_trace's signature
         raise error
 
     monkeypatch.setattr(mha_tui.tracing, "run_trace", exhausted)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from mha_tui.config import MODEL_NAMES, Config, Source
-from mha_tui.load import EXAMPLES, Loaded, load
+from mha_tui.load import EXAMPLES, Loaded, causal_mask, load
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "mha_tui" / "examples"
 ShapeCase = tuple[int, int, int, int]  # C, h, T, seed
@@ -246,3 +246,46 @@ def test_every_tensor_line_in_a_forward_has_a_shape_comment(path: Path) -> None:
                     line = source[stmt.end_lineno - 1]
                     assert "# " in line and "(" in line.split("#", 1)[1], \
                         f"{path.name}:{stmt.end_lineno} has no shape comment: {line.strip()}"
+
+
+README = EXAMPLES_DIR.parent.parent / "README.md"
+
+
+def _readme_block() -> tuple[list[str], dict[str, str]]:
+    """The README's construction block: shared lines, and one `mha = ...` line per model."""
+    text = README.read_text()
+    start = text.index("torch.manual_seed(seed)\nembedding = nn.Embedding(V, C)\n")
+    block = text[start:text.index("```", start)].splitlines()
+    shared = [ln for ln in block if not ln.startswith("mha = ") and not ln.startswith("x = ")]
+    per_model = {ln.rsplit("# ", 1)[1].strip(): ln.split("  #")[0] for ln in block
+                 if ln.startswith("mha = ")}
+    return shared, per_model
+
+
+def test_the_readme_names_every_model_once() -> None:
+    assert sorted(_readme_block()[1]) == sorted(MODEL_NAMES)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_the_readme_construction_lines_give_the_same_numbers(name: str) -> None:
+    """What the README promises a reader: their tutorial's class, built with these lines,
+    has the weights, embedding and output that `--model NAME` shows."""
+    shared, per_model = _readme_block()
+    config = Config("I love AI ! I", embed_dim=8, num_heads=2, seed=5, max_seq_len=16)
+    loaded = load(config, Source(model=name))
+    file = Path(loaded.file)  # the tutorial's file the class comes from
+    namespace: dict[str, object] = {}
+    exec(compile(file.read_text(), str(file), "exec"), namespace)  # the class, as a reader has it
+    namespace.update(torch=torch, nn=nn, seed=5, V=len(config.vocab), C=8, h=2, L=16,
+                     ids=list(config.ids))
+    lines = [*shared[:2], per_model[name], *shared[2:],
+             "x = embedding(torch.tensor([ids]))"]
+    with torch.no_grad():
+        exec("\n".join(lines), namespace)
+        mha, x = namespace["mha"], namespace["x"]
+        assert isinstance(mha, nn.Module) and not mha.training
+        assert torch.equal(x, loaded.x)
+        mine, theirs = loaded.module.state_dict(), mha.state_dict()
+        assert list(mine) == list(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
+        args = (x, causal_mask(x.shape[1])) if name == "course" else (x,)
+        assert torch.equal(mha(*args), loaded.forward())

@@ -101,20 +101,23 @@ def test_constructor_arguments_are_filled_by_name(tmp_path: Path) -> None:
     # d_model, n_heads, block_size by name; dropout by name despite its default; the rest keep theirs.
     assert loaded.module.seen == dict(d_model=8, n_heads=2, block_size=32, dropout=0.0, scale=1.0,
                                       bias=False)
-    assert loaded.call == "Attn(d_model=8, n_heads=2, block_size=32, dropout=0.0)"
+    assert loaded.construction == "Attn(d_model=8, n_heads=2, block_size=32, dropout=0.0)"
 
 
 def test_every_listed_name_gets_its_value() -> None:
     class Everything(nn.Module):
         def __init__(self, embed_dim, d_model, d_in, d_out, n_embd, num_heads, n_heads, n_head,
-                     max_seq_len, context_length, block_size, dropout=0.5, batch_first=False):
+                     max_seq_len, context_length, block_size, dropout=0.5, batch_first=False,
+                     causal=True):
             super().__init__()
 
     kwargs = constructor_arguments(Everything, CONFIG, {})
     assert kwargs == {**dict.fromkeys(("embed_dim", "d_model", "d_in", "d_out", "n_embd"), 8),
                       **dict.fromkeys(("num_heads", "n_heads", "n_head"), 2),
                       **dict.fromkeys(("max_seq_len", "context_length", "block_size"), 32),
-                      "dropout": 0.0, "batch_first": True}
+                      "dropout": 0.0, "batch_first": True, "causal": True}
+    no_causal = Config("I love AI !", embed_dim=8, num_heads=2, causal=False)
+    assert constructor_arguments(Everything, no_causal, {})["causal"] is False
 
 
 def test_init_sets_other_parameters_and_overrides_the_rules(tmp_path: Path) -> None:
@@ -420,3 +423,19 @@ def test_a_broken_safetensors_file(tmp_path: Path, attn_file: str) -> None:
     path.write_bytes(pickle.dumps({"a": 1}))
     with pytest.raises(LoadError, match=r"^--weights \S*w\.safetensors is not a readable \.safetensors "):
         load(CONFIG, Source(module=attn_file, weights=str(path)))
+
+
+def test_a_learner_forward_returning_a_non_tensor_is_refused_at_load(tmp_path: Path) -> None:
+    path = write(tmp_path, "attn.py", PLAIN.replace('return self.proj(x) * self.seen["scale"]',
+                                                    'return {"out": self.proj(x)}'))
+    with pytest.raises(LoadError, match=r"^Attn\.forward returned a dict, not a tensor; "):
+        load(CONFIG, Source(module=f"{path}:Attn"))
+
+
+def test_a_learner_forward_that_raises_is_left_for_the_trace(tmp_path: Path) -> None:
+    """Not a load error: the trace shows the stages up to the failing line."""
+    path = write(tmp_path, "attn.py", PLAIN.replace('return self.proj(x) * self.seen["scale"]',
+                                                    "return self.proj(x).view(-1, 3)"))
+    loaded = load(CONFIG, Source(module=f"{path}:Attn"))
+    with pytest.raises(RuntimeError), torch.no_grad():
+        loaded.forward()

@@ -17,7 +17,7 @@ from mha_tui.config import Config
 from mha_tui.load_numpy import build_blueprint, traced
 from mha_tui.tracing.numpy_ops import record, snapshot, trace
 
-from .conftest import ROOT
+from .conftest import ROOT, run_cli
 
 BLUEPRINT_KINDS = ["embed", "project", "view", "transpose", "scores", "scale", "mask", "softmax",
                    "attend", "concat", "w_o"]
@@ -320,6 +320,74 @@ def test_a_blueprint_transcript_never_imports_torch() -> None:
     assert done.stdout.decode().split() == ["TORCH", "False", "11"]
 
 
+NO_TORCH_RUN = ("import sys, runpy, os\n"
+                "os._exit = lambda code: (sys.stdout.flush(), "
+                "sys.stderr.write('TORCH ' + str('torch' in sys.modules) + '\\n'), sys.exit(code))\n"
+                "sys.argv = ['mha-tui', 'explain'] + sys.argv[1:]\n"
+                "runpy.run_module('mha_tui', run_name='__main__')\n")
+
+
+def _explain_without_torch(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """`mha-tui explain ARGS` in a fresh interpreter that reports whether torch was imported."""
+    return subprocess.run([sys.executable, "-c", NO_TORCH_RUN, *args], capture_output=True,
+                          cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("model", ["blueprint", "blueprint-einsum"])
+def test_a_blueprint_dump_never_imports_torch(model: str) -> None:
+    """The whole CLI run, in a fresh interpreter: torch stays out of sys.modules."""
+    done = _explain_without_torch("I love AI !", "--model", model, "--dump", "-")
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"TORCH False" in done.stderr
+    assert b"module MultiHeadAttention" in done.stdout and b"mha_tui/examples/blueprint.py" in done.stdout
+
+
+def test_blueprint_from_the_cli_matches_the_independent_numbers() -> None:
+    done = run_cli("explain", "I love AI !", "--model", "blueprint", "--dump", "-",
+                   "--format", "json", "-C", "8", "-H", "4", "--seed", "3")
+    assert done.returncode == 0, done.stderr.decode()
+    data = json.loads(done.stdout)
+    want = independent(Config("I love AI !", embed_dim=8, num_heads=4, seed=3))
+    last = list(data["stages"][-1]["tensors"].values())[-1]
+    assert last["dims"] == ["T", "C"]
+    values = np.array(last["values"], dtype=np.float64)
+    assert _close(values, want["out"])
+
+
+def test_a_learner_numpy_module_from_the_cli_never_imports_torch(tmp_path) -> None:
+    from pathlib import Path
+
+    source = Path(ROOT, "tests", "fixtures", "numpy_attn.py").read_text()
+    (tmp_path / "my_attn.py").write_text(source)
+    done = _explain_without_torch("the cat sat", "--module",
+                                  str(tmp_path / "my_attn.py:NumpyAttention"), "-C", "8",
+                                  "--dump", "-", "--format", "json")
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"TORCH False" in done.stderr
+    data = json.loads(done.stdout)
+    assert [stage["kind"] for stage in data["stages"]] == BLUEPRINT_KINDS
+
+
+def test_a_numpy_forward_that_raises_ends_the_dump_with_exit_1(tmp_path) -> None:
+    from pathlib import Path
+
+    (tmp_path / "my_attn.py").write_text(Path(ROOT, "tests", "fixtures", "numpy_attn.py").read_text())
+    done = _explain_without_torch("the cat sat", "--module",
+                                  str(tmp_path / "my_attn.py:BrokenReshape"), "--dump", "-")
+    assert done.returncode == 1, done.stderr.decode()
+    text = done.stdout.decode()
+    assert "error" in text and "cannot reshape array of size" in text
+    assert "q = q.reshape(T, self.n_heads + 1, self.d_k)" in text
+
+
+def test_bad_numpy_input_from_the_cli_is_one_line_exit_2(tmp_path) -> None:
+    (tmp_path / "mine.py").write_text("class Mine:\n    pass\n")
+    done = run_cli("explain", "I love AI !", "--module", str(tmp_path / "mine.py:Nope"), "--dump", "-")
+    assert done.returncode == 2 and done.stdout == b""
+    assert done.stderr.decode().count("\n") == 1 and "has no 'Nope'; classes there: Mine" in \
+        done.stderr.decode()
+
+
 # ------------------------------------------------------------------- --module with NumPy code
 
 NUMPY_BAD_MODULES = [
@@ -328,12 +396,14 @@ NUMPY_BAD_MODULES = [
      "A.forward returned a list whose first element is an int, not an ndarray"),
     ("missing", "class A:\n    pass\n\n\nclass B:\n    pass\n", "Z", "has no 'Z'; classes there: A, B"),
     ("function", "def f():\n    pass\n", "f", "is a function, not a class"),
-    ("no_forward", "class A:\n    pass\n", "A", "A() has neither forward() nor __call__()"),
+    ("no_forward", "class A:\n    pass\n", "A",
+     "A is neither an nn.Module subclass nor a class with a forward() method"),
     ("unfilled", "class A:\n    def __init__(self, foo):\n        pass\n"
                  "    def forward(self, x):\n        return x\n", "A",
      "A() needs a value for 'foo', which mha-tui cannot guess; give it with --init foo=VALUE"),
     ("syntax", "class A:\n    def forward(self, x)\n        return x\n", "A", "line 2: SyntaxError"),
-    ("raises_on_build", "class A:\n    def __init__(self, d_model):\n        raise ValueError('no')\n",
+    ("raises_on_build", "class A:\n    def __init__(self, d_model):\n        raise ValueError('no')\n\n"
+                        "    def forward(self, x):\n        return x\n",
      "A", "line 3: ValueError: no (while building A(d_model=4))"),
 ]
 
@@ -409,3 +479,77 @@ def test_per_head_weight_lists_come_out_as_h_head_slices() -> None:
     assert result.stage("concat").checks[0].label.startswith("np.concatenate put the 3 heads'")
     assert result.stage("project").tensors[0].name == "W_q.*"
     assert all(c.ok is not False for s in result.stages for c in s.checks)
+
+
+def test_a_boolean_mask_is_json_true_false() -> None:
+    import io
+
+    from mha_tui.dump import write_values
+
+    out = io.BytesIO()
+    write_values(np.array([[True, False], [False, True]]), out)
+    assert json.loads(out.getvalue()) == [[True, False], [False, True]]
+
+
+# ------------------------------------------------------------------- mha-tui check, NumPy code
+
+CHECK_CASES = [  # (class in tests/fixtures/numpy_attn.py, equivalent, first wrong kind, diagnosis)
+    ("NumpyAttention", True, None, None),
+    ("PerHeadWeights", True, None, None),
+    ("ScaledBySqrtC", False, "scale", "scaled_by_sqrt_C"),
+    ("SoftmaxOverQueries", False, "softmax", "softmax_wrong_axis"),
+    ("BrokenReshape", False, "error", "crash"),
+]
+
+
+@pytest.mark.parametrize(("cls", "equivalent", "stage", "diagnosis"), CHECK_CASES,
+                         ids=[case[0] for case in CHECK_CASES])
+def test_check_judges_numpy_modules(cls: str, equivalent: bool, stage: str | None,
+                                    diagnosis: str | None) -> None:
+    from mha_tui.cli import check_source
+    from mha_tui.config import Source
+
+    fixture = f"{ROOT}/tests/fixtures/numpy_attn.py:{cls}"
+    verdict = check_source(Config("I love AI !", embed_dim=8, num_heads=2), Source(module=fixture))
+    assert verdict.equivalent is equivalent
+    if diagnosis is None:
+        assert verdict.diagnosis is None
+        assert all(row.ok is not False for row in verdict.stages)
+        end = verdict.end_to_end
+        if cls == "NumpyAttention":  # weights found by role: compared with the NumPy reference
+            assert end is not None and end.ok is True
+            assert "the NumPy blueprint's computation" in end.checked
+    else:
+        assert verdict.diagnosis is not None and verdict.diagnosis.kind == diagnosis
+        assert verdict.diagnosis.stage == stage
+
+
+@pytest.mark.parametrize("model", ["blueprint", "blueprint-einsum"])
+def test_check_says_the_blueprint_is_multi_head_attention(model: str) -> None:
+    from mha_tui.cli import check_source
+    from mha_tui.config import Source
+
+    verdict = check_source(Config("the cat sat on the mat", embed_dim=8, num_heads=4, seed=1),
+                           Source(model=model))
+    assert verdict.equivalent and verdict.diagnosis is None
+    kinds = [row.kind for row in verdict.stages]
+    assert {"project", "scores", "scale", "mask", "softmax", "attend", "concat", "w_o"} <= set(kinds)
+    softmax = next(row for row in verdict.stages if row.kind == "softmax")
+    assert softmax.ok is True  # the hand-written softmax, judged as one
+    if model == "blueprint-einsum":  # its weights found by role, the output compared end to end
+        assert verdict.end_to_end is not None and verdict.end_to_end.ok is True
+
+
+def test_check_on_numpy_code_never_imports_torch() -> None:
+    code = ("import sys, runpy, os\n"
+            "os._exit = lambda code: (sys.stdout.flush(), sys.stderr.write("
+            "'TORCH ' + str('torch' in sys.modules) + '\\n'), sys.exit(code))\n"
+            "sys.argv = ['mha-tui', 'check', '--model', 'blueprint']\n"
+            "try:\n"
+            "    runpy.run_module('mha_tui', run_name='__main__')\n"
+            "finally:\n"
+            "    sys.stderr.write('TORCH ' + str('torch' in sys.modules) + '\\n')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"TORCH False" in done.stderr and b"TORCH True" not in done.stderr
+    assert b"equivalent to multi-head attention" in done.stdout

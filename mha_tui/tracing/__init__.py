@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ..config import Source
+    from ..load import Loaded
+    from ..load_numpy import LoadedNumpy
     from .torch_ops import RecordResult
 
 
@@ -36,17 +38,28 @@ def build(config: Config) -> tuple[nn.Embedding, nn.Module]:
     return loaded.embedding, loaded.module
 
 
-def run_trace(config: Config, source: Source | None = None) -> Trace:
+def run_trace(config: Config, source: Source | None = None, *,
+              loaded: Loaded | LoadedNumpy | None = None) -> Trace:
     """The CLI's run: load the module (`--model`, default mygpt, or `--module`) and trace it.
 
-    Raises `mha_tui.load.LoadError` (one line) when the module cannot be built.
+    loaded: a module the CLI has already built (so that bad input was refused before the
+    app opened). Raises `mha_tui.load.LoadError` (one line) when the module cannot be built.
+    A NumPy module (`load_numpy`) is traced by the NumPy adapter, without torch.
     """
+    import contextlib
+    import sys
+
+    if getattr(loaded, "library", "torch") == "numpy":
+        from ..load_numpy import traced
+
+        return traced(loaded)(config)  # type: ignore[arg-type]
     from ..load import load
 
-    loaded = load(config, source)
-    return trace(loaded.module, loaded.x, config.tokens,
-                 call=lambda module, x: module(*loaded.args, **loaded.kwargs),
-                 embedding=loaded.embedding, ids=loaded.ids, config=config)
+    loaded = loaded or load(config, source)
+    # The learner's prints go to stderr: a transcript on stdout stays a transcript.
+    with contextlib.redirect_stdout(sys.stderr):
+        return trace(loaded.module, loaded.x, config.tokens, call=loaded.call,
+                     embedding=loaded.embedding, ids=loaded.ids, config=config)
 
 
 def _first_tensor(value: object) -> torch.Tensor | None:
