@@ -9,29 +9,31 @@ only choose what to show and how wide. Never import typer or the CLI here.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal
 from textual.reactive import reactive
-from textual.screen import ModalScreen
+from textual.screen import Screen
 from textual.strip import Strip
-from textual.widgets import Footer, OptionList, Static
+from textual.widgets import Footer, Static
 from textual.widgets.option_list import Option
 
 from .config import Config
 from .records import Trace
 from .render import RenderOptions, header, module_line, pending_screen, stage_screen
 from .stage_view import LineCache, StageView, render_strips
-from .stages import STAGE_IDS, STAGES, stage_info
+from .stages import STAGE_IDS, stage_info
+from .widgets import HelpScreen, StageRail, TooSmall, ascii_strips, use_ascii_scrollbars
 
 if TYPE_CHECKING:
     from .check import Verdict
@@ -39,21 +41,25 @@ if TYPE_CHECKING:
     from .load_numpy import LoadedNumpy
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
-KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-",
-             "left_square_bracket": "[", "right_square_bracket": "]"}
+RAIL_MIN_WIDTH = 80
+"""Narrower than this, the stage heading ("2/11 project") stands in for the rail."""
+EXPLAIN_MIN_HEIGHT = 24
+"""Shorter than this, the explanation starts folded: the numbers come first (`e` unfolds)."""
 MAX_DECIMALS = 8
 MAX_COLS = 64  # more than any pane shows at 4 decimals
 
+STAGE = Binding.Group("Stage", compact=True)
+SCROLL = Binding.Group("Scroll", compact=True)
+DECIMALS = Binding.Group("Dec", compact=True)
 
-def _load_trace(config: Config, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
-    from .tracing import run_trace
-
-    trace = run_trace(config, loaded=loaded)
-    # Warm Pygments' Python lexer here, off the event loop, before the first stage draws.
-    from rich.syntax import Syntax
-
-    Syntax("x", "python").highlight("x")
-    return trace
+# How keys are named in the help screen; ASCII_KEYS replaces the arrows with --ascii.
+KEY_NAMES = {"question_mark": "?", "plus": "+", "equals_sign": "=", "minus": "-",
+             "right": "→", "left": "←", "up": "↑", "down": "↓", "pageup": "pgup",
+             "pagedown": "pgdn", "escape": "esc",
+             "left_square_bracket": "[", "right_square_bracket": "]"}
+ASCII_KEYS = {"→": "right", "←": "left", "↑": "up", "↓": "down"}
+# In the footer an arrow becomes the letter bound beside it: one cell, and a real key.
+ASCII_FOOTER_KEYS = {"→": "l", "←": "h", "↑": "k", "↓": "j"}
 
 
 class Layers(Protocol):
@@ -68,33 +74,20 @@ class Layers(Protocol):
     def trace(self, layer: int) -> Trace: ...
 
 
-class StageRail(OptionList):
-    """Every stage, the current one highlighted; a click jumps there. Keys stay with the app."""
+def _load_trace(config: Config, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
+    from .tracing import run_trace
 
-    can_focus = False
+    trace = run_trace(config, loaded=loaded)
+    # Warm Pygments' Python lexer here, off the event loop, before the first stage draws.
+    from rich.syntax import Syntax
+
+    Syntax("x", "python").highlight("x")
+    return trace
 
 
-class HelpScreen(ModalScreen[None]):
-    """Every key of the app, from the app's own bindings."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,q,question_mark", "dismiss", "Close help", id="help.close"),
-    ]
-
-    def __init__(self, rows: list[tuple[str, str]]) -> None:
-        super().__init__()
-        self.rows = rows
-
-    def compose(self) -> ComposeResult:
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(justify="right", style="bold cyan", no_wrap=True)
-        grid.add_column()
-        for keys, description in self.rows:
-            grid.add_row(keys, description)
-        with VerticalScroll(id="help-body"):
-            yield Static(Group(Text("Keys", style="bold"), grid,
-                               Text("Click a stage in the rail to jump to it. "
-                                    "escape, q or ? closes this help.", style="dim")))
+class MainScreen(Screen[None], inherit_bindings=False):
+    """The app's screen. Without Screen's own tab/shift+tab (focus cycling: nothing here
+    takes focus), those keys reach the app, which cycles heads with them."""
 
 
 class ExplainApp(App[None]):
@@ -103,49 +96,86 @@ class ExplainApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "mha-tui"
     ENABLE_COMMAND_PALETTE = False
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
+        (0, "-too-narrow"), (MIN_WIDTH, "-narrow"), (RAIL_MIN_WIDTH, "-wide")]
+    """Screen classes from the current width; app.tcss hides the rail or the whole app."""
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
+        (0, "-too-short"), (MIN_HEIGHT, "-tall-enough")]
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("right,l,n,space", "step(1)", "Next", key_display="→", priority=True,
-                tooltip="Next stage", id="stage.next"),
-        Binding("left,h,p", "step(-1)", "Prev", key_display="←", priority=True,
+        Binding("left,h,p", "step(-1)", "Prev", key_display="←", group=STAGE,
                 tooltip="Previous stage", id="stage.prev"),
-        Binding("home", "jump(0)", "First", priority=True, tooltip="First stage", id="stage.first"),
-        Binding("end", "jump(-1)", "Last", priority=True, tooltip="Last stage", id="stage.last"),
+        Binding("right,l,n,space", "step(1)", "Next", key_display="→",
+                group=STAGE, tooltip="Next stage", id="stage.next"),
+        Binding("up,k", "scroll(-1)", "Up", key_display="↑", group=SCROLL,
+                tooltip="Scroll the stage up a line", id="scroll.up"),
+        Binding("down,j", "scroll(1)", "Down", key_display="↓", group=SCROLL,
+                tooltip="Scroll the stage down a line", id="scroll.down"),
+        Binding("pageup,b", "page(-1)", "Page up", show=False, id="scroll.page_up"),
+        Binding("pagedown,f", "page(1)", "Page down", show=False, id="scroll.page_down"),
+        Binding("g,ctrl+home", "edge(0)", "Top", show=False, id="scroll.top"),
+        Binding("G,ctrl+end", "edge(1)", "Bottom", show=False, id="scroll.bottom"),
+        Binding("home", "jump(0)", "First", show=False, id="stage.first"),
+        Binding("end", "jump(-1)", "Last", show=False, id="stage.last"),
         *(Binding(str(k), f"jump({(k - 1) % 10})", f"Stage {(k - 1) % 10 + 1}", show=False,
                   id=f"stage.jump{k}") for k in range(10)),
-        Binding("tab", "head(1)", "Head", key_display="tab", priority=True,
+        Binding("tab", "head(1)", "Head", key_display="tab",
                 tooltip="Focus the next head; the others dim", id="head.next"),
-        Binding("shift+tab", "head(-1)", "Prev head", show=False, priority=True,
+        Binding("shift+tab", "head(-1)", "Prev head", show=False,
                 id="head.prev"),
         Binding("a", "all_heads", "All", tooltip="Show every head at full strength",
                 id="head.all"),
         Binding("v", "numbers", "Nums", tooltip="Numbers on/off over the colours",
                 id="view.numbers"),
-        Binding("plus,equals_sign", "decimals(1)", "+dec", key_display="+",
-                tooltip="More decimals", id="view.more"),
-        Binding("minus", "decimals(-1)", "-dec", key_display="-",
+        Binding("plus,equals_sign", "decimals(1)", "More decimals", key_display="+",
+                group=DECIMALS, tooltip="More decimals", id="view.more"),
+        Binding("minus", "decimals(-1)", "Fewer decimals", key_display="-", group=DECIMALS,
                 tooltip="Fewer decimals", id="view.fewer"),
+        Binding("e", "explain", "Explain", show=False,
+                tooltip="Explanation on/off (starts off on terminals under "
+                f"{EXPLAIN_MIN_HEIGHT} rows)", id="view.explain"),
         Binding("w", "wrong_view", "Wrong", tooltip="At transpose: show the wrong "
                 "Q.view(B, h, T, d_h) above the right Q", id="view.wrong"),
-        Binding("left_square_bracket", "layer(-1)", "Layer", key_display="[",
+        Binding("left_square_bracket", "layer(-1)", "Layer", key_display="[", show=False,
                 tooltip="Previous layer of the model (--hf)", id="layer.prev"),
-        Binding("right_square_bracket", "layer(1)", "Layer", key_display="]",
+        Binding("right_square_bracket", "layer(1)", "Layer", key_display="]", show=False,
                 tooltip="Next layer of the model (--hf)", id="layer.next"),
         Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
         Binding("q", "quit", "Quit", id="app.quit"),
     ]
-    """Navigation keys are priority bindings so no widget can swallow them."""
+    """No key is a priority binding: nothing on MainScreen takes focus, so none can be
+    swallowed, and a modal screen (help) keeps every one of them from acting behind it."""
+
+    HELP: ClassVar[list[tuple[tuple[str, ...], str]]] = [
+        (("stage.next", "stage.prev"), "next / previous stage"),
+        (("scroll.down", "scroll.up"), "scroll the stage down / up a line"),
+        (("scroll.page_down", "scroll.page_up"), "scroll down / up a page"),
+        (("scroll.bottom", "scroll.top"), "bottom / top of the stage"),
+        (("stage.first", "stage.last"), "first / last stage"),
+        (tuple(f"stage.jump{k}" for k in (*range(1, 10), 0)), "stage 1-9, 0 for stage 10"),
+        (("head.next", "head.prev"), "focus the next / previous head (others dim)"),
+        (("head.all",), "show every head at full strength"),
+        (("view.numbers",), "numbers on/off over the colours"),
+        (("view.more", "view.fewer"), "more / fewer decimals"),
+        (("view.explain",), f"explanation on/off (off under {EXPLAIN_MIN_HEIGHT} rows)"),
+        (("view.wrong",), "at transpose: the wrong view above the right Q"),
+        (("layer.prev", "layer.next"), "with --hf: the same stage of the previous / next layer"),
+        (("app.help",), "this help"),
+        (("app.quit",), "quit"),
+    ]
+    """The help screen's rows: keys come from BINDINGS by id (a test checks that every
+    binding is listed), so the help cannot drift from what the keys do."""
 
     stage_index: reactive[int] = reactive(0, init=False)
     """Which stage is on screen: the one value navigation changes.
 
     Not `bindings=True`: that recomposes the footer (a full layout, ~13 ms) on every step;
-    the watcher refreshes bindings only when a key's enabled state really changes."""
+    the app refreshes bindings only when a key's enabled state really changes."""
 
     view: reactive[RenderOptions] = reactive(RenderOptions, bindings=True, init=False)
-    """How tensors are drawn: focused head, numbers, decimals, the wrong-view contrast."""
+    """How tensors are drawn: focused head, numbers, decimals, explanation, wrong view."""
 
-    def __init__(self, config: Config, *, trace: Trace | None = None, start: str = STAGE_IDS[0],
+    def __init__(self, config: Config, *, trace: Trace | None = None, start: str | None = None,
                  ascii_only: bool = False,
                  loader: Callable[[Config], Trace] = _load_trace, batched: bool = True,
                  checker: Callable[[Trace], Verdict] | None = None,
@@ -162,7 +192,7 @@ class ExplainApp(App[None]):
         self._checker = checker
         self.verdict: Verdict | None = None
         self._start_id = start
-        ids = [stage.id for stage in trace.stages] if trace is not None else list(STAGE_IDS)
+        ids = self.stage_ids
         self._start = ids.index(start) if start in ids else 0
         self._ascii = ascii_only
         self.load_error: str | None = None
@@ -172,16 +202,58 @@ class ExplainApp(App[None]):
         self.repaint_seconds: list[float] = []
         self._cache = LineCache()
         self._cache_disabled = False  # the benchmark turns warming off to time cold paints
+        self._key_state: tuple[bool, ...] = ()
+        self._explain_chosen = False  # `e` pressed: the user's choice outlasts resizes
+
+    # ------------------------------------------------------------------ which stages
+
+    @property
+    def stage_ids(self) -> list[str]:
+        """The stages on the rail: the module's own once traced, the catalogue before.
+
+        The one place the app learns which stages exist; everything else asks this."""
+        if self.trace is not None:
+            return [stage.id for stage in self.trace.stages]
+        return list(STAGE_IDS)
+
+    def _has_aside(self, index: int) -> bool:
+        """Whether this stage has the wrong-view contrast (heads split by a reshape)."""
+        if self.trace is None:
+            return STAGE_IDS[min(index, len(STAGE_IDS) - 1)] == "transpose"
+        return bool(self.trace.stages[index].aside)
 
     # ------------------------------------------------------------------ layout
 
+    def get_default_screen(self) -> Screen[None]:
+        return MainScreen(id="_default")
+
     def compose(self) -> ComposeResult:
-        yield Static(self._header(), id="header")
+        yield Static(id="header")
         with Horizontal(id="body"):
-            yield StageRail(*self._rail_options(), id="rail")
+            yield StageRail(id="rail")
             yield StageView(id="main")
-        yield Static(id="too-small")
+        yield TooSmall(MIN_WIDTH, MIN_HEIGHT, id="too-small")
         yield Footer(compact=True, show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.theme = "textual-dark"
+        self.set_class(self._ascii, "-ascii")
+        no_color = "NO_COLOR" in os.environ
+        self.set_reactive(ExplainApp.view, RenderOptions(
+            ascii=self._ascii, color=not no_color, explain=self._explain_default(self.size.height)))
+        self.set_reactive(ExplainApp.stage_index, self._start)
+        self.query_one("#header", Static).update(self._header())
+        self.query_one(StageRail).add_options(self._rail_options())
+        stage_view = self.query_one(StageView)
+        if self._ascii:
+            use_ascii_scrollbars(stage_view)
+            use_ascii_scrollbars(self.query_one(StageRail))
+        self.watch(stage_view, "scroll_y", self._sync_keys, init=False)
+        if self.trace is None:
+            # Now, not after the first frame: measured, starting torch at mount costs the
+            # first paint nothing visible and brings the numbers ~0.5 s sooner.
+            self.run_worker(self._load, thread=True, exclusive=True, name="trace")
+        # The stage itself is drawn once the layout has given it a width (WidthChanged).
 
     def _header(self) -> RenderableType:
         """Sentence, tokens and sizes (laid out at the header's width, so the sizes always
@@ -194,13 +266,6 @@ class ExplainApp(App[None]):
             return Group(header(self.config, opts, batched=batched, max_lines=2),
                          module_line(self.trace.module, opts))
         return header(self.config, opts, batched=batched)
-
-    @property
-    def stage_ids(self) -> list[str]:
-        """The stages on the rail: the module's own once traced, the catalogue before."""
-        if self.trace is not None:
-            return [stage.id for stage in self.trace.stages]
-        return list(STAGE_IDS)
 
     def _rail_options(self) -> list[Option]:
         marks = self._check_rows()
@@ -224,17 +289,10 @@ class ExplainApp(App[None]):
 
         return (stage_mark(marks.get(stage_id, []), ascii_only=self._ascii), Text(" "))
 
-    def on_mount(self) -> None:
-        self.theme = "textual-dark"
-        no_color = "NO_COLOR" in os.environ
-        self.set_reactive(ExplainApp.view, RenderOptions(ascii=self._ascii, color=not no_color))
-        self.set_reactive(ExplainApp.stage_index, self._start)
-        self._fit(self.size.width, self.size.height)
-        if self.trace is None:
-            # Now, not after the first frame: measured, starting torch at mount costs the
-            # first paint nothing visible and brings the numbers ~0.5 s sooner.
-            self.run_worker(self._load, thread=True, exclusive=True, name="trace")
-        # The stage itself is drawn once the layout has given it a width (WidthChanged).
+    def get_key_display(self, binding: Binding) -> str:
+        """The footer's key names; with --ascii the arrows become the letter keys beside them."""
+        display = super().get_key_display(binding)
+        return ASCII_FOOTER_KEYS.get(display, display) if self._ascii else display
 
     def _mark(self, name: str) -> None:
         if self._marks_path:
@@ -273,10 +331,8 @@ class ExplainApp(App[None]):
 
     # ------------------------------------------------------------------ showing
 
-    def watch_stage_index(self, old: int, new: int) -> None:
+    def watch_stage_index(self) -> None:
         started = time.perf_counter()
-        if self._key_states(old) != self._key_states(new):
-            self.refresh_bindings()
         self._show(home=True)
         self.call_after_refresh(lambda: self.repaint_seconds.append(time.perf_counter() - started))
 
@@ -284,8 +340,16 @@ class ExplainApp(App[None]):
         self._show()
         self._warm()
 
-    def on_resize(self, event: object) -> None:
-        self._fit(self.size.width, self.size.height)
+    def on_resize(self, event: events.Resize) -> None:
+        # The event's size, not self.size: this handler runs before App's own, which
+        # stores the new size.
+        explain = self._explain_default(event.size.height)
+        if not self._explain_chosen and explain != self.view.explain:
+            self.view = replace(self.view, explain=explain)
+
+    @staticmethod
+    def _explain_default(height: int) -> bool:
+        return height >= EXPLAIN_MIN_HEIGHT
 
     def on_stage_view_width_changed(self) -> None:
         first = not self.query_one(StageView).lines
@@ -294,14 +358,6 @@ class ExplainApp(App[None]):
         if first:
             self.call_after_refresh(self._mark, "paint")
 
-    def _fit(self, width: int, height: int) -> None:
-        """Too small to be useful: say so instead of drawing a broken layout."""
-        small = width < MIN_WIDTH or height < MIN_HEIGHT
-        self.screen.set_class(small, "-too-small")
-        self.query_one("#too-small", Static).update(
-            Text(f"Make the terminal larger: mha-tui needs at least {MIN_WIDTH}x{MIN_HEIGHT} "
-                 f"(now {width}x{height}).", justify="center"))
-
     def _window_options(self, width: int) -> RenderOptions:
         """Elide tensors to what the pane can show: cost follows the screen.
 
@@ -309,6 +365,10 @@ class ExplainApp(App[None]):
         its formatted cells); max_cols only bounds how many it formats to find out.
         """
         return replace(self.view, max_cols=MAX_COLS, max_rows=16, max_heads=4, width=width)
+
+    def _strips(self, renderable: object, width: int) -> list[Strip]:
+        strips = render_strips(self.console, renderable, width)  # type: ignore[arg-type]
+        return ascii_strips(strips) if self._ascii else strips
 
     def _lines(self, index: int, width: int, trace: Trace | None = None,
                layer: int | None = None) -> list[Strip]:
@@ -329,7 +389,7 @@ class ExplainApp(App[None]):
                     said = stage_judgement(self.verdict, marks.get(stage.id, []),  # type: ignore[arg-type]
                                            ascii_only=self._ascii)
                     screen = Group(said, Text(""), screen) if said is not None else screen
-                lines = render_strips(self.console, screen, width)
+                lines = self._strips(screen, width)
                 self._cache.put(key, lines)
         return lines
 
@@ -339,14 +399,16 @@ class ExplainApp(App[None]):
         width = view.text_width
         if self.trace is not None:
             view.show(self._lines(self.stage_index, width), home=home)
-            return
-        message = (Text(f"Could not run the module: {self.load_error}", style="bold red")
-                   if self.load_error else
-                   Text("loading torch and running the forward pass…", style="italic"))
-        info = stage_info(STAGE_IDS[min(self.stage_index, len(STAGE_IDS) - 1)], causal=self.config.causal)
-        pending = pending_screen(info, self.stage_index + 1, len(STAGES),
-                                 message, self.view)
-        view.show(render_strips(self.console, pending, width), home=home)
+        else:
+            message = (Text(f"Could not run the module: {self.load_error}", style="bold red")
+                       if self.load_error else
+                       Text("loading torch and running the forward pass…", style="italic"))
+            info = stage_info(STAGE_IDS[min(self.stage_index, len(STAGE_IDS) - 1)],
+                              causal=self.config.causal)
+            pending = pending_screen(info, self.stage_index + 1, len(STAGE_IDS), message,
+                                     self.view)
+            view.show(self._strips(pending, width), home=home)
+        self._sync_keys()
 
     def _warm(self) -> None:
         """Render the other stages in the background so that every step is a cache hit."""
@@ -364,40 +426,48 @@ class ExplainApp(App[None]):
 
     # ------------------------------------------------------------------ actions
 
-    def _key_states(self, index: int) -> tuple[bool, bool, bool]:
-        """What decides which stage keys are greyed: first, last, transpose."""
-        return index == 0, index == len(self.stage_ids) - 1, self._has_aside(index)
-
-    def _has_aside(self, index: int) -> bool:
-        """Whether this stage has the wrong-view contrast (heads split by a reshape)."""
-        if self.trace is None:
-            return STAGE_IDS[min(index, len(STAGE_IDS) - 1)] == "transpose"
-        return bool(self.trace.stages[index].aside)
+    def _sync_keys(self) -> None:
+        """Refresh the footer only when a key's enabled state really changed (it costs a
+        full footer layout): first or last stage, the wrong-view stage, top or bottom of the
+        stage."""
+        view = self.query_one(StageView)
+        index = self.stage_index
+        state = (index == 0, index == len(self.stage_ids) - 1, self._has_aside(index),
+                 view.scroll_y <= 0, view.scroll_y >= view.max_scroll_y)
+        if state != self._key_state:
+            self._key_state = state
+            self.refresh_bindings()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Grey out keys that cannot act here (None), rather than hiding them."""
         last = len(self.stage_ids) - 1
+        forward = int(parameters[0]) > 0 if parameters else True  # type: ignore[call-overload]
         if action == "step":
-            step = parameters[0] if parameters else 1
-            return None if (step == 1 and self.stage_index == last) or (
-                step == -1 and self.stage_index == 0) else True
+            return None if (forward and self.stage_index == last) or (
+                not forward and self.stage_index == 0) else True
         if action == "jump":
-            target = parameters[0] if parameters else 0
+            target = int(parameters[0]) if parameters else 0  # type: ignore[call-overload]
             return None if target % len(self.stage_ids) == self.stage_index else True
+        if action in ("scroll", "page", "edge"):
+            view = self.query_one(StageView)
+            if action == "edge":
+                forward = bool(parameters and parameters[0])
+            return None if (view.scroll_y >= view.max_scroll_y if forward
+                            else view.scroll_y <= 0) else True
         if action == "head":
             return True if self.config.num_heads > 1 else None
         if action == "all_heads":
             return None if self.view.focus is None else True
         if action == "decimals":
-            delta = parameters[0] if parameters else 1
-            return None if not 0 <= self.view.decimals + int(delta) <= MAX_DECIMALS else True
+            delta = int(parameters[0]) if parameters else 1  # type: ignore[call-overload]
+            return None if not 0 <= self.view.decimals + delta <= MAX_DECIMALS else True
+        if action == "wrong_view":
+            return True if self._has_aside(self.stage_index) else None
         if action == "layer":
             if self._layers is None:
                 return False  # not a pretrained model: no layers to move between
-            target = self._layer + (int(parameters[0]) if parameters else 1)
+            target = self._layer + (int(parameters[0]) if parameters else 1)  # type: ignore[call-overload]
             return True if self.trace is not None and 0 <= target < self._layers.n_layers else None
-        if action == "wrong_view":
-            return True if self._has_aside(self.stage_index) else None
         return True
 
     def action_step(self, delta: int) -> None:
@@ -405,6 +475,17 @@ class ExplainApp(App[None]):
 
     def action_jump(self, index: int) -> None:
         self.stage_index = index % len(self.stage_ids)
+
+    def action_scroll(self, lines: int) -> None:
+        self.query_one(StageView).scroll_relative(y=lines, animate=False)
+
+    def action_page(self, pages: int) -> None:
+        view = self.query_one(StageView)
+        view.scroll_relative(y=pages * view.scrollable_content_region.height, animate=False)
+
+    def action_edge(self, bottom: int) -> None:
+        view = self.query_one(StageView)
+        view.scroll_to(y=view.max_scroll_y if bottom else 0, animate=False)
 
     def action_head(self, delta: int) -> None:
         h = self.config.num_heads
@@ -420,6 +501,10 @@ class ExplainApp(App[None]):
 
     def action_decimals(self, delta: int) -> None:
         self.view = replace(self.view, decimals=min(MAX_DECIMALS, max(0, self.view.decimals + delta)))
+
+    def action_explain(self) -> None:
+        self._explain_chosen = True
+        self.view = replace(self.view, explain=not self.view.explain)
 
     def action_layer(self, delta: int) -> None:
         """`[` / `]`: the same stage of the previous / next layer of the model."""
@@ -464,28 +549,78 @@ class ExplainApp(App[None]):
     def action_wrong_view(self) -> None:
         self.view = replace(self.view, wrong_view=not self.view.wrong_view)
 
-    def action_help(self) -> None:
-        rows: dict[str, list[str]] = {}
-        for binding in self.BINDINGS:
-            assert isinstance(binding, Binding)
-            if binding.action.startswith("layer(") and self._layers is None:
-                continue  # layers exist only for a pretrained model (--hf)
-            description = binding.tooltip or binding.description
-            if binding.action.startswith("jump(") and binding.key not in ("home", "end"):
-                description = "Jump to stage 1-9, 0 for stage 10"
-            keys = (KEY_NAMES.get(key, key) for key in binding.key.split(","))
-            rows.setdefault(description, []).extend(keys)
-        self.push_screen(HelpScreen([(", ".join(keys), desc) for desc, keys in rows.items()]))
+    def help_rows(self) -> list[tuple[str, str]]:
+        """The help screen's (keys, what) rows, keys named from the bindings themselves."""
+        by_id = {b.id: b for b in self.BINDINGS if isinstance(b, Binding)}
+        names = {**KEY_NAMES, **({k: ASCII_KEYS.get(v, v) for k, v in KEY_NAMES.items()}
+                                 if self._ascii else {})}
 
-    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        def keys(binding_id: str) -> str:
+            return " ".join(names.get(key, key) for key in by_id[binding_id].key.split(","))
+
+        rows = []
+        for ids, description in self.HELP:
+            if ids[0].startswith("layer.") and self._layers is None:
+                continue  # layers exist only for a pretrained model (--hf)
+            if ids[0].startswith("stage.jump"):
+                rows.append(("1-9, 0", description))
+            else:
+                rows.append((" / ".join(keys(binding_id) for binding_id in ids), description))
+        return rows
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.help_rows(), ascii_only=self._ascii))
+
+    def on_option_list_option_selected(self, event: StageRail.OptionSelected) -> None:
         self.stage_index = event.option_index
 
 
-def run_app(config: Config, *, start: str = STAGE_IDS[0], ascii_only: bool = False,
-            loaded: Loaded | LoadedNumpy | None = None,
-            loader: Callable[[Config], Trace] | None = None, layers: Layers | None = None) -> None:
-    """loaded: the module the CLI built from --model/--module (None: the default run);
-    loader and layers: a pretrained model's layers (--hf) instead."""
-    ExplainApp(config, start=start, ascii_only=ascii_only,
-               loader=loader or partial(_load_trace, loaded=loaded),
-               batched=getattr(loaded, "batched", True), layers=layers).run()  # NumPy: x is (T, C)
+def prepare_terminal() -> str | None:
+    """Make the process fit to run the app; returns why not, in one line, or None.
+
+    - COLUMNS/LINES exported in the shell would lock the app's size: Textual asks
+      shutil.get_terminal_size, which prefers them to the terminal's real size, on start
+      and on every resize. The app follows the terminal, so they go.
+    - Textual draws on stderr (its Linux driver writes frames there). With stderr
+      redirected (2>log) the frames would fill the file and the terminal stay blank: the
+      CLI chose the app because stdout is a terminal, so draw there.
+    - Textual reads keys from stdin. When stdin is a pipe or a file, the keys typed in the
+      terminal (even q) would never arrive: read them from the controlling terminal
+      instead, as less and fzf do. No controlling terminal: refuse.
+    """
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+    if not os.isatty(0):
+        try:
+            tty = os.open("/dev/tty", os.O_RDWR)
+        except OSError as error:
+            return (f"the app reads keys from the terminal, and there is none "
+                    f"({error.strerror}); use --dump to write a transcript")
+        os.dup2(tty, 0)
+        os.close(tty)
+    if os.isatty(1) and not os.isatty(2):  # after any refusal: that goes to the real stderr
+        os.dup2(1, 2)
+    return None
+
+
+def wants_ascii() -> bool:
+    """True when the terminal streams cannot encode the app's glyphs (PYTHONIOENCODING=ascii).
+
+    Textual writes its frames to stderr; the CLI chose the app because stdout is a terminal."""
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            "→━▇".encode(getattr(stream, "encoding", None) or "utf-8")
+        except (UnicodeEncodeError, LookupError):
+            return True
+    return False
+
+
+def run_app(config: Config, *, start: str | None = None, ascii_only: bool = False,
+            loaded: Loaded | LoadedNumpy | None = None, **options: Any) -> None:
+    """Run the app in this terminal (call prepare_terminal first).
+
+    loaded: the module the CLI built from --model/--module (None: the default run);
+    options: ExplainApp's, e.g. loader and checker for --check."""
+    options.setdefault("loader", partial(_load_trace, loaded=loaded))
+    ExplainApp(config, start=start, ascii_only=ascii_only or wants_ascii(),
+               batched=getattr(loaded, "batched", True), **options).run()  # NumPy: x is (T, C)

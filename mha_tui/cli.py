@@ -171,8 +171,10 @@ def explain(
         except LoadError as error:
             fail(str(error))
     if dump is None and sys.stdout.isatty():
-        from .app import run_app
+        from .app import prepare_terminal, run_app
 
+        if problem := prepare_terminal():  # keys from the terminal; its real size
+            fail(problem)
         run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only, loaded=loaded)
         return
     _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
@@ -197,14 +199,16 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
     if dump is not None or not sys.stdout.isatty():
         fail("--check marks the stages in the app (a terminal); for a table or JSON run "
              "mha-tui check with the same module")
-    from .app import ExplainApp
+    from .app import prepare_terminal, run_app
     from .learner import LoadError
 
     try:
         run, checker = _checked(config, source)  # builds the module now: bad input, exit 2
     except LoadError as error:
         fail(str(error))
-    ExplainApp(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only, loader=run, checker=checker).run()
+    if problem := prepare_terminal():  # keys from the terminal; its real size
+        fail(problem)
+    run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only, loader=run, checker=checker)
 
 
 def _note_unused_for_json(*, width: int | None, full: bool, color: bool) -> None:
@@ -258,8 +262,10 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
     except hf.HfError as error:
         fail(str(error))
     if interactive:
-        from .app import run_app
+        from .app import prepare_terminal, run_app
 
+        if problem := prepare_terminal():  # keys from the terminal; its real size
+            fail(problem)
         run_app(session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                 loader=lambda config: session.trace(config.model.layer if config.model else layer),
                 layers=session)

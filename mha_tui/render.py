@@ -64,6 +64,7 @@ class RenderOptions:
     ascii: bool = False
     wrong_view: bool = False
     width: int | None = None
+    explain: bool = True  # the app folds the explanation away on short terminals
 
 
 # ---------------------------------------------------------------- user text, made safe
@@ -743,7 +744,9 @@ def code_block(code: str) -> Padding:
 
 def _intro_panel(body: RenderableType, opts: RenderOptions) -> Panel:
     """The app's frame around a stage's shape, code and explanation."""
-    return Panel(body, border_style=HEAD_COLORS[0], box=box.ASCII if opts.ascii else box.ROUNDED)
+    folded = None if opts.explain else Text("e explains", style="dim")
+    return Panel(body, border_style=HEAD_COLORS[0], box=box.ASCII if opts.ascii else box.ROUNDED,
+                 subtitle=folded, subtitle_align="right")
 
 
 def stage_screen(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
@@ -762,7 +765,7 @@ def pending_screen(info: StageInfo, number: int, total: int, message: Text,
     """A stage before its numbers exist (the app while torch loads): code and explanation."""
     # Plain code here: highlighting loads Pygments, which the first frame cannot wait for.
     intro = Group(Text("code", style="dim"), Padding(Text(info.code), (0, 0, 0, 2)),
-                  Text(info.explanation))
+                  *([Text(info.explanation)] if opts.explain else []))
     return Group(_heading(number, total, info.id, info.title), _intro_panel(intro, opts), message)
 
 
@@ -773,8 +776,10 @@ def stage_intro(stage: Stage, opts: RenderOptions) -> Group:
                       (stage.dims_transition, "cyan")),
         Text("code", style="dim"),
         code_block(stage.code),
-        Text(stage.explanation),
     ]
+    if not opts.explain:  # folded (the app on a short terminal): shape and code only
+        return Group(*parts)
+    parts.append(Text(stage.explanation))
     if stage.note:
         parts.append(Text(stage.note, style="bold yellow"))
     return Group(*parts)

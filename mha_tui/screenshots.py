@@ -43,6 +43,10 @@ async def shoot(directory: Path) -> list[Path]:
         app = ExplainApp(trace.config, trace=trace)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press(*keys)
+            # Settle: background rendering done, then the frames it asked for (the footer
+            # recomposes once the keys' enabled states are known).
+            await app.workers.wait_for_complete()
+            await pilot.pause()
             await pilot.pause()
             written.append(Path(app.save_screenshot(name, path=str(directory))))
     return written

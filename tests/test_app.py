@@ -9,11 +9,12 @@ from io import StringIO
 import pytest
 from rich.console import Console
 
-from mha_tui.app import ExplainApp, HelpScreen
+from mha_tui.app import ExplainApp
 from mha_tui.config import Config
 from mha_tui.stage_view import StageView
 from mha_tui.stages import STAGE_IDS
 from mha_tui.tracing import run_trace
+from mha_tui.widgets import HelpScreen, TooSmall
 
 from .conftest import default_trace
 
@@ -29,7 +30,7 @@ def text_of(app: ExplainApp, selector: str = "#main") -> str:
     if isinstance(widget, StageView):
         return widget.plain
     console = Console(file=StringIO(), width=max(widget.size.width, 40), color_system=None)
-    console.print(widget.content)
+    console.print(widget.render() if isinstance(widget, TooSmall) else widget.content)
     return console.file.getvalue()
 
 
@@ -150,8 +151,9 @@ async def test_help_screen_lists_every_key() -> None:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         listed = "\n".join(f"{keys} {desc}" for keys, desc in app.screen.rows)
-        for key in ("right", "l", "n", "space", "left", "h", "p", "home", "end", "tab",
-                    "shift+tab", "a", "v", "+", "-", "w", "?", "q", "0", "9"):
+        for key in ("→", "l", "n", "space", "←", "h", "p", "home", "end", "tab", "↓", "j",
+                    "↑", "k", "pgdn", "pgup", "g", "G", "shift+tab", "a", "v", "+", "-", "e",
+                    "w", "?", "q", "0", "9"):
             assert key in listed, key
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
@@ -197,18 +199,46 @@ async def test_a_failed_load_is_shown_not_raised() -> None:
         assert "Could not run the module: MemoryError: simulated" in text_of(app, "#main")
 
 
+def too_small(app: ExplainApp) -> bool:
+    """The notice is up and the stage is not (the breakpoint classes decide both)."""
+    notice, body = app.query_one("#too-small").display, app.query_one("#body").display
+    assert notice != body
+    return notice
+
+
 @pytest.mark.parametrize("size", [(50, 20), (100, 10)])
 async def test_too_small_terminal_shows_a_notice_and_recovers(size: tuple[int, int]) -> None:
     app = make_app()
     async with app.run_test(size=size) as pilot:
-        assert app.screen.has_class("-too-small")
+        assert too_small(app)
         assert "Make the terminal larger" in text_of(app, "#too-small")
         for w, h in [(30, 8), (120, 40), (40, 10), (90, 30), (61, 17)] * 3:
             await pilot.resize_terminal(w, h)
         await pilot.resize_terminal(100, 32)
         await pilot.pause()
-        assert not app.screen.has_class("-too-small")
+        assert not too_small(app)
         assert "embedding.weight" in text_of(app, "#main")
+
+
+async def test_the_notice_follows_the_current_size_on_every_resize() -> None:
+    """Issue 8 item 3: the notice used the size from before the last resize."""
+    app = make_app()
+    async with app.run_test(size=(50, 12)) as pilot:
+        await pilot.pause()
+        assert too_small(app)
+        assert "(now 50x12)" in text_of(app, "#too-small")
+        await pilot.resize_terminal(100, 32)
+        await pilot.pause()
+        assert not too_small(app)
+        await pilot.resize_terminal(50, 12)
+        await pilot.pause()
+        assert too_small(app) and "(now 50x12)" in text_of(app, "#too-small")
+        await pilot.resize_terminal(59, 30)  # one column too narrow
+        await pilot.pause()
+        assert too_small(app) and "59x30" in text_of(app, "#too-small")
+        await pilot.resize_terminal(60, 16)  # exactly the minimum
+        await pilot.pause()
+        assert not too_small(app)
 
 
 async def test_elision_follows_the_pane_width() -> None:
@@ -234,6 +264,183 @@ async def test_no_color_keeps_numbers_and_drops_value_colours(monkeypatch) -> No
         await pilot.pause()
         assert app.view.color is False and app.view.numbers
         assert "0.5308" in text_of(app)
+
+
+# ---------------------------------------------------------------- scrolling (issue 8 item 2)
+
+
+def visible(app: ExplainApp) -> str:
+    """The stage pane's lines that are on screen now."""
+    view = app.query_one(StageView)
+    top = round(view.scroll_y)
+    return "\n".join(strip.text.rstrip() for strip in view.lines[top:top + view.size.height])
+
+
+async def test_keys_alone_reach_the_last_tensor_and_the_checks_of_every_stage_at_80x24() -> None:
+    """Issue 8 item 2: at 80x24 most of every stage was out of reach of the keyboard."""
+    app = make_app()
+    trace = default_trace()
+    async with app.run_test(size=(80, 24)) as pilot:
+        view = app.query_one(StageView)
+        for stage in trace.stages:
+            await pilot.pause()
+            assert stage_id(app) == stage.id and view.scroll_y == 0
+            assert view.max_scroll_y > 0, "every stage is taller than 80x24: the test must scroll"
+            last_check = stage.checks[-1].label[:30]
+            assert last_check not in visible(app)
+            await pilot.press("G")
+            assert view.scroll_y == view.max_scroll_y
+            assert last_check in visible(app)
+            # Between the window's top and the checks: the last tensor, at least its last rows.
+            lines = view.plain.splitlines()
+            checks_at = lines.index("checks")
+            last_tensor_at = max(i for i, line in enumerate(lines)
+                                 if line.startswith(stage.tensors[-1].name + "  shape"))
+            assert last_tensor_at < checks_at and view.scroll_y < checks_at - 3, stage.id
+            await pilot.press("right")
+
+
+async def test_line_page_and_edge_keys_scroll_and_grey_out_at_the_ends() -> None:
+    app = make_app(start="project")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        view = app.query_one(StageView)
+        page = view.scrollable_content_region.height
+        assert app.check_action("scroll", (-1,)) is None and app.check_action("edge", (0,)) is None
+        assert app.check_action("scroll", (1,)) is True
+        for key, expected in [("down", 1), ("j", 2), ("k", 1), ("up", 0), ("pagedown", page),
+                              ("f", 2 * page), ("pageup", page), ("b", 0), ("G", None),
+                              ("g", 0), ("ctrl+end", None), ("ctrl+home", 0)]:
+            await pilot.press(key)
+            assert view.scroll_y == (view.max_scroll_y if expected is None
+                                     else min(expected, view.max_scroll_y)), key
+        await pilot.press("G")
+        assert app.check_action("scroll", (1,)) is None and app.check_action("page", (1,)) is None
+        assert app.check_action("scroll", (-1,)) is True
+        footer = {b.action: enabled for _, b, enabled, _ in app.screen.active_bindings.values()}
+        assert footer["scroll(1)"] is False and footer["scroll(-1)"] is True
+        await pilot.press("right")  # a new stage starts at its top
+        assert stage_id(app) == "view" and view.scroll_y == 0
+
+
+async def test_at_60x16_the_embed_stage_shows_numbers_and_e_unfolds_the_explanation() -> None:
+    import re
+
+    app = make_app()
+    explanation = "The sentence is split on whitespace"
+    async with app.run_test(size=(60, 16)) as pilot:
+        await pilot.pause()
+        assert not too_small(app)
+        shown = visible(app)
+        assert re.search(r"ids\s+0\s+1\s+2\s+3", shown), shown
+        assert explanation not in shown and "e explains" in shown
+        await pilot.press("e")
+        assert explanation in visible(app)
+        await pilot.resize_terminal(100, 32)  # the user's choice outlasts a resize
+        await pilot.pause()
+        assert app.view.explain
+        await pilot.press("e")
+        assert explanation not in visible(app)
+
+
+async def test_the_explanation_follows_the_height_until_e_is_pressed() -> None:
+    app = make_app()
+    async with app.run_test(size=(100, 20)) as pilot:
+        await pilot.pause()
+        assert not app.view.explain
+        await pilot.resize_terminal(100, 32)
+        await pilot.pause()
+        assert app.view.explain
+        await pilot.resize_terminal(80, 23)
+        await pilot.pause()
+        assert not app.view.explain
+
+
+async def test_the_rail_gives_way_below_80_columns() -> None:
+    app = make_app()
+    async with app.run_test(size=(79, 24)) as pilot:
+        await pilot.pause()
+        assert not app.query_one("#rail").display
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert app.query_one("#rail").display
+
+
+# ---------------------------------------------------------------- footer and help (items 8, 16)
+
+
+@pytest.mark.parametrize("ascii_only", [False, True])
+async def test_every_footer_key_is_visible_at_80_columns(ascii_only: bool) -> None:
+    from textual.widgets._footer import FooterKey, FooterLabel  # not exported by textual
+
+    app = make_app(ascii_only=ascii_only)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        keys = list(app.query(FooterKey))
+        for widget in [*keys, *app.query(FooterLabel)]:
+            assert widget.region.right <= 80, widget
+        labels = [key.description for key in keys] + [str(label.render()) for label in app.query(FooterLabel)]
+        assert {"Help", "Quit", "Stage", "Scroll", "Head", "Nums", "Dec"} <= set(labels)
+
+
+async def test_the_help_screen_stops_every_key_behind_it() -> None:
+    """Issue 8 item 16: right, tab and number keys changed the stage behind the help."""
+    app = make_app(start="project")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        before = (app.stage_index, app.view)
+        await pilot.press("right", "l", "space", "left", "tab", "shift+tab", "3", "end", "home",
+                          "v", "plus", "minus", "a", "w", "e", "G", "down")
+        assert (app.stage_index, app.view) == before
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await pilot.press("right", "tab")
+        assert stage_id(app) == "view" and app.view.focus == 0
+
+
+async def test_the_help_names_every_binding() -> None:
+    app = make_app()
+    helped = {binding_id for ids, _ in app.HELP for binding_id in ids}
+    assert {b.id for b in app.BINDINGS} == helped  # type: ignore[union-attr]
+    rows = dict((desc, keys) for keys, desc in app.help_rows())
+    assert rows["bottom / top of the stage"] == "G ctrl+end / g ctrl+home"
+    assert rows["scroll the stage down / up a line"] == "↓ j / ↑ k"
+
+
+# ---------------------------------------------------------------- ASCII (item 13)
+
+
+def screen_glyphs(app: ExplainApp) -> set[str]:
+    """Every non-ASCII character on the screen, from Textual's own SVG export."""
+    import html
+    import re
+
+    svg = app.export_screenshot()
+    text = html.unescape(re.sub(r"<[^>]+>", "", svg.split("</style>")[-1]))
+    return {ch for ch in text if not ch.isascii()} - {"\xa0"}  # the SVG's spaces
+
+
+async def test_ascii_means_ascii_everywhere_on_screen() -> None:
+    app = make_app(ascii_only=True)
+    plain = make_app()
+    async with plain.run_test(size=(80, 24)) as pilot:
+        await pilot.press("G")
+        assert screen_glyphs(plain)  # the test can fail: without --ascii there are glyphs
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        for index in range(len(STAGE_IDS)):
+            for key in ("g", "G", "tab", "w"):
+                await pilot.press(key)
+                assert screen_glyphs(app) == set(), (STAGE_IDS[index], key)
+            await pilot.press("right")
+        await pilot.press("question_mark")
+        assert screen_glyphs(app) == set()
+        assert "right l n space / left h p" in dict((d, k) for k, d in app.help_rows()).values()
+        await pilot.press("escape")
+        await pilot.resize_terminal(50, 12)
+        await pilot.pause()
+        assert screen_glyphs(app) == set()
 
 
 async def test_numbers_off_with_no_color_keeps_the_numbers(monkeypatch) -> None:

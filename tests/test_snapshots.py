@@ -21,6 +21,33 @@ def test_every_stage_at_100x32(snap_compare, stage: str) -> None:
     assert snap_compare(app_at(stage), terminal_size=(100, 32))
 
 
+@pytest.mark.parametrize("stage", STAGE_IDS)
+def test_the_end_of_every_stage_by_keys_alone_at_80x24(snap_compare, stage: str) -> None:
+    """At 80x24, from the first stage: right to the stage, G to its end. The last tensor and
+    the checks are on screen; every footer key, Help and Quit included, is visible."""
+    keys = ["right"] * STAGE_IDS.index(stage) + ["G"]
+    assert snap_compare(app_at("embed"), press=keys, terminal_size=(80, 24))
+
+
+def test_embed_shows_numbers_at_60x16(snap_compare) -> None:
+    """At the minimum size, 60x16: no rail, the explanation folded (e explains), the ids."""
+    assert snap_compare(app_at("embed"), terminal_size=(60, 16))
+
+
+def test_ascii_only_at_80x24(snap_compare) -> None:
+    """--ascii: the stage, the rail's border, the scrollbar and the footer in plain ASCII."""
+    trace = default_trace()
+    app = ExplainApp(trace.config, trace=trace, start="transpose", ascii_only=True)
+    assert snap_compare(app, press=["w", "j", "j"], terminal_size=(80, 24))
+
+
+def test_ascii_help_at_80x24(snap_compare) -> None:
+    """--ascii: the help screen's border and key names in plain ASCII."""
+    trace = default_trace()
+    app = ExplainApp(trace.config, trace=trace, ascii_only=True)
+    assert snap_compare(app, press=["question_mark"], terminal_size=(80, 24))
+
+
 def test_transpose_with_the_wrong_view_at_80x24(snap_compare) -> None:
     """At 80x24: `w` puts Q.view(B, h, T, d_h) above the right Q, rows coloured by true head."""
     assert snap_compare(app_at("transpose"), press=["w"], terminal_size=(80, 24))

@@ -1,0 +1,108 @@
+"""The app's small widgets and screens: stage rail, help, the too-small notice, ASCII drawing.
+
+Each knows Rich and Textual and nothing about attention; the app decides what they show.
+Never import typer, torch or the CLI here.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.cells import cell_len
+from rich.console import Group
+from rich.segment import Segment
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.scrollbar import ScrollBarRender
+from textual.strip import Strip
+from textual.widget import Widget
+from textual.widgets import OptionList, Static
+
+from .render import ASCII_GLYPHS
+
+
+class StageRail(OptionList):
+    """Every stage, the current one highlighted; a click jumps there. Keys stay with the app."""
+
+    can_focus = False
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key of the app, from the app's own bindings; nothing behind it reacts to keys."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q,question_mark", "dismiss", "Close help", id="help.close"),
+    ]
+
+    def __init__(self, rows: list[tuple[str, str]], *, ascii_only: bool = False) -> None:
+        super().__init__()
+        self.rows = rows
+        self.ascii_only = ascii_only
+
+    def compose(self) -> ComposeResult:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(justify="right", style="bold cyan", no_wrap=True)
+        grid.add_column()
+        for keys, description in self.rows:
+            grid.add_row(keys, description)
+        with VerticalScroll(id="help-body"):
+            yield Static(Group(Text("Keys", style="bold"), grid,
+                               Text("Click a stage in the rail to jump to it; "
+                                    "esc, q or ? closes this help.", style="dim")))
+
+    def on_mount(self) -> None:
+        body = self.query_one("#help-body", VerticalScroll)
+        if self.ascii_only:
+            use_ascii_scrollbars(body)
+        body.focus()  # up/down/page keys scroll the help when it is taller than the screen
+
+
+class TooSmall(Static):
+    """Instead of a broken layout: the minimum size, and the size the terminal has now."""
+
+    def __init__(self, min_width: int, min_height: int, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.min_width, self.min_height = min_width, min_height
+
+    def render(self) -> Text:
+        # Read at paint time, never stored: the notice follows every resize.
+        width, height = self.app.size
+        return Text(f"Make the terminal larger: mha-tui needs at least "
+                    f"{self.min_width}x{self.min_height} (now {width}x{height}). q quits.",
+                    justify="center")
+
+
+# ---------------------------------------------------------------- ASCII only
+
+
+class AsciiScrollBarRender(ScrollBarRender):
+    """A scrollbar thumb of coloured spaces: Textual's default ends are block glyphs."""
+
+    VERTICAL_BARS: ClassVar[list[str]] = [" "] * 8
+    HORIZONTAL_BARS: ClassVar[list[str]] = [" "] * 8
+
+
+def use_ascii_scrollbars(widget: Widget) -> None:
+    """Per widget, as Textual's ScrollBar docs show: other apps in the process keep theirs."""
+    widget.vertical_scrollbar.renderer = AsciiScrollBarRender  # type: ignore[misc]
+    widget.horizontal_scrollbar.renderer = AsciiScrollBarRender  # type: ignore[misc]
+
+
+def to_ascii(text: str) -> str:
+    """The tool's glyphs as their one-cell ASCII stand-ins, anything else as '?' per cell.
+
+    Same cell width in and out, so tables stay aligned."""
+    text = text.translate(ASCII_GLYPHS)
+    if text.isascii():
+        return text
+    return "".join(ch if ch.isascii() else "?" * cell_len(ch) for ch in text)
+
+
+def ascii_strips(strips: list[Strip]) -> list[Strip]:
+    """Rendered lines with every non-ASCII character replaced (`--ascii` means everywhere)."""
+    return [Strip([Segment(to_ascii(seg.text), seg.style, seg.control) for seg in strip],
+                  strip.cell_length) for strip in strips]
