@@ -64,6 +64,15 @@ def _softmax(values: np.ndarray) -> np.ndarray:
     return (e / np.sum(e, axis=-1, keepdims=True)).astype(values.dtype)
 
 
+def _joined_explanation(joined: str, batched: bool) -> str:
+    """The concat stage's words when the heads' outputs are joined, not transposed back."""
+    head_out, out = ("(B, T, d_h)", "(B, T, C)") if batched else ("(T, d_h)", "(T, C)")
+    return (f"Each head returned its own {head_out} output, rows already in token order, so "
+            f"nothing needs moving back: {joined} along the last axis lays the h outputs side "
+            f"by side, {out}. Head i's d_h channels become channels i*d_h..(i+1)*d_h-1 of every "
+            "token's row, the same layout a fused module gets from transpose and view.")
+
+
 class StageMaker:
     def __init__(self, b: Builder, rec: Recording) -> None:
         self.b, self.g, self.rec, self.s = b, b.g, rec, b.sizes
@@ -846,6 +855,9 @@ class StageMaker:
         if moved is not None and any(op.name == "contiguous" for op in ops):
             explanation = stage_info("concat").explain(
                 {"strided_contiguous": moved.out.contiguous}, why=_single_axes(s.T, s.h))
+        elif moved is None and final.name in ("cat", "concat", "concatenate"):
+            explanation = _joined_explanation(
+                "np.concatenate" if final.name == "concatenate" else "torch.cat", s.batched)
         return self.stage(unit, stage_id, "concat", tensors, checks,
                           shape_in=self.snap(self.x_in(ops[0])).shape if not self.b.per_head
                           else b.unbatched((s.B, s.h, s.T, s.d_h), BHTD) if attend_values is not None

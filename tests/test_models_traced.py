@@ -87,3 +87,13 @@ def test_every_model_traced(name: str, config: Config) -> None:
             assert check.ok is not False, (name, stage.id, check.label)
     assert trace.module is not None and trace.module.per_head_modules is (
         name in ("raschka-wrapper", "many-eyes"))
+
+
+@pytest.mark.parametrize("name", ["raschka-wrapper", "many-eyes"])
+def test_heads_joined_by_cat_are_explained_as_a_cat(name: str) -> None:
+    """Per-head modules join their outputs with torch.cat: the words say so, and never speak
+    of a transpose or a contiguous() copy that did not happen."""
+    concat = run_trace(Config("I love AI !"), Source(model=name)).stage("concat")
+    assert "torch.cat(" in concat.code
+    assert "torch.cat along the last axis" in concat.explanation
+    assert "contiguous()" not in concat.explanation and "transpose" not in concat.code
