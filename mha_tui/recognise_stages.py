@@ -718,6 +718,14 @@ class StageMaker:
         elif how == "where":
             explanation = ("torch.where keeps a score where the condition allows it and puts a "
                            "large negative number elsewhere; softmax turns those into (almost) 0.")
+        if blocked.any() and n_inf < int(blocked.sum()):
+            # The words follow the recorded values: -1e9 or finfo.min is not -inf.
+            fill = float(values[blocked].max())
+            explanation = ("A token may only attend to itself and earlier tokens. The scores it "
+                           f"may not look at are set to a large negative number ({fill:.3g}"
+                           "), not -inf; softmax turns them into 0 to within float32 precision "
+                           "(their exp underflows). The same (T, T) mask broadcasts over every "
+                           "batch and head.")
         return self.stage(unit, stage_id, "mask", tensors, checks, shape_in=before_values.shape,
                           shape_out=values.shape, dims_in=tensors[-1].dims, dims_out=tensors[-1].dims,
                           note=note, explanation=explanation)

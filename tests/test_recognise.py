@@ -239,3 +239,27 @@ def test_recognise_never_imports_torch() -> None:
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
+
+
+class _FinfoMaskAttention(torch.nn.Module):
+    """One head, masked with masked_fill(finfo.min) as GPT-2 does, not with -inf."""
+
+    def __init__(self, d: int = 4) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(d, d, bias=False) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[1]
+        scores = self.q(x) @ self.k(x).transpose(-2, -1) / 2.0  # (B, T, T)
+        blocked = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)  # (T, T)
+        scores = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)  # (B, T, T)
+        return torch.softmax(scores, dim=-1) @ self.v(x)  # (B, T, d)
+
+
+def test_a_finite_mask_value_is_not_called_minus_inf() -> None:
+    """The mask stage's words follow the recorded values: finfo.min is named, -inf is not."""
+    torch.manual_seed(0)
+    trace = mha_tui.trace(_FinfoMaskAttention().eval(), torch.randn(1, 3, 4))
+    mask = trace.stage("mask")
+    assert "-3.4e+38" in mask.explanation and "not -inf" in mask.explanation
+    assert "writes -inf" not in mask.explanation
