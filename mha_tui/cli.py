@@ -337,7 +337,7 @@ DEFAULT_SENTENCE = "I love AI !"
 @app.command()
 def check(
     specs: Annotated[list[str] | None, typer.Argument(metavar="FILE.py:CLASS", help="The modules to judge: FILE.py:Class or package.module:Class, one or several.", show_default=False)] = None,
-    model: Annotated[str | None, typer.Option("--model", metavar="NAME", help=f"Also judge a tutorial's module: {', '.join(MODEL_NAMES)}.")] = None,
+    models: Annotated[list[str] | None, typer.Option("--model", metavar="NAME", help=f"Also judge a tutorial's module (repeatable): {', '.join(MODEL_NAMES + NUMPY_MODEL_NAMES)}.")] = None,
     class_name: Annotated[str | None, typer.Option("--class", metavar="CLASS", help="The class in every FILE.py given without one (check submissions/*.py --class MultiHeadAttention).")] = None,
     sentence: Annotated[str, typer.Option("--sentence", "-s", help="The input sentence; tokens are split on whitespace.")] = DEFAULT_SENTENCE,
     heads: Annotated[int, typer.Option("--heads", "-H", help="Number of heads h; must divide --embed-dim.")] = 2,
@@ -374,8 +374,7 @@ def check(
             spec = f"{spec}:{class_name}"
         named.append(spec)
     sources = [_check_source(None, spec, init or [], weights) for spec in named]
-    if model is not None:
-        sources.append(_check_source(model, None, init or [], weights))
+    sources += [_check_source(model, None, init or [], weights) for model in models or []]
     if not sources:
         fail("give the module to check: FILE.py:Class (or package.module:Class), "
              "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")

@@ -371,3 +371,13 @@ def test_explain_check_needs_the_app() -> None:
                              "--dump", "-"], capture_output=True, text=True)
     assert result.returncode == 2
     assert "mha-tui check" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_model_is_repeatable_and_every_model_is_listed() -> None:
+    """An instructor judges several tutorials' modules at once; --help names them all."""
+    result = runner.invoke(app, ["check", "--model", "course", "--model", "many-eyes",
+                                 "--model", "blueprint", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert [v["module"] for v in json.loads(result.output)] == ["course", "many-eyes", "blueprint"]
+    help_text = " ".join(runner.invoke(app, ["check", "--help"]).output.split())
+    assert "blueprint-einsum" in help_text
