@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..records import OpRecord, RecordedError, Recording, Ref, Snapshot, Source, TensorArg
+from ..records import OpRecord, RecordedError, Recording, Ref, Snapshot, Source
+from .args import recorded_arguments
 from .source import source_at
 
 if TYPE_CHECKING:
@@ -284,22 +285,9 @@ class _Session:
              kwargs: dict[str, object], plain_args: object, plain_kwargs: object,
              target: Traced | None) -> object:
         # Where every array came from, before the call: an in-place call rewrites its target.
-        inputs: list[Ref] = []
-        seen: dict[int, int] = {}
-
-        def convert(value: object) -> object:
-            if isinstance(value, np.ndarray):
-                key = id(value)
-                if key not in seen:
-                    seen[key] = len(inputs)
-                    inputs.append(self.ref(value))
-                return TensorArg(seen[key])
-            if isinstance(value, list | tuple) and any(isinstance(v, np.ndarray) for v in value):
-                return tuple(convert(v) for v in value)
-            return _plain(value)
-
-        recorded_args = tuple(convert(a) for a in args)
-        recorded_kwargs = tuple((k, convert(v)) for k, v in kwargs.items() if k != "out")
+        inputs, recorded_args, recorded_kwargs = recorded_arguments(
+            args, ((k, v) for k, v in kwargs.items() if k != "out"),
+            lambda v: isinstance(v, np.ndarray), self.ref, _plain)
         try:
             result = fn(*plain_args, **plain_kwargs)  # type: ignore[arg-type, operator]
         except Exception:

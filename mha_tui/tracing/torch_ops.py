@@ -46,8 +46,8 @@ from ..records import (
     Ref,
     Snapshot,
     Source,
-    TensorArg,
 )
+from .args import recorded_arguments
 from .source import source_at  # the module's own line: shared with the NumPy adapter
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -344,22 +344,8 @@ class Recorder:
             outputs = [args[0]]
         if not outputs:
             return  # shape, size, dim, item, ...: no tensor made
-        inputs: list[Ref] = []
-        seen: dict[int, int] = {}
-
-        def convert(value: object) -> object:
-            if isinstance(value, torch.Tensor):
-                key = id(value)
-                if key not in seen:
-                    seen[key] = len(inputs)
-                    inputs.append(session.ref(value))
-                return TensorArg(seen[key])
-            if isinstance(value, list | tuple) and any(isinstance(v, torch.Tensor) for v in value):
-                return tuple(convert(v) for v in value)
-            return _plain(value)
-
-        plain_args = tuple(convert(a) for a in args)
-        plain_kwargs = tuple((k, convert(v)) for k, v in kwargs.items())
+        inputs, plain_args, plain_kwargs = recorded_arguments(
+            args, kwargs.items(), lambda v: isinstance(v, torch.Tensor), session.ref, _plain)
         path, cls = (session.stack[-1][0], session.stack[-1][1]) if session.stack else ("", "")
         index = len(session.ops)
         session.ops.append(OpRecord(
