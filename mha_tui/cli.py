@@ -185,12 +185,7 @@ def _source(model: Model | None, module: str | None, init: list[str], weights: P
     """--model, --module, --init, --weights, checked before anything heavy is imported."""
     if model is not None and module is not None:
         fail(f"--model {model.value} and --module {module} both name the module; give one of them")
-    try:
-        return Source(model=model.value if model else DEFAULT_MODEL, module=module,
-                      init=tuple(parse_init(text) for text in init),
-                      weights=None if weights is None else str(weights))
-    except ConfigError as error:
-        fail(str(error))
+    return _check_source(model.value if model else None, module, init, weights)
 
 
 def _explain_checked(config: Config, source: Source, *, dump: str | None, stage: str | None,
