@@ -301,6 +301,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                       loaded: Loaded | LoadedNumpy | None = None,
                       trace: Trace | None = None, only: bool = False) -> None:
     from .destination import DumpError, opened, resolve
+    from .dump import TranscriptError
 
     if destination is None:
         destination = resolve("-")
@@ -311,6 +312,9 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
 
         if trace is None:
             trace = run_trace(config, loaded=loaded)
+        if trace.failed:  # exit 1 leaves the destination as it was: say what stopped it
+            fail(f"{_forward_error(trace).rstrip('.')}. Nothing written to {_where(destination)} "
+                 "(without --dump, the app steps through the stages before the error)", 1)
         first = _first_stage(trace, stage, only=only)
         last = first + 1 if only else None
         with opened(destination) as out:
@@ -328,18 +332,34 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                                   width=width, color=color, first=first, last=last).encode("utf-8"))
     except DumpError as error:
         fail(str(error), error.code)
+    except TranscriptError as error:
+        fail(f"{error}. Nothing written to {_where(destination)}", 1)
     except BrokenPipeError:  # the reader left early (| head): nothing more to deliver
         os._exit(0)
     except OSError as error:
-        where = ("standard output" if destination.kind == "fd" and destination.fd == 1
-                 else f"--dump {destination.shown}")
-        fail(f"could not write the transcript to {where}: {error.strerror or error}", 1)
+        fail(f"could not write the transcript to {_where(destination)}: "
+             f"{error.strerror or error}", 1)
     except (MemoryError, RuntimeError) as error:
         if not _out_of_memory(error):
             raise
         fail(f"ran out of memory for {config.seq_len} tokens, --embed-dim {config.embed_dim}, "
              f"--heads {config.num_heads}; try a smaller size", 1)
-    _exit_now(1 if trace.failed else 0)  # the module's forward raised: the transcript ends there
+    _exit_now(0)
+
+
+def _where(destination: Destination) -> str:
+    return ("standard output" if destination.kind == "fd" and destination.fd == 1
+            else f"--dump {destination.shown}")
+
+
+def _forward_error(trace: Trace) -> str:
+    """`the forward raised RuntimeError at crash_attn.py line 23: view size is ...`."""
+    error = trace.stages[-1]
+    where = ""
+    if error.source is not None:
+        where = f" at {Path(error.source.file).name} line {error.source.line}"
+    raised = error.title.removeprefix("The forward raised").strip()
+    return f"the module's forward raised {raised}{where}: {error.explanation}"
 
 
 def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
