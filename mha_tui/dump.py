@@ -42,15 +42,15 @@ def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
 
 
 def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = False,
-            first: int = 0) -> str:
-    """The text transcript; `first`: the index of the first stage shown."""
+            first: int = 0, last: int | None = None) -> str:
+    """The text transcript of trace.stages[first:last]."""
     buffer = io.StringIO()
     console = transcript_console(buffer, width, color)
     console.print(header(trace.config, opts, batched=trace.batched))
     if trace.module is not None:
         console.print(module_line(trace.module, opts))
     console.print()
-    for stage in trace.stages[first:]:
+    for stage in trace.stages[first:last]:
         console.print(stage_view(trace, stage, opts))
     # Rich pads table rows to the full width; trailing blanks only make diffs noisy.
     text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
