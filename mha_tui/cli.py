@@ -48,6 +48,15 @@ app = typer.Typer(
 )
 
 
+class _PlainUsage(typer.core.TyperCommand):
+    """`Usage: mha-tui explain [OPTIONS] SENTENCE`: a required argument as its plain name
+    (Typer writes `{SENTENCE}`), the way Unix usage lines and the README spell it."""
+
+    def collect_usage_pieces(self, ctx):  # type: ignore[no-untyped-def]
+        return [piece[1:-1] if piece.startswith("{") and piece.endswith("}") else piece
+                for piece in super().collect_usage_pieces(ctx)]
+
+
 class Format(StrEnum):
     text = "text"
     json = "json"
@@ -94,9 +103,9 @@ def main_callback(
     """mha-tui: see what every line of a multi-head attention module does to your numbers."""
 
 
-@app.command()
+@app.command(cls=_PlainUsage)
 def explain(
-    sentence: Annotated[str, typer.Argument(help="The sentence; tokens are split on whitespace.")],
+    sentence: Annotated[str, typer.Argument(metavar="SENTENCE", help="The sentence; tokens are split on whitespace.", show_default=False)],
     heads: Annotated[int, typer.Option("--heads", "-H", help="Number of heads h; must divide --embed-dim.")] = 2,
     embed_dim: Annotated[int, typer.Option("--embed-dim", "-C", help=f"Embedding width C (at most {MAX_EMBED_DIM}).")] = 4,
     seed: Annotated[int, typer.Option("--seed", help="torch.manual_seed before building the modules.")] = 0,
@@ -398,12 +407,17 @@ def check(
     fmt: Annotated[CheckFormat, typer.Option("--format", help="text: a table and the diagnosis; json: for graders.", case_sensitive=False)] = CheckFormat.text,
     width: Annotated[int, typer.Option("--width", help="Table width in columns when not on a terminal (40 to 400).")] = 100,
     ascii_only: Annotated[bool, typer.Option("--ascii", help="Draw with plain ASCII only.")] = False,
+    hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
     Exit code 0: every module is equivalent to multi-head attention; 1: at least one is
     not (or cannot be built, among several); 2: usage error.
     """
+    if hf_source is not None:  # named, not "no such option": a user may well try it
+        fail("check does not take --hf: it judges a module you give as FILE.py:Class or "
+             "--model NAME; to look at a Hugging Face model's attention use "
+             "mha-tui explain --hf PATH_OR_NAME")
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
         fail("the sentence is not valid UTF-8 text")
     try:
