@@ -408,3 +408,33 @@ def test_text_only_options_with_json_are_named_not_refused() -> None:
     err = odd.stderr.decode()
     assert err.count("\n") == 1 and err.startswith("mha-tui: note: ")
     assert "--full" in err and "--width and --color do not apply" in err
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_forward_that_raises_leaves_the_dump_file_untouched(tmp_path: Path, fmt: str) -> None:
+    """Exit 1 and keep.txt as it was (before: replaced by the partial transcript); one line
+    says what raised, where, and that nothing was written."""
+    keep = tmp_path / "keep.txt"
+    keep.write_text("my notes\n")
+    result = run_cli("explain", "I love AI !", "--module",
+                     f"{ROOT}/tests/fixtures/crash_attn.py:CrashingAttention",
+                     "--dump", str(keep), "--format", fmt)
+    assert result.returncode == 1
+    assert keep.read_text() == "my notes\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]  # no temporary file left
+    assert result.stderr.decode() == (
+        "mha-tui: error: the module's forward raised RuntimeError at crash_attn.py line 23: "
+        "view size is not compatible with input tensor's size and stride (at least one "
+        "dimension spans across two contiguous subspaces). Use .reshape(...) instead. Nothing "
+        f"written to --dump {keep} (without --dump, the app steps through the stages before "
+        "the error)\n")
+    assert result.stdout == b""
+
+
+def test_the_readmes_quoted_transcript_is_the_start_of_the_golden_file() -> None:
+    """The README quotes the beginning of tests/golden/default.txt: every line of it, in order."""
+    readme = Path(ROOT, "README.md").read_text("utf-8")
+    after = readme.split("The beginning of `tests/golden/default.txt`", 1)[1]
+    quoted = after.split("```\n", 2)[1]
+    assert quoted.count("\n") >= 4
+    assert (GOLDEN / "default.txt").read_text("utf-8").startswith(quoted)
