@@ -214,7 +214,7 @@ def fenced(body: str, info: str = "") -> str:
     return f"{fence}{info}\n{body.rstrip(chr(10))}\n{fence}"
 
 
-def _plain(renderables: Sequence[RenderableType], opts: RenderOptions, width: int) -> str:
+def plain_text(renderables: Sequence[RenderableType], opts: RenderOptions, width: int) -> str:
     """Renderables as the plain text transcript draws them (no colour, trailing blanks cut)."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, color_system=None, force_terminal=False,
@@ -241,14 +241,14 @@ def stage_markdown(trace: Trace, stage: Stage, opts: RenderOptions, width: int =
         wrong = stage.aside[0].name.split(".", 1)[-1]
         body += [Text(f"Why not one {wrong}?"), stage_tensors(trace, replace_tensors(stage), opts)]
     body += [Text("checks"), check_lines(stage.checks, opts.ascii)]
-    parts.append(fenced(_plain(body, opts, width), "text"))
+    parts.append(fenced(plain_text(body, opts, width), "text"))
     return "\n\n".join(parts)
 
 
 def to_markdown(trace: Trace, opts: RenderOptions, width: int = 100,
                 selection: Selection = Selection()) -> str:
     """Course notes: the header in a fenced block, then one `##` section per selected stage."""
-    parts = ["# mha-tui transcript", fenced(_plain(_head(trace, opts)[:-1], opts, width), "text")]
+    parts = ["# mha-tui transcript", fenced(plain_text(_head(trace, opts)[:-1], opts, width), "text")]
     parts += [stage_markdown(trace, stage, opts, width) for stage in selection.stages(trace)]
     return "\n\n".join(parts) + "\n"
 

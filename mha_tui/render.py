@@ -377,17 +377,27 @@ class Matrix:
         else:
             candidates = [j for j in _window(n, self.opts.max_cols, False) if j is not None]
             best: list[int | None] = candidates[:1] + ([None] if n > 1 else [])
-            for k in range(1, len(candidates) + 1):
+            # Adding a column to an elided window only widens it, so the first k that does
+            # not fit ends the search; but every column shown needs neither the gap column
+            # nor the positions an elided axis adds to its tokens (`love·1`), so with narrow
+            # cells (numbers off, few decimals) all n can fit where n - 1 did not.
+            def window(k: int) -> tuple[list[int | None], int]:
+                """The first k candidates (both ends), and the cells they take."""
                 chosen = candidates[:(k + 1) // 2] + (candidates[-(k // 2):] if k // 2 else [])
                 if k == n:
-                    cols: list[int | None] = list(chosen)
-                    used = sum(_GAP + self._width(j, False) for j in chosen)
-                else:
-                    cols = [*chosen[:(k + 1) // 2], None, *chosen[(k + 1) // 2:]]
-                    gap = len("..." if self.opts.ascii else "…")
-                    used = (_GAP + max(gap, len(self._gap_header(n - k)))
-                            + sum(_GAP + self._width(j, True) for j in chosen))
+                    return list(chosen), sum(_GAP + self._width(j, False) for j in chosen)
+                gap = len("..." if self.opts.ascii else "…")
+                return ([*chosen[:(k + 1) // 2], None, *chosen[(k + 1) // 2:]],
+                        _GAP + max(gap, len(self._gap_header(n - k)))
+                        + sum(_GAP + self._width(j, True) for j in chosen))
+
+            for k in range(1, len(candidates) + 1):
+                cols, used = window(k)
                 if used > room and k > 1:
+                    if k < n == len(candidates):
+                        every, used = window(n)
+                        if used <= room:
+                            best = every
                     break
                 best = cols
             blocks = [best]
