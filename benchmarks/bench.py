@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import fcntl
+import json
 import os
 import pty
 import statistics
@@ -220,6 +221,19 @@ def main() -> int:
     numpy_values = statistics.median(a[1] for a in numpy_apps)
     rows.append(Row("app, --model blueprint (NumPy): first values", f"{numpy_values:.3f} s",
                     numpy_values / f, "< the torch module's", numpy_values < values))
+
+    # Tracing overhead at GPT-2 small's sizes, in one process: ratios over the plain forward.
+    overhead = subprocess.run([PYTHON, str(Path(__file__).with_name("trace_overhead.py")),
+                               "--runs", str(n)], capture_output=True, text=True, check=True)
+    for size, limit in zip(json.loads(overhead.stdout), (8.0, 4.0), strict=True):
+        ours = size["mha_tui"] / size["plain"]
+        theirs = None if size["torchlens"] is None else size["torchlens"] / size["plain"]
+        rows.append(Row(f"mha_tui.trace over a plain forward, C=768 h=12 T={size['tokens']}",
+                        f"{size['mha_tui']:.3f} s", None, f"<= {limit:.0f} x, < TorchLens",
+                        ours <= limit and (theirs is None or ours < theirs)))
+        rows[-1].value += f" ({ours:.1f} x the forward's {size['plain'] * 1000:.1f} ms)"
+        rows.append(Row("  same, TorchLens's trace", "not installed (.[bench])" if theirs is None
+                        else f"{size['torchlens']:.3f} s ({theirs:.1f} x)", None, "", None))
 
     default = {"sentence": SENTENCE}
     gpt2 = {"sentence": " ".join(f"w{i}" for i in range(128)), "embed_dim": 768,
