@@ -169,7 +169,7 @@ def explain(
             fail(str(error), error.code)
     if hf_source is not None:
         _explain_hf(sentence, hf_source, layer or 0, destination=destination,
-                    interactive=dump is None and sys.stdout.isatty(), fmt=fmt, width=width or 100,
+                    interactive=_interactive(dump), fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only)
         return
     _check_budget(config, destination, fmt)
@@ -192,12 +192,11 @@ def explain(
                 loaded = load(config, source)
         except LoadError as error:
             fail(str(error))
-    if dump is None and sys.stdout.isatty():
-        from .app import prepare_terminal, run_app
+    if _interactive(dump):
+        from .app import run_app
 
-        if problem := prepare_terminal():  # keys from the terminal; its real size
-            fail(problem)
-        run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only, loaded=loaded)
+        _open_app(lambda: run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                                  loaded=loaded))
         return
     _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
                       ascii_only=ascii_only, stage=stage, loaded=loaded, only=only)
@@ -224,19 +223,43 @@ def _source(model: Model | None, module: str | None, init: list[str], weights: P
 def _explain_checked(config: Config, source: Source, *, dump: str | None, stage: str | None,
                      ascii_only: bool) -> None:
     """explain --check: the app, its rail marked with the verdict of every stage."""
-    if dump is not None or not sys.stdout.isatty():
+    if not _interactive(dump):
         fail("--check marks the stages in the app (a terminal); for a table or JSON run "
              "mha-tui check with the same module")
-    from .app import prepare_terminal, run_app
+    from .app import run_app
     from .learner import LoadError
 
     try:
         run, checker = _checked(config, source)  # builds the module now: bad input, exit 2
     except LoadError as error:
         fail(str(error))
-    if problem := prepare_terminal():  # keys from the terminal; its real size
-        fail(problem)
-    run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only, loader=run, checker=checker)
+    _open_app(lambda: run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                              loader=run, checker=checker))
+
+
+def _interactive(dump: str | None) -> bool:
+    """The app rather than a transcript: no --dump, and stdout a terminal, or the app is
+    served to a browser tab (`mha-tui serve` starts it with MHA_TUI_SERVE=1)."""
+    from .serve import SERVE_ENV
+
+    return dump is None and (sys.stdout.isatty() or os.environ.get(SERVE_ENV) == "1"
+                             or _PREFLIGHT)
+
+
+def _open_app(run: Callable[[], None]) -> None:
+    """Run the app; in a terminal, prepare it first (keys, size). Under serve textual-serve
+    brings the keys and the size; serve's check of its arguments stops here, every
+    refusal having been made and the module built."""
+    from .serve import SERVE_ENV
+
+    if _PREFLIGHT:
+        return
+    if os.environ.get(SERVE_ENV) != "1":
+        from .app import prepare_terminal
+
+        if problem := prepare_terminal():  # keys from the terminal; its real size
+            fail(problem)
+    run()
 
 
 def _note_unused_for_json(*, width: int | None, full: bool, color: bool) -> None:
@@ -290,13 +313,12 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
     except hf.HfError as error:
         fail(str(error))
     if interactive:
-        from .app import prepare_terminal, run_app
+        from .app import run_app
 
-        if problem := prepare_terminal():  # keys from the terminal; its real size
-            fail(problem)
-        run_app(session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                loader=lambda config: session.trace(config.model.layer if config.model else layer),
-                layers=session)
+        _open_app(lambda: run_app(
+            session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+            loader=lambda config: session.trace(config.model.layer if config.model else layer),
+            layers=session))
         return
     try:
         trace = session.trace(layer)
@@ -385,6 +407,52 @@ def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
     _say(f"mha-tui: note: this forward has no {stage!r} stage; the transcript starts at the "
          "first stage")
     return 0
+
+
+# ---------------------------------------------------------------------------- serve
+
+_PREFLIGHT = False  # serve checks explain's arguments by running it up to the app
+# explain's options that only shape a transcript: serve shows the app.
+_TRANSCRIPT_ONLY = ("--dump", "--format", "--width", "--full", "--color", "--only")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             options_metavar="[--host HOST] [--port PORT] SENTENCE [EXPLAIN OPTIONS]")
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on. 127.0.0.1: this machine only; 0.0.0.0 opens it to the network (a classroom), with no password.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (1-65535).")] = 8000,
+) -> None:
+    """Serve the app in a browser tab: SENTENCE and explain's options (--heads, --model, --module, --stage, --hf ...).
+
+    Each tab that opens the URL runs its own app. Nothing is loaded from the internet."""
+    global _PREFLIGHT
+    args = list(ctx.args)
+    for arg in args:
+        if arg.split("=", 1)[0] in _TRANSCRIPT_ONLY:
+            fail(f"serve shows the app; {arg.split('=', 1)[0]} is for transcripts "
+                 "(mha-tui explain --dump)")
+    if not 1 <= port <= 65535:
+        fail(f"--port must be between 1 and 65535, got {port}")
+    if not args:
+        fail('serve needs the sentence, as explain does: mha-tui serve "I love AI !"')
+    explain_command = typer.main.get_command(app).get_command(ctx, "explain")  # type: ignore[attr-defined]
+    _PREFLIGHT = True  # explain's own checks and loading, stopping where the app would open
+    try:
+        explain_command.main(args=args, prog_name="mha-tui serve", standalone_mode=False)
+    finally:
+        _PREFLIGHT = False
+    from .serve import ServeError
+    from .serve import serve as run_server
+
+    def say(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    try:
+        run_server(args, host=host, port=port, say=say)
+    except ServeError as error:
+        fail(str(error), 1)
 
 
 # ---------------------------------------------------------------------------- check
