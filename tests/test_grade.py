@@ -222,3 +222,39 @@ def test_the_grader_itself_never_imports_torch() -> None:
              "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
+    """Workers run in sessions of their own (the terminal's SIGINT does not reach them):
+    an interrupted grading kills them rather than waiting out their time limit."""
+    import os
+    import signal
+    import time
+
+    for name in ("one", "two"):
+        _submission(tmp_path, name, "while True: pass")
+    process = subprocess.Popen([sys.executable, "-m", "mha_tui", "check", str(tmp_path),
+                                "--class", "MultiHeadAttention", "--timeout", "600",
+                                "--jobs", "2"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+
+    def workers() -> list[str]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
+            except OSError:
+                continue
+            if "grade_worker" in cmdline and str(tmp_path) in cmdline:
+                found.append(pid)
+        return found
+
+    for _ in range(600):  # until both workers run (a hang guard, not a timing assertion)
+        if len(workers()) == 2:
+            break
+        time.sleep(0.1)
+    assert len(workers()) == 2
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)  # far below the 600 s each worker was given
+    assert process.returncode == 130, err.decode()
+    assert workers() == []

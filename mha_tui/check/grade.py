@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -136,18 +137,53 @@ def unjudged(module: str, kind: str, message: str, *, file: str = "", line: int 
     return report
 
 
+class _Workers:
+    """The workers running now, so that an interrupted grading (Ctrl-C) stops them all at
+    once: they run in sessions of their own, out of reach of the terminal's SIGINT."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self.stopping = False
+
+    def add(self, process: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._running.add(process)
+            if self.stopping:
+                _stop(process)
+
+    def discard(self, process: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._running.discard(process)
+
+    def stop_all(self) -> None:
+        with self._lock:
+            self.stopping = True
+            for process in self._running:
+                _stop(process)
+
+
 def grade(submissions: Sequence[Submission], limits: Limits, *, jobs: int = 1,
           done: Callable[[Graded], None] | None = None) -> list[Graded]:
     """Judge every submission, `jobs` at a time; the results in the order given. `done` is
-    called (in this thread) as each one finishes, for a progress bar."""
+    called (in this thread) as each one finishes, for a progress bar. Interrupted (Ctrl-C),
+    it kills every worker before the interruption goes on."""
     results: dict[int, Graded] = {}
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_one, sub, limits): i for i, sub in enumerate(submissions)}
+    workers = _Workers()
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        futures = {pool.submit(run_one, sub, limits, workers): i
+                   for i, sub in enumerate(submissions)}
         for future in as_completed(futures):
             graded = future.result()
             results[futures[future]] = graded
             if done is not None:
                 done(graded)
+    except BaseException:
+        workers.stop_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
     return [results[i] for i in range(len(submissions))]
 
 
@@ -188,7 +224,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def run_one(sub: Submission, limits: Limits) -> Graded:
+def run_one(sub: Submission, limits: Limits, workers: _Workers | None = None) -> Graded:
     """One submission in a fresh process, folder and session."""
     with tempfile.TemporaryDirectory(prefix="mha-tui-grade-") as folder:
         result, log_path = Path(folder, "result.json"), Path(folder, "log.txt")
@@ -199,6 +235,8 @@ def run_one(sub: Submission, limits: Limits) -> Graded:
                 [sys.executable, "-m", "mha_tui.grade_worker", _request(sub, limits), str(result)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=folder, env=_worker_env(),
                 start_new_session=True)
+            if workers is not None:
+                workers.add(process)
             try:
                 code = process.wait(timeout=limits.timeout)
             except subprocess.TimeoutExpired:
@@ -211,6 +249,8 @@ def run_one(sub: Submission, limits: Limits) -> Graded:
                     code = process.wait()
             finally:
                 _stop(process)
+                if workers is not None:
+                    workers.discard(process)
         seconds = time.monotonic() - started
         log_text = log_path.read_text("utf-8", "replace")
         report = None
