@@ -10,9 +10,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# [hf]: transformers and tokenizers, for `--hf` and its tests (built offline, tiny).
+	# [notebook]: ipywidgets, ipykernel, nbclient, nbformat, for the notebook display and the
+	# test that runs examples/walkthrough.ipynb with a real kernel. [serve]: textual-serve,
+	# for `mha-tui serve` and its browser test (Chromium: .ci/run installs it).
 	# pyproject accepts a torch range; constraints.txt pins this project's own CPU build
 	# (see README), which pip takes from the local wheel here.
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,hf]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,hf,notebook,serve]"
 	touch $(STAMP)
 
 run: $(STAMP)

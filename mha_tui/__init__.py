@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .records import Trace
+    from .notebook import Checked, Trace
 
 __version__ = "0.1.0"
 
@@ -21,14 +21,33 @@ def trace(module: Any, x: Any, tokens: Any = None, **options: Any) -> Trace:
 
     A NumPy module (x an ndarray, the module not a torch nn.Module) is traced by the NumPy
     adapter instead (`mha_tui.tracing.numpy_ops.trace`: x (T, C), options args, kwargs,
-    table, ids, config), and torch is never imported."""
+    table, ids, config), and torch is never imported. In a Jupyter notebook the trace shows
+    itself (`mha_tui.notebook.Trace`), and so does `trace.stage("softmax")`."""
+    from .notebook import Trace as _Shown
+
     if type(x).__module__ == "numpy" and not _is_torch_module(module):
         from .tracing.numpy_ops import trace as _trace_numpy  # NumPy code: torch never loads
 
-        return _trace_numpy(module, x, tokens, **options)
+        return _Shown.of(_trace_numpy(module, x, tokens, **options))
     from .tracing import trace as _trace  # torch is imported only now
 
-    return _trace(module, x, tokens, **options)
+    return _Shown.of(_trace(module, x, tokens, **options))
+
+
+def show(module: Any, x: Any, tokens: Any = None, **options: Any) -> None:
+    """Trace `module` on `x` (options as for `trace`) and display every stage: in Jupyter as
+    HTML in the app's colours (a stage chooser with ipywidgets), elsewhere as text."""
+    from .notebook import show as _show
+
+    _show(module, x, tokens, **options)
+
+
+def check(module: Any, x: Any = None, tokens: Any = None, **options: Any) -> Checked:
+    """Judge `module` stage by stage as `mha-tui check` does; in Jupyter the result shows the
+    verdict table. See `mha_tui.notebook.check` for x's default and the options."""
+    from .notebook import check as _check
+
+    return _check(module, x, tokens, **options)
 
 
 def _is_torch_module(module: Any) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -47,7 +48,25 @@ app = typer.Typer(
 )
 
 
+class _PlainUsage(typer.core.TyperCommand):
+    """`Usage: mha-tui explain [OPTIONS] SENTENCE`: a required argument as its plain name
+    (Typer writes `{SENTENCE}`), the way Unix usage lines and the README spell it."""
+
+    def collect_usage_pieces(self, ctx):  # type: ignore[no-untyped-def]
+        return [piece[1:-1] if piece.startswith("{") and piece.endswith("}") else piece
+                for piece in super().collect_usage_pieces(ctx)]
+
+
 class Format(StrEnum):
+    text = "text"
+    json = "json"
+    # Pictures for slides and notes (mha_tui.pictures); --dump's extension chooses them too.
+    svg = "svg"
+    html = "html"
+    md = "md"
+
+
+class CheckFormat(StrEnum):
     text = "text"
     json = "json"
 
@@ -84,21 +103,22 @@ def main_callback(
     """mha-tui: see what every line of a multi-head attention module does to your numbers."""
 
 
-@app.command()
+@app.command(cls=_PlainUsage)
 def explain(
-    sentence: Annotated[str, typer.Argument(help="The sentence; tokens are split on whitespace.")],
+    sentence: Annotated[str, typer.Argument(metavar="SENTENCE", help="The sentence; tokens are split on whitespace.", show_default=False)],
     heads: Annotated[int, typer.Option("--heads", "-H", help="Number of heads h; must divide --embed-dim.")] = 2,
     embed_dim: Annotated[int, typer.Option("--embed-dim", "-C", help=f"Embedding width C (at most {MAX_EMBED_DIM}).")] = 4,
     seed: Annotated[int, typer.Option("--seed", help="torch.manual_seed before building the modules.")] = 0,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Apply the causal mask.")] = True,
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help=f"Longest sentence the module accepts (at most {MAX_SEQ_LEN}).")] = 64,
     dump: Annotated[str | None, typer.Option("--dump", metavar="PATH", help="Write the transcript to PATH ('-' for stdout) instead of opening the app. Devices, FIFOs and /dev/fd/N are written through; a file is replaced only once the transcript is complete.")] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="Transcript format.", case_sensitive=False)] = Format.text,
+    fmt: Annotated[Format | None, typer.Option("--format", help="Transcript format; default: from --dump's extension (.svg, .html, .md), else text.", case_sensitive=False, show_default=False)] = None,
     width: Annotated[int | None, typer.Option("--width", help="Text transcript width in columns (40 to 400, default 100); JSON has no width.")] = None,
     full: Annotated[bool, typer.Option("--full", help="Never elide rows, columns or heads in the text transcript.")] = False,
     color: Annotated[bool, typer.Option("--color", help="Keep colours (ANSI codes) in the text transcript.")] = False,
     ascii_only: Annotated[bool, typer.Option("--ascii", help="Plain ASCII only (in JSON: every non-ASCII character as a \\u escape).")] = False,
     stage: Annotated[str | None, typer.Option("--stage", help="Stage to start at: in the app, or the transcript from that stage on.")] = None,
+    only: Annotated[bool, typer.Option("--only", help="With --stage and --dump: the transcript holds that one stage (a slide).")] = False,
     model: Annotated[Model | None, typer.Option("--model", help=f"A tutorial's module (default {DEFAULT_MODEL}).", case_sensitive=False)] = None,
     module: Annotated[str | None, typer.Option("--module", metavar="FILE.py:CLASS", help="Your own module instead: FILE.py:Class or package.module:Class.")] = None,
     init: Annotated[list[str] | None, typer.Option("--init", metavar="NAME=VALUE", help="A constructor argument, VALUE a Python literal; repeatable.")] = None,
@@ -130,6 +150,7 @@ def explain(
         source = _source(model, module, init or [], weights)
         if stage is not None and stage not in STAGE_IDS:
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
+    fmt = _dump_format(fmt, dump, only=only, stage=stage)
     if fmt is Format.json:
         _note_unused_for_json(width=width, full=full, color=color)
     elif width is not None and not 40 <= width <= 400:
@@ -147,8 +168,8 @@ def explain(
             fail(str(error), error.code)
     if hf_source is not None:
         _explain_hf(sentence, hf_source, layer or 0, destination=destination,
-                    interactive=dump is None and sys.stdout.isatty(), fmt=fmt, width=width or 100,
-                    full=full, color=color, ascii_only=ascii_only, stage=stage)
+                    interactive=_interactive(dump), fmt=fmt, width=width or 100,
+                    full=full, color=color, ascii_only=ascii_only, stage=stage, only=only)
         return
     _check_budget(config, destination, fmt)
 
@@ -170,15 +191,25 @@ def explain(
                 loaded = load(config, source)
         except LoadError as error:
             fail(str(error))
-    if dump is None and sys.stdout.isatty():
-        from .app import prepare_terminal, run_app
+    if _interactive(dump):
+        from .app import run_app
 
-        if problem := prepare_terminal():  # keys from the terminal; its real size
-            fail(problem)
-        run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only, loaded=loaded)
+        _open_app(lambda: run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                                  loaded=loaded))
         return
     _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
-                      ascii_only=ascii_only, stage=stage, loaded=loaded)
+                      ascii_only=ascii_only, stage=stage, loaded=loaded, only=only)
+
+
+def _dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str | None) -> Format:
+    """--format, else --dump's extension (.svg, .html, .md), else text; --only needs --stage."""
+    if only and (stage is None or dump is None):
+        fail("--only writes the one stage --stage names: give --stage ID and --dump PATH")
+    if fmt is not None:
+        return fmt
+    from .pictures import EXTENSIONS
+
+    return Format(EXTENSIONS.get(Path(dump or "").suffix.lower(), "text"))
 
 
 def _source(model: Model | None, module: str | None, init: list[str], weights: Path | None) -> Source:
@@ -191,19 +222,43 @@ def _source(model: Model | None, module: str | None, init: list[str], weights: P
 def _explain_checked(config: Config, source: Source, *, dump: str | None, stage: str | None,
                      ascii_only: bool) -> None:
     """explain --check: the app, its rail marked with the verdict of every stage."""
-    if dump is not None or not sys.stdout.isatty():
+    if not _interactive(dump):
         fail("--check marks the stages in the app (a terminal); for a table or JSON run "
              "mha-tui check with the same module")
-    from .app import prepare_terminal, run_app
+    from .app import run_app
     from .learner import LoadError
 
     try:
         run, checker = _checked(config, source)  # builds the module now: bad input, exit 2
     except LoadError as error:
         fail(str(error))
-    if problem := prepare_terminal():  # keys from the terminal; its real size
-        fail(problem)
-    run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only, loader=run, checker=checker)
+    _open_app(lambda: run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                              loader=run, checker=checker))
+
+
+def _interactive(dump: str | None) -> bool:
+    """The app rather than a transcript: no --dump, and stdout a terminal, or the app is
+    served to a browser tab (`mha-tui serve` starts it with MHA_TUI_SERVE=1)."""
+    from .serve import SERVE_ENV
+
+    return dump is None and (sys.stdout.isatty() or os.environ.get(SERVE_ENV) == "1"
+                             or _PREFLIGHT)
+
+
+def _open_app(run: Callable[[], None]) -> None:
+    """Run the app; in a terminal, prepare it first (keys, size). Under serve textual-serve
+    brings the keys and the size; serve's check of its arguments stops here, every
+    refusal having been made and the module built."""
+    from .serve import SERVE_ENV
+
+    if _PREFLIGHT:
+        return
+    if os.environ.get(SERVE_ENV) != "1":
+        from .app import prepare_terminal
+
+        if problem := prepare_terminal():  # keys from the terminal; its real size
+            fail(problem)
+    run()
 
 
 def _note_unused_for_json(*, width: int | None, full: bool, color: bool) -> None:
@@ -246,7 +301,7 @@ def _out_of_memory(error: BaseException) -> bool:
 
 def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destination | None,
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
-                ascii_only: bool, stage: str | None) -> None:
+                ascii_only: bool, stage: str | None, only: bool = False) -> None:
     """--hf: load the model (refusals here, before any app), then the app or a transcript."""
     from . import hf
 
@@ -257,27 +312,27 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
     except hf.HfError as error:
         fail(str(error))
     if interactive:
-        from .app import prepare_terminal, run_app
+        from .app import run_app
 
-        if problem := prepare_terminal():  # keys from the terminal; its real size
-            fail(problem)
-        run_app(session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                loader=lambda config: session.trace(config.model.layer if config.model else layer),
-                layers=session)
+        _open_app(lambda: run_app(
+            session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+            loader=lambda config: session.trace(config.model.layer if config.model else layer),
+            layers=session))
         return
     try:
         trace = session.trace(layer)
     except hf.HfError as error:
         fail(str(error))
     _write_transcript(trace.config, destination, fmt, width=width, full=full, color=color,
-                      ascii_only=ascii_only, stage=stage, trace=trace)
+                      ascii_only=ascii_only, stage=stage, trace=trace, only=only)
 
 
 def _write_transcript(config: Config, destination: Destination | None, fmt: Format, *, width: int,
                       full: bool, color: bool, ascii_only: bool, stage: str | None,
                       loaded: Loaded | LoadedNumpy | None = None,
-                      trace: Trace | None = None) -> None:
+                      trace: Trace | None = None, only: bool = False) -> None:
     from .destination import DumpError, opened, resolve
+    from .dump import TranscriptError
 
     if destination is None:
         destination = resolve("-")
@@ -288,40 +343,115 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
 
         if trace is None:
             trace = run_trace(config, loaded=loaded)
-        first = _first_stage(trace, stage)
+        if trace.failed:  # exit 1 leaves the destination as it was: say what stopped it
+            fail(f"{_forward_error(trace).rstrip('.')}. Nothing written to {_where(destination)} "
+                 "(without --dump, the app steps through the stages before the error)", 1)
+        first = _first_stage(trace, stage, only=only)
+        last = first + 1 if only else None
         with opened(destination) as out:
-            if fmt is Format.json:
-                write_json(trace, out, first=first, ascii_only=ascii_only)
+            if fmt in (Format.svg, Format.html, Format.md):
+                from .pictures import Selection, picture
+
+                out.write(picture(fmt.value, trace, RenderOptions(full=full, ascii=ascii_only),
+                                  width, Selection(first, last)).encode("utf-8"))
+            elif fmt is Format.json:
+                write_json(replace(trace, stages=trace.stages[:last]), out, first=first,
+                           ascii_only=ascii_only)
             else:
                 # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
                 out.write(to_text(trace, RenderOptions(full=full, ascii=ascii_only),
-                                  width=width, color=color, first=first).encode("utf-8"))
+                                  width=width, color=color, first=first, last=last).encode("utf-8"))
     except DumpError as error:
         fail(str(error), error.code)
+    except TranscriptError as error:
+        fail(f"{error}. Nothing written to {_where(destination)}", 1)
     except BrokenPipeError:  # the reader left early (| head): nothing more to deliver
         os._exit(0)
     except OSError as error:
-        where = ("standard output" if destination.kind == "fd" and destination.fd == 1
-                 else f"--dump {destination.shown}")
-        fail(f"could not write the transcript to {where}: {error.strerror or error}", 1)
+        fail(f"could not write the transcript to {_where(destination)}: "
+             f"{error.strerror or error}", 1)
     except (MemoryError, RuntimeError) as error:
         if not _out_of_memory(error):
             raise
         fail(f"ran out of memory for {config.seq_len} tokens, --embed-dim {config.embed_dim}, "
              f"--heads {config.num_heads}; try a smaller size", 1)
-    _exit_now(1 if trace.failed else 0)  # the module's forward raised: the transcript ends there
+    _exit_now(0)
 
 
-def _first_stage(trace: Trace, stage: str | None) -> int:
+def _where(destination: Destination) -> str:
+    return ("standard output" if destination.kind == "fd" and destination.fd == 1
+            else f"--dump {destination.shown}")
+
+
+def _forward_error(trace: Trace) -> str:
+    """`the forward raised RuntimeError at crash_attn.py line 23: view size is ...`."""
+    error = trace.stages[-1]
+    where = ""
+    if error.source is not None:
+        where = f" at {Path(error.source.file).name} line {error.source.line}"
+    raised = error.title.removeprefix("The forward raised").strip()
+    return f"the module's forward raised {raised}{where}: {error.explanation}"
+
+
+def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
     """Where a transcript with --stage starts: the first stage of that kind in this trace."""
     if stage is None:
         return 0
     for index, recorded in enumerate(trace.stages):
         if stage in (recorded.id, recorded.kind):
             return index
+    if only:
+        fail(f"--only: this forward has no {stage!r} stage; its stages: "
+             f"{', '.join(recorded.id for recorded in trace.stages)}")
     _say(f"mha-tui: note: this forward has no {stage!r} stage; the transcript starts at the "
          "first stage")
     return 0
+
+
+# ---------------------------------------------------------------------------- serve
+
+_PREFLIGHT = False  # serve checks explain's arguments by running it up to the app
+# explain's options that only shape a transcript: serve shows the app.
+_TRANSCRIPT_ONLY = ("--dump", "--format", "--width", "--full", "--color", "--only")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             options_metavar="[--host HOST] [--port PORT] SENTENCE [EXPLAIN OPTIONS]")
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on. 127.0.0.1: this machine only; 0.0.0.0 opens it to the network (a classroom), with no password.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (1-65535).")] = 8000,
+) -> None:
+    """Serve the app in a browser tab: SENTENCE and explain's options (--heads, --model, --module, --stage, --hf ...).
+
+    Each tab that opens the URL runs its own app. Nothing is loaded from the internet."""
+    global _PREFLIGHT
+    args = list(ctx.args)
+    for arg in args:
+        if arg.split("=", 1)[0] in _TRANSCRIPT_ONLY:
+            fail(f"serve shows the app; {arg.split('=', 1)[0]} is for transcripts "
+                 "(mha-tui explain --dump)")
+    if not 1 <= port <= 65535:
+        fail(f"--port must be between 1 and 65535, got {port}")
+    if not args:
+        fail('serve needs the sentence, as explain does: mha-tui serve "I love AI !"')
+    explain_command = typer.main.get_command(app).get_command(ctx, "explain")  # type: ignore[attr-defined]
+    _PREFLIGHT = True  # explain's own checks and loading, stopping where the app would open
+    try:
+        explain_command.main(args=args, prog_name="mha-tui serve", standalone_mode=False)
+    finally:
+        _PREFLIGHT = False
+    from .serve import ServeError
+    from .serve import serve as run_server
+
+    def say(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    try:
+        run_server(args, host=host, port=port, say=say)
+    except ServeError as error:
+        fail(str(error), 1)
 
 
 # ---------------------------------------------------------------------------- check
@@ -342,15 +472,20 @@ def check(
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help=f"Longest sentence the module accepts (at most {MAX_SEQ_LEN}).")] = 64,
     init: Annotated[list[str] | None, typer.Option("--init", metavar="NAME=VALUE", help="A constructor argument, VALUE a Python literal; repeatable.")] = None,
     weights: Annotated[Path | None, typer.Option("--weights", metavar="FILE", help="Load the module's tensors from a state dict (.pt via torch.load(weights_only=True), or .safetensors).")] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="text: a table and the diagnosis; json: for graders.", case_sensitive=False)] = Format.text,
+    fmt: Annotated[CheckFormat, typer.Option("--format", help="text: a table and the diagnosis; json: for graders.", case_sensitive=False)] = CheckFormat.text,
     width: Annotated[int, typer.Option("--width", help="Table width in columns when not on a terminal (40 to 400).")] = 100,
     ascii_only: Annotated[bool, typer.Option("--ascii", help="Draw with plain ASCII only.")] = False,
+    hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
     Exit code 0: every module is equivalent to multi-head attention; 1: at least one is
     not (or cannot be built, among several); 2: usage error.
     """
+    if hf_source is not None:  # named, not "no such option": a user may well try it
+        fail("check does not take --hf: it judges a module you give as FILE.py:Class or "
+             "--model NAME; to look at a Hugging Face model's attention use "
+             "mha-tui explain --hf PATH_OR_NAME")
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
         fail("the sentence is not valid UTF-8 text")
     try:
@@ -466,10 +601,10 @@ def check_source(config: Config, source: Source) -> Verdict:
     return checker(run(config))
 
 
-def _write_verdicts(verdicts: list[Verdict], fmt: Format, *, width: int, ascii_only: bool) -> None:
+def _write_verdicts(verdicts: list[Verdict], fmt: CheckFormat, *, width: int, ascii_only: bool) -> None:
     from .check.report import summary_table, to_json, verdict_renderable
 
-    if fmt is Format.json:
+    if fmt is CheckFormat.json:
         sys.stdout.buffer.write(to_json(verdicts).encode("utf-8"))
         return
     from rich.console import Console

@@ -7,6 +7,7 @@ typer here.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 # Ceilings that keep a run within a laptop's memory and a terminal's patience. GPT-2 XL
@@ -181,6 +182,9 @@ def parse_module_ref(text: str) -> tuple[str, str, bool]:
     is_file = where.endswith(".py") or "/" in where or "\\" in where
     if not is_file and not all(part.isidentifier() for part in where.split(".")):
         raise ConfigError(f"{usage}; {where!r} is neither a .py file nor a module name")
+    if not is_file and os.path.isfile(where):  # README.md, notes.txt: a file, not Python
+        raise ConfigError(f"{usage}; {where!r} is a file but not Python source: give a .py "
+                          "file (FILE.py:Class) or an importable package.module")
     return where, attr, is_file
 
 

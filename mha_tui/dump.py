@@ -18,9 +18,17 @@ from typing import Any, BinaryIO
 import numpy as np
 from rich.console import Console
 
-from .floats import float32_text
+from .floats import float32_json, numpy_texts
 from .records import OpRecord, TensorRecord, Trace
-from .render import ASCII_GLYPHS, RenderOptions, display_path, header, module_line, stage_view
+from .render import (
+    ASCII_GLYPHS,
+    RenderOptions,
+    display_path,
+    header,
+    labelled,
+    module_line,
+    stage_view,
+)
 
 
 def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
@@ -34,15 +42,15 @@ def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
 
 
 def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = False,
-            first: int = 0) -> str:
-    """The text transcript; `first`: the index of the first stage shown."""
+            first: int = 0, last: int | None = None) -> str:
+    """The text transcript of trace.stages[first:last]."""
     buffer = io.StringIO()
     console = transcript_console(buffer, width, color)
     console.print(header(trace.config, opts, batched=trace.batched))
     if trace.module is not None:
         console.print(module_line(trace.module, opts))
     console.print()
-    for stage in trace.stages[first:]:
+    for stage in trace.stages[first:last]:
         console.print(stage_view(trace, stage, opts))
     # Rich pads table rows to the full width; trailing blanks only make diffs noisy.
     text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
@@ -52,31 +60,44 @@ def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = F
     return text
 
 
-_CHUNK = 1 << 16  # values formatted at a time: a few MB of scratch whatever the tensor
+_CHUNK = 1 << 16  # values formatted at a time: a few MB of text whatever the tensor
 _TEXT = 24  # widest number text: "-1.2345678e-05", "-0.000123456789", '"-inf"'
 
 
 def _number_texts(chunk: np.ndarray, rows: np.ndarray) -> None:
     """Write a 1-D chunk's JSON texts into rows[:, :_TEXT] (zeroed), 0 bytes not part of them."""
-    if chunk.dtype == np.float32:
-        float32_text(chunk, rows)
-        return
     if chunk.dtype == np.bool_:
         text = np.where(chunk, "true", "false")
-    else:  # ints, other floats: NumPy's shortest round-trip text, per dtype
-        text = chunk.astype(str)
-        if chunk.dtype.kind == "f":
-            finite = np.isfinite(chunk)
-            text = np.where(finite, text, np.char.add(np.char.add('"', text), '"'))
+    else:  # ints, floats: NumPy's shortest round-trip text, per dtype
+        text = numpy_texts(chunk)
     rows[:, :_TEXT] = text.astype(f"S{_TEXT}").view(np.uint8).reshape(len(chunk), _TEXT)
 
 
 def write_values(values: np.ndarray, out: BinaryIO) -> None:
-    """A tensor's values as nested JSON lists on one line, written a chunk at a time.
+    """A tensor's values as nested JSON lists on one line, written a block at a time.
 
     Each float32 in its shortest form that reads back exactly (NumPy's), -inf/inf/nan as
-    strings so that any JSON parser reads the file. Never builds the whole text.
+    strings so that any JSON parser reads the file. Never builds the whole text: a tensor
+    larger than a block is written one slice of its first axis at a time.
     """
+    if values.dtype == np.float32 and values.ndim >= 1 and values.size:
+        if values.size > _CHUNK and values.shape[0] > 1:
+            out.write(b"[")
+            for i, part in enumerate(values):
+                if i:
+                    out.write(b",")
+                write_values(part, out)
+            out.write(b"]")
+            return
+        text = float32_json(values)
+        if text is not None:
+            out.write(text)
+            return
+    _write_rows(values, out)
+
+
+def _write_rows(values: np.ndarray, out: BinaryIO) -> None:
+    """Any array (bools, ints, float64, a 0-d or empty one) through NumPy's own text."""
     if values.size == 0:
         out.write(json.dumps(values.tolist(), separators=(",", ":")).encode("ascii"))
         return
@@ -183,22 +204,35 @@ def _document(trace: Trace, first: int, tensors: list[np.ndarray], nonce: str) -
                 "checks": [{"label": c.label, "ok": c.ok} for c in stage.checks],
                 "ops": [_op_json(op) for op in stage.ops],
             }
-            for stage in trace.stages[first:]
+            for stage in map(labelled, trace.stages[first:])
         ],
     }
 
 
+class TranscriptError(Exception):
+    """The JSON transcript could not be built; nothing has been written. One line."""
+
+
 def write_json(trace: Trace, out: BinaryIO, *, first: int = 0, ascii_only: bool = False) -> None:
     """Readable structure (indented), compact values (one line per tensor), streamed into
-    out tensor by tensor. `first`: the index of the first stage written."""
-    nonce = "@values-"
-    while True:  # a placeholder no user text (tokens, file names, source lines) contains
-        tensors: list[np.ndarray] = []
+    out tensor by tensor. `first`: the index of the first stage written.
+
+    Each tensor's values stand in the skeleton as a placeholder string holding a random
+    nonce; no user text (tokens, file names, source lines) can contain it. Every tensor has
+    its own key (`render.labelled`), so the skeleton holds exactly one placeholder per
+    tensor; anything else raises TranscriptError before a byte is written.
+    """
+    nonce = f"@values-{secrets.token_hex(16)}-"
+    tensors: list[np.ndarray] = []
+    try:
         document = _document(trace, first, tensors, nonce)
         skeleton = json.dumps(document, indent=1, ensure_ascii=ascii_only, allow_nan=False)
-        if skeleton.count(f'"{nonce}') == len(tensors):
-            break
-        nonce = f"@{secrets.token_hex(8)}-"
+    except (TypeError, ValueError) as error:  # a value JSON cannot hold: a bug, said in one line
+        raise TranscriptError(f"could not build the JSON transcript: {error}") from error
+    found = skeleton.count(f'"{nonce}')
+    if found != len(tensors):
+        raise TranscriptError(f"could not build the JSON transcript: {len(tensors)} tensors "
+                              f"but {found} in the document")
     if not ascii_only:
         skeleton = _NON_ASCII.sub(_json_escape, skeleton)
     parts = skeleton.split(f'"{nonce}')

@@ -377,17 +377,27 @@ class Matrix:
         else:
             candidates = [j for j in _window(n, self.opts.max_cols, False) if j is not None]
             best: list[int | None] = candidates[:1] + ([None] if n > 1 else [])
-            for k in range(1, len(candidates) + 1):
+            # Adding a column to an elided window only widens it, so the first k that does
+            # not fit ends the search; but every column shown needs neither the gap column
+            # nor the positions an elided axis adds to its tokens (`love·1`), so with narrow
+            # cells (numbers off, few decimals) all n can fit where n - 1 did not.
+            def window(k: int) -> tuple[list[int | None], int]:
+                """The first k candidates (both ends), and the cells they take."""
                 chosen = candidates[:(k + 1) // 2] + (candidates[-(k // 2):] if k // 2 else [])
                 if k == n:
-                    cols: list[int | None] = list(chosen)
-                    used = sum(_GAP + self._width(j, False) for j in chosen)
-                else:
-                    cols = [*chosen[:(k + 1) // 2], None, *chosen[(k + 1) // 2:]]
-                    gap = len("..." if self.opts.ascii else "…")
-                    used = (_GAP + max(gap, len(self._gap_header(n - k)))
-                            + sum(_GAP + self._width(j, True) for j in chosen))
+                    return list(chosen), sum(_GAP + self._width(j, False) for j in chosen)
+                gap = len("..." if self.opts.ascii else "…")
+                return ([*chosen[:(k + 1) // 2], None, *chosen[(k + 1) // 2:]],
+                        _GAP + max(gap, len(self._gap_header(n - k)))
+                        + sum(_GAP + self._width(j, True) for j in chosen))
+
+            for k in range(1, len(candidates) + 1):
+                cols, used = window(k)
                 if used > room and k > 1:
+                    if k < n == len(candidates):
+                        every, used = window(n)
+                        if used <= room:
+                            best = every
                     break
                 best = cols
             blocks = [best]
@@ -751,6 +761,7 @@ def _intro_panel(body: RenderableType, opts: RenderOptions) -> Panel:
 
 def stage_screen(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     """A whole stage as the app shows it: the transcript's parts, the intro in a panel."""
+    stage = labelled(stage)
     return Group(
         stage_heading(trace, stage),
         _intro_panel(stage_intro(stage, opts), opts),
@@ -793,6 +804,36 @@ def check_lines(checks: Iterable[Check], ascii_only: bool = False) -> Group:
     return Group(*(Text.assemble((marks[c.ok], styles[c.ok]), " ", c.label) for c in checks))
 
 
+def labelled(stage: Stage) -> Stage:
+    """The stage as every transcript and the app show it: no two of its tensors alike.
+
+    A name that occurs more than once among the stage's tensors and aside (`q_embed` made by
+    a mul and by the add after it, on one line) keeps its first occurrence as it is and
+    numbers the others in the order shown: `q_embed`, `q_embed (2)`. The app, the text and
+    the JSON transcript (whose keys are these names) all call this, so they agree.
+    """
+    names = [r.name for r in (*stage.tensors, *stage.aside)]
+    if len(set(names)) == len(names):
+        return stage
+    taken = set(names)
+    seen: dict[str, int] = {}
+    renamed = []
+    for record in (*stage.tensors, *stage.aside):
+        seen[record.name] = count = seen.get(record.name, 0) + 1
+        if count == 1:
+            renamed.append(record)
+            continue
+        label = f"{record.name} ({count})"
+        while label in taken:  # a tensor already called `q_embed (2)`: take the next number
+            count += 1
+            label = f"{record.name} ({count})"
+        seen[record.name] = count
+        taken.add(label)
+        renamed.append(replace(record, name=label))
+    split = len(stage.tensors)
+    return replace(stage, tensors=tuple(renamed[:split]), aside=tuple(renamed[split:]))
+
+
 def stage_tensors(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     parts: list[RenderableType] = []
     records = list(stage.tensors)
@@ -822,6 +863,7 @@ class HeadingRule:
 
 def stage_view(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     """A whole stage as the transcript prints it (the app lays out the same parts)."""
+    stage = labelled(stage)
     rule_chars = "-" if opts.ascii else "━"
     parts: list[RenderableType] = [
         HeadingRule(stage_heading(trace, stage), rule_chars),

@@ -474,3 +474,48 @@ async def test_header_keeps_the_sizes_with_a_long_sentence(size: tuple[int, int]
         plain = re.sub(r"<[^>]+>", "", shown).replace("&#160;", " ")
         assert "d_h=4" in plain and f"T={len(words.split())}" in plain
         assert "MultiHeadAttention" in plain  # and the module line below them
+
+
+def hidden_columns(text: str) -> int:
+    """How many columns a stage's tables leave out, from their `c of n columns` lines."""
+    return sum(int(n) - int(c) for c, n in re.findall(r"(\d+) of (\d+) columns?", text))
+
+
+@pytest.mark.parametrize("size", [(100, 32), (80, 24)])
+async def test_narrower_cells_never_show_fewer_columns(size: tuple[int, int]) -> None:
+    """Issue 15, item 2: `v` (numbers off) or `-` made each head's 4x4 table show 2 of its 4
+    columns. By keys: `v` and `-` x3 on the attention stages leave every column on screen.
+    Then for every stage, every decimals setting, numbers on and off, at the pane's real
+    width (the app's own line cache, without a repaint per setting): narrower cells hide no
+    more columns than wider ones."""
+    from dataclasses import replace
+
+    app = make_app(start="scores")
+    app._cache_disabled = True  # no background warming between the settings
+    async with app.run_test(size=size) as pilot:
+        for stage in ("scores", "scale", "mask", "softmax"):
+            assert stage_id(app) == stage
+            await pilot.press("v")
+            await pilot.pause()
+            assert not app.view.numbers and hidden_columns(text_of(app)) == 0, stage
+            await pilot.press("v", "minus", "minus", "minus")
+            await pilot.pause()
+            assert app.view.decimals == 1 and hidden_columns(text_of(app)) == 0, stage
+            await pilot.press("plus", "plus", "plus", "right")
+        width = app.query_one(StageView).text_width
+        base = app.view
+        for index, stage in enumerate(STAGE_IDS):
+            hidden: dict[tuple[bool, int], int] = {}
+            for decimals in range(9):
+                for numbers in (True, False):
+                    app.set_reactive(ExplainApp.view,
+                                     replace(base, numbers=numbers, decimals=decimals))
+                    lines = app._lines(index, width)
+                    hidden[numbers, decimals] = hidden_columns(
+                        "\n".join(strip.text for strip in lines))
+            for decimals in range(9):
+                assert hidden[False, decimals] <= hidden[True, decimals], (stage, decimals)
+                if decimals:
+                    for numbers in (True, False):
+                        assert hidden[numbers, decimals - 1] <= hidden[numbers, decimals], (
+                            stage, numbers, decimals)

@@ -22,6 +22,8 @@ from typer.testing import CliRunner
 from mha_tui.cli import app, check_source
 from mha_tui.config import MODEL_NAMES, Config, Source
 
+from .conftest import ROOT
+
 FIXTURES = Path(__file__).parent / "fixtures"
 MISTAKES = FIXTURES / "mistakes"
 SENTENCE = "I love AI !"
@@ -381,3 +383,28 @@ def test_model_is_repeatable_and_every_model_is_listed() -> None:
     assert [v["module"] for v in json.loads(result.output)] == ["course", "many-eyes", "blueprint"]
     help_text = " ".join(runner.invoke(app, ["check", "--help"]).output.split())
     assert "blueprint-einsum" in help_text
+
+
+def test_a_row_that_could_not_load_says_why_under_it(tmp_path: Path) -> None:
+    """The text table gave `load  load_error` and no reason; the reason is printed under the
+    row (the same message as in JSON)."""
+    (tmp_path / "mine.py").write_text("class M:\n    pass\n")
+    (tmp_path / "broken.py").write_text("x = 1\ndef oops(:\n")
+    result = runner.invoke(app, ["check", f"{tmp_path / 'mine.py'}:X",
+                                 f"{tmp_path / 'broken.py'}:M", "--model", "course",
+                                 "--width", "200"])
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    first = next(i for i, line in enumerate(lines) if "mine.py:X" in line)
+    assert "has no 'X'; classes there: M" in lines[first + 1]
+    second = next(i for i, line in enumerate(lines) if "broken.py:M" in line)
+    assert "line 2: SyntaxError" in lines[second + 1]
+
+
+def test_check_says_it_does_not_take_hf() -> None:
+    result = subprocess.run([sys.executable, "-m", "mha_tui", "check", "--hf", "gpt2"],
+                            capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "_TYPER_FORCE_DISABLE_TERMINAL": "1"})
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("mha-tui: error: check does not take --hf")
+    assert "explain --hf" in result.stderr and len(result.stderr.splitlines()) == 1

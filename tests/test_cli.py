@@ -28,6 +28,28 @@ def test_version_and_help_with_typer_runner() -> None:
     assert "\x1b[" not in result.output
 
 
+def test_usage_names_the_sentence_in_capitals() -> None:
+    """`mha-tui explain [OPTIONS] SENTENCE`, as the README writes it (was `{sentence}`)."""
+    result = CliRunner().invoke(app, ["explain", "--help"])
+    assert "Usage: mha-tui explain [OPTIONS] SENTENCE\n" in result.output
+    assert "{" not in result.output.splitlines()[0]
+    missing = run_cli("explain")
+    assert missing.returncode == 2
+    assert missing.stderr == b"mha-tui: error: Missing argument 'SENTENCE'.\n"
+
+
+@pytest.mark.parametrize("command", [["explain", "I love AI !", "--dump", "-", "--module"],
+                                     ["check"]])
+def test_a_module_spec_that_is_not_python_says_to_give_a_py_file(command: list[str]) -> None:
+    """`--module README.md:X` said "no module named 'README.md'"."""
+    result = run_cli(*command, "README.md:X")
+    assert result.returncode == 2 and result.stdout == b""
+    assert result.stderr.decode() == (
+        "mha-tui: error: --module takes FILE.py:Class or package.module:Class; 'README.md' is "
+        "a file but not Python source: give a .py file (FILE.py:Class) or an importable "
+        "package.module\n")
+
+
 def test_no_arguments_prints_help() -> None:
     result = run_cli()
     assert result.returncode == 0 and result.stderr == b""
@@ -90,7 +112,7 @@ BAD = [
     (["explain", "a", "--stage", "nope"], "choose one of: embed, project, view, transpose"),
     (["explain", "a", "--width", "5"], "--width must be between 40 and 400"),
     (["explain", "a", "--bogus"], "No such option: --bogus"),
-    (["explain"], "Missing argument 'sentence'"),
+    (["explain"], "Missing argument 'SENTENCE'"),
     (["explain", "a", "--dump", "/"], "is a folder"),
     (["explain", "a", "--dump", "/tmp/" + "x" * 300], "File name too long"),
     (["explain", "a", "--dump", "/nonexistent-dir/"], "names a folder"),

@@ -302,7 +302,7 @@ SPECIAL = [0.0, -0.0, 1.0, 0.5, 0.1, 1e-4, 9.99e-5, 1e-5, 999999.94, 1e6, 123456
 
 
 def test_float_text_is_numpys_shortest_round_trip_text() -> None:
-    """The vectorised formatter against NumPy itself: random bit patterns (every exponent),
+    """orjson with NumPy's spellings against NumPy itself: random bit patterns (every exponent),
     ordinary activations, round decimals and the edges of each notation."""
     rng = np.random.default_rng(0)
     samples = np.concatenate([
@@ -408,3 +408,47 @@ def test_text_only_options_with_json_are_named_not_refused() -> None:
     err = odd.stderr.decode()
     assert err.count("\n") == 1 and err.startswith("mha-tui: note: ")
     assert "--full" in err and "--width and --color do not apply" in err
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_forward_that_raises_leaves_the_dump_file_untouched(tmp_path: Path, fmt: str) -> None:
+    """Exit 1 and keep.txt as it was (before: replaced by the partial transcript); one line
+    says what raised, where, and that nothing was written."""
+    keep = tmp_path / "keep.txt"
+    keep.write_text("my notes\n")
+    result = run_cli("explain", "I love AI !", "--module",
+                     f"{ROOT}/tests/fixtures/crash_attn.py:CrashingAttention",
+                     "--dump", str(keep), "--format", fmt)
+    assert result.returncode == 1
+    assert keep.read_text() == "my notes\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]  # no temporary file left
+    assert result.stderr.decode() == (
+        "mha-tui: error: the module's forward raised RuntimeError at crash_attn.py line 23: "
+        "view size is not compatible with input tensor's size and stride (at least one "
+        "dimension spans across two contiguous subspaces). Use .reshape(...) instead. Nothing "
+        f"written to --dump {keep} (without --dump, the app steps through the stages before "
+        "the error)\n")
+    assert result.stdout == b""
+
+
+def test_the_readmes_quoted_transcript_is_the_start_of_the_golden_file() -> None:
+    """The README quotes the beginning of tests/golden/default.txt: every line of it, in order."""
+    readme = Path(ROOT, "README.md").read_text("utf-8")
+    after = readme.split("The beginning of `tests/golden/default.txt`", 1)[1]
+    quoted = after.split("```\n", 2)[1]
+    assert quoted.count("\n") >= 4
+    assert (GOLDEN / "default.txt").read_text("utf-8").startswith(quoted)
+
+
+def test_float_text_falls_back_to_numpy_when_orjson_cannot_be_mapped(monkeypatch) -> None:
+    """Where orjson's spellings cannot be matched one to one with the values NumPy spells
+    otherwise, the values go through NumPy itself: the bytes stay NumPy's."""
+    from mha_tui import floats
+
+    values = np.array([[1e-5, 0.5, -np.inf], [2e7, np.nan, 3.0]], dtype=np.float32)
+    assert floats.float32_json(values) is not None  # -inf and nan: each null matched in order
+    monkeypatch.setattr(floats, "_OTHERWISE", {False: re.compile(rb"(?!)"), True: re.compile(rb"(?!)")})
+    assert floats.float32_json(values) is None
+    out = io.BytesIO()
+    write_values(values, out)
+    assert out.getvalue().decode("ascii") == _reference_values(values)

@@ -118,6 +118,24 @@ def test_columns_follow_the_width_they_are_given() -> None:
     assert "showing" not in draw(view, needed) and "showing" in draw(view, needed - 1)
 
 
+@pytest.mark.parametrize("numbers", [True, False])
+@pytest.mark.parametrize("decimals", range(9))
+def test_a_wider_pane_never_shows_fewer_columns(numbers: bool, decimals: int) -> None:
+    """Issue 15, item 2: every token of an elided axis carries its position (`love·1`), so
+    an elided window can be wider than the whole table; a width that holds every column
+    shows every column, and one more cell of width never loses a column."""
+    trace = trace_of()
+    record = trace.stage("scores").tensor("scores")
+    opts = RenderOptions(numbers=numbers, decimals=decimals, max_cols=64)
+    matrix = Matrix(record.values[0, 0], record, Axis(list(trace.config.tokens), literal=True,
+                                                      positions=True),
+                    Axis(list(trace.config.tokens), literal=True, positions=True), None, opts)
+    whole = max(cell_len(line) for line in draw(matrix, 400).splitlines())
+    assert matrix.shown(whole) == (4, 4)
+    shown = [matrix.shown(width)[1] for width in range(8, whole + 1)]
+    assert shown == sorted(shown), shown
+
+
 # ---------------------------------------------------------------- item 5: code wraps
 
 

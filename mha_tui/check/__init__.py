@@ -9,7 +9,26 @@ Never import textual or typer here.
 
 from __future__ import annotations
 
+import sys
+import types
+
 from .judge import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict, failed_to_load, judge
 
 __all__ = ["Diagnosis", "Facts", "RoleWeights", "StageVerdict", "Verdict", "failed_to_load",
            "judge"]
+
+
+class _CheckPackage(types.ModuleType):
+    """`mha_tui.check(module)` is the notebook's verdict (`mha_tui.notebook.check`), while
+    `mha_tui.check` is also this package: importing a submodule binds the package's name on
+    its parent, replacing any function of that name, so the package itself is made callable
+    (a module's `__class__` may be set to a ModuleType subclass; Python's data model)."""
+
+    def __call__(self, module: object, x: object = None, tokens: object = None,
+                 **options: object) -> object:
+        from ..notebook import check
+
+        return check(module, x, tokens, **options)  # type: ignore[arg-type]
+
+
+sys.modules[__name__].__class__ = _CheckPackage

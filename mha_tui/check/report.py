@@ -116,7 +116,11 @@ def summary_table(verdicts: Sequence[Verdict], *, ascii_only: bool = False) -> T
     table.add_column("diagnosis", no_wrap=True)
     for verdict in verdicts:
         d = verdict.diagnosis
-        table.add_row(_mark(verdict.equivalent, ascii_only), Text(printable(verdict.module)),
+        module = Text(printable(verdict.module))
+        if d is not None and d.kind == "load_error":  # no stage, no line: the reason is all
+            module.append("\n")
+            module.append(printable(d.message), style="red")
+        table.add_row(_mark(verdict.equivalent, ascii_only), module,
                       Text(d.stage if d else ""), Text(str(d.line) if d and d.line else ""),
                       Text(d.kind if d else "equivalent"))
     return table

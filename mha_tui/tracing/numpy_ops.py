@@ -429,7 +429,7 @@ def record(module: object, args: tuple[object, ...] = (),
     cls = type(module)
     try:
         file = inspect.getsourcefile(cls) or ""
-    except TypeError:
+    except (TypeError, OSError):  # a class defined in a notebook cell has no file
         file = ""
     recording = Recording(
         module_class=cls.__name__, module_file=file, inputs=tuple(session.inputs),

@@ -186,7 +186,7 @@ class _Session:
         cls = type(self.module)
         try:
             file = inspect.getsourcefile(cls) or ""
-        except TypeError:
+        except (TypeError, OSError):  # a class defined in a notebook cell has no file
             file = ""
         return Recording(
             module_class=cls.__name__, module_file=file, inputs=tuple(self.inputs),

@@ -1,0 +1,336 @@
+"""mha-tui in a Jupyter notebook: a trace, one stage, or a verdict, shown as HTML.
+
+`mha_tui.trace(...)` returns a `Trace` from here (a `records.Trace` that knows how to show
+itself); `mha_tui.show(...)` traces and displays; `mha_tui.check(...)` judges a module and
+returns a `Checked` that displays its verdict table. Every picture is `mha_tui.pictures`'
+HTML: Rich's export of the very renderables the app and the transcripts draw.
+
+With ipywidgets installed and a kernel running, a trace shows a stage chooser (a dropdown
+and previous/next buttons); the same output also carries every stage as plain HTML, which is
+what a notebook viewer without widgets (or a saved notebook) shows.
+
+Importing this module is cheap: Rich, ipywidgets, IPython and torch load only when something
+is drawn or run. Never import textual or typer here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from . import records
+
+if TYPE_CHECKING:
+    from .check import Verdict
+    from .render import RenderOptions
+
+WIDTH = 100  # columns the pictures are drawn at (a notebook's output area holds about this)
+DEFAULT_SENTENCE = "I love AI !"
+# Where a module keeps its width C, as the loader fills constructor arguments by name.
+_WIDTH_NAMES = ("embed_dim", "d_model", "d_in", "n_embd", "d_out")
+
+
+def _options() -> RenderOptions:
+    from .render import RenderOptions
+
+    return RenderOptions()
+
+
+def _mimebundle(html_text: str, plain: str) -> dict[str, str]:
+    return {"text/html": html_text, "text/plain": plain}
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Stage(records.Stage):
+    """One stage that shows itself in Jupyter (with its place in the trace)."""
+
+    shown_in: records.Trace | None = field(default=None, compare=False)
+
+    def _repr_html_(self) -> str:
+        from .pictures import picture_console, stage_section
+
+        assert self.shown_in is not None
+        plain = self.shown_in.stages[self.shown_in.index(self.id)]
+        return stage_section(self.shown_in, plain, _options(), picture_console(WIDTH))
+
+    def __repr__(self) -> str:
+        return f"<mha_tui stage {self.id}: {self.title}  {self.transition}>"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Trace(records.Trace):
+    """A trace that shows itself in Jupyter: every stage in order, or a stage chooser."""
+
+    @classmethod
+    def of(cls, trace: records.Trace) -> Trace:
+        """The same trace (the same records, nothing copied) as a Trace that shows itself."""
+        if isinstance(trace, cls):
+            return trace
+        return cls(**{f.name: getattr(trace, f.name) for f in fields(records.Trace)})
+
+    def stage(self, stage_id: str) -> Stage:
+        """The stage with this id, or the first of this kind (`trace.stage("softmax")`)."""
+        found = next((s for s in self.stages if s.id == stage_id), None) or next(
+            (s for s in self.stages if s.kind == stage_id), None)
+        if found is None:
+            raise KeyError(f"{stage_id!r}: this trace's stages are "
+                           f"{', '.join(s.id for s in self.stages)}")
+        values = {f.name: getattr(found, f.name) for f in fields(records.Stage)}
+        return Stage(**values, shown_in=self)
+
+    def stage_html(self, index: int) -> str:
+        """Stage `index` (from 0) as an HTML section."""
+        from .pictures import picture_console, stage_section
+
+        return stage_section(self, self.stages[index], _options(), picture_console(WIDTH))
+
+    def head_html(self) -> str:
+        from .pictures import head_section, picture_console
+
+        return head_section(self, _options(), picture_console(WIDTH))
+
+    def _repr_html_(self) -> str:
+        """The header, then every stage in order."""
+        from .pictures import head_section, picture_console, stage_section
+
+        console, opts = picture_console(WIDTH), _options()
+        parts = [head_section(self, opts, console)]
+        parts += [stage_section(self, stage, opts, console) for stage in self.stages]
+        return f'<div class="mha-tui-trace">{"".join(parts)}</div>'
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """A stage chooser where widgets can run, and every stage as HTML for everything else."""
+        bundle = _mimebundle(self._repr_html_(), repr(self))
+        chooser = stage_chooser(self)
+        if chooser is not None:
+            widget_bundle = chooser._repr_mimebundle_(include=include, exclude=exclude) or {}
+            bundle.update({k: v for k, v in widget_bundle.items() if k != "text/plain"})
+        return bundle
+
+    def __repr__(self) -> str:
+        what = self.module.class_name if self.module else "a module"
+        return (f"<mha_tui trace of {what}: {len(self.stages)} stages "
+                f"({', '.join(s.id for s in self.stages)})>")
+
+
+def _in_kernel() -> bool:
+    """A Jupyter kernel is running this code (widgets need one to talk to)."""
+    import sys
+
+    if "IPython" not in sys.modules:
+        return False
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def stage_chooser(trace: Trace) -> Any:
+    """An ipywidgets box: a dropdown of stages, previous/next, and the chosen stage's HTML.
+    None when ipywidgets is not installed or no kernel runs (then every stage is shown)."""
+    if not _in_kernel():
+        return None
+    try:
+        import ipywidgets as widgets
+    except ImportError:
+        return None
+    from .render import stage_heading
+
+    labels = [(stage_heading(trace, stage).plain, index) for index, stage in enumerate(trace.stages)]
+    cache: dict[int, str] = {}
+
+    def section(index: int) -> str:
+        if index not in cache:
+            cache[index] = trace.stage_html(index)
+        return cache[index]
+
+    chooser = widgets.Dropdown(options=labels, value=0, description="stage",
+                               layout=widgets.Layout(width="60%"))
+    previous = widgets.Button(description="◀ previous", layout=widgets.Layout(width="auto"))
+    following = widgets.Button(description="next ▶", layout=widgets.Layout(width="auto"))
+    view = widgets.HTML(value=section(0))
+
+    def changed(change: dict[str, Any]) -> None:
+        view.value = section(change["new"])
+
+    def step(by: int) -> None:
+        chooser.value = min(max(chooser.value + by, 0), len(labels) - 1)
+
+    chooser.observe(changed, names="value")
+    previous.on_click(lambda _button: step(-1))
+    following.on_click(lambda _button: step(1))
+    return widgets.VBox([widgets.HTML(value=trace.head_html()),
+                         widgets.HBox([previous, chooser, following]), view])
+
+
+def display(obj: Any) -> None:
+    """IPython's display in a notebook; elsewhere the object's text."""
+    import sys
+
+    if "IPython" in sys.modules:
+        from IPython import get_ipython
+        from IPython.display import display as ipython_display
+
+        if get_ipython() is not None:
+            ipython_display(obj)
+            return
+    print(text_of(obj))
+
+
+def text_of(obj: Any) -> str:
+    """What a terminal shows for a trace, a stage or a verdict: the text transcript's drawing."""
+    from .dump import to_text
+
+    if isinstance(obj, Trace):
+        return to_text(obj, _options())
+    if isinstance(obj, Stage) and obj.shown_in is not None:
+        index = obj.shown_in.index(obj.id)
+        return to_text(obj.shown_in, _options(), first=index, last=index + 1)
+    if isinstance(obj, Checked):
+        from .pictures import plain_text
+
+        return plain_text([obj.renderable()], _options(), WIDTH)
+    return repr(obj)
+
+
+# ---------------------------------------------------------------- check
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A module's verdict (`mha_tui.check`), shown as the table `mha-tui check` prints."""
+
+    verdict: Verdict
+    trace: Trace
+
+    @property
+    def equivalent(self) -> bool:
+        return self.verdict.equivalent
+
+    def renderable(self) -> Any:
+        from .check.report import verdict_renderable
+
+        return verdict_renderable(self.verdict)
+
+    def _repr_html_(self) -> str:
+        from .pictures import html_fragment, picture_console
+
+        return html_fragment(picture_console(WIDTH), [self.renderable()], _options())
+
+    def __repr__(self) -> str:
+        state = "equivalent" if self.verdict.equivalent else "NOT equivalent"
+        return f"<mha_tui check of {self.verdict.module}: {state}>"
+
+
+def _width_of(module: Any) -> int:
+    """The module's width C: an attribute named as the loader's constructor arguments, else
+    the input width of its first torch linear layer."""
+    for name in _WIDTH_NAMES:
+        value = getattr(module, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    for layer in getattr(module, "modules", lambda: ())():
+        value = getattr(layer, "in_features", None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError(f"{type(module).__name__}: give x, the input to judge the module on "
+                     f"(no attribute {', '.join(_WIDTH_NAMES)} nor a linear layer says its width C)")
+
+
+def _words(tokens: Sequence[str] | None, sentence: str) -> list[str]:
+    return list(tokens) if tokens is not None else sentence.split()
+
+
+def check(module: Any, x: Any = None, tokens: Sequence[str] | None = None, *,
+          causal: bool = True, seed: int = 0, sentence: str = DEFAULT_SENTENCE) -> Checked:
+    """Judge `module` stage by stage, as `mha-tui check` does, and return the verdict.
+
+    x: its input, (B, T, C) for torch, (T, C) for NumPy; by default the tokens of `sentence`
+    looked up in a random table drawn from `seed` (for NumPy the blueprint's table, as
+    `mha-tui check` draws it), C read from the module's `embed_dim`, `d_model`, `d_in`,
+    `n_embd` or `d_out`, else from its first linear layer. A forward parameter named `mask` or
+    `attn_mask` gets the causal mask (none with causal=False), and (query, key, value)
+    get x three times, as the CLI calls a module. The module is run, never edited.
+    """
+    if not _is_torch_module(module):  # NumPy code: judged without torch
+        return _check_numpy(module, x, tokens, causal=causal, seed=seed, sentence=sentence)
+    return _check_torch(module, x, tokens, causal=causal, seed=seed, sentence=sentence)
+
+
+def _is_torch_module(module: Any) -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(module, torch.nn.Module)
+
+
+def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, causal: bool, seed: int,
+                 sentence: str) -> Checked:
+    import torch
+
+    from .check import Facts, judge
+    from .config import Config
+    from .load import forward_inputs
+    from .tracing import trace
+    from .tracing.rerun import parameter_shapes, reference_output, second_recording
+
+    words = _words(tokens, sentence)
+    embedding = ids = None
+    if x is None:  # the sentence's tokens, looked up in a table drawn from seed (global RNG untouched)
+        config = Config(" ".join(words), embed_dim=_width_of(module), num_heads=1)
+        table = torch.randn(len(config.vocab), config.embed_dim,
+                            generator=torch.Generator().manual_seed(seed))  # (V, C)
+        embedding = torch.nn.Embedding.from_pretrained(table)
+        ids = torch.tensor([config.ids])  # (1, T)
+        with torch.no_grad():
+            x = embedding(ids)  # (1, T, C)
+    args, kwargs = forward_inputs(module, x, causal=causal)
+
+    def call(m: Any, inp: Any) -> Any:  # x once, or as query, key and value
+        return m(*(inp,) * len(args), **kwargs)
+
+    labels = words if len(words) == x.shape[-2] else None
+    traced = Trace.of(trace(module, x, labels, call=call, embedding=embedding, ids=ids))
+    facts = Facts(causal=causal, heads=traced.config.num_heads, parameters=parameter_shapes(module),
+                  second=second_recording(module, x, call), reference=reference_output,
+                  training=module.training)
+    return Checked(judge(traced, facts, type(module).__name__), traced)
+
+
+def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, causal: bool, seed: int,
+                 sentence: str) -> Checked:
+    import numpy as np
+
+    from .check import Facts, judge
+    from .check.numpy_reference import reference_output
+    from .config import Config
+    from .load_numpy import embedding_table, forward_inputs
+    from .tracing.numpy_ops import module_arrays, record
+    from .tracing.numpy_ops import trace as trace_numpy
+
+    words = _words(tokens, sentence)
+    table = ids = None
+    if x is None:
+        config = Config(" ".join(words), embed_dim=_width_of(module), num_heads=1, seed=seed)
+        table, ids = embedding_table(config), np.array(config.ids)  # as the blueprint builds x
+        x = table[ids]  # (T, C)
+    args, kwargs = forward_inputs(module, x, causal=causal)
+    labels = words if len(words) == x.shape[-2] else None
+    traced = Trace.of(trace_numpy(module, x, labels, args=args, kwargs=kwargs, table=table, ids=ids))
+    with np.errstate(all="ignore"):
+        again = record(module, args, kwargs)
+    facts = Facts(causal=causal, heads=traced.config.num_heads,
+                  parameters=tuple((name, tuple(a.shape)) for name, a in module_arrays(module).items()),
+                  second=None if again.error else again.recordings[""],
+                  reference=reference_output, training=False,
+                  reference_name="the NumPy blueprint's computation")
+    return Checked(judge(traced, facts, type(module).__name__), traced)
+
+
+def show(module: Any, x: Any, tokens: Sequence[str] | None = None, **options: Any) -> None:
+    """Trace `module` on `x` (as `mha_tui.trace`) and display it: in a notebook every stage
+    (or a stage chooser with ipywidgets), elsewhere the text transcript."""
+    from . import trace
+
+    display(trace(module, x, tokens, **options))

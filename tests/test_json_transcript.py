@@ -1,0 +1,172 @@
+"""The JSON transcript holds every tensor of every stage, for every module the tests know.
+
+Two tensors of one name in a stage (a rotary module's `q_embed`, made by a mul and by the add
+after it) are both written, under the names the screen shows (`render.labelled`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mha_tui.config import MODEL_NAMES, NUMPY_MODEL_NAMES, Config, Source
+from mha_tui.dump import TranscriptError, to_json, to_text, write_json
+from mha_tui.records import Stage, TensorRecord, Trace
+from mha_tui.render import RenderOptions, labelled
+
+from .conftest import ROOT, run_cli
+
+FIXTURES = Path(ROOT, "tests", "fixtures")
+ROTARY = f"{FIXTURES / 'rotary_attn.py'}:RotaryAttention"
+
+# Every module style the tests already use: the tutorials, each fixture class, torch's own.
+MODULES = [
+    *(f"{FIXTURES / 'check_variants.py'}:{name}" for name in
+      ("FusedMaskFirst", "WhereMinusBillion", "SplitScale", "SdpaMaskArgument")),
+    f"{FIXTURES / 'crash_attn.py'}:CrashingAttention",
+    f"{FIXTURES / 'einsum_attn.py'}:EinsumAttention",
+    f"{FIXTURES / 'nanogpt_attn.py'}:CausalSelfAttention",
+    *(f"{FIXTURES / 'numpy_attn.py'}:{name}" for name in
+      ("NumpyAttention", "BrokenReshape", "PerHeadWeights", "ScaledBySqrtC", "SoftmaxOverQueries")),
+    *(f"{path}:MultiHeadAttention" for path in sorted((FIXTURES / "mistakes").glob("*.py"))
+      if path.name != "__init__.py"),
+    ROTARY,
+    "torch.nn:MultiheadAttention",
+]
+
+
+@cache
+def _trace(model: str | None, module: str | None) -> Trace:
+    from mha_tui.load_numpy import load as load_numpy
+    from mha_tui.tracing import run_trace
+
+    config = Config("I love AI !")
+    source = Source(model=model or "mygpt", module=module)
+    loaded = load_numpy(config, source)
+    if loaded is None:
+        from mha_tui.load import load
+
+        loaded = load(config, source)
+    return run_trace(config, loaded=loaded)
+
+
+def _values(data: object) -> np.ndarray:
+    """A tensor's JSON values as an array (non-finite floats are strings in the file)."""
+    def number(v: object) -> object:
+        if isinstance(v, list):
+            return [number(x) for x in v]
+        return float(v) if isinstance(v, str) else v
+    return np.array(number(data))
+
+
+def _same_values(written: np.ndarray, record: TensorRecord) -> bool:
+    expected = record.values
+    if written.shape != expected.shape:
+        return False
+    if expected.dtype.kind == "f":  # exact, NaN where NaN (float32 text reads back exactly)
+        return bool(np.array_equal(written.astype(expected.dtype), expected, equal_nan=True))
+    return bool(np.array_equal(written, expected))
+
+
+def _assert_round_trip(trace: Trace) -> None:
+    document = json.loads(to_json(trace))
+    assert [s["id"] for s in document["stages"]] == [s.id for s in trace.stages]
+    for stage, written in zip(trace.stages, document["stages"], strict=True):
+        for part in ("tensors", "aside"):
+            records = getattr(stage, part)
+            assert len(written[part]) == len(records), (stage.id, part)
+            for record, (name, tensor) in zip(records, written[part].items(), strict=True):
+                assert name.split(" (")[0] == record.name.split(" (")[0], (stage.id, name)
+                assert tensor["shape"] == list(record.shape)
+                assert _same_values(_values(tensor["values"]), record), (stage.id, name)
+
+
+@pytest.mark.parametrize("model", MODEL_NAMES + NUMPY_MODEL_NAMES)
+def test_json_round_trip_for_every_model(model: str) -> None:
+    """The same stages and the same tensors (count, names, values) as the trace."""
+    _assert_round_trip(_trace(model, None))
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda spec: spec.rsplit("/", 1)[-1])
+def test_json_round_trip_for_every_module_style(module: str) -> None:
+    _assert_round_trip(_trace(None, module))
+
+
+def _record(name: str, value: float) -> TensorRecord:
+    values = np.full((2, 2), value, dtype=np.float32)
+    return TensorRecord(name=name, dims=("T", "T"), values=values, strides=(2, 1), contiguous=True)
+
+
+def _hand_trace(*names: str, aside: tuple[str, ...] = ()) -> Trace:
+    tensors = tuple(_record(name, float(i)) for i, name in enumerate(names))
+    extra = tuple(_record(name, float(len(names) + i)) for i, name in enumerate(aside))
+    stage = Stage(id="op", title="Tensor.add", code="q_embed = q + r", explanation="",
+                  shape_in=(2, 2), shape_out=(2, 2), dims_in=("T", "T"), dims_out=("T", "T"),
+                  tensors=tensors, aside=extra, kind="op")
+    return Trace(config=Config("I love"), stages=(stage,))
+
+
+def test_two_tensors_of_one_name_are_both_written() -> None:
+    """Before: the dict kept one of them and write_json looped forever."""
+    trace = _hand_trace("q_embed", "q", "q_embed", "q_embed")
+    stage = json.loads(to_json(trace))["stages"][0]
+    assert list(stage["tensors"]) == ["q_embed", "q", "q_embed (2)", "q_embed (3)"]
+    assert [stage["tensors"][name]["values"][0][0] for name in stage["tensors"]] == [0, 1, 2, 3]
+
+
+def test_a_numbered_name_never_takes_an_existing_one() -> None:
+    trace = _hand_trace("q_embed", "q_embed (2)", "q_embed", aside=("q_embed",))
+    shown = labelled(trace.stages[0])
+    names = [r.name for r in (*shown.tensors, *shown.aside)]
+    assert names == ["q_embed", "q_embed (2)", "q_embed (3)", "q_embed (4)"]
+    assert [float(r.values[0, 0]) for r in (*shown.tensors, *shown.aside)] == [0, 1, 2, 3]
+    stage = json.loads(to_json(trace))["stages"][0]
+    assert list(stage["tensors"]) == names[:3] and list(stage["aside"]) == names[3:]
+
+
+def test_the_text_transcript_shows_the_same_names_as_the_json() -> None:
+    trace = _hand_trace("q_embed", "q_embed")
+    text = to_text(trace, RenderOptions())
+    assert "q_embed (2)  shape (2, 2)" in text
+    assert text.count("q_embed  shape (2, 2)") == 1
+
+
+def test_a_rotary_module_in_json_keeps_both_q_embeds() -> None:
+    """Hugging Face Llama's `q_embed = (q * cos) + (rotate_half(q) * sin)`: one line, two ops
+    that both make a `q_embed`."""
+    trace = _trace(None, ROTARY)
+    doubled = [s for s in trace.stages if len({r.name for r in s.tensors}) < len(s.tensors)]
+    assert doubled, "the fixture must give a stage two tensors of one name"
+    document = json.loads(to_json(trace))
+    for stage in doubled:
+        written = next(s for s in document["stages"] if s["id"] == stage.id)
+        assert len(written["tensors"]) == len(stage.tensors)
+        assert any(name.endswith(" (2)") for name in written["tensors"])
+
+
+def test_rotary_json_from_the_command_line_finishes(tmp_path: Path) -> None:
+    """The blocker as a user met it: --format json on a rotary module spun forever."""
+    out = tmp_path / "r.json"
+    result = run_cli("explain", "I love AI !", "--module", ROTARY, "--dump", str(out),
+                     "--format", "json", timeout=60)
+    assert result.returncode == 0, result.stderr.decode()
+    stages = json.loads(out.read_text("utf-8"))["stages"]
+    assert sum(len(s["tensors"]) for s in stages) == sum(
+        len(s.tensors) for s in _trace(None, ROTARY).stages)
+
+
+def test_a_value_json_cannot_hold_is_an_error_not_a_loop() -> None:
+    """Any failure to build the document raises one error before a byte is written."""
+    trace = _hand_trace("t")
+    stage = replace(trace.stages[0], note=math.nan)  # type: ignore[arg-type]
+    out = io.BytesIO()
+    with pytest.raises(TranscriptError, match="could not build the JSON transcript"):
+        write_json(replace(trace, stages=(stage,)), out)
+    assert out.getvalue() == b""

@@ -1,0 +1,172 @@
+"""mha-tui in Jupyter: a trace, one stage and a verdict shown as HTML; the walkthrough runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import mha_tui
+from mha_tui import notebook
+from mha_tui.examples.blueprint import MultiHeadAttention as Blueprint
+from mha_tui.examples.mygpt import MultiHeadAttention
+from mha_tui.render import stage_heading
+
+from .conftest import ROOT, run_cli
+from .fixtures.mistakes.scale_sqrt_c import MultiHeadAttention as ScaledByC
+
+TOKENS = ["I", "love", "AI", "!"]
+WALKTHROUGH = Path(ROOT) / "examples" / "walkthrough.ipynb"
+
+
+class _Text(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self.sections: list[str | None] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "section":
+            self.sections.append(dict(attrs).get("data-stage"))
+
+    def handle_data(self, data: str) -> None:
+        self.parts.append(data)
+
+
+def shown(page: str) -> _Text:
+    parser = _Text()
+    parser.feed(page)
+    parser.close()
+    return parser
+
+
+def _module() -> MultiHeadAttention:
+    torch.manual_seed(0)
+    return MultiHeadAttention(embed_dim=4, num_heads=2, max_seq_len=64, dropout=0.0).eval()
+
+
+def test_import_mha_tui_stays_cheap() -> None:
+    """`import mha_tui` loads none of torch, Rich, Textual, ipywidgets, IPython, NumPy."""
+    code = ("import sys, mha_tui; heavy = {'torch', 'rich', 'textual', 'ipywidgets', 'IPython', "
+            "'numpy'}; print(sorted({m.split('.')[0] for m in sys.modules} & heavy))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=ROOT, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_trace_shows_every_stage_as_html() -> None:
+    trace = mha_tui.trace(_module(), torch.randn(1, 4, 4), TOKENS)
+    assert isinstance(trace, notebook.Trace)
+    page = shown(trace._repr_html_())
+    assert page.sections == [stage.id for stage in trace.stages]
+    text = "".join(page.parts).replace("\xa0", " ")
+    for stage in trace.stages:
+        assert stage_heading(trace, stage).plain in text
+    bundle = trace._repr_mimebundle_()  # no kernel here: every stage, no widget
+    assert bundle["text/html"] == trace._repr_html_()
+    assert "application/vnd.jupyter.widget-view+json" not in bundle
+    assert repr(trace).startswith("<mha_tui trace of MultiHeadAttention: 10 stages")
+
+
+def test_one_stage_shows_only_that_stage() -> None:
+    trace = mha_tui.trace(_module(), torch.randn(1, 4, 4), TOKENS)
+    softmax = trace.stage("softmax")
+    assert softmax.kind == "softmax" and softmax.tensors == trace.stages[trace.index("softmax")].tensors
+    page = shown(softmax._repr_html_())
+    assert page.sections == ["softmax"]
+    text = "".join(page.parts)
+    assert "softmax" in text and "scores  ·" not in text
+    weights = softmax.tensor("weights").values[0, 0]
+    assert f"{weights[1, 0]:.4f}" in text  # the module's numbers
+    with pytest.raises(KeyError, match="this trace's stages are"):
+        trace.stage("rotary")
+
+
+def test_stage_chooser_switches_stages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ipywidgets and a kernel: a dropdown, previous/next, and the chosen stage's HTML."""
+    widgets = pytest.importorskip("ipywidgets", reason="ipywidgets is the [notebook] extra")
+    monkeypatch.setattr(notebook, "_in_kernel", lambda: True)
+    trace = mha_tui.trace(_module(), torch.randn(1, 4, 4), TOKENS)
+    box = notebook.stage_chooser(trace)
+    head, controls, view = box.children
+    assert "tokens I=0 love=1 AI=2 !=3" in "".join(shown(head.value).parts).replace("\xa0", " ")
+    previous, dropdown, following = controls.children
+    assert isinstance(dropdown, widgets.Dropdown) and shown(view.value).sections == ["project"]
+    dropdown.value = trace.index("softmax")
+    assert shown(view.value).sections == ["softmax"]
+    following.click()
+    assert shown(view.value).sections == ["attend"]
+    previous.click()
+    previous.click()
+    assert shown(view.value).sections == ["mask"]
+    bundle = trace._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle and "text/html" in bundle
+
+
+def test_user_text_is_literal_in_the_notebook() -> None:
+    tokens = ["[bold]x[/bold]", "\x1b[31m", "<b>", "&lt;"]
+    trace = mha_tui.trace(_module(), torch.randn(1, 4, 4), tokens)
+    page = trace._repr_html_()
+    assert "\x1b" not in page and "<b>" not in page
+    text = "".join(shown(page).parts)
+    for token in ["[bold]x[/bold]", "␛[31m", "<b>", "&lt;"]:
+        assert token in text
+
+
+def test_check_shows_the_verdict_of_a_wrong_module() -> None:
+    torch.manual_seed(0)
+    checked = mha_tui.check(ScaledByC(embed_dim=4, num_heads=2).eval())  # C from its first Linear
+    assert not checked.equivalent
+    assert checked.verdict.diagnosis is not None and checked.verdict.diagnosis.kind == "scaled_by_sqrt_C"
+    text = "".join(shown(checked._repr_html_()).parts)
+    assert "NOT equivalent" in text and "scaled_by_sqrt_C" in text
+    assert mha_tui.check(_module()).equivalent  # and the right one is
+
+
+def test_check_of_numpy_code_matches_the_cli() -> None:
+    """mha_tui.check(Blueprint(...)) judges exactly what `mha-tui check --model blueprint` does."""
+    checked = mha_tui.check(Blueprint(4, 2, seed=0))
+    assert "torch" not in checked.trace.recording.library
+    result = run_cli("check", "--model", "blueprint", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    cli = json.loads(result.stdout)
+    mine = json.loads(__import__("mha_tui.check.report", fromlist=["to_json"]).to_json([checked.verdict]))
+    strip = [{k: row[k] for k in ("kind", "ok", "max_diff", "line", "checked")} for row in cli["stages"]]
+    assert [{k: row[k] for k in ("kind", "ok", "max_diff", "line", "checked")}
+            for row in mine["stages"]] == strip
+    assert checked.equivalent
+    # A NumPy trace shows itself too.
+    trace = mha_tui.trace(Blueprint(4, 2, seed=0), np.ones((3, 4), dtype=np.float32))
+    assert "head 1" in "".join(shown(trace.stage("softmax")._repr_html_()).parts)
+
+
+def test_the_walkthrough_notebook_runs() -> None:
+    """examples/walkthrough.ipynb, executed by a real kernel: a stage chooser, every stage's
+    title as HTML, one stage, and both verdicts."""
+    nbformat = pytest.importorskip("nbformat", reason="the [notebook] extra is not installed")
+    nbclient = pytest.importorskip("nbclient", reason="the [notebook] extra is not installed")
+    pytest.importorskip("ipykernel", reason="the [notebook] extra is not installed")
+    book = nbformat.read(WALKTHROUGH, as_version=4)
+    nbclient.NotebookClient(book, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": ROOT}}).execute()
+    outputs = [out for cell in book.cells if cell.cell_type == "code" for out in cell.outputs]
+    assert not [out for out in outputs if out.output_type == "error"]
+    results = [out.data for out in outputs if out.output_type == "execute_result"]
+    trace_out, stage_out, check_out, numpy_out = results
+    assert "application/vnd.jupyter.widget-view+json" in trace_out
+    page = shown(trace_out["text/html"])
+    assert page.sections == ["project", "view", "transpose", "scores", "scale", "mask", "softmax",
+                             "attend", "concat", "w_o"]
+    text = "".join(page.parts)
+    for title in ("Project to queries, keys and values", "Softmax: scores become weights",
+                  "Output projection W_O"):
+        assert title in text
+    assert shown(stage_out["text/html"]).sections == ["softmax"]
+    assert "equivalent to multi-head attention" in "".join(shown(check_out["text/html"]).parts)
+    assert "equivalent to multi-head attention" in "".join(shown(numpy_out["text/html"]).parts)
