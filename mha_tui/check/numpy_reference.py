@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .judge import RoleWeights
+from .results import RoleWeights
 
 
 def _linear(x: np.ndarray, weight_bias: tuple[np.ndarray, np.ndarray | None]) -> np.ndarray:

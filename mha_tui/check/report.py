@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..render import printable
-from .judge import StageVerdict, Verdict
+from .results import StageVerdict, Verdict
 
 MARKS = {True: ("✓", "green"), False: ("✗", "bold red"), None: ("·", "dim")}
 ASCII_MARKS = {True: ("ok", "green"), False: ("X", "bold red"), None: ("-", "dim")}
