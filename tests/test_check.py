@@ -151,12 +151,12 @@ def test_no_causal_judges_against_unmasked_attention() -> None:
 
 def test_a_judgement_that_fails_is_a_row_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
     """A module no rule foresaw: the row says it was not judged, the rest stands."""
-    from mha_tui.check.judge import Judge
+    from mha_tui.recognise.kinds import softmax
 
-    def broken(self: Judge) -> list:
+    def broken(j: object) -> list:
         raise IndexError("no such axis")
 
-    monkeypatch.setattr(Judge, "softmax_rows", broken)
+    monkeypatch.setattr(softmax, "judge", broken)
     verdict = judged(model="course")
     row = next(r for r in verdict.stages if "could not read" in r.checked)
     assert row.ok is None and "IndexError: no such axis" in row.checked
@@ -167,7 +167,8 @@ def test_the_numbers_behind_the_verdicts() -> None:
     """Equal infinities are equal, NaN where NaN is expected is equal, a scale is a ratio."""
     import numpy as np
 
-    from mha_tui.check.judge import _ratio, blocked, close, max_diff, softmax
+    from mha_tui.check.numeric import blocked, close, max_diff, ratio
+    from mha_tui.recognise.vocab import softmax
 
     inf = float("inf")
     assert max_diff(np.array([-inf, 1.0]), np.array([-inf, 1.0])) == 0.0
@@ -176,7 +177,7 @@ def test_the_numbers_behind_the_verdicts() -> None:
     assert max_diff(np.zeros(2), np.zeros(3)) == inf
     assert blocked(np.array([-inf, -1e9, np.finfo(np.float32).min, -5.0, 0.0])).tolist() == [
         True, True, True, False, False]
-    assert _ratio(np.array([1.0, -inf, 2.0]), np.array([2.0, -inf, 4.0])) == 0.5
+    assert ratio(np.array([1.0, -inf, 2.0]), np.array([2.0, -inf, 4.0])) == 0.5
     assert close(softmax(np.array([[0.0, -inf]])), np.array([[1.0, 0.0]]))[0]
     assert not close(np.array([1.0]), np.array([1.001]))[0]
 

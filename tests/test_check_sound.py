@@ -151,9 +151,9 @@ def test_the_end_to_end_row_is_there_for_the_catalogue(name: str) -> None:
 def test_no_end_to_end_means_not_equivalent(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the reference cannot be computed (here: its weights cannot be found by role),
     the verdict is never "equivalent", however well the stages did."""
-    from mha_tui.check.judge import Judge
+    from mha_tui.check import verdict as verdict_module
 
-    monkeypatch.setattr(Judge, "role_weights", lambda self: None)
+    monkeypatch.setattr(verdict_module, "role_weights", lambda j: None)
     verdict = judged(f"{MISTAKES / 'correct.py'}:MultiHeadAttention")
     assert not verdict.equivalent
     assert verdict.end_to_end is not None and verdict.end_to_end.ok is None

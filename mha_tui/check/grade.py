@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .judge import Diagnosis, Verdict
+from .results import Diagnosis, Verdict
 from .outcome import COULD_NOT_JUDGE, EXIT_CODES, Outcome
 
 DEFAULT_TIMEOUT = 20.0  # seconds per submission, torch's import included

@@ -5,13 +5,19 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...records import Check, OpRecord, Stage, TensorRecord
 from ..builder import BTC
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
 from ..sizes import Sizes
-from .project import build_projection, weight_product
+from .project import build_projection, linear_row, weight_product
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "w_o"
 
@@ -49,3 +55,33 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
 def _concat_name(m: StageMaker) -> str:
     stage = m.made.get("concat")
     return stage.tensors[-1].name if stage else "context"
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    stages = [s for s in j.trace.stages if s.kind == "w_o"]
+    if stages:
+        return [linear_row(j, s, "w_o") for s in stages]
+    if j.trace.failed:
+        return []
+    used = {r.name for op in j.g.ops for r in op.inputs if r.kind == "param"}
+    unused = [(n, s) for n, s in j.facts.parameters if n not in used and len(s) == 2]
+    last = j.g.ops[-1] if j.g.ops else None
+    src = last.source if last is not None else None
+    if unused:
+        name, shape = unused[0]
+        return [j.row(None, "w_o", False, None,
+                         "the concatenated heads go through the output projection",
+                         source=src, position=len(j.trace.stages) + 1,
+                         diagnosis=("no_output_projection",
+                                    f"no output projection: the module has {name} "
+                                    f"{tuple(shape)} but its forward never uses it, so the "
+                                    "concatenated heads are returned unmixed"))]
+    j.differences.append("has no output projection (the heads' concatenation is the "
+                            "output, as in Raschka's MultiHeadAttentionWrapper): compared "
+                            "with a reference whose W_O is the identity")
+    return []
+
+# ------------------------------------------------------------ sdpa
