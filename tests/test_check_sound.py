@@ -46,8 +46,6 @@ runner = CliRunner()
 
 # Not done yet: the mark comes off the test that the change makes pass (strict: a test that
 # passes while still marked fails the suite, so no mark outlives its fix).
-SOUNDNESS = pytest.mark.xfail(strict=True, reason="issue 18: check is not sound yet")
-NAN = pytest.mark.xfail(strict=True, reason="issue 15.3: NaN and fully masked rows")
 MECHANISM = pytest.mark.xfail(strict=True, reason="issue 18: mechanisms are not named yet")
 EXPECT = pytest.mark.xfail(strict=True, reason="issue 18: --expect/--window not there yet")
 
@@ -73,7 +71,6 @@ def said(verdict) -> str:
 # ---------------------------------------------------------------------------- no attention
 
 
-@SOUNDNESS
 @pytest.mark.parametrize("name", ["return_x", "single_linear", "no_weights"])
 def test_no_attention_found(name: str) -> None:
     """An empty forward, one nn.Linear, attention with no weights: "no attention found"."""
@@ -84,7 +81,6 @@ def test_no_attention_found(name: str) -> None:
     assert not any(d.startswith("Different but equivalent") for d in verdict.differences)
 
 
-@SOUNDNESS
 def test_a_wrong_output_shape_is_named_with_both_shapes() -> None:
     path = UNSOUND / "wrong_shape.py"
     verdict = judged(spec("wrong_shape"))  # T = 4 tokens, C = 4
@@ -97,7 +93,6 @@ def test_a_wrong_output_shape_is_named_with_both_shapes() -> None:
 # ---------------------------------------------------------------------------- unplaced ops
 
 
-@SOUNDNESS
 @pytest.mark.parametrize(("name", "words"), [
     ("roll_k", ("torch.roll", "K", "along T")),
     ("relu_v", ("relu", "V")),
@@ -114,7 +109,6 @@ def test_an_extra_op_that_changes_values_is_wrong_at_its_line(name: str, words: 
         assert word in verdict.diagnosis.message, verdict.diagnosis.message
 
 
-@SOUNDNESS
 def test_a_roll_says_which_token_sees_which() -> None:
     """torch.roll(k, 1, dims=2): column j of the scores holds token j-1's key, so token 0's
     query meets the last token's key: a token sees a later one."""
@@ -126,12 +120,7 @@ def test_a_roll_says_which_token_sees_which() -> None:
 ALL_RUNNING = [p.stem for p in sorted(UNSOUND.glob("[a-z]*.py")) if p.stem != "__init__"]
 
 
-NO_END_TO_END_TODAY = {"no_weights", "relu_v", "return_x", "roll_k", "rotary", "single_linear",
-                       "wrong_shape"}
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=SOUNDNESS) if n in NO_END_TO_END_TODAY else n for n in ALL_RUNNING])
+@pytest.mark.parametrize("name", ALL_RUNNING)
 def test_the_end_to_end_row_is_always_there(name: str) -> None:
     """Every module whose forward returns has an end-to-end row; where the reference could
     not be computed the row says so (ok None) and the verdict is not "equivalent"."""
@@ -147,7 +136,6 @@ def test_the_end_to_end_row_is_there_for_the_catalogue(name: str) -> None:
     assert verdict.end_to_end is not None
 
 
-@SOUNDNESS
 def test_no_end_to_end_means_not_equivalent(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the reference cannot be computed (here: its weights cannot be found by role),
     the verdict is never "equivalent", however well the stages did."""
@@ -163,11 +151,10 @@ def test_no_end_to_end_means_not_equivalent(monkeypatch: pytest.MonkeyPatch) -> 
 # ---------------------------------------------------------------------------- mechanisms
 
 
-@MECHANISM
 @pytest.mark.parametrize(("name", "words"), [
-    ("rotary", "rotary positions"),
+    pytest.param("rotary", "rotary positions", marks=MECHANISM),
     ("alibi", "ALiBi bias added to the scores"),
-    ("sliding_window", "sliding window of 2"),
+    pytest.param("sliding_window", "sliding window of 2", marks=MECHANISM),
     ("layernorm", "a LayerNorm on x"),
 ])
 def test_a_known_mechanism_is_named_at_its_line(name: str, words: str) -> None:
@@ -213,7 +200,6 @@ def test_expecting_rotary_of_a_plain_module_is_not_equivalent() -> None:
 # ---------------------------------------------------------------------------- NaN
 
 
-@NAN
 def test_a_fully_masked_row_is_named_where_nan_first_appears() -> None:
     """tril(diagonal=-1): token 0 may look at nothing; its softmax row is NaN."""
     path = UNSOUND / "fully_masked_row.py"
@@ -224,7 +210,6 @@ def test_a_fully_masked_row_is_named_where_nan_first_appears() -> None:
     assert verdict.diagnosis.line == marked(path)
 
 
-@NAN
 def test_stages_that_only_carry_nan_are_not_blamed() -> None:
     verdict = judged(spec("fully_masked_row"))
     after = [r for r in verdict.stages if r.kind in ("softmax", "attend", "concat", "w_o")]
@@ -233,7 +218,6 @@ def test_stages_that_only_carry_nan_are_not_blamed() -> None:
     assert end is not None and end.max_diff is not None and not math.isinf(end.max_diff)
 
 
-@NAN
 def test_check_never_prints_inf_for_a_nan_difference() -> None:
     result = runner.invoke(app, ["check", spec("fully_masked_row"), "--width", "200"])
     assert result.exit_code == 1
@@ -241,7 +225,6 @@ def test_check_never_prints_inf_for_a_nan_difference() -> None:
     assert "inf" not in row, row
 
 
-@NAN
 def test_the_transcript_marks_no_nan_carrying_stage_wrong() -> None:
     """explain's own checks: attend, concat and w_o compare NaN with NaN, and agree."""
     from mha_tui.cli import _checked
@@ -332,7 +315,6 @@ def tampered(draw):
     return style, tamper
 
 
-@SOUNDNESS
 @few
 @given(tampered(), sizes)
 def test_one_value_changing_line_is_never_equivalent(case, size) -> None:

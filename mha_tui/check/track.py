@@ -261,7 +261,10 @@ def describe(found: Departure, T: int) -> str:
     if name == "roll":
         axis, _ = _axis(op, before, ndim or 4)
         shift = _shift(op)
-        amount = f"{shift} position{'s' if shift not in (1, -1) else ''}" if shift else "some positions"
+        words = {1: "one position", 2: "two positions", 3: "three positions"}
+        amount = words.get(abs(shift), f"{abs(shift)} positions") if shift else "some positions"
+        if shift and shift < 0:
+            amount += " back"
         text = f"torch.roll shifted {role} by {amount} along {axis or 'an axis'}"
         if shift and role in ("K", "V") and axis == "T":
             seen = _seen_later(shift, T)

@@ -13,7 +13,10 @@ from ..recognise.registry import JUDGES
 from ..records import Trace
 from .judging import Judge, Row
 from .numeric import close, f64, linear_parts
+from .numpy_reference import steps
 from .results import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
+from .track import departure, describe
+from .whole import Finding, nan_origin, no_attention, output_shape
 
 
 def judge(trace: Trace, facts: Facts, label: str = "") -> Verdict:
@@ -53,16 +56,85 @@ def run(j: Judge) -> Verdict:
         diagnosis = diagnosis or crash[1]
     end = None
     if crash is None:
-        try:
-            end, mismatch = _end_to_end(j)
-        except Exception:  # no comparison rather than no verdict
-            end, mismatch = None, None
-        if end is not None and end.ok is False and diagnosis is None:
-            diagnosis = mismatch
+        end, diagnosis = _whole(j, diagnosis)
+    # Equivalent only when the output equals the reference's end to end: a row that could
+    # not be computed (ok None) is never a pass.
     equivalent = diagnosis is None and all(v.ok is not False for v in verdicts) and (
-        end is None or end.ok is not False)
+        end is not None and end.ok is True)
     return Verdict(j.label, equivalent, tuple(verdicts), diagnosis,
                    tuple(d for d in dict.fromkeys(j.differences) if d), end)
+
+
+def _whole(j: Judge, diagnosis: Diagnosis | None) -> tuple[StageVerdict, Diagnosis | None]:
+    """The whole forward, after its stages: is it attention at all, is its output x's shape,
+    does it equal the reference end to end, and if not, where does it leave it; where NaN
+    first appears. Returns the end-to-end row (always one) and the diagnosis."""
+    rec = j.g.rec
+    out_ref = rec.output
+    last = j.g.ops[out_ref.op] if out_ref is not None and out_ref.kind == "op" \
+        and out_ref.op is not None else None
+    file, line = j.where(last.source if last is not None else None)
+    found = no_attention(rec, j.g.x_names, j.facts.parameters)
+    if found is not None:
+        j.differences.clear()  # "equivalent" words about a module that does not attend
+        return (StageVerdict("", "end_to_end", None, None, file, line,
+                             "not compared: there is no attention to compare"),
+                _diagnosis(found))
+    shape = output_shape(rec, j.g.x_names)
+    if shape is not None:
+        row = StageVerdict("", "end_to_end", False, None, file, line,
+                           "output = the reference's, of x's shape (B, T, C)")
+        return row, diagnosis or _diagnosis(shape)
+    try:
+        end, mismatch = _end_to_end(j)
+    except Exception as error:  # no comparison: said, and never a pass
+        end = StageVerdict("", "end_to_end", None, None, file, line,
+                           f"not compared: the reference could not be computed "
+                           f"({type(error).__name__}: {error})")
+        mismatch = None
+    nan = nan_origin(rec, j.g.x_names)
+    if end.ok is None and diagnosis is None:
+        diagnosis = Diagnosis("no_reference", end.file, end.line,
+                              f"could not judge: {end.checked.removeprefix('not compared: ')}",
+                              "end_to_end")
+    if end.ok is False and diagnosis is None:
+        diagnosis = _departure(j, end) or (
+            _diagnosis(nan[0], "nan") if nan is not None else None) or mismatch
+    if nan is not None and diagnosis is not None and nan[0].message not in diagnosis.message:
+        finding = nan[0]
+        nan_file, nan_line = j.where(finding.source)
+        if (nan_file, nan_line) == (diagnosis.file, diagnosis.line):
+            diagnosis = Diagnosis(diagnosis.kind, diagnosis.file, diagnosis.line,
+                                  f"{diagnosis.message}; {finding.message}", diagnosis.stage)
+    return end, diagnosis
+
+
+def _diagnosis(found: Finding, stage: str = "") -> Diagnosis:
+    file = found.source.file if found.source is not None else ""
+    line = found.source.line if found.source is not None else 0
+    return Diagnosis(found.kind, file, line, found.message, stage or found.kind)
+
+
+def _departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
+    """The line where the module leaves the reference computation, and what it did there."""
+    weights = role_weights(j)
+    x = next((snap.values for name, snap in j.g.rec.inputs if name in j.g.x_names), None)
+    if weights is None or x is None:
+        return None
+    found = departure(j.g.rec, j.g.x_names, steps(np.asarray(x), weights, j.h, j.facts.causal))
+    if found is None:
+        return None
+    words = describe(found, j.T)
+    file, line = j.where(found.op.source)
+    stage = j.stage_of.get(found.op.index)
+    mechanism = words.startswith(("ALiBi", "a LayerNorm", "rotary"))
+    kind = "mechanism" if mechanism else "extra_op"
+    lead = f"differs: {words} at line {line}" if mechanism else f"{words} (line {line})"
+    return Diagnosis(kind, file, line,
+                     f"{lead}: the module leaves the attention computation here; every stage "
+                     f"after it is right for its own input, and the output differs from the "
+                     f"reference by up to {end.max_diff:.3g}",
+                     stage.kind if stage is not None else "op")
 
 
 def _crash(j: Judge) -> tuple[StageVerdict, Diagnosis] | None:
@@ -116,7 +188,7 @@ def role_weights(j: Judge) -> RoleWeights | None:
     for role, entries in j.head_operands().items():
         done: set[int] = set()
         for _, ref, _ in entries:
-            part, _, product, _ = j.chain_to_projection(ref)
+            part, _, product, _ = j.chain_to_projection(ref, through=True)
             if part is None or product is None:
                 return None
             if product.index in done:
@@ -125,6 +197,8 @@ def role_weights(j: Judge) -> RoleWeights | None:
             _, w, b = linear_parts(j.g, product)  # type: ignore[misc]
             out = f64(product.out.values)
             width = part.shape[-1]
+            if out.shape[-1] == j.C and w.shape == (j.C, j.C):
+                width = j.C  # one head's slice of a whole (C, C) projection: all of it
             if out.shape[-1] != width:
                 key = np.sort(f64(part).reshape(-1))
                 start = next((o for o in range(0, out.shape[-1] - width + 1, width)
@@ -159,30 +233,47 @@ def role_weights(j: Judge) -> RoleWeights | None:
     return RoleWeights(result["Q"], result["K"], result["V"], o, tuple(dict.fromkeys(how)))
 
 
-def _end_to_end(j: Judge) -> tuple[StageVerdict | None, Diagnosis | None]:
+def _end_to_end(j: Judge) -> tuple[StageVerdict, Diagnosis | None]:
+    """The output against the reference with the module's weights copied in by role: always
+    a row; ok None (never a pass) when the reference cannot be computed, with the reason.
+    NaN where the reference has numbers is a difference, counted apart (never `inf`)."""
     reference = j.facts.reference
     out_ref = j.g.rec.output
-    if reference is None or out_ref is None:
-        return None, None
+    last = j.g.ops[out_ref.op] if out_ref is not None and out_ref.op is not None else None
+    file, line = j.where(last.source if last is not None else None)
+
+    def not_compared(why: str) -> tuple[StageVerdict, None]:
+        return StageVerdict("", "end_to_end", None, None, file, line, f"not compared: {why}"), None
+
+    if reference is None:
+        return not_compared("no reference computation was given")
+    if out_ref is None:
+        return not_compared("the forward returned no tensor")
     weights = role_weights(j)
     if weights is None:
-        return None, None
+        return not_compared("the weights of Q, K and V could not be found by role (each "
+                            "must be a (C, C) linear map of x, or a slice of a fused one)")
     x = next((snap.values for name, snap in j.g.rec.inputs if name in j.g.x_names), None)
     if x is None:
-        return None, None
+        return not_compared("the forward has no input x to give the reference")
     expected = reference(np.asarray(x), weights, j.h, j.facts.causal)
     got = f64(j.g.snap(out_ref).values)
     if got.size != expected.size:
-        return None, None
+        return not_compared(f"the output has {got.size} numbers, the reference's {expected.size}")
     got = got.reshape(expected.shape)
-    good, d = close(got, expected)
-    last = j.g.ops[out_ref.op] if out_ref.op is not None else None
-    file, line = j.where(last.source if last is not None else None)
+    new_nan = np.isnan(got) & ~np.isnan(expected)
+    good, d = close(np.where(new_nan, expected, got), expected)
     how = "; ".join(weights.how)
-    verdict = StageVerdict("", "end_to_end", good, d, file, line,
-                           f"output = {j.facts.reference_name} with these weights copied in "
-                           f"by role{f' ({how})' if how else ''}")
+    checked = (f"output = {j.facts.reference_name} with these weights copied in by role"
+               f"{f' ({how})' if how else ''}")
+    nan_words = ""
+    if new_nan.any():
+        good = False
+        nan_words = (f"; {int(new_nan.sum())} of the output's numbers are NaN where the "
+                     f"reference's are not")
+        checked += nan_words
+    verdict = StageVerdict("", "end_to_end", good, d, file, line, checked)
     diag = Diagnosis("output_differs", file, line,
                      f"every stage checked out, but the output differs from the reference by "
-                     f"up to {d:.3g}", "end_to_end")
+                     f"up to {d:.3g}{nan_words}", "end_to_end")
     return verdict, diag

@@ -114,7 +114,7 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
                     product = product + m.snap(bias_refs[0]).values
                     has_bias = True
                 ok_all &= bool(np.allclose(product.reshape(last.values.shape), last.values,
-                                           atol=1e-5, rtol=1e-4))
+                                           atol=1e-5, rtol=1e-4, equal_nan=True))
             weights.append((w_ref, w, stored_out_in))
             biases.extend(m.snap(r) for r in bias_refs)
             outs.append((op, last))

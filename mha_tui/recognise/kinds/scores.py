@@ -54,7 +54,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                 product = a @ c
             if op.name == "baddbmm":
                 product = product + m.snap(m.g.other_inputs(op)[0]).values
-            ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4))
+            ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4, equal_nan=True))
     first = m.op(unit.ops[0])
     name = m.tensor_name(first, fallback="scores")
     h = m.s.h

@@ -75,7 +75,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> list[Stage]:
     context = (weights @ v).astype(np.float32)
     fused = op.out.values
     diff = float(np.max(np.abs(context - fused))) if context.size else 0.0
-    close = bool(np.allclose(context, fused, **SDPA_TOLERANCE))
+    close = bool(np.allclose(context, fused, equal_nan=True, **SDPA_TOLERANCE))
     label = ("Computed by mha-tui from the inputs of F.scaled_dot_product_attention, the way "
              "PyTorch documents its reference implementation; the module itself ran the fused op.")
     stages = []
