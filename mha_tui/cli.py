@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -70,6 +70,11 @@ class CheckFormat(StrEnum):
     text = "text"
     json = "json"
     csv = "csv"
+
+
+class ExpectKind(StrEnum):
+    attention = "attention"
+    rotary = "rotary"
 
 
 # --model's choices, listed in --help: the tutorials' modules in mha_tui/examples.
@@ -479,6 +484,8 @@ def check(
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Grading several modules: the time each may take in its own process, torch's import included.")] = 20.0,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Grading several modules: how many run at once (default: the number of CPUs, at most 4).", show_default=False)] = None,
     memory: Annotated[int, typer.Option("--memory", metavar="MB", help="Grading several modules: the memory each may take beyond what mha-tui itself uses (Linux).")] = 2048,
+    expect: Annotated[ExpectKind, typer.Option("--expect", help="What you meant to build: plain multi-head attention, or with rotary positions (full, base 10000) on Q and K.", case_sensitive=False)] = ExpectKind.attention,
+    window: Annotated[int | None, typer.Option("--window", metavar="N", help="You meant a causal sliding window: each token sees itself and the N - 1 tokens before it.", show_default=False)] = None,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
@@ -509,6 +516,9 @@ def check(
         fail(f"--jobs must be at least 1, got {jobs}")
     if memory < 64:
         fail(f"--memory must be at least 64 MB, got {memory}")
+    if window is not None and window < 1:
+        fail(f"--window must be at least 1, got {window}")
+    wanted = Expect(rotary=expect is ExpectKind.rotary, window=window)
     from .check.grade import GradeError, Submission, find_submissions, is_batch
 
     try:
@@ -528,7 +538,7 @@ def check(
     verdict = None
     if len(submissions) > 1 or is_batch(specs or []):
         reports = _grade(config, submissions, init=init or [], weights=weights,
-                         timeout=timeout, jobs=jobs, memory=memory)
+                         timeout=timeout, jobs=jobs, memory=memory, expect=wanted)
     else:  # one module, judged here: the whole report
         from .check.report import verdict_json
         from .learner import LoadError
@@ -536,7 +546,7 @@ def check(
         one = submissions[0]
         try:
             verdict = check_source(config, _check_source(one.model, one.module, init or [],
-                                                         weights))
+                                                         weights), wanted)
         except LoadError as error:
             fail(str(error).removeprefix("--module "))  # here the module is an argument
         reports = [verdict_json(verdict)]
@@ -545,7 +555,7 @@ def check(
 
 
 def _grade(config: Config, submissions: list, *, init: list[str], weights: Path | None,
-           timeout: float, jobs: int | None, memory: int) -> list[dict]:
+           timeout: float, jobs: int | None, memory: int, expect: Expect) -> list[dict]:
     """Each submission in its own process (check/grade.py); a progress bar on stderr while
     they run, when stderr is a terminal."""
     from .check.grade import Limits, grade
@@ -553,7 +563,8 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
     limits = Limits(sentence=config.sentence, embed_dim=config.embed_dim, heads=config.num_heads,
                     seed=config.seed, causal=config.causal, max_seq_len=config.max_seq_len,
                     init=tuple(init), weights=None if weights is None else str(weights),
-                    timeout=timeout, memory=memory << 20)
+                    timeout=timeout, memory=memory << 20, rotary=expect.rotary,
+                    window=expect.window)
     jobs = jobs or max(1, min(os.cpu_count() or 1, 4))
     if not (sys.stderr is not None and sys.stderr.isatty()):
         return [g.report for g in grade(submissions, limits, jobs=jobs)]
@@ -585,15 +596,17 @@ def _check_source(model: str | None, module: str | None, init: list[str],
         fail(str(error))
 
 
-def _checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
-                                                       Callable[[Trace], Verdict]]:
+def _checked(config: Config, source: Source, expect: Expect | None = None
+             ) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
     """Build the module now (bad input fails here, exit 2); return how to trace it and how
-    to judge a trace of it: load -> trace -> what needs running again (torch) -> judge."""
+    to judge a trace of it: load -> trace -> what needs running again (torch) -> judge.
+    `expect`: what the learner meant to build (--expect rotary, --window N)."""
     from .load_numpy import load as load_numpy
 
+    grown = (expect or Expect()).facts()
     numpy_loaded = load_numpy(config, source)
     if numpy_loaded is not None:  # NumPy code: judged the same way, without torch
-        return _checked_numpy(config, numpy_loaded)
+        return _checked_numpy(config, numpy_loaded, grown)
     from .load import load
 
     loaded = load(config, source)
@@ -613,14 +626,14 @@ def _checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
         facts = Facts(causal=config.causal, heads=config.num_heads,
                       parameters=parameter_shapes(loaded.module),
                       second=second_recording(loaded.module, loaded.x, call),
-                      reference=reference_output, training=loaded.module.training)
+                      reference=reference_output, training=loaded.module.training, **grown)
         return judge(traced, facts, loaded.label)
 
     return run, checker
 
 
-def _checked_numpy(config: Config, loaded: LoadedNumpy) -> tuple[Callable[[Config], Trace],
-                                                                  Callable[[Trace], Verdict]]:
+def _checked_numpy(config: Config, loaded: LoadedNumpy, grown: dict[str, object]
+                   ) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
     """_checked for a NumPy module: a second NumPy recording, its arrays as parameters,
     and the blueprint's computation in NumPy as the end-to-end reference."""
     from .load_numpy import traced
@@ -639,15 +652,28 @@ def _checked_numpy(config: Config, loaded: LoadedNumpy) -> tuple[Callable[[Confi
                                        for name, a in module_arrays(loaded.module).items()),
                       second=None if again.error else again.recordings[""],
                       reference=reference_output, training=False,
-                      reference_name="the NumPy blueprint's computation")
+                      reference_name="the NumPy blueprint's computation", **grown)
         return judge(trace, facts, loaded.label)
 
     return traced(loaded), checker
 
 
-def check_source(config: Config, source: Source) -> Verdict:
+@dataclass(frozen=True)
+class Expect:
+    """What the learner meant to build, when it is not plain multi-head attention:
+    `--expect rotary` (rotary positions, full, base 10000), `--window N` (a causal sliding
+    window of N tokens). The reference grows the mechanism."""
+
+    rotary: bool = False
+    window: int | None = None
+
+    def facts(self) -> dict[str, object]:
+        return {"rotary": self.rotary, "window": self.window}
+
+
+def check_source(config: Config, source: Source, expect: Expect | None = None) -> Verdict:
     """Judge one module: what `mha-tui check` does for each it is given."""
-    run, checker = _checked(config, source)
+    run, checker = _checked(config, source, expect)
     return checker(run(config))
 
 

@@ -87,14 +87,15 @@ def judge(request: dict[str, Any]) -> dict[str, Any]:
         # torch and the tracer are imported here, before the cap: their size is not the
         # learner's to pay for.
         from .check.report import verdict_json
-        from .cli import check_source
+        from .cli import Expect, check_source
         from .learner import LoadError
 
         _preload()
 
         _limit_resources(request["memory"])
         try:
-            verdict = check_source(config, source)
+            verdict = check_source(config, source, Expect(rotary=bool(request.get("rotary")),
+                                                          window=request.get("window")))
         except LoadError as error:
             return unjudged(shown, "load_error", str(error).removeprefix("--module "))
         return verdict_json(verdict)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import math
 import tempfile
 from pathlib import Path
@@ -46,8 +47,6 @@ runner = CliRunner()
 
 # Not done yet: the mark comes off the test that the change makes pass (strict: a test that
 # passes while still marked fails the suite, so no mark outlives its fix).
-MECHANISM = pytest.mark.xfail(strict=True, reason="issue 18: mechanisms are not named yet")
-EXPECT = pytest.mark.xfail(strict=True, reason="issue 18: --expect/--window not there yet")
 
 
 def spec(name: str) -> str:
@@ -152,9 +151,9 @@ def test_no_end_to_end_means_not_equivalent(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.parametrize(("name", "words"), [
-    pytest.param("rotary", "rotary positions", marks=MECHANISM),
+    ("rotary", "rotary positions"),
     ("alibi", "ALiBi bias added to the scores"),
-    pytest.param("sliding_window", "sliding window of 2", marks=MECHANISM),
+    ("sliding_window", "sliding window of 2"),
     ("layernorm", "a LayerNorm on x"),
 ])
 def test_a_known_mechanism_is_named_at_its_line(name: str, words: str) -> None:
@@ -167,7 +166,6 @@ def test_a_known_mechanism_is_named_at_its_line(name: str, words: str) -> None:
         or verdict.diagnosis.line == marked(path, "# DIFFERS")
 
 
-@MECHANISM
 def test_an_inverted_boolean_mask_is_named() -> None:
     path = UNSOUND / "sdpa_inverted.py"
     verdict = judged(spec("sdpa_inverted"))
@@ -176,7 +174,6 @@ def test_an_inverted_boolean_mask_is_named() -> None:
     assert verdict.diagnosis.line == marked(path)
 
 
-@EXPECT
 @pytest.mark.parametrize("args", [
     ["rotary", "--expect", "rotary"],
     ["sliding_window", "--window", "2"],
@@ -189,12 +186,39 @@ def test_the_learner_says_what_they_meant_to_build(args: list[str]) -> None:
     assert "equivalent" in result.output and "NOT" not in result.output
 
 
-@EXPECT
 def test_expecting_rotary_of_a_plain_module_is_not_equivalent() -> None:
     result = runner.invoke(app, ["check", f"{MISTAKES / 'correct.py'}:MultiHeadAttention",
-                                 "--expect", "rotary"])
+                                 "--expect", "rotary", "--width", "200"])
     assert result.exit_code == 1, result.output
-    assert "rotary" in result.output
+    assert "no rotary positions" in result.output
+
+
+def test_a_window_expected_but_not_built_is_said() -> None:
+    verdict = judged_expecting(f"{MISTAKES / 'correct.py'}:MultiHeadAttention", window=2)
+    assert not verdict.equivalent
+    assert verdict.diagnosis.kind == "window_missing"
+    assert "--window 2" in verdict.diagnosis.message
+
+
+def test_a_plain_module_is_not_a_window_of_t() -> None:
+    """A window as wide as the sentence blocks nothing more: plain causal attention is it."""
+    verdict = judged_expecting(f"{MISTAKES / 'correct.py'}:MultiHeadAttention", window=4)
+    assert verdict.equivalent, verdict.diagnosis
+
+
+def test_grading_passes_the_expectation_to_every_worker() -> None:
+    """Several modules are judged in worker processes: --expect reaches each of them."""
+    result = runner.invoke(app, ["check", spec("rotary"), spec("alibi"), "--expect", "rotary",
+                                 "--format", "json"])
+    data = json.loads(result.stdout)
+    assert [d["verdict"] for d in data] == ["equivalent", "NOT equivalent"], data
+
+
+def judged_expecting(spec_: str, **expect):
+    from mha_tui.cli import Expect, check_source
+    from mha_tui.config import Config, Source
+
+    return check_source(Config("I love AI !"), Source(module=spec_), Expect(**expect))
 
 
 # ---------------------------------------------------------------------------- NaN

@@ -115,19 +115,85 @@ def _diagnosis(found: Finding, stage: str = "") -> Diagnosis:
     return Diagnosis(found.kind, file, line, found.message, stage or found.kind)
 
 
+def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
+               ) -> tuple[np.ndarray, str, dict[str, object]]:
+    """The reference's output, its name, and how it was grown (steps' keyword arguments).
+
+    Plain attention is the torch-side reference module (Facts.reference); a mechanism the
+    learner said they meant to build (--expect rotary, --window N) is grown into the NumPy
+    reference (numpy_reference.steps); for rotary, the channel-pair layout that fits."""
+    if not (j.facts.rotary or j.facts.window):
+        assert j.facts.reference is not None
+        return j.facts.reference(x, weights, j.h, j.facts.causal), j.facts.reference_name, {}
+    grown: list[str] = []
+    if j.facts.window:
+        grown.append(f"a sliding window of {j.facts.window}")
+    tries: list[dict[str, object]] = [{"window": j.facts.window}]
+    if j.facts.rotary:
+        tries = [{"window": j.facts.window, "rotary": layout} for layout in ("half", "interleaved")]
+    best = None
+    for kwargs in tries:
+        out = steps(x, weights, j.h, j.facts.causal, **kwargs)[-1].values  # type: ignore[arg-type]
+        out = out if np.ndim(x) == 3 else out[0]
+        d = close(got.reshape(out.shape), out)[1] if got.size == out.size else np.inf
+        if best is None or d < best[0]:
+            best = (d, out, kwargs)
+    assert best is not None
+    _, out, kwargs = best
+    if kwargs.get("rotary"):
+        pairs = "rotate_half" if kwargs["rotary"] == "half" else "interleaved pairs"
+        grown.insert(0, f"rotary positions (full, base 10000, {pairs})")
+    causal = "causal" if j.facts.causal else "unmasked"
+    return out, f"the NumPy reference ({causal}, with {' and '.join(grown)})", kwargs
+
+
+def _mechanism(j: Judge, x: np.ndarray, weights: RoleWeights) -> str | None:
+    """A known mechanism that explains the whole output: rotary positions."""
+    got = f64(j.g.snap(j.g.rec.output).values) if j.g.rec.output is not None else None
+    if got is None or j.facts.rotary:
+        return None
+    for layout, pairs in (("half", "rotate_half"), ("interleaved", "interleaved pairs")):
+        out = steps(x, weights, j.h, j.facts.causal, window=j.facts.window, rotary=layout)[-1].values
+        out = out if np.ndim(x) == 3 else out[0]
+        if got.size == out.size and close(got.reshape(out.shape), out)[0]:
+            return (f"rotary positions on Q and K (full, base 10000, {pairs}): the output is "
+                    f"causal attention with rotary positions, right for a rotary exercise "
+                    f"(check --expect rotary); plain multi-head attention has no positions")
+    return None
+
+
+def _missing_rotary(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray) -> str | None:
+    """--expect rotary, and the output is attention without positions."""
+    if not j.facts.rotary:
+        return None
+    out = steps(x, weights, j.h, j.facts.causal, window=j.facts.window)[-1].values
+    out = out if np.ndim(x) == 3 else out[0]
+    if got.size == out.size and close(got.reshape(out.shape), out)[0]:
+        return ("no rotary positions: the output is attention without positions, but "
+                "--expect rotary wants Q and K rotated by position (full, base 10000) before "
+                "the scores")
+    return None
+
+
 def _departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
     """The line where the module leaves the reference computation, and what it did there."""
     weights = role_weights(j)
     x = next((snap.values for name, snap in j.g.rec.inputs if name in j.g.x_names), None)
     if weights is None or x is None:
         return None
-    found = departure(j.g.rec, j.g.x_names, steps(np.asarray(x), weights, j.h, j.facts.causal))
+    x = np.asarray(x)
+    got = f64(j.g.snap(j.g.rec.output).values) if j.g.rec.output is not None else np.zeros(0)
+    _, _, grown = _reference(j, x, weights, got) if (j.facts.rotary or j.facts.window) \
+        else (None, None, {})
+    found = departure(j.g.rec, j.g.x_names,
+                      steps(x, weights, j.h, j.facts.causal, **grown))  # type: ignore[arg-type]
     if found is None:
         return None
-    words = describe(found, j.T)
+    words = _mechanism(j, x, weights) or _missing_rotary(j, x, weights, got) or \
+        describe(found, j.T)
     file, line = j.where(found.op.source)
     stage = j.stage_of.get(found.op.index)
-    mechanism = words.startswith(("ALiBi", "a LayerNorm", "rotary"))
+    mechanism = words.startswith(("ALiBi", "a LayerNorm", "rotary", "no rotary"))
     kind = "mechanism" if mechanism else "extra_op"
     lead = f"differs: {words} at line {line}" if mechanism else f"{words} (line {line})"
     return Diagnosis(kind, file, line,
@@ -237,7 +303,7 @@ def _end_to_end(j: Judge) -> tuple[StageVerdict, Diagnosis | None]:
     """The output against the reference with the module's weights copied in by role: always
     a row; ok None (never a pass) when the reference cannot be computed, with the reason.
     NaN where the reference has numbers is a difference, counted apart (never `inf`)."""
-    reference = j.facts.reference
+    reference = j.facts.reference if not (j.facts.rotary or j.facts.window) else steps
     out_ref = j.g.rec.output
     last = j.g.ops[out_ref.op] if out_ref is not None and out_ref.op is not None else None
     file, line = j.where(last.source if last is not None else None)
@@ -256,15 +322,15 @@ def _end_to_end(j: Judge) -> tuple[StageVerdict, Diagnosis | None]:
     x = next((snap.values for name, snap in j.g.rec.inputs if name in j.g.x_names), None)
     if x is None:
         return not_compared("the forward has no input x to give the reference")
-    expected = reference(np.asarray(x), weights, j.h, j.facts.causal)
     got = f64(j.g.snap(out_ref).values)
+    expected, name, _ = _reference(j, np.asarray(x), weights, got)
     if got.size != expected.size:
         return not_compared(f"the output has {got.size} numbers, the reference's {expected.size}")
     got = got.reshape(expected.shape)
     new_nan = np.isnan(got) & ~np.isnan(expected)
     good, d = close(np.where(new_nan, expected, got), expected)
     how = "; ".join(weights.how)
-    checked = (f"output = {j.facts.reference_name} with these weights copied in by role"
+    checked = (f"output = {name} with these weights copied in by role"
                f"{f' ({how})' if how else ''}")
     nan_words = ""
     if new_nan.any():
