@@ -16,7 +16,7 @@ from ...stages import NO_MASK, NO_MASK_ARGUMENT
 from ..builder import BHTT, Builder
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
-from ..maker import StageMaker
+from ..maker import StageMaker, possessive
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
 
@@ -107,7 +107,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     before_name = m.tensor_name(before_op) if before_op is not None else "scores"
     stage_name = "scale" if g.op_derives(first, {"scale"}) else "scores"
     tensors.append(m.b.record(name, snap, BHTT if values.ndim == 4 else None, values=values,
-                                 share=(f"{stage_name}'s {before_name}", m.snap(before_ref))))
+                                 share=(f"{possessive(stage_name)} {before_name}", m.snap(before_ref))))
     blocked = values <= -1e4 if values.dtype.kind == "f" else np.zeros(values.shape, bool)
     newly = blocked & ~(before_values <= -1e4) if before_values.shape == values.shape else blocked
     n_blocked = int(newly.sum())
