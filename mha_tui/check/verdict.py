@@ -79,7 +79,7 @@ def _whole(j: Judge, diagnosis: Diagnosis | None) -> tuple[StageVerdict, Diagnos
         j.differences.clear()  # "equivalent" words about a module that does not attend
         return (StageVerdict("", "end_to_end", None, None, file, line,
                              "not compared: there is no attention to compare"),
-                _diagnosis(found))
+                _diagnosis(found, file=rec.module_file))
     shape = output_shape(rec, j.g.x_names)
     if shape is not None:
         row = StageVerdict("", "end_to_end", False, None, file, line,
@@ -109,8 +109,8 @@ def _whole(j: Judge, diagnosis: Diagnosis | None) -> tuple[StageVerdict, Diagnos
     return end, diagnosis
 
 
-def _diagnosis(found: Finding, stage: str = "") -> Diagnosis:
-    file = found.source.file if found.source is not None else ""
+def _diagnosis(found: Finding, stage: str = "", file: str = "") -> Diagnosis:
+    file = found.source.file if found.source is not None else file
     line = found.source.line if found.source is not None else 0
     return Diagnosis(found.kind, file, line, found.message, stage or found.kind)
 
