@@ -109,6 +109,18 @@ def test_stage_chooser_switches_stages(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "application/vnd.jupyter.widget-view+json" in bundle and "text/html" in bundle
 
 
+def test_show_outside_a_notebook_prints_the_text_transcript(capsys: pytest.CaptureFixture[str]) -> None:
+    """No IPython shell: show() prints what `explain --dump -` would, from the same trace."""
+    from mha_tui.dump import to_text
+    from mha_tui.render import RenderOptions
+
+    module, x = _module(), torch.randn(1, 4, 4)
+    mha_tui.show(module, x, TOKENS)
+    printed = capsys.readouterr().out
+    assert printed == to_text(mha_tui.trace(module, x, TOKENS), RenderOptions()) + "\n"
+    assert "7/10 softmax" in printed and "10/10 w_o" in printed
+
+
 def test_user_text_is_literal_in_the_notebook() -> None:
     tokens = ["[bold]x[/bold]", "\x1b[31m", "<b>", "&lt;"]
     trace = mha_tui.trace(_module(), torch.randn(1, 4, 4), tokens)
