@@ -139,6 +139,9 @@ def test_check_shows_the_verdict_of_a_wrong_module() -> None:
     text = "".join(shown(checked._repr_html_()).parts)
     assert "NOT equivalent" in text and "scaled_by_sqrt_C" in text
     assert mha_tui.check(_module()).equivalent  # and the right one is
+    # The heads the verdict expects can be said, as with --heads: 4 heads of 1 is not this module.
+    assert mha_tui.check(_module(), heads=2).equivalent
+    assert not mha_tui.check(_module(), heads=4).equivalent
 
 
 def test_check_of_numpy_code_matches_the_cli() -> None:
