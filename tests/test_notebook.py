@@ -151,7 +151,9 @@ def test_check_of_numpy_code_matches_the_cli() -> None:
     result = run_cli("check", "--model", "blueprint", "--format", "json")
     assert result.returncode == 0, result.stderr
     cli = json.loads(result.stdout)
-    mine = json.loads(__import__("mha_tui.check.report", fromlist=["to_json"]).to_json([checked.verdict]))
+    from mha_tui.check.report import verdict_json
+
+    mine = verdict_json(checked.verdict)
     strip = [{k: row[k] for k in ("kind", "ok", "max_diff", "line", "checked")} for row in cli["stages"]]
     assert [{k: row[k] for k in ("kind", "ok", "max_diff", "line", "checked")}
             for row in mine["stages"]] == strip
