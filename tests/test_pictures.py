@@ -180,6 +180,9 @@ def test_cli_format_from_extension_and_one_stage_slide(tmp_path: Path) -> None:
     assert result.returncode == 0 and md.startswith("# mha-tui transcript\n")
     result = run_cli("explain", "I love AI !", "--dump", str(tmp_path / "page.svg"), "--format", "html")
     assert (tmp_path / "page.svg").read_text("utf-8").startswith("<!DOCTYPE html>")
+    assert "--color changes nothing" not in result.stderr.decode()
+    result = run_cli("explain", "I love AI !", "--dump", str(tmp_path / "c.md"), "--color")
+    assert result.returncode == 0 and "--color changes nothing" in result.stderr.decode()
     result = run_cli("explain", "I love AI !", "--dump", "-", "--stage", "mask", "--only")
     assert result.stdout.decode().count("/11 ") == 1 and "7/11 mask" in result.stdout.decode()
 
