@@ -163,6 +163,20 @@ def test_check_of_numpy_code_matches_the_cli() -> None:
     assert "head 1" in "".join(shown(trace.stage("softmax")._repr_html_()).parts)
 
 
+def test_numpy_code_in_a_notebook_never_imports_torch() -> None:
+    """Trace, show and check the blueprint in a fresh interpreter: torch stays out."""
+    code = ("import sys, numpy as np, mha_tui\n"
+            "from mha_tui.examples.blueprint import MultiHeadAttention\n"
+            "module = MultiHeadAttention(4, 2, seed=0)\n"
+            "trace = mha_tui.trace(module, np.ones((3, 4), dtype=np.float32))\n"
+            "html = trace._repr_html_() + trace.stage('softmax')._repr_html_()\n"
+            "checked = mha_tui.check(module)\n"
+            "print('TORCH', 'torch' in sys.modules, checked.equivalent, 'softmax' in html)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().split() == ["TORCH", "False", "True", "True"]
+
+
 def test_the_walkthrough_notebook_runs() -> None:
     """examples/walkthrough.ipynb, executed by a real kernel: a stage chooser, every stage's
     title as HTML, one stage, and both verdicts."""
