@@ -286,10 +286,10 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
                  causal: bool, seed: int, sentence: str) -> Checked:
     import torch
 
+    from . import trace  # the Python API's own path: load -> trace -> recognise
     from .check import Facts, judge
     from .config import Config
     from .load import forward_inputs
-    from .tracing import trace
     from .tracing.rerun import parameter_shapes, reference_output, second_recording
 
     words = _words(tokens, sentence)
@@ -308,8 +308,8 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
         return m(*(inp,) * len(args), **kwargs)
 
     labels = words if len(words) == x.shape[-2] else None
-    traced = Trace.of(trace(module, x, labels, call=call, embedding=embedding, ids=ids,
-                            config=_config(x, labels, heads, seed)))
+    traced = trace(module, x, labels, call=call, embedding=embedding, ids=ids,
+                   config=_config(x, labels, heads, seed))
     facts = Facts(causal=causal, heads=traced.config.num_heads, parameters=parameter_shapes(module),
                   second=second_recording(module, x, call), reference=reference_output,
                   training=module.training)
@@ -320,12 +320,12 @@ def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
                  causal: bool, seed: int, sentence: str) -> Checked:
     import numpy as np
 
+    from . import trace  # the Python API's own path: NumPy code, no torch
     from .check import Facts, judge
     from .check.numpy_reference import reference_output
     from .config import Config
     from .load_numpy import embedding_table, forward_inputs
     from .tracing.numpy_ops import module_arrays, record
-    from .tracing.numpy_ops import trace as trace_numpy
 
     words = _words(tokens, sentence)
     table = ids = None
@@ -335,8 +335,8 @@ def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
         x = table[ids]  # (T, C)
     args, kwargs = forward_inputs(module, x, causal=causal)
     labels = words if len(words) == x.shape[-2] else None
-    traced = Trace.of(trace_numpy(module, x, labels, args=args, kwargs=kwargs, table=table, ids=ids,
-                                  config=_config(x, labels, heads, seed)))
+    traced = trace(module, x, labels, args=args, kwargs=kwargs, table=table, ids=ids,
+                   config=_config(x, labels, heads, seed))
     with np.errstate(all="ignore"):
         again = record(module, args, kwargs)
     facts = Facts(causal=causal, heads=traced.config.num_heads,
