@@ -163,7 +163,6 @@ def _check(*specs: str, extra: tuple[str, ...] = ()) -> str:
     return result.output
 
 
-@WORDS
 def test_a_not_equivalent_verdict_never_says_different_but_equivalent(tmp_path: Path) -> None:
     """A module with biases (a legitimate difference) and an extra line at the end (the
     mistake): the biases are still said, but not as "Different but equivalent"."""
@@ -178,7 +177,6 @@ def test_a_not_equivalent_verdict_never_says_different_but_equivalent(tmp_path: 
     assert "Different but equivalent" not in output
 
 
-@WORDS
 @pytest.mark.parametrize("name", ["sliding_window", "fully_masked_row"])
 def test_a_failing_row_never_shows_max_diff_0(name: str) -> None:
     """A ✗ mask row whose recomputed difference is 0 (it masks the wrong entries, each to

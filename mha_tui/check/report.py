@@ -41,8 +41,11 @@ def where(file: str, line: int) -> str:
     return f"{shown_path(file)}:{line}" if line else shown_path(file)
 
 
-def _diff(value: float | None) -> str:
-    if value is None:
+def _diff(value: float | None, ok: bool | None = True) -> str:
+    """The largest difference as a number; blank for a failing row whose numbers agree
+    (a mask that blocks the wrong entries, each to -inf as it should): a `0` beside a ✗
+    reads like a pass, and the row's words say what failed."""
+    if value is None or (ok is False and value == 0):
         return ""
     if value != value:  # NaN
         return "nan"
@@ -71,8 +74,11 @@ def stage_table(verdict: Verdict, *, ascii_only: bool = False) -> Table:
             f"{row.kind} ({row.stage_id})"
         if not row.stage_id and row.kind != "end_to_end":
             name += " (missing)"
-        table.add_row(_mark(row.ok, ascii_only), Text(name), _diff(row.max_diff),
-                      Text(str(row.line) if row.line else ""), Text(printable(row.checked)))
+        checked = row.checked
+        if row.ok is False and not row.max_diff:
+            checked = f"{checked}: not so"
+        table.add_row(_mark(row.ok, ascii_only), Text(name), _diff(row.max_diff, row.ok),
+                      Text(str(row.line) if row.line else ""), Text(printable(checked)))
     return table
 
 
@@ -97,8 +103,12 @@ def verdict_renderable(verdict: Verdict, *, ascii_only: bool = False) -> Rendera
         text.append(f"[{d.kind}] ", style="red")
         text.append(printable(d.message))
         parts.append(text)
+    # Under a NOT-equivalent verdict the module is not equivalent: its legitimate
+    # differences are still said, as what they are.
+    label = "Different but equivalent: " if said == EQUIVALENT else \
+        "Also differs, which alone would be equivalent: "
     for difference in verdict.differences:
-        line = Text("Different but equivalent: ", style="dim")
+        line = Text(label, style="dim")
         line.append(printable(difference))
         parts.append(line)
     return Group(*parts)
@@ -212,8 +222,10 @@ def stage_judgement(verdict: Verdict, rows: Sequence[StageVerdict], *,
         elif not row.stage_id:
             line.append(f"{row.kind} (missing): ", style="bold")
         line.append(printable(row.checked))
-        if row.max_diff is not None:
-            line.append(f"  (largest difference {_diff(row.max_diff)})", style="dim")
+        if _diff(row.max_diff, row.ok):
+            line.append(f"  (largest difference {_diff(row.max_diff, row.ok)})", style="dim")
+        elif row.ok is False:
+            line.append(": not so")
         parts.append(line)
     d = verdict.diagnosis
     if d is not None and any(row.ok is False and row.line == d.line and row.kind == d.stage
