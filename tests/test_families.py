@@ -279,8 +279,11 @@ NAMED = {
 }
 SKIPPED = {"positions", "padding", "offset_positions", "scaled_embeddings", "unscaled"}
 # Named on screen today; the rest are xfail(strict) until their kind lands.
-NAMED_NOW = {"rotary_half", "rotary_interleaved", "rotary_complex", "partial_rotary"}
-NOT_NAMED_YET = {("falcon", "rotary_half")}  # Falcon's projections are bare matmuls
+NAMED_NOW = {"rotary_half", "rotary_interleaved", "rotary_complex", "partial_rotary", "kv_repeat",
+             "multi_query"}
+# Falcon's projections are bare matmuls, and its one K/V head is broadcast by the scores'
+# matmul, not repeated by an op.
+NOT_NAMED_YET = {("falcon", "rotary_half"), ("falcon", "multi_query")}
 
 
 def _named(trace: Trace, mechanism: str) -> bool:
