@@ -201,6 +201,8 @@ def test_help_documents_the_exit_codes() -> None:
         assert said in text
     for flag in ("--timeout", "--jobs", "--memory", "csv"):
         assert flag in text
+    usage = result.stdout.decode().splitlines()[0]
+    assert "check [OPTIONS] [SUBMISSION]" in usage and "SUBMISSION..." not in usage
 
 
 def test_one_module_whose_forward_raises_is_could_not_judge_exit_3() -> None:

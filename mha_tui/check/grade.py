@@ -261,6 +261,7 @@ def run_one(sub: Submission, limits: Limits, workers: _Workers | None = None) ->
                 report = None
         if report is None:
             report = _why_no_verdict(sub, limits, code, timed_out, log_text)
+    report["module"] = sub.module or sub.model or report["module"]  # as given, as one check says it
     report["submission"] = sub.shown
     report["seconds"] = round(seconds, 2)
     return Graded(sub, report)
