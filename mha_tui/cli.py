@@ -157,6 +157,9 @@ def explain(
         if stage is not None and stage not in STAGE_IDS:
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
     fmt = _dump_format(fmt, dump, only=only, stage=stage)
+    if color and fmt in (Format.svg, Format.html, Format.md):
+        _say(f"mha-tui: note: with --format {fmt.value}, --color changes nothing (SVG and HTML "
+             "are always in the app's colours; Markdown is plain text)")
     if fmt is Format.json:
         _note_unused_for_json(width=width, full=full, color=color)
     elif width is not None and not 40 <= width <= 400:
@@ -441,13 +444,20 @@ def serve(
         fail(f"--port must be between 1 and 65535, got {port}")
     if not args:
         fail('serve needs the sentence, as explain does: mha-tui serve "I love AI !"')
+    from .serve import ServeError, available, check_address
+
+    if not available():
+        fail('serve needs textual-serve: pip install "mha-tui[serve]"')
+    try:
+        check_address(host, port)
+    except ServeError as error:
+        fail(str(error))
     explain_command = typer.main.get_command(app).get_command(ctx, "explain")  # type: ignore[attr-defined]
     _PREFLIGHT = True  # explain's own checks and loading, stopping where the app would open
     try:
         explain_command.main(args=args, prog_name="mha-tui serve", standalone_mode=False)
     finally:
         _PREFLIGHT = False
-    from .serve import ServeError
     from .serve import serve as run_server
 
     def say(line: str) -> None:
@@ -467,7 +477,7 @@ DEFAULT_SENTENCE = "I love AI !"
 
 @app.command()
 def check(
-    specs: Annotated[list[str] | None, typer.Argument(metavar="SUBMISSION...", help="The modules to judge: FILE.py:Class, package.module:Class, or (with --class) FILE.py, a folder of .py files or a quoted glob ('submissions/*/attn.py').", show_default=False)] = None,
+    specs: Annotated[list[str] | None, typer.Argument(metavar="SUBMISSION", help="The modules to judge: FILE.py:Class, package.module:Class, or (with --class) FILE.py, a folder of .py files or a quoted glob ('submissions/*/attn.py').", show_default=False)] = None,
     models: Annotated[list[str] | None, typer.Option("--model", metavar="NAME", help=f"Also judge a tutorial's module (repeatable): {', '.join(MODEL_NAMES + NUMPY_MODEL_NAMES)}.")] = None,
     class_name: Annotated[str | None, typer.Option("--class", metavar="CLASS", help="The class in every FILE.py, folder or glob given without one (check submissions/ --class MultiHeadAttention).")] = None,
     sentence: Annotated[str, typer.Option("--sentence", "-s", help="The input sentence; tokens are split on whitespace.")] = DEFAULT_SENTENCE,

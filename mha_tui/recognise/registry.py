@@ -13,6 +13,11 @@ each with its reason (TorchLens states its postprocessing steps the same way):
 - w_o before project: both claim x @ W; downstream of attend it is the output projection.
 - project (its projection, then its fused split) before view, transpose and plumbing: a
   fused (C, 3C) layer's split, unflatten and transpose are still the projection.
+- rotary after project, before view, transpose and plumbing: its ops (slices, reshapes
+  into pairs, cat) are shape ops those rules would otherwise claim; a rotation is found
+  from the projections its tensors come from, so those are classified first.
+- kv_repeat after rotary (K is turned before its heads are repeated), before view and
+  plumbing: repeat_kv's expand and reshape are shape ops they would otherwise claim.
 - view before transpose, both before concat and plumbing: a head split is a shape op, and
   plumbing claims every shape op nobody claimed before it.
 - softmax (a call, then one written by hand) before mask and scale: a hand-written
@@ -34,10 +39,12 @@ from .kinds import (
     cache,
     concat,
     dropout,
+    kv_repeat,
     mask,
     op,
     plumbing,
     project,
+    rotary,
     scale,
     scores,
     sdpa,
@@ -52,6 +59,8 @@ KINDS: tuple[ModuleType, ...] = (
     cache,
     w_o,
     project,
+    rotary,
+    kv_repeat,
     view,
     transpose,
     softmax,
@@ -70,8 +79,8 @@ RULES = tuple(rule for kind in KINDS for rule in kind.RULES)
 # kind -> the module whose build() makes its stage(s). `aux` ops (cache, plumbing) make no
 # stage of their own; `embed` and `error` are placed by assemble.py, not by a unit.
 BUILDERS: dict[str, ModuleType] = {
-    kind.KIND: kind for kind in (project, view, transpose, scores, scale, mask, softmax, dropout,
-                                 attend, concat, w_o, sdpa, op)
+    kind.KIND: kind for kind in (project, rotary, kv_repeat, view, transpose, scores, scale, mask,
+                                 softmax, dropout, attend, concat, w_o, sdpa, op)
 }
 
 # The check judges kind by kind in this order: (module with judge(j), the kind a row carries
