@@ -20,6 +20,7 @@ from ..grouping import Unit
 from ..maker import StageMaker, possessive
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
+from .scores import scaled_inside
 
 if TYPE_CHECKING:
     from ...check.judging import Judge, Row
@@ -129,7 +130,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
               f"are unchanged", kept),
     ]
     note = ""
-    if g.op_derives(first, {"scale"}) is False and "scale" not in m.made:
+    inside = scaled_inside(g)
+    if inside is not None:
+        note = (f"The scores were already scaled inside baddbmm (alpha = {inside:.6g}); "
+                f"the mask comes after the scaling.")
+    elif g.op_derives(first, {"scale"}) is False and "scale" not in m.made:
         note = "This module masks the raw scores, before scaling."
     if first.in_place:
         note = (note + " " if note else "") + (
