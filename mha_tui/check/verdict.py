@@ -100,6 +100,14 @@ def _whole(j: Judge, diagnosis: Diagnosis | None) -> tuple[StageVerdict, Diagnos
     if end.ok is False and diagnosis is None:
         diagnosis = _departure(j, end) or (
             _diagnosis(nan[0], "nan") if nan is not None else None) or mismatch
+    elif end.ok is False and diagnosis is not None:
+        # A stage judged against a tensor further back (the concat against the attend
+        # op's output) blames itself for a line no rule placed in between: that line,
+        # earlier in the forward, is the first wrong one.
+        earlier = _departure(j, end)
+        if earlier is not None and earlier.stage == "op" and earlier.file == diagnosis.file \
+                and earlier.line < diagnosis.line:
+            diagnosis = earlier
     if nan is not None and diagnosis is not None and nan[0].message not in diagnosis.message:
         finding = nan[0]
         nan_file, nan_line = j.where(finding.source)
@@ -175,6 +183,18 @@ def _missing_rotary(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarr
     return None
 
 
+def _index_list(index: object) -> bool:
+    """An index that picks positions by a list (t[:, [1, 0]]): recorded as a tuple of ints
+    inside the index tuple (a slice is ("slice", start, stop, step); t[0, 1] is (0, 1))."""
+    if isinstance(index, list):
+        return True
+    if not isinstance(index, tuple) or not index or index[0] == "slice":
+        return False
+    return any(isinstance(part, list) or (isinstance(part, tuple) and part and part[0] != "slice"
+                                          and all(isinstance(i, int) for i in part))
+               for part in index)
+
+
 def _departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
     """The line where the module leaves the reference computation, and what it did there."""
     weights = role_weights(j)
@@ -196,11 +216,14 @@ def _departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
     mechanism = words.startswith(("ALiBi", "a LayerNorm", "rotary", "no rotary"))
     kind = "mechanism" if mechanism else "extra_op"
     lead = f"differs: {words} at line {line}" if mechanism else f"{words} (line {line})"
+    # Unplaced: no rule put it in a stage, or indexing that reorders (t[:, [1, 0]]) taken in
+    # with the reshapes around it.
+    reorders = found.op.name == "getitem" and any(_index_list(a) for a in found.op.args[1:])
+    unplaced = stage is None or stage.kind == "op" or reorders
     return Diagnosis(kind, file, line,
-                     f"{lead}: the module leaves the attention computation here; every stage "
-                     f"after it is right for its own input, and the output differs from the "
-                     f"reference by up to {end.max_diff:.3g}",
-                     stage.kind if stage is not None else "op")
+                     f"{lead}: the module leaves the attention computation here, and its "
+                     f"output differs from the reference's by up to {end.max_diff:.3g}",
+                     "op" if unplaced else stage.kind)
 
 
 def _crash(j: Judge) -> tuple[StageVerdict, Diagnosis] | None:
