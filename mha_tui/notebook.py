@@ -271,8 +271,8 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, causal: b
 
     from .check import Facts, judge
     from .config import Config
-    from .load import forward_inputs
-    from .tracing import trace
+    from .load.modules import forward_inputs
+    from .pipeline import trace
     from .tracing.rerun import parameter_shapes, reference_output, second_recording
 
     words = _words(tokens, sentence)
@@ -305,9 +305,9 @@ def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, causal: b
     from .check import Facts, judge
     from .check.numpy_reference import reference_output
     from .config import Config
-    from .load_numpy import embedding_table, forward_inputs
+    from .load.numpy_modules import embedding_table, forward_inputs
+    from .pipeline import trace_numpy
     from .tracing.numpy_ops import module_arrays, record
-    from .tracing.numpy_ops import trace as trace_numpy
 
     words = _words(tokens, sentence)
     table = ids = None
