@@ -37,6 +37,7 @@ screenshots: $(STAMP)
 	$(BIN)/python -m mha_tui.screenshots screenshots
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[bench]"
 	$(BIN)/python benchmarks/bench.py
 
 clean:

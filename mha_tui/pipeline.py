@@ -2,7 +2,7 @@
 
 The CLI (`explain`, `check`), the app's loading worker, `--hf`, the NumPy path and the Python
 API (`mha_tui.trace`) all run through here, so each step happens in one place: the loader
-builds the module and its input (`load`, `load_numpy`), the tracer records one forward
+builds the module and its input (`load/`), the tracer records one forward
 (`tracing`), the recogniser turns the recording into stages (`recognise`), the check judges
 them (`check`). Each step is imported when it runs: importing this module costs nothing
 (the app paints its first frame before torch or NumPy is imported).
@@ -94,7 +94,7 @@ def run_trace(config: Config, source: Source | None = None, *,
 
     loaded: a module the CLI has already built (so that bad input was refused before the
     app opened). Raises `mha_tui.load.learner.LoadError` (one line) when the module cannot be
-    built. A NumPy module (`load_numpy`) is traced by the NumPy adapter, without torch.
+    built. A NumPy module (`load.numpy_modules`) is traced by the NumPy adapter, without torch.
     """
     if getattr(loaded, "library", "torch") == "numpy":
         return numpy_runner(loaded)(config)  # type: ignore[arg-type]

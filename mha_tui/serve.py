@@ -61,9 +61,32 @@ def make_server(explain_args: Sequence[str], *, host: str, port: int,
                      public_url=url(host, port), templates_path=TEMPLATES)
 
 
+def available() -> bool:
+    """textual-serve is installed (the [serve] extra)."""
+    from importlib.util import find_spec
+
+    return find_spec("textual_serve") is not None
+
+
+def check_address(host: str, port: int) -> None:
+    """Refuse, before serving, an address this machine cannot listen on (a port in use, a
+    host that is not one of its addresses): textual-serve would only say so after its start."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
+            probe.bind(address)
+    except OSError as error:
+        raise ServeError(f"cannot listen on {url(host, port)}: {error.strerror or error}") from None
+
+
 def serve(explain_args: Sequence[str], *, host: str, port: int,
           say: Callable[[str], None]) -> None:
     """Serve until interrupted (Ctrl+C, SIGTERM)."""
+    check_address(host, port)
     server = make_server(explain_args, host=host, port=port, say=say)
     try:
         server.serve()  # type: ignore[attr-defined]

@@ -33,7 +33,7 @@ def test_torch_is_a_range_and_the_exact_pin_lives_in_the_constraints_file() -> N
     assert "safetensors" in deps
     pins = [line for line in (PROJECT / "constraints.txt").read_text().splitlines()
             if line and not line.startswith("#")]
-    assert pins == ["torch==2.13.0", "textual==8.2.8"]
+    assert pins == ["torch==2.13.0", "textual==8.2.8", "typer==0.28.0"]
     install = [line for line in (PROJECT / "Makefile").read_text().splitlines()
                if "pip install" in line and "-e" in line]
     assert install and all("-c constraints.txt" in line for line in install)

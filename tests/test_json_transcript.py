@@ -170,3 +170,27 @@ def test_a_value_json_cannot_hold_is_an_error_not_a_loop() -> None:
     with pytest.raises(TranscriptError, match="could not build the JSON transcript"):
         write_json(replace(trace, stages=(stage,)), out)
     assert out.getvalue() == b""
+
+
+def test_json_round_trip_for_a_tiny_llama_checkpoint(tmp_path: Path) -> None:
+    """A Hugging Face Llama layer (rotary `q_embed`/`k_embed`, shared K/V heads), built
+    offline: the family the issue found spinning forever in JSON."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mha_tui import hf
+
+    from .hf_models import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64)
+    LlamaForCausalLM(config).eval().save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    trace = hf.Session(hf.load(str(tmp_path)), "The cat sat", ascii_only=False,
+                       one_layer=True).trace(0)
+    assert any(len({r.name for r in s.tensors}) < len(s.tensors) for s in trace.stages)
+    _assert_round_trip(trace)

@@ -207,7 +207,12 @@ def test_the_app_runs_in_a_browser_and_keys_change_the_stage(server: str, tmp_pa
 
 
 def test_serve_refusals_are_one_line() -> None:
-    for argv, message in ((["I love AI !", "--dump", "x.txt"], "--dump is for transcripts"),
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = str(taken.getsockname()[1])
+    for argv, message in ((["I love AI !", "--port", busy], "Address already in use"),
+                          (["I love AI !", "--dump", "x.txt"], "--dump is for transcripts"),
                           (["I love AI !", "--heads", "3"], "--heads 3 does not divide"),
                           (["I love AI !", "--port", "0"], "--port must be between 1 and 65535"),
                           ([], "serve needs the sentence")):
@@ -215,6 +220,7 @@ def test_serve_refusals_are_one_line() -> None:
         assert result.returncode == 2, (argv, result.stderr)
         lines = result.stderr.decode().splitlines()
         assert len(lines) == 1 and message in lines[0], (argv, lines)
+    taken.close()
 
 
 def test_the_page_loads_nothing_from_the_internet() -> None:

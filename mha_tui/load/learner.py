@@ -1,6 +1,6 @@
 """A learner's code, imported and run safely: the part of the load room that needs no torch.
 
-Shared by the torch load room (`load.py`) and the NumPy one (`load_numpy.py`), so that a
+Shared by the torch load room (`modules.py`) and the NumPy one (`numpy_modules.py`), so that a
 NumPy learner's module is found, built and refused with the same one-line messages without
 torch ever being imported. A learner's code is theirs: it is imported and run, never
 edited; its prints go to stderr; its exceptions become one `LoadError` line naming the file

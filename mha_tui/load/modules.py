@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..config import Config, Source, parse_module_ref
-from .learner import (  # the torch-free half of the load room, shared with load_numpy
+from .learner import (  # the torch-free half of the load room, shared with numpy_modules
     MASK_NAMES,
     LoadError,
     class_file,

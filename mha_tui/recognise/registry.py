@@ -13,6 +13,9 @@ each with its reason (TorchLens states its postprocessing steps the same way):
 - w_o before project: both claim x @ W; downstream of attend it is the output projection.
 - project (its projection, then its fused split) before view, transpose and plumbing: a
   fused (C, 3C) layer's split, unflatten and transpose are still the projection.
+- rotary after project, before view, transpose and plumbing: its ops (slices, reshapes
+  into pairs, cat) are shape ops those rules would otherwise claim; a rotation is found
+  from the projections its tensors come from, so those are classified first.
 - view before transpose, both before concat and plumbing: a head split is a shape op, and
   plumbing claims every shape op nobody claimed before it.
 - softmax (a call, then one written by hand) before mask and scale: a hand-written
@@ -38,6 +41,7 @@ from .kinds import (
     op,
     plumbing,
     project,
+    rotary,
     scale,
     scores,
     sdpa,
@@ -52,6 +56,7 @@ KINDS: tuple[ModuleType, ...] = (
     cache,
     w_o,
     project,
+    rotary,
     view,
     transpose,
     softmax,
@@ -70,7 +75,7 @@ RULES = tuple(rule for kind in KINDS for rule in kind.RULES)
 # kind -> the module whose build() makes its stage(s). `aux` ops (cache, plumbing) make no
 # stage of their own; `embed` and `error` are placed by assemble.py, not by a unit.
 BUILDERS: dict[str, ModuleType] = {
-    kind.KIND: kind for kind in (project, view, transpose, scores, scale, mask, softmax, dropout,
+    kind.KIND: kind for kind in (project, rotary, view, transpose, scores, scale, mask, softmax, dropout,
                                  attend, concat, w_o, sdpa, op)
 }
 
