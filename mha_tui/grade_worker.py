@@ -7,7 +7,8 @@ code does (hang, sys.exit, os._exit, os.abort, a segfault, eat memory) the paren
 that file or a process that ended without it, and says which.
 
 Before any learner code runs: the worker's standard output becomes its standard error (a
-print cannot reach the result), core dumps are off, and the address space is capped at what
+print cannot reach the result), core dumps are off, no file (its log included) may grow
+past the request's `max_write`, and the address space is capped at what
 torch and mha-tui already use plus the request's memory budget (Linux), so that a runaway
 allocation fails inside this process rather than the machine's. This is a robustness
 boundary for honest mistakes, not a sandbox: code that means harm can still reach anything
@@ -35,10 +36,12 @@ def _address_space() -> int | None:
     return None
 
 
-def _limit_resources(memory: int) -> None:
+def _limit_resources(memory: int, max_write: int) -> None:
     import resource
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if max_write > 0:  # a print loop would otherwise fill the disk through the log
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_write, max_write))
     used = _address_space()
     if used is not None and memory > 0:
         cap = used + memory
@@ -92,7 +95,7 @@ def judge(request: dict[str, Any]) -> dict[str, Any]:
 
         _preload()
 
-        _limit_resources(request["memory"])
+        _limit_resources(request["memory"], request.get("max_write", 0))
         try:
             verdict = check_source(config, source)
         except LoadError as error:

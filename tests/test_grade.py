@@ -7,6 +7,7 @@ what another sees. No timing assertions: the time limits are the subject, not a 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -201,6 +202,8 @@ def test_help_documents_the_exit_codes() -> None:
         assert said in text
     for flag in ("--timeout", "--jobs", "--memory", "csv"):
         assert flag in text
+    usage = result.stdout.decode().splitlines()[0]
+    assert "check [OPTIONS] [SUBMISSION]" in usage and "SUBMISSION..." not in usage
 
 
 def test_one_module_whose_forward_raises_is_could_not_judge_exit_3() -> None:
@@ -234,11 +237,11 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     for name in ("one", "two"):
         _submission(tmp_path, name, "while True: pass")
     process = subprocess.Popen([sys.executable, "-m", "mha_tui", "check", str(tmp_path),
-                                "--class", "MultiHeadAttention", "--timeout", "600",
+                                "--class", "MultiHeadAttention", "--timeout", "300",
                                 "--jobs", "2"], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
 
-    def workers() -> list[str]:
+    def workers() -> list[int]:
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
@@ -246,15 +249,36 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
             except OSError:
                 continue
             if "grade_worker" in cmdline and str(tmp_path) in cmdline:
-                found.append(pid)
+                found.append(int(pid))
         return found
 
-    for _ in range(600):  # until both workers run (a hang guard, not a timing assertion)
-        if len(workers()) == 2:
-            break
-        time.sleep(0.1)
-    assert len(workers()) == 2
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)  # far below the 600 s each worker was given
-    assert process.returncode == 130, err.decode()
-    assert workers() == []
+    try:
+        for _ in range(600):  # until both workers run (a hang guard, not a timing assertion)
+            if len(workers()) == 2:
+                break
+            time.sleep(0.1)
+        assert len(workers()) == 2
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)  # far below the 300 s each worker was given
+        assert process.returncode == 130, err.decode()
+        assert workers() == []
+    finally:  # a failed run leaves nothing behind: the grader, then its workers
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in workers():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_print_loop_cannot_fill_the_disk(tmp_path: Path) -> None:
+    """The worker's files (its log holds the learner's prints) stop growing at MAX_WRITE: the
+    print fails, the forward raises, and the submission is could not judge, at its line."""
+    line = _submission(tmp_path, "loud", 'while True: print("x" * 65536)')
+    limits = Limits(sentence="I love AI !", embed_dim=4, heads=2, seed=0, causal=True,
+                    max_seq_len=64, timeout=60)
+    (graded,) = grade([Submission(shown="loud", module=f"{tmp_path / 'loud.py'}:MultiHeadAttention")],
+                      limits)
+    assert graded.outcome == COULD_NOT_JUDGE
+    assert "File too large" in graded.report["diagnosis"]["message"]
+    assert graded.report["diagnosis"]["line"] == line

@@ -35,6 +35,7 @@ from .results import Diagnosis, Verdict
 
 DEFAULT_TIMEOUT = 20.0  # seconds per submission, torch's import included
 DEFAULT_MEMORY = 2048 << 20  # bytes a submission may map beyond what mha-tui itself uses
+MAX_WRITE = 64 << 20  # bytes any one file of a worker (its log: the learner's prints) may hold
 _GLOB = re.compile(r"[*?\[]")
 # faulthandler's lines: `  File "/path/sub.py", line 28 in forward`
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in ', re.MULTILINE)
@@ -205,6 +206,7 @@ def _request(sub: Submission, limits: Limits) -> str:
         "seed": limits.seed, "causal": limits.causal, "max_seq_len": limits.max_seq_len,
         "init": list(limits.init), "weights": None if limits.weights is None
         else str(Path(limits.weights).resolve()), "memory": limits.memory,
+        "max_write": MAX_WRITE,
     })
 
 
@@ -261,6 +263,7 @@ def run_one(sub: Submission, limits: Limits, workers: _Workers | None = None) ->
                 report = None
         if report is None:
             report = _why_no_verdict(sub, limits, code, timed_out, log_text)
+    report["module"] = sub.module or sub.model or report["module"]  # as given, as one check says it
     report["submission"] = sub.shown
     report["seconds"] = round(seconds, 2)
     return Graded(sub, report)
@@ -274,6 +277,9 @@ def _why_no_verdict(sub: Submission, limits: Limits, code: int, timed_out: bool,
     if timed_out:
         return unjudged(module, "timeout", f"did not finish within {limits.timeout:g} s: "
                         "a forward that never returns?", file=file, line=line)
+    if code == -signal.SIGXFSZ:
+        return unjudged(module, "output_limit", f"wrote more than {MAX_WRITE >> 20} MB (prints "
+                        "or files) and was stopped", file=file, line=line)
     if code < 0:
         try:
             name = signal.Signals(-code).name

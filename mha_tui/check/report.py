@@ -167,9 +167,11 @@ def tally(reports: Sequence[dict[str, object]]) -> Text:
     return text
 
 
-def to_json(reports: Sequence[dict[str, object]]) -> str:
-    """One object for one module, a list for several (strict JSON, no NaN)."""
-    payload = reports[0] if len(reports) == 1 else list(reports)
+def to_json(reports: Sequence[dict[str, object] | Verdict]) -> str:
+    """One object for one module, a list for several (strict JSON, no NaN); a Verdict is
+    written as `verdict_json` gives it."""
+    data = [verdict_json(r) if isinstance(r, Verdict) else r for r in reports]
+    payload = data[0] if len(data) == 1 else data
     return json.dumps(payload, ensure_ascii=False, indent=1, allow_nan=False) + "\n"
 
 

@@ -145,6 +145,9 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
             explanation = FUSED_PROJECT
         elif layer != "nn.Linear":
             explanation = MATMUL_PROJECT
+        widths = {role: ops[0].out.shape[-1] for role, ops in by_role.items() if ops}
+        if not m.b.per_head and not splits and any(w != s.C for w in widths.values()):
+            explanation = _narrow_explanation(widths, s.C, s.d_h)
     elif layer != "nn.Linear":
         explanation = MATMUL_W_O
     stage = m.stage(unit, stage_id, kind, tensors + outputs, checks, explanation=explanation,
@@ -152,6 +155,17 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
                        dims_in=m.dims(x_snap.shape, BTC),
                        dims_out=out_snap.dims if out_snap else BTC)
     return stage
+
+def _narrow_explanation(widths: dict[str, int], C: int, d_h: int) -> str:
+    """The words when the projections are not all C x C (shared K/V heads): their true shapes."""
+    shapes = "; ".join(f"{role}: ({w}, {C}), {w // d_h} head{'s' if w // d_h != 1 else ''} of "
+                       f"d_h = {d_h}" for role, w in sorted(widths.items(),
+                                                              key=lambda item: "QKV?".find(item[0])))
+    return (f"Linear layers turn every token into a query (what it looks for), a key (what it "
+            f"offers) and a value (what it passes on). They are not all C x C here: {shapes} "
+            f"(weights stored as (out, in), x @ W.T). The key and value layers make fewer heads "
+            f"than the query layer; those K/V heads are shared between query heads further on.")
+
 
 def _result_of(m: StageMaker, op: OpRecord, unit: Unit) -> Snapshot:
     """The projection's result after its own plumbing (Conv1D's view back to 3-D)."""
