@@ -9,12 +9,16 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+
+# Private, and no public way exists: typer >= 0.20 vendors click and does not re-export
+# NoArgsIsHelpError, the only sign that a bare `mha-tui` asked for the help (exit 0) rather
+# than made a usage error (exit 2).
 from typer._click.exceptions import NoArgsIsHelpError
 
 from . import __version__
@@ -34,8 +38,9 @@ from .stages import STAGE_IDS
 if TYPE_CHECKING:
     from .check import Verdict
     from .destination import Destination
-    from .load import Loaded
-    from .load_numpy import LoadedNumpy
+    from .load.modules import Loaded
+    from .load.numpy_modules import LoadedNumpy
+    from .pipeline import Expect
     from .records import Trace
 
 app = typer.Typer(
@@ -188,14 +193,14 @@ def explain(
 
     loaded: Loaded | LoadedNumpy | None = None
     if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
-        from .learner import LoadError
-        from .load_numpy import load as load_numpy
+        from .load.learner import LoadError
+        from .load.numpy_modules import load as load_numpy
 
         try:
             # NumPy code (the blueprint, a NumPy --module class) never imports torch.
             loaded = load_numpy(config, source)
             if loaded is None:
-                from .load import load
+                from .load.modules import load
 
                 loaded = load(config, source)
         except LoadError as error:
@@ -235,10 +240,12 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
         fail("--check marks the stages in the app (a terminal); for a table or JSON run "
              "mha-tui check with the same module")
     from .app import run_app
-    from .learner import LoadError
+    from .load.learner import LoadError
 
     try:
-        run, checker = _checked(config, source)  # builds the module now: bad input, exit 2
+        from .pipeline import checked
+
+        run, checker = checked(config, source)  # builds the module now: bad input, exit 2
     except LoadError as error:
         fail(str(error))
     _open_app(lambda: run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
@@ -347,8 +354,8 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
         destination = resolve("-")
     try:
         from .dump import to_text, write_json
+        from .pipeline import run_trace
         from .render import RenderOptions
-        from .tracing import run_trace
 
         if trace is None:
             trace = run_trace(config, loaded=loaded)
@@ -528,6 +535,8 @@ def check(
         fail(f"--memory must be at least 64 MB, got {memory}")
     if window is not None and window < 1:
         fail(f"--window must be at least 1, got {window}")
+    from .pipeline import Expect, check_source
+
     wanted = Expect(rotary=expect is ExpectKind.rotary, window=window)
     from .check.grade import GradeError, Submission, find_submissions, is_batch
 
@@ -551,7 +560,7 @@ def check(
                          timeout=timeout, jobs=jobs, memory=memory, expect=wanted)
     else:  # one module, judged here: the whole report
         from .check.report import verdict_json
-        from .learner import LoadError
+        from .load.learner import LoadError
 
         one = submissions[0]
         try:
@@ -604,87 +613,6 @@ def _check_source(model: str | None, module: str | None, init: list[str],
                       weights=None if weights is None else str(weights))
     except ConfigError as error:
         fail(str(error))
-
-
-def _checked(config: Config, source: Source, expect: Expect | None = None
-             ) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
-    """Build the module now (bad input fails here, exit 2); return how to trace it and how
-    to judge a trace of it: load -> trace -> what needs running again (torch) -> judge.
-    `expect`: what the learner meant to build (--expect rotary, --window N)."""
-    from .load_numpy import load as load_numpy
-
-    grown = (expect or Expect()).facts()
-    numpy_loaded = load_numpy(config, source)
-    if numpy_loaded is not None:  # NumPy code: judged the same way, without torch
-        return _checked_numpy(config, numpy_loaded, grown)
-    from .load import load
-
-    loaded = load(config, source)
-
-    def call(module: object, x: object) -> object:  # x once, or as query, key and value
-        return module(*(x,) * len(loaded.args), **loaded.kwargs)  # type: ignore[operator]
-
-    def run(config: Config) -> Trace:
-        from .tracing import run_trace
-
-        return run_trace(config, loaded=loaded)
-
-    def checker(traced: Trace) -> Verdict:
-        from .check import Facts, judge
-        from .tracing.rerun import parameter_shapes, reference_output, second_recording
-
-        facts = Facts(causal=config.causal, heads=config.num_heads,
-                      parameters=parameter_shapes(loaded.module),
-                      second=second_recording(loaded.module, loaded.x, call),
-                      reference=reference_output, training=loaded.module.training, **grown)
-        return judge(traced, facts, loaded.label)
-
-    return run, checker
-
-
-def _checked_numpy(config: Config, loaded: LoadedNumpy, grown: dict[str, object]
-                   ) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
-    """_checked for a NumPy module: a second NumPy recording, its arrays as parameters,
-    and the blueprint's computation in NumPy as the end-to-end reference."""
-    from .load_numpy import traced
-
-    def checker(trace: Trace) -> Verdict:
-        import numpy as np
-
-        from .check import Facts, judge
-        from .check.numpy_reference import reference_output
-        from .tracing.numpy_ops import module_arrays, record
-
-        with np.errstate(all="ignore"):
-            again = record(loaded.module, loaded.args, loaded.kwargs)
-        facts = Facts(causal=config.causal, heads=config.num_heads,
-                      parameters=tuple((name, tuple(a.shape))
-                                       for name, a in module_arrays(loaded.module).items()),
-                      second=None if again.error else again.recordings[""],
-                      reference=reference_output, training=False,
-                      reference_name="the NumPy blueprint's computation", **grown)
-        return judge(trace, facts, loaded.label)
-
-    return traced(loaded), checker
-
-
-@dataclass(frozen=True)
-class Expect:
-    """What the learner meant to build, when it is not plain multi-head attention:
-    `--expect rotary` (rotary positions, full, base 10000), `--window N` (a causal sliding
-    window of N tokens). The reference grows the mechanism."""
-
-    rotary: bool = False
-    window: int | None = None
-
-    def facts(self) -> dict[str, object]:
-        return {"rotary": self.rotary, "window": self.window}
-
-
-def check_source(config: Config, source: Source, expect: Expect | None = None) -> Verdict:
-    """Judge one module: what `mha-tui check` does for each it is given."""
-    run, checker = _checked(config, source, expect)
-    return checker(run(config))
 
 
 def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckFormat, *,

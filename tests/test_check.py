@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from mha_tui.cli import app, check_source
+from mha_tui.cli import app
 from mha_tui.config import MODEL_NAMES, Config, Source
+from mha_tui.pipeline import check_source
 
 from .conftest import ROOT
 
@@ -329,12 +330,12 @@ async def _loaded(app, pilot) -> None:
 async def test_app_check_marks_the_rail_and_shows_the_diagnosis() -> None:
     """explain --module ... --check: ✓/✗ in the rail, the judgement beside each stage."""
     from mha_tui.app import ExplainApp, StageRail
-    from mha_tui.cli import _checked
+    from mha_tui.pipeline import checked
     from mha_tui.stage_view import StageView
 
     config = Config(SENTENCE)
     path = MISTAKES / "softmax_axis.py"
-    run, checker = _checked(config, Source(module=f"{path}:MultiHeadAttention"))
+    run, checker = checked(config, Source(module=f"{path}:MultiHeadAttention"))
     app = ExplainApp(config, loader=run, checker=checker)
     async with app.run_test(size=(120, 40)) as pilot:
         await _loaded(app, pilot)
@@ -357,10 +358,10 @@ async def test_app_check_marks_the_rail_and_shows_the_diagnosis() -> None:
 
 async def test_app_without_check_has_no_marks() -> None:
     from mha_tui.app import ExplainApp, StageRail
-    from mha_tui.cli import _checked
+    from mha_tui.pipeline import checked
 
     config = Config(SENTENCE)
-    run, _ = _checked(config, Source(model="course"))
+    run, _ = checked(config, Source(model="course"))
     app = ExplainApp(config, loader=run)
     async with app.run_test(size=(120, 40)) as pilot:
         await _loaded(app, pilot)

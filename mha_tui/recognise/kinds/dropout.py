@@ -68,7 +68,7 @@ def judge(j: Judge) -> list[Row]:
                     f"dropout is active: {mode}, so it zeroed {zeroed} of {before.size} "
                     f"entries and scaled the rest by 1/(1-p)"
                     f"{f' (p={p})' if isinstance(p, float) else ''}; {again}. Call "
-                    f"module.eval(), or pass training=j.training to F.dropout")
+                    f"module.eval(), or pass training=self.training to F.dropout")
         rows.append(j.row(stage, "dropout", good, d,
                              "dropout leaves the numbers unchanged in eval mode",
                              source=op.source, diagnosis=diag))

@@ -6,13 +6,13 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...check.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal_set, f64, max_diff
-from ...records import Check, OpRecord, Source, Stage, TensorRecord
+from ...records import Check, OpRecord, Source, Stage
 from ...stages import NO_MASK, NO_MASK_ARGUMENT
 from ..builder import BHTT, Builder
 from ..graph import Graph, masks_somewhere
@@ -271,9 +271,8 @@ def add_skipped_mask(stages: list[Stage], b: Builder) -> None:
     if skipped is None and b.g.rec.library != "numpy":
         return
     scaled = stages[at].tensors[-1]
-    passed = TensorRecord(**{**scaled.__dict__, "shares_storage": True,
-                             "shares_with": f"scale's {scaled.name}",
-                             "caption": "no mask: the scaled scores, unchanged"})
+    passed = replace(scaled, shares_storage=True, shares_with=f"scale's {scaled.name}",
+                     caption="no mask: the scaled scores, unchanged")
     same = bool(softmax.ops) and any(
         ref.kind == "op" and ref.op in {op.index for op in stages[at].ops}
         for ref in softmax.ops[0].inputs)

@@ -7,6 +7,7 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -252,13 +253,14 @@ def _split_records(m: StageMaker, splits: list[OpRecord], heads_split: bool) -> 
 
 
 def add_param_check(stages: list[Stage], n_params: int, b: Builder) -> None:
-    for stage in stages:
+    """The first projection stage also says how many parameters the module has."""
+    for i, stage in enumerate(stages):
         if stage.kind == "project":
             C = b.sizes.C
             four = n_params == 4 * C * C
             label = (f"the module has {n_params} parameters = 4 * C^2 = 4 * {C}^2, whatever h is"
                      if four else f"the module has {n_params} parameters")
-            object.__setattr__(stage, "checks", (*stage.checks, Check(label, True if four else None)))
+            stages[i] = replace(stage, checks=(*stage.checks, Check(label, True if four else None)))
             return
 
 

@@ -187,7 +187,7 @@ def _judge_sdpa(j: Judge, op: OpRecord) -> tuple[bool, float, tuple[str, str] | 
         return False, diff, ("dropout_active",
                              f"dropout is active inside F.scaled_dot_product_attention "
                              f"(dropout_p={p}): {j.runs_differ()}; pass "
-                             "dropout_p=j.dropout if j.training else 0.0")
+                             "dropout_p=self.dropout if self.training else 0.0")
     for factor in (1 / math.sqrt(j.C), 1.0, 1 / d, math.sqrt(d)):
         if close(op.out.values, attention(factor, expected_mask))[0]:
             return False, diff, scale_diagnosis(j, factor)

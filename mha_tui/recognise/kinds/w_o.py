@@ -5,9 +5,10 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ...records import Check, OpRecord, Stage, TensorRecord
+from ...records import Check, OpRecord, Stage
 from ..builder import BTC
 from ..graph import Graph
 from ..grouping import Unit
@@ -32,6 +33,7 @@ RULES = (output_projection,)
 
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     stage = build_projection(m, unit, stage_id, kind="w_o")
+    product = stage.checks[0]  # build_projection's first check: out equals x @ W (+ b)
     s = m.s
     weight = next((t for t in stage.tensors if t.dims in (("C_out", "C_in"), ("C_in", "C_out"))), None)
     checks = list(stage.checks)
@@ -45,11 +47,12 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     last = m.op(max([*unit.ops, *unit.helpers]))
     if last.out.shape != tuple(out.values.shape) and last.out.shape == (s.B, s.T, s.C):
         out = m.b.record(out.name, last.out, BTC)
-    renamed = TensorRecord(**{**out.__dict__, "shares_with": "concat's " + _concat_name(m),
-                              "head_split": None, "caption": ""})
-    object.__setattr__(stage, "tensors", (*stage.tensors[:-1], renamed))
-    object.__setattr__(stage, "checks", tuple(c for c in checks if "nn.Linear" not in c.label
-                                              or ("bias" in c.label and c.ok is not True)))
+    renamed = replace(out, shares_with="concat's " + _concat_name(m), head_split=None, caption="")
+    # nn.Linear's product check is said by the checks above; it stays only when it failed.
+    linear = any(m.op(i).name == "linear" for i in unit.ops)
+    stage = replace(stage, tensors=(*stage.tensors[:-1], renamed),
+                    checks=tuple(c for c in checks if c is not product or not linear or c.ok is not True))
+    m.made[KIND] = stage
     return stage
 
 def _concat_name(m: StageMaker) -> str:
