@@ -11,10 +11,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# [hf]: transformers and tokenizers, for `--hf` and its tests (built offline, tiny).
 	# [notebook]: ipywidgets, ipykernel, nbclient, nbformat, for the notebook display and the
-	# test that runs examples/walkthrough.ipynb with a real kernel.
+	# test that runs examples/walkthrough.ipynb with a real kernel. [serve]: textual-serve,
+	# for `mha-tui serve` and its browser test (Chromium: .ci/run installs it).
 	# pyproject accepts a torch range; constraints.txt pins this project's own CPU build
 	# (see README), which pip takes from the local wheel here.
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,hf,notebook]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,hf,notebook,serve]"
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -38,6 +39,7 @@ screenshots: $(STAMP)
 	$(BIN)/python -m mha_tui.screenshots screenshots
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[bench]"
 	$(BIN)/python benchmarks/bench.py
 
 clean:

@@ -71,6 +71,7 @@ class Format(StrEnum):
 class CheckFormat(StrEnum):
     text = "text"
     json = "json"
+    csv = "csv"
 
 
 # --model's choices, listed in --help: the tutorials' modules in mha_tui/examples.
@@ -155,6 +156,9 @@ def explain(
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
     fmt = _dump_format(fmt, dump, only=only, stage=stage)
     cell = _why_cell(why_cell, dump=dump, fmt=fmt, hf=hf_source is not None)
+    if color and fmt in (Format.svg, Format.html, Format.md):
+        _say(f"mha-tui: note: with --format {fmt.value}, --color changes nothing (SVG and HTML "
+             "are always in the app's colours; Markdown is plain text)")
     if fmt is Format.json:
         _note_unused_for_json(width=width, full=full, color=color)
     elif width is not None and not 40 <= width <= 400:
@@ -172,7 +176,7 @@ def explain(
             fail(str(error), error.code)
     if hf_source is not None:
         _explain_hf(sentence, hf_source, layer or 0, destination=destination,
-                    interactive=dump is None and sys.stdout.isatty(), fmt=fmt, width=width or 100,
+                    interactive=_interactive(dump), fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only)
         return
     _check_budget(config, destination, fmt)
@@ -181,20 +185,27 @@ def explain(
         _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
         return
 
-    if dump is None and sys.stdout.isatty():
-        from .app import prepare_terminal, run_app
+    if _interactive(dump):
+        from .app import run_app
         from .learner import LoadError
 
-        if problem := prepare_terminal():  # keys from the terminal; its real size
-            fail(problem)
-        # The module is built in the app's loading thread: the app is on screen (q quits)
-        # while a learner's file imports and its forward runs, which may never return.
-        # Bad --module/--init/--weights end the app: one line here, exit 2.
-        refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                          build=None if source.is_default else partial(_build, source),
-                          running=_whose_forward(source), refusals=(LoadError,))
-        if refusal is not None:
-            fail(refusal)
+        if _PREFLIGHT and not source.is_default:  # serve checks the input before the app
+            try:
+                _build(source, config)
+            except LoadError as error:
+                fail(str(error))
+
+        def app() -> None:
+            # The module is built in the app's loading thread: the app is on screen (q
+            # quits) while a learner's file imports and its forward runs, which may never
+            # return. Bad --module/--init/--weights end the app: one line here, exit 2.
+            refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                              build=None if source.is_default else partial(_build, source),
+                              running=_whose_forward(source), refusals=(LoadError,))
+            if refusal is not None:
+                fail(refusal)
+
+        _open_app(app)
         return
     loaded: Loaded | LoadedNumpy | None = None
     if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
@@ -215,7 +226,7 @@ def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
         return None
     from .why import WhyError, parse_cell
 
-    if dump is None and sys.stdout.isatty():
+    if _interactive(dump):
         fail("--why prints how one number was made: give --dump - (or --dump PATH)")
     if fmt is not Format.text:
         fail(f"--why writes text; --format {fmt.value} does not apply")
@@ -272,14 +283,17 @@ def _source(model: Model | None, module: str | None, init: list[str], weights: P
 def _explain_checked(config: Config, source: Source, *, dump: str | None, stage: str | None,
                      ascii_only: bool) -> None:
     """explain --check: the app, its rail marked with the verdict of every stage."""
-    if dump is not None or not sys.stdout.isatty():
+    if not _interactive(dump):
         fail("--check marks the stages in the app (a terminal); for a table or JSON run "
              "mha-tui check with the same module")
-    from .app import prepare_terminal, run_app
+    from .app import run_app
     from .learner import LoadError
 
-    if problem := prepare_terminal():  # keys from the terminal; its real size
-        fail(problem)
+    if _PREFLIGHT:  # serve checks the input before the app
+        try:
+            _checked(config, source)
+        except LoadError as error:
+            fail(str(error))
     judges: list[Callable[[Trace], Verdict]] = []
 
     def run(config: Config) -> Trace:  # in the app's loading thread, as for explain
@@ -287,11 +301,39 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
         judges.append(checker)
         return traced(config)
 
-    refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only, loader=run,
-                      checker=lambda trace: judges[-1](trace), running=_whose_forward(source),
-                      refusals=(LoadError,))
-    if refusal is not None:
-        fail(refusal)
+    def app() -> None:
+        refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                          loader=run, checker=lambda trace: judges[-1](trace),
+                          running=_whose_forward(source), refusals=(LoadError,))
+        if refusal is not None:
+            fail(refusal)
+
+    _open_app(app)
+
+
+def _interactive(dump: str | None) -> bool:
+    """The app rather than a transcript: no --dump, and stdout a terminal, or the app is
+    served to a browser tab (`mha-tui serve` starts it with MHA_TUI_SERVE=1)."""
+    from .serve import SERVE_ENV
+
+    return dump is None and (sys.stdout.isatty() or os.environ.get(SERVE_ENV) == "1"
+                             or _PREFLIGHT)
+
+
+def _open_app(run: Callable[[], None]) -> None:
+    """Run the app; in a terminal, prepare it first (keys, size). Under serve textual-serve
+    brings the keys and the size; serve's check of its arguments stops here, every
+    refusal having been made and the module built."""
+    from .serve import SERVE_ENV
+
+    if _PREFLIGHT:
+        return
+    if os.environ.get(SERVE_ENV) != "1":
+        from .app import prepare_terminal
+
+        if problem := prepare_terminal():  # keys from the terminal; its real size
+            fail(problem)
+    run()
 
 
 def _note_unused_for_json(*, width: int | None, full: bool, color: bool) -> None:
@@ -345,13 +387,12 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
     except hf.HfError as error:
         fail(str(error))
     if interactive:
-        from .app import prepare_terminal, run_app
+        from .app import run_app
 
-        if problem := prepare_terminal():  # keys from the terminal; its real size
-            fail(problem)
-        run_app(session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                loader=lambda config: session.trace(config.model.layer if config.model else layer),
-                layers=session)
+        _open_app(lambda: run_app(
+            session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+            loader=lambda config: session.trace(config.model.layer if config.model else layer),
+            layers=session))
         return
     try:
         trace = session.trace(layer)
@@ -456,6 +497,59 @@ def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- serve
+
+_PREFLIGHT = False  # serve checks explain's arguments by running it up to the app
+# explain's options that only shape a transcript: serve shows the app.
+_TRANSCRIPT_ONLY = ("--dump", "--format", "--width", "--full", "--color", "--only")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             options_metavar="[--host HOST] [--port PORT] SENTENCE [EXPLAIN OPTIONS]")
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on. 127.0.0.1: this machine only; 0.0.0.0 opens it to the network (a classroom), with no password.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (1-65535).")] = 8000,
+) -> None:
+    """Serve the app in a browser tab: SENTENCE and explain's options (--heads, --model, --module, --stage, --hf ...).
+
+    Each tab that opens the URL runs its own app. Nothing is loaded from the internet."""
+    global _PREFLIGHT
+    args = list(ctx.args)
+    for arg in args:
+        if arg.split("=", 1)[0] in _TRANSCRIPT_ONLY:
+            fail(f"serve shows the app; {arg.split('=', 1)[0]} is for transcripts "
+                 "(mha-tui explain --dump)")
+    if not 1 <= port <= 65535:
+        fail(f"--port must be between 1 and 65535, got {port}")
+    if not args:
+        fail('serve needs the sentence, as explain does: mha-tui serve "I love AI !"')
+    from .serve import ServeError, available, check_address
+
+    if not available():
+        fail('serve needs textual-serve: pip install "mha-tui[serve]"')
+    try:
+        check_address(host, port)
+    except ServeError as error:
+        fail(str(error))
+    explain_command = typer.main.get_command(app).get_command(ctx, "explain")  # type: ignore[attr-defined]
+    _PREFLIGHT = True  # explain's own checks and loading, stopping where the app would open
+    try:
+        explain_command.main(args=args, prog_name="mha-tui serve", standalone_mode=False)
+    finally:
+        _PREFLIGHT = False
+    from .serve import serve as run_server
+
+    def say(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    try:
+        run_server(args, host=host, port=port, say=say)
+    except ServeError as error:
+        fail(str(error), 1)
+
+
 # ---------------------------------------------------------------------------- check
 
 DEFAULT_SENTENCE = "I love AI !"
@@ -463,9 +557,9 @@ DEFAULT_SENTENCE = "I love AI !"
 
 @app.command()
 def check(
-    specs: Annotated[list[str] | None, typer.Argument(metavar="FILE.py:CLASS", help="The modules to judge: FILE.py:Class or package.module:Class, one or several.", show_default=False)] = None,
+    specs: Annotated[list[str] | None, typer.Argument(metavar="SUBMISSION", help="The modules to judge: FILE.py:Class, package.module:Class, or (with --class) FILE.py, a folder of .py files or a quoted glob ('submissions/*/attn.py').", show_default=False)] = None,
     models: Annotated[list[str] | None, typer.Option("--model", metavar="NAME", help=f"Also judge a tutorial's module (repeatable): {', '.join(MODEL_NAMES + NUMPY_MODEL_NAMES)}.")] = None,
-    class_name: Annotated[str | None, typer.Option("--class", metavar="CLASS", help="The class in every FILE.py given without one (check submissions/*.py --class MultiHeadAttention).")] = None,
+    class_name: Annotated[str | None, typer.Option("--class", metavar="CLASS", help="The class in every FILE.py, folder or glob given without one (check submissions/ --class MultiHeadAttention).")] = None,
     sentence: Annotated[str, typer.Option("--sentence", "-s", help="The input sentence; tokens are split on whitespace.")] = DEFAULT_SENTENCE,
     heads: Annotated[int, typer.Option("--heads", "-H", help="Number of heads h; must divide --embed-dim.")] = 2,
     embed_dim: Annotated[int, typer.Option("--embed-dim", "-C", help=f"Embedding width C (at most {MAX_EMBED_DIM}).")] = 4,
@@ -474,15 +568,22 @@ def check(
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help=f"Longest sentence the module accepts (at most {MAX_SEQ_LEN}).")] = 64,
     init: Annotated[list[str] | None, typer.Option("--init", metavar="NAME=VALUE", help="A constructor argument, VALUE a Python literal; repeatable.")] = None,
     weights: Annotated[Path | None, typer.Option("--weights", metavar="FILE", help="Load the module's tensors from a state dict (.pt via torch.load(weights_only=True), or .safetensors).")] = None,
-    fmt: Annotated[CheckFormat, typer.Option("--format", help="text: a table and the diagnosis; json: for graders.", case_sensitive=False)] = CheckFormat.text,
+    fmt: Annotated[CheckFormat, typer.Option("--format", help="text: a table and the diagnosis; json: for graders; csv: one row per module, for a gradebook.", case_sensitive=False)] = CheckFormat.text,
     width: Annotated[int, typer.Option("--width", help="Table width in columns when not on a terminal (40 to 400).")] = 100,
     ascii_only: Annotated[bool, typer.Option("--ascii", help="Draw with plain ASCII only.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Grading several modules: the time each may take in its own process, torch's import included.")] = 20.0,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Grading several modules: how many run at once (default: the number of CPUs, at most 4).", show_default=False)] = None,
+    memory: Annotated[int, typer.Option("--memory", metavar="MB", help="Grading several modules: the memory each may take beyond what mha-tui itself uses (Linux).")] = 2048,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
-    Exit code 0: every module is equivalent to multi-head attention; 1: at least one is
-    not (or cannot be built, among several); 2: usage error.
+    Several modules (files, a folder, a glob, --model) are graded each in its own process,
+    with --timeout and --memory, and summed up one row each.
+
+    Exit code 0: equivalent (every module); 1: NOT equivalent (at least one); 3: could not
+    judge (a forward that raised, a module that could not be built among several, or one
+    that hung, exited or crashed); 2: usage error. Several modules exit with the worst.
     """
     if hf_source is not None:  # named, not "no such option": a user may well try it
         fail("check does not take --hf: it judges a module you give as FILE.py:Class or "
@@ -497,33 +598,75 @@ def check(
         fail(str(error))
     if not 40 <= width <= 400:
         fail(f"--width must be between 40 and 400, got {width}")
-    named = []
-    for spec in specs or []:
-        if ":" not in spec:
-            if class_name is None:
-                fail(f"{spec!r}: name the class, as FILE.py:Class, or give --class CLASS for "
-                     "every file")
-            spec = f"{spec}:{class_name}"
-        named.append(spec)
-    sources = [_check_source(None, spec, init or [], weights) for spec in named]
-    sources += [_check_source(model, None, init or [], weights) for model in models or []]
-    if not sources:
+    if not 0 < timeout <= 24 * 3600:
+        fail(f"--timeout must be a positive number of seconds, got {timeout:g}")
+    if jobs is not None and jobs < 1:
+        fail(f"--jobs must be at least 1, got {jobs}")
+    if memory < 64:
+        fail(f"--memory must be at least 64 MB, got {memory}")
+    from .check.grade import GradeError, Submission, find_submissions, is_batch
+
+    try:
+        submissions = find_submissions(specs or [], class_name)
+    except GradeError as error:
+        fail(str(error))
+    for submission in submissions:  # a malformed spec, --init or --weights: exit 2 now
+        _check_source(None, submission.module, init or [], weights)
+    for model in models or []:
+        _check_source(model, None, init or [], weights)
+        submissions.append(Submission(shown=model, model=model))
+    if not submissions:
         fail("give the module to check: FILE.py:Class (or package.module:Class), "
              "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")
-    from .check import failed_to_load
-    from .learner import LoadError
+    from .check.outcome import EXIT_CODES, worst
 
-    verdicts = []
-    for source in sources:
+    verdict = None
+    if len(submissions) > 1 or is_batch(specs or []):
+        reports = _grade(config, submissions, init=init or [], weights=weights,
+                         timeout=timeout, jobs=jobs, memory=memory)
+    else:  # one module, judged here: the whole report
+        from .check.report import verdict_json
+        from .learner import LoadError
+
+        one = submissions[0]
         try:
-            verdicts.append(check_source(config, source))
+            verdict = check_source(config, _check_source(one.model, one.module, init or [],
+                                                         weights))
         except LoadError as error:
-            message = str(error).removeprefix("--module ")  # here the module is an argument
-            if len(sources) == 1:
-                fail(message)
-            verdicts.append(failed_to_load(source.module or source.model, message))
-    _write_verdicts(verdicts, fmt, width=width, ascii_only=ascii_only)
-    raise typer.Exit(0 if all(v.equivalent for v in verdicts) else 1)
+            fail(str(error).removeprefix("--module "))  # here the module is an argument
+        reports = [verdict_json(verdict)]
+    _write_verdicts(reports, verdict, fmt, width=width, ascii_only=ascii_only)
+    raise typer.Exit(EXIT_CODES[worst(report["verdict"] for report in reports)])
+
+
+def _grade(config: Config, submissions: list, *, init: list[str], weights: Path | None,
+           timeout: float, jobs: int | None, memory: int) -> list[dict]:
+    """Each submission in its own process (check/grade.py); a progress bar on stderr while
+    they run, when stderr is a terminal."""
+    from .check.grade import Limits, grade
+
+    limits = Limits(sentence=config.sentence, embed_dim=config.embed_dim, heads=config.num_heads,
+                    seed=config.seed, causal=config.causal, max_seq_len=config.max_seq_len,
+                    init=tuple(init), weights=None if weights is None else str(weights),
+                    timeout=timeout, memory=memory << 20)
+    jobs = jobs or max(1, min(os.cpu_count() or 1, 4))
+    if not (sys.stderr is not None and sys.stderr.isatty()):
+        return [g.report for g in grade(submissions, limits, jobs=jobs)]
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}", markup=False), console=Console(stderr=True),
+                  transient=True) as progress:
+        task = progress.add_task("", total=len(submissions))
+
+        def done(graded) -> None:  # type: ignore[no-untyped-def]
+            from .render import printable  # a file name is the learner's text
+
+            progress.update(task, advance=1, description=f"{printable(graded.submission.shown)}: "
+                                                         f"{graded.outcome}")
+
+        return [g.report for g in grade(submissions, limits, jobs=jobs, done=done)]
 
 
 def _check_source(model: str | None, module: str | None, init: list[str],
@@ -603,11 +746,22 @@ def check_source(config: Config, source: Source) -> Verdict:
     return checker(run(config))
 
 
-def _write_verdicts(verdicts: list[Verdict], fmt: CheckFormat, *, width: int, ascii_only: bool) -> None:
-    from .check.report import summary_table, to_json, verdict_renderable
+def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckFormat, *,
+                    width: int, ascii_only: bool) -> None:
+    """One module: its whole report (`verdict`); several: one row each and the tally."""
+    from .check.report import summary_table, tally, to_json, verdict_renderable
 
     if fmt is CheckFormat.json:
-        sys.stdout.buffer.write(to_json(verdicts).encode("utf-8"))
+        sys.stdout.buffer.write(to_json(reports).encode("utf-8"))
+        return
+    if fmt is CheckFormat.csv:
+        import csv
+
+        from .check.grade import CSV_COLUMNS, csv_rows
+
+        writer = csv.DictWriter(sys.stdout, fieldnames=CSV_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(csv_rows(reports))
         return
     from rich.console import Console
 
@@ -615,11 +769,11 @@ def _write_verdicts(verdicts: list[Verdict], fmt: CheckFormat, *, width: int, as
     console = Console(file=sys.stdout, width=None if tty else width, highlight=False,
                       soft_wrap=False, no_color=not tty or None, emoji=False, markup=False,
                       force_terminal=tty or None)
-    if len(verdicts) == 1:
-        console.print(verdict_renderable(verdicts[0], ascii_only=ascii_only))
+    if verdict is not None:
+        console.print(verdict_renderable(verdict, ascii_only=ascii_only))
     else:
-        console.print(summary_table(verdicts, ascii_only=ascii_only))
-
+        console.print(summary_table(reports, ascii_only=ascii_only))
+        console.print(tally(reports))
 
 
 def _exit_now(code: int = 0) -> NoReturn:

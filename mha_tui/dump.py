@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 from rich.console import Console
 
-from .floats import float32_text
+from .floats import float32_json, numpy_texts
 from .records import OpRecord, TensorRecord, Trace
 from .render import (
     ASCII_GLYPHS,
@@ -75,31 +75,44 @@ def why_text(why: Why, opts: RenderOptions, width: int = 100, color: bool = Fals
     return text
 
 
-_CHUNK = 1 << 16  # values formatted at a time: a few MB of scratch whatever the tensor
+_CHUNK = 1 << 16  # values formatted at a time: a few MB of text whatever the tensor
 _TEXT = 24  # widest number text: "-1.2345678e-05", "-0.000123456789", '"-inf"'
 
 
 def _number_texts(chunk: np.ndarray, rows: np.ndarray) -> None:
     """Write a 1-D chunk's JSON texts into rows[:, :_TEXT] (zeroed), 0 bytes not part of them."""
-    if chunk.dtype == np.float32:
-        float32_text(chunk, rows)
-        return
     if chunk.dtype == np.bool_:
         text = np.where(chunk, "true", "false")
-    else:  # ints, other floats: NumPy's shortest round-trip text, per dtype
-        text = chunk.astype(str)
-        if chunk.dtype.kind == "f":
-            finite = np.isfinite(chunk)
-            text = np.where(finite, text, np.char.add(np.char.add('"', text), '"'))
+    else:  # ints, floats: NumPy's shortest round-trip text, per dtype
+        text = numpy_texts(chunk)
     rows[:, :_TEXT] = text.astype(f"S{_TEXT}").view(np.uint8).reshape(len(chunk), _TEXT)
 
 
 def write_values(values: np.ndarray, out: BinaryIO) -> None:
-    """A tensor's values as nested JSON lists on one line, written a chunk at a time.
+    """A tensor's values as nested JSON lists on one line, written a block at a time.
 
     Each float32 in its shortest form that reads back exactly (NumPy's), -inf/inf/nan as
-    strings so that any JSON parser reads the file. Never builds the whole text.
+    strings so that any JSON parser reads the file. Never builds the whole text: a tensor
+    larger than a block is written one slice of its first axis at a time.
     """
+    if values.dtype == np.float32 and values.ndim >= 1 and values.size:
+        if values.size > _CHUNK and values.shape[0] > 1:
+            out.write(b"[")
+            for i, part in enumerate(values):
+                if i:
+                    out.write(b",")
+                write_values(part, out)
+            out.write(b"]")
+            return
+        text = float32_json(values)
+        if text is not None:
+            out.write(text)
+            return
+    _write_rows(values, out)
+
+
+def _write_rows(values: np.ndarray, out: BinaryIO) -> None:
+    """Any array (bools, ints, float64, a 0-d or empty one) through NumPy's own text."""
     if values.size == 0:
         out.write(json.dumps(values.tolist(), separators=(",", ":")).encode("ascii"))
         return

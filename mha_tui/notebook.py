@@ -23,6 +23,7 @@ from . import records
 
 if TYPE_CHECKING:
     from .check import Verdict
+    from .config import Config
     from .render import RenderOptions
 
 WIDTH = 100  # columns the pictures are drawn at (a notebook's output area holds about this)
@@ -243,7 +244,8 @@ def _words(tokens: Sequence[str] | None, sentence: str) -> list[str]:
 
 
 def check(module: Any, x: Any = None, tokens: Sequence[str] | None = None, *,
-          causal: bool = True, seed: int = 0, sentence: str = DEFAULT_SENTENCE) -> Checked:
+          heads: int | None = None, causal: bool = True, seed: int = 0,
+          sentence: str = DEFAULT_SENTENCE) -> Checked:
     """Judge `module` stage by stage, as `mha-tui check` does, and return the verdict.
 
     x: its input, (B, T, C) for torch, (T, C) for NumPy; by default the tokens of `sentence`
@@ -251,11 +253,26 @@ def check(module: Any, x: Any = None, tokens: Sequence[str] | None = None, *,
     `mha-tui check` draws it), C read from the module's `embed_dim`, `d_model`, `d_in`,
     `n_embd` or `d_out`, else from its first linear layer. A forward parameter named `mask` or
     `attn_mask` gets the causal mask (none with causal=False), and (query, key, value)
-    get x three times, as the CLI calls a module. The module is run, never edited.
+    get x three times, as the CLI calls a module. heads: the number of heads h the verdict
+    expects (as `--heads`); by default the module's `num_heads`, `n_head`, `n_heads`, `nhead`
+    or `h`, else 1. The module is run, never edited.
     """
     if not _is_torch_module(module):  # NumPy code: judged without torch
-        return _check_numpy(module, x, tokens, causal=causal, seed=seed, sentence=sentence)
-    return _check_torch(module, x, tokens, causal=causal, seed=seed, sentence=sentence)
+        return _check_numpy(module, x, tokens, heads=heads, causal=causal, seed=seed,
+                            sentence=sentence)
+    return _check_torch(module, x, tokens, heads=heads, causal=causal, seed=seed, sentence=sentence)
+
+
+def _config(x: Any, labels: Sequence[str] | None, heads: int | None, seed: int) -> Config | None:
+    """The run's sizes when heads is given (otherwise the tracer reads them from the module)."""
+    if heads is None:
+        return None
+    from .config import Config
+
+    T, C = int(x.shape[-2]), int(x.shape[-1])
+    words = list(labels) if labels is not None else [f"t{i}" for i in range(T)]
+    sentence = " ".join(w if w.strip() and not any(c.isspace() for c in w) else "_" for w in words)
+    return Config(sentence, embed_dim=C, num_heads=heads, seed=seed, max_seq_len=max(64, T))
 
 
 def _is_torch_module(module: Any) -> bool:
@@ -265,14 +282,14 @@ def _is_torch_module(module: Any) -> bool:
     return torch is not None and isinstance(module, torch.nn.Module)
 
 
-def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, causal: bool, seed: int,
-                 sentence: str) -> Checked:
+def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: int | None,
+                 causal: bool, seed: int, sentence: str) -> Checked:
     import torch
 
+    from . import trace  # the Python API's own path: load -> trace -> recognise
     from .check import Facts, judge
     from .config import Config
     from .load import forward_inputs
-    from .tracing import trace
     from .tracing.rerun import parameter_shapes, reference_output, second_recording
 
     words = _words(tokens, sentence)
@@ -291,23 +308,24 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, causal: b
         return m(*(inp,) * len(args), **kwargs)
 
     labels = words if len(words) == x.shape[-2] else None
-    traced = Trace.of(trace(module, x, labels, call=call, embedding=embedding, ids=ids))
+    traced = trace(module, x, labels, call=call, embedding=embedding, ids=ids,
+                   config=_config(x, labels, heads, seed))
     facts = Facts(causal=causal, heads=traced.config.num_heads, parameters=parameter_shapes(module),
                   second=second_recording(module, x, call), reference=reference_output,
                   training=module.training)
     return Checked(judge(traced, facts, type(module).__name__), traced)
 
 
-def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, causal: bool, seed: int,
-                 sentence: str) -> Checked:
+def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: int | None,
+                 causal: bool, seed: int, sentence: str) -> Checked:
     import numpy as np
 
+    from . import trace  # the Python API's own path: NumPy code, no torch
     from .check import Facts, judge
     from .check.numpy_reference import reference_output
     from .config import Config
     from .load_numpy import embedding_table, forward_inputs
     from .tracing.numpy_ops import module_arrays, record
-    from .tracing.numpy_ops import trace as trace_numpy
 
     words = _words(tokens, sentence)
     table = ids = None
@@ -317,7 +335,8 @@ def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, causal: b
         x = table[ids]  # (T, C)
     args, kwargs = forward_inputs(module, x, causal=causal)
     labels = words if len(words) == x.shape[-2] else None
-    traced = Trace.of(trace_numpy(module, x, labels, args=args, kwargs=kwargs, table=table, ids=ids))
+    traced = trace(module, x, labels, args=args, kwargs=kwargs, table=table, ids=ids,
+                   config=_config(x, labels, heads, seed))
     with np.errstate(all="ignore"):
         again = record(module, args, kwargs)
     facts = Facts(causal=causal, heads=traced.config.num_heads,

@@ -137,7 +137,7 @@ def html_fragment(console: Console, renderables: Sequence[RenderableType], opts:
 
 def stage_section(trace: Trace, stage: Stage, opts: RenderOptions, console: Console) -> str:
     """One stage as an HTML `<section>`; its id is the stage's position (ids may repeat)."""
-    number = trace.stages.index(stage) + 1
+    number = trace.index(stage.id) + 1
     heading = html.escape(stage_heading(trace, stage).plain)
     return (f'<section id="stage-{number}" data-stage="{html.escape(stage.id)}" '
             f'aria-label="{heading}">\n{html_fragment(console, [stage_view(trace, stage, opts)], opts)}'

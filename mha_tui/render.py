@@ -950,10 +950,10 @@ def check_lines(checks: Iterable[Check], ascii_only: bool = False) -> Group:
 def labelled(stage: Stage) -> Stage:
     """The stage as every transcript and the app show it: no two of its tensors alike.
 
-    A name that occurs more than once among the stage's tensors and aside (`q_embed` made by
-    a mul and by the add after it, on one line) keeps its first occurrence as it is and
-    numbers the others in the order shown: `q_embed`, `q_embed (2)`. The app, the text and
-    the JSON transcript (whose keys are these names) all call this, so they agree.
+    A name that occurs more than once among the stage's tensors and aside (the two inputs
+    of the add in `v = (v * 0.5) + (v * 0.5)` are both `v`) keeps its first occurrence as it
+    is and numbers the others in the order shown: `v`, `v (2)`. The app, the text and the
+    JSON transcript (whose keys are these names) all call this, so they agree.
     """
     names = [r.name for r in (*stage.tensors, *stage.aside)]
     if len(set(names)) == len(names):
@@ -967,7 +967,7 @@ def labelled(stage: Stage) -> Stage:
             renamed.append(record)
             continue
         label = f"{record.name} ({count})"
-        while label in taken:  # a tensor already called `q_embed (2)`: take the next number
+        while label in taken:  # a tensor already called `v (2)`: take the next number
             count += 1
             label = f"{record.name} ({count})"
         seen[record.name] = count

@@ -290,9 +290,10 @@ def test_a_module_that_cannot_load_among_several_is_a_failing_row(tmp_path: Path
     broken.write_text("def oops(:\n")
     result = runner.invoke(app, ["check", f"{broken}:MultiHeadAttention", "--model", "course",
                                  "--format", "json"])
-    assert result.exit_code == 1
+    assert result.exit_code == 3  # could not judge (exit 2 is kept for usage errors)
     data = json.loads(result.stdout)
     assert data[0]["diagnosis"]["kind"] == "load_error" and data[1]["equivalent"]
+    assert [d["verdict"] for d in data] == ["could not judge", "equivalent"]
 
 
 def test_paths_are_shown_literally_and_safely(tmp_path: Path) -> None:
@@ -393,7 +394,7 @@ def test_a_row_that_could_not_load_says_why_under_it(tmp_path: Path) -> None:
     result = runner.invoke(app, ["check", f"{tmp_path / 'mine.py'}:X",
                                  f"{tmp_path / 'broken.py'}:M", "--model", "course",
                                  "--width", "200"])
-    assert result.exit_code == 1
+    assert result.exit_code == 3
     lines = result.output.splitlines()
     first = next(i for i, line in enumerate(lines) if "mine.py:X" in line)
     assert "has no 'X'; classes there: M" in lines[first + 1]

@@ -302,7 +302,7 @@ SPECIAL = [0.0, -0.0, 1.0, 0.5, 0.1, 1e-4, 9.99e-5, 1e-5, 999999.94, 1e6, 123456
 
 
 def test_float_text_is_numpys_shortest_round_trip_text() -> None:
-    """The vectorised formatter against NumPy itself: random bit patterns (every exponent),
+    """orjson with NumPy's spellings against NumPy itself: random bit patterns (every exponent),
     ordinary activations, round decimals and the edges of each notation."""
     rng = np.random.default_rng(0)
     samples = np.concatenate([
@@ -438,3 +438,17 @@ def test_the_readmes_quoted_transcript_is_the_start_of_the_golden_file() -> None
     quoted = after.split("```\n", 2)[1]
     assert quoted.count("\n") >= 4
     assert (GOLDEN / "default.txt").read_text("utf-8").startswith(quoted)
+
+
+def test_float_text_falls_back_to_numpy_when_orjson_cannot_be_mapped(monkeypatch) -> None:
+    """Where orjson's spellings cannot be matched one to one with the values NumPy spells
+    otherwise, the values go through NumPy itself: the bytes stay NumPy's."""
+    from mha_tui import floats
+
+    values = np.array([[1e-5, 0.5, -np.inf], [2e7, np.nan, 3.0]], dtype=np.float32)
+    assert floats.float32_json(values) is not None  # -inf and nan: each null matched in order
+    monkeypatch.setattr(floats, "_OTHERWISE", {False: re.compile(rb"(?!)"), True: re.compile(rb"(?!)")})
+    assert floats.float32_json(values) is None
+    out = io.BytesIO()
+    write_values(values, out)
+    assert out.getvalue().decode("ascii") == _reference_values(values)

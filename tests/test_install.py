@@ -33,7 +33,7 @@ def test_torch_is_a_range_and_the_exact_pin_lives_in_the_constraints_file() -> N
     assert "safetensors" in deps
     pins = [line for line in (PROJECT / "constraints.txt").read_text().splitlines()
             if line and not line.startswith("#")]
-    assert pins == ["torch==2.13.0", "textual==8.2.8"]
+    assert pins == ["torch==2.13.0", "textual==8.2.8", "typer==0.28.0"]
     install = [line for line in (PROJECT / "Makefile").read_text().splitlines()
                if "pip install" in line and "-e" in line]
     assert install and all("-c constraints.txt" in line for line in install)
@@ -73,7 +73,7 @@ def test_the_wheel_carries_the_examples_and_the_app_style(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("course", "raschka", "many_eyes"):
         assert f"mha_tui/examples/{name}.py" in names
-    assert {"mha_tui/load.py", "mha_tui/app.tcss"} <= names
+    assert {"mha_tui/load.py", "mha_tui/app.tcss", "mha_tui/web/app_index.html"} <= names
 
 
 def test_installing_into_an_environment_with_torch_installs_only_mha_tui(wheel: Path,

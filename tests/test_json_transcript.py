@@ -25,6 +25,7 @@ from .conftest import ROOT, run_cli
 
 FIXTURES = Path(ROOT, "tests", "fixtures")
 ROTARY = f"{FIXTURES / 'rotary_attn.py'}:RotaryAttention"
+HALVES = f"{FIXTURES / 'halves_attn.py'}:MultiHeadAttention"
 
 # Every module style the tests already use: the tutorials, each fixture class, torch's own.
 MODULES = [
@@ -38,6 +39,7 @@ MODULES = [
     *(f"{path}:MultiHeadAttention" for path in sorted((FIXTURES / "mistakes").glob("*.py"))
       if path.name != "__init__.py"),
     ROTARY,
+    HALVES,
     "torch.nn:MultiheadAttention",
 ]
 
@@ -138,17 +140,20 @@ def test_the_text_transcript_shows_the_same_names_as_the_json() -> None:
     assert text.count("q_embed  shape (2, 2)") == 1
 
 
-def test_a_rotary_module_in_json_keeps_both_q_embeds() -> None:
-    """Hugging Face Llama's `q_embed = (q * cos) + (rotate_half(q) * sin)`: one line, two ops
-    that both make a `q_embed`."""
-    trace = _trace(None, ROTARY)
+def test_a_real_module_with_two_tensors_of_one_name_keeps_both() -> None:
+    """`v = (v * 0.5) + (v * 0.5)`: the add's stage holds two inputs called `v`."""
+    trace = _trace(None, HALVES)
     doubled = [s for s in trace.stages if len({r.name for r in s.tensors}) < len(s.tensors)]
     assert doubled, "the fixture must give a stage two tensors of one name"
     document = json.loads(to_json(trace))
+    text = to_text(trace, RenderOptions())
     for stage in doubled:
         written = next(s for s in document["stages"] if s["id"] == stage.id)
         assert len(written["tensors"]) == len(stage.tensors)
-        assert any(name.endswith(" (2)") for name in written["tensors"])
+        numbered = [name for name in written["tensors"] if name.endswith(" (2)")]
+        assert numbered
+        for name in numbered:  # the text transcript shows the same name
+            assert f"{name}  shape" in text
 
 
 def test_rotary_json_from_the_command_line_finishes(tmp_path: Path) -> None:
@@ -170,3 +175,26 @@ def test_a_value_json_cannot_hold_is_an_error_not_a_loop() -> None:
     with pytest.raises(TranscriptError, match="could not build the JSON transcript"):
         write_json(replace(trace, stages=(stage,)), out)
     assert out.getvalue() == b""
+
+
+def test_json_round_trip_for_a_tiny_llama_checkpoint(tmp_path: Path) -> None:
+    """A Hugging Face Llama layer (rotary positions, shared K/V heads), built offline: a
+    family the issue found spinning forever in JSON."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mha_tui import hf
+
+    from .hf_models import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64)
+    LlamaForCausalLM(config).eval().save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    trace = hf.Session(hf.load(str(tmp_path)), "The cat sat", ascii_only=False,
+                       one_layer=True).trace(0)
+    _assert_round_trip(trace)

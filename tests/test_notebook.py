@@ -109,6 +109,18 @@ def test_stage_chooser_switches_stages(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "application/vnd.jupyter.widget-view+json" in bundle and "text/html" in bundle
 
 
+def test_show_outside_a_notebook_prints_the_text_transcript(capsys: pytest.CaptureFixture[str]) -> None:
+    """No IPython shell: show() prints what `explain --dump -` would, from the same trace."""
+    from mha_tui.dump import to_text
+    from mha_tui.render import RenderOptions
+
+    module, x = _module(), torch.randn(1, 4, 4)
+    mha_tui.show(module, x, TOKENS)
+    printed = capsys.readouterr().out
+    assert printed == to_text(mha_tui.trace(module, x, TOKENS), RenderOptions()) + "\n"
+    assert "7/10 softmax" in printed and "10/10 w_o" in printed
+
+
 def test_user_text_is_literal_in_the_notebook() -> None:
     tokens = ["[bold]x[/bold]", "\x1b[31m", "<b>", "&lt;"]
     trace = mha_tui.trace(_module(), torch.randn(1, 4, 4), tokens)
@@ -127,6 +139,9 @@ def test_check_shows_the_verdict_of_a_wrong_module() -> None:
     text = "".join(shown(checked._repr_html_()).parts)
     assert "NOT equivalent" in text and "scaled_by_sqrt_C" in text
     assert mha_tui.check(_module()).equivalent  # and the right one is
+    # The heads the verdict expects can be said, as with --heads: 4 heads of 1 is not this module.
+    assert mha_tui.check(_module(), heads=2).equivalent
+    assert not mha_tui.check(_module(), heads=4).equivalent
 
 
 def test_check_of_numpy_code_matches_the_cli() -> None:
@@ -136,7 +151,9 @@ def test_check_of_numpy_code_matches_the_cli() -> None:
     result = run_cli("check", "--model", "blueprint", "--format", "json")
     assert result.returncode == 0, result.stderr
     cli = json.loads(result.stdout)
-    mine = json.loads(__import__("mha_tui.check.report", fromlist=["to_json"]).to_json([checked.verdict]))
+    from mha_tui.check.report import verdict_json
+
+    mine = verdict_json(checked.verdict)
     strip = [{k: row[k] for k in ("kind", "ok", "max_diff", "line", "checked")} for row in cli["stages"]]
     assert [{k: row[k] for k in ("kind", "ok", "max_diff", "line", "checked")}
             for row in mine["stages"]] == strip
@@ -144,6 +161,20 @@ def test_check_of_numpy_code_matches_the_cli() -> None:
     # A NumPy trace shows itself too.
     trace = mha_tui.trace(Blueprint(4, 2, seed=0), np.ones((3, 4), dtype=np.float32))
     assert "head 1" in "".join(shown(trace.stage("softmax")._repr_html_()).parts)
+
+
+def test_numpy_code_in_a_notebook_never_imports_torch() -> None:
+    """Trace, show and check the blueprint in a fresh interpreter: torch stays out."""
+    code = ("import sys, numpy as np, mha_tui\n"
+            "from mha_tui.examples.blueprint import MultiHeadAttention\n"
+            "module = MultiHeadAttention(4, 2, seed=0)\n"
+            "trace = mha_tui.trace(module, np.ones((3, 4), dtype=np.float32))\n"
+            "html = trace._repr_html_() + trace.stage('softmax')._repr_html_()\n"
+            "checked = mha_tui.check(module)\n"
+            "print('TORCH', 'torch' in sys.modules, checked.equivalent, 'softmax' in html)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().split() == ["TORCH", "False", "True", "True"]
 
 
 def test_the_walkthrough_notebook_runs() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from functools import cache
 from html.parser import HTMLParser
@@ -18,7 +19,7 @@ from mha_tui.config import Config
 from mha_tui.pictures import APP_THEME, SVG_FORMAT, Selection, md_escape, picture
 from mha_tui.render import RenderOptions, stage_heading
 
-from .conftest import default_trace, run_cli
+from .conftest import ROOT, default_trace, run_cli
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 # Tokens a learner may type: Rich markup, an ANSI escape, HTML, Markdown's own syntax.
@@ -175,13 +176,34 @@ def test_cli_format_from_extension_and_one_stage_slide(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     text = svg_text((tmp_path / "s.svg").read_text("utf-8"))
     assert "8/11 softmax" in text and "7/11 mask" not in text and "9/11 attend" not in text
-    result = run_cli("explain", "I love AI !", "--dump", str(tmp_path / "notes.md"))
+    fast = ("--model", "blueprint")  # NumPy: no torch to import, the same writers
+    result = run_cli("explain", "I love AI !", *fast, "--dump", str(tmp_path / "notes.md"))
     md = (tmp_path / "notes.md").read_text("utf-8")
     assert result.returncode == 0 and md.startswith("# mha-tui transcript\n")
-    result = run_cli("explain", "I love AI !", "--dump", str(tmp_path / "page.svg"), "--format", "html")
+    result = run_cli("explain", "I love AI !", *fast, "--dump", str(tmp_path / "page.svg"),
+                     "--format", "html")
     assert (tmp_path / "page.svg").read_text("utf-8").startswith("<!DOCTYPE html>")
-    result = run_cli("explain", "I love AI !", "--dump", "-", "--stage", "mask", "--only")
-    assert result.stdout.decode().count("/11 ") == 1 and "7/11 mask" in result.stdout.decode()
+    assert "--color changes nothing" not in result.stderr.decode()
+    result = run_cli("explain", "I love AI !", *fast, "--dump", str(tmp_path / "c.md"), "--color")
+    assert result.returncode == 0 and "--color changes nothing" in result.stderr.decode()
+    result = run_cli("explain", "I love AI !", *fast, "--dump", "-", "--stage", "mask", "--only")
+    shown = result.stdout.decode()
+    assert shown.count("/11 ") == 1 and " mask  " in shown and "softmax  " not in shown
+
+
+def test_a_numpy_picture_never_imports_torch(tmp_path: Path) -> None:
+    """`explain --model blueprint --dump x.svg`, the whole CLI run: torch stays out."""
+    code = ("import sys, runpy, os\n"
+            "os._exit = lambda code: (sys.stdout.flush(), "
+            "sys.stderr.write('TORCH ' + str('torch' in sys.modules) + '\\n'), sys.exit(code))\n"
+            "sys.argv = ['mha-tui', 'explain'] + sys.argv[1:]\n"
+            "runpy.run_module('mha_tui', run_name='__main__')\n")
+    for name in ("bp.svg", "bp.md"):
+        done = subprocess.run([sys.executable, "-c", code, "I love AI !", "--model", "blueprint",
+                               "--dump", str(tmp_path / name)], capture_output=True, cwd=ROOT,
+                              timeout=120)
+        assert done.returncode == 0 and b"TORCH False" in done.stderr, done.stderr.decode()
+        assert "mha_tui/examples/blueprint.py" in (tmp_path / name).read_text("utf-8").replace("\xa0", " ")
 
 
 @pytest.mark.parametrize(("argv", "message"), [

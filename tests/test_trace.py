@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -149,9 +150,16 @@ def test_strides_contiguity_and_storage() -> None:
 
 
 def test_token_axes_and_dims_are_labelled() -> None:
+    """Every axis has a name from the vocabulary: the builder's `d0, d1, ...` fallback (used
+    whenever it cannot name an axis) never appears in the default run, whose stages all
+    know B, T, C, h and d_h (tests/test_stage_words.py asserts it for every module)."""
     for stage in default_trace().stages:
+        for dims in (stage.dims_in, stage.dims_out):
+            assert not any(re.fullmatch(r"d\d+", d) for d in dims), (stage.id, dims)
         for record in stage.tensors:
             assert len(record.dims) == len(record.shape), (stage.id, record.name)
+            assert not any(re.fullmatch(r"d\d+", d) for d in record.dims), (stage.id, record.name)
+    assert default_trace().stage("transpose").tensor("Q").dims == ("B", "h", "T", "d_h")
 
 
 def test_wrong_view_scrambles_heads() -> None:

@@ -1,13 +1,17 @@
-"""The end-to-end reference for a NumPy module: the blueprint's computation, in NumPy.
+"""The reference computation in NumPy: the blueprint's forward, step by step, in float64.
 
 `mha-tui check` compares a module's output with a reference that has the module's weights
-copied in by role. For torch modules that is the "mygpt" chapter's module (run by
-`mha_tui.tracing.rerun`, which needs torch); for NumPy code it is this function, the NumPy
-blueprint's forward (seed 002) written out in float64, so that checking a NumPy module
-never imports torch. Never import torch, rich, textual or typer here.
+copied in by role. For torch modules the end-to-end row uses the "mygpt" chapter's module
+(run by `mha_tui.tracing.rerun`, which needs torch); for NumPy code it is
+`reference_output` here, so that checking a NumPy module never imports torch. `steps`
+gives every intermediate of the same computation (Q, the heads, the scores, the weights,
+...), which `track.py` follows through a recording to find where a module leaves it.
+Never import torch, rich, textual or typer here.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,9 +24,21 @@ def _linear(x: np.ndarray, weight_bias: tuple[np.ndarray, np.ndarray | None]) ->
     return y if bias is None else y + np.asarray(bias, dtype=np.float64)
 
 
-def reference_output(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool) -> np.ndarray:
-    """softmax((x W_Q)_i (x W_K)_i^T / sqrt(d_h) + mask) (x W_V)_i per head, heads side by
-    side, then W_O (the identity when the module has none); x (T, C) or (B, T, C)."""
+@dataclass(frozen=True)
+class Step:
+    """One intermediate of the reference: its name, values and axis labels.
+
+    Two axes labelled "T" and "T'" are a (query, key) pair: never swapped when matched.
+    """
+
+    name: str
+    values: np.ndarray
+    dims: tuple[str, ...]
+
+
+def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool) -> list[Step]:
+    """Every intermediate of softmax(Q_i K_i^T / sqrt(d_h) + mask) V_i, heads side by side,
+    then W_O (the identity when the module has none); x (T, C) or (B, T, C)."""
     x = np.asarray(x, dtype=np.float64)
     batched = x if x.ndim == 3 else x[None]  # (B, T, C)
     B, T, C = batched.shape
@@ -31,13 +47,34 @@ def reference_output(x: np.ndarray, weights: RoleWeights, heads: int, causal: bo
     def split(t: np.ndarray) -> np.ndarray:
         return t.reshape(B, T, heads, d_h).transpose(0, 2, 1, 3)  # (B, h, T, d_h)
 
-    q, k, v = (split(_linear(batched, w)) for w in (weights.q, weights.k, weights.v))
-    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d_h)  # (B, h, T, T)
-    if causal:
-        scores = scores + np.triu(np.full((T, T), -np.inf), k=1)
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    weights_ = np.exp(scores)
-    weights_ = weights_ / weights_.sum(axis=-1, keepdims=True)
-    context = (weights_ @ v).transpose(0, 2, 1, 3).reshape(B, T, C)  # (B, T, C)
-    out = context if weights.o is None else _linear(context, weights.o)
-    return out if x.ndim == 3 else out[0]
+    Q, K, V = (_linear(batched, w) for w in (weights.q, weights.k, weights.v))  # (B, T, C)
+    q, k, v = split(Q), split(K), split(V)  # (B, h, T, d_h)
+    scale = 1.0 / np.sqrt(d_h)
+    raw = q @ k.transpose(0, 1, 3, 2)  # (B, h, T, T)
+    mask = np.triu(np.full((T, T), -np.inf), k=1) if causal else np.zeros((T, T))
+    scaled = raw * scale
+    masked = scaled + mask
+    with np.errstate(invalid="ignore", over="ignore"):
+        shifted = masked - masked.max(axis=-1, keepdims=True)
+        e = np.exp(shifted)
+        attention = e / e.sum(axis=-1, keepdims=True)  # (B, h, T, T)
+    context = attention @ v  # (B, h, T, d_h)
+    merged = context.transpose(0, 2, 1, 3).reshape(B, T, C)  # (B, T, C)
+    out = merged if weights.o is None else _linear(merged, weights.o)
+    BTC, BHTD, BHTT = ("B", "T", "C"), ("B", "h", "T", "d_h"), ("B", "h", "T", "T'")
+    return [
+        Step("x", batched, BTC),
+        Step("Q", Q, BTC), Step("K", K, BTC), Step("V", V, BTC),
+        Step("q", q, BHTD), Step("k", k, BHTD), Step("v", v, BHTD),
+        Step("q scaled", q * scale, BHTD),
+        Step("raw scores", raw, BHTT), Step("scaled scores", scaled, BHTT),
+        Step("masked raw scores", raw + mask, BHTT), Step("masked scores", masked, BHTT),
+        Step("weights", attention, BHTT), Step("context", context, BHTD),
+        Step("merged", merged, BTC), Step("out", out, BTC),
+    ]
+
+
+def reference_output(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool) -> np.ndarray:
+    """The reference's output for x (T, C) or (B, T, C), in x's own layout."""
+    out = steps(x, weights, heads, causal)[-1].values
+    return out if np.ndim(x) == 3 else out[0]

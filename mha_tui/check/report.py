@@ -18,6 +18,7 @@ from rich.text import Text
 
 from ..render import printable
 from .judge import StageVerdict, Verdict
+from .outcome import COULD_NOT_JUDGE, EQUIVALENT, NOT_EQUIVALENT, Outcome, outcome
 
 MARKS = {True: ("✓", "green"), False: ("✗", "bold red"), None: ("·", "dim")}
 ASCII_MARKS = {True: ("ok", "green"), False: ("X", "bold red"), None: ("-", "dim")}
@@ -40,8 +41,11 @@ def where(file: str, line: int) -> str:
     return f"{shown_path(file)}:{line}" if line else shown_path(file)
 
 
-def _diff(value: float | None) -> str:
-    if value is None:
+def _diff(value: float | None, ok: bool | None = True) -> str:
+    """The largest difference as a number; blank for a failing row whose numbers agree
+    (a mask that blocks the wrong entries, each to -inf as it should): a `0` beside a ✗
+    reads like a pass, and the row's words say what failed."""
+    if value is None or (ok is False and value == 0):
         return ""
     if value != value:  # NaN
         return "nan"
@@ -70,8 +74,11 @@ def stage_table(verdict: Verdict, *, ascii_only: bool = False) -> Table:
             f"{row.kind} ({row.stage_id})"
         if not row.stage_id and row.kind != "end_to_end":
             name += " (missing)"
-        table.add_row(_mark(row.ok, ascii_only), Text(name), _diff(row.max_diff),
-                      Text(str(row.line) if row.line else ""), Text(printable(row.checked)))
+        checked = row.checked
+        if row.ok is False and not row.max_diff:
+            checked = f"{checked}: not so"
+        table.add_row(_mark(row.ok, ascii_only), Text(name), _diff(row.max_diff, row.ok),
+                      Text(str(row.line) if row.line else ""), Text(printable(checked)))
     return table
 
 
@@ -79,10 +86,11 @@ def verdict_renderable(verdict: Verdict, *, ascii_only: bool = False) -> Rendera
     """The whole report for one module: heading, table, diagnosis, legitimate differences."""
     head = Text()
     head.append(printable(verdict.module), style="bold")
-    if verdict.equivalent:
+    said = outcome(verdict)
+    if said == EQUIVALENT:
         head.append("  equivalent to multi-head attention", style="green")
     else:
-        head.append("  NOT equivalent", style="bold red")
+        head.append(f"  {said}", style=OUTCOME_STYLES[said])
     parts: list[RenderableType] = [head, stage_table(verdict, ascii_only=ascii_only)]
     if verdict.diagnosis is not None:
         d = verdict.diagnosis
@@ -95,40 +103,74 @@ def verdict_renderable(verdict: Verdict, *, ascii_only: bool = False) -> Rendera
         text.append(f"[{d.kind}] ", style="red")
         text.append(printable(d.message))
         parts.append(text)
+    # Under a NOT-equivalent verdict the module is not equivalent: its legitimate
+    # differences are still said, as what they are.
+    label = "Different but equivalent: " if said == EQUIVALENT else \
+        "Also differs, which alone would be equivalent: "
     for difference in verdict.differences:
-        line = Text("Different but equivalent: ", style="dim")
+        line = Text(label, style="dim")
         line.append(printable(difference))
         parts.append(line)
     return Group(*parts)
 
 
-def summary_table(verdicts: Sequence[Verdict], *, ascii_only: bool = False) -> Table:
-    """Several modules: one row each (an instructor's view of a folder of submissions).
+OUTCOME_STYLES: dict[Outcome, str] = {EQUIVALENT: "green", NOT_EQUIVALENT: "bold red",
+                                      COULD_NOT_JUDGE: "bold yellow"}
+_OUTCOME_MARKS = {EQUIVALENT: True, NOT_EQUIVALENT: False, COULD_NOT_JUDGE: None}
+
+
+def verdict_json(verdict: Verdict) -> dict[str, object]:
+    """The grader's JSON object for one module: the judge's, with the outcome in words
+    (`verdict`) and the stage of the first wrong line."""
+    data = verdict.as_dict()
+    data["verdict"] = outcome(verdict)
+    if verdict.diagnosis is not None and isinstance(data["diagnosis"], dict):
+        data["diagnosis"]["stage"] = verdict.diagnosis.stage
+    return data
+
+
+def summary_table(reports: Sequence[dict[str, object]], *, ascii_only: bool = False) -> Table:
+    """Several modules: one row each (an instructor's view of a folder of submissions), from
+    their JSON objects (`verdict_json`, or a grading worker's).
 
     The diagnosis is its short kind here; `check FILE:Class` on one module gives the whole.
+    Where there is no stage to point at (could not judge), the reason is printed under the row.
     """
     table = Table(box=box.ASCII if ascii_only else box.SIMPLE_HEAD, show_edge=False,
                   pad_edge=False)
     table.add_column("", no_wrap=True)
-    table.add_column("module", overflow="fold", ratio=1)
+    table.add_column("submission", overflow="fold", ratio=1)
+    table.add_column("verdict", no_wrap=True)
     table.add_column("first wrong", no_wrap=True)
     table.add_column("line", justify="right", no_wrap=True)
     table.add_column("diagnosis", no_wrap=True)
-    for verdict in verdicts:
-        d = verdict.diagnosis
-        module = Text(printable(verdict.module))
-        if d is not None and d.kind == "load_error":  # no stage, no line: the reason is all
+    for report in reports:
+        said: Outcome = report["verdict"]  # type: ignore[assignment]
+        d: dict[str, object] = report.get("diagnosis") or {}  # type: ignore[assignment]
+        module = Text(shown_path(str(report.get("submission") or report["module"])))
+        if said == COULD_NOT_JUDGE and d.get("message"):
             module.append("\n")
-            module.append(printable(d.message), style="red")
-        table.add_row(_mark(verdict.equivalent, ascii_only), module,
-                      Text(d.stage if d else ""), Text(str(d.line) if d and d.line else ""),
-                      Text(d.kind if d else "equivalent"))
+            module.append(printable(str(d["message"])), style="yellow")
+        table.add_row(_mark(_OUTCOME_MARKS[said], ascii_only), module,
+                      Text(said, style=OUTCOME_STYLES[said]), Text(str(d.get("stage") or "")),
+                      Text(str(d.get("line") or "")), Text(str(d.get("kind") or "")))
     return table
 
 
-def to_json(verdicts: Sequence[Verdict]) -> str:
-    """One object for one module, a list for several (strict JSON, no NaN)."""
-    data = [v.as_dict() for v in verdicts]
+def tally(reports: Sequence[dict[str, object]]) -> Text:
+    """`30 modules: 24 equivalent, 5 NOT equivalent, 1 could not judge`."""
+    counts = [(o, sum(1 for r in reports if r["verdict"] == o))
+              for o in (EQUIVALENT, NOT_EQUIVALENT, COULD_NOT_JUDGE)]
+    text = Text(f"{len(reports)} module{'s' if len(reports) != 1 else ''}: ")
+    text.append_text(Text(", ").join(Text(f"{n} {o}", style=OUTCOME_STYLES[o])
+                                     for o, n in counts if n))
+    return text
+
+
+def to_json(reports: Sequence[dict[str, object] | Verdict]) -> str:
+    """One object for one module, a list for several (strict JSON, no NaN); a Verdict is
+    written as `verdict_json` gives it."""
+    data = [verdict_json(r) if isinstance(r, Verdict) else r for r in reports]
     payload = data[0] if len(data) == 1 else data
     return json.dumps(payload, ensure_ascii=False, indent=1, allow_nan=False) + "\n"
 
@@ -180,8 +222,10 @@ def stage_judgement(verdict: Verdict, rows: Sequence[StageVerdict], *,
         elif not row.stage_id:
             line.append(f"{row.kind} (missing): ", style="bold")
         line.append(printable(row.checked))
-        if row.max_diff is not None:
-            line.append(f"  (largest difference {_diff(row.max_diff)})", style="dim")
+        if _diff(row.max_diff, row.ok):
+            line.append(f"  (largest difference {_diff(row.max_diff, row.ok)})", style="dim")
+        elif row.ok is False:
+            line.append(": not so")
         parts.append(line)
     d = verdict.diagnosis
     if d is not None and any(row.ok is False and row.line == d.line and row.kind == d.stage

@@ -1,0 +1,81 @@
+"""The units built into stages, in the module's own order, by the registry's builders; then
+what concerns the whole forward: the mask that did not run (--no-causal), the parameter
+count, the error stage, the comparison with the module's own output, NumPy's dims.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from ..records import Check, Recording, Stage
+from ..stages import stage_info
+from .builder import Builder
+from .grouping import Unit
+from .kinds import embed, mask, project
+from .kinds import error as error_kind
+from .kinds import op as op_kind
+from .kinds.embed import Embedded
+from .maker import StageMaker
+from .registry import BUILDERS
+
+
+def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Embedded | None,
+                 forward_equal: bool | None, n_params: int | None) -> tuple[Stage, ...]:
+    maker = StageMaker(b, rec)
+    stages: list[Stage] = []
+    if embedded is not None:
+        stages.append(embed.build(maker, embedded))
+    counts: dict[str, int] = {}
+    for unit in units:
+        kind = unit.kind
+        counts[kind] = counts.get(kind, 0) + 1
+        stage_id = kind if counts[kind] == 1 else f"{kind}-{counts[kind]}"
+        try:
+            made = BUILDERS[kind].build(maker, unit, stage_id)
+            stages.extend(made if isinstance(made, list) else [made])
+        except Exception as error:  # a rule that misread: show the ops plainly, never crash
+            fallback = op_kind.build(maker, unit, stage_id if kind == "op" else f"op-{kind}")
+            object.__setattr__(fallback, "note", f"mha-tui could not lay this out as {kind} "
+                                                 f"({type(error).__name__}: {error}); shown as it ran.")
+            stages.append(fallback)
+    if not b.config.causal and not any(st.kind == "mask" for st in stages):
+        mask.add_skipped_mask(stages, b)
+    if n_params is not None:
+        project.add_param_check(stages, n_params, b)
+    if rec.error is not None:
+        stages.append(error_kind.build(maker))
+    elif forward_equal is not None and stages:
+        last = stages[-1]
+        if rec.output is not None and rec.output.kind == "op":
+            last = next((st for st in stages if any(o.index == rec.output.op for o in st.ops)), last)
+        name = last.tensors[-1].name if last.tensors else "the output"
+        object.__setattr__(last, "checks", (*last.checks, Check(
+            f"{name} equals the module's own forward, {_own_forward(rec)} = {forward_equal}",
+            forward_equal)))
+    if not b.sizes.batched:
+        _unbatch_dims(stages, b)
+    return tuple(stages)
+
+
+def _own_forward(rec: Recording) -> str:
+    if rec.library == "numpy":
+        return f"module.forward({', '.join(name for name, _ in rec.inputs)}): np.array_equal"
+    return "module(x): torch.equal"
+
+
+def _unbatch_dims(stages: list[Stage], b: Builder) -> None:
+    """No batch axis (NumPy's (T, C)): a stage's dims say (T, C), never (B, T, C), and its
+    words say what NumPy does (x @ W, reshape, no batch)."""
+    for stage in stages:
+        for field_name, shape in (("dims_in", stage.shape_in), ("dims_out", stage.shape_out)):
+            dims = getattr(stage, field_name)
+            if len(dims) == len(shape) + 1:
+                object.__setattr__(stage, field_name, b.unbatched(dims, dims))
+        try:
+            info = stage_info(stage.kind)
+        except KeyError:
+            continue
+        object.__setattr__(stage, "explanation", info.reword(stage.explanation))
+        if stage.title == "Move the head axis next to the batch axis":
+            object.__setattr__(stage, "title", "Move the head axis in front")
+

@@ -1,0 +1,203 @@
+"""How a stage's tensors are recorded: named, laid out on B, T, C, h, d_h axes (torch's own
+(T, B, C) and (B * h, T, .) layouts regrouped for display only), per-head results stacked
+as a fused module holds them, and each projection's role (Q, K, V) read from where its
+output goes.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..config import Config
+from ..records import ModuleCall, OpRecord, Snapshot, TensorRecord
+from .graph import Graph
+from .sizes import Sizes
+
+BTC = ("B", "T", "C")
+BTHD = ("B", "T", "h", "d_h")
+BHTD = ("B", "h", "T", "d_h")
+BHTT = ("B", "h", "T", "T")
+
+
+def yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+class Builder:
+    """Builds each stage's tensors and checks from its ops."""
+
+    def __init__(self, g: Graph, sizes: Sizes, config: Config, head_calls: list[ModuleCall]) -> None:
+        self.g, self.sizes, self.config = g, sizes, config
+        # Heads computed one at a time: as separate modules, or in a loop over Q[h], K[h], V[h].
+        self.per_head = bool(head_calls) or bool(g.head)
+        self.head_modules = bool(head_calls)
+        self.names: dict[int, str] = {}
+
+    # ------------------------------------------------------------ naming
+
+    def name(self, op: OpRecord) -> str:
+        """What the module calls this tensor: the assignment target of its statement."""
+        if op.index in self.names:
+            return self.names[op.index]
+        text = op.source.text
+        match = re.match(r"\s*([A-Za-z_][A-Za-z_0-9]*)\s*(?:\[[^\]]*\])?\s*[+\-*/@]?=(?!=)", text)
+        if match and match.group(1) != "return":
+            return match.group(1)
+        if text.lstrip().startswith("return"):
+            return "out"
+        return {"project": "projection", "w_o": "out"}.get(self.g.kind.get(op.index, ""), op.name)
+
+    def role(self, op: OpRecord) -> str:
+        """Q, K or V for a projection, from where its output goes (never from its name)."""
+        g = self.g
+        todo, seen = [op.index], set()
+        while todo:
+            i = todo.pop(0)
+            if i in seen:
+                continue
+            seen.add(i)
+            for c in g.consumers[i]:
+                consumer = g.ops[c]
+                kind = g.kind.get(c)
+                if kind in ("scores", "sdpa"):
+                    position = next(n for n, r in enumerate(consumer.inputs) if r.op == i)
+                    if kind == "sdpa":
+                        return "QKV"[min(position, 2)]
+                    if consumer.name == "einsum":
+                        return "Q" if position == 0 else "K"
+                    # q @ k^T: k arrives through a transpose of its last two axes
+                    return "K" if position == 1 else "Q"
+                if kind == "attend":
+                    return "V"
+                if kind == "scale" and c not in seen and g.op_derives(consumer, {"scores"}):
+                    continue
+                todo.append(c)
+        return "?"
+
+    # ------------------------------------------------------------ records
+
+    def dims(self, shape: tuple[int, ...], prefer: Sequence[tuple[str, ...]] = ()) -> tuple[str, ...]:
+        s = self.sizes
+        table = {
+            BTC: (s.B, s.T, s.C), BTHD: (s.B, s.T, s.h, s.d_h), BHTD: (s.B, s.h, s.T, s.d_h),
+            BHTT: (s.B, s.h, s.T, s.T), ("T", "T"): (s.T, s.T), ("B", "T"): (s.B, s.T),
+            ("T", "d_h"): (s.T, s.d_h),  # one head's slice in a per-head loop
+        }
+        for dims in [*prefer, BTC, BHTD, BTHD, BHTT, ("T", "T")]:
+            if dims in table and tuple(shape) == self.unbatched(table[dims], dims):
+                return self.unbatched(dims, dims)
+        return tuple(f"d{i}" for i in range(len(shape)))
+
+    def unbatched(self, values: tuple, dims: tuple[str, ...]) -> tuple:
+        """Without a batch axis (NumPy's (T, C)), every label and size loses its B."""
+        if self.sizes.batched or "B" not in dims:
+            return values
+        return tuple(v for v, d in zip(values, dims, strict=True) if d != "B")
+
+    def record(self, name: str, snap: Snapshot, dims: tuple[str, ...] | None = None, *,
+               values: np.ndarray | None = None, share: tuple[str, Snapshot] | None = None,
+               **extra: object) -> TensorRecord:
+        values = snap.values if values is None else values
+        caption = str(extra.pop("caption", ""))
+        if dims is None or dims[0].startswith("d0"):
+            dims = self.dims(values.shape)
+        if len(dims) == values.ndim + 1:
+            dims = self.unbatched(dims, dims)
+        if dims and dims[0] == "d0":
+            regrouped = self.regroup(values)
+            if regrouped is not None:
+                values, dims, held = regrouped
+                note = f"torch holds it as {held}; shown as ({', '.join(dims)})"
+                caption = f"{caption}; {note}" if caption else note
+        if len(dims) != values.ndim:
+            dims = tuple(f"d{i}" for i in range(values.ndim))
+        if self.per_head and snap.strides and len(snap.strides) == values.ndim - 1 and \
+                "h" in dims and not self.head_modules:
+            # A loop over heads made h separate arrays; the strides are each head's own.
+            note = f"the {self.sizes.h} heads' separate {snap.shape} results stacked; strides: one head's"
+            caption = f"{caption}; {note}" if caption else note
+        extra["caption"] = caption
+        return TensorRecord(
+            name=name, dims=dims, values=values, strides=snap.strides, contiguous=snap.contiguous,
+            stride_unit=snap.stride_unit,
+            shares_storage=None if share is None else snap.storage == share[1].storage,
+            shares_with=share[0] if share else "", **extra,  # type: ignore[arg-type]
+        )
+
+    def regroup(self, values: np.ndarray) -> tuple[np.ndarray, tuple[str, ...], str] | None:
+        """torch's own MHA keeps tokens first and batch and heads merged: (T, B, C),
+        (T * B, C), (T, B * h, d_h), (B * h, T, .). Regroup those for display only."""
+        s = self.sizes
+        shape = tuple(values.shape)
+        if s.h * s.d_h != s.C or not s.batched:
+            return None
+        if shape == (s.T, s.B, s.C) and s.T != s.B:
+            return np.swapaxes(values, 0, 1), BTC, "(T, B, C)"
+        if shape == (s.T * s.B, s.C) and len(shape) == 2:
+            return np.swapaxes(values.reshape(s.T, s.B, s.C), 0, 1), BTC, "(T * B, C)"
+        if shape == (s.T, s.B * s.h, s.d_h):
+            return np.swapaxes(values.reshape(s.T, s.B, s.h, s.d_h), 0, 1), BTHD, "(T, B * h, d_h)"
+        if shape == (s.B * s.h, s.T, s.d_h):
+            return values.reshape(s.B, s.h, s.T, s.d_h), BHTD, "(B * h, T, d_h)"
+        if shape == (s.B * s.h, s.T, s.T):
+            return values.reshape(s.B, s.h, s.T, s.T), BHTT, "(B * h, T, T)"
+        return None
+
+    @property
+    def head_axis(self) -> int:
+        """Where per-head results stack: after B, or first when there is no batch axis."""
+        return 1 if self.sizes.batched else 0
+
+    def stacked(self, ops: list[OpRecord], axis: int | None = None) -> np.ndarray:
+        """Per-head results side by side on a head axis, as a fused module holds them."""
+        return np.stack([op.out.values for op in ops], axis=self.head_axis if axis is None else axis)
+
+    def heads_of(self, ops: list[int]) -> list[list[OpRecord]]:
+        by_head: dict[int, list[OpRecord]] = {}
+        for i in ops:
+            by_head.setdefault(self.g.head.get(i, -1), []).append(self.g.ops[i])
+        return [by_head[h] for h in sorted(by_head)]
+
+    def out_4d(self, ops: list[int], dims4: tuple[str, ...]) -> tuple[np.ndarray, Snapshot]:
+        """The stage's tensor as (B, h, T, .): stacked per head, or torch's (B*h, T, .) regrouped."""
+        g, s = self.g, self.sizes
+        if self.per_head and len(ops) > 1:
+            last = [group[-1] for group in self.heads_of(ops)]
+            return self.stacked(last), last[0].out
+        snap = g.ops[ops[-1]].out
+        values = snap.values
+        last = g.ops[ops[-1]]
+        if last.name == "einsum" and values.ndim == 4:
+            values = _einsum_heads_first(last, values)
+        if not s.batched:  # NumPy: (h, T, .) already, or one head's (T, .)
+            return (values[None] if values.ndim == 2 else values), snap
+        if values.ndim == 3 and values.shape[0] == s.B * s.h and s.h > 1:
+            values = values.reshape(s.B, s.h, *values.shape[1:])
+        elif values.ndim == 3 and s.h == 1:
+            values = values[:, None]
+        return values, snap
+
+
+def _einsum_heads_first(op: OpRecord, values: np.ndarray) -> np.ndarray:
+    """An einsum whose output keeps tokens before heads ("...->bqhd") shown as (B, h, T, .)."""
+    equation = next((a for a in op.args if isinstance(a, str)), "")
+    if "->" not in equation:
+        return values
+    inputs, output = equation.replace(" ", "").split("->")
+    first = inputs.split(",")[0]
+    if len(first) != 4 or len(output) != 4:
+        return values
+    head, query = first[1], first[2]  # scores and weights are (b, h, q, k)
+    if head in output and query in output and output.index(head) > output.index(query):
+        return np.swapaxes(values, output.index(head), output.index(query))
+    return values
+

@@ -1,0 +1,44 @@
+"""Every x-dependent op given a kind by the registry's rules, in order; ops inside a
+library module that projects (GPT-2's Conv1D: view, addmm, view) all join that projection.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from .graph import Graph
+from .registry import RULES
+from .sizes import Sizes
+from .vocab import PROJECTIONS
+
+
+def classify(g: Graph, sizes: Sizes) -> None:
+    """Give every x-dependent op a kind; rules in the registry's order, the first that answers wins."""
+    for op in g.ops:
+        if not g.from_x[op.index]:
+            continue
+        kind = "op"
+        for rule in RULES:
+            found = rule(g, op, sizes)
+            if found:
+                kind = found
+                break
+        g.kind[op.index] = kind
+        if kind == "project" and op.name in PROJECTIONS and op.out.shape[-1] == 3 * sizes.C:
+            g.fused.add(op.index)
+    _fold_library_calls(g)
+
+
+def _fold_library_calls(g: Graph) -> None:
+    """Every x-dependent op inside a leaf module call that projects (GPT-2's Conv1D:
+    view, addmm, view) belongs to that projection."""
+    children = {c.path for c in g.rec.calls}
+    for call in g.rec.calls:
+        if any(p != call.path and p.startswith(call.path + ".") for p in children):
+            continue
+        inside = [i for i in range(call.first, call.end) if g.from_x[i]]
+        kinds = {g.kind[i] for i in inside}
+        for kind in ("project", "w_o"):
+            if kind in kinds:
+                for i in inside:
+                    g.kind[i] = kind

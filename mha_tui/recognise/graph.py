@@ -1,0 +1,98 @@
+"""The one graph of a recorded forward: each op's producers and consumers, which ops depend
+on the forward's input x, and the kind each op was given. Built once per recording; every
+rule reads it, and the stage builders after them.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from ..records import OpRecord, Recording, Ref, Snapshot
+from .vocab import very_negative
+
+
+class Graph:
+    """The recording with the facts the rules read: producers, consumers, ancestry."""
+
+    def __init__(self, rec: Recording) -> None:
+        self.rec = rec
+        self.ops = rec.ops
+        self.consumers: dict[int, list[int]] = {i: [] for i in range(len(rec.ops))}
+        for op in rec.ops:
+            for ref in op.inputs:
+                if ref.kind == "op" and ref.op is not None:
+                    self.consumers[ref.op].append(op.index)
+        self.x_names = {name for name, snap in rec.inputs
+                        if snap.dtype.startswith("float") and snap.ndim == 3}
+        if not self.x_names and rec.inputs:
+            self.x_names = {rec.inputs[0][0]}
+        self.from_x = [False] * len(rec.ops)
+        for op in rec.ops:
+            self.from_x[op.index] = any(self.is_x(ref) for ref in op.inputs)
+        self.kind: dict[int, str] = {}
+        self.head: dict[int, int] = {}
+        self.softmax_parts: set[int] | None = None
+        self.fused: set[int] = set()  # ops whose output is a whole fused q|k|v projection
+
+    def is_x(self, ref: Ref) -> bool:
+        if ref.kind == "input":
+            return ref.name in self.x_names
+        return ref.kind == "op" and ref.op is not None and self.from_x[ref.op]
+
+    def producer(self, ref: Ref) -> OpRecord | None:
+        return self.ops[ref.op] if ref.kind == "op" and ref.op is not None else None
+
+    def snap(self, ref: Ref) -> Snapshot:
+        return self.rec.snapshot(ref)
+
+    def x_inputs(self, op: OpRecord) -> list[Ref]:
+        return [ref for ref in op.inputs if self.is_x(ref)]
+
+    def other_inputs(self, op: OpRecord) -> list[Ref]:
+        return [ref for ref in op.inputs if not self.is_x(ref)]
+
+    def derives(self, ref: Ref, kinds: set[str], through: int = 64) -> bool:
+        """Whether the tensor descends (through x-dependent ops) from an op of these kinds."""
+        seen: set[int] = set()
+        todo = [ref]
+        while todo and through:
+            through -= 1
+            r = todo.pop()
+            op = self.producer(r)
+            if op is None or op.index in seen:
+                continue
+            seen.add(op.index)
+            if self.kind.get(op.index) in kinds:
+                return True
+            todo.extend(i for i in op.inputs if self.is_x(i))
+        return False
+
+    def op_derives(self, op: OpRecord, kinds: set[str]) -> bool:
+        return any(self.derives(ref, kinds) for ref in self.x_inputs(op))
+
+
+# ---------------------------------------------------------------------- evidence from values
+
+
+def scalar_operand(g: Graph, op: OpRecord) -> float | None:
+    """The number an op multiplies or divides by: a Python scalar or a one-element tensor."""
+    scalars = [a for a in op.scalars() if isinstance(a, int | float) and not isinstance(a, bool)]
+    if scalars:
+        return float(scalars[0])
+    other = g.other_inputs(op)
+    if len(other) == 1 and g.snap(other[0]).values.size == 1:
+        return float(g.snap(other[0]).values.reshape(-1)[0])
+    return None
+
+
+def masks_somewhere(g: Graph, ref: Ref) -> bool:
+    """The tensor, or the buffer it was sliced from, holds a mask value (a one-token slice of
+    a causal mask is a single 0, but it is still the mask)."""
+    for _ in range(8):
+        if very_negative(g.snap(ref).values):
+            return True
+        op = g.producer(ref)
+        if op is None or not op.inputs:
+            return False
+        ref = op.inputs[0]
+    return False

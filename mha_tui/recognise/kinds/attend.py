@@ -1,0 +1,54 @@
+"""attend: the weights times V, a product of two x-derived tensors downstream of softmax.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...records import Check, OpRecord, Stage
+from ..builder import BHTD, BHTT
+from ..graph import Graph
+from ..grouping import Unit
+from ..maker import StageMaker, batched_product
+from ..sizes import Sizes
+from ..vocab import MATMULS
+
+KIND = "attend"
+
+
+def weights_times_values(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """A product of two x-derived tensors downstream of softmax (or dropout): weights @ V."""
+    if op.name not in MATMULS or len(g.x_inputs(op)) < 2:
+        return None
+    return "attend" if g.op_derives(op, {"softmax", "dropout"}) else None
+
+
+RULES = (weights_times_values,)
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    values, snap = m.four_d(unit, BHTD)
+    ok = True
+    for group in m.per_head_ops(unit):
+        for op in group:
+            if op.name not in ("matmul", "bmm", "einsum", "mm"):
+                continue
+            a, c = (m.snap(r).values.astype(np.float64) for r in m.g.x_inputs(op)[:2])
+            product = np.einsum(next(x for x in op.args if isinstance(x, str)), a, c) \
+                if op.name == "einsum" else a @ c
+            ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4))
+    first = m.op(unit.ops[0])
+    h = m.s.h
+    what = "einsum" if first.name == "einsum" else "batched matmul"
+    checks = [Check(batched_product(h, "weights_i @ V_i", what) if not m.b.per_head
+                    else f"each head's own weights @ v, {h} heads side by side", ok)]
+    rec = m.b.record(m.tensor_name(first, fallback="context"), snap,
+                        BHTD if values.ndim == 4 else None, values=values,
+                        caption="row t: token t's weighted mix of values")
+    m.out_of_kind["attend"] = (values, snap)
+    src = m.snap(m.x_in(first))
+    return m.stage(unit, stage_id, "attend", [rec], checks, shape_in=src.shape,
+                      shape_out=values.shape if m.b.per_head else snap.shape,
+                      dims_in=m.dims(src.shape, BHTT, ("T", "T")), dims_out=rec.dims)

@@ -1,0 +1,110 @@
+"""concat: after attend, the heads moved back side by side (transpose, view, cat, stack).
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...records import Check, OpRecord, Stage
+from ...stages import stage_info
+from ..builder import BHTD, BTC, BTHD, yes
+from ..graph import Graph
+from ..grouping import Unit
+from ..maker import StageMaker, single_axes
+from ..sizes import Sizes
+from ..vocab import SHAPE_OPS
+
+KIND = "concat"
+
+
+def concat(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """After attend: moving heads back beside each other (transpose, view, cat)."""
+    if not g.x_inputs(op) or not g.op_derives(op, {"attend", "sdpa"}) or g.op_derives(op, {"w_o"}):
+        return None
+    if op.name in {"cat", "stack", "concat", "concatenate"} or op.name in SHAPE_OPS:
+        return "concat"
+    return None
+
+
+RULES = (concat,)
+
+
+def _joined_explanation(joined: str, batched: bool) -> str:
+    """The concat stage's words when the heads' outputs are joined, not transposed back."""
+    head_out, out = ("(B, T, d_h)", "(B, T, C)") if batched else ("(T, d_h)", "(T, C)")
+    return (f"Each head returned its own {head_out} output, rows already in token order, so "
+            f"nothing needs moving back: {joined} along the last axis lays the h outputs side "
+            f"by side, {out}. Head i's d_h channels become channels i*d_h..(i+1)*d_h-1 of every "
+            "token's row, the same layout a fused module gets from transpose and view.")
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    b, s = m.b, m.s
+    ops = [m.op(i) for i in unit.ops]
+    final = ops[-1]
+    attend_values = m.out_of_kind.get("attend", (None, None))[0]
+    attend_snap = m.out_of_kind.get("attend", (None, None))[1]
+    tensors, checks = [], []
+    moved = next((op for op in ops if op.name in ("transpose", "permute")), None)
+    if moved is not None:
+        src = m.snap(m.x_in(moved))
+        src_name = m.tensor_name(m.g.producer(m.x_in(moved))) \
+            if m.g.producer(m.x_in(moved)) else "context"
+        args = ", ".join(str(a) for a in moved.scalars())
+        strided_name = f"{src_name}.{moved.name}({args})"
+        tensors.append(b.record(strided_name, moved.out, m.dims(moved.out.shape, BTHD),
+                                share=(f"attend's {src_name}", src)))
+        shares = moved.out.storage == src.storage
+        checks.append(Check(f"the transposed view shares storage: {yes(shares)}, "
+                            f"contiguous: {yes(moved.out.contiguous)}", shares))
+        if final is not moved:
+            copied = final.out.storage != moved.out.storage
+            checks.append(Check(f"contiguous() copied the numbers into new storage: {yes(copied)}"
+                                if any(op.name == "contiguous" for op in ops) else
+                                f"reshape copied the numbers into new memory (a view cannot "
+                                f"read them in this order): {yes(copied)}"
+                                if final.name == "reshape" and not moved.out.contiguous else
+                                f"the result has its own storage: {yes(copied)}",
+                                copied or moved.out.contiguous))
+    name = m.tensor_name(final, fallback="context")
+    if final.name in ("cat", "concat", "stack"):
+        share = None
+    else:
+        share = ("the transposed view", moved.out) if moved is not None and final is not moved else None
+    tensors.append(b.record(name, final.out, m.dims(final.out.shape, BTC), share=share,
+                            head_split=2 if s.h > 1 else None,
+                            caption="heads side by side: block i is head i's output"))
+    merged = m.batched(final.out.values)
+    per_head = m.batched(attend_values) if attend_values is not None else None
+    if per_head is not None and merged.ndim == 3 and per_head.ndim == 4:
+        blocks = all(np.array_equal(merged[:, :, i * s.d_h:(i + 1) * s.d_h],
+                                    per_head[:, i]) for i in range(s.h))
+        checks.append(Check(f"channels i*{s.d_h}..(i+1)*{s.d_h}-1 hold head i's {name}", blocks))
+    if final.name in ("cat", "concat", "concatenate"):
+        joined = "np.concatenate" if final.name == "concatenate" else "torch.cat"
+        checks.insert(0, Check(f"{joined} put the {s.h} heads' outputs side by side along the "
+                               f"last axis", None))
+    stacked = next((op for op in ops if op.name == "stack"), None)
+    if stacked is not None:
+        checks.insert(0, Check(f"np.stack put the {s.h} heads' outputs on a new head axis: "
+                               f"{_shape_text(stacked.out.shape)}", None))
+    src_shape = attend_snap.shape if attend_snap is not None else m.snap(m.x_in(ops[0])).shape
+    explanation = None
+    if moved is not None and any(op.name == "contiguous" for op in ops):
+        explanation = stage_info("concat").explain(
+            {"strided_contiguous": moved.out.contiguous}, why=single_axes(s.T, s.h))
+    elif moved is None and final.name in ("cat", "concat", "concatenate"):
+        explanation = _joined_explanation(
+            "np.concatenate" if final.name == "concatenate" else "torch.cat", s.batched)
+    return m.stage(unit, stage_id, "concat", tensors, checks,
+                      shape_in=m.snap(m.x_in(ops[0])).shape if not m.b.per_head
+                      else b.unbatched((s.B, s.h, s.T, s.d_h), BHTD) if attend_values is not None
+                      else src_shape,
+                      shape_out=final.out.shape, explanation=explanation,
+                      dims_in=BHTD, dims_out=m.dims(final.out.shape, BTC))
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"

@@ -1,0 +1,51 @@
+"""embed: token ids looked up in the embedding table, x's origin (facts gathered by the tracer).
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...records import Check, Snapshot, Source, Stage
+from ..builder import BTC
+from ..maker import StageMaker, words
+
+KIND = "embed"
+RULES = ()  # not an op of the module: the tracer hands its facts in (Embedded)
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """The embed stage's facts, gathered by the tracer: ids -> table rows -> x."""
+
+    ids: Snapshot
+    table: Snapshot
+    x: Snapshot
+    source: Source
+    looked_up: bool
+    table_name: str = "embedding.weight"
+
+
+def build(m: StageMaker, e: Embedded) -> Stage:
+    ids, table, x = e.ids, e.table, e.x
+    title, explanation = words("embed")
+    n = m.s.T
+    return Stage(
+        id="embed", title=title, code=e.source.text, explanation=explanation,
+        shape_in=ids.shape, shape_out=x.shape, dims_in=("B", "T"), dims_out=BTC,
+        tensors=(
+            m.b.record("ids", ids, ("B", "T"), kind="int"),
+            m.b.record(e.table_name, table, ("vocab", "C"),
+                          caption="one learned row per vocabulary entry"),
+            m.b.record("x", x, BTC, share=(e.table_name, table)),
+        ),
+        checks=(Check(f"x[{'0, ' if m.s.batched else ''}t] is row ids[t] of the embedding table for "
+                      f"{_all(n, 'token')}", e.looked_up),),
+        kind="embed", source=e.source,
+    )
+
+
+def _all(n: int, noun: str) -> str:
+    """"all 4 tokens", but "the one token": counts in labels read as plain English."""
+    return f"the one {noun}" if n == 1 else f"all {n} {noun}s"

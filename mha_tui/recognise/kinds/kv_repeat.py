@@ -1,0 +1,182 @@
+"""kv_repeat: shared key/value heads (grouped-query and multi-query attention). K and V are
+projected to h_kv < h heads, then each K/V head is repeated for the n = h / h_kv query heads
+that share it (`repeat_kv`: expand and reshape; `repeat_interleave`).
+
+Recognised from the shapes and checked on the values, never from names: a short chain of
+shape ops (getitem with None, unsqueeze, expand, reshape, repeat_interleave, repeat) that
+takes a tensor with h_kv heads on one axis to one with h heads on that axis, whose head j is
+exactly head j // n of its input.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from weakref import WeakKeyDictionary
+
+import numpy as np
+
+from ...records import Check, OpRecord, Ref, Stage
+from ..graph import Graph
+from ..grouping import Unit
+from ..maker import StageMaker, synthetic
+from ..sizes import Sizes
+
+KIND = "kv_repeat"
+_REPEATS = {"getitem", "unsqueeze", "expand", "expand_as", "reshape", "view", "flatten",
+            "repeat_interleave", "repeat", "contiguous"}
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """One K or V tensor whose h_kv heads were repeated to h."""
+
+    before: Ref  # (..., h_kv, ...) on the head axis
+    after: Ref  # (..., h, ...)
+    axis: int  # the head axis (negative, the same in both)
+    h_kv: int
+    ops: frozenset[int]
+
+
+_FOUND: WeakKeyDictionary[Graph, dict[int, Repeat]] = WeakKeyDictionary()
+
+
+def _repeat_ending_at(g: Graph, op: OpRecord, sizes: Sizes) -> Repeat | None:
+    """op's output has h heads on an axis where a tensor a few shape ops back had h_kv."""
+    out = op.out
+    if op.name not in _REPEATS or not g.x_inputs(op) or sizes.h < 2:
+        return None
+    chain: list[int] = [op.index]
+    ref = g.x_inputs(op)[0]
+    for _ in range(4):
+        before = g.snap(ref)
+        if before.ndim == out.ndim:
+            for axis in range(-out.ndim, 0):
+                h_kv = before.shape[axis]
+                if out.shape[axis] != sizes.h or not 0 < h_kv < sizes.h or sizes.h % h_kv:
+                    continue
+                rest = [n for a, n in enumerate(out.shape) if a != out.ndim + axis]
+                if rest != [n for a, n in enumerate(before.shape) if a != before.ndim + axis]:
+                    continue
+                repeated = np.repeat(before.values, sizes.h // h_kv, axis=axis)
+                if np.array_equal(repeated, out.values):
+                    return Repeat(before=ref, after=Ref("op", op=op.index), axis=axis, h_kv=h_kv,
+                                  ops=frozenset(chain))
+        producer = g.producer(ref)
+        if producer is None or producer.name not in _REPEATS or not g.x_inputs(producer):
+            return None
+        chain.append(producer.index)
+        ref = g.x_inputs(producer)[0]
+    return None
+
+
+def repeats(g: Graph, sizes: Sizes) -> dict[int, Repeat]:
+    """Every repeat found so far, by the index of its last op."""
+    found = _FOUND.setdefault(g, {})
+    return found
+
+
+def repeats_shared_heads(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """A chain of shape ops that repeats each of h_kv K/V heads for h / h_kv query heads.
+
+    The rules see ops in order, so the chain is found at its last op; the earlier ops of
+    the chain (already given `aux` by then) are claimed when the stage is grouped: the rule
+    marks them here."""
+    if op.name not in _REPEATS or not g.x_inputs(op) or g.op_derives(op, {"scores", "attend"}):
+        return None
+    if not g.op_derives(op, {"project"}):
+        return None
+    found = repeats(g, sizes)
+    if any(op.index in rep.ops for rep in found.values()):
+        return KIND
+    rep = _repeat_ending_at(g, op, sizes)
+    if rep is None:
+        return None
+    found[op.index] = rep
+    for i in rep.ops:  # the chain's earlier ops join the stage
+        if g.kind.get(i) in (None, "aux"):
+            g.kind[i] = KIND
+    return KIND
+
+
+RULES = (repeats_shared_heads,)
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    s = m.s
+    found = [rep for rep in repeats(m.g, s).values() if rep.ops & set(unit.ops)]
+    by_role = []
+    for rep in found:
+        role = m.b.role(m.op(rep.after.op))  # type: ignore[arg-type]
+        by_role.append(("KV".index(role) if role in "KV" else 2, role, rep))
+    by_role.sort(key=lambda item: item[0])
+    h_kv = found[0].h_kv
+    n = s.h // h_kv
+    tensors = []
+    checks = []
+    for _, role, rep in by_role:
+        before, after = m.snap(rep.before), m.snap(rep.after)
+        dims_before = _head_dims(before.shape, rep.axis)
+        dims_after = _head_dims(after.shape, rep.axis)
+        tensors.append(m.b.record(f"{role} ({rep.h_kv} heads)", before, dims_before,
+                                  caption=f"the {rep.h_kv} K/V head{'s' if rep.h_kv > 1 else ''} "
+                                          f"the {role} projection made (its h axis holds "
+                                          f"K/V heads)"))
+        tensors.append(m.b.record(f"{role} ({s.h} heads)", after, dims_after,
+                                  caption=f"head j is K/V head j // {n}: each repeated {n} times",
+                                  share=(f"{role} ({rep.h_kv} heads)", before)))
+        same = np.array_equal(np.repeat(before.values, s.h // rep.h_kv, axis=rep.axis),
+                              after.values)
+        checks.append(Check(f"{role}: query head j reads K/V head j // {n}, an exact copy "
+                            f"(computed by mha-tui: np.repeat along the head axis)", same))
+        shares = "share" if after.storage == before.storage else "do not share"
+        checks.append(Check(f"{role}: the copies {shares} memory with the {rep.h_kv} heads", None))
+    groups = np.arange(s.h) // n
+    tensors.insert(0, m.b.record("K/V head of query head", synthetic(groups.astype(np.int64)),
+                                 ("h",), kind="int",
+                                 caption=f"query head j uses K/V head j // {n} (computed by "
+                                         f"mha-tui from the shapes)"))
+    widths = _projection_widths(m)
+    if widths:
+        checks.append(Check(
+            "projection widths: " + ", ".join(f"{role} {w} = {w // s.d_h} heads x d_h {s.d_h}"
+                                              for role, w in widths.items())
+            + " (from the recorded outputs)", None))
+    sharing = ", ".join(f"query heads {j * n}..{j * n + n - 1} -> K/V head {j}" for j in range(h_kv))
+    if h_kv == 1:
+        title = f"Multi-query: one K/V head shared by all {s.h} query heads"
+        kind_words = "multi-query attention (MQA, h_kv = 1)"
+    else:
+        title = f"Shared K/V heads: {h_kv} K/V heads for {s.h} query heads"
+        kind_words = f"grouped-query attention (GQA, h_kv = {h_kv})"
+    explanation = (
+        f"This module uses {kind_words}: the query projection makes h = {s.h} heads, but the "
+        f"key and value projections make only h_kv = {h_kv} head{'s' if h_kv > 1 else ''} of "
+        f"d_h = {s.d_h} channels, (h_kv * d_h, C) = ({h_kv * s.d_h}, {s.C}) weights instead of "
+        f"({s.C}, {s.C}). Here each K/V head is repeated {n} times so that every query head has "
+        f"a key and a value to attend with: {sharing}. Query heads that share a K/V head compare "
+        f"against the same keys and mix the same values; only their queries differ. Fewer "
+        f"K/V heads means fewer keys and values to store while generating.")
+    first_before, first_after = m.snap(by_role[0][2].before), m.snap(by_role[0][2].after)
+    return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=first_before.shape,
+                   shape_out=first_after.shape, dims_in=tensors[1].dims, dims_out=tensors[2].dims,
+                   title=title, explanation=explanation,
+                   extra_ops=sorted({i for rep in found for i in rep.ops}))
+
+
+def _head_dims(shape: tuple[int, ...], axis: int) -> tuple[str, ...]:
+    """(B, h, T, d_h) or (B, T, h, d_h): the head axis named h (its caption says which heads)."""
+    if len(shape) != 4:
+        return tuple(f"d{i}" for i in range(len(shape)))
+    return ("B", "h", "T", "d_h") if axis in (1, -3) else ("B", "T", "h", "d_h")
+
+
+def _projection_widths(m: StageMaker) -> dict[str, int]:
+    widths: dict[str, int] = {}
+    for op in m.g.ops:
+        if m.g.kind.get(op.index) == "project" and op.name in ("linear", "matmul", "addmm", "mm"):
+            role = m.b.role(op)
+            if role in "QKV" and role not in widths:
+                widths[role] = op.out.shape[-1]
+    return dict(sorted(widths.items(), key=lambda item: "QKV".index(item[0])))

@@ -1,0 +1,211 @@
+"""mask: blocking score entries (add a -inf buffer, masked_fill, where with a large negative);
+with --no-causal, the mask that did not run.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...records import Check, OpRecord, Source, Stage, TensorRecord
+from ...stages import NO_MASK, NO_MASK_ARGUMENT
+from ..builder import BHTT, Builder
+from ..graph import Graph, masks_somewhere
+from ..grouping import Unit
+from ..maker import StageMaker
+from ..sizes import Sizes
+from ..vocab import LARGE_NEGATIVE, very_negative
+
+KIND = "mask"
+
+
+def mask(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """Blocking score entries: add a -inf buffer, masked_fill, or where with a big negative."""
+    if not g.x_inputs(op) or not g.op_derives(op, {"scores"}) or g.op_derives(op, {"softmax"}):
+        return None
+    others = g.other_inputs(op)
+    if op.name in {"add", "add_", "sub", "sub_"}:
+        return "mask" if others and masks_somewhere(g, others[0]) else None
+    if op.name in {"masked_fill", "masked_fill_"}:
+        value = _fill_value(op)
+        if value is not None and value <= LARGE_NEGATIVE:
+            return "mask"
+        fills = [r for r in others if g.snap(r).values.size == 1]
+        return "mask" if fills and very_negative(g.snap(fills[0]).values) else None
+    if op.name == "where":
+        numbers = [a for a in op.scalars() if isinstance(a, int | float)]
+        if any(float(n) <= LARGE_NEGATIVE for n in numbers):
+            return "mask"
+        return "mask" if any(very_negative(g.snap(r).values) for r in others
+                             if g.snap(r).dtype != "bool") else None
+    return None
+
+
+def _fill_value(op: OpRecord) -> float | None:
+    value = op.kwarg("value")
+    if value is None:
+        numbers = [a for a in op.scalars() if isinstance(a, int | float) and not isinstance(a, bool)]
+        value = numbers[0] if numbers else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+RULES = (mask,)
+
+SKIPPED_MASK = (
+    "No mask was applied (--no-causal): the module's masking lines did not run, so every "
+    "token may attend to every token, later ones included, and the scaled scores go on to "
+    "softmax unchanged.")
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    g = m.g
+    groups = m.per_head_ops(unit)
+    first = m.op(unit.ops[0])
+    before_ref = m.x_in(first)
+    values, snap = m.four_d(unit, BHTT)
+    if m.b.per_head and len(groups) > 1:
+        before_values = np.stack([m.snap(m.x_in(grp[0])).values for grp in groups],
+                                 axis=m.b.head_axis)
+    else:
+        before_values = m.b.out_4d([before_ref.op], BHTT)[0] if before_ref.op is not None \
+            else m.snap(before_ref).values
+    mask_ref = next((r for r in g.other_inputs(first) if m.snap(r).values.size > 1), None)
+    tensors = []
+    how = first.name.rstrip("_")
+    if mask_ref is not None:
+        given = m.snap(mask_ref)
+        if given.dtype == "bool":
+            caption = ("True where the score is replaced" if how == "masked_fill" else
+                       "True where the score is kept" if _where_keeps(first) else
+                       "True where the score is replaced")
+        else:
+            caption = "0 where a token may look, -inf (or a large negative) where it may not"
+        mask_values = given.values
+        if mask_values.ndim == 2 and mask_values.shape[0] == mask_values.shape[1]:
+            n = mask_values.shape[0]
+            above = np.triu(np.ones((n, n), dtype=bool), 1)
+            if given.dtype == "bool" and np.array_equal(mask_values, above):
+                caption = "True above the diagonal (a later token), False on and below it"
+            elif given.dtype == "bool" and np.array_equal(mask_values, ~above):
+                caption = "True on and below the diagonal, False above it (a later token)"
+            elif given.dtype != "bool" and np.isneginf(mask_values[above]).all() and \
+                    (mask_values[~above] == 0).all():
+                caption = "0 on and below the diagonal, -inf above"
+        tensors.append(m.b.record(m.spelled(mask_ref, first), given, m.dims(given.shape, ("T", "T")),
+                                     values=mask_values, caption=caption,
+                                     kind="int" if given.dtype == "bool" else "signed"))
+    name = m.tensor_name(first, fallback="scores")
+    before_op = g.producer(before_ref)
+    before_name = m.tensor_name(before_op) if before_op is not None else "scores"
+    stage_name = "scale" if g.op_derives(first, {"scale"}) else "scores"
+    tensors.append(m.b.record(name, snap, BHTT if values.ndim == 4 else None, values=values,
+                                 share=(f"{stage_name}'s {before_name}", m.snap(before_ref))))
+    blocked = values <= -1e4 if values.dtype.kind == "f" else np.zeros(values.shape, bool)
+    newly = blocked & ~(before_values <= -1e4) if before_values.shape == values.shape else blocked
+    n_blocked = int(newly.sum())
+    T = values.shape[-1]
+    above = np.triu(np.ones((values.shape[-2], T), dtype=bool), 1)
+    causal = values.ndim >= 2 and bool(np.array_equal(np.broadcast_to(above, values.shape), blocked))
+    n_inf = int(np.isneginf(values[blocked]).sum()) if blocked.any() else 0
+    kept = bool(np.array_equal(values[~blocked], before_values[~blocked])) \
+        if before_values.shape == values.shape else True
+    where = "above the diagonal" if causal else "the mask blocks"
+    checks = [
+        Check(f"{n_inf} of {int(blocked.sum())} entries {where} are exactly -inf"
+              if n_inf == int(blocked.sum()) or n_inf else
+              f"{int(blocked.sum())} entries {where} hold a large negative number "
+              f"({float(values[blocked].max()) if blocked.any() else 0:.3g})",
+              bool(blocked.any()) or n_blocked == 0),
+        Check(f"entries {'on and below the diagonal' if causal else 'the mask lets through'} "
+              f"are unchanged", kept),
+    ]
+    note = ""
+    if g.op_derives(first, {"scale"}) is False and "scale" not in m.made:
+        note = "This module masks the raw scores, before scaling."
+    if first.in_place:
+        note = (note + " " if note else "") + (
+            f"{first.name} changes the tensor in place; mha-tui recorded the scores before it ran, "
+            "so the scores stage still shows them unmasked.")
+    explanation = None
+    if how == "masked_fill":
+        explanation = ("A token may only attend to itself and earlier tokens. masked_fill "
+                       "writes -inf wherever the boolean mask is True; softmax turns -inf into "
+                       "exactly 0. The same (T, T) mask broadcasts over every batch and head.")
+    elif how == "where":
+        explanation = ("torch.where keeps a score where the condition allows it and puts a "
+                       "large negative number elsewhere; softmax turns those into (almost) 0.")
+    if blocked.any() and n_inf < int(blocked.sum()):
+        # The words follow the recorded values: -1e9 or finfo.min is not -inf.
+        fill = float(values[blocked].max())
+        explanation = ("A token may only attend to itself and earlier tokens. The scores it "
+                       f"may not look at are set to a large negative number ({fill:.3g}"
+                       "), not -inf; softmax turns them into 0 to within float32 precision "
+                       "(their exp underflows). The same (T, T) mask broadcasts over every "
+                       "batch and head.")
+    return m.stage(unit, stage_id, "mask", tensors, checks, shape_in=before_values.shape,
+                      shape_out=values.shape, dims_in=tensors[-1].dims, dims_out=tensors[-1].dims,
+                      note=note, explanation=explanation)
+
+def _where_keeps(op: OpRecord) -> bool:
+    """torch.where(cond, scores, -inf): True keeps; where(cond, -inf, scores): True replaces."""
+    args = op.args
+    return len(args) > 1 and hasattr(args[1], "index") and op.inputs[args[1].index].kind == "op"
+
+
+def _skipped_lines(before: Stage, after: Stage) -> tuple[str, Source] | None:
+    """The module's own lines between the scale stage's statement and softmax's that did not
+    run (an `if` that was False and its body), read from the file, each marked as skipped."""
+    import linecache
+
+    if before.source is None or not after.ops:
+        return None
+    start = max(op.source.end_line or op.source.line for op in before.ops) if before.ops else 0
+    end = after.ops[0].source.line
+    file = after.ops[0].source.file
+    if not start or file != before.source.file or end - start < 2:
+        return None
+    lines = [linecache.getline(file, n).rstrip("\n") for n in range(start + 1, end)]
+    code = [line for line in lines if line.strip() and not line.strip().startswith("#")]
+    if not code or not code[0].strip().startswith("if "):
+        return None
+    indent = min(len(line) - len(line.lstrip()) for line in code)
+    marked = []
+    for n, line in enumerate(code):
+        text = line[indent:].split("  # ", 1)[0].rstrip()
+        marked.append(text + ("  # False: the line below did not run" if n == 0 and text.startswith("if ")
+                              else "  # skipped, did not run"))
+    return "\n".join(marked), Source(file=file, line=start + 1, text="\n".join(marked), end_line=end - 1)
+
+
+def add_skipped_mask(stages: list[Stage], b: Builder) -> None:
+    """--no-causal on a module whose mask line is guarded: say that no mask ran, after scale,
+    showing the module's own guarded lines as skipped."""
+    at = next((i for i, st in enumerate(stages) if st.kind == "scale"), None)
+    softmax = next((st for st in stages if st.kind == "softmax"), None)
+    if at is None or not stages[at].tensors or softmax is None:
+        return
+    skipped = _skipped_lines(stages[at], softmax)
+    if skipped is None and b.g.rec.library != "numpy":
+        return
+    scaled = stages[at].tensors[-1]
+    passed = TensorRecord(**{**scaled.__dict__, "shares_storage": True,
+                             "shares_with": f"scale's {scaled.name}",
+                             "caption": "no mask: the scaled scores, unchanged"})
+    same = bool(softmax.ops) and any(
+        ref.kind == "op" and ref.op in {op.index for op in stages[at].ops}
+        for ref in softmax.ops[0].inputs)
+    numpy = b.g.rec.library == "numpy"
+    info = NO_MASK_ARGUMENT if numpy else NO_MASK
+    if skipped is not None:
+        code, source = skipped
+        explanation = info.explanation if numpy else SKIPPED_MASK
+    else:
+        code, source, explanation = info.code, None, info.explanation
+    stages.insert(at + 1, Stage(
+        id="mask", title=info.title, code=code, explanation=explanation,
+        shape_in=stages[at].shape_out, shape_out=stages[at].shape_out, dims_in=scaled.dims,
+        dims_out=scaled.dims, tensors=(passed,),
+        checks=(Check("no mask was applied: the scores are the scaled scores, the same tensor",
+                      same),),
+        kind="mask", source=source, ops=()))

@@ -1,0 +1,256 @@
+"""project: x times a weight parameter, before attention (nn.Linear, x @ W, addmm, einsum,
+a fused (C, 3C) layer and its split).
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord
+from ..builder import BTC, Builder
+from ..graph import Graph
+from ..grouping import Unit
+from ..maker import StageMaker
+from ..sizes import Sizes
+from ..vocab import PROJECTIONS, SHAPE_OPS, SPLITS
+
+KIND = "project"
+
+
+def weight_product(g: Graph, op: OpRecord) -> bool:
+    """x times a weight parameter (nn.Linear, x @ W, addmm, einsum with W)."""
+    if op.name not in PROJECTIONS or len(g.x_inputs(op)) != 1:
+        return False
+    weights = [r for r in g.other_inputs(op) if r.kind in ("param", "const", "buffer")
+               and g.snap(r).ndim == 2]
+    return bool(weights)
+
+
+def projection(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """x times a weight parameter: a projection to queries, keys or values (the output
+    projection, downstream of attend, is claimed before this rule by w_o)."""
+    return "project" if weight_product(g, op) else None
+
+
+def fused_split(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """What happens to a fused (C, 3C) projection until it is cut into q, k, v: split,
+    chunk, unbind, or torch's own unflatten/transpose/getitem. Still the projection."""
+    if op.name not in SHAPE_OPS or not g.x_inputs(op):
+        return None
+    ref = g.x_inputs(op)[0]
+    source = g.producer(ref)
+    if source is None or source.index not in g.fused:
+        return None
+    if op.name not in SPLITS | {"getitem"}:
+        g.fused.add(op.index)  # still the whole fused tensor, reshaped
+    return "project"
+
+
+RULES = (projection, fused_split)
+
+PER_HEAD_PROJECT = (
+    "Each of the {h} heads is its own module with its own query, key and value layers, C in "
+    "and d_h out. Their outputs are shown side by side, d_h channels per head, exactly as one "
+    "fused C x C layer per role would hold them: the same numbers, laid out the fused way.")
+FUSED_PROJECT = (
+    "One layer computes queries, keys and values at once: its output has 3C channels, and "
+    "split (or chunk) cuts it into q, k and v of C channels each, windows onto the same memory. "
+    "Within each, channels 0..d_h-1 will become head 0, the next d_h head 1, and so on.")
+MATMUL_PROJECT = (
+    "x times a (C, C) weight stored as (in, out): output channel j is column j of the weight "
+    "(nn.Linear stores the transpose). Output channels 0..d_h-1 will become head 0, the next "
+    "d_h head 1, and so on.")
+MATMUL_W_O = (
+    "A final C x C projection, x @ W with W stored as (in, out), mixes the heads: every output "
+    "channel is a weighted sum over all C input channels, so over every head.")
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    return build_projection(m, unit, stage_id)
+
+
+def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "project") -> Stage:
+    b, g, s = m.b, m.g, m.s
+    mains = [m.op(i) for i in unit.ops if m.op(i).name not in ("split", "chunk", "unbind",
+                                                                     "tensor_split", "getitem")]
+    products = [op for op in mains if op.name in ("linear", "addmm", "matmul", "mm", "einsum")]
+    splits = [m.op(i) for i in unit.ops if m.op(i).name in ("split", "chunk", "unbind",
+                                                                  "tensor_split", "getitem")]
+    x_ref = m.x_in(m.op(min(i for i in unit.ops if m.g.x_inputs(m.op(i)))))
+    x_snap = m.snap(x_ref)
+    tensors: list[TensorRecord] = []
+    outputs: list[TensorRecord] = []
+    ok_all = True
+    has_bias = False
+    by_role: dict[str, list[OpRecord]] = {}
+    for op in products:
+        by_role.setdefault(b.role(op) if kind == "project" else "O", []).append(op)
+    heads_split = kind == "project" and s.h > 1
+    for role, ops in by_role.items():
+        ops = sorted(ops, key=lambda o: g.head.get(o.index, 0))
+        weights, biases, outs = [], [], []
+        for op in ops:
+            w_ref = next(r for r in g.other_inputs(op) if m.snap(r).ndim == 2)
+            w = m.snap(w_ref)
+            bias_refs = [r for r in g.other_inputs(op) if m.snap(r).ndim == 1]
+            xin = m.snap(m.x_in(op)).values.astype(np.float64)
+            wv = w.values.astype(np.float64)
+            # nn.Linear stores (out, in) and computes x @ W.T; addmm / x @ W use (in, out)
+            stored_out_in = op.name == "linear"
+            product = xin @ (wv.T if stored_out_in else wv) if op.name != "einsum" else None
+            last = _result_of(m, op, unit)
+            if product is not None:
+                if bias_refs:
+                    product = product + m.snap(bias_refs[0]).values
+                    has_bias = True
+                ok_all &= bool(np.allclose(product.reshape(last.values.shape), last.values,
+                                           atol=1e-5, rtol=1e-4))
+            weights.append((w_ref, w, stored_out_in))
+            biases.extend(m.snap(r) for r in bias_refs)
+            outs.append((op, last))
+        _projection_records(m, role, ops, weights, biases, outs, tensors, outputs,
+                                 heads_split, kind)
+    if splits and kind == "project":
+        outputs = _split_records(m, splits, heads_split)
+    checks = []
+    names = ", ".join(r.name for r in outputs) or "the outputs"
+    layer = ("nn.Linear" if any(o.name == "linear" for o in products)
+             else products[0].name if products else "")
+    checks.append(Check(f"{names} {'each ' if len(outputs) > 1 else ''}equal "
+                        f"x @ W{'.weight.T' if layer == 'nn.Linear' else ''}"
+                        f"{' + b' if has_bias else ''} ({layer}"
+                        f"{', with bias' if has_bias else ', no bias'})", ok_all))
+    if m.b.head_modules and kind == "project":
+        checks.append(Check(f"each of the {s.h} heads ran as its own module with its own "
+                            f"layers; shown side by side as one fused module would hold them",
+                            None))
+    out_snap = outputs[0] if outputs else None
+    shape_out = out_snap.shape if out_snap else x_snap.shape
+    explanation = None
+    if kind == "project":
+        if m.b.per_head:
+            explanation = PER_HEAD_PROJECT.format(h=s.h)
+        elif splits:
+            explanation = FUSED_PROJECT
+        elif layer != "nn.Linear":
+            explanation = MATMUL_PROJECT
+        widths = {role: ops[0].out.shape[-1] for role, ops in by_role.items() if ops}
+        if not m.b.per_head and not splits and any(w != s.C for w in widths.values()):
+            explanation = _narrow_explanation(widths, s.C, s.d_h)
+    elif layer != "nn.Linear":
+        explanation = MATMUL_W_O
+    stage = m.stage(unit, stage_id, kind, tensors + outputs, checks, explanation=explanation,
+                       shape_in=x_snap.shape, shape_out=shape_out,
+                       dims_in=m.dims(x_snap.shape, BTC),
+                       dims_out=out_snap.dims if out_snap else BTC)
+    return stage
+
+def _narrow_explanation(widths: dict[str, int], C: int, d_h: int) -> str:
+    """The words when the projections are not all C x C (shared K/V heads): their true shapes."""
+    shapes = "; ".join(f"{role}: ({w}, {C}), {w // d_h} head{'s' if w // d_h != 1 else ''} of "
+                       f"d_h = {d_h}" for role, w in sorted(widths.items(),
+                                                              key=lambda item: "QKV?".find(item[0])))
+    return (f"Linear layers turn every token into a query (what it looks for), a key (what it "
+            f"offers) and a value (what it passes on). They are not all C x C here: {shapes} "
+            f"(weights stored as (out, in), x @ W.T). The key and value layers make fewer heads "
+            f"than the query layer; those K/V heads are shared between query heads further on.")
+
+
+def _result_of(m: StageMaker, op: OpRecord, unit: Unit) -> Snapshot:
+    """The projection's result after its own plumbing (Conv1D's view back to 3-D)."""
+    result = op.out
+    for i in sorted(unit.ops):
+        later = m.op(i)
+        if i > op.index and later.name in ("view", "reshape") and later.inputs and \
+                later.inputs[0].op == op.index:
+            result = later.out
+    return result
+
+def _projection_records(m: StageMaker, role: str, ops: list[OpRecord], weights: list, biases: list,
+                        outs: list, tensors: list[TensorRecord], outputs: list[TensorRecord],
+                        heads_split: bool, kind: str) -> None:
+    b, s = m.b, m.s
+    if not ops:
+        return
+    first_w_ref, first_w, out_in = weights[0]
+    name = m.tensor_name(ops[0], fallback="out" if kind == "w_o" else role)
+    leaf = ops[0].module.rsplit(".", 1)[-1]
+    if leaf and leaf not in ops[0].source.text:  # the line is inside the layer (Conv1D)
+        name = "out" if kind == "w_o" else f"{ops[0].module}(x)"
+    if len(ops) > 1:  # one layer per head: rows stacked as a fused layer's
+        values = np.concatenate([w.values if o else w.values.T for _, w, o in weights], axis=0)
+        w_name = re.sub(r"\.\d+(?=\.|$)", ".*", first_w_ref.name)
+        w_rec = b.record(f"{w_name}", first_w, ("C_out", "C_in"), values=values, head_split=0,
+                         caption=f"each head's own layer, stacked: rows {s.d_h} at a time are "
+                                 f"one head's (stored as (out, in) per head)")
+        out_values = np.concatenate([last.values for _, last in outs], axis=-1)
+        out_rec = b.record(name, outs[0][1], BTC if out_values.shape[-1] == s.C else None,
+                           values=out_values, head_split=2,
+                           caption=f"heads side by side: channels {s.d_h} at a time come "
+                                   f"from one head's module")
+    else:
+        last = outs[0][1]
+        if out_in:
+            caption = (f"stored as (out, in); {name} = x @ {first_w_ref.name}.T"
+                       f"{' + bias' if biases else ''}")
+            dims = ("C_out", "C_in")
+            split_axis = 0
+        else:
+            caption = f"stored as (in, out); {name} = x @ {first_w_ref.name}{' + bias' if biases else ''}"
+            dims = ("C_in", "C_out")
+            split_axis = 1
+        wide = first_w.values.shape[split_axis] == s.C
+        if kind == "project" and heads_split and wide:
+            caption += f"; {'rows' if out_in else 'columns'} {s.d_h} at a time feed one head"
+        if kind == "w_o":
+            caption = (f"stored as ({'out, in' if out_in else 'in, out'}); columns in blocks "
+                       f"of d_h come from one head each, and every row reads all of them"
+                       if out_in else
+                       "stored as (in, out); rows in blocks of d_h come from one head each, "
+                       "and every column reads all of them")
+            split_axis = 1 if out_in else 0
+        w_rec = b.record(first_w_ref.name, first_w, dims,
+                         head_split=split_axis if (wide or kind == "w_o") and s.h > 1 else None,
+                         caption=caption)
+        out_rec = b.record(name, last, m.dims(last.shape, BTC),
+                           share=("x", m.snap(m.x_in(ops[0]))),
+                           head_split=2 if kind == "project" and last.shape[-1] == s.C and s.h > 1
+                           else None,
+                           caption=f"channels in blocks of d_h={s.d_h}, one block per head"
+                           if kind == "project" and last.shape[-1] == s.C and heads_split else "")
+    tensors.append(w_rec)
+    for bias in biases[:1] if len(ops) == 1 else []:
+        tensors.append(b.record(f"{first_w_ref.name.rsplit('.', 1)[0]}.bias", bias, ("C",)))
+    outputs.append(out_rec)
+
+def _split_records(m: StageMaker, splits: list[OpRecord], heads_split: bool) -> list[TensorRecord]:
+    b, s = m.b, m.s
+    records = []
+    for op in splits:
+        source = m.snap(m.x_in(op))
+        for n, out in enumerate(op.outputs):
+            part = n
+            if op.name == "getitem" and len(op.args) > 1 and isinstance(op.args[1], int):
+                part = op.args[1]
+            name = m.tensor_name(op, part, fallback="qkv"[part] if part < 3 else f"part{part}")
+            records.append(b.record(name, out, m.dims(out.shape, BTC),
+                                    share=("the fused projection", source),
+                                    head_split=2 if out.shape[-1] == s.C and s.h > 1 else None,
+                                    caption=f"part {part} of the fused (C, 3C) projection; "
+                                            f"channels in blocks of d_h={s.d_h}"))
+    return records
+
+
+def add_param_check(stages: list[Stage], n_params: int, b: Builder) -> None:
+    for stage in stages:
+        if stage.kind == "project":
+            C = b.sizes.C
+            four = n_params == 4 * C * C
+            label = (f"the module has {n_params} parameters = 4 * C^2 = 4 * {C}^2, whatever h is"
+                     if four else f"the module has {n_params} parameters")
+            object.__setattr__(stage, "checks", (*stage.checks, Check(label, True if four else None)))
+            return

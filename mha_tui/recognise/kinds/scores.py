@@ -1,0 +1,110 @@
+"""scores: q @ k^T, a product of two x-derived tensors that is not yet weighted (baddbmm's
+added mask shown as its own stage).
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...records import Check, OpRecord, Snapshot, Stage
+from ..builder import BHTD, BHTT
+from ..graph import Graph, masks_somewhere
+from ..grouping import Unit
+from ..maker import StageMaker, batched_product, synthetic, words
+from ..sizes import Sizes
+from ..vocab import MATMULS
+
+KIND = "scores"
+
+
+def query_key_product(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """A product of two x-derived tensors not downstream of softmax (that is attend) and not
+    of another scores or attend product: q @ k^T."""
+    if op.name not in MATMULS or len(g.x_inputs(op)) < 2:
+        return None
+    if g.op_derives(op, {"softmax", "dropout"}) or g.op_derives(op, {"scores", "attend"}):
+        return None
+    return "scores"
+
+
+RULES = (query_key_product,)
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    values, snap = m.four_d(unit, BHTT)
+    ok = True
+    for group in m.per_head_ops(unit):
+        for op in group:
+            if op.name not in ("matmul", "bmm", "einsum", "mm", "baddbmm"):
+                continue
+            a, c = (m.snap(r).values.astype(np.float64) for r in m.g.x_inputs(op)[:2])
+            if op.name == "einsum":
+                equation = next((x for x in op.args if isinstance(x, str)), "")
+                product = np.einsum(equation, a, c)
+            else:
+                product = a @ c
+            if op.name == "baddbmm":
+                product = product + m.snap(m.g.other_inputs(op)[0]).values
+            ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4))
+    first = m.op(unit.ops[0])
+    name = m.tensor_name(first, fallback="scores")
+    h = m.s.h
+    what = "einsum" if first.name == "einsum" else "batched matmul"
+    checks = [Check(batched_product(h, "Q_i @ K_i^T", what) if not m.b.per_head
+                    else f"each head's own q @ k^T, {h} heads side by side", ok)]
+    fused_mask = next((op for op in (m.op(i) for i in unit.ops) if op.name == "baddbmm"
+                       and _very_negative_anywhere(m, op)), None)
+    src = m.snap(m.x_in(first))
+    if fused_mask is not None:
+        return _scores_and_mask(m, unit, stage_id, fused_mask, values, snap, src)
+    rec = m.b.record(name, snap, BHTT if values.ndim == 4 else None, values=values,
+                        caption="row: query token · column: key token")
+    m.out_of_kind["scores"] = (values, snap)
+    return m.stage(unit, stage_id, "scores", [rec], checks, shape_in=src.shape,
+                      shape_out=values.shape if m.b.per_head else snap.shape,
+                      dims_in=m.dims(src.shape, BHTD, ("T", "d_h")),
+                      dims_out=rec.dims)
+
+def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, values: np.ndarray,
+                     snap: Snapshot, src: Snapshot) -> list[Stage]:
+    """torch.baddbmm(mask, q, k^T) adds the mask in the same call as the product: the
+    product alone is mha-tui's expansion, the masked result is torch's own."""
+    a, c = (m.snap(r).values for r in m.g.x_inputs(op)[:2])
+    raw = (a @ c).astype(a.dtype)
+    raw4 = raw.reshape(values.shape) if raw.size == values.size else raw
+    bias_ref = m.g.other_inputs(op)[0]
+    label = ("torch.baddbmm(mask, q, k^T) computes q @ k^T and adds the mask in one call; "
+             "this stage's product alone is computed by mha-tui from its inputs, the next "
+             "stage shows torch's own result.")
+    scores = m.stage(unit, stage_id, "scores", [
+        m.b.record("q @ k^T", synthetic(raw4), BHTT if raw4.ndim == 4 else None,
+                      caption="row: query token · column: key token (mha-tui's expansion)")],
+        [Check(f"q @ k^T, {m.s.h} heads, computed here from baddbmm's inputs", None)],
+        shape_in=src.shape, shape_out=snap.shape, dims_in=m.dims(src.shape, BHTD),
+        dims_out=BHTT, note=label, title="Raw attention scores (mha-tui's expansion)")
+    blocked = values <= -1e4
+    kept = bool(np.allclose(values[~blocked], raw4[~blocked], rtol=1e-5, atol=1e-6)) \
+        if raw4.shape == values.shape else True
+    n_inf = int(np.isneginf(values).sum())
+    bias = m.snap(bias_ref)
+    mask = Stage(
+        id="mask", title=words("mask")[0], code=scores.code,
+        explanation=words("mask")[1], shape_in=snap.shape, shape_out=snap.shape,
+        dims_in=BHTT, dims_out=BHTT,
+        tensors=(m.b.record(m.spelled(bias_ref, op), bias, None,
+                               caption="added by baddbmm: 0 where a token may look, -inf where not"),
+                 m.b.record(m.tensor_name(op, fallback="scores"), snap, BHTT, values=values)),
+        checks=(Check(f"{n_inf} of {int(blocked.sum())} blocked entries are exactly -inf",
+                      n_inf == int(blocked.sum())),
+                Check("entries the mask lets through equal the product "
+                      "(allclose, rtol=1e-05, atol=1e-06)", kept)),
+        kind="mask", source=scores.source, ops=scores.ops)
+    m.made["mask"] = mask
+    m.out_of_kind["scores"] = (raw4, snap)
+    return [scores, mask]
+
+def _very_negative_anywhere(m: StageMaker, op: OpRecord) -> bool:
+    others = m.g.other_inputs(op)
+    return bool(others) and masks_somewhere(m.g, others[0])

@@ -1,0 +1,115 @@
+"""softmax: scores become weights, by softmax or written out by hand (exp, sum, divide).
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...records import Check, OpRecord, Ref, Stage
+from ..builder import BHTT, plural, yes
+from ..graph import Graph
+from ..grouping import Unit
+from ..maker import StageMaker, words
+from ..sizes import Sizes
+from ..vocab import SOFTMAXES
+
+KIND = "softmax"
+
+
+def softmax(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    return "softmax" if op.name in SOFTMAXES and g.x_inputs(op) else None
+
+
+def handwritten_softmax(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """exp(s - max(s)) / sum(exp(...)) written out over several ops or lines: one softmax."""
+    if g.softmax_parts is None:
+        g.softmax_parts = _softmax_parts(g)
+    return "softmax" if op.index in g.softmax_parts else None
+
+
+def _softmax_parts(g: Graph) -> set[int]:
+    """Every op of each hand-written softmax: the division e / sum(e) where e = exp(...),
+    with the row maximum subtracted first when it is (the numerically stable form)."""
+    parts: set[int] = set()
+    for op in g.ops:
+        if op.name not in {"div", "true_divide"} or len(op.inputs) != 2:
+            continue
+        e, total = g.producer(op.inputs[0]), g.producer(op.inputs[1])
+        if e is None or total is None or e.name != "exp" or total.name != "sum":
+            continue
+        if not total.inputs or total.inputs[0].op != e.index or not e.inputs:
+            continue
+        found = [e.index, total.index, op.index]
+        shifted = g.producer(e.inputs[0])
+        if shifted is not None and shifted.name == "sub" and len(shifted.inputs) == 2:
+            peak = g.producer(shifted.inputs[1])
+            if peak is not None and peak.name in {"max", "amax"} and peak.inputs and \
+                    _same(peak.inputs[0], shifted.inputs[0]):
+                found += [shifted.index, peak.index]
+        parts.update(found)
+    return parts
+
+
+def _same(a: Ref, b: Ref) -> bool:
+    return a.kind == b.kind and a.op == b.op and a.output == b.output and a.name == b.name
+
+
+RULES = (softmax, handwritten_softmax)
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    first = m.op(unit.ops[0])
+    values, snap = m.four_d(unit, BHTT)
+    groups = m.per_head_ops(unit)
+    if m.b.per_head and len(groups) > 1:
+        before = np.stack([m.snap(m.x_in(grp[0])).values for grp in groups],
+                                 axis=m.b.head_axis)
+    else:
+        ref = m.x_in(first)
+        before = m.b.out_4d([ref.op], BHTT)[0] if ref.op is not None else m.snap(ref).values
+    checks = softmax_checks(values, before)
+    ops = [m.op(i) for i in unit.ops]
+    sums = [op for op in ops if op.name == "sum"]
+    by_hand = any(op.name == "exp" for op in ops) and bool(sums)
+    told = sums[0] if by_hand else first  # the op whose axis the rows are taken along
+    dim = told.kwarg("dim", told.kwarg("axis", next((a for a in told.scalars()
+                                                     if isinstance(a, int)), -1)))
+    if dim not in (-1, values.ndim - 1, snap.ndim - 1):
+        checks.append(Check(f"softmax over {'axis' if by_hand else 'dim'}={dim}, not the last "
+                            f"axis: rows do not sum to 1", False))
+    name_op = ops[-1] if by_hand else first
+    rec = m.b.record(m.tensor_name(name_op, fallback="weights"), snap,
+                        BHTT if values.ndim == 4 else None, values=values, kind="prob",
+                        caption="row: query token · column: key token it takes from")
+    note = "" if "mask" in m.made else "No mask was applied: every token may attend to every token."
+    explanation = None
+    if by_hand:
+        stable = any(op.name == "sub" for op in ops)
+        lines = len({(op.source.file, op.source.line) for op in ops})
+        checks.append(Check(f"written by hand ({plural(lines, 'line')}): "
+                            f"{'subtract the row maximum, ' if stable else ''}exp, divide by the "
+                            f"row sum; recognised from those ops as one softmax", None))
+        checks.append(Check(f"the row maximum is subtracted before exp (no overflow): "
+                            f"{yes(stable)}", None))
+        explanation = (words("softmax")[1] + " Here softmax is written out by hand: "
+                       + ("exp(s - max(s)) / sum(exp(s - max(s))) along each row. Subtracting "
+                          "the row maximum changes nothing in the result and keeps exp from "
+                          "overflowing." if stable else "exp(s) / sum(exp(s)) along each row."))
+    return m.stage(unit, stage_id, "softmax", [rec], checks, shape_in=before.shape,
+                      shape_out=values.shape, dims_in=rec.dims, dims_out=rec.dims, note=note,
+                      explanation=explanation)
+
+
+def softmax_checks(weights: np.ndarray, before: np.ndarray) -> list[Check]:
+    deviation = float(np.abs(weights.sum(axis=-1, dtype=weights.dtype) - 1).max()) if weights.size else 0.0
+    checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e})", deviation < 1e-5)]
+    if before.shape == weights.shape:
+        blocked = np.isneginf(before)
+        n_blocked = int(blocked.sum())
+        if n_blocked:
+            n_zero = int((weights[blocked] == 0).sum())
+            checks.append(Check(f"{n_zero} of {n_blocked} masked entries are exactly 0",
+                                n_zero == n_blocked))
+    return checks

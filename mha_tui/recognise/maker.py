@@ -1,0 +1,195 @@
+"""The helpers every kind's stage builder shares: the graph and sizes, a tensor's name as
+the module's line spells it, the code lines of a stage, and `stage()` that assembles a
+Stage with its words. A kind module's `build(m, unit, stage_id)` receives one StageMaker.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import numpy as np
+
+from ..records import Check, OpRecord, Recording, Ref, Snapshot, Source, Stage, TensorRecord
+from ..stages import stage_info
+from .builder import Builder
+from .grouping import Unit
+
+
+def synthetic(values: np.ndarray) -> Snapshot:
+    """A tensor mha-tui computed itself (an expansion step): contiguous, its own memory."""
+    values = np.ascontiguousarray(values)
+    strides = tuple(s // values.itemsize for s in values.strides) if values.itemsize else ()
+    return Snapshot(values=values, shape=tuple(values.shape), strides=strides, contiguous=True,
+                    storage=-1 - id(values) % 1_000_000, dtype=str(values.dtype))
+
+
+def _targets(text: str) -> list[str]:
+    """`q, k, v = ...` -> ["q", "k", "v"]; `scores = ...` -> ["scores"]."""
+    match = re.match(r"\s*([A-Za-z_][\w]*(?:\s*,\s*[A-Za-z_][\w]*)*)\s*(?::[^=]*)?=(?!=)", text)
+    return [t.strip() for t in match.group(1).split(",")] if match else []
+
+
+def words(kind: str) -> tuple[str, str]:
+    """The kind's title and explanation from the catalogue, or the kind itself and nothing."""
+    try:
+        info = stage_info(kind)
+        return info.title, info.explanation
+    except KeyError:
+        return kind, ""
+
+
+class StageMaker:
+    """What every kind's builder shares: the graph, the sizes, naming, code lines, `stage()`."""
+
+    def __init__(self, b: Builder, rec: Recording) -> None:
+        self.b, self.g, self.rec, self.s = b, b.g, rec, b.sizes
+        self.made: dict[str, Stage] = {}
+        self.out_of_kind: dict[str, tuple[np.ndarray, Snapshot]] = {}
+
+    # ------------------------------------------------------------ helpers
+
+    def op(self, i: int) -> OpRecord:
+        return self.g.ops[i]
+
+    def snap(self, ref: Ref) -> Snapshot:
+        return self.rec.snapshot(ref)
+
+    def x_in(self, op: OpRecord) -> Ref:
+        return self.g.x_inputs(op)[0]
+
+    def tensor_name(self, op: OpRecord, position: int = 0, fallback: str = "") -> str:
+        targets = _targets(op.source.text)
+        if not targets and op.in_place and op.inputs:  # scores.masked_fill_(...): still scores
+            producer = self.g.producer(op.inputs[0])
+            if producer is not None:
+                return self.tensor_name(producer, op.inputs[0].output, fallback)
+        if len(targets) > position:
+            return targets[position]
+        if targets and len(op.outputs) == 1:
+            return targets[0]
+        return fallback or self.b.name(op)
+
+    def expr(self, ref: Ref, depth: int = 0) -> str:
+        """A readable expression for a helper tensor: `causal_mask[:4, :4]`, `tril[:4, :4] == 0`."""
+        if ref.kind in ("param", "buffer", "input"):
+            return ref.name
+        if ref.kind == "const":
+            return "a constant"
+        op = self.g.producer(ref)
+        if op is None or depth > 6:
+            return "a tensor"
+        base = self.expr(op.inputs[0], depth + 1) if op.inputs else op.name
+        if op.name == "getitem":
+            index = op.args[1] if len(op.args) > 1 else ()
+            parts = index if isinstance(index, tuple) and index and isinstance(index[0], tuple) else (index,)
+            return f"{base}[{', '.join(_index(p) for p in parts)}]"
+        if op.name in ("eq", "ne", "lt", "le", "gt", "ge"):
+            ops = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+            other = op.scalars()
+            return f"{base} {ops[op.name]} {other[0] if other else '...'}"
+        if op.name in ("bool", "float", "logical_not", "bitwise_not", "tril", "triu"):
+            return f"{base}.{op.name}()" if op.name != "bitwise_not" else f"~{base}"
+        return f"{op.name}({base})"
+
+    def spelled(self, ref: Ref, op: OpRecord) -> str:
+        """The mask as the module's line spells it (`self.causal_mask[:T, :T]`), else composed."""
+        composed = self.expr(ref)
+        if composed.count("(") > 1:  # a chain of conversions: name where it started
+            root = re.sub(r"^.*\(([^()]*)\).*$", r"\1", composed)
+            return f"{root} (converted: {composed.split('(')[0]} ...)"
+        base = composed.split("[", 1)[0].split(".", 1)[0]
+        texts = [op.source.text] + [self.op(i).source.text for i in range(max(0, op.index - 4), op.index)]
+        for text in texts:
+            found = re.search(rf"(?<![\w.])(?:self\.)?{re.escape(base)}(?:\.\w+\(\))?\[[^\]]*\]"
+                              rf"(?:\s*==\s*\w+)?", text) if base else None
+            if found:
+                return found.group(0).removeprefix("self.")
+        return composed
+
+    def code(self, indices: Iterable[int]) -> tuple[str, Source | None]:
+        seen: list[Source] = []
+        for i in sorted(indices):
+            src = self.op(i).source
+            if src.text and all((s.file, s.line) != (src.file, src.line) for s in seen):
+                seen.append(src)
+        seen.sort(key=lambda s: (s.file != (seen[0].file if seen else ""), s.line))
+        return "\n".join(s.text for s in seen), (seen[0] if seen else None)
+
+    def stage(self, unit: Unit, stage_id: str, kind: str, tensors: list[TensorRecord],
+              checks: list[Check], *, shape_in: tuple[int, ...], shape_out: tuple[int, ...],
+              dims_in: tuple[str, ...], dims_out: tuple[str, ...], note: str = "",
+              aside: tuple[TensorRecord, ...] = (), title: str | None = None,
+              explanation: str | None = None, extra_ops: Iterable[int] = ()) -> Stage:
+        indices = sorted({*unit.ops, *unit.helpers, *unit.folded, *extra_ops})
+        code, source = self.code(indices)
+        default_title, default_explanation = words(kind)
+        for i in unit.folded:
+            op = self.op(i)
+            who = f"{op.module}: " if op.module else ""
+            checks.append(Check(f"{who}dropout(p={op.kwarg('p', _p(op))}) "
+                                f"{'in eval mode ' if op.kwarg('training') is False else ''}"
+                                "left the numbers unchanged", True))
+        stage = Stage(
+            id=stage_id, title=title or default_title, code=code,
+            explanation=explanation if explanation is not None else default_explanation,
+            shape_in=tuple(shape_in), shape_out=tuple(shape_out), dims_in=dims_in,
+            dims_out=dims_out, tensors=tuple(tensors), checks=tuple(checks), note=note,
+            aside=aside, kind=kind, source=source, ops=tuple(self.op(i) for i in indices),
+        )
+        self.made[kind] = stage
+        return stage
+
+    def dims(self, shape: tuple[int, ...], *prefer: tuple[str, ...]) -> tuple[str, ...]:
+        return self.b.dims(shape, prefer)
+
+    def origin_name(self, ref: Ref) -> str:
+        op = self.g.producer(ref)
+        if op is None:
+            return ref.name or "the input"
+        kind = self.g.kind.get(op.index, op.name)
+        stage = {"project": "project", "view": "view", "transpose": "transpose"}.get(kind, kind)
+        if op.name in ("split", "chunk", "unbind"):
+            return f"{stage}'s {self.tensor_name(op, ref.output)}"
+        return f"{stage}'s {self.tensor_name(op)}"
+
+    def batched(self, values: np.ndarray) -> np.ndarray:
+        """The values with a batch axis of 1 in front when the module has none (NumPy)."""
+        return values if self.s.batched else values[None]
+
+    def per_head_ops(self, unit: Unit) -> list[list[OpRecord]]:
+        return self.b.heads_of(unit.ops)
+
+    def four_d(self, unit: Unit, dims: tuple[str, ...]) -> tuple[np.ndarray, Snapshot]:
+        return self.b.out_4d(unit.ops, dims)
+
+
+def single_axes(T: int, h: int) -> str:
+    """Why a transpose of T and h moved nothing in memory (the reason, for an explanation)."""
+    if h == 1 and T == 1:
+        return "there is only one head and one token"
+    return "there is only one head" if h == 1 else "there is only one token"
+
+
+def batched_product(h: int, product: str, what: str = "batched matmul") -> str:
+    if h == 1:
+        return f"one {what} = the one head's {product.replace('_i', '_0')}"
+    return f"one {what} = {h} separate per-head {product}"
+
+
+def _index(part: object) -> str:
+    if isinstance(part, tuple) and part and part[0] == "slice":
+        start, stop, step = part[1:]
+        text = f"{'' if start is None else start}:{'' if stop is None else stop}"
+        return text + (f":{step}" if step is not None else "")
+    if part is None:
+        return "None"
+    return str(part)
+
+
+def _p(op: OpRecord) -> object:
+    numbers = [a for a in op.scalars() if isinstance(a, float)]
+    return numbers[0] if numbers else "?"
+

@@ -1,0 +1,284 @@
+"""Grading a class: `mha-tui check FOLDER --class C`, each submission in its own process.
+
+A forward that hangs, calls sys.exit, aborts the interpreter or eats memory is "could not
+judge" with its reason and line; the others are still judged; one submission cannot change
+what another sees. No timing assertions: the time limits are the subject, not a benchmark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mha_tui.check.grade import (
+    GradeError,
+    Limits,
+    Submission,
+    csv_rows,
+    find_submissions,
+    grade,
+    is_batch,
+)
+from mha_tui.check.outcome import COULD_NOT_JUDGE, EQUIVALENT, NOT_EQUIVALENT, worst
+
+from .conftest import ROOT, run_cli
+
+MISTAKES = Path(ROOT, "tests", "fixtures", "mistakes")
+FIRST_LINE = "        B, T, C = x.shape\n"  # the first line of correct.py's forward
+
+
+def _submission(folder: Path, name: str, line: str | None = None) -> int:
+    """correct.py with `line` added at the top of its forward; returns that line's number."""
+    source = (MISTAKES / "correct.py").read_text()
+    if line is not None:
+        source = source.replace(FIRST_LINE, f"{FIRST_LINE}        {line}\n", 1)
+    (folder / f"{name}.py").write_text(source)
+    return source.splitlines().index(f"        {line}") + 1 if line else 0
+
+
+@pytest.fixture(scope="module")
+def classroom(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+    folder = tmp_path_factory.mktemp("submissions")
+    lines = {
+        "hangs": _submission(folder, "hangs", "while True: pass"),
+        "aborts": _submission(folder, "aborts", "import os; os.abort()"),
+        "exits": _submission(folder, "exits", "import sys; sys.exit(3)"),
+        "hoards": _submission(folder, "hoards", "hoard = bytearray(1 << 30)"),  # 1 GB
+        "right": _submission(folder, "right"),
+    }
+    shutil.copy(MISTAKES / "no_scale.py", folder / "wrong.py")
+    (folder / "__init__.py").write_text("")  # not a submission
+    return folder, lines
+
+
+def _by_name(rows: list[dict]) -> dict[str, dict]:
+    return {Path(row["submission"]).stem: row for row in rows}
+
+
+def test_a_folder_is_graded_one_process_each_and_the_worst_verdict_is_the_exit_code(
+        classroom: tuple[Path, dict[str, int]]) -> None:
+    """One command over a folder holding a hanging, an aborting, an exiting, a memory-eating,
+    a correct and a wrong submission: every one gets a row, and it ends."""
+    folder, lines = classroom
+    result = run_cli("check", str(folder), "--class", "MultiHeadAttention", "--format", "csv",
+                     "--timeout", "15", "--memory", "256", "--jobs", "2", timeout=120)
+    assert result.returncode == 3, result.stderr.decode()  # could not judge is the worst
+    assert result.stderr == b""  # no progress bar: stderr is not a terminal
+    rows = list(csv.DictReader(io.StringIO(result.stdout.decode())))
+    assert [Path(r["submission"]).name for r in rows] == sorted(
+        f"{name}.py" for name in [*lines, "wrong"])  # the folder's order, __init__.py left out
+    got = _by_name(rows)
+    assert {name: row["verdict"] for name, row in got.items()} == {
+        "aborts": COULD_NOT_JUDGE, "exits": COULD_NOT_JUDGE, "hangs": COULD_NOT_JUDGE,
+        "hoards": COULD_NOT_JUDGE, "right": EQUIVALENT, "wrong": NOT_EQUIVALENT}
+    assert {name: row["exit_code"] for name, row in got.items()} == {
+        "aborts": "3", "exits": "3", "hangs": "3", "hoards": "3", "right": "0", "wrong": "1"}
+    assert got["hangs"]["diagnosis"] == "timeout" and "15 s" in got["hangs"]["message"]
+    assert got["aborts"]["diagnosis"] == "crashed" and "SIGABRT" in got["aborts"]["message"]
+    assert got["exits"]["diagnosis"] == "exited" and "sys.exit(3)" in got["exits"]["message"]
+    assert "MemoryError" in got["hoards"]["message"]
+    for name in ("hangs", "aborts", "exits", "hoards"):  # the learner's own line, found
+        assert got[name]["line"] == str(lines[name]), name
+        assert got[name]["file"].endswith(f"{name}.py")
+    assert got["wrong"]["diagnosis"] == "not_scaled" and got["wrong"]["stage"] == "scale"
+    assert got["right"]["diagnosis"] == "" and got["right"]["line"] == ""
+
+
+def test_json_for_a_gradebook_and_the_table(classroom: tuple[Path, dict[str, int]]) -> None:
+    folder, _ = classroom
+    files = [str(folder / f"{name}.py") for name in ("exits", "right", "wrong")]
+    result = run_cli("check", *files, "--class", "MultiHeadAttention", "--format", "json",
+                     timeout=120)
+    assert result.returncode == 3
+    data = json.loads(result.stdout)
+    assert [d["verdict"] for d in data] == [COULD_NOT_JUDGE, EQUIVALENT, NOT_EQUIVALENT]
+    assert [d["equivalent"] for d in data] == [False, True, False]
+    assert data[1]["stages"] and all(stage["ok"] is not False for stage in data[1]["stages"])
+    assert data[2]["diagnosis"]["kind"] == "not_scaled"
+    assert data[2]["diagnosis"]["stage"] == "scale"
+    assert data[0]["diagnosis"]["kind"] == "exited"
+
+
+def test_the_text_table_says_each_verdict_and_why_it_could_not_judge(
+        classroom: tuple[Path, dict[str, int]]) -> None:
+    folder, _ = classroom
+    files = [str(folder / f"{name}.py") for name in ("exits", "right")]
+    result = run_cli("check", *files, "--class", "MultiHeadAttention", "--width", "120",
+                     timeout=120)
+    assert result.returncode == 3
+    text = result.stdout.decode()
+    exits = next(i for i, line in enumerate(text.splitlines()) if "exits.py" in line)
+    assert "could not judge" in text.splitlines()[exits]
+    assert "the module called sys.exit(3)" in text.splitlines()[exits + 1]
+    assert "2 modules: 1 equivalent, 1 could not judge" in text
+
+
+POLLUTER = '''
+import torch
+
+torch.Tensor.masked_fill = lambda self, mask, value: self  # every later mask does nothing
+open("left_behind.txt", "w").write("x")
+'''
+
+
+def test_a_submission_cannot_change_what_another_sees(tmp_path: Path) -> None:
+    """A submission that patches torch and writes a file, graded before and after a correct
+    one: the correct one's verdict is the same in both orders."""
+    _submission(tmp_path, "right")
+    source = (tmp_path / "right.py").read_text()
+    (tmp_path / "patches.py").write_text(POLLUTER + source)
+    limits = Limits(sentence="I love AI !", embed_dim=4, heads=2, seed=0, causal=True,
+                    max_seq_len=64, timeout=60)
+    right = Submission(shown="right", module=f"{tmp_path / 'right.py'}:MultiHeadAttention")
+    patches = Submission(shown="patches", module=f"{tmp_path / 'patches.py'}:MultiHeadAttention")
+    first = grade([patches, right], limits, jobs=1)
+    second = grade([right, patches], limits, jobs=1)
+    assert first[1].outcome == second[0].outcome == EQUIVALENT
+
+    def same(report: dict) -> dict:
+        return {k: v for k, v in report.items() if k != "seconds"}
+    assert same(first[1].report) == same(second[0].report)
+    assert not (tmp_path / "left_behind.txt").exists()  # each worker has a folder of its own
+
+
+def test_finding_submissions(tmp_path: Path) -> None:
+    for name in ("b.py", "a.py", "__init__.py", "notes.txt"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.py").write_text("")
+    found = find_submissions([str(tmp_path)], "M")
+    assert [s.module for s in found] == [f"{tmp_path}/a.py:M", f"{tmp_path}/b.py:M"]
+    assert [s.shown for s in found] == [f"{tmp_path}/a.py", f"{tmp_path}/b.py"]
+    globbed = find_submissions([f"{tmp_path}/**/*.py:Other"], None)
+    assert [s.module for s in globbed] == [f"{tmp_path}/__init__.py:Other", f"{tmp_path}/a.py:Other",
+                                           f"{tmp_path}/b.py:Other", f"{tmp_path}/sub/c.py:Other"]
+    assert is_batch([str(tmp_path)]) and is_batch(["x/*.py"]) and not is_batch(["a.py:M"])
+    with pytest.raises(GradeError, match=r"no \.py files"):
+        find_submissions([str(_empty(tmp_path))], "M")
+    with pytest.raises(GradeError, match=r"no \.py file matches"):
+        find_submissions([f"{tmp_path}/*.pyx"], "M")
+    with pytest.raises(GradeError, match="--class"):
+        find_submissions([str(tmp_path)], None)
+
+
+def _empty(tmp_path: Path) -> Path:
+    (tmp_path / "empty").mkdir()
+    return tmp_path / "empty"
+
+
+@pytest.mark.parametrize("args", [
+    ["--timeout", "0"], ["--jobs", "0"], ["--memory", "1"], ["--format", "xml"]])
+def test_grading_options_are_checked_before_anything_runs(tmp_path: Path, args: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "mha_tui", "check", str(tmp_path), "--class",
+                             "M", *args], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_outcomes_order_and_csv_columns() -> None:
+    assert worst([EQUIVALENT, NOT_EQUIVALENT]) == NOT_EQUIVALENT
+    assert worst([NOT_EQUIVALENT, COULD_NOT_JUDGE, EQUIVALENT]) == COULD_NOT_JUDGE
+    assert worst([]) == EQUIVALENT
+    row = csv_rows([{"module": "m.py:M", "verdict": NOT_EQUIVALENT,
+                     "diagnosis": {"kind": "not_scaled", "file": "", "line": 7,
+                                   "message": "x", "stage": "scale"}}])[0]
+    assert row == {"submission": "m.py:M", "verdict": NOT_EQUIVALENT, "exit_code": 1,
+                   "stage": "scale", "file": "", "line": 7, "diagnosis": "not_scaled",
+                   "message": "x"}
+
+
+def test_help_documents_the_exit_codes() -> None:
+    result = run_cli("check", "--help", env={"_TYPER_FORCE_DISABLE_TERMINAL": "1"})
+    text = " ".join(result.stdout.decode().split())
+    for said in ("0: equivalent", "1: NOT equivalent", "3: could not judge", "2: usage error"):
+        assert said in text
+    for flag in ("--timeout", "--jobs", "--memory", "csv"):
+        assert flag in text
+    usage = result.stdout.decode().splitlines()[0]
+    assert "check [OPTIONS] [SUBMISSION]" in usage and "SUBMISSION..." not in usage
+
+
+def test_one_module_whose_forward_raises_is_could_not_judge_exit_3() -> None:
+    """The three-way verdict for a single module too (it was "NOT equivalent", exit 1)."""
+    from typer.testing import CliRunner
+
+    from mha_tui.cli import app
+
+    result = CliRunner().invoke(app, ["check", f"{MISTAKES / 'crash.py'}:MultiHeadAttention"])
+    assert result.exit_code == 3
+    assert result.output.splitlines()[0].endswith("could not judge")
+    as_json = CliRunner().invoke(app, ["check", f"{MISTAKES / 'crash.py'}:MultiHeadAttention",
+                                       "--format", "json"])
+    assert json.loads(as_json.stdout)["verdict"] == COULD_NOT_JUDGE
+
+
+def test_the_grader_itself_never_imports_torch() -> None:
+    probe = ("import sys, mha_tui.check.grade, mha_tui.check.outcome, mha_tui.check.report\n"
+             "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
+    """Workers run in sessions of their own (the terminal's SIGINT does not reach them):
+    an interrupted grading kills them rather than waiting out their time limit."""
+    import os
+    import signal
+    import time
+
+    for name in ("one", "two"):
+        _submission(tmp_path, name, "while True: pass")
+    process = subprocess.Popen([sys.executable, "-m", "mha_tui", "check", str(tmp_path),
+                                "--class", "MultiHeadAttention", "--timeout", "300",
+                                "--jobs", "2"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+
+    def workers() -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
+            except OSError:
+                continue
+            if "grade_worker" in cmdline and str(tmp_path) in cmdline:
+                found.append(int(pid))
+        return found
+
+    try:
+        for _ in range(600):  # until both workers run (a hang guard, not a timing assertion)
+            if len(workers()) == 2:
+                break
+            time.sleep(0.1)
+        assert len(workers()) == 2
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)  # far below the 300 s each worker was given
+        assert process.returncode == 130, err.decode()
+        assert workers() == []
+    finally:  # a failed run leaves nothing behind: the grader, then its workers
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in workers():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_print_loop_cannot_fill_the_disk(tmp_path: Path) -> None:
+    """The worker's files (its log holds the learner's prints) stop growing at MAX_WRITE: the
+    print fails, the forward raises, and the submission is could not judge, at its line."""
+    line = _submission(tmp_path, "loud", 'while True: print("x" * 65536)')
+    limits = Limits(sentence="I love AI !", embed_dim=4, heads=2, seed=0, causal=True,
+                    max_seq_len=64, timeout=60)
+    (graded,) = grade([Submission(shown="loud", module=f"{tmp_path / 'loud.py'}:MultiHeadAttention")],
+                      limits)
+    assert graded.outcome == COULD_NOT_JUDGE
+    assert "File too large" in graded.report["diagnosis"]["message"]
+    assert graded.report["diagnosis"]["line"] == line

@@ -1,0 +1,317 @@
+"""Each recognition rule on its own: a small hand-built recording (ops, shapes, values, no
+torch), classified by the registry's rules, and the kind each op gets.
+
+The end-to-end tests (test_recognise, test_models_traced) trace real modules; these pin
+what each rule claims and what it leaves alone, so a new kind's rule is tested the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mha_tui.recognise.classify import classify
+from mha_tui.recognise.graph import Graph
+from mha_tui.recognise.registry import BUILDERS, KINDS, RULES
+from mha_tui.recognise.sizes import Sizes
+from mha_tui.records import OpRecord, Recording, Ref, Snapshot, Source, TensorArg
+
+B, T, C, H, D = 1, 3, 4, 2, 2
+SIZES = Sizes(B, T, C, H, D)
+
+
+def _snap(values: np.ndarray) -> Snapshot:
+    values = np.asarray(values)
+    strides = tuple(s // values.itemsize for s in values.strides) if values.itemsize else ()
+    return Snapshot(values=values, shape=tuple(values.shape), strides=strides, contiguous=True,
+                    storage=id(values), dtype=str(values.dtype))
+
+
+def _param(name: str, values: np.ndarray, kind: str = "param") -> Ref:
+    return Ref(kind, name=name, snapshot=_snap(values))  # type: ignore[arg-type]
+
+
+class Tape:
+    """A recording written op by op, each op's output computed here with NumPy."""
+
+    def __init__(self, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.rng = rng
+        self.x_values = rng.standard_normal((B, T, C)).astype(np.float32)
+        self.x = Ref("input", name="x")
+        self.ops: list[OpRecord] = []
+
+    def values(self, ref: Ref) -> np.ndarray:
+        if ref.kind == "input":
+            return self.x_values
+        if ref.kind == "op":
+            assert ref.op is not None
+            return self.ops[ref.op].outputs[ref.output].values
+        assert ref.snapshot is not None
+        return ref.snapshot.values
+
+    def op(self, name: str, inputs: list[Ref], out: np.ndarray | list[np.ndarray], *scalars: object,
+           **kwargs: object) -> Ref:
+        outs = out if isinstance(out, list) else [out]
+        index = len(self.ops)
+        self.ops.append(OpRecord(
+            index=index, name=name, qualname=name, module="", module_class="", inputs=tuple(inputs),
+            args=(*(TensorArg(i) for i in range(len(inputs))), *scalars),
+            kwargs=tuple(kwargs.items()), outputs=tuple(_snap(o) for o in outs),
+            source=Source("attn.py", 10 + index, f"t{index} = {name}(...)")))
+        return Ref("op", op=index)
+
+    def weight(self, name: str, rows: int = C) -> Ref:
+        return _param(name, self.rng.standard_normal((rows, C)).astype(np.float32))
+
+    def linear(self, x: Ref, name: str, rows: int = C) -> Ref:
+        w = self.weight(name, rows)
+        return self.op("linear", [x, w], self.values(x) @ self.values(w).T)
+
+    def heads(self, t: Ref) -> Ref:
+        """(B, T, C) -> view (B, T, h, d_h) -> transpose (B, h, T, d_h)."""
+        viewed = self.op("view", [t], self.values(t).reshape(B, T, H, D), B, T, H, D)
+        return self.op("transpose", [viewed], self.values(viewed).transpose(0, 2, 1, 3), 1, 2)
+
+    def kinds(self, sizes: Sizes = SIZES) -> list[str | None]:
+        rec = Recording("Attn", "attn.py", (("x", _snap(self.x_values)),), tuple(self.ops))
+        g = Graph(rec)
+        classify(g, sizes)
+        return [g.kind.get(i) for i in range(len(self.ops))]
+
+    def kind(self, ref: Ref) -> str | None:
+        return self.kinds()[ref.op]  # type: ignore[index]
+
+
+def _attention_upto_scores(tape: Tape) -> tuple[Ref, Ref, Ref, Ref]:
+    """q, k, v projected and split into heads, then q @ k^T: (q, k, v, scores)."""
+    q, k, v = (tape.heads(tape.linear(tape.x, f"W_{r}.weight")) for r in "QKV")
+    kt = tape.op("transpose", [k], np.swapaxes(tape.values(k), -2, -1), -2, -1)
+    scores = tape.op("matmul", [q, kt], tape.values(q) @ tape.values(kt))
+    return q, kt, v, scores
+
+
+def _causal() -> np.ndarray:
+    return np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, 0).astype(np.float32)
+
+
+def _softmax(values: np.ndarray) -> np.ndarray:
+    e = np.exp(values - values.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _whole(tape: Tape) -> dict[str, Ref]:
+    """The textbook forward, op by op, with a name for each step."""
+    q, kt, v, scores = _attention_upto_scores(tape)
+    scaled = tape.op("div", [scores], tape.values(scores) / math.sqrt(D), math.sqrt(D))
+    mask = _param("causal_mask", _causal(), "buffer")
+    masked = tape.op("add", [scaled, mask], tape.values(scaled) + _causal())
+    weights = tape.op("softmax", [masked], _softmax(tape.values(masked)), dim=-1)
+    context = tape.op("matmul", [weights, v], tape.values(weights) @ tape.values(v))
+    moved = tape.op("transpose", [context], tape.values(context).transpose(0, 2, 1, 3), 1, 2)
+    merged = tape.op("view", [moved], tape.values(moved).reshape(B, T, C), B, T, C)
+    out = tape.linear(merged, "W_O.weight")
+    return {"q": q, "kt": kt, "scores": scores, "scaled": scaled, "masked": masked,
+            "weights": weights, "context": context, "moved": moved, "merged": merged, "out": out}
+
+
+# ---------------------------------------------------------------------------- the registry
+
+
+def test_registry_lists_every_rule_once_in_kind_order() -> None:
+    """RULES is the kinds' rules in KINDS order; every kind a rule can give has a builder."""
+    assert RULES == tuple(rule for kind in KINDS for rule in kind.RULES)
+    assert len(set(RULES)) == len(RULES)
+    given = {kind.KIND for kind in KINDS} - {"aux"}
+    assert given <= set(BUILDERS)
+    assert [k.KIND for k in KINDS].index("w_o") < [k.KIND for k in KINDS].index("project")
+    assert [k.KIND for k in KINDS].index("attend") < [k.KIND for k in KINDS].index("scores")
+    assert KINDS[-1].KIND == "aux"  # plumbing, the catch-all for shape ops, comes last
+
+
+def test_textbook_forward_every_op_its_kind() -> None:
+    """The whole recipe: each op gets the kind a learner would name."""
+    tape = Tape()
+    _whole(tape)
+    assert tape.kinds() == [
+        "project", "view", "transpose", "project", "view", "transpose", "project", "view",
+        "transpose", "aux", "scores", "scale", "mask", "softmax", "attend", "concat", "concat", "w_o"]
+
+
+# ---------------------------------------------------------------------------- one rule each
+
+
+def test_projection_claims_x_times_a_weight() -> None:
+    tape = Tape()
+    q = tape.linear(tape.x, "W_Q.weight")
+    assert tape.kind(q) == "project"
+
+
+def test_projection_needs_a_weight_parameter() -> None:
+    """x times x (no parameter) is not a projection."""
+    tape = Tape()
+    xx = tape.op("matmul", [tape.x, tape.x], tape.x_values @ np.swapaxes(tape.x_values, -1, -2))
+    assert tape.kind(xx) != "project"
+
+
+def test_output_projection_claims_the_weight_product_after_attend() -> None:
+    tape = Tape()
+    steps = _whole(tape)
+    assert tape.kind(steps["out"]) == "w_o"
+
+
+def test_fused_split_keeps_a_fused_layers_split_in_the_projection() -> None:
+    """One (3C, C) layer and its split into q, k, v: all the projection."""
+    tape = Tape()
+    qkv = tape.linear(tape.x, "c_attn.weight", rows=3 * C)
+    parts = np.split(tape.values(qkv), 3, axis=-1)
+    split = tape.op("split", [qkv], parts, C, dim=2)
+    assert tape.kinds()[qkv.op] == "project"  # type: ignore[index]
+    assert tape.kind(split) == "project"
+
+
+def test_head_split_claims_the_view_into_heads() -> None:
+    tape = Tape()
+    q = tape.linear(tape.x, "W_Q.weight")
+    viewed = tape.op("view", [q], tape.values(q).reshape(B, T, H, D), B, T, H, D)
+    assert tape.kind(viewed) == "view"
+
+
+def test_head_split_leaves_a_view_that_does_not_cut_heads() -> None:
+    """A view to (B, T * C) is no head split: plumbing."""
+    tape = Tape()
+    q = tape.linear(tape.x, "W_Q.weight")
+    flat = tape.op("view", [q], tape.values(q).reshape(B, T * C), B, T * C)
+    assert tape.kind(flat) == "aux"
+
+
+def test_head_move_claims_the_transpose_after_the_view() -> None:
+    tape = Tape()
+    q, kt, _, _ = _attention_upto_scores(tape)
+    assert tape.kind(q) == "transpose"
+    assert tape.kind(kt) == "aux"  # k.transpose(-2, -1) is part of q @ k^T, not a head move
+
+
+def test_query_key_product_claims_the_scores() -> None:
+    tape = Tape()
+    _, _, _, scores = _attention_upto_scores(tape)
+    assert tape.kind(scores) == "scores"
+
+
+def test_scale_claims_a_division_of_the_scores_by_one_number() -> None:
+    tape = Tape()
+    assert tape.kind(_whole(tape)["scaled"]) == "scale"
+
+
+def test_scale_leaves_a_division_by_a_tensor() -> None:
+    tape = Tape()
+    _, _, _, scores = _attention_upto_scores(tape)
+    other = _param("norms", np.full((T, T), 2.0, np.float32), "const")
+    divided = tape.op("div", [scores, other], tape.values(scores) / 2.0)
+    assert tape.kind(divided) == "op"
+
+
+def test_mask_claims_adding_a_minus_inf_buffer() -> None:
+    tape = Tape()
+    assert tape.kind(_whole(tape)["masked"]) == "mask"
+
+
+def test_mask_claims_masked_fill_with_a_large_negative() -> None:
+    tape = Tape()
+    _, _, _, scores = _attention_upto_scores(tape)
+    blocked = _param("bias", np.triu(np.ones((T, T), bool), 1), "buffer")
+    filled = tape.op("masked_fill", [scores, blocked],
+                     np.where(np.triu(np.ones((T, T), bool), 1), -1e9, tape.values(scores)), -1e9)
+    assert tape.kind(filled) == "mask"
+
+
+def test_mask_leaves_adding_a_small_bias() -> None:
+    """Adding numbers that block nothing is not a mask."""
+    tape = Tape()
+    _, _, _, scores = _attention_upto_scores(tape)
+    bias = _param("bias", np.ones((T, T), np.float32), "buffer")
+    added = tape.op("add", [scores, bias], tape.values(scores) + 1)
+    assert tape.kind(added) == "op"
+
+
+def test_softmax_claims_the_softmax_call() -> None:
+    tape = Tape()
+    assert tape.kind(_whole(tape)["weights"]) == "softmax"
+
+
+def test_handwritten_softmax_claims_every_op_of_it() -> None:
+    """max, subtract, exp, sum, divide: one softmax."""
+    tape = Tape()
+    _, _, _, scores = _attention_upto_scores(tape)
+    s = tape.values(scores)
+    peak = tape.op("amax", [scores], s.max(axis=-1, keepdims=True), -1)
+    shifted = tape.op("sub", [scores, peak], s - s.max(axis=-1, keepdims=True))
+    e = tape.op("exp", [shifted], np.exp(tape.values(shifted)))
+    total = tape.op("sum", [e], tape.values(e).sum(axis=-1, keepdims=True), -1)
+    weights = tape.op("div", [e, total], tape.values(e) / tape.values(total))
+    kinds = tape.kinds()
+    assert [kinds[r.op] for r in (peak, shifted, e, total, weights)] == ["softmax"] * 5  # type: ignore[index]
+
+
+def test_dropout_claims_a_dropout_on_the_weights() -> None:
+    tape = Tape()
+    steps = _whole(tape)
+    dropped = tape.op("dropout", [steps["weights"]], tape.values(steps["weights"]), p=0.1, training=False)
+    assert tape.kind(dropped) == "dropout"
+
+
+def test_weights_times_values_claims_attend() -> None:
+    """A product of two x-derived tensors after softmax is attend, never scores."""
+    tape = Tape()
+    assert tape.kind(_whole(tape)["context"]) == "attend"
+
+
+def test_concat_claims_the_heads_put_back_side_by_side() -> None:
+    tape = Tape()
+    steps = _whole(tape)
+    assert tape.kind(steps["moved"]) == "concat"
+    assert tape.kind(steps["merged"]) == "concat"
+
+
+def test_fused_attention_claims_scaled_dot_product_attention() -> None:
+    tape = Tape()
+    q, k, v = (tape.heads(tape.linear(tape.x, f"W_{r}.weight")) for r in "QKV")
+    weights = _softmax(tape.values(q) @ np.swapaxes(tape.values(k), -2, -1) / math.sqrt(D) + _causal())
+    fused = tape.op("scaled_dot_product_attention", [q, k, v], weights @ tape.values(v), is_causal=True)
+    moved = tape.op("transpose", [fused], tape.values(fused).transpose(0, 2, 1, 3), 1, 2)
+    assert tape.kind(fused) == "sdpa"
+    assert tape.kind(moved) == "concat"
+
+
+def test_cache_append_is_plumbing() -> None:
+    """torch.cat onto an empty key cache passes k through: no stage of its own."""
+    tape = Tape()
+    k = tape.heads(tape.linear(tape.x, "W_K.weight"))
+    empty = _param("cache_k", np.zeros((B, H, 0, D), np.float32), "buffer")
+    appended = tape.op("cat", [empty, k], tape.values(k), dim=2)
+    assert tape.kind(appended) == "aux"
+
+
+def test_plumbing_claims_a_leftover_shape_op() -> None:
+    tape = Tape()
+    q = tape.linear(tape.x, "W_Q.weight")
+    same = tape.op("contiguous", [q], tape.values(q))
+    assert tape.kind(same) == "aux"
+
+
+def test_an_op_no_rule_claims_is_an_op() -> None:
+    """Nothing is dropped: tanh on the scores is shown as it ran."""
+    tape = Tape()
+    _, _, _, scores = _attention_upto_scores(tape)
+    squashed = tape.op("tanh", [scores], np.tanh(tape.values(scores)))
+    assert tape.kind(squashed) == "op"
+
+
+@pytest.mark.parametrize("name", ["ones", "triu"])
+def test_ops_that_do_not_depend_on_x_get_no_kind(name: str) -> None:
+    """A mask built inside the forward (torch.ones(T, T).triu()) is a helper, not a stage."""
+    tape = Tape()
+    made = tape.op(name, [_param("c", np.ones((T, T), np.float32), "const")], np.ones((T, T)))
+    assert tape.kinds()[made.op] is None  # type: ignore[index]

@@ -1,0 +1,201 @@
+"""What stages and verdicts say, word by word (issue 15, item 5: the recogniser's part).
+
+Op stage titles read like the code that ran; an error stage claims no shape and no name it
+does not have; a tensor mha-tui stacked from per-head modules says so and gives each head's
+strides; checks and captions are grammatical; a NOT-equivalent verdict never prints
+"Different but equivalent" and never shows a failing row as `max diff 0`; the missing W_O
+is named at the line that returned the output; no dim is a `d0, d1` fallback where the
+stage knows its dims.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mha_tui.cli import _checked, app
+from mha_tui.config import MODEL_NAMES, Config, Source
+
+FIXTURES = Path(__file__).parent / "fixtures"
+UNSOUND = FIXTURES / "unsound"
+SENTENCE = "I love AI !"
+runner = CliRunner()
+
+WORDS = pytest.mark.xfail(strict=True, reason="issue 15.5: stage and verdict wording")
+
+MODULE_STYLES = [
+    f"{FIXTURES / 'check_variants.py'}:{name}"
+    for name in ("FusedMaskFirst", "WhereMinusBillion", "SplitScale", "SdpaMaskArgument")
+] + [
+    f"{FIXTURES / 'nanogpt_attn.py'}:CausalSelfAttention",
+    f"{FIXTURES / 'einsum_attn.py'}:EinsumAttention",
+    f"{FIXTURES / 'rotary_attn.py'}:RotaryAttention",
+    "torch.nn:MultiheadAttention",
+]
+EVERY_MODULE = [f"model:{m}" for m in MODEL_NAMES] + MODULE_STYLES
+
+
+def traced(spec: str):
+    config = Config(SENTENCE)
+    source = Source(model=spec[6:]) if spec.startswith("model:") else Source(module=spec)
+    run, _ = _checked(config, source)
+    return run(config)
+
+
+def short(spec: str) -> str:
+    return spec.rsplit("/", 1)[-1]
+
+
+# ---------------------------------------------------------------------------- op and error
+
+
+@WORDS
+def test_op_stage_titles_read_like_the_code() -> None:
+    """`torch.zeros(3, 3)`, not `torch._VariableFunctionsClass.zeros (3, 3)`; a tuple of
+    tensors is not `(TensorArg(index=0), ...)`."""
+    trace = traced(f"{FIXTURES / 'odd_ops.py'}:OddOps")
+    titles = [stage.title for stage in trace.stages if stage.kind == "op"]
+    assert "torch.zeros(3, 3)" in titles, titles
+    assert "torch.ones(4, 2)" in titles, titles
+    assert any(t.startswith("torch.cat(") and "dim=-1" in t for t in titles), titles
+    for title in titles:
+        assert "_VariableFunctionsClass" not in title and "TensorArg" not in title, title
+
+
+@WORDS
+def test_the_error_stage_claims_no_shape_and_no_name_it_has_not() -> None:
+    """The forward stopped: no `-> ()` output shape, and the last tensor it recorded (made
+    by `torch.ones(4, 2)` on the failing line) is not called `bad`, which was never
+    assigned."""
+    trace = traced(f"{FIXTURES / 'odd_ops.py'}:OddOps")
+    error = trace.stages[-1]
+    assert error.kind == "error"
+    assert "-> ()" not in error.transition, error.transition
+    assert "-> ()" not in error.dims_transition, error.dims_transition
+    for record in error.tensors:
+        assert not record.name.endswith(": bad") and record.name != "bad", record.name
+
+
+def test_the_error_stage_names_the_failing_line() -> None:
+    trace = traced(f"{FIXTURES / 'odd_ops.py'}:OddOps")
+    source = (FIXTURES / "odd_ops.py").read_text().splitlines()
+    error = trace.stages[-1]
+    assert error.kind == "error" and error.source is not None
+    assert "grid @ torch.ones(4, 2)" in source[error.source.line - 1]
+
+
+# ---------------------------------------------------------------------------- strides
+
+
+@WORDS
+@pytest.mark.parametrize("model", ["many-eyes", "raschka-wrapper"])
+def test_stacked_heads_say_so_and_give_each_heads_strides(model: str) -> None:
+    """A per-head module's tensors are h separate (B, T, .) tensors that mha-tui stacked to
+    (B, h, T, .): three strides for a 4-d shape is wrong; say who stacked them, and give
+    each head's own strides."""
+    stacked = 0
+    for stage in traced(f"model:{model}").stages:
+        for record in stage.tensors:
+            if len(record.strides) == len(record.shape):
+                continue
+            stacked += 1
+            assert "stacked by mha-tui" in record.caption, (stage.id, record.name, record.caption)
+            for head in range(record.shape[1]):
+                assert f"head {head}" in record.caption, (stage.id, record.name, record.caption)
+    assert stacked, "no stacked tensor found: the test looks at the wrong thing"
+
+
+# ---------------------------------------------------------------------------- grammar
+
+
+UNGRAMMATICAL_TODAY = {"model:raschka", "model:raschka-wrapper", MODULE_STYLES[0], MODULE_STYLES[5]}
+FALLBACK_DIMS_TODAY = {"model:raschka-wrapper", "model:many-eyes", "torch.nn:MultiheadAttention"}
+
+
+def _marked(specs: list[str], today: set[str]) -> list:
+    return [pytest.param(s, marks=WORDS) if s in today else s for s in specs]
+
+
+@pytest.mark.parametrize("spec", _marked(EVERY_MODULE, UNGRAMMATICAL_TODAY), ids=short)
+def test_checks_and_captions_are_grammatical(spec: str) -> None:
+    """"out equals x @ W" (one name); "each equal" for several; no "scores's"."""
+    for stage in traced(spec).stages:
+        for check in stage.checks:
+            assert not re.match(r"^[\w.]+ equal ", check.label), (stage.id, check.label)
+        for record in stage.tensors:
+            assert "s's " not in record.shares_with, (stage.id, record.shares_with)
+
+
+# ---------------------------------------------------------------------------- dims
+
+
+FALLBACK = re.compile(r"d\d+")
+RECOGNISED = {"embed", "project", "view", "transpose", "scores", "scale", "mask", "softmax",
+              "attend", "concat", "w_o", "dropout"}
+
+
+@pytest.mark.parametrize("spec", _marked(EVERY_MODULE, FALLBACK_DIMS_TODAY), ids=short)
+def test_no_dim_is_a_fallback_where_the_stage_knows_its_dims(spec: str) -> None:
+    """tests/test_trace.py's test_token_axes_and_dims_are_labelled only compared lengths, and
+    the builder falls back to `d0, d1, ...` whenever they differ: it could not fail. Every
+    stage of a recognised kind knows B, T, C, h and d_h: none of its axes, nor its shape
+    line's, may be a fallback name."""
+    for stage in traced(spec).stages:
+        if stage.kind not in RECOGNISED:
+            continue
+        names = [*stage.dims_in, *stage.dims_out]
+        for record in stage.tensors:
+            assert len(record.dims) == len(record.shape), (stage.id, record.name)
+            names += record.dims
+        fallbacks = [n for n in names if FALLBACK.fullmatch(n)]
+        assert not fallbacks, (stage.id, stage.dims_transition,
+                               [(r.name, r.dims) for r in stage.tensors])
+
+
+# ---------------------------------------------------------------------------- check's words
+
+
+def _check(*specs: str, extra: tuple[str, ...] = ()) -> str:
+    result = runner.invoke(app, ["check", *specs, "--width", "200", *extra])
+    return result.output
+
+
+def test_a_not_equivalent_verdict_never_says_different_but_equivalent(tmp_path: Path) -> None:
+    """A module with biases (a legitimate difference) and an extra line at the end (the
+    mistake): the biases are still said, but not as "Different but equivalent"."""
+    from .attention_sources import Style, Tamper, source
+
+    text, _ = source(Style(bias=True), Tamper("out", "add"))
+    path = tmp_path / "biased.py"
+    path.write_text(text)
+    output = _check(f"{path}:MultiHeadAttention")
+    assert "NOT equivalent" in output
+    assert "biases" in output
+    assert "Different but equivalent" not in output
+
+
+@pytest.mark.parametrize("name", ["sliding_window", "fully_masked_row"])
+def test_a_failing_row_never_shows_max_diff_0(name: str) -> None:
+    """A ✗ mask row whose recomputed difference is 0 (it masks the wrong entries, each to
+    -inf as it should) says what failed instead of a `0` that reads like a pass."""
+    output = _check(f"{UNSOUND / name}.py:MultiHeadAttention")
+    failing = [line for line in output.splitlines() if line.startswith("✗")]
+    assert failing, output
+    for line in failing:
+        columns = line.split()
+        assert columns[2] not in ("0", "0.0", "0.0e+00"), line
+
+
+@WORDS
+def test_the_missing_w_o_is_named_at_the_return_line() -> None:
+    """The heads merged over two lines, the second the `return`: the missing W_O belongs
+    after the return's expression, not after the merge's first line."""
+    from .test_check import judged, marked_line
+
+    path = UNSOUND / "no_oproj.py"
+    verdict = judged(f"{path}:MultiHeadAttention")
+    assert verdict.diagnosis.kind == "no_output_projection"
+    assert verdict.diagnosis.line == marked_line(path)
