@@ -219,7 +219,7 @@ def _layer(name: str) -> int:
 
 
 NOT_LOADED = {"distilbert", "t5"}  # refused: no causal-LM class (issue 17, encoders)
-UNPLACED = {"bloom", "falcon", "opt", "mpt", "bert", "roberta"}
+UNPLACED = {"bloom", "falcon", "opt", "bert", "roberta"}  # BLOOM, BERT, RoBERTa: residual add
 
 
 def _xfail(condition: bool, reason: str) -> list[pytest.MarkDecorator]:
@@ -280,10 +280,11 @@ NAMED = {
 SKIPPED = {"positions", "padding", "offset_positions", "scaled_embeddings", "unscaled"}
 # Named on screen today; the rest are xfail(strict) until their kind lands.
 NAMED_NOW = {"rotary_half", "rotary_interleaved", "rotary_complex", "partial_rotary", "kv_repeat",
-             "multi_query"}
+             "multi_query", "sliding_window", "local_window", "bidirectional", "alibi"}
 # Falcon's projections are bare matmuls, and its one K/V head is broadcast by the scores'
 # matmul, not repeated by an op.
 NOT_NAMED_YET = {("falcon", "rotary_half"), ("falcon", "multi_query")}
+NOT_NAMED_YET |= {(name, "bidirectional") for name in NOT_LOADED}
 
 
 def _named(trace: Trace, mechanism: str) -> bool:
@@ -293,7 +294,7 @@ def _named(trace: Trace, mechanism: str) -> bool:
     if where == "title":
         text = "\n".join(stage.title for stage in trace.stages)
     else:
-        text = "\n".join(f"{stage.title}\n{stage.explanation}\n" + "\n".join(
+        text = "\n".join(f"{stage.title}\n{stage.explanation}\n{stage.note}\n" + "\n".join(
             check.label for check in stage.checks) for stage in trace.stages)
     return re.search(pattern, text) is not None
 

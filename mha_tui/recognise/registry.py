@@ -18,6 +18,8 @@ each with its reason (TorchLens states its postprocessing steps the same way):
   from the projections its tensors come from, so those are classified first.
 - kv_repeat after rotary (K is turned before its heads are repeated), before view and
   plumbing: repeat_kv's expand and reshape are shape ops they would otherwise claim.
+- position_bias after mask (a bias holding a mask value is a mask) and before scale and
+  concat: it claims an add onto the scores of a finite tensor not made from x.
 - view before transpose, both before concat and plumbing: a head split is a shape op, and
   plumbing claims every shape op nobody claimed before it.
 - softmax (a call, then one written by hand) before mask and scale: a hand-written
@@ -43,6 +45,7 @@ from .kinds import (
     mask,
     op,
     plumbing,
+    position_bias,
     project,
     rotary,
     scale,
@@ -68,6 +71,7 @@ KINDS: tuple[ModuleType, ...] = (
     attend,
     scores,
     mask,
+    position_bias,
     scale,
     concat,
     plumbing,
@@ -80,5 +84,5 @@ RULES = tuple(rule for kind in KINDS for rule in kind.RULES)
 # stage of their own; `embed` and `error` are placed by assemble.py, not by a unit.
 BUILDERS: dict[str, ModuleType] = {
     kind.KIND: kind for kind in (project, rotary, kv_repeat, view, transpose, scores, scale, mask,
-                                 softmax, dropout, attend, concat, w_o, sdpa, op)
+                                 position_bias, softmax, dropout, attend, concat, w_o, sdpa, op)
 }

@@ -39,14 +39,16 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         for op in group:
             if op.name not in ("matmul", "bmm", "einsum", "mm", "baddbmm"):
                 continue
-            a, c = (m.snap(r).values.astype(np.float64) for r in m.g.x_inputs(op)[:2])
+            operands = op.inputs[1:3] if op.name == "baddbmm" else m.g.x_inputs(op)[:2]
+            a, c = (m.snap(r).values.astype(np.float64) for r in operands)
             if op.name == "einsum":
                 equation = next((x for x in op.args if isinstance(x, str)), "")
                 product = np.einsum(equation, a, c)
             else:
                 product = a @ c
             if op.name == "baddbmm":
-                product = product + m.snap(m.g.other_inputs(op)[0]).values
+                alpha, beta = baddbmm_factors(op)
+                product = beta * m.snap(op.inputs[0]).values + alpha * product
             ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4))
     first = m.op(unit.ops[0])
     name = m.tensor_name(first, fallback="scores")
@@ -56,16 +58,30 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                     else f"each head's own q @ k^T, {h} heads side by side", ok)]
     fused_mask = next((op for op in (m.op(i) for i in unit.ops) if op.name == "baddbmm"
                        and _very_negative_anywhere(m, op)), None)
-    src = m.snap(m.x_in(first))
+    src = m.snap(first.inputs[1] if first.name == "baddbmm" and len(first.inputs) == 3
+                 else m.x_in(first))
     if fused_mask is not None:
         return _scores_and_mask(m, unit, stage_id, fused_mask, values, snap, src)
+    fused_bias = next((op for op in (m.op(i) for i in unit.ops) if op.name == "baddbmm"
+                       and len(op.inputs) == 3 and m.snap(op.inputs[0]).values.size > 1
+                       and np.ptp(m.snap(op.inputs[0]).values) > 0), None)
+    if fused_bias is not None:
+        return _scores_and_bias(m, unit, stage_id, fused_bias, values, snap, src)
     rec = m.b.record(name, snap, BHTT if values.ndim == 4 else None, values=values,
                         caption="row: query token · column: key token")
     m.out_of_kind["scores"] = (values, snap)
+    alpha = baddbmm_factors(first)[0] if first.name == "baddbmm" else 1.0
+    title, note = None, ""
+    if alpha != 1.0:  # GPT-NeoX: baddbmm(zeros, q, k^T, alpha=1/sqrt(d_h))
+        title = "Attention scores, scaled inside baddbmm"
+        note = (f"torch.baddbmm(..., alpha={alpha:.6g}) multiplies q @ k^T by alpha in the same "
+                f"call: these scores are already scaled"
+                + (f" by 1/sqrt(d_h) = 1/sqrt({m.s.d_h})" if abs(alpha * np.sqrt(m.s.d_h) - 1)
+                   < 1e-6 else "") + "; no separate scale step follows.")
     return m.stage(unit, stage_id, "scores", [rec], checks, shape_in=src.shape,
                       shape_out=values.shape if m.b.per_head else snap.shape,
                       dims_in=m.dims(src.shape, BHTD, ("T", "d_h")),
-                      dims_out=rec.dims)
+                      dims_out=rec.dims, title=title, note=note)
 
 def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, values: np.ndarray,
                      snap: Snapshot, src: Snapshot) -> list[Stage]:
@@ -104,6 +120,60 @@ def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
     m.made["mask"] = mask
     m.out_of_kind["scores"] = (raw4, snap)
     return [scores, mask]
+
+def baddbmm_factors(op: OpRecord) -> tuple[float, float]:
+    """torch.baddbmm(input, b1, b2, beta=, alpha=) computes beta * input + alpha * (b1 @ b2)."""
+    alpha, beta = op.kwarg("alpha", 1.0), op.kwarg("beta", 1.0)
+    return (float(alpha) if isinstance(alpha, int | float) else 1.0,
+            float(beta) if isinstance(beta, int | float) else 1.0)
+
+
+def scaled_inside(g: Graph) -> float | None:
+    """The alpha of a baddbmm that computed the scores, when it scales them (BLOOM, NeoX)."""
+    for op in g.ops:
+        if g.kind.get(op.index) == "scores" and op.name == "baddbmm":
+            alpha, _ = baddbmm_factors(op)
+            if alpha != 1.0:
+                return alpha
+    return None
+
+
+def _scores_and_bias(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, values: np.ndarray,
+                     snap: Snapshot, src: Snapshot) -> list[Stage]:
+    """alibi.baddbmm(q, k^T, beta=1, alpha=1/sqrt(d_h)) (BLOOM): the product, its scaling and
+    the position bias in one call. The scaled product is mha-tui's expansion from the call's
+    inputs; the next stage adds the bias and shows torch's own result."""
+    from .position_bias import bias_stage
+
+    alpha, beta = baddbmm_factors(op)
+    bias_ref = op.inputs[0]  # baddbmm(input, batch1, batch2): the bias comes first
+    a, c = (m.snap(r).values.astype(np.float64) for r in op.inputs[1:3])
+    scaled = (alpha * (a @ c)).astype(values.dtype)
+    scaled4 = scaled.reshape(values.shape) if scaled.size == values.size else scaled
+    d_h = m.s.d_h
+    factor = (f"alpha = {alpha:.6g} = 1/sqrt({d_h})" if abs(alpha * np.sqrt(d_h) - 1) < 1e-6
+              else f"alpha = {alpha:.6g}")
+    label = (f"torch.baddbmm(bias, q, k^T, beta={beta:g}, alpha={alpha:.6g}) computes "
+             f"{factor} times q @ k^T and adds the bias in one call: the scaling happens here, "
+             f"inside baddbmm. This stage's scaled product is computed by mha-tui from the call's "
+             f"inputs; the next stage adds the bias and shows torch's own result.")
+    scores = m.stage(unit, stage_id, "scores", [
+        m.b.record("alpha * (q @ k^T)", synthetic(scaled4), BHTT if scaled4.ndim == 4 else None,
+                   caption=f"row: query token · column: key token, already scaled ({factor}; "
+                           f"mha-tui's expansion)")],
+        [Check(f"q @ k^T times {factor}, {m.s.h} heads, computed here from baddbmm's inputs",
+               None)],
+        shape_in=src.shape, shape_out=snap.shape, dims_in=m.dims(src.shape, BHTD),
+        dims_out=BHTT, note=label, title="Raw attention scores, scaled inside baddbmm")
+    bias = beta * m.snap(bias_ref).values.astype(np.float64)
+    if bias.ndim == 3 and values.ndim == 4 and bias.shape[0] == values.shape[0] * values.shape[1]:
+        bias = bias.reshape(values.shape[0], values.shape[1], *bias.shape[1:])
+    stage = bias_stage(m, "position_bias", np.broadcast_to(bias, values.shape), scaled4, values,
+                       base=scores, bias_name=m.spelled(bias_ref, op))
+    m.made["position_bias"] = stage
+    m.out_of_kind["scores"] = (scaled4, snap)
+    return [scores, stage]
+
 
 def _very_negative_anywhere(m: StageMaker, op: OpRecord) -> bool:
     others = m.g.other_inputs(op)

@@ -83,7 +83,9 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     rec = m.b.record(m.tensor_name(name_op, fallback="weights"), snap,
                         BHTT if values.ndim == 4 else None, values=values, kind="prob",
                         caption="row: query token · column: key token it takes from")
-    note = "" if "mask" in m.made else "No mask was applied: every token may attend to every token."
+    note = "" if "mask" in m.made else (
+        "No mask was applied: every token sees every token, later ones included "
+        "(bidirectional attention, as in an encoder such as BERT).")
     explanation = None
     if by_hand:
         stable = any(op.name == "sub" for op in ops)

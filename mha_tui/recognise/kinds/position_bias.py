@@ -1,0 +1,148 @@
+"""position_bias: numbers added to the scores that depend on where the tokens are, not on
+what they are: ALiBi (a slope per head times the key's position; BLOOM, MPT) and T5's
+relative-position buckets (a learned number per head and distance).
+
+Recognised from the ops and values, never from names: an add onto the scores (before
+softmax) of a tensor that does not come from the projections and holds no mask value; its
+shape across heads and positions says which kind it is. BLOOM's baddbmm adds its ALiBi bias
+in the same call as q @ k^T: the scores kind shows that bias with `bias_stage()` below.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord
+from ..builder import BHTT
+from ..graph import Graph
+from ..grouping import Unit
+from ..maker import StageMaker, synthetic
+from ..sizes import Sizes
+from ..vocab import very_negative
+
+KIND = "position_bias"
+
+
+def adds_position_bias(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """scores + a bias that does not come from x's projections and blocks nothing."""
+    if op.name not in {"add", "add_"} or len(op.inputs) != 2:
+        return None
+    if not g.op_derives(op, {"scores", "scale"}) or g.op_derives(op, {"softmax", "mask"}):
+        return None
+    scores = [ref for ref in op.inputs if g.derives(ref, {"scores", "scale"})]
+    others = [ref for ref in op.inputs if not g.derives(ref, {"scores", "scale", "project"})]
+    if len(scores) != 1 or len(others) != 1:
+        return None
+    bias = g.snap(others[0]).values
+    if bias.dtype.kind != "f" or very_negative(bias) or not np.isfinite(bias).all():
+        return None
+    if bias.size < 2 or np.ptp(bias) == 0:  # one number added everywhere changes nothing
+        return None
+    return KIND
+
+
+RULES = (adds_position_bias,)
+
+
+@dataclass(frozen=True)
+class BiasShape:
+    kind: str  # "alibi", "relative", "other"
+    slopes: tuple[float, ...] = ()
+
+
+def bias_shape(bias: np.ndarray) -> BiasShape:
+    """bias (h, T, T) as the scores see it: ALiBi when each head's row is its slope times the
+    key position (plus a constant per row, which softmax ignores) and the slopes differ;
+    relative when it depends only on the distance j - i."""
+    h, T, _ = bias.shape
+    if T >= 2:
+        steps = np.diff(bias, axis=-1)  # (h, T, T - 1)
+        slopes = steps[:, :, :1]
+        if np.allclose(steps, slopes, rtol=1e-4, atol=1e-6) and np.allclose(
+                slopes, slopes[:, :1], rtol=1e-4, atol=1e-6):
+            per_head = tuple(float(s) for s in slopes[:, 0, 0])
+            if len(set(np.round(per_head, 8))) > 1 or h == 1:
+                return BiasShape("alibi", per_head)
+        rows, cols = np.indices((T, T))
+        distance = cols - rows
+        relative = all(np.allclose(bias[:, distance == d], bias[:, distance == d][:, :1],
+                                   atol=1e-6) for d in range(-T + 1, T))
+        if relative:
+            return BiasShape("relative")
+    return BiasShape("other")
+
+
+def bias_stage(m: StageMaker, stage_id: str, bias: np.ndarray, before: np.ndarray,
+               after: np.ndarray, *, unit: Unit | None = None, base: Stage | None = None,
+               bias_name: str = "position bias", note: str = "") -> Stage:
+    """The stage of a position bias: the bias per head, the scores before and after."""
+    h = m.s.h
+    full = np.broadcast_to(bias, after.shape).reshape(-1, *after.shape[-3:])[0] \
+        if bias.ndim >= 3 else np.broadcast_to(bias, after.shape[-3:])
+    full = np.asarray(full, dtype=np.float64)
+    shape = bias_shape(full.reshape(-1, *after.shape[-2:])[-h:]) if full.ndim == 3 else \
+        BiasShape("other")
+    tensors: list[TensorRecord] = [
+        m.b.record(bias_name, synthetic(full.astype(after.dtype)[None]), BHTT,
+                   caption="what is added to each head's scores: row query, column key"),
+        m.b.record("scores + bias", synthetic(after), BHTT if after.ndim == 4 else None)]
+    added = after.astype(np.float64) - before.astype(np.float64)
+    ok = bool(np.allclose(added, np.broadcast_to(full, added.shape), rtol=1e-4, atol=1e-5))
+    checks = [Check("the scores after minus the scores before equal the bias, for every head "
+                    "(computed by mha-tui)", ok)]
+    if shape.kind == "alibi":
+        slopes = ", ".join(f"{s:.4g}" for s in shape.slopes)
+        ratios = [b / a for a, b in zip(shape.slopes, shape.slopes[1:], strict=False) if a]
+        geometric = bool(ratios) and np.allclose(ratios, ratios[0], rtol=1e-3)
+        title = "ALiBi position bias: each head penalises distance with its own slope"
+        checks.append(Check(f"head h adds m_h × (key position) to every row: slopes m = "
+                            f"{slopes}" + (f" (a geometric series, ratio {ratios[0]:.4g})"
+                                           if geometric else ""), None))
+        explanation = (
+            "ALiBi (attention with linear biases): no position embedding is added to x. Each "
+            "head adds to its scores a number proportional to the key's position, m_h × j; "
+            "a constant per row changes nothing after softmax, so this is the same as "
+            "subtracting m_h × (i − j), the distance back from the query. Far-away tokens get "
+            "lower scores; heads with a large slope look close by, heads with a small slope far. "
+            "The slopes are fixed, not learned.")
+    elif shape.kind == "relative":
+        title = "Relative position bias: a number per head and distance"
+        explanation = (
+            "A learned bias per head for each distance between query and key (T5 groups "
+            "distances into buckets: exact for near tokens, coarser further away). It depends "
+            "only on j − i, never on the tokens, and is added to every head's scores before "
+            "softmax.")
+    else:
+        title = "Position bias added to the scores"
+        explanation = ("Numbers that do not depend on the tokens are added to the scores before "
+                       "softmax: a bias on which positions each head prefers.")
+    if unit is not None:
+        return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=before.shape,
+                       shape_out=after.shape, dims_in=BHTT, dims_out=BHTT, title=title,
+                       explanation=explanation, note=note)
+    assert base is not None
+    return Stage(id=stage_id, title=title, code=base.code, explanation=explanation,
+                 shape_in=tuple(before.shape), shape_out=tuple(after.shape), dims_in=BHTT,
+                 dims_out=BHTT, tensors=tuple(tensors), checks=tuple(checks), note=note,
+                 kind=KIND, source=base.source, ops=base.ops)
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    op = m.op(unit.ops[0])
+    g = m.g
+    scores_ref = next(ref for ref in op.inputs if g.derives(ref, {"scores", "scale"}))
+    bias_ref = next(ref for ref in op.inputs if ref is not scores_ref)
+    after, _ = m.four_d(unit, BHTT)
+    before = _four(m, m.snap(scores_ref), after.shape)
+    bias = m.snap(bias_ref).values
+    return bias_stage(m, stage_id, np.broadcast_to(bias, after.shape) if bias.ndim <= 4 else bias,
+                      before, after, unit=unit, bias_name=m.spelled(bias_ref, op))
+
+
+def _four(m: StageMaker, snap: Snapshot, shape: tuple[int, ...]) -> np.ndarray:
+    values = snap.values
+    return values.reshape(shape) if values.size == int(np.prod(shape)) else values

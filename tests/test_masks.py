@@ -1,0 +1,57 @@
+"""Masks by shape (issue 17): the mask stage says what it blocks, read from the blocked
+entries: causal, a sliding window of w, padding, both, or another pattern."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mha_tui.recognise.kinds.mask import mask_shape
+
+from .test_families import _families_root  # noqa: F401  (the session's checkpoint folder)
+
+T = 6
+ROWS, COLS = np.indices((T, T))
+AHEAD = COLS > ROWS
+
+
+def test_causal_keeps_the_usual_words() -> None:
+    assert mask_shape(np.broadcast_to(AHEAD, (1, 4, T, T))).kind == "causal"
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, T - 1])
+def test_a_sliding_window_is_measured(w: int) -> None:
+    shape = mask_shape(AHEAD | (ROWS - COLS >= w))
+    assert (shape.kind, shape.window) == ("window", w)
+    assert f"w = {w}" in shape.title and f"{w - 1} before it" in shape.title
+
+
+def test_padding_blocks_whole_key_columns() -> None:
+    padded = np.zeros((T, T), bool)
+    padded[:, [4, 5]] = True
+    assert mask_shape(padded).kind == "padding" and "4, 5" in mask_shape(padded).explanation
+    assert mask_shape(AHEAD | padded).kind == "causal+padding"
+
+
+def test_other_patterns_are_not_called_causal() -> None:
+    assert mask_shape(AHEAD.T).kind == "other"  # reversed: a token sees only later ones
+    per_head = np.stack([AHEAD, AHEAD | (ROWS - COLS >= 2)])
+    assert mask_shape(per_head).kind == "other"
+    assert mask_shape(np.zeros((T, T), bool)).kind == "none"
+
+
+@pytest.mark.parametrize("name,layer,title", [
+    ("mistral", 0, "Sliding-window mask: each token sees itself and 1 before it (w = 2)"),
+    ("gpt-neo", 1, "Sliding-window mask: each token sees itself and 1 before it (w = 2)"),
+    ("gpt-neo", 0, "Causal mask: no peeking ahead"),
+    ("llama", 0, "Causal mask: no peeking ahead")])
+def test_each_family_mask_is_titled_by_its_shape(name: str, layer: int, title: str) -> None:
+    """The title follows the blocked entries: GPT-Neo's global layer 0 is causal, its local
+    layer 1 a window of 2, as the checkpoint's own attention weights show (zero beyond it)."""
+    from .test_families import _attentions, hf_trace
+
+    stage = hf_trace(name, layer).stage("mask")
+    assert stage.title == title
+    weights = _attentions(name)[layer][0].numpy()
+    blocked = stage.tensors[-1].values[0] <= -1e4
+    assert np.array_equal(weights == 0, blocked)  # what the title says is what the model did
