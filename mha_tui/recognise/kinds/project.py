@@ -12,6 +12,7 @@ import numpy as np
 
 from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord
 from ..builder import BTC, Builder
+from ..cell import Cell, Why, linear
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
@@ -254,3 +255,8 @@ def add_param_check(stages: list[Stage], n_params: int, b: Builder) -> None:
                      if four else f"the module has {n_params} parameters")
             object.__setattr__(stage, "checks", (*stage.checks, Check(label, True if four else None)))
             return
+
+
+def why(cell: Cell) -> Why:
+    """A channel of Q, K or V: the token's x dotted with one row of the weight."""
+    return linear(cell, "W")

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...records import Check, OpRecord, Snapshot, Stage
 from ..builder import BHTD, BHTT
+from ..cell import Cell, Why, dot, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, synthetic, words
@@ -178,3 +179,19 @@ def _scores_and_bias(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
 def _very_negative_anywhere(m: StageMaker, op: OpRecord) -> bool:
     others = m.g.other_inputs(op)
     return bool(others) and masks_somewhere(m.g, others[0])
+
+
+def why(cell: Cell) -> Why:
+    """A score: Q's row dotted with K's row, the d_h products and their sum."""
+    op, index = cell.per_head(cell.ops("matmul"))
+    queries, keys_t = cell.operand(op, 0), cell.operand(op, 1)
+    *lead, i, j = index
+    row, col = queries[(*lead, i)], keys_t[(*lead, slice(None), j)]
+    head = ", ".join(map(str, cell.index[:-2]))
+    terms, notes, total = dot(cell, row, col, [f"d{k}: Q[{i}, {k}] × K[{j}, {k}]"
+                                                for k in range(len(row))], "products")
+    return Why(cell.stage.id, "scores", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = Q[{head}, {i}, :] · K[{head}, {j}, :]  "
+               f"(a dot product over d_h = {len(row)})",
+               terms, ("Q and K are the matmul's recorded inputs (K as K^T: its column "
+                       f"{j})", *notes), total, cell.recorded)

@@ -11,6 +11,7 @@ import numpy as np
 
 from ...records import Check, OpRecord, Stage
 from ..builder import BTC, BTHD, yes
+from ..cell import Cell, Why, moved
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
@@ -61,3 +62,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, "view", tensors, checks, shape_in=src.shape,
                       shape_out=first.out.shape, dims_in=m.dims(src.shape, BTC),
                       dims_out=m.dims(first.out.shape, BTHD))
+
+
+def why(cell: Cell) -> Why:
+    """The same number, found at another index of the input (moved, not computed)."""
+    return moved(cell)

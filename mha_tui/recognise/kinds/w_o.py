@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ...records import Check, OpRecord, Stage, TensorRecord
 from ..builder import BTC
+from ..cell import Cell, Why, linear
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
@@ -49,3 +50,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
 def _concat_name(m: StageMaker) -> str:
     stage = m.made.get("concat")
     return stage.tensors[-1].name if stage else "context"
+
+
+def why(cell: Cell) -> Why:
+    """An output channel: the concatenated heads' row dotted with one row of W_O."""
+    return linear(cell, "W_O")
