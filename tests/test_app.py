@@ -12,9 +12,9 @@ from rich.console import Console
 
 from mha_tui.app import ExplainApp
 from mha_tui.config import Config
+from mha_tui.pipeline import run_trace
 from mha_tui.stage_view import StageView
 from mha_tui.stages import STAGE_IDS
-from mha_tui.tracing import run_trace
 from mha_tui.widgets import HelpScreen, TooSmall
 
 from .conftest import default_trace
@@ -587,7 +587,7 @@ async def test_a_forward_that_never_returns_shows_the_app_and_quits(
     import mha_tui.app
     from mha_tui.cli import _build, _whose_forward
     from mha_tui.config import Source
-    from mha_tui.learner import LoadError
+    from mha_tui.load.learner import LoadError
     from tests.fixtures import endless
 
     monkeypatch.setattr(mha_tui.app, "SHOW_ELAPSED_AFTER", 0)  # the seconds from the start
@@ -623,7 +623,7 @@ async def test_bad_module_input_ends_the_app_with_the_clis_refusal() -> None:
     import mha_tui.app
     from mha_tui.cli import _build, _whose_forward
     from mha_tui.config import Source
-    from mha_tui.learner import LoadError
+    from mha_tui.load.learner import LoadError
 
     source = Source(module="tests/fixtures/endless.py:Missing")
     config = Config("I love AI !")
@@ -831,7 +831,7 @@ async def test_c_on_a_module_with_its_own_mask_is_refused_with_the_clis_message(
     import mha_tui.app
     from mha_tui.cli import _build, _whose_forward
     from mha_tui.config import Source
-    from mha_tui.learner import LoadError
+    from mha_tui.load.learner import LoadError
 
     source = Source(model="raschka")
     config = Config("I love AI !")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from mha_tui.config import Config, Source
+from mha_tui.pipeline import run_trace
 from mha_tui.records import Trace
-from mha_tui.tracing import run_trace
 from mha_tui.why import KINDS, WhyError, main_tensor, parse_cell, why
 
 from .conftest import ROOT, run_cli
