@@ -49,7 +49,7 @@ def test_alibi_families_show_their_slopes(name: str) -> None:
     from .test_families import hf_trace
 
     trace = hf_trace(name, 0)
-    stage = trace.stage("position_bias")
+    stage = trace.stage("pos_bias")
     assert stage.title.startswith("ALiBi")
     assert all(check.ok is not False for check in stage.checks)
     slopes = bias_shape(stage.tensors[0].values[0].astype(np.float64)).slopes
