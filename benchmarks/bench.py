@@ -118,7 +118,7 @@ def app_in_pty(*extra: str, sentence: str = SENTENCE) -> tuple[float, float, int
 async def _repaints(config_args: dict, warm: bool) -> float:
     from mha_tui.app import ExplainApp
     from mha_tui.config import Config
-    from mha_tui.tracing import run_trace
+    from mha_tui.pipeline import run_trace
 
     trace = run_trace(Config(**config_args))
     app = ExplainApp(trace.config, trace=trace)

@@ -3,7 +3,7 @@
 Importing the package must stay cheap (no torch, no textual): the CLI's --help and
 --version depend on it. `mha_tui.trace(module, x, tokens=None)` is the public entry point:
 run a module's forward once and get back the `Trace` of stages that the app and the
-transcripts show (see `mha_tui.tracing.trace`).
+transcripts show (see `mha_tui.pipeline`: load -> trace -> recognise -> judge).
 """
 
 from __future__ import annotations
@@ -17,19 +17,15 @@ __version__ = "0.1.0"
 
 
 def trace(module: Any, x: Any, tokens: Any = None, **options: Any) -> Trace:
-    """Trace one forward of `module` on `x`; see `mha_tui.tracing.trace` for the options.
+    """Trace one forward of `module` on `x`; see `mha_tui.tracing.record_forward` for the
+    options (call, embedding, ids, config).
 
     A NumPy module (x an ndarray, the module not a torch nn.Module) is traced by the NumPy
-    adapter instead (`mha_tui.tracing.numpy_ops.trace`: x (T, C), options args, kwargs,
-    table, ids, config), and torch is never imported. In a Jupyter notebook the trace shows
-    itself (`mha_tui.notebook.Trace`), and so does `trace.stage("softmax")`."""
+    adapter instead (`mha_tui.pipeline.trace_numpy`: x (T, C), options args, kwargs, table,
+    ids, config), and torch is never imported. In a Jupyter notebook the trace shows itself
+    (`mha_tui.notebook.Trace`), and so does `trace.stage("softmax")`."""
     from .notebook import Trace as _Shown
-
-    if type(x).__module__ == "numpy" and not _is_torch_module(module):
-        from .tracing.numpy_ops import trace as _trace_numpy  # NumPy code: torch never loads
-
-        return _Shown.of(_trace_numpy(module, x, tokens, **options))
-    from .tracing import trace as _trace  # torch is imported only now
+    from .pipeline import trace as _trace
 
     return _Shown.of(_trace(module, x, tokens, **options))
 
@@ -48,10 +44,3 @@ def check(module: Any, x: Any = None, tokens: Any = None, **options: Any) -> Che
     from .notebook import check as _check
 
     return _check(module, x, tokens, **options)
-
-
-def _is_torch_module(module: Any) -> bool:
-    import sys
-
-    torch = sys.modules.get("torch")  # not imported: the module cannot be a torch one
-    return torch is not None and isinstance(module, torch.nn.Module)

@@ -37,8 +37,8 @@ from .widgets import HelpScreen, StageRail, TooSmall, ascii_strips, use_ascii_sc
 
 if TYPE_CHECKING:
     from .check import Verdict
-    from .load import Loaded
-    from .load_numpy import LoadedNumpy
+    from .load.modules import Loaded
+    from .load.numpy_modules import LoadedNumpy
 
 MIN_WIDTH, MIN_HEIGHT = 60, 16
 RAIL_MIN_WIDTH = 80
@@ -75,7 +75,7 @@ class Layers(Protocol):
 
 
 def _load_trace(config: Config, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
-    from .tracing import run_trace
+    from .pipeline import run_trace
 
     trace = run_trace(config, loaded=loaded)
     # Warm Pygments' Python lexer here, off the event loop, before the first stage draws.

@@ -15,6 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+
+# Private, and no public way exists: typer >= 0.20 vendors click and does not re-export
+# NoArgsIsHelpError, the only sign that a bare `mha-tui` asked for the help (exit 0) rather
+# than made a usage error (exit 2).
 from typer._click.exceptions import NoArgsIsHelpError
 
 from . import __version__
@@ -34,8 +38,8 @@ from .stages import STAGE_IDS
 if TYPE_CHECKING:
     from .check import Verdict
     from .destination import Destination
-    from .load import Loaded
-    from .load_numpy import LoadedNumpy
+    from .load.modules import Loaded
+    from .load.numpy_modules import LoadedNumpy
     from .records import Trace
 
 app = typer.Typer(
@@ -183,14 +187,14 @@ def explain(
 
     loaded: Loaded | LoadedNumpy | None = None
     if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
-        from .learner import LoadError
-        from .load_numpy import load as load_numpy
+        from .load.learner import LoadError
+        from .load.numpy_modules import load as load_numpy
 
         try:
             # NumPy code (the blueprint, a NumPy --module class) never imports torch.
             loaded = load_numpy(config, source)
             if loaded is None:
-                from .load import load
+                from .load.modules import load
 
                 loaded = load(config, source)
         except LoadError as error:
@@ -230,10 +234,12 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
         fail("--check marks the stages in the app (a terminal); for a table or JSON run "
              "mha-tui check with the same module")
     from .app import run_app
-    from .learner import LoadError
+    from .load.learner import LoadError
 
     try:
-        run, checker = _checked(config, source)  # builds the module now: bad input, exit 2
+        from .pipeline import checked
+
+        run, checker = checked(config, source)  # builds the module now: bad input, exit 2
     except LoadError as error:
         fail(str(error))
     _open_app(lambda: run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
@@ -342,8 +348,8 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
         destination = resolve("-")
     try:
         from .dump import to_text, write_json
+        from .pipeline import run_trace
         from .render import RenderOptions
-        from .tracing import run_trace
 
         if trace is None:
             trace = run_trace(config, loaded=loaded)
@@ -534,6 +540,7 @@ def check(
         fail("give the module to check: FILE.py:Class (or package.module:Class), "
              "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")
     from .check.outcome import EXIT_CODES, worst
+    from .pipeline import check_source
 
     verdict = None
     if len(submissions) > 1 or is_batch(specs or []):
@@ -541,7 +548,7 @@ def check(
                          timeout=timeout, jobs=jobs, memory=memory)
     else:  # one module, judged here: the whole report
         from .check.report import verdict_json
-        from .learner import LoadError
+        from .load.learner import LoadError
 
         one = submissions[0]
         try:
@@ -593,72 +600,6 @@ def _check_source(model: str | None, module: str | None, init: list[str],
                       weights=None if weights is None else str(weights))
     except ConfigError as error:
         fail(str(error))
-
-
-def _checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
-                                                       Callable[[Trace], Verdict]]:
-    """Build the module now (bad input fails here, exit 2); return how to trace it and how
-    to judge a trace of it: load -> trace -> what needs running again (torch) -> judge."""
-    from .load_numpy import load as load_numpy
-
-    numpy_loaded = load_numpy(config, source)
-    if numpy_loaded is not None:  # NumPy code: judged the same way, without torch
-        return _checked_numpy(config, numpy_loaded)
-    from .load import load
-
-    loaded = load(config, source)
-
-    def call(module: object, x: object) -> object:  # x once, or as query, key and value
-        return module(*(x,) * len(loaded.args), **loaded.kwargs)  # type: ignore[operator]
-
-    def run(config: Config) -> Trace:
-        from .tracing import run_trace
-
-        return run_trace(config, loaded=loaded)
-
-    def checker(traced: Trace) -> Verdict:
-        from .check import Facts, judge
-        from .tracing.rerun import parameter_shapes, reference_output, second_recording
-
-        facts = Facts(causal=config.causal, heads=config.num_heads,
-                      parameters=parameter_shapes(loaded.module),
-                      second=second_recording(loaded.module, loaded.x, call),
-                      reference=reference_output, training=loaded.module.training)
-        return judge(traced, facts, loaded.label)
-
-    return run, checker
-
-
-def _checked_numpy(config: Config, loaded: LoadedNumpy) -> tuple[Callable[[Config], Trace],
-                                                                  Callable[[Trace], Verdict]]:
-    """_checked for a NumPy module: a second NumPy recording, its arrays as parameters,
-    and the blueprint's computation in NumPy as the end-to-end reference."""
-    from .load_numpy import traced
-
-    def checker(trace: Trace) -> Verdict:
-        import numpy as np
-
-        from .check import Facts, judge
-        from .check.numpy_reference import reference_output
-        from .tracing.numpy_ops import module_arrays, record
-
-        with np.errstate(all="ignore"):
-            again = record(loaded.module, loaded.args, loaded.kwargs)
-        facts = Facts(causal=config.causal, heads=config.num_heads,
-                      parameters=tuple((name, tuple(a.shape))
-                                       for name, a in module_arrays(loaded.module).items()),
-                      second=None if again.error else again.recordings[""],
-                      reference=reference_output, training=False,
-                      reference_name="the NumPy blueprint's computation")
-        return judge(trace, facts, loaded.label)
-
-    return traced(loaded), checker
-
-
-def check_source(config: Config, source: Source) -> Verdict:
-    """Judge one module: what `mha-tui check` does for each it is given."""
-    run, checker = _checked(config, source)
-    return checker(run(config))
 
 
 def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckFormat, *,

@@ -8,6 +8,7 @@ typer here.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Ceilings that keep a run within a laptop's memory and a terminal's patience. GPT-2 XL
@@ -209,3 +210,18 @@ class Source:
     def is_default(self) -> bool:
         return (self.model == DEFAULT_MODEL and self.module is None and not self.init
                 and self.weights is None)
+
+
+def config_for(module: object, shape: tuple[int, ...], tokens: Sequence[str] | None) -> Config:
+    """The configuration of a run the caller did not describe (the Python API): T and C from
+    x's shape, h from the module's own head-count attribute (else 1), tokens t0, t1, ..."""
+    T, C = int(shape[-2]), int(shape[-1])
+    words = list(tokens) if tokens is not None else [f"t{i}" for i in range(T)]
+    heads = 1
+    for attribute in ("num_heads", "n_head", "n_heads", "nhead", "h"):
+        value = getattr(module, attribute, None)
+        if isinstance(value, int) and value > 0 and C % value == 0:
+            heads = value
+            break
+    return Config(" ".join(w if w.strip() and not any(c.isspace() for c in w) else "_" for w in words),
+                  embed_dim=C, num_heads=heads, max_seq_len=max(64, T))

@@ -90,8 +90,8 @@ def judge(request: dict[str, Any]) -> dict[str, Any]:
         # torch and the tracer are imported here, before the cap: their size is not the
         # learner's to pay for.
         from .check.report import verdict_json
-        from .cli import check_source
-        from .learner import LoadError
+        from .load.learner import LoadError
+        from .pipeline import check_source
 
         _preload()
 

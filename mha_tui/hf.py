@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .config import MAX_SEQ_LEN, Config, ModelSource
-from .records import Check, ModuleInfo, Recording, Source, Stage, TensorRecord, Trace
+from .records import Check, ModuleInfo, Recorded, Recording, Source, Stage, TensorRecord, Trace
 
 INSTALL_HINT = 'pip install "mha-tui[hf]"'
 # Where a block keeps its self-attention, across the families transformers ships
@@ -672,10 +672,10 @@ def _attention_stages(config: Config, recording: Recording, captured: LayerInput
                       attention: nn.Module) -> tuple[Stage, ...]:
     """The recogniser's stages for one layer's recorded attention forward, and a last check:
     the recorded output is the very tensor the module returned inside the model's forward."""
-    from .recognise import recognise
+    from .pipeline import stages_of
 
     n_params = sum(p.numel() for p in attention.parameters())
-    stages = recognise(recording, config, n_params=n_params)
+    stages = stages_of(Recorded(recording, config, n_params=n_params))
     if recording.output is None or not stages:
         return stages
     recorded = torch.from_numpy(recording.snapshot(recording.output).values)

@@ -289,7 +289,7 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
     from . import trace  # the Python API's own path: load -> trace -> recognise
     from .check import Facts, judge
     from .config import Config
-    from .load import forward_inputs
+    from .load.modules import forward_inputs
     from .tracing.rerun import parameter_shapes, reference_output, second_recording
 
     words = _words(tokens, sentence)
@@ -324,7 +324,7 @@ def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
     from .check import Facts, judge
     from .check.numpy_reference import reference_output
     from .config import Config
-    from .load_numpy import embedding_table, forward_inputs
+    from .load.numpy_modules import embedding_table, forward_inputs
     from .tracing.numpy_ops import module_arrays, record
 
     words = _words(tokens, sentence)

@@ -3,14 +3,16 @@
 Two layers, one way:
 
 * **ops** -- what the tracer saw. `mha_tui.tracing` (one adapter per array library:
-  `tracing/torch_ops.py` for PyTorch, a NumPy adapter later) runs a module's forward and
+  `tracing/torch_ops.py` for PyTorch, `tracing/numpy_ops.py` for NumPy) runs a module's forward and
   writes one `OpRecord` per operation it performed: the op's name, the submodule whose
   forward was running (`heads.1.query`), where every tensor argument came from (`Ref`: an
   earlier op, the forward's own input, a parameter, a buffer, a constant), the non-tensor
   arguments (`dim=-1`, the scalar divisor), a `Snapshot` of each output taken when the op
   ran (so a later in-place `masked_fill_` cannot rewrite history), and the `Source` line of
   the module's own code that called it. A `Recording` holds them, in the order they ran,
-  with the forward's arguments, its result, and the error if it raised.
+  with the forward's arguments, its result, and the error if it raised. A `Recorded` is
+  what the tracer hands on: the recording and the facts only the array library could
+  compute (the embedding lookup, `Embedded`; whether a second call gave the same output).
 * **stages** -- what a learner reads. `mha_tui.recognise` (which never imports torch) groups
   the ops into `Stage`s: a `kind` (embed, project, view, transpose, scores, scale, mask,
   softmax, dropout, attend, concat, w_o, op, error), the `Source` line shown, the ops it
@@ -201,17 +203,35 @@ class Recording:
         return ref.snapshot
 
 
+@dataclass(frozen=True)
+class Embedded:
+    """The embed stage's facts, gathered by the tracer: ids -> table rows -> x."""
+
+    ids: Snapshot
+    table: Snapshot
+    x: Snapshot
+    source: Source
+    looked_up: bool
+    table_name: str = "embedding.weight"
+
+
+@dataclass(frozen=True, eq=False)
+class Recorded:
+    """What the tracer hands to the recogniser: one recording, the run's configuration, and
+    what only the array library could compute -- the embedding lookup (None when x was given),
+    whether a second call returned the same output (None when the forward raised), how many
+    numbers the module's parameters hold."""
+
+    recording: Recording
+    config: Config
+    embedded: Embedded | None = None
+    forward_equal: bool | None = None
+    n_params: int | None = None
+
+
 # ---------------------------------------------------------------------------- stages layer
 
 Kind = Literal["signed", "prob", "int"]
-
-StageKind = Literal["embed", "project", "view", "transpose", "scores", "scale", "mask",
-                    "softmax", "dropout", "attend", "concat", "w_o", "op", "error"]
-
-STAGE_KINDS: tuple[str, ...] = ("embed", "project", "view", "transpose", "scores", "scale",
-                                "mask", "softmax", "dropout", "attend", "concat", "w_o", "op",
-                                "error")
-
 
 @dataclass(frozen=True, eq=False)
 class TensorRecord:
@@ -255,9 +275,10 @@ class Check:
 class Stage:
     """One step a learner reads: a kind, the code that ran, its tensors and checks.
 
-    id: unique in the trace (the kind, or `op-3` when a kind repeats); kind: one of
-    STAGE_KINDS; source: the module's line shown (the first op's; `code` holds every
-    distinct statement of the stage's ops); ops: the recorded ops it holds, in order.
+    id: unique in the trace (the kind, or `op-3` when a kind repeats); kind: a stage kind
+    (`mha_tui.recognise.registry`, embed and error besides); source: the module's line shown
+    (the first op's; `code` holds every distinct statement of the stage's ops); ops: the
+    recorded ops it holds, in order.
     """
 
     id: str

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from .app import ExplainApp
 from .config import Config, Source
+from .pipeline import run_trace
 from .records import Trace
-from .tracing import run_trace
 
 SIZE = (100, 32)
 # (file name, key presses from the first stage[, --model]); the default model is mygpt

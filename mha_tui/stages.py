@@ -1,9 +1,11 @@
 """The eleven stages of a multi-head attention forward pass, as a learner reads them.
 
-This catalogue is pure data so that the app can draw its stage rail before torch has
-finished importing. Every `code` string is a line of `MultiHeadAttention.forward`
-verbatim (a test checks this), so what the learner reads is what ran.
-Never import torch, rich, textual or typer here.
+This catalogue is pure data so that the app can draw its stage rail (and `--stage` check
+its choices) before torch or NumPy is imported: each kind's title and explanation, and the
+sentences a computed fact replaces. Its `code` strings are mygpt's lines, shown only while
+the module has not run yet; a traced stage shows the statements its own ops ran (a test
+checks that they are in the file that ran). A kind's rules and how its stage is built live
+in `mha_tui/recognise/kinds/`. Never import torch, numpy, rich, textual or typer here.
 """
 
 from __future__ import annotations

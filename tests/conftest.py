@@ -24,7 +24,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @cache
 def default_trace():
-    from mha_tui.tracing import run_trace
+    from mha_tui.pipeline import run_trace
 
     return run_trace(Config("I love AI !"))
 

@@ -11,9 +11,9 @@ from rich.console import Console
 
 from mha_tui.app import ExplainApp
 from mha_tui.config import Config
+from mha_tui.pipeline import run_trace
 from mha_tui.stage_view import StageView
 from mha_tui.stages import STAGE_IDS
-from mha_tui.tracing import run_trace
 from mha_tui.widgets import HelpScreen, TooSmall
 
 from .conftest import default_trace

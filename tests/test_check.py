@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from mha_tui.cli import app, check_source
+from mha_tui.cli import app
 from mha_tui.config import MODEL_NAMES, Config, Source
+from mha_tui.pipeline import check_source
 
 from .conftest import ROOT
 
@@ -151,12 +152,12 @@ def test_no_causal_judges_against_unmasked_attention() -> None:
 
 def test_a_judgement_that_fails_is_a_row_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
     """A module no rule foresaw: the row says it was not judged, the rest stands."""
-    from mha_tui.check.judge import Judge
+    from mha_tui.recognise.kinds import softmax
 
-    def broken(self: Judge) -> list:
+    def broken(j: object) -> list:
         raise IndexError("no such axis")
 
-    monkeypatch.setattr(Judge, "softmax_rows", broken)
+    monkeypatch.setattr(softmax, "judge", broken)
     verdict = judged(model="course")
     row = next(r for r in verdict.stages if "could not read" in r.checked)
     assert row.ok is None and "IndexError: no such axis" in row.checked
@@ -167,7 +168,8 @@ def test_the_numbers_behind_the_verdicts() -> None:
     """Equal infinities are equal, NaN where NaN is expected is equal, a scale is a ratio."""
     import numpy as np
 
-    from mha_tui.check.judge import _ratio, blocked, close, max_diff, softmax
+    from mha_tui.check.numeric import blocked, close, max_diff, ratio
+    from mha_tui.recognise.vocab import softmax
 
     inf = float("inf")
     assert max_diff(np.array([-inf, 1.0]), np.array([-inf, 1.0])) == 0.0
@@ -176,7 +178,7 @@ def test_the_numbers_behind_the_verdicts() -> None:
     assert max_diff(np.zeros(2), np.zeros(3)) == inf
     assert blocked(np.array([-inf, -1e9, np.finfo(np.float32).min, -5.0, 0.0])).tolist() == [
         True, True, True, False, False]
-    assert _ratio(np.array([1.0, -inf, 2.0]), np.array([2.0, -inf, 4.0])) == 0.5
+    assert ratio(np.array([1.0, -inf, 2.0]), np.array([2.0, -inf, 4.0])) == 0.5
     assert close(softmax(np.array([[0.0, -inf]])), np.array([[1.0, 0.0]]))[0]
     assert not close(np.array([1.0]), np.array([1.001]))[0]
 
@@ -328,12 +330,12 @@ async def _loaded(app, pilot) -> None:
 async def test_app_check_marks_the_rail_and_shows_the_diagnosis() -> None:
     """explain --module ... --check: ✓/✗ in the rail, the judgement beside each stage."""
     from mha_tui.app import ExplainApp, StageRail
-    from mha_tui.cli import _checked
+    from mha_tui.pipeline import checked
     from mha_tui.stage_view import StageView
 
     config = Config(SENTENCE)
     path = MISTAKES / "softmax_axis.py"
-    run, checker = _checked(config, Source(module=f"{path}:MultiHeadAttention"))
+    run, checker = checked(config, Source(module=f"{path}:MultiHeadAttention"))
     app = ExplainApp(config, loader=run, checker=checker)
     async with app.run_test(size=(120, 40)) as pilot:
         await _loaded(app, pilot)
@@ -356,10 +358,10 @@ async def test_app_check_marks_the_rail_and_shows_the_diagnosis() -> None:
 
 async def test_app_without_check_has_no_marks() -> None:
     from mha_tui.app import ExplainApp, StageRail
-    from mha_tui.cli import _checked
+    from mha_tui.pipeline import checked
 
     config = Config(SENTENCE)
-    run, _ = _checked(config, Source(model="course"))
+    run, _ = checked(config, Source(model="course"))
     app = ExplainApp(config, loader=run)
     async with app.run_test(size=(120, 40)) as pilot:
         await _loaded(app, pilot)

@@ -151,9 +151,9 @@ def test_the_end_to_end_row_is_there_for_the_catalogue(name: str) -> None:
 def test_no_end_to_end_means_not_equivalent(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the reference cannot be computed (here: its weights cannot be found by role),
     the verdict is never "equivalent", however well the stages did."""
-    from mha_tui.check.judge import Judge
+    from mha_tui.check import verdict as whole_verdict
 
-    monkeypatch.setattr(Judge, "role_weights", lambda self: None)
+    monkeypatch.setattr(whole_verdict, "role_weights", lambda j: None)
     verdict = judged(f"{MISTAKES / 'correct.py'}:MultiHeadAttention")
     assert not verdict.equivalent
     assert verdict.end_to_end is not None and verdict.end_to_end.ok is None
@@ -244,11 +244,11 @@ def test_check_never_prints_inf_for_a_nan_difference() -> None:
 @NAN
 def test_the_transcript_marks_no_nan_carrying_stage_wrong() -> None:
     """explain's own checks: attend, concat and w_o compare NaN with NaN, and agree."""
-    from mha_tui.cli import _checked
     from mha_tui.config import Config, Source
+    from mha_tui.pipeline import checked
 
     config = Config("I love AI !")
-    run, _ = _checked(config, Source(module=spec("fully_masked_row")))
+    run, _ = checked(config, Source(module=spec("fully_masked_row")))
     trace = run(config)
     for stage in trace.stages:
         if stage.kind in ("attend", "concat", "w_o"):

@@ -82,7 +82,7 @@ def test_help_version_and_refusals_import_neither_torch_nor_textual(argv: list[s
 
 
 def test_transcript_path_never_imports_textual() -> None:
-    code = ("from mha_tui.config import Config\nfrom mha_tui.tracing import run_trace\n"
+    code = ("from mha_tui.config import Config\nfrom mha_tui.pipeline import run_trace\n"
             "from mha_tui.dump import to_text, to_json\nfrom mha_tui.render import RenderOptions\n"
             "t = run_trace(Config('I love AI !'))\nto_text(t, RenderOptions()); to_json(t)")
     loaded = _modules_after(code)
@@ -177,13 +177,13 @@ def test_dump_to_a_full_disk_is_one_line() -> None:
     "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried "
     "to allocate 4294967296 bytes.")])
 def test_running_out_of_memory_is_one_line_exit_1(monkeypatch, capsys, error) -> None:
-    import mha_tui.tracing
+    import mha_tui.pipeline
     from mha_tui import cli
 
     def exhausted(config, source=None, *, loaded=None):  # run_trace's signature
         raise error
 
-    monkeypatch.setattr(mha_tui.tracing, "run_trace", exhausted)
+    monkeypatch.setattr(mha_tui.pipeline, "run_trace", exhausted)
     monkeypatch.setattr(sys, "argv", ["mha-tui", "explain", "I love AI !", "--dump", "-"])
     with pytest.raises(SystemExit) as stop:
         cli.main()
@@ -219,7 +219,7 @@ def test_memory_estimate_reads_meminfo_and_says_both_figures(tmp_path: Path) -> 
 def test_element_estimate_counts_what_the_trace_records(words: int, C: int, h: int) -> None:
     from mha_tui import budget
     from mha_tui.config import Config
-    from mha_tui.tracing import run_trace
+    from mha_tui.pipeline import run_trace
 
     config = Config(" ".join(f"t{i % 4}" for i in range(words)), embed_dim=C, num_heads=h)
     trace = run_trace(config)

@@ -18,8 +18,8 @@ import pytest
 
 from mha_tui.config import Config
 from mha_tui.dump import to_json, to_text, write_json, write_values
+from mha_tui.pipeline import run_trace
 from mha_tui.render import RenderOptions
-from mha_tui.tracing import run_trace
 
 from .conftest import ROOT, default_trace, run_cli
 

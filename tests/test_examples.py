@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from mha_tui.config import MODEL_NAMES, Config, Source
-from mha_tui.load import EXAMPLES, Loaded, causal_mask, load
+from mha_tui.load.modules import EXAMPLES, Loaded, causal_mask, load
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "mha_tui" / "examples"
 ShapeCase = tuple[int, int, int, int]  # C, h, T, seed

@@ -20,9 +20,9 @@ import torch
 
 from mha_tui import hf
 from mha_tui.config import Config, Source
-from mha_tui.load import load
+from mha_tui.load.modules import load
+from mha_tui.pipeline import run_trace
 from mha_tui.records import Trace
-from mha_tui.tracing import run_trace
 
 from .hf_families import FAMILIES, SENTENCE, WINDOW, attention_of, build, model_for, tokenizer_for
 

@@ -16,8 +16,8 @@ from mha_tui.app import ExplainApp
 from mha_tui.config import Config
 from mha_tui.destination import opened, resolve
 from mha_tui.dump import to_json, to_text
+from mha_tui.pipeline import run_trace
 from mha_tui.render import RenderOptions, label, printable
-from mha_tui.tracing import run_trace
 
 from .conftest import run_cli
 

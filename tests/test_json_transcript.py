@@ -46,14 +46,14 @@ MODULES = [
 
 @cache
 def _trace(model: str | None, module: str | None) -> Trace:
-    from mha_tui.load_numpy import load as load_numpy
-    from mha_tui.tracing import run_trace
+    from mha_tui.load.numpy_modules import load as load_numpy
+    from mha_tui.pipeline import run_trace
 
     config = Config("I love AI !")
     source = Source(model=model or "mygpt", module=module)
     loaded = load_numpy(config, source)
     if loaded is None:
-        from mha_tui.load import load
+        from mha_tui.load.modules import load
 
         loaded = load(config, source)
     return run_trace(config, loaded=loaded)

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from mha_tui.config import Config, ConfigError, Source, parse_init, parse_module_ref
-from mha_tui.load import (
+from mha_tui.load.modules import (
     LoadError,
     causal_mask,
     constructor_arguments,

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from mha_tui.config import Config, Source
-from mha_tui.load import load
-from mha_tui.tracing import run_trace
+from mha_tui.load.modules import load
+from mha_tui.pipeline import run_trace
 
 FUSED = ["embed", "project", "view", "transpose", "scores", "scale", "mask", "softmax", "attend",
          "concat", "w_o"]

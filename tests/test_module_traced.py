@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from mha_tui.config import Config, Source
-from mha_tui.load import load
-from mha_tui.tracing import run_trace
+from mha_tui.load.modules import load
+from mha_tui.pipeline import run_trace
 
 from .conftest import run_cli
 from .test_models_traced import KINDS

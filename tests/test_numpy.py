@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from mha_tui.config import Config
-from mha_tui.load_numpy import build_blueprint, traced
-from mha_tui.tracing.numpy_ops import record, snapshot, trace
+from mha_tui.load.numpy_modules import build_blueprint
+from mha_tui.pipeline import numpy_runner, trace_numpy
+from mha_tui.tracing.numpy_ops import record, snapshot
 
 from .conftest import ROOT, run_cli
 
@@ -79,7 +80,7 @@ def _close(a: np.ndarray, b: np.ndarray) -> bool:
 def test_blueprint_numbers_equal_an_independent_computation(d: int, H: int, T: int, seed: int,
                                                            causal: bool, einsum: bool) -> None:
     config = Config(_sentence(T), embed_dim=d, num_heads=H, seed=seed, causal=causal)
-    result = traced(build_blueprint(config, einsum=einsum))(config)
+    result = numpy_runner(build_blueprint(config, einsum=einsum))(config)
     want = independent(config)
     # --no-causal keeps a mask stage that says no mask was passed
     assert [s.kind for s in result.stages] == BLUEPRINT_KINDS
@@ -110,7 +111,7 @@ def test_blueprint_numbers_equal_an_independent_computation(d: int, H: int, T: i
 def test_blueprint_module_output_is_exactly_what_the_trace_recorded() -> None:
     config = Config("I love AI !", embed_dim=8, num_heads=2)
     loaded = build_blueprint(config)
-    result = traced(loaded)(config)
+    result = numpy_runner(loaded)(config)
     again = loaded.module.forward(loaded.x, loaded.kwargs["mask"])
     assert np.array_equal(result.stages[-1].tensors[-1].values, again)
 
@@ -119,8 +120,8 @@ def test_blueprint_module_output_is_exactly_what_the_trace_recorded() -> None:
 def test_loop_and_einsum_forms_give_the_same_stages_and_values(d: int, H: int, T: int, seed: int,
                                                               causal: bool) -> None:
     config = Config(_sentence(T), embed_dim=d, num_heads=H, seed=seed, causal=causal)
-    loop = traced(build_blueprint(config))(config)
-    fused = traced(build_blueprint(config, einsum=True))(config)
+    loop = numpy_runner(build_blueprint(config))(config)
+    fused = numpy_runner(build_blueprint(config, einsum=True))(config)
     assert [s.kind for s in loop.stages] == [s.kind for s in fused.stages]
     for a, b in zip(loop.stages, fused.stages, strict=True):
         assert a.dims_out == b.dims_out, a.id
@@ -132,8 +133,8 @@ def test_loop_and_einsum_forms_give_the_same_stages_and_values(d: int, H: int, T
 
 def test_the_loop_form_says_heads_ran_one_at_a_time_and_the_einsum_form_says_einsum() -> None:
     config = Config("I love AI !", embed_dim=4, num_heads=2)
-    loop = traced(build_blueprint(config))(config)
-    fused = traced(build_blueprint(config, einsum=True))(config)
+    loop = numpy_runner(build_blueprint(config))(config)
+    fused = numpy_runner(build_blueprint(config, einsum=True))(config)
     assert "each head's own q @ k^T, 2 heads side by side" in loop.stage("scores").checks[0].label
     assert "one einsum = 2 separate per-head" in fused.stage("scores").checks[0].label
     assert "np.stack put the 2 heads' outputs" in loop.stage("concat").checks[0].label
@@ -145,7 +146,7 @@ def test_the_loop_form_says_heads_ran_one_at_a_time_and_the_einsum_form_says_ein
 
 def test_hand_written_softmax_spread_over_three_lines_is_one_softmax_stage() -> None:
     config = Config("I love AI !", embed_dim=4, num_heads=2)
-    result = traced(build_blueprint(config, einsum=True))(config)
+    result = numpy_runner(build_blueprint(config, einsum=True))(config)
     softmax = result.stage("softmax")
     assert [op.name for op in softmax.ops] == ["max", "sub", "exp", "sum", "div"]
     assert len({op.source.line for op in softmax.ops}) == 3
@@ -160,7 +161,7 @@ def test_hand_written_softmax_spread_over_three_lines_is_one_softmax_stage() -> 
 
 def test_strides_are_numpys_bytes_and_dims_have_no_batch_axis() -> None:
     config = Config("I love AI !", embed_dim=4, num_heads=2)
-    result = traced(build_blueprint(config))(config)
+    result = numpy_runner(build_blueprint(config))(config)
     transpose = result.stage("transpose")
     q = transpose.tensors[0]
     assert q.dims == ("h", "T", "d_h") and q.stride_unit == "bytes"
@@ -180,7 +181,7 @@ def test_text_and_json_transcripts_say_bytes_and_no_batch() -> None:
     from mha_tui.render import RenderOptions
 
     config = Config("I love AI !", embed_dim=4, num_heads=2)
-    result = traced(build_blueprint(config))(config)
+    result = numpy_runner(build_blueprint(config))(config)
     text = to_text(result, RenderOptions(), width=100)
     assert "T=4 C=4 h=2" in text and "B=1" not in text
     assert "strides (16, 32, 8) bytes" in text
@@ -194,7 +195,7 @@ def test_text_and_json_transcripts_say_bytes_and_no_batch() -> None:
 
 def test_no_causal_passes_no_mask_and_says_so() -> None:
     config = Config("I love AI !", embed_dim=4, num_heads=2, causal=False)
-    result = traced(build_blueprint(config))(config)
+    result = numpy_runner(build_blueprint(config))(config)
     assert not any(op.name == "add" for s in result.stages for op in s.ops)
     mask = result.stage("mask")
     assert mask.ops == () and mask.code == ""
@@ -244,7 +245,7 @@ def test_a_numpy_error_ends_the_trace_with_its_line_and_numpys_message() -> None
 
     module = BrokenReshape(4, 2)
     x = np.ones((3, 4), dtype=np.float32)
-    result = trace(module, x, ["a", "b", "c"])
+    result = trace_numpy(module, x, ["a", "b", "c"])
     assert result.failed
     error = result.stages[-1]
     assert error.kind == "error" and "cannot reshape array" in error.explanation
@@ -268,13 +269,13 @@ def test_a_learner_numpy_module_is_recognised_stage_by_stage() -> None:
 
     config = Config("the cat sat on the mat", embed_dim=8, num_heads=2, seed=5)
     module = NumpyAttention(8, 2, seed=5)
-    from mha_tui.load_numpy import causal_mask, embedding_table
+    from mha_tui.load.numpy_modules import causal_mask, embedding_table
 
     table = embedding_table(config)
     ids = np.array(config.ids)
     x = table[ids]
     mask = causal_mask(len(ids))
-    result = trace(module, x, config.tokens, kwargs={"mask": mask}, table=table, ids=ids,
+    result = trace_numpy(module, x, config.tokens, kwargs={"mask": mask}, table=table, ids=ids,
                    config=config)
     assert [s.kind for s in result.stages] == BLUEPRINT_KINDS
     stage = {s.kind: s for s in result.stages}
@@ -308,11 +309,12 @@ def test_a_blueprint_transcript_never_imports_torch() -> None:
     """Load, trace, render and dump the blueprint in a fresh interpreter: no torch."""
     code = ("import sys\n"
             "from mha_tui.config import Config\n"
-            "from mha_tui.load_numpy import build_blueprint, traced\n"
+            "from mha_tui.load.numpy_modules import build_blueprint\n"
+            "from mha_tui.pipeline import numpy_runner\n"
             "from mha_tui.dump import to_json, to_text\n"
             "from mha_tui.render import RenderOptions\n"
             "config = Config('I love AI !', embed_dim=8, num_heads=2)\n"
-            "trace = traced(build_blueprint(config))(config)\n"
+            "trace = numpy_runner(build_blueprint(config))(config)\n"
             "text = to_text(trace, RenderOptions(), width=100) + to_json(trace)\n"
             "print('TORCH', 'torch' in sys.modules, len(trace.stages))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=120)
@@ -417,8 +419,8 @@ NUMPY_BAD_MODULES = [
 def test_bad_numpy_modules_are_refused_with_one_line(tmp_path, name: str, source: str, cls: str,
                                                      message: str) -> None:
     from mha_tui.config import Source
-    from mha_tui.learner import LoadError
-    from mha_tui.load_numpy import load
+    from mha_tui.load.learner import LoadError
+    from mha_tui.load.numpy_modules import load
 
     path = tmp_path / f"{name}.py"
     path.write_text(source)
@@ -429,7 +431,7 @@ def test_bad_numpy_modules_are_refused_with_one_line(tmp_path, name: str, source
 
 def test_a_numpy_module_is_built_by_name_with_its_seed(tmp_path) -> None:
     from mha_tui.config import Source
-    from mha_tui.load_numpy import load
+    from mha_tui.load.numpy_modules import load
 
     path = tmp_path / "mine.py"
     path.write_text("import numpy as np\n\n\nclass Mine:\n"
@@ -448,8 +450,8 @@ def test_a_numpy_module_is_built_by_name_with_its_seed(tmp_path) -> None:
 
 def test_weights_files_are_for_torch_modules_only(tmp_path) -> None:
     from mha_tui.config import Source
-    from mha_tui.learner import LoadError
-    from mha_tui.load_numpy import load
+    from mha_tui.load.learner import LoadError
+    from mha_tui.load.numpy_modules import load
 
     path = tmp_path / "mine.py"
     path.write_text("class Mine:\n    def forward(self, x):\n        return x\n")
@@ -458,14 +460,14 @@ def test_weights_files_are_for_torch_modules_only(tmp_path) -> None:
 
 
 def test_per_head_weight_lists_come_out_as_h_head_slices() -> None:
-    from mha_tui.load_numpy import causal_mask, embedding_table
+    from mha_tui.load.numpy_modules import causal_mask, embedding_table
     from tests.fixtures.numpy_attn import PerHeadWeights
 
     config = Config("I love AI ! again", embed_dim=6, num_heads=3, seed=2)
     module = PerHeadWeights(6, 3, seed=2)
     table, ids = embedding_table(config), np.array(config.ids)
     x, mask = table[ids], causal_mask(len(ids))
-    result = trace(module, x, config.tokens, kwargs={"mask": mask}, table=table, ids=ids,
+    result = trace_numpy(module, x, config.tokens, kwargs={"mask": mask}, table=table, ids=ids,
                    config=config)
     kinds = [s.kind for s in result.stages]
     assert kinds == ["embed", "project", "scores", "scale", "mask", "softmax", "attend", "concat",
@@ -510,8 +512,8 @@ CHECK_CASES = [  # (class in tests/fixtures/numpy_attn.py, equivalent, first wro
                          ids=[case[0] for case in CHECK_CASES])
 def test_check_judges_numpy_modules(cls: str, equivalent: bool, stage: str | None,
                                     diagnosis: str | None) -> None:
-    from mha_tui.cli import check_source
     from mha_tui.config import Source
+    from mha_tui.pipeline import check_source
 
     fixture = f"{ROOT}/tests/fixtures/numpy_attn.py:{cls}"
     verdict = check_source(Config("I love AI !", embed_dim=8, num_heads=2), Source(module=fixture))
@@ -530,8 +532,8 @@ def test_check_judges_numpy_modules(cls: str, equivalent: bool, stage: str | Non
 
 @pytest.mark.parametrize("model", ["blueprint", "blueprint-einsum"])
 def test_check_says_the_blueprint_is_multi_head_attention(model: str) -> None:
-    from mha_tui.cli import check_source
     from mha_tui.config import Source
+    from mha_tui.pipeline import check_source
 
     verdict = check_source(Config("the cat sat on the mat", embed_dim=8, num_heads=4, seed=1),
                            Source(model=model))

@@ -28,7 +28,7 @@ HOSTILE = ["[bold]x[/bold]", "\x1b[31mred", "<script>", "&amp;", "```", "$x$", "
 
 @cache
 def hostile_trace():
-    from mha_tui.tracing import run_trace
+    from mha_tui.pipeline import run_trace
 
     return run_trace(Config(" ".join(HOSTILE), embed_dim=4, num_heads=2))
 

@@ -14,9 +14,9 @@ from rich.console import Console
 
 from mha_tui.config import Config
 from mha_tui.dump import to_text
+from mha_tui.pipeline import run_trace
 from mha_tui.records import TensorRecord, Trace
 from mha_tui.render import Axis, Matrix, RenderOptions, TensorView, header, label, stage_view
-from mha_tui.tracing import run_trace
 
 from .conftest import default_trace
 

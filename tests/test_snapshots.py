@@ -65,7 +65,7 @@ def test_project_without_numbers_at_80x24(snap_compare) -> None:
 
 def _model_app(model: str, stage: str) -> ExplainApp:
     from mha_tui.config import Config, Source
-    from mha_tui.tracing import run_trace
+    from mha_tui.pipeline import run_trace
 
     trace = run_trace(Config("I love AI !"), Source(model=model))
     return ExplainApp(trace.config, trace=trace, start=stage)

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mha_tui.cli import _checked, app
+from mha_tui.cli import app
 from mha_tui.config import MODEL_NAMES, Config, Source
+from mha_tui.pipeline import checked
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UNSOUND = FIXTURES / "unsound"
@@ -41,7 +42,7 @@ EVERY_MODULE = [f"model:{m}" for m in MODEL_NAMES] + MODULE_STYLES
 def traced(spec: str):
     config = Config(SENTENCE)
     source = Source(model=spec[6:]) if spec.startswith("model:") else Source(module=spec)
-    run, _ = _checked(config, source)
+    run, _ = checked(config, source)
     return run(config)
 
 

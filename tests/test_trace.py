@@ -13,8 +13,9 @@ from torch import nn
 
 from mha_tui.config import Config
 from mha_tui.examples import mygpt as model
+from mha_tui.load.modules import load
+from mha_tui.pipeline import run_trace
 from mha_tui.stages import NO_MASK, STAGE_IDS, code_lines
-from mha_tui.tracing import build, run_trace
 
 from .conftest import default_trace
 
@@ -66,7 +67,8 @@ def test_construction_order_is_the_reference_chapters() -> None:
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"C{c.embed_dim}h{c.num_heads}")
 def test_final_tensor_is_module_forward(config: Config) -> None:
     t = run_trace(config)
-    embedding, module = build(config)
+    loaded = load(config)
+    embedding, module = loaded.embedding, loaded.module
     with torch.no_grad():
         expected = module(embedding(torch.tensor([config.ids])))
     assert torch.equal(torch.from_numpy(t.stage("w_o").tensor("out").values), expected)

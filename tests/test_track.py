@@ -11,14 +11,14 @@ import pytest
 from mha_tui.check.numpy_reference import reference_output, steps
 from mha_tui.check.track import _bias_words, _seen_later, layouts, match, regroups, same
 from mha_tui.check.whole import nan_origin, no_attention, output_shape
-from mha_tui.cli import _checked
 from mha_tui.config import Config, Source
+from mha_tui.pipeline import checked
 
 UNSOUND = Path(__file__).parent / "fixtures" / "unsound"
 
 
 def _weights(C: int, seed: int = 0):
-    from mha_tui.check.judge import RoleWeights
+    from mha_tui.check.results import RoleWeights
 
     rng = np.random.default_rng(seed)
     w = [(rng.standard_normal((C, C)), None) for _ in range(4)]
@@ -86,7 +86,7 @@ def test_alibi_is_told_from_another_bias() -> None:
 
 def _recording(name: str):
     config = Config("I love AI !")
-    run, _ = _checked(config, Source(module=f"{UNSOUND / name}.py:MultiHeadAttention"))
+    run, _ = checked(config, Source(module=f"{UNSOUND / name}.py:MultiHeadAttention"))
     return run(config).recording
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .judge import RoleWeights
+from .results import RoleWeights
 
 
 def _linear(x: np.ndarray, weight_bias: tuple[np.ndarray, np.ndarray | None]) -> np.ndarray:

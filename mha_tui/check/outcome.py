@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from .judge import Verdict
+from .results import Verdict
 
 Outcome = Literal["equivalent", "NOT equivalent", "could not judge"]
 EQUIVALENT: Outcome = "equivalent"

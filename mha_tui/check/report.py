@@ -17,8 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..render import printable
-from .judge import StageVerdict, Verdict
 from .outcome import COULD_NOT_JUDGE, EQUIVALENT, NOT_EQUIVALENT, Outcome, outcome
+from .results import StageVerdict, Verdict
 
 MARKS = {True: ("✓", "green"), False: ("✗", "bold red"), None: ("·", "dim")}
 ASCII_MARKS = {True: ("ok", "green"), False: ("X", "bold red"), None: ("-", "dim")}

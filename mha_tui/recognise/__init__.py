@@ -22,8 +22,7 @@ typer here (an import-linter contract checks it).
 from __future__ import annotations
 
 from .graph import Graph
-from .kinds.embed import Embedded
 from .run import recognise
 from .sizes import Sizes
 
-__all__ = ["Embedded", "Graph", "Sizes", "recognise"]
+__all__ = ["Graph", "Sizes", "recognise"]

@@ -7,14 +7,15 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from ..records import Check, Recording, Stage
+from dataclasses import replace
+
+from ..records import Check, Embedded, Recording, Stage
 from ..stages import stage_info
 from .builder import Builder
 from .grouping import Unit
 from .kinds import embed, mask, project
 from .kinds import error as error_kind
 from .kinds import op as op_kind
-from .kinds.embed import Embedded
 from .maker import StageMaker
 from .registry import BUILDERS
 
@@ -35,9 +36,8 @@ def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Emb
             stages.extend(made if isinstance(made, list) else [made])
         except Exception as error:  # a rule that misread: show the ops plainly, never crash
             fallback = op_kind.build(maker, unit, stage_id if kind == "op" else f"op-{kind}")
-            object.__setattr__(fallback, "note", f"mha-tui could not lay this out as {kind} "
-                                                 f"({type(error).__name__}: {error}); shown as it ran.")
-            stages.append(fallback)
+            stages.append(replace(fallback, note=f"mha-tui could not lay this out as {kind} "
+                                                 f"({type(error).__name__}: {error}); shown as it ran."))
     if not b.config.causal and not any(st.kind == "mask" for st in stages):
         mask.add_skipped_mask(stages, b)
     if n_params is not None:
@@ -49,11 +49,11 @@ def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Emb
         if rec.output is not None and rec.output.kind == "op":
             last = next((st for st in stages if any(o.index == rec.output.op for o in st.ops)), last)
         name = last.tensors[-1].name if last.tensors else "the output"
-        object.__setattr__(last, "checks", (*last.checks, Check(
+        stages[stages.index(last)] = replace(last, checks=(*last.checks, Check(
             f"{name} equals the module's own forward, {_own_forward(rec)} = {forward_equal}",
             forward_equal)))
     if not b.sizes.batched:
-        _unbatch_dims(stages, b)
+        stages = [_unbatched(stage, b) for stage in stages]
     return tuple(stages)
 
 
@@ -63,19 +63,20 @@ def _own_forward(rec: Recording) -> str:
     return "module(x): torch.equal"
 
 
-def _unbatch_dims(stages: list[Stage], b: Builder) -> None:
+def _unbatched(stage: Stage, b: Builder) -> Stage:
     """No batch axis (NumPy's (T, C)): a stage's dims say (T, C), never (B, T, C), and its
     words say what NumPy does (x @ W, reshape, no batch)."""
-    for stage in stages:
-        for field_name, shape in (("dims_in", stage.shape_in), ("dims_out", stage.shape_out)):
-            dims = getattr(stage, field_name)
-            if len(dims) == len(shape) + 1:
-                object.__setattr__(stage, field_name, b.unbatched(dims, dims))
-        try:
-            info = stage_info(stage.kind)
-        except KeyError:
-            continue
-        object.__setattr__(stage, "explanation", info.reword(stage.explanation))
-        if stage.title == "Move the head axis next to the batch axis":
-            object.__setattr__(stage, "title", "Move the head axis in front")
+    changes: dict[str, object] = {}
+    for field_name, shape in (("dims_in", stage.shape_in), ("dims_out", stage.shape_out)):
+        dims = getattr(stage, field_name)
+        if len(dims) == len(shape) + 1:
+            changes[field_name] = b.unbatched(dims, dims)
+    try:
+        info = stage_info(stage.kind)
+    except KeyError:
+        return replace(stage, **changes)  # type: ignore[arg-type]
+    changes["explanation"] = info.reword(stage.explanation)
+    if stage.kind == "transpose":  # there is no batch axis to move the heads next to
+        changes["title"] = "Move the head axis in front"
+    return replace(stage, **changes)  # type: ignore[arg-type]
 

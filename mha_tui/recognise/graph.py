@@ -7,14 +7,14 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from ..records import OpRecord, Recording, Ref, Snapshot
+from ..records import OpRecord, Recording, Ref, Snapshot, TensorArg
 from .vocab import very_negative
 
 
 class Graph:
     """The recording with the facts the rules read: producers, consumers, ancestry."""
 
-    def __init__(self, rec: Recording) -> None:
+    def __init__(self, rec: Recording, x_names: set[str] | None = None) -> None:
         self.rec = rec
         self.ops = rec.ops
         self.consumers: dict[int, list[int]] = {i: [] for i in range(len(rec.ops))}
@@ -22,8 +22,9 @@ class Graph:
             for ref in op.inputs:
                 if ref.kind == "op" and ref.op is not None:
                     self.consumers[ref.op].append(op.index)
-        self.x_names = {name for name, snap in rec.inputs
-                        if snap.dtype.startswith("float") and snap.ndim == 3}
+        # x: a 3-D float input (else the first input); the check passes its own (judged_x).
+        self.x_names = x_names if x_names is not None else {
+            name for name, snap in rec.inputs if snap.dtype.startswith("float") and snap.ndim == 3}
         if not self.x_names and rec.inputs:
             self.x_names = {rec.inputs[0][0]}
         self.from_x = [False] * len(rec.ops)
@@ -50,6 +51,16 @@ class Graph:
 
     def other_inputs(self, op: OpRecord) -> list[Ref]:
         return [ref for ref in op.inputs if not self.is_x(ref)]
+
+    def tensor_operands(self, op: OpRecord) -> list[Ref]:
+        """Tensor arguments in call order (einsum's operands come as a tuple)."""
+        refs = []
+        for arg in op.args:
+            if isinstance(arg, TensorArg):
+                refs.append(op.inputs[arg.index])
+            elif isinstance(arg, tuple):
+                refs.extend(op.inputs[a.index] for a in arg if isinstance(a, TensorArg))
+        return refs
 
     def derives(self, ref: Ref, kinds: set[str], through: int = 64) -> bool:
         """Whether the tensor descends (through x-dependent ops) from an op of these kinds."""

@@ -90,3 +90,23 @@ BUILDERS: dict[str, ModuleType] = {
     kind.KIND: kind for kind in (norm, project, rotary, kv_repeat, view, transpose, scores, scale, mask,
                                  position_bias, softmax, dropout, attend, concat, w_o, sdpa, op)
 }
+
+# The check judges kind by kind in this order: (module with judge(j), the kind a row carries
+# when that judge fails on an unforeseen module, how the row names it). The head split is one
+# judgement over the view and transpose stages (view.judge); sdpa judges its five expanded
+# stages at once. The order fixes the order of the verdict's `differences` and of rows at
+# the same position, so it is part of the output.
+JUDGES: tuple[tuple[ModuleType, str, str], ...] = (
+    (project, "project", "project"),
+    (view, "split", "split"),
+    (scores, "scores", "scores"),
+    (scale, "scale", "scale"),
+    (mask, "mask", "mask"),
+    (softmax, "softmax", "softmax"),
+    (dropout, "dropout", "dropout"),
+    (attend, "attend", "attend"),
+    (sdpa, "sdpa", "sdpa"),
+    (concat, "concat", "concat"),
+    (w_o, "w_o", "output projection"),
+    (op, "op", "op"),
+)

@@ -8,13 +8,12 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 from ..config import Config
-from ..records import Recording, Stage
+from ..records import Embedded, Recording, Stage
 from .assemble import build_stages
 from .builder import Builder
 from .classify import classify
 from .graph import Graph
 from .grouping import group
-from .kinds.embed import Embedded
 from .sizes import Sizes, assign_heads, assign_loop_heads, head_calls, infer_sizes
 
 

@@ -19,6 +19,10 @@ SHAPE_OPS = {"view", "reshape", "transpose", "permute", "contiguous", "unsqueeze
 SPLITS = {"split", "chunk", "unbind", "tensor_split"}
 SOFTMAXES = {"softmax", "_softmax", "softmax_"}
 DROPOUTS = {"dropout", "dropout_", "feature_dropout", "alpha_dropout"}
+# The check's names for what a step does to the scores.
+SCALE_OPS = {"div", "mul", "div_", "mul_", "true_divide"}
+MASK_OPS = {"add", "add_", "sub", "sub_", "masked_fill", "masked_fill_", "where"}
+PRODUCTS = {"linear", "addmm", "matmul", "mm", "einsum", "bmm", "baddbmm"}
 LARGE_NEGATIVE = -1e4  # a "mask value": -inf, finfo.min, -1e9, -10000 ...
 
 
@@ -27,9 +31,12 @@ def very_negative(values: np.ndarray) -> bool:
     return values.dtype.kind == "f" and bool((values <= LARGE_NEGATIVE).any())
 
 
-def softmax(values: np.ndarray) -> np.ndarray:
-    shifted = values - np.max(values, axis=-1, keepdims=True)
-    shifted = np.where(np.isnan(shifted), -np.inf, shifted)
-    e = np.exp(shifted)
-    return (e / np.sum(e, axis=-1, keepdims=True)).astype(values.dtype)
-
+def softmax(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Softmax along an axis, computed in the values' own dtype (the recogniser's float32
+    expansion of a fused op stays float32; the check passes float64). NaN where a row has
+    nothing to normalise (every entry -inf)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        shifted = values - np.max(values, axis=axis, keepdims=True)
+        shifted = np.where(np.isnan(shifted), -np.inf, shifted)
+        e = np.exp(shifted)
+        return (e / np.sum(e, axis=axis, keepdims=True)).astype(values.dtype)

@@ -1,10 +1,11 @@
-"""Run a module's forward once and record what it did; the public `trace` entry point.
+"""Run a module's forward once and record what it did.
 
-`trace(module, x, tokens)` is what the CLI and any caller use: it records every torch op the
-forward performs (`torch_ops.record`; one adapter per array library lives in this folder and
-is imported only when used), then hands the plain recording to `mha_tui.recognise`, which
-turns ops into the stages a learner reads. `record(run, roots)` is the lower level: watch
-one or several submodules while any outer callable (a whole model's forward) runs.
+`record_forward(module, x, tokens)` records every torch op the forward performs
+(`torch_ops.record`; one adapter per array library lives in this folder and is imported only
+when used) and returns a `Recorded`: the plain recording and the facts only torch could
+compute. It neither loads nor recognises: `mha_tui.pipeline` hands the recording on to
+`mha_tui.recognise`. `record(run, roots)` is the lower level: watch one or several
+submodules while any outer callable (a whole model's forward) runs.
 
 The module runs unchanged: no tap, no edit, nothing of mha-tui inside its forward.
 This package knows torch and the record types: never import rich, textual or typer here.
@@ -17,49 +18,14 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ..config import Config
-from ..records import ModuleInfo, Trace
+from ..config import Config, config_for
+from ..records import Embedded, Recorded
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ..config import Source
-    from ..load import Loaded
-    from ..load_numpy import LoadedNumpy
     from .torch_ops import RecordResult
-
-
-def build(config: Config) -> tuple[nn.Embedding, nn.Module]:
-    """The default run: seed, then nn.Embedding(V, C), then the chapter's module, in eval mode."""
-    from ..load import load
-
-    loaded = load(config)
-    return loaded.embedding, loaded.module
-
-
-def run_trace(config: Config, source: Source | None = None, *,
-              loaded: Loaded | LoadedNumpy | None = None) -> Trace:
-    """The CLI's run: load the module (`--model`, default mygpt, or `--module`) and trace it.
-
-    loaded: a module the CLI has already built (so that bad input was refused before the
-    app opened). Raises `mha_tui.load.LoadError` (one line) when the module cannot be built.
-    A NumPy module (`load_numpy`) is traced by the NumPy adapter, without torch.
-    """
-    import contextlib
-    import sys
-
-    if getattr(loaded, "library", "torch") == "numpy":
-        from ..load_numpy import traced
-
-        return traced(loaded)(config)  # type: ignore[arg-type]
-    from ..load import load
-
-    loaded = loaded or load(config, source)
-    # The learner's prints go to stderr: a transcript on stdout stays a transcript.
-    with contextlib.redirect_stdout(sys.stderr):
-        return trace(loaded.module, loaded.x, config.tokens, call=loaded.call,
-                     embedding=loaded.embedding, ids=loaded.ids, config=config)
 
 
 def _first_tensor(value: object) -> torch.Tensor | None:
@@ -75,11 +41,11 @@ def _first_tensor(value: object) -> torch.Tensor | None:
     return None
 
 
-def trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | None = None, *,
-          call: Callable[[nn.Module, torch.Tensor], object] | None = None,
-          embedding: nn.Embedding | None = None, ids: torch.Tensor | None = None,
-          config: Config | None = None) -> Trace:
-    """Run `module` on `x` (B, T, C) once and return the `Trace` of what its forward did.
+def record_forward(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | None = None, *,
+                   call: Callable[[nn.Module, torch.Tensor], object] | None = None,
+                   embedding: nn.Embedding | None = None, ids: torch.Tensor | None = None,
+                   config: Config | None = None) -> Recorded:
+    """Run `module` on `x` (B, T, C) once and return what its forward did (see `mha_tui.trace`).
 
     tokens: labels for the T axis (default t0, t1, ...). call: how to call the module
     (default `module(x)`; the loader passes e.g. `lambda m, x: m(x, x, x, attn_mask=mask)`);
@@ -88,7 +54,7 @@ def trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | Non
     the run's configuration when the CLI built it (sizes, seed, sentence); otherwise one is
     made from x and tokens. The module runs unchanged, in whatever mode it is in, under
     torch.no_grad(). If its forward raises, the trace ends with an `error` stage (and
-    `Trace.failed` is true) instead of raising.
+    `Trace.failed` is true) instead of raising: the recording holds the error.
     """
     import torch
 
@@ -105,10 +71,9 @@ def trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | Non
 
 def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | None,
            call: Callable[[nn.Module, torch.Tensor], object], embedding: nn.Embedding | None,
-           ids: torch.Tensor | None, config: Config | None) -> Trace:
+           ids: torch.Tensor | None, config: Config | None) -> Recorded:
     import torch
 
-    from ..recognise import Embedded, recognise
     from .torch_ops import record as _record
     from .torch_ops import snapshot, source_at
 
@@ -124,7 +89,7 @@ def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | No
         if x is None:
             raise ValueError("trace() needs x, or an embedding and ids to make it")
         if config is None:
-            config = _config_for(module, x, tokens)
+            config = config_for(module, tuple(x.shape), tokens)
         rng = torch.random.get_rng_state()  # the check re-runs dropout with the same draws
         result = _record(lambda: call(module, x), {"": module})
         recording = result.recordings.get("")
@@ -139,25 +104,8 @@ def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | No
             torch.random.set_rng_state(after)
             forward_equal = out is not None and again is not None and bool(torch.equal(out, again))
         n_params = sum(p.numel() for p in module.parameters())
-    stages = recognise(recording, config, embedded=embedded, forward_equal=forward_equal,
-                       n_params=n_params)
-    info = ModuleInfo(class_name=recording.module_class, file=recording.module_file,
-                      per_head_modules=any(s.checks and "ran as its own module" in c.label
-                                           for s in stages for c in s.checks))
-    return Trace(config=config, stages=stages, module=info, recording=recording)
-
-
-def _config_for(module: nn.Module, x: torch.Tensor, tokens: Sequence[str] | None) -> Config:
-    T, C = int(x.shape[-2]), int(x.shape[-1])
-    words = list(tokens) if tokens is not None else [f"t{i}" for i in range(T)]
-    heads = 1
-    for attribute in ("num_heads", "n_head", "n_heads", "nhead", "h"):
-        value = getattr(module, attribute, None)
-        if isinstance(value, int) and value > 0 and C % value == 0:
-            heads = value
-            break
-    return Config(" ".join(w if w.strip() and not any(c.isspace() for c in w) else "_" for w in words),
-                  embed_dim=C, num_heads=heads, max_seq_len=max(64, T))
+    return Recorded(recording, config, embedded=embedded, forward_equal=forward_equal,
+                    n_params=n_params)
 
 
 def record(run: Callable[[], object], roots: Mapping[str, nn.Module]) -> RecordResult:

@@ -37,13 +37,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..records import OpRecord, RecordedError, Recording, Ref, Snapshot, Source
+from ..config import config_for
+from ..load.learner import forward_of
+from ..records import Embedded, OpRecord, Recorded, RecordedError, Recording, Ref, Snapshot, Source
 from .args import recorded_arguments
 from .source import source_at
 
 if TYPE_CHECKING:
     from ..config import Config
-    from ..records import Trace
 
 _NUMPY_DIR = os.path.dirname(np.__file__) + os.sep
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -357,16 +358,6 @@ def _plain_result(value: object) -> object:
     return value
 
 
-def forward_of(module: object) -> Callable[..., object]:
-    """What runs the module: its `forward` (the blueprint's API), else the object itself."""
-    forward = getattr(module, "forward", None)
-    if callable(forward):
-        return forward
-    if callable(module):
-        return module  # type: ignore[return-value]
-    raise TypeError(f"{type(module).__name__} has neither forward() nor __call__()")
-
-
 @dataclass(frozen=True, eq=False)
 class RecordResult:
     """What `record` returns: the forward's result (plain arrays), its recording, the exception."""
@@ -441,31 +432,24 @@ def record(module: object, args: tuple[object, ...] = (),
 # ----------------------------------------------------------------------- the whole trace
 
 
-def trace(module: object, x: np.ndarray, tokens: Sequence[str] | None = None, *,
-          args: tuple[object, ...] | None = None, kwargs: Mapping[str, object] | None = None,
-          table: np.ndarray | None = None, ids: np.ndarray | None = None,
-          config: Config | None = None) -> Trace:
-    """Run a NumPy module's forward on x (T, C) once and return the `Trace` of what it did.
+def record_forward(module: object, x: np.ndarray, tokens: Sequence[str] | None = None, *,
+                   args: tuple[object, ...] | None = None, kwargs: Mapping[str, object] | None = None,
+                   table: np.ndarray | None = None, ids: np.ndarray | None = None,
+                   config: Config | None = None, lookup: Source | None = None) -> Recorded:
+    """Run a NumPy module's forward on x (T, C) once and return what it did (see `mha_tui.trace`).
 
     args/kwargs: what forward gets (default `forward(x)`); table and ids: when given, x is
-    `table[ids]` and the first stage shows that lookup. The same recogniser as for torch
-    modules turns the recording into stages; a forward that raises ends in an `error` stage.
+    `table[ids]` and `lookup` is the line that looked it up (the embed stage shows it). A
+    forward that raises is recorded with its error.
     """
-    from ..load_numpy import __file__ as load_file
-    from ..recognise import Embedded, recognise
-    from ..records import ModuleInfo
-    from ..records import Trace as TraceRecord
-    from . import _config_for
-
     args = (x,) if args is None else args
     kwargs = dict(kwargs or {})
     embedded = None
-    if table is not None and ids is not None:
-        embedded = Embedded(ids=snapshot(ids), table=snapshot(table), x=snapshot(x),
-                            source=source_at(load_file, _line_of(load_file, "x = table[ids]  # (T, C)")),
+    if table is not None and ids is not None and lookup is not None:
+        embedded = Embedded(ids=snapshot(ids), table=snapshot(table), x=snapshot(x), source=lookup,
                             looked_up=bool(np.array_equal(x, table[ids])), table_name="table")
     if config is None:
-        config = _config_for(module, x, tokens)  # type: ignore[arg-type]
+        config = config_for(module, tuple(x.shape), tokens)
     with np.errstate(all="ignore"):  # a learner's overflow is shown in the values, not warned
         result = record(module, args, kwargs)
         recording = result.recordings[""]
@@ -475,17 +459,5 @@ def trace(module: object, x: np.ndarray, tokens: Sequence[str] | None = None, *,
             again = _arrays(forward_of(module)(*args, **kwargs))[:1]
             forward_equal = bool(out and again and np.array_equal(out[0], again[0], equal_nan=True))
     n_params = sum(int(a.size) for a in module_arrays(module).values())
-    stages = recognise(recording, config, embedded=embedded, forward_equal=forward_equal,
-                       n_params=n_params)
-    info = ModuleInfo(class_name=recording.module_class, file=recording.module_file)
-    return TraceRecord(config=config, stages=stages, module=info, recording=recording)
-
-
-def _line_of(filename: str, text: str) -> int:
-    """The first line of a file that holds `text` (the embed stage shows the line that ran)."""
-    import linecache
-
-    for number, line in enumerate(linecache.getlines(filename), start=1):
-        if text in line:
-            return number
-    return 1
+    return Recorded(recording, config, embedded=embedded, forward_equal=forward_equal,
+                    n_params=n_params)

@@ -5,8 +5,11 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+from ...check.numeric import close, recompute
 from ...records import Check, OpRecord, Stage
 from ..builder import BHTD, BHTT
 from ..graph import Graph
@@ -14,6 +17,10 @@ from ..grouping import Unit
 from ..maker import StageMaker, batched_product
 from ..sizes import Sizes
 from ..vocab import MATMULS
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "attend"
 
@@ -52,3 +59,27 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, "attend", [rec], checks, shape_in=src.shape,
                       shape_out=values.shape if m.b.per_head else snap.shape,
                       dims_in=m.dims(src.shape, BHTT, ("T", "T")), dims_out=rec.dims)
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    rows = []
+    for stage in j.trace.stages:
+        if stage.kind != "attend" or j.is_sdpa(stage):
+            continue
+        ops = j.main_ops(stage, {"matmul", "bmm", "einsum", "baddbmm"})
+        worst, ok = 0.0, bool(ops)
+        for op in ops:
+            expected = recompute(j.g, op)
+            if expected is None:
+                continue
+            good, d = close(op.out.values, expected.reshape(op.out.shape))
+            ok &= good
+            worst = max(worst, d)
+        rows.append(j.row(stage, "attend", ok, worst,
+                             "context = weights_i @ V_i for every head"))
+    return rows
+
+# ------------------------------------------------------------ concat

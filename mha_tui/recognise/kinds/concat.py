@@ -5,8 +5,11 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+from ...check.numeric import ATOL, RTOL, close, einsum_spec, f64
 from ...records import Check, OpRecord, Stage
 from ...stages import stage_info
 from ..builder import BHTD, BTC, BTHD, yes
@@ -15,6 +18,10 @@ from ..grouping import Unit
 from ..maker import StageMaker, single_axes
 from ..sizes import Sizes
 from ..vocab import SHAPE_OPS
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "concat"
 
@@ -108,3 +115,83 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
 
 def _shape_text(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def attend_output(j: Judge) -> np.ndarray | None:
+    """The heads' contexts as (B, h, T, d_h), from the attend op(s)' own outputs."""
+    outs: list[tuple[int | None, np.ndarray]] = []
+    for stage in j.trace.stages:
+        if stage.kind != "attend":
+            continue
+        if j.is_sdpa(stage):
+            op = next(op for op in stage.ops if op.name == "scaled_dot_product_attention")
+            return j.heads_axis(f64(op.out.values))
+        for op in j.main_ops(stage, {"matmul", "bmm", "einsum", "baddbmm"}):
+            values = f64(op.out.values)
+            if op.name == "einsum":
+                spec = einsum_spec(op)
+                if spec is None:
+                    return None
+                (la, lb), out = spec
+                d = next((c for c in lb if c not in la), None)
+                k = next((c for c in la if c in lb and c not in out), None)
+                q = next((c for c in la if c not in lb and c in out), None)
+                if d is None or q is None or k is None:
+                    return None
+                batch = [c for c in out if c not in (q, d)]
+                values = np.einsum(f"{out}->{''.join(batch)}{q}{d}", values)
+            outs.append((j.head_index(op), values))
+    if not outs:
+        return None
+    if len(outs) > 1:
+        return np.stack([v.reshape(j.B, j.T, -1) for _, v in
+                         sorted(outs, key=lambda o: o[0] or 0)], axis=1)
+    values = outs[0][1]
+    if values.ndim == 4 and values.shape[1] != j.h and values.shape[2] == j.h:
+        values = values.transpose(0, 2, 1, 3)  # (B, T, h, d_h) from an einsum
+    return j.heads_axis(values)
+
+
+def judge(j: Judge) -> list[Row]:
+    rows = []
+    context = attend_output(j)
+    for stage in j.trace.stages:
+        if stage.kind != "concat":
+            continue
+        ops = [op for op in stage.ops if j.g.from_x[op.index]]
+        if not ops or context is None:
+            rows.append(j.row(stage, "concat", None, None, "not judged"))
+            continue
+        final = f64(ops[-1].out.values)
+        if final.size != context.size:
+            rows.append(j.row(stage, "concat", None, None, "not judged (sizes differ)"))
+            continue
+        got = final.reshape(j.B, j.T, j.h * context.shape[-1])
+        expected = context.transpose(0, 2, 1, 3).reshape(got.shape)
+        good, d = close(got, expected)
+        diag = None
+        if not good:
+            if np.allclose(got.reshape(-1), context.reshape(-1), atol=ATOL, rtol=RTOL):
+                diag = ("merge_without_transpose",
+                        "heads merged without moving the head axis back: (B, h, T, d_h) was "
+                        "viewed as (B, T, C) directly, so token t's row holds pieces of other "
+                        "tokens from one head; transpose(1, 2) first, then "
+                        "contiguous().view(B, T, C)")
+            elif np.allclose(np.sort(got.reshape(-1)), np.sort(context.reshape(-1)),
+                             atol=ATOL, rtol=RTOL):
+                diag = ("merge_permuted", "the concatenated heads hold the right numbers in "
+                                          "the wrong places (a permutation)")
+            else:
+                diag = ("merge_wrong", "the concatenation is not the heads' contexts")
+        culprit = next((op for op in reversed(ops) if op.name in ("view", "reshape", "flatten",
+                                                                  "cat", "concat")), ops[-1])
+        rows.append(j.row(stage, "concat", good, d,
+                             f"head i's context in channels [{j.d_h}i, {j.d_h}i+"
+                             f"{j.d_h}) of its token's row",
+                             source=culprit.source if not good else None, diagnosis=diag))
+    return rows
+
+# ------------------------------------------------------------ output projection

@@ -5,6 +5,9 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from ...check.numeric import ATOL, f64, max_diff
 from ...records import Check, OpRecord, Stage
 from ..builder import BHTT, BTC
 from ..graph import Graph
@@ -12,6 +15,10 @@ from ..grouping import Unit
 from ..maker import StageMaker
 from ..sizes import Sizes
 from ..vocab import DROPOUTS
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "dropout"
 
@@ -31,3 +38,38 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     checks = [Check(f"dropout zeroed {zeros} entries and scaled the rest by 1/(1-p)", None)]
     return m.stage(unit, stage_id, "dropout", [rec], checks, shape_in=src.shape,
                       shape_out=op.out.shape, dims_in=rec.dims, dims_out=rec.dims)
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    rows = []
+    for stage in j.trace.stages:
+        if stage.kind != "dropout":
+            continue
+        ops = j.main_ops(stage, DROPOUTS)
+        if not ops:
+            continue
+        op = ops[0]
+        before = f64(j.g.snap(j.g.x_inputs(op)[0]).values)
+        d = max_diff(op.out.values, before)
+        good = d <= ATOL
+        diag = None
+        if not good:
+            p = op.kwarg("p", next((a for a in op.scalars() if isinstance(a, float)), None))
+            training = op.kwarg("training", next((a for a in op.scalars() if isinstance(a, bool)), None))
+            zeroed = int(((f64(op.out.values) == 0) & (before != 0)).sum())
+            again = j.runs_differ()
+            mode = ("the module is in eval mode, but this dropout ran with training=True"
+                    if training is True and not j.facts.training else
+                    "the module is in training mode")
+            diag = ("dropout_active",
+                    f"dropout is active: {mode}, so it zeroed {zeroed} of {before.size} "
+                    f"entries and scaled the rest by 1/(1-p)"
+                    f"{f' (p={p})' if isinstance(p, float) else ''}; {again}. Call "
+                    f"module.eval(), or pass training=self.training to F.dropout")
+        rows.append(j.row(stage, "dropout", good, d,
+                             "dropout leaves the numbers unchanged in eval mode",
+                             source=op.source, diagnosis=diag))
+    return rows

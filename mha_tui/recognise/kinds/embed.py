@@ -5,26 +5,12 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ...records import Check, Snapshot, Source, Stage
+from ...records import Check, Embedded, Stage
 from ..builder import BTC
 from ..maker import StageMaker, words
 
 KIND = "embed"
 RULES = ()  # not an op of the module: the tracer hands its facts in (Embedded)
-
-
-@dataclass(frozen=True)
-class Embedded:
-    """The embed stage's facts, gathered by the tracer: ids -> table rows -> x."""
-
-    ids: Snapshot
-    table: Snapshot
-    x: Snapshot
-    source: Source
-    looked_up: bool
-    table_name: str = "embedding.weight"
 
 
 def build(m: StageMaker, e: Embedded) -> Stage:

@@ -6,19 +6,25 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...records import Check, OpRecord, Source, Stage, TensorRecord
+from ...check.numeric import ATOL, blocked, blocked_pattern, causal_set, f64, max_diff
+from ...records import Check, OpRecord, Source, Stage
 from ...stages import NO_MASK, NO_MASK_ARGUMENT
 from ..builder import BHTT, Builder
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker
 from ..sizes import Sizes
-from ..vocab import LARGE_NEGATIVE, very_negative
+from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
 from .scores import scaled_inside
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "mask"
 
@@ -265,9 +271,8 @@ def add_skipped_mask(stages: list[Stage], b: Builder) -> None:
     if skipped is None and b.g.rec.library != "numpy":
         return
     scaled = stages[at].tensors[-1]
-    passed = TensorRecord(**{**scaled.__dict__, "shares_storage": True,
-                             "shares_with": f"scale's {scaled.name}",
-                             "caption": "no mask: the scaled scores, unchanged"})
+    passed = replace(scaled, shares_storage=True, shares_with=f"scale's {scaled.name}",
+                     caption="no mask: the scaled scores, unchanged")
     same = bool(softmax.ops) and any(
         ref.kind == "op" and ref.op in {op.index for op in stages[at].ops}
         for ref in softmax.ops[0].inputs)
@@ -285,3 +290,143 @@ def add_skipped_mask(stages: list[Stage], b: Builder) -> None:
         checks=(Check("no mask was applied: the scores are the scaled scores, the same tensor",
                       same),),
         kind="mask", source=source, ops=()))
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    """Judge the entries blocked by the mask op, then what actually reaches softmax."""
+    stages = [s for s in j.trace.stages if s.kind == "mask" and not j.is_sdpa(s)]
+    expected = causal_set(j.T) if j.facts.causal else np.zeros((j.T, j.T), bool)
+    rows: list[Row] = []
+    mask_ok = True
+    value_note = ""
+    for stage in stages:
+        ops = j.main_ops(stage, MASK_OPS | {"baddbmm"})
+        if not ops:
+            rows.append(j.row(stage, "mask", None, None, "no masking op recognised"))
+            continue
+        op = ops[-1]
+        after = f64(op.out.values)
+        if op.name == "baddbmm":  # mask + q @ k^T in one op (torch's own MHA)
+            operands = [f64(j.g.snap(r).values) for r in j.g.tensor_operands(op)]
+            before = float(op.kwarg("alpha", 1) or 1) * (operands[1] @ operands[2])
+            j.differences.append("adds the mask inside the scores product (baddbmm): "
+                                    "equivalent")
+        else:
+            before = f64(j.g.snap(j.g.x_inputs(op)[0]).values)
+        if before.shape != after.shape:
+            before = np.broadcast_to(before, after.shape)
+        newly = blocked(after) & ~blocked(before)
+        square = newly.ndim >= 2 and newly.shape[-1] == j.T
+        flat = newly.reshape(-1, j.T, j.T) if square else None
+        same = flat is not None and all(np.array_equal(f, flat[0]) for f in flat)
+        pattern = flat[0] if same and flat is not None else None
+        kept = ~newly
+        d = max_diff(np.where(kept, after, 0.0), np.where(kept, before, 0.0))
+        good = pattern is not None and np.array_equal(pattern, expected) and d <= ATOL
+        mask_ok &= good
+        values = after[newly]
+        if good and values.size and np.isfinite(values).all():
+            value_note = (f"masks with {float(values.max()):.3g} instead of -inf: softmax gives "
+                          f"those entries weight 0 in float32, the same weights: equivalent")
+        diag = None if good else _mask_diagnosis(j, pattern, expected, d)
+        n = int(expected.sum())
+        rows.append(j.row(stage, "mask", good, d,
+                             f"blocks exactly the {n} causal entries (key after query)"
+                             if j.facts.causal else
+                             "blocks nothing (--no-causal)",
+                             source=op.source, note=value_note, diagnosis=diag))
+    if value_note:
+        j.differences.append(value_note)
+    # What softmax normalises: the masked scores must be what reaches it.
+    soft = j.softmax_ops()
+    if not soft or not mask_ok:
+        return rows
+    logits = f64(j.g.snap(j.g.x_inputs(soft[0])[0]).values)
+    pattern = blocked_pattern(logits) if logits.ndim >= 2 and logits.shape[-1] == j.T else None
+    if pattern is not None and np.array_equal(pattern, expected):
+        if not stages and expected.any():
+            j.differences.append("applies the mask inside the scores op (an additive "
+                                    "attn_mask in baddbmm): equivalent")
+        return rows
+    if pattern is None:
+        return rows
+    # The future is not blocked before softmax.
+    after = _mask_after_softmax(j, soft[0], expected)
+    if after is not None:
+        op, d = after
+        sums = f64(op.out.values).sum(axis=-1)
+        rows.append(j.row(j.stage_of.get(op.index), "mask", False, d,
+                             "the causal entries are blocked before softmax",
+                             source=op.source, diagnosis=(
+                                 "mask_after_softmax",
+                                 "the mask is applied after softmax: the causal entries are "
+                                 "blocked in the weights, not in the scores, so the rows "
+                                 f"no longer sum to 1 (row sums {np.nanmin(sums):.4f} to "
+                                 f"{np.nanmax(sums):.4f}); mask the scores, then softmax"),
+                             position=j.position_after("softmax")))
+        return rows
+    if stages:
+        last = stages[-1]
+        rows[-1] = j.row(last, "mask", False, None,
+                            "the masked scores are what softmax normalises",
+                            source=j.main_ops(last, MASK_OPS)[-1].source,
+                            diagnosis=("mask_missing",
+                                       "the mask's result never reaches softmax: softmax "
+                                       f"normalises scores with {int(expected.sum())} causal "
+                                       "entries unblocked (the masked tensor is not the one "
+                                       "passed on)"))
+        return rows
+    rows.append(j.row(None, "mask", False, None,
+                         f"blocks exactly the {int(expected.sum())} causal entries before softmax",
+                         source=soft[0].source,
+                         diagnosis=("mask_missing" if j.facts.causal else "mask_unexpected",
+                                    "no mask: softmax gets every score, so each token also "
+                                    "attends to the tokens after it" if j.facts.causal else
+                                    "the scores are masked although --no-causal was given"),
+                         position=j.position_before("softmax")))
+    return rows
+
+
+def _mask_diagnosis(j: Judge, pattern: np.ndarray | None, expected: np.ndarray, d: float
+                    ) -> tuple[str, str]:
+    T = j.T
+    if pattern is None:
+        return "mask_wrong", "the mask blocks different entries in different heads"
+    lower = np.tril(np.ones((T, T), bool), k=-1)
+    n = int(pattern.sum())
+    if not expected.any() and pattern.any():
+        return "mask_unexpected", (f"{n} entries are masked although --no-causal was given")
+    if np.array_equal(pattern, lower) or np.array_equal(pattern, ~expected):
+        what = ("the earlier tokens and each token itself ({n} entries: the diagonal and "
+                "below)" if np.array_equal(pattern, ~expected) else
+                "the earlier tokens ({n} entries below the diagonal)").format(n=n)
+        return "mask_reversed", (f"the mask is reversed: it blocks {what} and lets every "
+                                 "token see the ones after it; block key j > query i")
+    if not pattern.any():
+        return "mask_missing", "the mask line blocks nothing: every score reaches softmax"
+    if np.array_equal(pattern, expected | np.eye(T, dtype=bool)):
+        return "mask_diagonal", "the mask also blocks each token from itself (the diagonal)"
+    if d > ATOL and np.array_equal(pattern, expected):
+        return "mask_changes_scores", f"the mask also changes unmasked scores (by up to {d:.3g})"
+    return "mask_wrong", (f"the mask blocks {n} entries, {int((pattern & ~expected).sum())} of "
+                          f"them not causal ones, and misses {int((expected & ~pattern).sum())}")
+
+
+def _mask_after_softmax(j: Judge, soft: OpRecord, expected: np.ndarray
+                        ) -> tuple[OpRecord, float] | None:
+    """An op after softmax that blocks exactly the causal entries of the weights."""
+    for op in j.g.ops[soft.index + 1:]:
+        if not j.g.from_x[op.index] or op.name not in MASK_OPS:
+            continue
+        xs = j.g.x_inputs(op)
+        before, after = f64(j.g.snap(xs[0]).values), f64(op.out.values)
+        if before.shape != after.shape or after.shape[-1] != j.T:
+            continue
+        changed = (before != after) & ~(np.isnan(before) & np.isnan(after))
+        flat = changed.reshape(-1, j.T, j.T)
+        if all(np.array_equal(f & ~expected, np.zeros_like(f)) for f in flat) and changed.any():
+            return op, max_diff(after, before)
+    return None

@@ -6,9 +6,15 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...records import Stage
 from ..grouping import Unit
 from ..maker import StageMaker
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "op"
 RULES = ()  # the default: what no rule claims
@@ -34,3 +40,12 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, "op", tensors[-4:], [], shape_in=src.shape,
                       shape_out=ops[-1].out.shape, dims_in=m.dims(src.shape),
                       dims_out=m.dims(ops[-1].out.shape), title=title, explanation=explanation)
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    return [j.row(s, "op", None, None, "an op no rule of mha-tui recognises: not judged "
+                                          "on its own") for s in j.trace.stages
+            if s.kind == "op"]

@@ -7,16 +7,23 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...check.numeric import close, f64, linear_parts
 from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord
 from ..builder import BTC, Builder
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
 from ..sizes import Sizes
-from ..vocab import PROJECTIONS, SHAPE_OPS, SPLITS
+from ..vocab import PRODUCTS, PROJECTIONS, SHAPE_OPS, SPLITS
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "project"
 
@@ -246,11 +253,41 @@ def _split_records(m: StageMaker, splits: list[OpRecord], heads_split: bool) -> 
 
 
 def add_param_check(stages: list[Stage], n_params: int, b: Builder) -> None:
-    for stage in stages:
+    """The first projection stage also says how many parameters the module has."""
+    for i, stage in enumerate(stages):
         if stage.kind == "project":
             C = b.sizes.C
             four = n_params == 4 * C * C
             label = (f"the module has {n_params} parameters = 4 * C^2 = 4 * {C}^2, whatever h is"
                      if four else f"the module has {n_params} parameters")
-            object.__setattr__(stage, "checks", (*stage.checks, Check(label, True if four else None)))
+            stages[i] = replace(stage, checks=(*stage.checks, Check(label, True if four else None)))
             return
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def linear_row(j: Judge, stage: Stage, kind: str) -> Row:
+    ops = [op for op in stage.ops if op.name in PRODUCTS and j.g.from_x[op.index]
+           and linear_parts(j.g, op) is not None]
+    if not ops:
+        return j.row(stage, kind, None, None, "no weight product recognised; not judged")
+    worst, ok, bias = 0.0, True, False
+    for op in ops:
+        x, w, b = linear_parts(j.g, op)  # type: ignore[misc]
+        expected = f64(j.g.snap(x).values) @ w.T + (0 if b is None else b)
+        good, d = close(op.out.values, expected.reshape(op.out.shape))
+        ok &= good
+        worst = max(worst, d)
+        bias |= b is not None
+    b_text = " + b" if bias else ""
+    checked = (f"Q, K, V = x @ W^T{b_text}: linear maps of the input x" if kind == "project"
+               else f"out = concat @ W_O^T{b_text}: a linear map of the concat")
+    return j.row(stage, kind, ok, worst, checked)
+
+# ------------------------------------------------------------ head forms
+
+
+def judge(j: Judge) -> list[Row]:
+    """Each projection stage: Q, K, V are linear maps of x."""
+    return [linear_row(j, s, "project") for s in j.trace.stages if s.kind == "project"]

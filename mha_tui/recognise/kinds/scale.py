@@ -6,15 +6,22 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...check.numeric import f64, ratio
 from ...records import Check, OpRecord, Stage
 from ..builder import BHTD, BHTT, yes
 from ..graph import Graph, scalar_operand
 from ..grouping import Unit
 from ..maker import StageMaker
 from ..sizes import Sizes
+from ..vocab import LARGE_NEGATIVE, MASK_OPS, SCALE_OPS, SHAPE_OPS
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "scale"
 
@@ -105,3 +112,117 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, "scale", [rec], checks, shape_in=before_values.shape,
                       shape_out=values.shape if m.b.per_head else snap.shape, dims_in=rec.dims,
                       dims_out=rec.dims, note=note)
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def scale_chain(j: Judge, soft: OpRecord) -> tuple[float, list[OpRecord], OpRecord] | None:
+    """The factor between the raw product Q_i @ K_i^T and what softmax normalises.
+
+    Walks back from softmax's input through masks, scalings and reshapes to the scores
+    product, then from its two operands back to the projections: a scale applied to q
+    (torch's own MHA), to the scores, or inside the softmax call all count; the factor
+    is measured as the ratio of the numbers after to before each scaling op.
+    """
+    xs = j.g.x_inputs(soft)
+    if not xs:
+        return None
+    ref, factor, ops = xs[0], 1.0, []
+    for _ in range(32):
+        op = j.g.producer(ref)
+        if op is None:
+            return None
+        inputs = j.g.x_inputs(op)
+        if op.name in ("matmul", "bmm", "baddbmm", "einsum") and len(inputs) >= 2:
+            operands = j.g.tensor_operands(op)
+            if op.name == "baddbmm":
+                operands = operands[1:]
+            for operand in operands[:2]:
+                _, f, _, passed = j.chain_to_projection(operand)
+                factor *= f
+                ops.extend(p for p in passed if p.name in SCALE_OPS)
+            return factor, ops, op
+        if op.name in SCALE_OPS and len(inputs) == 1:
+            r = ratio(f64(op.out.values), f64(j.g.snap(inputs[0]).values))
+            if r is not None:
+                factor *= r
+            ops.append(op)
+        elif op.name not in MASK_OPS | SHAPE_OPS or not inputs:
+            return None
+        ref = inputs[0]
+    return None
+
+
+def judge(j: Judge) -> list[Row]:
+    stages = [s for s in j.trace.stages if s.kind == "scale" and not j.is_sdpa(s)]
+    expected = 1 / math.sqrt(j.d_h)
+    chains = [c for c in (scale_chain(j, op) for op in j.softmax_ops()) if c is not None]
+    if not chains:
+        return [j.row(s, "scale", None, None, "not judged: no path from the scores to "
+                                                 "softmax was found") for s in stages]
+    totals = [c[0] for c in chains]
+    ok = all(math.isclose(t, expected, rel_tol=1e-5) for t in totals)
+    total = next((t for t in totals if not math.isclose(t, expected, rel_tol=1e-5)), totals[0])
+    scale_ops = [op for c in chains for op in c[1]]
+    scores_op = chains[0][2]
+    last_op = scale_ops[0] if scale_ops else None  # walked backwards: the last applied
+    out = f64(last_op.out.values) if last_op is not None else f64(scores_op.out.values)
+    finite = out[np.isfinite(out) & (out > LARGE_NEGATIVE)]
+    diff = float(np.abs(finite - finite * expected / total).max()) if finite.size and total else 0.0
+    checked = f"scores * 1/sqrt(d_h) = {expected:.4f} before softmax (measured {total:.4f})"
+    diagnosis = None if ok else scale_diagnosis(j, total)
+    note = ""
+    per_chain = len(chains[0][1])
+    if ok and per_chain == 1 and scale_ops[0].name.startswith("mul"):
+        note = "multiplies by d_h ** -0.5 instead of dividing by sqrt(d_h): equivalent"
+    elif ok and per_chain > 1:
+        note = (f"scales in {per_chain} steps whose product is 1/sqrt(d_h) (e.g. q and k "
+                "each by d_h ** -0.25): equivalent")
+    upstream = {p.index for c in chains for operand in
+                j.g.tensor_operands(c[2])[-2:]
+                for p in j.chain_to_projection(operand)[3] if p.name in SCALE_OPS}
+    if note:
+        j.differences.append(note)
+    if ok and upstream:
+        j.differences.append("scales q (or k) before the product q @ k^T instead of the "
+                                "scores: equivalent")
+    if not stages:
+        if ok:
+            return []
+        src = last_op.source if last_op is not None else scores_op.source
+        return [j.row(None, "scale", False, diff, checked + (
+            "; no op scales them" if last_op is None else ""), source=src,
+            diagnosis=diagnosis, position=j.position_after("scores"))]
+    rows = []
+    for stage in stages:
+        final = stage is stages[-1]
+        src = last_op.source if final and last_op is not None else None
+        rows.append(j.row(stage, "scale", ok if final else True, diff if final else None,
+                             checked if final else "part of the scaling, judged with the last",
+                             source=src, note=note if final else "",
+                             diagnosis=diagnosis if final else None))
+    return rows
+
+
+def scale_diagnosis(j: Judge, total: float) -> tuple[str, str]:
+    named = [
+        ("scaled_by_sqrt_C", 1 / math.sqrt(j.C),
+         f"scaled by 1/sqrt(C) = 1/sqrt({j.C}) (the model width) instead of 1/sqrt(d_h) = "
+         f"1/sqrt({j.d_h}) (one head's width): the scaled scores are {total:.4f} times the "
+         f"raw ones, sqrt(h) = {math.sqrt(j.h):.4f} times too small"),
+        ("not_scaled", 1.0, "the scores are not scaled: what softmax gets is 1.0000 times "
+                            f"Q @ K^T, it should be 1/sqrt({j.d_h}) = "
+                            f"{1 / math.sqrt(j.d_h):.4f} times"),
+        ("scaled_by_d_h", 1 / j.d_h,
+         f"divided by d_h = {j.d_h} instead of sqrt(d_h): scaled / raw = {total:.4f}"),
+        ("scale_inverted", math.sqrt(j.d_h),
+         f"multiplied by sqrt(d_h) instead of dividing: scaled / raw = {total:.4f}"),
+        ("scaled_by_C", 1 / j.C, f"divided by C = {j.C}: scaled / raw = {total:.4f}"),
+    ]
+    for kind, value, message in named:
+        if math.isclose(total, value, rel_tol=1e-5) and not math.isclose(
+                value, 1 / math.sqrt(j.d_h), rel_tol=1e-9):
+            return kind, message
+    return "wrong_scale", (f"scaled by {total:.4f}; it should be 1/sqrt(d_h) = "
+                           f"{1 / math.sqrt(j.d_h):.4f}")

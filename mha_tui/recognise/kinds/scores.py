@@ -6,8 +6,11 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+from ...check.numeric import close, recompute
 from ...records import Check, OpRecord, Snapshot, Stage
 from ..builder import BHTD, BHTT
 from ..graph import Graph, masks_somewhere
@@ -15,6 +18,10 @@ from ..grouping import Unit
 from ..maker import StageMaker, batched_product, synthetic, words
 from ..sizes import Sizes
 from ..vocab import MATMULS
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "scores"
 
@@ -178,3 +185,26 @@ def _scores_and_bias(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
 def _very_negative_anywhere(m: StageMaker, op: OpRecord) -> bool:
     others = m.g.other_inputs(op)
     return bool(others) and masks_somewhere(m.g, others[0])
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def scores_row(j: Judge, stage: Stage) -> Row:
+    ops = j.main_ops(stage, {"matmul", "bmm", "baddbmm", "einsum"})
+    worst, ok = 0.0, bool(ops)
+    for op in ops:
+        expected = recompute(j.g, op)
+        if expected is None:
+            continue
+        good, d = close(op.out.values, expected.reshape(op.out.shape))
+        ok &= good
+        worst = max(worst, d)
+    shapes_ok = all(op.out.shape[-1] == op.out.shape[-2] == j.T for op in ops)
+    return j.row(stage, "scores", ok and shapes_ok, worst,
+                    "scores = Q_i @ K_i^T, a (T, T) matrix per head")
+
+
+def judge(j: Judge) -> list[Row]:
+    """Each scores stage (sdpa's expansion is judged by sdpa)."""
+    return [scores_row(j, s) for s in j.trace.stages if s.kind == "scores" and not j.is_sdpa(s)]

@@ -6,9 +6,11 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...check.numeric import causal_set, close, f64
 from ...records import Check, OpRecord, Stage, TensorRecord
 from ..builder import BHTD, BHTT
 from ..graph import Graph
@@ -16,7 +18,12 @@ from ..grouping import Unit
 from ..maker import StageMaker, synthetic, words
 from ..sizes import Sizes
 from ..vocab import softmax
+from .scale import scale_diagnosis
 from .softmax import softmax_checks
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "sdpa"
 
@@ -110,3 +117,88 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> list[Stage]:
                        "row t: token t's weighted mix of values", extra=(fused_rec,)))
     m.out_of_kind["attend"] = (fused, op.out)
     return stages
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    """F.scaled_dot_product_attention, judged as a whole from its own q, k, v.
+
+    The recogniser shows it expanded into scores, scale, mask, softmax and attend (its
+    own computation); the module ran one fused op, so the op's output is compared with
+    causal attention computed here from the op's inputs, and a mismatch is put on the
+    step whose variant (another scale, no mask) reproduces the output.
+    """
+    rows: list[Row] = []
+    done: set[int] = set()
+    for stage in j.trace.stages:
+        if not j.is_sdpa(stage):
+            continue
+        op = next(op for op in stage.ops if op.name == "scaled_dot_product_attention")
+        if op.index in done:
+            continue
+        done.add(op.index)
+        kinds = [s for s in j.trace.stages if op in s.ops]
+        good, diff, diag = _judge_sdpa(j, op)
+        wrong = "" if diag is None else "attend" if diag[0] in ("sdpa_wrong", "dropout_active") \
+            else "scale" if "scale" in diag[0] else "mask"
+        checked = {
+            "scores": "Q_i @ K_i^T for every head, inside the fused op",
+            "scale": f"scaled by 1/sqrt(d_h) = {1 / math.sqrt(j.d_h):.4f} inside the fused op",
+            "mask": "blocks exactly the causal entries, inside the fused op",
+            "softmax": "rows normalised over the keys, inside the fused op",
+            "attend": "F.scaled_dot_product_attention = softmax(Q K^T / sqrt(d_h) + causal "
+                      "mask) V, recomputed here from its q, k, v",
+        }
+        seen_kinds = set()
+        for s in kinds:
+            seen_kinds.add(s.kind)
+            is_wrong = s.kind == wrong
+            rows.append(j.row(s, s.kind, not is_wrong, diff if s.kind in (wrong, "attend") else None,
+                                 checked.get(s.kind, "inside the fused op"), source=op.source,
+                                 diagnosis=diag if is_wrong else None))
+        if wrong and wrong not in seen_kinds:
+            rows.append(j.row(None, wrong, False, diff, checked[wrong], source=op.source,
+                                 diagnosis=diag,
+                                 position=j.trace.stages.index(kinds[0]) + 0.5 if kinds else 0))
+        j.differences.append("computes attention with F.scaled_dot_product_attention "
+                                "(scores, scale, mask, softmax and attend in one fused op): "
+                                "equivalent" if good else "")
+    return rows
+
+
+def _judge_sdpa(j: Judge, op: OpRecord) -> tuple[bool, float, tuple[str, str] | None]:
+    q, k, v = (f64(j.g.snap(r).values) for r in j.g.tensor_operands(op)[:3])
+    d = q.shape[-1]
+    T = q.shape[-2]
+    expected_mask = causal_set(T) if j.facts.causal else np.zeros((T, T), bool)
+
+    def attention(factor: float, mask: np.ndarray) -> np.ndarray:
+        scores = q @ np.swapaxes(k, -1, -2) * factor
+        return softmax(np.where(mask, -np.inf, scores)) @ v
+
+    good, diff = close(op.out.values, attention(1 / math.sqrt(d), expected_mask))
+    if good:
+        return True, diff, None
+    p = op.kwarg("dropout_p", 0.0)
+    if isinstance(p, float) and p > 0:
+        return False, diff, ("dropout_active",
+                             f"dropout is active inside F.scaled_dot_product_attention "
+                             f"(dropout_p={p}): {j.runs_differ()}; pass "
+                             "dropout_p=self.dropout if self.training else 0.0")
+    for factor in (1 / math.sqrt(j.C), 1.0, 1 / d, math.sqrt(d)):
+        if close(op.out.values, attention(factor, expected_mask))[0]:
+            return False, diff, scale_diagnosis(j, factor)
+    if close(op.out.values, attention(1 / math.sqrt(d), np.zeros_like(expected_mask)))[0]:
+        return False, diff, ("mask_missing", "F.scaled_dot_product_attention ran without the "
+                                             "causal mask: the output equals unmasked attention "
+                                             "(is_causal=True, or an attn_mask, is missing)")
+    if close(op.out.values, attention(1 / math.sqrt(d), ~expected_mask))[0] or close(
+            op.out.values, attention(1 / math.sqrt(d), np.tril(np.ones_like(expected_mask), -1)))[0]:
+        return False, diff, ("mask_reversed", "F.scaled_dot_product_attention's mask is "
+                                              "reversed: it blocks the earlier tokens")
+    return False, diff, ("sdpa_wrong", "F.scaled_dot_product_attention's output is not causal "
+                                       "attention with 1/sqrt(d_h) scaling of its q, k, v")
+
+# ------------------------------------------------------------ ordering

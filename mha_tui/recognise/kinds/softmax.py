@@ -5,8 +5,11 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+from ...check.numeric import ATOL, RTOL, close, f64
 from ...records import Check, OpRecord, Ref, Stage
 from ..builder import BHTT, plural, yes
 from ..graph import Graph
@@ -14,6 +17,11 @@ from ..grouping import Unit
 from ..maker import StageMaker, words
 from ..sizes import Sizes
 from ..vocab import SOFTMAXES
+from ..vocab import softmax as softmax_of
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "softmax"
 
@@ -115,3 +123,43 @@ def softmax_checks(weights: np.ndarray, before: np.ndarray) -> list[Check]:
             checks.append(Check(f"{n_zero} of {n_blocked} masked entries are exactly 0",
                                 n_zero == n_blocked))
     return checks
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    rows = []
+    for stage in j.trace.stages:
+        if stage.kind != "softmax" or j.is_sdpa(stage):
+            continue
+        ops = j.main_ops(stage, SOFTMAXES)
+        if not ops:
+            continue
+        op = ops[0]
+        logits = f64(j.g.snap(j.g.x_inputs(op)[0]).values)
+        got = f64(op.out.values)
+        good, d = close(got, softmax_of(logits, -1), 1.0)
+        diag = None
+        if not good:
+            diag = _softmax_diagnosis(j, logits, got)
+        rows.append(j.row(stage, "softmax", good, d,
+                             "each query's row normalised over the keys",
+                             source=op.source, diagnosis=diag))
+    return rows
+
+
+def _softmax_diagnosis(j: Judge, logits: np.ndarray, got: np.ndarray) -> tuple[str, str]:
+    names = {logits.ndim - 2: "the query axis: every column sums to 1",
+             logits.ndim - 3: "the head axis: the heads' weights for one entry sum to 1",
+             0: "the batch axis"}
+    for axis in range(logits.ndim - 1):
+        if np.allclose(got, softmax_of(logits, axis), atol=ATOL, rtol=RTOL, equal_nan=True):
+            dim = axis - logits.ndim
+            return "softmax_wrong_axis", (f"softmax over the wrong axis (dim={dim}, "
+                                          f"{names.get(axis, 'axis ' + str(axis))}): each "
+                                          "query's row must be normalised over the keys, "
+                                          "dim=-1")
+    sums = got.sum(axis=-1)
+    return "softmax_wrong", (f"the weights are not a softmax of the scores over the keys "
+                             f"(row sums range {np.nanmin(sums):.4f} to {np.nanmax(sums):.4f})")

@@ -6,15 +6,22 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...check.numeric import ATOL, RTOL, close, f64, max_diff
 from ...records import Check, OpRecord, Stage
 from ..builder import BTC, BTHD, yes
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
 from ..sizes import Sizes
+from ..vocab import SHAPE_OPS
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "view"
 
@@ -61,3 +68,105 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, "view", tensors, checks, shape_in=src.shape,
                       shape_out=first.out.shape, dims_in=m.dims(src.shape, BTC),
                       dims_out=m.dims(first.out.shape, BTHD))
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    """The view and transpose stages together: the head split judged on the tensors the scores
+    and attend ops actually used."""
+    rows: list[Row] = []
+    split_stages = [s for s in j.trace.stages if s.kind in ("view", "transpose")]
+    worst, ok, diagnosis, culprit = 0.0, True, None, None
+    judged = False
+    for role, entries in j.head_operands().items():
+        per_head = [e for e in entries if j.head_index(e[2]) is not None]
+        for values, ref, _consumer in entries:
+            projected, factor, proj_op, passed = j.chain_to_projection(ref)
+            if projected is None:
+                continue
+            projected = j.canonical_projection(f64(projected))
+            got = f64(values)
+            if per_head and got.ndim == 3:  # one head's own module: nothing was split
+                expected = projected * factor
+                judged = True
+                good, d = close(got, expected)
+            else:
+                if projected.shape[-1] != j.h * j.d_h or got.size != projected.size:
+                    continue
+                judged = True
+                expected = (projected.reshape(j.B, j.T, j.h, j.d_h)
+                            .transpose(0, 2, 1, 3) * factor)
+                got4 = got.reshape(expected.shape) if got.ndim != 4 else got
+                good, d = close(got4, expected)
+                if not good and diagnosis is None:
+                    diagnosis = _split_diagnosis(j, got4, projected * factor, role)
+                    culprit = passed[0] if passed else proj_op
+            worst = max(worst, d)
+            ok &= good
+    if not judged:
+        return rows
+    target = None
+    if culprit is not None:
+        target = j.stage_of.get(culprit.index)
+    if target is None or target.kind not in ("view", "transpose"):
+        target = split_stages[-1] if split_stages else None
+    checked = (f"head i holds channels [{j.d_h}i, {j.d_h}i+{j.d_h}) of every "
+               f"token's Q, K, V")
+    for stage in split_stages:
+        if stage is target:
+            continue
+        same, d = same_numbers(j, stage)
+        rows.append(j.row(stage, stage.kind, same, d,
+                             "a new shape or axis order only: the same numbers"))
+    if target is not None:
+        rows.append(j.row(target, target.kind, ok, worst, checked,
+                             source=culprit.source if (culprit and not ok) else None,
+                             diagnosis=diagnosis))
+    elif not ok:
+        src = culprit.source if culprit is not None else None
+        rows.append(j.row(None, "view", ok, worst, checked, source=src,
+                             diagnosis=diagnosis, position=j.position_before("scores")))
+    return rows
+
+
+def same_numbers(j: Judge, stage: Stage) -> tuple[bool, float]:
+    """Every op of a view/transpose stage keeps its input's numbers (order aside)."""
+    worst = 0.0
+    for op in stage.ops:
+        xs = j.g.x_inputs(op)
+        if not xs or op.name not in SHAPE_OPS:
+            continue
+        before = f64(j.g.snap(xs[0]).values).reshape(-1)
+        for out in op.outputs:
+            after = f64(out.values).reshape(-1)
+            if op.name in ("view", "reshape", "flatten", "unflatten", "contiguous", "clone",
+                           "float", "to", "detach"):
+                d = max_diff(after, before) if after.size == before.size else math.inf
+            else:
+                d = max_diff(np.sort(after), np.sort(before)) if after.size == before.size \
+                    else 0.0 if np.isin(after, before).all() else math.inf
+            worst = max(worst, d)
+    return worst <= ATOL, worst
+
+
+def _split_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role: str) -> tuple[str, str]:
+    name = {"Q": "queries", "K": "keys", "V": "values"}[role]
+    if np.allclose(got.reshape(-1), projected.reshape(-1), atol=ATOL, rtol=RTOL, equal_nan=True):
+        last = (j.T * j.d_h - 1) // j.C  # the token head 0's last number is from
+        tokens = "token 0" if last == 0 else f"tokens 0-{last}"
+        return ("split_without_transpose",
+                f"heads split with a single view(B, h, T, d_h) and no transpose: the {name}' "
+                f"numbers are all there but in memory order, so head 0 holds the first "
+                f"T*d_h = {j.T * j.d_h} numbers ({tokens}, all channels) instead of "
+                f"channels 0-{j.d_h - 1} of every token; view(B, T, h, d_h), then "
+                f"transpose(1, 2)")
+    if np.allclose(np.sort(got.reshape(-1)), np.sort(projected.reshape(-1)), atol=ATOL,
+                   rtol=RTOL):
+        return ("split_permuted",
+                f"the {name} hold the right numbers in the wrong places (a permutation): "
+                f"head i must get channels [i*{j.d_h}, (i+1)*{j.d_h}) of each token")
+    return ("split_wrong", f"the head-split {name} are not the projection's numbers")
+
+# ------------------------------------------------------------ scores / scale / mask / softmax

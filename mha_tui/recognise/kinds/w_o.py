@@ -5,13 +5,20 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from ...records import Check, OpRecord, Stage, TensorRecord
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ...records import Check, OpRecord, Stage
 from ..builder import BTC
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
 from ..sizes import Sizes
-from .project import build_projection, weight_product
+from .project import build_projection, linear_row, weight_product
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
+
 
 KIND = "w_o"
 
@@ -26,6 +33,7 @@ RULES = (output_projection,)
 
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     stage = build_projection(m, unit, stage_id, kind="w_o")
+    product = stage.checks[0]  # build_projection's first check: out equals x @ W (+ b)
     s = m.s
     weight = next((t for t in stage.tensors if t.dims in (("C_out", "C_in"), ("C_in", "C_out"))), None)
     checks = list(stage.checks)
@@ -39,13 +47,44 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     last = m.op(max([*unit.ops, *unit.helpers]))
     if last.out.shape != tuple(out.values.shape) and last.out.shape == (s.B, s.T, s.C):
         out = m.b.record(out.name, last.out, BTC)
-    renamed = TensorRecord(**{**out.__dict__, "shares_with": "concat's " + _concat_name(m),
-                              "head_split": None, "caption": ""})
-    object.__setattr__(stage, "tensors", (*stage.tensors[:-1], renamed))
-    object.__setattr__(stage, "checks", tuple(c for c in checks if "nn.Linear" not in c.label
-                                              or ("bias" in c.label and c.ok is not True)))
+    renamed = replace(out, shares_with="concat's " + _concat_name(m), head_split=None, caption="")
+    # nn.Linear's product check is said by the checks above; it stays only when it failed.
+    linear = any(m.op(i).name == "linear" for i in unit.ops)
+    stage = replace(stage, tensors=(*stage.tensors[:-1], renamed),
+                    checks=tuple(c for c in checks if c is not product or not linear or c.ok is not True))
+    m.made[KIND] = stage
     return stage
 
 def _concat_name(m: StageMaker) -> str:
     stage = m.made.get("concat")
     return stage.tensors[-1].name if stage else "context"
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    stages = [s for s in j.trace.stages if s.kind == "w_o"]
+    if stages:
+        return [linear_row(j, s, "w_o") for s in stages]
+    if j.trace.failed:
+        return []
+    used = {r.name for op in j.g.ops for r in op.inputs if r.kind == "param"}
+    unused = [(n, s) for n, s in j.facts.parameters if n not in used and len(s) == 2]
+    last = j.g.ops[-1] if j.g.ops else None
+    src = last.source if last is not None else None
+    if unused:
+        name, shape = unused[0]
+        return [j.row(None, "w_o", False, None,
+                         "the concatenated heads go through the output projection",
+                         source=src, position=len(j.trace.stages) + 1,
+                         diagnosis=("no_output_projection",
+                                    f"no output projection: the module has {name} "
+                                    f"{tuple(shape)} but its forward never uses it, so the "
+                                    "concatenated heads are returned unmixed"))]
+    j.differences.append("has no output projection (the heads' concatenation is the "
+                            "output, as in Raschka's MultiHeadAttentionWrapper): compared "
+                            "with a reference whose W_O is the identity")
+    return []
+
+# ------------------------------------------------------------ sdpa

@@ -18,30 +18,26 @@ Never import rich, textual or typer here either.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from .config import NUMPY_MODEL_NAMES, Config, Source, parse_module_ref
+from ..config import NUMPY_MODEL_NAMES, Config, Source, parse_module_ref
 from .learner import (
     LoadError,
-    _class_file,
-    _describe,
-    _import_file,
-    _import_name,
-    _learner_code,
-    _safe,
-    _shown_path,
+    class_file,
     constructor_arguments,
+    describe,
+    forward_of,
+    import_file,
+    import_name,
+    learner_code,
+    safe,
+    shown_path,
 )
-
-if TYPE_CHECKING:
-    from .records import Trace
 
 MASK_NAMES = ("mask", "attn_mask")
 
@@ -75,26 +71,36 @@ class LoadedNumpy:
     label: str = ""
     construction: str = ""
     file: str = ""
+    # Where x was looked up (file, line): the embed stage shows that line.
+    lookup: tuple[str, int] = ("", 0)
 
 
 def build_blueprint(config: Config, *, einsum: bool = False,
                     init: tuple[tuple[str, object], ...] = ()) -> LoadedNumpy:
     """`--model blueprint` (`blueprint-einsum`): the blueprint's class, built by the same
     rules as a learner's (d_model, n_heads, seed by name; --init), its x and mask."""
-    from .examples.blueprint import MultiHeadAttention, MultiHeadAttentionEinsum
+    from ..examples.blueprint import MultiHeadAttention, MultiHeadAttentionEinsum
 
     cls = MultiHeadAttentionEinsum if einsum else MultiHeadAttention
     name = "blueprint-einsum" if einsum else "blueprint"
     return load_learner(config, Source(model=name, init=init), cls, label=name)
 
 
+def look_up(table: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, tuple[str, int]]:
+    """x, the table's rows for ids, and where that happened (file, line): the embed stage
+    shows the line that ran."""
+    x = table[ids]  # (T, C)
+    return x, (__file__, sys._getframe().f_lineno - 1)  # the line above
+
+
 def _inputs(module: object, config: Config, *, label: str, construction: str) -> LoadedNumpy:
     table = embedding_table(config)
     ids = np.array(config.ids, dtype=np.int64)  # (T,)
-    x = table[ids]  # (T, C)
+    x, lookup = look_up(table, ids)
     args, kwargs = forward_inputs(module, x, causal=config.causal)
     return LoadedNumpy(module=module, ids=ids, table=table, x=x, args=args, kwargs=kwargs,
-                       label=label, construction=construction, file=_class_file(type(module)))
+                       label=label, construction=construction, file=class_file(type(module)),
+                       lookup=lookup)
 
 
 # ---------------------------------------------------------------- a learner's NumPy class
@@ -109,7 +115,7 @@ def numpy_class(ref: str) -> type | None:
     learner without torch never needs it.
     """
     where, attr, is_file = parse_module_ref(ref)
-    module = _import_file(where) if is_file else _import_name(where)
+    module = import_file(where) if is_file else import_name(where)
     torch = sys.modules.get("torch")
 
     def is_torch(value: object) -> bool:
@@ -118,22 +124,22 @@ def numpy_class(ref: str) -> type | None:
     classes = sorted(name for name, value in vars(module).items()
                      if isinstance(value, type) and getattr(value, "__module__", None) == module.__name__)
     torch_file = any(is_torch(getattr(module, name)) for name in classes)
-    shown = _shown_path(where) if is_file else where
+    shown = shown_path(where) if is_file else where
     target: object = module
     for part in attr.split("."):
         if not hasattr(target, part):
             if torch_file:
                 return None  # the torch load room names the nn.Module classes there
             there = f"; classes there: {', '.join(classes)}" if classes else "; it defines no class"
-            raise LoadError(f"--module {_safe(shown)} has no {_safe(attr)!r}{there}")
+            raise LoadError(f"--module {safe(shown)} has no {safe(attr)!r}{there}")
         target = getattr(target, part)
     if is_torch(target) or (not isinstance(target, type) and torch_file):
         return None
     if not isinstance(target, type):
-        raise LoadError(f"--module {_safe(shown)}:{_safe(attr)} is {_describe(target)}, not a "
+        raise LoadError(f"--module {safe(shown)}:{safe(attr)} is {describe(target)}, not a "
                         "class; name the class (e.g. my_attn.py:MultiHeadAttention)")
     if not callable(getattr(target, "forward", None)) and "__call__" not in _own_attributes(target):
-        raise LoadError(f"--module {_safe(shown)}:{_safe(attr)} is neither an nn.Module subclass "
+        raise LoadError(f"--module {safe(shown)}:{safe(attr)} is neither an nn.Module subclass "
                         "nor a class with a forward() method (for NumPy code)")
     return target
 
@@ -147,7 +153,7 @@ def load_learner(config: Config, source: Source, cls: type, label: str = "") -> 
     """Build a learner's NumPy class by the same rules as a torch module (and `seed`)."""
     label = label or source.module or cls.__name__
     if source.weights is not None:
-        raise LoadError(f"--weights loads a torch state dict; {_safe(label)} is NumPy code, "
+        raise LoadError(f"--weights loads a torch state dict; {safe(label)} is NumPy code, "
                         "which makes its own arrays (pass their seed with --init seed=N)")
     init = dict(source.init)
     try:
@@ -158,14 +164,12 @@ def load_learner(config: Config, source: Source, cls: type, label: str = "") -> 
         init["seed"] = config.seed  # the blueprint's convention: the weights' generator seed
     kwargs = constructor_arguments(cls, config, init)
     call = f"{cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
-    with _learner_code(f"building {call}", _class_file(cls)):
+    with learner_code(f"building {call}", class_file(cls)):
         module = cls(**kwargs)
-    from .tracing.numpy_ops import forward_of
-
     try:
         forward_of(module)
     except TypeError:
-        raise LoadError(f"{_safe(call)} has neither forward() nor __call__(); mha-tui calls "
+        raise LoadError(f"{safe(call)} has neither forward() nor __call__(); mha-tui calls "
                         "module.forward(x, mask)") from None
     loaded = _inputs(module, config, label=label, construction=call)
     _probe(loaded)
@@ -175,17 +179,15 @@ def load_learner(config: Config, source: Source, cls: type, label: str = "") -> 
 def _probe(loaded: LoadedNumpy) -> None:
     """Run a learner's forward once, untraced, to refuse a result that is not an array.
     A forward that raises is not refused: the trace shows every stage up to the failure."""
-    from .tracing.numpy_ops import forward_of
-
     try:
-        with _learner_code("probing", loaded.file), np.errstate(all="ignore"):
+        with learner_code("probing", loaded.file), np.errstate(all="ignore"):
             result = forward_of(loaded.module)(*loaded.args, **loaded.kwargs)
     except LoadError:
         return
     first = result[0] if isinstance(result, tuple | list) and result else result
     if not isinstance(first, np.ndarray):
-        what = _describe(result) if first is result else \
-            f"{_describe(result)} whose first element is {_describe(first)}"
+        what = describe(result) if first is result else \
+            f"{describe(result)} whose first element is {describe(first)}"
         raise LoadError(f"{type(loaded.module).__name__}.forward returned {what}, not an "
                         "ndarray; mha-tui needs the attention output (an array, or a tuple "
                         "whose first element is one)")
@@ -208,8 +210,6 @@ def forward_inputs(module: object, x: np.ndarray, *, causal: bool
                    ) -> tuple[tuple[np.ndarray, ...], dict[str, np.ndarray | None]]:
     """x (or x three times for forward(query, key, value)); `mask`/`attn_mask` gets the
     additive causal mask, or None with --no-causal."""
-    from .tracing.numpy_ops import forward_of
-
     try:
         params = list(inspect.signature(forward_of(module)).parameters.values())
     except (TypeError, ValueError):
@@ -223,19 +223,3 @@ def forward_inputs(module: object, x: np.ndarray, *, causal: bool
         if p.name in MASK_NAMES:
             kwargs[p.name] = causal_mask(x.shape[0]) if causal else None
     return args, kwargs
-
-
-def traced(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
-    """The function the CLI and the app call to trace the built module."""
-
-    def run(config: Config) -> Trace:
-        from .tracing.numpy_ops import trace
-
-        # The learner's prints go to stderr: a transcript on stdout stays a transcript.
-        with contextlib.redirect_stdout(sys.stderr):
-            return trace(loaded.module, loaded.x, config.tokens, args=loaded.args,
-                         kwargs=loaded.kwargs, table=loaded.table, ids=loaded.ids,
-                         config=config)
-
-    return run
-

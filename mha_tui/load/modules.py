@@ -28,18 +28,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import Config, Source, parse_module_ref
-from .learner import (  # the torch-free half of the load room, shared with load_numpy
+from ..config import Config, Source, parse_module_ref
+from .learner import (  # the torch-free half of the load room, shared with numpy_modules
     MASK_NAMES,
     LoadError,
-    _class_file,
-    _describe,
-    _import_file,
-    _import_name,
-    _learner_code,
-    _safe,
-    _shown_path,
+    class_file,
     constructor_arguments,
+    describe,
+    import_file,
+    import_name,
+    learner_code,
+    safe,
+    shown_path,
 )
 
 
@@ -97,7 +97,7 @@ def output_tensor(result: object, module: nn.Module) -> torch.Tensor:
         result = result[0]
     if not isinstance(result, torch.Tensor):
         raise LoadError(
-            f"{type(module).__name__}.forward returned {_describe(result)}, not a tensor; "
+            f"{type(module).__name__}.forward returned {describe(result)}, not a tensor; "
             "mha-tui needs the attention output (a tensor, or a tuple whose first element is one)"
         )
     return result
@@ -134,7 +134,7 @@ def load(config: Config, source: Source | None = None) -> Loaded:
         x = embedding(ids)  # (B, T, C)
     args, forward_kwargs = forward_inputs(module, x, causal=config.causal)
     loaded = Loaded(module=module, embedding=embedding, ids=ids, x=x, args=args,
-                    kwargs=forward_kwargs, label=label, file=_class_file(cls),
+                    kwargs=forward_kwargs, label=label, file=class_file(cls),
                     construction=_call_text(cls, kwargs))
     if source.module is not None:
         _probe(loaded)
@@ -165,8 +165,8 @@ def _call_text(cls: type, kwargs: Mapping[str, object]) -> str:
 
 def _learner_class(ref: str) -> tuple[type[nn.Module], str]:
     where, attr, is_file = parse_module_ref(ref)
-    module = _import_file(where) if is_file else _import_name(where)
-    shown = _shown_path(where) if is_file else where
+    module = import_file(where) if is_file else import_name(where)
+    shown = shown_path(where) if is_file else where
     target: object = module
     for part in attr.split("."):
         if not hasattr(target, part):
@@ -175,11 +175,11 @@ def _learner_class(ref: str) -> tuple[type[nn.Module], str]:
                              and getattr(value, "__module__", None) == module.__name__)
             there = f"; nn.Module classes there: {', '.join(classes)}" if classes else \
                 "; it defines no nn.Module class"
-            raise LoadError(f"--module {_safe(shown)} has no {_safe(attr)!r}{there}")
+            raise LoadError(f"--module {safe(shown)} has no {safe(attr)!r}{there}")
         target = getattr(target, part)
     if not (isinstance(target, type) and issubclass(target, nn.Module)):
-        what = "an nn.Module instance" if isinstance(target, nn.Module) else _describe(target)
-        raise LoadError(f"--module {_safe(shown)}:{_safe(attr)} is {what}, not an nn.Module "
+        what = "an nn.Module instance" if isinstance(target, nn.Module) else describe(target)
+        raise LoadError(f"--module {safe(shown)}:{safe(attr)} is {what}, not an nn.Module "
                         "subclass; name the class (e.g. my_attn.py:MultiHeadAttention)")
     return target, f"{shown}:{attr}"
 
@@ -188,12 +188,12 @@ def _learner_class(ref: str) -> tuple[type[nn.Module], str]:
 
 
 def _construct(cls: type[nn.Module], kwargs: dict[str, object]) -> nn.Module:
-    file = _class_file(cls)
+    file = class_file(cls)
     call = _call_text(cls, kwargs)
-    with _learner_code(f"building {call}", file):
+    with learner_code(f"building {call}", file):
         module = cls(**kwargs)
     if not isinstance(module, nn.Module):  # a __new__ that returns something else
-        raise LoadError(f"{call} returned {_describe(module)}, not an nn.Module")
+        raise LoadError(f"{call} returned {describe(module)}, not an nn.Module")
     return module
 
 
@@ -246,7 +246,7 @@ def forward_inputs(module: nn.Module, x: torch.Tensor, *, causal: bool
 
 def read_weights(path: str) -> dict[str, torch.Tensor]:
     """A state dict from FILE, read without executing anything in it."""
-    shown = _safe(_shown_path(path))
+    shown = safe(shown_path(path))
     file = Path(path).expanduser()
     if not file.is_file():
         raise LoadError(f"--weights {shown} {'is a folder' if file.is_dir() else 'does not exist'}")
@@ -258,7 +258,7 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
             data: object = load_file(str(file), device="cpu")
         except (SafetensorError, OSError, ValueError) as error:
             raise LoadError(f"--weights {shown} is not a readable .safetensors file: "
-                            f"{_safe(str(error))}") from None
+                            f"{safe(str(error))}") from None
     else:
         with file.open("rb") as head:
             magic = head.read(4)
@@ -279,12 +279,12 @@ def _weights_refusal(shown: str, error: Exception) -> str:
     only = "refused: a weights file may hold only tensors (save model.state_dict(), or use .safetensors)"
     found = re.search(r"GLOBAL ([\w.]+)", text)
     if found:
-        return f"--weights {shown} would run code when loaded (it calls {_safe(found.group(1))}); {only}"
+        return f"--weights {shown} would run code when loaded (it calls {safe(found.group(1))}); {only}"
     if "Weights only load failed" in text:
         detail = re.search(r"WeightsUnpickler error:\s*(.+?)\n\n", text, re.S)
-        why = f" ({_safe(detail.group(1))})" if detail else ""
+        why = f" ({safe(detail.group(1))})" if detail else ""
         return f"--weights {shown} cannot be read without risking running code{why}; {only}"
-    return f"--weights {shown} is not a state dict torch.load can read: {_safe(text)}"
+    return f"--weights {shown} is not a state dict torch.load can read: {safe(text)}"
 
 
 def _state_dict(shown: str, data: object) -> dict[str, torch.Tensor]:
@@ -297,11 +297,11 @@ def _state_dict(shown: str, data: object) -> dict[str, torch.Tensor]:
                 data = inner
                 break
     if not isinstance(data, Mapping):
-        raise LoadError(f"--weights {shown} holds {_describe(data)}, not a state dict "
+        raise LoadError(f"--weights {shown} holds {describe(data)}, not a state dict "
                         "(save model.state_dict())")
     for key, value in data.items():
         if not isinstance(key, str) or not isinstance(value, torch.Tensor):
-            raise LoadError(f"--weights {shown}: entry {_safe(repr(key))} is {_describe(value)}, "
+            raise LoadError(f"--weights {shown}: entry {safe(repr(key))} is {describe(value)}, "
                             "not a tensor")
     return dict(data)
 
@@ -312,7 +312,7 @@ def _shape(t: torch.Tensor) -> str:
 
 def load_weights(module: nn.Module, path: str) -> None:
     """Replace the module's parameters and buffers by the file's; refuse the first misfit."""
-    shown = _safe(_shown_path(path))
+    shown = safe(shown_path(path))
     state = read_weights(path)
     expected = module.state_dict()
     what = type(module).__name__
@@ -328,8 +328,8 @@ def load_weights(module: nn.Module, path: str) -> None:
                             f"{tensor.dtype} in {what}")
     for key in state:
         if key not in expected:
-            raise LoadError(f"--weights {shown} has {_safe(repr(key))}, which {what} does not have")
+            raise LoadError(f"--weights {shown} has {safe(repr(key))}, which {what} does not have")
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as error:
-        raise LoadError(f"--weights {shown}: {_safe(str(error))}") from None
+        raise LoadError(f"--weights {shown}: {safe(str(error))}") from None

@@ -1,6 +1,6 @@
 """A learner's code, imported and run safely: the part of the load room that needs no torch.
 
-Shared by the torch load room (`load.py`) and the NumPy one (`load_numpy.py`), so that a
+Shared by the torch load room (`modules.py`) and the NumPy one (`numpy_modules.py`), so that a
 NumPy learner's module is found, built and refused with the same one-line messages without
 torch ever being imported. A learner's code is theirs: it is imported and run, never
 edited; its prints go to stderr; its exceptions become one `LoadError` line naming the file
@@ -19,11 +19,11 @@ import sys
 import traceback
 import unicodedata
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType, TracebackType
 
-from .config import Config
+from ..config import Config
 
 
 class LoadError(ValueError):
@@ -50,7 +50,7 @@ def filled_by_name(config: Config) -> dict[str, object]:
     return values
 
 
-def _describe(value: object) -> str:
+def describe(value: object) -> str:
     if value is None:
         return "None"
     name = type(value).__name__
@@ -60,7 +60,7 @@ def _describe(value: object) -> str:
 # ---------------------------------------------------------------- finding the class
 
 
-def _shown_path(path: str) -> str:
+def shown_path(path: str) -> str:
     """A path as the user sees it: relative to the working directory when inside it."""
     try:
         rel = os.path.relpath(path)
@@ -72,7 +72,7 @@ def _shown_path(path: str) -> str:
 _IMPORTED: dict[str, ModuleType] = {}
 
 
-def _import_file(where: str) -> ModuleType:
+def import_file(where: str) -> ModuleType:
     """Execute a learner's .py file as a fresh module, as `python FILE` would see it.
 
     It is registered under a private name (never its own stem: a file called json.py must
@@ -80,10 +80,10 @@ def _import_file(where: str) -> ModuleType:
     import its neighbours.
     """
     path = Path(where).expanduser()
-    shown = _shown_path(where)
+    shown = shown_path(where)
     if not path.is_file():
         reason = "is a folder" if path.is_dir() else "does not exist"
-        raise LoadError(f"--module {_safe(shown)} {reason}; give a .py file and a class, "
+        raise LoadError(f"--module {safe(shown)} {reason}; give a .py file and a class, "
                         "e.g. --module my_attn.py:MultiHeadAttention")
     path = path.resolve()
     if str(path) in _IMPORTED:  # already run once in this process: never run it twice
@@ -91,13 +91,13 @@ def _import_file(where: str) -> ModuleType:
     name = "_mha_tui_learner_." + re.sub(r"\W", "_", path.stem)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise LoadError(f"--module {_safe(shown)} cannot be imported as Python")
+        raise LoadError(f"--module {safe(shown)} cannot be imported as Python")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and typing look their module up by name
     folder = str(path.parent)
     sys.path.insert(0, folder)
     try:
-        with _learner_code(f"importing {shown}", str(path)):
+        with learner_code(f"importing {shown}", str(path)):
             spec.loader.exec_module(module)
     except BaseException:
         sys.modules.pop(name, None)
@@ -109,7 +109,7 @@ def _import_file(where: str) -> ModuleType:
     return module
 
 
-def _import_name(where: str) -> ModuleType:
+def import_name(where: str) -> ModuleType:
     try:
         spec = importlib.util.find_spec(where)
     except (ImportError, ValueError):
@@ -117,11 +117,11 @@ def _import_name(where: str) -> ModuleType:
     if spec is None:
         hint = f"; did you mean --module {where}.py:...?" if Path(f"{where}.py").is_file() else ""
         raise LoadError(f"--module: no module named {where!r} in this Python environment{hint}")
-    with _learner_code(f"importing {where}", spec.origin or where):
+    with learner_code(f"importing {where}", spec.origin or where):
         return importlib.import_module(where)
 
 
-def _class_file(cls: type) -> str:
+def class_file(cls: type) -> str:
     try:
         return inspect.getsourcefile(cls) or ""
     except TypeError:
@@ -132,7 +132,7 @@ def _class_file(cls: type) -> str:
 
 
 @contextlib.contextmanager
-def _learner_code(doing: str, file: str) -> Iterator[None]:
+def learner_code(doing: str, file: str) -> Iterator[None]:
     """Run a learner's code: its exceptions become one line naming their file and line.
 
     Its prints go to stderr, so that a transcript on stdout stays a transcript.
@@ -144,12 +144,12 @@ def _learner_code(doing: str, file: str) -> Iterator[None]:
     except LoadError:
         raise
     except SyntaxError as error:
-        where = _shown_path(error.filename or file)
-        raise LoadError(f"{_safe(where)}, line {error.lineno}: SyntaxError: "
-                        f"{_safe(error.msg)} (while {_safe(doing)})") from None
+        where = shown_path(error.filename or file)
+        raise LoadError(f"{safe(where)}, line {error.lineno}: SyntaxError: "
+                        f"{safe(error.msg)} (while {safe(doing)})") from None
     except (Exception, SystemExit) as error:
         raise LoadError(f"{_at(error.__traceback__, file)}{type(error).__name__}: "
-                        f"{_safe(str(error)) or '(no message)'} (while {_safe(doing)})") from None
+                        f"{safe(str(error)) or '(no message)'} (while {safe(doing)})") from None
 
 
 def _at(tb: TracebackType | None, file: str) -> str:
@@ -159,10 +159,10 @@ def _at(tb: TracebackType | None, file: str) -> str:
         return ""
     mine = [f for f in frames if os.path.realpath(f.filename) == os.path.realpath(file)]
     frame = (mine or frames)[-1]
-    return f"{_safe(_shown_path(frame.filename))}, line {frame.lineno}: "
+    return f"{safe(shown_path(frame.filename))}, line {frame.lineno}: "
 
 
-def _safe(text: str, limit: int = 300) -> str:
+def safe(text: str, limit: int = 300) -> str:
     """Learner text for one stderr line: whitespace runs made single spaces, controls
     made visible, long text cut."""
     text = " ".join(text.split())
@@ -202,3 +202,14 @@ def constructor_arguments(cls: type, config: Config, init: Mapping[str, object])
                             "passes constructor arguments by name")
     kwargs.update((k, v) for k, v in init.items() if k not in kwargs)  # into **kwargs
     return kwargs
+
+
+def forward_of(module: object) -> Callable[..., object]:
+    """What runs a NumPy module: its `forward` (the blueprint's API), else the object itself.
+    The loader probes a module with it and the NumPy tracer records through it."""
+    forward = getattr(module, "forward", None)
+    if callable(forward):
+        return forward
+    if callable(module):
+        return module  # type: ignore[return-value]
+    raise TypeError(f"{type(module).__name__} has neither forward() nor __call__()")

@@ -1,0 +1,162 @@
+"""The check's numbers: differences and tolerances, what a product op computes from its
+recorded inputs, which entries a mask blocks, the ratio a scaling applied.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..recognise.graph import Graph
+from ..recognise.vocab import LARGE_NEGATIVE
+from ..records import OpRecord, Ref
+
+# float32 arithmetic in a different order (fused ops, einsum, scale before or after the
+# mask) differs by a few ulps; anything above this is a different computation.
+ATOL = 1e-5
+RTOL = 1e-4
+
+
+def f64(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64)
+
+
+def max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest |a - b|; equal infinities and NaN in the same place count as equal."""
+    a, b = f64(a), f64(b)
+    if a.shape != b.shape:
+        try:
+            a, b = np.broadcast_arrays(a, b)
+        except ValueError:
+            return math.inf
+    if a.size == 0:
+        return 0.0
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(a - b))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    return float(diff.max())
+
+
+def close(a: np.ndarray, b: np.ndarray, scale: float | None = None) -> tuple[bool, float]:
+    """(within tolerance, largest difference): ATOL + RTOL * the size of the numbers."""
+    d = max_diff(a, b)
+    finite = f64(b)[np.isfinite(f64(b))] if np.size(b) else np.zeros(0)
+    size = scale if scale is not None else (float(np.abs(finite).max()) if finite.size else 0.0)
+    return d <= ATOL + RTOL * size, d
+
+
+
+def blocked(values: np.ndarray) -> np.ndarray:
+    """Entries softmax will give weight 0: -inf or a very large negative number."""
+    values = f64(values)
+    return np.isneginf(values) | (values <= LARGE_NEGATIVE)
+
+
+def causal_set(T: int) -> np.ndarray:
+    """(T, T) True where query i may not look at key j (j > i)."""
+    return np.triu(np.ones((T, T), dtype=bool), k=1)
+
+
+def blocked_pattern(values: np.ndarray) -> np.ndarray | None:
+    """The blocked (T, T) pattern of a (..., T, T) tensor if it is the same in every head."""
+    b = blocked(values)
+    if b.ndim < 2:
+        return None
+    flat = b.reshape(-1, *b.shape[-2:])
+    return flat[0] if all(np.array_equal(f, flat[0]) for f in flat) else None
+
+
+
+
+def linear_parts(g: Graph, op: OpRecord) -> tuple[Ref, np.ndarray, np.ndarray | None] | None:
+    """(input, weight as (out, in), bias) of a projection op, from its recorded arguments."""
+    x = g.x_inputs(op)
+    if len(x) != 1:
+        return None
+    others = [r for r in op.inputs if not g.is_x(r)]
+    mats = [r for r in others if g.snap(r).ndim == 2]
+    vecs = [r for r in others if g.snap(r).ndim == 1]
+    if len(mats) != 1:
+        return None
+    w = f64(g.snap(mats[0]).values)
+    bias = f64(g.snap(vecs[0]).values) if vecs else None
+    if op.name == "linear":
+        return x[0], w, bias
+    if op.name == "addmm" or op.name in ("matmul", "mm"):
+        operands = g.tensor_operands(op)
+        if op.name == "addmm" and operands and operands[0] is not x[0] and len(operands) == 3:
+            return (x[0], w.T, bias) if operands[1] is x[0] else None
+        return (x[0], w.T, None) if operands and operands[0] is x[0] else None
+    if op.name == "einsum":
+        spec = einsum_spec(op)
+        operands = g.tensor_operands(op)
+        if spec is None or len(operands) != 2:
+            return None
+        ins, _ = spec
+        w_letters = ins[operands.index(mats[0])] if mats[0] in operands else ""
+        x_letters = ins[operands.index(x[0])] if x[0] in operands else ""
+        if len(w_letters) != 2 or not x_letters:
+            return None
+        contracted = x_letters[-1]
+        if w_letters[0] == contracted:
+            return x[0], w.T, None
+        if w_letters[1] == contracted:
+            return x[0], w, None
+    return None
+
+
+def einsum_spec(op: OpRecord) -> tuple[list[str], str] | None:
+    equation = op.args[0] if op.args and isinstance(op.args[0], str) else None
+    if equation is None or "->" not in equation or "." in equation:
+        return None
+    lhs, out = equation.replace(" ", "").split("->")
+    return lhs.split(","), out
+
+
+def recompute(g: Graph, op: OpRecord) -> np.ndarray | None:
+    """What a product op computes from its recorded inputs (NumPy, float64), or None."""
+    operands = [f64(g.snap(r).values) for r in g.tensor_operands(op)]
+    try:
+        if op.name in ("matmul", "mm", "bmm") and len(operands) == 2:
+            return operands[0] @ operands[1]
+        if op.name == "baddbmm" and len(operands) == 3:
+            beta = float(op.kwarg("beta", 1) or 1)
+            alpha = float(op.kwarg("alpha", 1) or 1)
+            return beta * operands[0] + alpha * (operands[1] @ operands[2])
+        if op.name == "einsum":
+            spec = einsum_spec(op)
+            if spec is None:
+                return None
+            return np.einsum(f"{','.join(spec[0])}->{spec[1]}", *operands)
+        if op.name in ("linear", "addmm"):
+            parts = linear_parts(g, op)
+            if parts is None:
+                return None
+            x, w, b = parts
+            return f64(g.snap(x).values) @ w.T + (0 if b is None else b)
+    except ValueError:
+        return None
+    return None
+
+
+def ratio(after: np.ndarray, before: np.ndarray) -> float | None:
+    """after / before where both are finite and before is not tiny; None if not one number."""
+    if after.shape != before.shape:
+        try:
+            after, before = np.broadcast_arrays(after, before)
+        except ValueError:
+            return None
+    usable = np.isfinite(after) & np.isfinite(before) & (np.abs(before) > 1e-6) & \
+        (before > LARGE_NEGATIVE)
+    if not usable.any():
+        return None
+    ratios = after[usable] / before[usable]
+    r = float(np.median(ratios))
+    return r
+
+
+# ---------------------------------------------------------------------------- entry point

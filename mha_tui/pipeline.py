@@ -1,0 +1,188 @@
+"""One pipeline for every caller: load -> trace -> recognise -> judge.
+
+The CLI (`explain`, `check`), the app's loading worker, `--hf`, the NumPy path and the Python
+API (`mha_tui.trace`) all run through here, so each step happens in one place: the loader
+builds the module and its input (`load/`), the tracer records one forward
+(`tracing`), the recogniser turns the recording into stages (`recognise`), the check judges
+them (`check`). Each step is imported when it runs: importing this module costs nothing
+(the app paints its first frame before torch or NumPy is imported).
+Never import rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .config import Config
+from .records import ModuleInfo, Recorded, Trace
+
+if TYPE_CHECKING:
+    from .check import Verdict
+    from .config import Source
+    from .load.modules import Loaded
+    from .load.numpy_modules import LoadedNumpy
+    from .records import Stage
+
+
+def stages_of(recorded: Recorded) -> tuple[Stage, ...]:
+    """recognise: the stages of one recorded forward."""
+    from .recognise import recognise
+
+    return recognise(recorded.recording, recorded.config, embedded=recorded.embedded,
+                     forward_equal=recorded.forward_equal, n_params=recorded.n_params)
+
+
+def recognised(recorded: Recorded) -> Trace:
+    """recognise, then the Trace the app, the transcripts and the check read."""
+    from .recognise.sizes import head_calls
+
+    stages = stages_of(recorded)
+    recording = recorded.recording
+    # The heads ran as modules of their own (a ModuleList of heads) and the projection stage
+    # shows them side by side.
+    per_head = bool(head_calls(recording)) and any(s.kind == "project" for s in stages)
+    info = ModuleInfo(class_name=recording.module_class, file=recording.module_file,
+                      per_head_modules=per_head if recording.library == "torch" else False)
+    return Trace(config=recorded.config, stages=stages, module=info, recording=recording)
+
+
+# ---------------------------------------------------------------- trace a module
+
+def trace(module: Any, x: Any, tokens: Sequence[str] | None = None, **options: Any) -> Trace:
+    """The Python API (`mha_tui.trace`): trace one forward of a torch or a NumPy module."""
+    if type(x).__module__ == "numpy" and not _is_torch_module(module):
+        return trace_numpy(module, x, tokens, **options)  # NumPy code: torch never loads
+    from .tracing import record_forward  # torch is imported only now
+
+    return recognised(record_forward(module, x, tokens, **options))
+
+
+def trace_numpy(module: object, x: Any, tokens: Sequence[str] | None = None, *,
+                args: tuple[object, ...] | None = None, kwargs: Mapping[str, object] | None = None,
+                table: Any = None, ids: Any = None, config: Config | None = None,
+                lookup: tuple[str, int] | None = None) -> Trace:
+    """A NumPy module's forward on x (T, C), traced without torch. lookup: where x was
+    looked up in table (file, line); by default the NumPy loader's own lookup line."""
+    from .tracing.numpy_ops import record_forward
+    from .tracing.source import source_at
+
+    line = None
+    if table is not None and ids is not None:
+        if lookup is None:
+            from .load.numpy_modules import look_up
+
+            lookup = look_up(table, ids)[1]
+        line = source_at(*lookup)
+    return recognised(record_forward(module, x, tokens, args=args, kwargs=kwargs, table=table,
+                                     ids=ids, config=config, lookup=line))
+
+
+def _is_torch_module(module: Any) -> bool:
+    torch = sys.modules.get("torch")  # not imported: the module cannot be a torch one
+    return torch is not None and isinstance(module, torch.nn.Module)
+
+
+# ---------------------------------------------------------------- the CLI's and the app's runs
+
+def run_trace(config: Config, source: Source | None = None, *,
+              loaded: Loaded | LoadedNumpy | None = None) -> Trace:
+    """load -> trace -> recognise: the module (`--model`, default mygpt, or `--module`) on the
+    sentence.
+
+    loaded: a module the CLI has already built (so that bad input was refused before the
+    app opened). Raises `mha_tui.load.learner.LoadError` (one line) when the module cannot be
+    built. A NumPy module (`load.numpy_modules`) is traced by the NumPy adapter, without torch.
+    """
+    if getattr(loaded, "library", "torch") == "numpy":
+        return numpy_runner(loaded)(config)  # type: ignore[arg-type]
+    from .load.modules import load
+
+    loaded = loaded or load(config, source)
+    from .tracing import record_forward
+
+    # The learner's prints go to stderr: a transcript on stdout stays a transcript.
+    with contextlib.redirect_stdout(sys.stderr):
+        recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
+                                  embedding=loaded.embedding, ids=loaded.ids, config=config)
+    return recognised(recorded)
+
+
+def numpy_runner(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
+    """How the CLI and the app trace a built NumPy module: trace -> recognise."""
+
+    def run(config: Config) -> Trace:
+        # The learner's prints go to stderr: a transcript on stdout stays a transcript.
+        with contextlib.redirect_stdout(sys.stderr):
+            return trace_numpy(loaded.module, loaded.x, config.tokens, args=loaded.args,
+                               kwargs=loaded.kwargs, table=loaded.table, ids=loaded.ids,
+                               config=config, lookup=loaded.lookup)
+
+    return run
+
+
+# ---------------------------------------------------------------- the check
+
+def checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
+                                                     Callable[[Trace], Verdict]]:
+    """Build the module now (bad input fails here); return how to trace it and how to judge
+    a trace of it: load -> trace -> what needs running again (torch) -> judge."""
+    from .load.numpy_modules import load as load_numpy
+
+    numpy_loaded = load_numpy(config, source)
+    if numpy_loaded is not None:  # NumPy code: judged the same way, without torch
+        return _checked_numpy(config, numpy_loaded)
+    from .load.modules import load
+
+    loaded = load(config, source)
+
+    def call(module: object, x: object) -> object:  # x once, or as query, key and value
+        return module(*(x,) * len(loaded.args), **loaded.kwargs)  # type: ignore[operator]
+
+    def run(config: Config) -> Trace:
+        return run_trace(config, loaded=loaded)
+
+    def checker(traced: Trace) -> Verdict:
+        from .check import Facts, judge
+        from .tracing.rerun import parameter_shapes, reference_output, second_recording
+
+        facts = Facts(causal=config.causal, heads=config.num_heads,
+                      parameters=parameter_shapes(loaded.module),
+                      second=second_recording(loaded.module, loaded.x, call),
+                      reference=reference_output, training=loaded.module.training)
+        return judge(traced, facts, loaded.label)
+
+    return run, checker
+
+
+def _checked_numpy(config: Config, loaded: LoadedNumpy) -> tuple[Callable[[Config], Trace],
+                                                                  Callable[[Trace], Verdict]]:
+    """checked() for a NumPy module: a second NumPy recording, its arrays as parameters,
+    and the blueprint's computation in NumPy as the end-to-end reference."""
+
+    def checker(trace: Trace) -> Verdict:
+        import numpy as np
+
+        from .check import Facts, judge
+        from .check.numpy_reference import reference_output
+        from .tracing.numpy_ops import module_arrays, record
+
+        with np.errstate(all="ignore"):
+            again = record(loaded.module, loaded.args, loaded.kwargs)
+        facts = Facts(causal=config.causal, heads=config.num_heads,
+                      parameters=tuple((name, tuple(a.shape))
+                                       for name, a in module_arrays(loaded.module).items()),
+                      second=None if again.error else again.recordings[""],
+                      reference=reference_output, training=False,
+                      reference_name="the NumPy blueprint's computation")
+        return judge(trace, facts, loaded.label)
+
+    return numpy_runner(loaded), checker
+
+
+def check_source(config: Config, source: Source) -> Verdict:
+    """Judge one module: what `mha-tui check` does for each it is given."""
+    run, checker = checked(config, source)
+    return checker(run(config))
