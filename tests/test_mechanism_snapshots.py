@@ -15,7 +15,7 @@ MECHANISMS = Path(__file__).parent / "fixtures" / "mechanisms"
 
 def _app(ref: str, stage: str) -> ExplainApp:
     from mha_tui.config import Config, Source
-    from mha_tui.tracing import run_trace
+    from mha_tui.pipeline import run_trace
 
     trace = run_trace(Config("the cat sat on the mat", embed_dim=16, num_heads=4),
                       Source(module=str(MECHANISMS / ref)))
