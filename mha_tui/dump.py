@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
     """A Console that ignores the environment (TERM, COLUMNS, NO_COLOR, locale)."""
+    # `_environ` is private: Rich has no public switch to stop reading os.environ, and the
+    # explicit arguments below leave some variables (LINES) still read; {} closes them all.
     return Console(
         file=file, width=width, color_system="truecolor" if color else None,
         force_terminal=color, force_jupyter=False, force_interactive=False,

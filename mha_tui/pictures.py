@@ -79,6 +79,8 @@ class Selection:
 
 def picture_console(width: int) -> Console:
     """A recording colour Console that ignores the environment (TERM, COLUMNS, NO_COLOR)."""
+    # `_environ` is private: Rich has no public switch to stop reading os.environ (see
+    # dump.transcript_console).
     return Console(
         file=io.StringIO(), record=True, width=width, color_system="truecolor",
         force_terminal=True, force_jupyter=False, force_interactive=False,

@@ -37,7 +37,19 @@ def scale(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
         return "scale"
     if g.op_derives(op, {"transpose", "view"}):  # q scaled before q @ k^T (torch's own MHA)
         return "scale"
+    if g.op_derives(op, {"project", "rotary"}) and _head_scale(scalar_operand(g, op), op, sizes):
+        return "scale"  # OPT, BART: q_proj(x) * d_h ** -0.5, before the heads are split
     return None
+
+
+def _head_scale(factor: float | None, op: OpRecord, sizes: Sizes) -> bool:
+    """A factor that scales by the head width (1/sqrt(d_h), or its square root when q and k
+    are both scaled): evidence that this multiplies queries or keys for the scores."""
+    if factor is None or factor == 0:
+        return False
+    used = 1 / factor if op.name in ("div", "div_", "true_divide") else factor
+    return any(abs(used - target) < 1e-6 * max(1.0, target)
+               for target in (sizes.d_h ** -0.5, sizes.d_h ** -0.25))
 
 
 RULES = (scale,)
@@ -92,7 +104,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         checks.append(Check(f"the factor is 1/sqrt(d_h) = 1/sqrt({d_h}): "
                             f"{yes(abs(used - expected) < 1e-6)}", None))
     if on_q:
-        note = "This module scales before the scores are computed (q * 1/sqrt(d_h)); same result."
+        note = ("Q is scaled before the scores are computed (q * 1/sqrt(d_h)): the scaling "
+                "happens here, on the queries, not on the scores; same result.")
     elif raw == "masked scores":
         note = "This module masks before it scales: -inf divided by sqrt(d_h) stays -inf."
     else:

@@ -176,9 +176,9 @@ def _scores_and_bias(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
     bias = beta * m.snap(bias_ref).values.astype(np.float64)
     if bias.ndim == 3 and values.ndim == 4 and bias.shape[0] == values.shape[0] * values.shape[1]:
         bias = bias.reshape(values.shape[0], values.shape[1], *bias.shape[1:])
-    stage = bias_stage(m, "position_bias", np.broadcast_to(bias, values.shape), scaled4, values,
+    stage = bias_stage(m, "pos_bias", np.broadcast_to(bias, values.shape), scaled4, values,
                        base=scores, bias_name=m.spelled(bias_ref, op))
-    m.made["position_bias"] = stage
+    m.made["pos_bias"] = stage
     m.out_of_kind["scores"] = (scaled4, snap)
     return [scores, stage]
 

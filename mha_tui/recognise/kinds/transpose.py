@@ -96,10 +96,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
 
 def _project_source(m: StageMaker, ref: Ref) -> Snapshot | None:
     """Follow a tensor back through view/transpose to the projection's (B, T, C) output
-    (none when rotary turned it on the way: its numbers are no longer the projection's)."""
+    (none when rotary turned it or a scale multiplied it on the way: its numbers are no
+    longer the projection's)."""
     for _ in range(8):
         op = m.g.producer(ref)
-        if op is None or m.g.kind.get(op.index) == "rotary":
+        if op is None or m.g.kind.get(op.index) in ("rotary", "scale"):
             return None
         if m.g.kind.get(op.index) == "project":
             return op.outputs[ref.output]
