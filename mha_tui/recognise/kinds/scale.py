@@ -13,6 +13,7 @@ import numpy as np
 from ...check.numeric import f64, ratio
 from ...records import Check, OpRecord, Stage
 from ..builder import BHTD, BHTT, yes
+from ..cell import Cell, Term, Why, where
 from ..graph import Graph, scalar_operand
 from ..grouping import Unit
 from ..maker import StageMaker
@@ -226,3 +227,27 @@ def scale_diagnosis(j: Judge, total: float) -> tuple[str, str]:
             return kind, message
     return "wrong_scale", (f"scaled by {total:.4f}; it should be 1/sqrt(d_h) = "
                            f"{1 / math.sqrt(j.d_h):.4f}")
+
+
+def why(cell: Cell) -> Why:
+    """A scaled score: the division (or product) and the d_h it comes from."""
+    op, index = cell.per_head(cell.ops("div", "mul", "true_divide", "multiply"))
+    before = float(cell.operand(op, 0)[index])
+    number = cell.scalar(op)
+    d_h = cell.trace.config.head_dim
+    divides = op.name in ("div", "true_divide")
+    computed = before / number if divides else before * number
+    notes = []
+    if divides and math.isclose(number, math.sqrt(d_h), rel_tol=1e-6):
+        notes.append(f"the divisor is √d_h: d_h = {d_h}, √{d_h} = {number:.6g}")
+    elif not divides and math.isclose(number, 1 / math.sqrt(d_h), rel_tol=1e-6):
+        notes.append(f"the factor is 1/√d_h: d_h = {d_h}, 1/√{d_h} = {number:.6g}")
+    else:
+        notes.append(f"d_h = {d_h}; this {'divisor' if divides else 'factor'} is not "
+                     f"{'√d_h' if divides else '1/√d_h'} ({math.sqrt(d_h):.6g})")
+    terms = (Term("before", (), before),
+             Term("÷ divisor" if divides else "× factor",
+                  (before, "/" if divides else "×", number), computed))
+    return Why(cell.stage.id, "scale", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = score {'/' if divides else '×'} {number:.6g}", terms,
+               tuple(notes), computed, cell.recorded)

@@ -10,6 +10,7 @@ import numpy as np
 from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord
 from ...stages import stage_info
 from ..builder import BHTD, BTHD, yes
+from ..cell import Cell, Why, moved
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, single_axes
@@ -160,3 +161,8 @@ def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(step)
         step *= n
     return tuple(reversed(strides))
+
+
+def why(cell: Cell) -> Why:
+    """The same number, found at another index of the input (moved, not computed)."""
+    return moved(cell)
