@@ -13,7 +13,7 @@ import json
 import re
 import secrets
 import unicodedata
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 from rich.console import Console
@@ -28,7 +28,11 @@ from .render import (
     labelled,
     module_line,
     stage_view,
+    why_view,
 )
+
+if TYPE_CHECKING:
+    from .why import Why
 
 
 def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
@@ -58,6 +62,17 @@ def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = F
     text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
     if opts.ascii:
         # Labels were escaped already; this maps the tool's own glyphs and guards the rest.
+        text = text.translate(ASCII_GLYPHS).encode("ascii", "backslashreplace").decode("ascii")
+    return text
+
+
+def why_text(why: Why, opts: RenderOptions, width: int = 100, color: bool = False) -> str:
+    """How one cell was made (`explain --why`), as the app's side panel draws it."""
+    buffer = io.StringIO()
+    console = transcript_console(buffer, width, color)
+    console.print(why_view(why, opts))
+    text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    if opts.ascii:
         text = text.translate(ASCII_GLYPHS).encode("ascii", "backslashreplace").decode("ascii")
     return text
 

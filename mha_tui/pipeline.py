@@ -145,16 +145,24 @@ def checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
         return run_trace(config, loaded=loaded)
 
     def checker(traced: Trace) -> Verdict:
-        from .check import Facts, judge
-        from .tracing.rerun import parameter_shapes, reference_output, second_recording
-
-        facts = Facts(causal=config.causal, heads=config.num_heads,
-                      parameters=parameter_shapes(loaded.module),
-                      second=second_recording(loaded.module, loaded.x, call),
-                      reference=reference_output, training=loaded.module.training)
-        return judge(traced, facts, loaded.label)
+        return judge_torch(traced, loaded.module, loaded.x, call, causal=config.causal,
+                           heads=config.num_heads, label=loaded.label)
 
     return run, checker
+
+
+def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], object], *,
+                causal: bool, heads: int, label: str) -> Verdict:
+    """judge a torch module's trace: what needs running again (a second forward, the
+    reference with its weights copied in), then the verdict. `mha-tui check` and the
+    notebook's `mha_tui.check` both come here."""
+    from .check import Facts, judge
+    from .tracing.rerun import parameter_shapes, reference_output, second_recording
+
+    facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
+                  second=second_recording(module, x, call), reference=reference_output,
+                  training=module.training)
+    return judge(traced, facts, label)
 
 
 def _checked_numpy(config: Config, loaded: LoadedNumpy) -> tuple[Callable[[Config], Trace],
@@ -163,23 +171,30 @@ def _checked_numpy(config: Config, loaded: LoadedNumpy) -> tuple[Callable[[Confi
     and the blueprint's computation in NumPy as the end-to-end reference."""
 
     def checker(trace: Trace) -> Verdict:
-        import numpy as np
-
-        from .check import Facts, judge
-        from .check.numpy_reference import reference_output
-        from .tracing.numpy_ops import module_arrays, record
-
-        with np.errstate(all="ignore"):
-            again = record(loaded.module, loaded.args, loaded.kwargs)
-        facts = Facts(causal=config.causal, heads=config.num_heads,
-                      parameters=tuple((name, tuple(a.shape))
-                                       for name, a in module_arrays(loaded.module).items()),
-                      second=None if again.error else again.recordings[""],
-                      reference=reference_output, training=False,
-                      reference_name="the NumPy blueprint's computation")
-        return judge(trace, facts, loaded.label)
+        return judge_numpy(trace, loaded.module, loaded.args, loaded.kwargs,
+                           causal=config.causal, heads=config.num_heads, label=loaded.label)
 
     return numpy_runner(loaded), checker
+
+
+def judge_numpy(trace: Trace, module: object, args: Sequence[object], kwargs: Mapping[str, object],
+                *, causal: bool, heads: int, label: str) -> Verdict:
+    """judge a NumPy module's trace: a second NumPy recording, its arrays as parameters, and
+    the blueprint's computation in NumPy as the end-to-end reference."""
+    import numpy as np
+
+    from .check import Facts, judge
+    from .check.numpy_reference import reference_output
+    from .tracing.numpy_ops import module_arrays, record
+
+    with np.errstate(all="ignore"):
+        again = record(module, tuple(args), dict(kwargs))
+    facts = Facts(causal=causal, heads=heads,
+                  parameters=tuple((name, tuple(a.shape)) for name, a in module_arrays(module).items()),
+                  second=None if again.error else again.recordings[""],
+                  reference=reference_output, training=False,
+                  reference_name="the NumPy blueprint's computation")
+    return judge(trace, facts, label)
 
 
 def check_source(config: Config, source: Source) -> Verdict:

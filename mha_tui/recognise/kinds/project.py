@@ -15,6 +15,7 @@ import numpy as np
 from ...check.numeric import close, f64, linear_parts
 from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord
 from ..builder import BTC, Builder
+from ..cell import Cell, Why, linear
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
@@ -295,3 +296,8 @@ def linear_row(j: Judge, stage: Stage, kind: str) -> Row:
 def judge(j: Judge) -> list[Row]:
     """Each projection stage: Q, K, V are linear maps of x."""
     return [linear_row(j, s, "project") for s in j.trace.stages if s.kind == "project"]
+
+
+def why(cell: Cell) -> Why:
+    """A channel of Q, K or V: the token's x dotted with one row of the weight."""
+    return linear(cell, "W")

@@ -12,6 +12,7 @@ import numpy as np
 from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord
 from ...stages import stage_info
 from ..builder import BHTD, BTHD, yes
+from ..cell import Cell, Why, moved
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, single_axes
@@ -97,10 +98,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
 
 def _project_source(m: StageMaker, ref: Ref) -> Snapshot | None:
     """Follow a tensor back through view/transpose to the projection's (B, T, C) output
-    (none when rotary turned it on the way: its numbers are no longer the projection's)."""
+    (none when rotary turned it or a scale multiplied it on the way: its numbers are no
+    longer the projection's)."""
     for _ in range(8):
         op = m.g.producer(ref)
-        if op is None or m.g.kind.get(op.index) == "rotary":
+        if op is None or m.g.kind.get(op.index) in ("rotary", "scale"):
             return None
         if m.g.kind.get(op.index) == "project":
             return op.outputs[ref.output]
@@ -162,3 +164,8 @@ def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(step)
         step *= n
     return tuple(reversed(strides))
+
+
+def why(cell: Cell) -> Why:
+    """The same number, found at another index of the input (moved, not computed)."""
+    return moved(cell)
