@@ -386,7 +386,7 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
     from . import hf
 
     try:
-        loaded = hf.load(source)
+        loaded = hf.load(source, sentence)  # too many tokens: refused before the weights load
         hf.check_layer(loaded, layer)
         session = hf.Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except hf.HfError as error:

@@ -98,7 +98,7 @@ def write_values(values: np.ndarray, out: BinaryIO) -> None:
     larger than a block is written one slice of its first axis at a time.
     """
     if values.dtype == np.float32 and values.ndim >= 1 and values.size:
-        if values.size > _CHUNK and values.shape[0] > 1:
+        if values.size > _CHUNK and values.ndim > 1:  # (1, h, T, T) too: one slice at a time
             out.write(b"[")
             for i, part in enumerate(values):
                 if i:

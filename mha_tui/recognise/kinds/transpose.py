@@ -5,6 +5,8 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord
@@ -130,12 +132,13 @@ def _wrong_view(m: StageMaker, q: Snapshot, name: str, differs: bool) -> TensorR
     token_of = np.repeat(np.arange(T), C).reshape(B, s.h, T, s.d_h)[..., 0]
     head_of = np.tile(np.arange(C) // s.d_h, T).reshape(B, s.h, T, s.d_h)[..., 0]
     tokens = m.b.config.tokens
+    counts = Counter(tokens)  # counted once: a count per row is O(T^2) at T 512
 
     def word(t: int) -> str:
         if t >= len(tokens):
             return str(t)
         # A repeated token is told apart by its position ("the·0·h1"), as on token axes.
-        return f"{tokens[t]}·{t}" if tokens.count(tokens[t]) > 1 else tokens[t]
+        return f"{tokens[t]}·{t}" if counts[tokens[t]] > 1 else tokens[t]
 
     tags = tuple(tuple(f"{word(int(token_of[0, i, r]))}·h{int(head_of[0, i, r])}" for r in range(T))
                  for i in range(s.h))
