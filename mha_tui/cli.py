@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -32,6 +33,7 @@ from .config import (
     ConfigError,
     Source,
     parse_init,
+    parse_module_ref,
 )
 from .stages import STAGE_IDS
 
@@ -137,6 +139,7 @@ def explain(
     check_stages: Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")] = False,
     hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Explain one attention layer of a Hugging Face causal LM: a local directory, or a name in the local Hugging Face cache (gpt2). Never downloads. Needs pip install "mha-tui[hf]".')] = None,
     layer: Annotated[int | None, typer.Option("--layer", help="With --hf: the layer to explain, from 0; in the app [ and ] move between layers.")] = None,
+    why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
@@ -162,6 +165,7 @@ def explain(
         if stage is not None and stage not in STAGE_IDS:
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
     fmt = _dump_format(fmt, dump, only=only, stage=stage)
+    cell = _why_cell(why_cell, dump=dump, fmt=fmt, hf=hf_source is not None)
     if color and fmt in (Format.svg, Format.html, Format.md):
         _say(f"mha-tui: note: with --format {fmt.value}, --color changes nothing (SVG and HTML "
              "are always in the app's colours; Markdown is plain text)")
@@ -191,28 +195,81 @@ def explain(
         _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
         return
 
+    if _interactive(dump):
+        from .app import run_app
+        from .load.learner import LoadError
+
+        if _PREFLIGHT and not source.is_default:  # serve checks the input before the app
+            try:
+                _build(source, config)
+            except LoadError as error:
+                fail(str(error))
+
+        def app() -> None:
+            # The module is built in the app's loading thread: the app is on screen (q
+            # quits) while a learner's file imports and its forward runs, which may never
+            # return. Bad --module/--init/--weights end the app: one line here, exit 2.
+            refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                              build=None if source.is_default else partial(_build, source),
+                              running=_whose_forward(source), refusals=(LoadError,))
+            if refusal is not None:
+                fail(refusal)
+
+        _open_app(app)
+        return
     loaded: Loaded | LoadedNumpy | None = None
     if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
         from .load.learner import LoadError
-        from .load.numpy_modules import load as load_numpy
 
         try:
-            # NumPy code (the blueprint, a NumPy --module class) never imports torch.
-            loaded = load_numpy(config, source)
-            if loaded is None:
-                from .load.modules import load
-
-                loaded = load(config, source)
+            loaded = _build(source, config)
         except LoadError as error:
             fail(str(error))
-    if _interactive(dump):
-        from .app import run_app
-
-        _open_app(lambda: run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                                  loaded=loaded))
-        return
     _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
-                      ascii_only=ascii_only, stage=stage, loaded=loaded, only=only)
+                      ascii_only=ascii_only, stage=stage, loaded=loaded, only=only, why=cell)
+
+
+def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
+              ) -> tuple[str, tuple[int, ...]] | None:
+    """--why STAGE[i, j, ...], checked before anything heavy runs."""
+    if text is None:
+        return None
+    from .why import WhyError, parse_cell
+
+    if _interactive(dump):
+        fail("--why prints how one number was made: give --dump - (or --dump PATH)")
+    if fmt is not Format.text:
+        fail(f"--why writes text; --format {fmt.value} does not apply")
+    if hf:
+        fail("--why does not apply with --hf yet")
+    try:
+        cell = parse_cell(text)
+    except WhyError as error:
+        fail(str(error))
+    if cell[0] not in STAGE_IDS:
+        fail(f"--why {text!r}: {cell[0]!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
+    return cell
+
+
+def _build(source: Source, config: Config) -> Loaded | LoadedNumpy:
+    """The module and its input; NumPy code (the blueprint, a NumPy --module class) never
+    imports torch. Raises LoadError for bad --module/--init/--weights."""
+    from .load.numpy_modules import load as load_numpy
+
+    loaded = load_numpy(config, source)
+    if loaded is None:
+        from .load.modules import load
+
+        loaded = load(config, source)
+    return loaded
+
+
+def _whose_forward(source: Source) -> str:
+    """Whose forward the app waits for, in its words: "M.forward from loop.py"."""
+    if source.module is not None:
+        where, cls, _ = parse_module_ref(source.module)
+        return f"{cls}.forward from {where}"
+    return f"--model {source.model}'s forward"
 
 
 def _dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str | None) -> Format:
@@ -241,15 +298,28 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
              "mha-tui check with the same module")
     from .app import run_app
     from .load.learner import LoadError
+    from .pipeline import checked
 
-    try:
-        from .pipeline import checked
+    if _PREFLIGHT:  # serve checks the input before the app
+        try:
+            checked(config, source)
+        except LoadError as error:
+            fail(str(error))
+    judges: list[Callable[[Trace], Verdict]] = []
 
-        run, checker = checked(config, source)  # builds the module now: bad input, exit 2
-    except LoadError as error:
-        fail(str(error))
-    _open_app(lambda: run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                              loader=run, checker=checker))
+    def run(config: Config) -> Trace:  # in the app's loading thread, as for explain
+        traced, checker = checked(config, source)  # bad input: LoadError, exit 2
+        judges.append(checker)
+        return traced(config)
+
+    def app() -> None:
+        refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                          loader=run, checker=lambda trace: judges[-1](trace),
+                          running=_whose_forward(source), refusals=(LoadError,))
+        if refusal is not None:
+            fail(refusal)
+
+    _open_app(app)
 
 
 def _interactive(dump: str | None) -> bool:
@@ -322,7 +392,7 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
     from . import hf
 
     try:
-        loaded = hf.load(source)
+        loaded = hf.load(source, sentence)  # too many tokens: refused before the weights load
         hf.check_layer(loaded, layer)
         session = hf.Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except hf.HfError as error:
@@ -346,7 +416,8 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
 def _write_transcript(config: Config, destination: Destination | None, fmt: Format, *, width: int,
                       full: bool, color: bool, ascii_only: bool, stage: str | None,
                       loaded: Loaded | LoadedNumpy | None = None,
-                      trace: Trace | None = None, only: bool = False) -> None:
+                      trace: Trace | None = None, only: bool = False,
+                      why: tuple[str, tuple[int, ...]] | None = None) -> None:
     from .destination import DumpError, opened, resolve
     from .dump import TranscriptError
 
@@ -364,6 +435,19 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                  "(without --dump, the app steps through the stages before the error)", 1)
         first = _first_stage(trace, stage, only=only)
         last = first + 1 if only else None
+        if why is not None:  # computed before anything is opened: a bad cell writes nothing
+            from .dump import why_text
+            from .why import WhyError
+            from .why import why as explain_cell
+
+            try:
+                text = why_text(explain_cell(trace, *why), RenderOptions(ascii=ascii_only),
+                                width=width, color=color)
+            except WhyError as error:
+                fail(f"--why: {error}")
+            with opened(destination) as out:
+                out.write(text.encode("utf-8"))
+            _exit_now(0)
         with opened(destination) as out:
             if fmt in (Format.svg, Format.html, Format.md):
                 from .pictures import Selection, picture

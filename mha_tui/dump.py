@@ -13,7 +13,7 @@ import json
 import re
 import secrets
 import unicodedata
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 from rich.console import Console
@@ -28,7 +28,11 @@ from .render import (
     labelled,
     module_line,
     stage_view,
+    why_view,
 )
+
+if TYPE_CHECKING:
+    from .why import Why
 
 
 def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
@@ -62,6 +66,17 @@ def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = F
     return text
 
 
+def why_text(why: Why, opts: RenderOptions, width: int = 100, color: bool = False) -> str:
+    """How one cell was made (`explain --why`), as the app's side panel draws it."""
+    buffer = io.StringIO()
+    console = transcript_console(buffer, width, color)
+    console.print(why_view(why, opts))
+    text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    if opts.ascii:
+        text = text.translate(ASCII_GLYPHS).encode("ascii", "backslashreplace").decode("ascii")
+    return text
+
+
 _CHUNK = 1 << 16  # values formatted at a time: a few MB of text whatever the tensor
 _TEXT = 24  # widest number text: "-1.2345678e-05", "-0.000123456789", '"-inf"'
 
@@ -83,7 +98,7 @@ def write_values(values: np.ndarray, out: BinaryIO) -> None:
     larger than a block is written one slice of its first axis at a time.
     """
     if values.dtype == np.float32 and values.ndim >= 1 and values.size:
-        if values.size > _CHUNK and values.shape[0] > 1:
+        if values.size > _CHUNK and values.ndim > 1:  # (1, h, T, T) too: one slice at a time
             out.write(b"[")
             for i, part in enumerate(values):
                 if i:

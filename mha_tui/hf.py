@@ -145,6 +145,9 @@ class ModelInfo:
     head_dim: int
     vocab_size: int
     max_positions: int | None
+    # Numbers in one layer's attention parameters (the recorder keeps a float32 copy of each
+    # per recorded layer); None: estimated as a GPT-2 layer's, 4 C x C weights and 4 C biases.
+    attention_params: int | None = None
 
 
 @dataclass(eq=False)
@@ -185,8 +188,12 @@ def _find_blocks(model: nn.Module, n_layers: int) -> tuple[str, nn.ModuleList, s
     return None
 
 
-def load(source: str) -> Loaded:
-    """Find, check and load the model and tokenizer; every refusal is an HfError."""
+def load(source: str, sentence: str | None = None) -> Loaded:
+    """Find, check and load the model and tokenizer; every refusal is an HfError.
+
+    sentence: when given, it is tokenized and refused if it has more tokens than the
+    model's config.json says the model reads, before any weight is loaded.
+    """
     transformers = _transformers()
     path = locate(source)
     if not (path / "config.json").is_file():
@@ -199,18 +206,20 @@ def load(source: str) -> Loaded:
         raise HfError(f"--hf {source}: {path} has no weights (model.safetensors or "
                       f"pytorch_model.bin)")
     try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            path, local_files_only=True, trust_remote_code=False)
+    except Exception as error:
+        raise HfError(f"--hf {source}: could not load the tokenizer in {path}: "
+                      f"{_first_line(error)}") from None
+    if sentence is not None:
+        _refuse_too_long(source, path, tokenizer, sentence)
+    try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, trust_remote_code=False, weights_only=True,
             attn_implementation="eager", dtype=torch.float32,
         )
     except Exception as error:  # transformers raises many kinds; the learner gets one line
         raise HfError(f"--hf {source}: could not load a causal language model from {path}: "
-                      f"{_first_line(error)}") from None
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(
-            path, local_files_only=True, trust_remote_code=False)
-    except Exception as error:
-        raise HfError(f"--hf {source}: could not load the tokenizer in {path}: "
                       f"{_first_line(error)}") from None
     model.eval()
     config = model.config
@@ -230,9 +239,26 @@ def load(source: str) -> Loaded:
         head_dim=int(getattr(attention, "head_dim", embed_dim // num_heads)),
         vocab_size=int(config.vocab_size),
         max_positions=getattr(config, "max_position_embeddings", None),
+        attention_params=sum(p.numel() for p in attention.parameters()),
     )
     return Loaded(model=model, tokenizer=tokenizer, info=info, blocks_path=blocks_path,
                   attention_name=attention_name, blocks=blocks)
+
+
+def _refuse_too_long(source: str, path: Path, tokenizer: Any, sentence: str) -> None:
+    """More tokens than config.json's max_position_embeddings (n_positions): refused from
+    the tokenizer and the config alone, before the weights load."""
+    transformers = _transformers()
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            path, local_files_only=True, trust_remote_code=False)
+    except Exception as error:
+        raise HfError(f"--hf {source}: could not read {path / 'config.json'}: "
+                      f"{_first_line(error)}") from None
+    limit = getattr(config, "max_position_embeddings", None)
+    n = len(tokenizer(sentence, add_special_tokens=True)["input_ids"])
+    if limit is not None and n > limit:
+        raise HfError(f"the sentence has {n} tokens but {source} reads at most {limit}")
 
 
 def check_layer(loaded: Loaded, layer: int) -> None:
@@ -243,9 +269,12 @@ def check_layer(loaded: Loaded, layer: int) -> None:
 
 
 def recorded_bytes(info: ModelInfo, T: int, layers: int | None = None) -> int:
-    """About how many bytes the tracer keeps for `layers` layers on a T-token sentence."""
+    """About how many bytes the tracer keeps for `layers` layers on a T-token sentence: each
+    layer's recorded activations and its copy of the layer's parameters, float32."""
+    C = info.embed_dim
+    params = info.attention_params if info.attention_params is not None else 4 * C * C + 4 * C
     per_layer = 4 * (MAPS_PER_LAYER * info.num_heads * T * T
-                     + CHANNEL_TENSORS_PER_LAYER * info.embed_dim * T)
+                     + CHANNEL_TENSORS_PER_LAYER * C * T + params)
     return (info.n_layers if layers is None else layers) * per_layer
 
 

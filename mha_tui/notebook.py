@@ -246,7 +246,8 @@ def _words(tokens: Sequence[str] | None, sentence: str) -> list[str]:
 def check(module: Any, x: Any = None, tokens: Sequence[str] | None = None, *,
           heads: int | None = None, causal: bool = True, seed: int = 0,
           sentence: str = DEFAULT_SENTENCE) -> Checked:
-    """Judge `module` stage by stage, as `mha-tui check` does, and return the verdict.
+    """Judge `module` stage by stage, as `mha-tui check` does (the same `pipeline` judging),
+    and return the verdict.
 
     x: its input, (B, T, C) for torch, (T, C) for NumPy; by default the tokens of `sentence`
     looked up in a random table drawn from `seed` (for NumPy the blueprint's table, as
@@ -287,10 +288,9 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
     import torch
 
     from . import trace  # the Python API's own path: load -> trace -> recognise
-    from .check import Facts, judge
     from .config import Config
     from .load.modules import forward_inputs
-    from .tracing.rerun import parameter_shapes, reference_output, second_recording
+    from .pipeline import judge_torch
 
     words = _words(tokens, sentence)
     embedding = ids = None
@@ -310,10 +310,8 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
     labels = words if len(words) == x.shape[-2] else None
     traced = trace(module, x, labels, call=call, embedding=embedding, ids=ids,
                    config=_config(x, labels, heads, seed))
-    facts = Facts(causal=causal, heads=traced.config.num_heads, parameters=parameter_shapes(module),
-                  second=second_recording(module, x, call), reference=reference_output,
-                  training=module.training)
-    return Checked(judge(traced, facts, type(module).__name__), traced)
+    return Checked(judge_torch(traced, module, x, call, causal=causal, heads=traced.config.num_heads,
+                               label=type(module).__name__), traced)
 
 
 def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: int | None,
@@ -321,11 +319,9 @@ def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
     import numpy as np
 
     from . import trace  # the Python API's own path: NumPy code, no torch
-    from .check import Facts, judge
-    from .check.numpy_reference import reference_output
     from .config import Config
     from .load.numpy_modules import embedding_table, forward_inputs
-    from .tracing.numpy_ops import module_arrays, record
+    from .pipeline import judge_numpy
 
     words = _words(tokens, sentence)
     table = ids = None
@@ -337,14 +333,8 @@ def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
     labels = words if len(words) == x.shape[-2] else None
     traced = trace(module, x, labels, args=args, kwargs=kwargs, table=table, ids=ids,
                    config=_config(x, labels, heads, seed))
-    with np.errstate(all="ignore"):
-        again = record(module, args, kwargs)
-    facts = Facts(causal=causal, heads=traced.config.num_heads,
-                  parameters=tuple((name, tuple(a.shape)) for name, a in module_arrays(module).items()),
-                  second=None if again.error else again.recordings[""],
-                  reference=reference_output, training=False,
-                  reference_name="the NumPy blueprint's computation")
-    return Checked(judge(traced, facts, type(module).__name__), traced)
+    return Checked(judge_numpy(traced, module, args, kwargs, causal=causal,
+                               heads=traced.config.num_heads, label=type(module).__name__), traced)
 
 
 def show(module: Any, x: Any, tokens: Sequence[str] | None = None, **options: Any) -> None:

@@ -146,7 +146,7 @@ def checked(config: Config, source: Source, expect: Expect | None = None
     what the learner meant to build (--expect rotary, --window N)."""
     from .load.numpy_modules import load as load_numpy
 
-    grown = (expect or Expect()).facts()
+    grown = expect or Expect()
     numpy_loaded = load_numpy(config, source)
     if numpy_loaded is not None:  # NumPy code: judged the same way, without torch
         return _checked_numpy(config, numpy_loaded, grown)
@@ -161,41 +161,58 @@ def checked(config: Config, source: Source, expect: Expect | None = None
         return run_trace(config, loaded=loaded)
 
     def checker(traced: Trace) -> Verdict:
-        from .check import Facts, judge
-        from .tracing.rerun import parameter_shapes, reference_output, second_recording
-
-        facts = Facts(causal=config.causal, heads=config.num_heads,
-                      parameters=parameter_shapes(loaded.module),
-                      second=second_recording(loaded.module, loaded.x, call),
-                      reference=reference_output, training=loaded.module.training, **grown)
-        return judge(traced, facts, loaded.label)
+        return judge_torch(traced, loaded.module, loaded.x, call, causal=config.causal,
+                           heads=config.num_heads, label=loaded.label, expect=grown)
 
     return run, checker
 
 
-def _checked_numpy(config: Config, loaded: LoadedNumpy, grown: dict[str, Any]
+def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], object], *,
+                causal: bool, heads: int, label: str, expect: Expect | None = None) -> Verdict:
+    """judge a torch module's trace: what needs running again (a second forward, the
+    reference with its weights copied in), then the verdict. `mha-tui check` and the
+    notebook's `mha_tui.check` both come here."""
+    from .check import Facts, judge
+    from .tracing.rerun import parameter_shapes, reference_output, second_recording
+
+    facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
+                  second=second_recording(module, x, call), reference=reference_output,
+                  training=module.training, **(expect or Expect()).facts())
+    return judge(traced, facts, label)
+
+
+def _checked_numpy(config: Config, loaded: LoadedNumpy, expect: Expect
                    ) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
     """checked() for a NumPy module: a second NumPy recording, its arrays as parameters,
     and the blueprint's computation in NumPy as the end-to-end reference."""
 
     def checker(trace: Trace) -> Verdict:
-        import numpy as np
-
-        from .check import Facts, judge
-        from .check.numpy_reference import reference_output
-        from .tracing.numpy_ops import module_arrays, record
-
-        with np.errstate(all="ignore"):
-            again = record(loaded.module, loaded.args, loaded.kwargs)
-        facts = Facts(causal=config.causal, heads=config.num_heads,
-                      parameters=tuple((name, tuple(a.shape))
-                                       for name, a in module_arrays(loaded.module).items()),
-                      second=None if again.error else again.recordings[""],
-                      reference=reference_output, training=False,
-                      reference_name="the NumPy blueprint's computation", **grown)
-        return judge(trace, facts, loaded.label)
+        return judge_numpy(trace, loaded.module, loaded.args, loaded.kwargs,
+                           causal=config.causal, heads=config.num_heads, label=loaded.label,
+                           expect=expect)
 
     return numpy_runner(loaded), checker
+
+
+def judge_numpy(trace: Trace, module: object, args: Sequence[object], kwargs: Mapping[str, object],
+                *, causal: bool, heads: int, label: str, expect: Expect | None = None) -> Verdict:
+    """judge a NumPy module's trace: a second NumPy recording, its arrays as parameters, and
+    the blueprint's computation in NumPy as the end-to-end reference."""
+    import numpy as np
+
+    from .check import Facts, judge
+    from .check.numpy_reference import reference_output
+    from .tracing.numpy_ops import module_arrays, record
+
+    with np.errstate(all="ignore"):
+        again = record(module, tuple(args), dict(kwargs))
+    facts = Facts(causal=causal, heads=heads,
+                  parameters=tuple((name, tuple(a.shape)) for name, a in module_arrays(module).items()),
+                  second=None if again.error else again.recordings[""],
+                  reference=reference_output, training=False,
+                  reference_name="the NumPy blueprint's computation",
+                  **(expect or Expect()).facts())
+    return judge(trace, facts, label)
 
 
 def check_source(config: Config, source: Source, expect: Expect | None = None) -> Verdict:

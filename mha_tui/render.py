@@ -32,6 +32,9 @@ from .config import Config
 from .records import Check, ModuleInfo, Stage, TensorRecord, Trace
 from .stages import StageInfo
 
+if TYPE_CHECKING:
+    from .why import Why
+
 if TYPE_CHECKING:  # NumPy arrives with torch; the app's first frame must not wait for it
     import numpy as np
 
@@ -64,6 +67,8 @@ class RenderOptions:
     ascii: bool = False
     wrong_view: bool = False
     width: int | None = None
+    # The app's drill-down: the tensor (by name) the cursor is on and its index there.
+    cursor: tuple[str, tuple[int, ...]] | None = None
     explain: bool = True  # the app folds the explanation away on short terminals
 
 
@@ -250,6 +255,9 @@ class Matrix:
         self._headers: dict[tuple[int, bool], list[_Cell]] = {}
         self._layouts: dict[int, list[list[int | None]]] = {}
         self._row_labels: list[_Cell] | None = None
+        # The app's drill-down: ((row, column) of the cursor or None, the matrix's number
+        # in the click action); None outside it.
+        self.drill: tuple[tuple[int, int] | None, int] | None = None
 
     # ------------------------------------------------------------ labels and cells
 
@@ -461,11 +469,23 @@ class Matrix:
                 continue
             cell = labels[r]
             line = [Segment(" " * (label_width - cell.cells)), Segment(cell.text, cell.style or None)]
-            for w, col, sty in zip(widths, texts, styles, strict=True):
-                line += [Segment(" " * (_GAP + w - len(col[r]))), Segment(col[r], sty[r])]
+            for j, w, col, sty in zip(block, widths, texts, styles, strict=True):
+                style = sty[r]
+                if j is not None and self.drill is not None:
+                    style = self._drilled(style, i, j)
+                line += [Segment(" " * (_GAP + w - len(col[r]))), Segment(col[r], style)]
             out.append(line)
             r += 1
         return out
+
+    def _drilled(self, style: Style | None, i: int, j: int) -> Style | None:
+        """In the app's drill-down: the cursor's cell reversed; every cell a click target."""
+        assert self.drill is not None
+        cursor, target = self.drill
+        click = Style(meta={"@click": f"app.cursor_to({target}, {i}, {j})"})
+        if cursor == (i, j):
+            click += Style(reverse=True, bold=True, underline=True)
+        return (style or Style()) + click
 
     def _lines(self, width: int, color: bool) -> list[str | list[Segment]]:
         key = (width, color)
@@ -594,7 +614,45 @@ def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -
     if record.dims in _UNBATCHED and record.values.ndim == len(record.dims):
         batched = replace(record, values=record.values[None], dims=("B", *record.dims))
         return _tensor_matrices(batched, config, opts, batched=False)
-    return _tensor_matrices(record, config, opts)
+    matrices = _tensor_matrices(record, config, opts)
+    if opts.cursor is not None and opts.cursor[0] == record.name:
+        _place_cursor(matrices, record, opts.cursor[1])
+    return matrices
+
+
+def matrix_cell(record: TensorRecord, index: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """Where a tensor index is drawn: (the head's matrix or 0, row, column), or None for a
+    layout without a drill-down. The inverse is tensor_index."""
+    dims = record.dims
+    if len(index) != len(dims):
+        return None
+    if dims in (("B", "h", "T", "d_h"), ("B", "h", "T", "T")):
+        return index[1], index[2], index[3]
+    if dims == ("B", "T", "C"):
+        return 0, index[1], index[2]
+    if dims == ("B", "T", "h", "d_h"):
+        return 0, index[1], index[2] * record.values.shape[3] + index[3]
+    return None
+
+
+def tensor_index(record: TensorRecord, head: int, row: int, col: int) -> tuple[int, ...]:
+    """The tensor index drawn at (head's matrix, row, column): matrix_cell's inverse."""
+    dims = record.dims
+    if dims == ("B", "T", "C"):
+        return 0, row, col
+    if dims == ("B", "T", "h", "d_h"):
+        return (0, row, *divmod(col, record.values.shape[3]))
+    return 0, head, row, col
+
+
+def _place_cursor(matrices: list[Matrix], record: TensorRecord, index: tuple[int, ...]) -> None:
+    place = matrix_cell(record, index)
+    if place is None:
+        return
+    head, row, col = place
+    for matrix in matrices:
+        number = matrix.head if matrix.head is not None else 0
+        matrix.drill = ((row, col) if number == head else None, number)
 
 
 def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
@@ -721,32 +779,107 @@ def stage_heading(trace: Trace, stage: Stage) -> Text:
     return _heading(trace.index(stage.id) + 1, len(trace.stages), stage.id, stage.title)
 
 
+_OPEN, _CLOSE = "([{", ")]}"
+_ATOMIC = 1 << 16  # the "depth" of a space inside a string or a comment: a break of last resort
+
+
+_STUB = 4  # a break this close to its bracket's end leaves a stub such as "2)" on a line
+
+
+def _breaks(line: str) -> list[tuple[int, int]]:
+    """Where a line of Python may wrap: (index of the token that would start the next line,
+    how bad a break it is). Spaces between tokens only. The badness is the bracket depth
+    there; a break that leaves a stub ("2)") or falls inside a string or a comment (each
+    one token) is worse than any other."""
+    breaks: list[tuple[int, int]] = []
+    depth, quote, comment = 0, "", False
+    open_at: list[int] = []  # breaks waiting for their bracket to close
+    for i, ch in enumerate(line):
+        if i and line[i - 1] == " " and ch != " " and line[:i].strip():
+            breaks.append((i, _ATOMIC if quote or comment else depth))
+            if not (quote or comment) and depth:
+                open_at.append(len(breaks) - 1)
+        if comment:
+            continue
+        if quote:
+            if ch == quote and line[i - 1] != "\\":
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#":
+            comment = True
+        elif ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            for k in [k for k in open_at if breaks[k][1] == depth]:
+                open_at.remove(k)
+                if i - breaks[k][0] < _STUB:
+                    breaks[k] = (breaks[k][0], _ATOMIC // 2 + depth)
+            depth = max(0, depth - 1)
+    return breaks
+
+
+def wrap_code(code: str, width: int, indent: int = 4) -> str:
+    """Code lines that fit in width, broken between tokens, never inside a comment or string
+    when another break fits: among the breaks that fill at least half the line, the fewest
+    open brackets first (a trailing `# (B, h, T, d_h)` moves whole to its own line), then
+    as late as the width allows. A continuation is
+    indented `indent` more than its line. A token wider than the line is cut as a last resort."""
+    out: list[str] = []
+    for line in code.splitlines():
+        lead = len(line) - len(line.lstrip(" "))
+        pad = " " * min(lead + indent, max(0, width // 2))
+        breaks = _breaks(line)
+        start, prefix = 0, ""
+        while cell_len(prefix + line[start:]) > width:
+            room = width - len(prefix)
+            fits = [(i, d, cell_len(line[start:i].rstrip())) for i, d in breaks if start < i]
+            fits = [(i, d, n) for i, d, n in fits if 0 < n <= room]
+            if fits:
+                # Never inside a comment or string, nor before a stub, if anything else fits;
+                # then a break that fills at least half the line ("q =" alone reads worse
+                # than a break inside the call's brackets); then the fewest open brackets;
+                # then the latest.
+                end = min(fits, key=lambda b: (b[1] >= _ATOMIC // 2, b[1] >= _ATOMIC,
+                                               2 * b[2] < room, b[1], -b[0]))[0]
+            else:
+                end = start + max(1, room)  # one unbreakable token wider than the line
+            out.append(prefix + line[start:end].rstrip())
+            start, prefix = end, pad
+            while start < len(line) and line[start] == " ":
+                start += 1
+        out.append(prefix + line[start:])
+    return "\n".join(out)
+
+
 class Code:
-    """PyTorch line(s): highlighted on a colour console, plain text on a plain one.
+    """PyTorch line(s): highlighted on a colour console, plain text on a plain one; wrapped
+    between tokens (wrap_code) to the width they are given.
 
     Plain consoles (the default transcript) would get the same characters from Syntax;
     skipping it spares loading Pygments' lexer, a fifth of a transcript's run time.
     """
 
-    def __init__(self, code: str) -> None:
+    def __init__(self, code: str, *, highlight: bool = True) -> None:
         self.code = code
+        self.highlight = highlight
 
-    def _renderable(self, console: Console) -> RenderableType:
-        if console.no_color or console.color_system is None:
-            return Text(self.code)
+    def _renderable(self, console: Console, width: int) -> RenderableType:
+        code = wrap_code(self.code, width)
+        if not self.highlight or console.no_color or console.color_system is None:
+            return Text(code, no_wrap=True, overflow="crop")
         from rich.syntax import Syntax  # Pygments costs ~0.1 s to import: only when used
 
         # Token colours only, no background: the code sits on whatever panel holds it.
-        text = Syntax(self.code, "python", theme="monokai").highlight(self.code)
+        text = Syntax(code, "python", theme="monokai").highlight(code)
         text.rstrip()
-        text.no_wrap = False  # Syntax crops long lines; wrap them as the plain text does
         return text
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         return Measurement.get(console, options, Text(self.code))
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self._renderable(console)
+        yield self._renderable(console, options.max_width)
 
 
 def code_block(code: str) -> Padding:
@@ -761,25 +894,35 @@ def _intro_panel(body: RenderableType, opts: RenderOptions) -> Panel:
                  subtitle=folded, subtitle_align="right")
 
 
+def stage_box(stage: Stage, opts: RenderOptions) -> Panel:
+    """The app's box above a stage's tensors: shape, code and (unless folded) explanation."""
+    return _intro_panel(stage_intro(labelled(stage), opts), opts)
+
+
 def stage_screen(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     """A whole stage as the app shows it: the transcript's parts, the intro in a panel."""
     stage = labelled(stage)
     return Group(
         stage_heading(trace, stage),
-        _intro_panel(stage_intro(stage, opts), opts),
+        stage_box(stage, opts),
         stage_tensors(trace, stage, opts),
         Text("checks", style="dim"),
         check_lines(stage.checks, opts.ascii),
     )
 
 
+def pending_box(info: StageInfo, opts: RenderOptions) -> Panel:
+    """The box of a stage before its numbers exist: the catalogue's code and explanation."""
+    # Plain code here: highlighting loads Pygments, which the first frame cannot wait for.
+    intro = Group(Text("code", style="dim"), Padding(Code(info.code, highlight=False), (0, 0, 0, 2)),
+                  *([Text(info.explanation)] if opts.explain else []))
+    return _intro_panel(intro, opts)
+
+
 def pending_screen(info: StageInfo, number: int, total: int, message: Text,
                    opts: RenderOptions) -> Group:
     """A stage before its numbers exist (the app while torch loads): code and explanation."""
-    # Plain code here: highlighting loads Pygments, which the first frame cannot wait for.
-    intro = Group(Text("code", style="dim"), Padding(Text(info.code), (0, 0, 0, 2)),
-                  *([Text(info.explanation)] if opts.explain else []))
-    return Group(_heading(number, total, info.id, info.title), _intro_panel(intro, opts), message)
+    return Group(_heading(number, total, info.id, info.title), pending_box(info, opts), message)
 
 
 def stage_intro(stage: Stage, opts: RenderOptions) -> Group:
@@ -1025,3 +1168,59 @@ def module_line(info: ModuleInfo, opts: RenderOptions) -> Text:
     if info.per_head_modules:
         text.append("  (each head ran as its own module)", style="dim")
     return text
+
+
+# ---------------------------------------------------------------- why this number
+
+
+_MATH_ASCII = str.maketrans({"×": "*", "Σ": "sum ", "√": "sqrt ", "÷": "/", "·": ".",
+                             "≤": "<=", "≥": ">="})
+"""--ascii: the drill-down's mathematics in ASCII."""
+
+
+def _why_number(value: float, decimals: int) -> str:
+    return _fmt(value, "signed", decimals)
+
+
+def why_view(why: Why, opts: RenderOptions) -> Group:
+    """How one cell was made (mha_tui.why): the formula, each step with the recorded numbers,
+    and the module's own number beside mha-tui's, ✓ or ✗ with the difference. Shared by the
+    app's side panel and `explain --why`. Labels hold tokens: printable() and Text only."""
+    from rich.table import Table
+
+    d = max(opts.decimals, 4)
+
+    def say(text: str) -> str:
+        return printable(text.translate(_MATH_ASCII) if opts.ascii else text)
+
+    ok, bad = ("[ok]", "[FAIL]") if opts.ascii else ("✓", "✗")
+    head = Text.assemble(("why ", "bold"), (say(f"{why.tensor}[{', '.join(map(str, why.index))}]"),
+                                            "bold cyan"), ("  " + say(why.where), "dim"))
+    steps = Table.grid(padding=(0, 1))
+    steps.add_column(no_wrap=False)
+    steps.add_column(justify="right", no_wrap=True)
+    steps.add_column(no_wrap=True)
+    steps.add_column(justify="right", no_wrap=True)
+    for term in why.terms:
+        parts = " ".join(say(p) if isinstance(p, str) else _why_number(p, d) for p in term.parts)
+        steps.add_row(Text(say(term.label)), Text(parts, style="dim"),
+                      "=" if term.value is not None else "",
+                      Text(_why_number(term.value, d) if term.value is not None else "",
+                           style="bold" if term.label == "sum" else ""))
+    verdict = Text.assemble(
+        ("the module's own ", "dim"), say(f"{why.tensor}[{', '.join(map(str, why.index))}]"),
+        ": ", (_why_number(why.recorded, d), "bold"), "  ")
+    if why.agrees:
+        rounding = f" (difference {why.difference:.1e}: float32 rounding)" if why.difference else ""
+        verdict.append_text(Text.assemble((ok, "green"), " equal" + rounding))
+    else:
+        verdict.append_text(Text.assemble((bad, "bold red"), f" differs from mha-tui's "
+                                          f"{_why_number(why.computed, d)} by {why.difference:.3g}"))
+    return Group(
+        head,
+        Text(say(why.formula)),
+        Text("computed by mha-tui from the recorded tensors:", style="italic dim"),
+        Padding(steps, (0, 0, 0, 2)),
+        verdict,
+        *(Text(say(note), style="dim") for note in why.notes),
+    )

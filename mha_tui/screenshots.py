@@ -27,6 +27,8 @@ SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str]] = [
     ("08b-softmax-head-1.svg", ["8", "tab", "tab"]),
     ("10-concat.svg", ["0"]),
     ("11-w_o.svg", ["end"]),
+    ("12-why-scores.svg", ["5", "enter", "down", "down", "right", "tab"]),
+    ("13-why-softmax.svg", ["8", "enter", "down", "down", "right", "tab"]),
     ("20-raschka-mask-before-scale.svg", ["6"], "raschka"),
     ("21-many-eyes-softmax-per-head.svg", ["6"], "many-eyes"),
 ]

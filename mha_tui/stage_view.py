@@ -46,6 +46,11 @@ class LineCache:
             while len(self._lines) > self._size:
                 self._lines.popitem(last=False)
 
+    def clear(self) -> None:
+        """Forget every line: the app ran the module again (another sentence, heads, mask)."""
+        with self.lock:
+            self._lines.clear()
+
 
 def render_strips(console: Console, renderable: RenderableType, width: int) -> list[Strip]:
     """Lay a renderable out at width once; the result is cheap to paint again and again."""

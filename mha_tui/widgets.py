@@ -6,21 +6,21 @@ Never import typer, torch or the CLI here.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.cells import cell_len
-from rich.console import Group
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import VerticalScroll
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.scrollbar import ScrollBarRender
 from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import OptionList, Static
+from textual.widgets import Footer, Input, OptionList, Static
 
 from .render import ASCII_GLYPHS
 
@@ -29,6 +29,23 @@ class StageRail(OptionList):
     """Every stage, the current one highlighted; a click jumps there. Keys stay with the app."""
 
     can_focus = False
+
+
+class KeyFooter(Footer):
+    """The footer, marking the keys of `lesser` actions `-lesser`: the app's stylesheet
+    leaves them out on a narrow screen, so that the keys after them (`? Help`, `q Quit`)
+    are never pushed out of sight. The keys still work, and the help lists them."""
+
+    def __init__(self, *, lesser: frozenset[str], **options: Any) -> None:
+        super().__init__(**options)
+        self.lesser = lesser
+
+    def compose(self) -> ComposeResult:
+        for widget in super().compose():
+            # FooterKey is not exported by textual.widgets: recognised by its `action`.
+            if getattr(widget, "action", None) in self.lesser:
+                widget.add_class("-lesser")
+            yield widget
 
 
 class HelpScreen(ModalScreen[None]):
@@ -59,6 +76,29 @@ class HelpScreen(ModalScreen[None]):
         if self.ascii_only:
             use_ascii_scrollbars(body)
         body.focus()  # up/down/page keys scroll the help when it is taller than the screen
+
+
+class SentenceScreen(ModalScreen[str | None]):
+    """`s` in the app: a line to type a sentence in; enter runs it, esc keeps the old one."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "dismiss(None)", "Cancel", id="sentence.cancel"),
+    ]
+
+    AUTO_FOCUS = "#sentence-input"
+
+    def __init__(self, sentence: str) -> None:
+        super().__init__()
+        self.sentence = sentence
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="sentence-body"):
+            yield Static(Text("A sentence of your own (enter runs it, esc keeps this one):",
+                              style="bold"))
+            yield Input(value=self.sentence, id="sentence-input")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
 
 
 class TooSmall(Static):
@@ -100,6 +140,17 @@ def to_ascii(text: str) -> str:
     if text.isascii():
         return text
     return "".join(ch if ch.isascii() else "?" * cell_len(ch) for ch in text)
+
+
+class AsciiOnly:
+    """A renderable drawn with every non-ASCII character replaced (to_ascii)."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for segment in console.render(self.renderable, options):
+            yield Segment(to_ascii(segment.text), segment.style, segment.control)
 
 
 def ascii_strips(strips: list[Strip]) -> list[Strip]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+from functools import partial
 from io import StringIO
 
 import pytest
@@ -285,8 +286,11 @@ async def test_keys_alone_reach_the_last_tensor_and_the_checks_of_every_stage_at
         for stage in trace.stages:
             await pilot.pause()
             assert stage_id(app) == stage.id and view.scroll_y == 0
-            assert view.max_scroll_y > 0, "every stage is taller than 80x24: the test must scroll"
             last_check = stage.checks[-1].label[:30]
+            if view.max_scroll_y == 0:  # its box folded, the whole stage fits
+                assert last_check in visible(app), stage.id
+                await pilot.press("right")
+                continue
             assert last_check not in visible(app)
             await pilot.press("G")
             assert view.scroll_y == view.max_scroll_y
@@ -343,17 +347,65 @@ async def test_at_60x16_the_embed_stage_shows_numbers_and_e_unfolds_the_explanat
         assert explanation not in visible(app)
 
 
+def box_lines(app: ExplainApp) -> list[str]:
+    """The stage's box (shape, code, explanation) as shown, border to border."""
+    lines = text_of(app).splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("╭"))
+    bottom = next(i for i, line in enumerate(lines) if line.startswith("╰"))
+    return lines[top:bottom + 1]
+
+
+def folded(app: ExplainApp) -> bool:
+    return "e explains" in box_lines(app)[-1]
+
+
 async def test_the_explanation_follows_the_height_until_e_is_pressed() -> None:
     app = make_app()
     async with app.run_test(size=(100, 20)) as pilot:
         await pilot.pause()
-        assert not app.view.explain
+        assert folded(app)
         await pilot.resize_terminal(100, 32)
         await pilot.pause()
-        assert app.view.explain
+        assert not folded(app)
         await pilot.resize_terminal(80, 23)
         await pilot.pause()
-        assert not app.view.explain
+        assert folded(app)
+        await pilot.press("e")
+        await pilot.resize_terminal(100, 20)
+        await pilot.pause()
+        assert not folded(app)  # the user's choice, not the height, from now on
+
+
+@pytest.mark.parametrize("size", [(100, 32), (80, 24), (120, 40), (60, 16)])
+async def test_a_box_taller_than_a_third_of_the_screen_starts_folded(
+        size: tuple[int, int]) -> None:
+    """Issue 15: at 100x32 transpose's box took half the screen. On every stage, the box
+    unfolded takes at most a third of the height, or it is folded and would take more;
+    `e` unfolds it."""
+    from dataclasses import replace
+
+    from mha_tui.render import stage_box
+    from mha_tui.stage_view import render_strips
+
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        width = app.query_one(StageView).text_width
+        for index, stage in enumerate(STAGE_IDS):
+            await pilot.press("end" if index == 10 else str((index + 1) % 10))
+            await pilot.pause()
+            unfolded = render_strips(app.console, stage_box(
+                app.trace.stages[index], replace(app.view, explain=True)), width)
+            if folded(app):
+                assert 3 * len(unfolded) > size[1], stage
+                assert len(box_lines(app)) < len(unfolded), stage
+            else:
+                assert 3 * len(box_lines(app)) <= size[1], stage
+        if size == (100, 32):
+            await pilot.press("4")
+            assert stage_id(app) == "transpose" and folded(app)
+            await pilot.press("e")
+            await pilot.pause()
+            assert not folded(app) and len(box_lines(app)) > size[1] // 3
 
 
 async def test_the_rail_gives_way_below_80_columns() -> None:
@@ -519,3 +571,278 @@ async def test_narrower_cells_never_show_fewer_columns(size: tuple[int, int]) ->
                     for numbers in (True, False):
                         assert hidden[numbers, decimals - 1] <= hidden[numbers, decimals], (
                             stage, numbers, decimals)
+
+
+def _forward_thread() -> threading.Thread | None:
+    return next((t for t in threading.enumerate() if t.name == "mha-tui forward"), None)
+
+
+@pytest.mark.parametrize(("cls", "quit_key"), [("Waiting", "q"), ("Spinning", "ctrl+c")])
+async def test_a_forward_that_never_returns_shows_the_app_and_quits(
+        monkeypatch: pytest.MonkeyPatch, cls: str, quit_key: str) -> None:
+    """Issue 15, item 4: `explain --module loop.py:M` with a forward that never returns left
+    the terminal blank (the CLI ran the forward before starting the app) and q was echoed.
+    Built as the CLI builds it: the app is up, says whose forward runs and for how long, the
+    stage keys work, and q or ctrl+c quits while the forward still runs."""
+    import mha_tui.app
+    from mha_tui.cli import _build, _whose_forward
+    from mha_tui.config import Source
+    from mha_tui.load.learner import LoadError
+    from tests.fixtures import endless
+
+    monkeypatch.setattr(mha_tui.app, "SHOW_ELAPSED_AFTER", 0)  # the seconds from the start
+    # package.module form: the test and the learner import see one module, one RELEASE
+    source = Source(module=f"tests.fixtures.endless:{cls}")
+    config = Config("I love AI !")
+    endless.RELEASE.clear()
+    app = mha_tui.app.explain_app(config, build=partial(_build, source),
+                                  running=_whose_forward(source), refusals=(LoadError,))
+    try:
+        async with app.run_test(size=(100, 32)) as pilot:
+            await pilot.pause()
+            shown = text_of(app)
+            assert re.search(rf"running {cls}\.forward from tests\.fixtures\.endless… \d+ s",
+                             shown), shown
+            await pilot.press("right")
+            assert stage_id(app) == "project" and app.trace is None
+            await pilot.press(quit_key)
+            await pilot.pause()
+            assert not app.is_running
+        assert app.return_code == 0 and app.refusal is None and app.trace is None
+        forward = _forward_thread()
+        assert forward is not None and forward.daemon  # still in the forward: left behind
+    finally:
+        endless.RELEASE.set()
+    forward.join(timeout=30)
+    assert not forward.is_alive()
+
+
+async def test_bad_module_input_ends_the_app_with_the_clis_refusal() -> None:
+    """Built in the app's thread, a class that is not in the file ends the app: exit code 2
+    and the one line the transcript path prints for the same input."""
+    import mha_tui.app
+    from mha_tui.cli import _build, _whose_forward
+    from mha_tui.config import Source
+    from mha_tui.load.learner import LoadError
+
+    source = Source(module="tests/fixtures/endless.py:Missing")
+    config = Config("I love AI !")
+    with pytest.raises(LoadError) as refused:
+        _build(source, config)
+    app = mha_tui.app.explain_app(config, build=partial(_build, source),
+                                  running=_whose_forward(source), refusals=(LoadError,))
+    async with app.run_test(size=(100, 32)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+    assert app.return_code == 2 and app.refusal == str(refused.value)
+    assert "Missing" in app.refusal
+
+
+@pytest.mark.parametrize("size", [(60, 16), (60, 20), (70, 24), (79, 24), (80, 24), (100, 32)])
+@pytest.mark.parametrize("ascii_only", [False, True])
+async def test_help_and_quit_stay_in_the_footer_at_every_width(size: tuple[int, int],
+                                                              ascii_only: bool) -> None:
+    """Issue 15: below 80 columns the footer lost `? Help q Quit` (60x20). Their keys are
+    drawn whole inside the screen at any size the app accepts; at 60x20 the help takes the
+    whole width, so nothing of the screen behind shows beside it."""
+    app = make_app(ascii_only=ascii_only)
+    async with app.run_test(size=size) as pilot:
+        await _settle(app, pilot)
+        await pilot.pause()  # the footer recomposes once the keys' states are known
+        keys = {key.action: key for key in app.screen.query("FooterKey")}
+        for action in ("app.help", "app.quit"):
+            key = keys.get(action) or keys[action.split(".")[1]]
+            assert key.display and key.region.width > 0, action
+            assert key.region.right <= size[0], (action, key.region)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        body = app.screen.query_one("#help-body")
+        if size[0] < 80:
+            assert body.region.x == 0 and body.region.width == size[0]
+
+
+def why_panel(app: ExplainApp) -> str:
+    return text_of(app, "#why-body")
+
+
+@pytest.mark.parametrize("size", [(100, 32), (60, 16)])
+async def test_the_cursor_reaches_every_cell_of_every_stage_and_head(
+        size: tuple[int, int]) -> None:
+    """Issue 20, item 1: enter puts a cursor on the stage's result; arrows and hjkl move it
+    and stop at the edges, tab changes head, esc leaves. On every stage, at its corners and
+    on every head, the panel explains the number under the cursor, computed by mha-tui and
+    equal to the module's (✓)."""
+    from mha_tui.render import tensor_index
+    from mha_tui.why import main_tensor, why
+
+    app = make_app()
+    trace = app.trace
+    async with app.run_test(size=size) as pilot:
+        for index, stage in enumerate(trace.stages):
+            await pilot.press("end" if index == 10 else str((index + 1) % 10))
+            await pilot.press("a", "enter")  # every head shown: the cursor starts on head 0
+            await pilot.pause()
+            assert app.cursor == (0, 0, 0), stage.id
+            heads, rows, cols = app._bounds()
+            assert app.query_one("#why").display
+            for head in range(heads):
+                for keys, cell in [((), (head, 0, 0)),
+                                   (("down",) * (rows + 2), (head, rows - 1, 0)),
+                                   (("l",) * (cols + 2), (head, rows - 1, cols - 1)),
+                                   (("k",) * (rows + 2), (head, 0, cols - 1)),
+                                   (("left",) * (cols + 2), (head, 0, 0))]:
+                    await pilot.press(*keys)
+                    await pilot.pause()
+                    assert app.cursor == cell, (stage.id, keys)
+                    record = main_tensor(stage)
+                    expected = why(trace, stage.id, tensor_index(record, *cell))
+                    shown = why_panel(app)
+                    assert "computed by mha-tui" in shown and "✓ equal" in shown, shown
+                    assert f"why {record.name}[{', '.join(map(str, expected.index))}]" in shown
+                await pilot.press("tab")
+            assert stage_id(app) == stage.id  # moving the cursor never changed stage
+            await pilot.press("escape")
+            await pilot.pause()
+            assert app.cursor is None and not app.query_one("#why").display
+
+
+async def test_a_click_on_a_cell_moves_the_cursor_there() -> None:
+    app = make_app(start="scores")
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.press("enter")
+        await pilot.pause()
+        app.action_cursor_to(1, 3, 2)  # what a click's @click meta runs
+        await pilot.pause()
+        assert app.cursor == (1, 3, 2) and "why scores[0, 1, 3, 2]" in why_panel(app)
+        view = app.query_one(StageView)
+        # the cell itself carries the click: find it in the drawn lines and click it
+        for y, strip in enumerate(view.lines):
+            x = 0
+            for seg in strip:
+                meta = seg.style.meta if seg.style is not None else {}
+                if meta.get("@click") == "app.cursor_to(0, 1, 3)":
+                    await pilot.click(StageView, offset=(x + 1 - view.scroll_x,
+                                                         y - view.scroll_y))
+                    await pilot.pause()
+                    assert app.cursor == (0, 1, 3), app.cursor
+                    return
+                x += seg.cell_length
+        raise AssertionError("no clickable cell (0, 1, 3) on screen")
+
+
+async def _settle(app: ExplainApp, pilot) -> None:
+    await pilot.pause()
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+async def test_s_runs_the_module_on_a_typed_sentence_and_keeps_stage_and_cursor() -> None:
+    """Issue 20, item 2: `s` opens a line for a sentence; enter runs the forward again in the
+    background (a progress line meanwhile, the old trace on screen until the new one is
+    ready), on the same stage with the cursor on the same cell."""
+    release = threading.Event()
+
+    def loader(config: Config):
+        release.wait(30)
+        return run_trace(config)
+
+    app = make_app(start="softmax", loader=loader)
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.press("enter", "down", "down", "right")
+        await pilot.press("s")
+        await pilot.pause()
+        await pilot.press("end", *"space t h e space c a t".split(), "enter")
+        await pilot.pause()
+        assert app.query_one("#progress").display and "the cat" in text_of(app, "#progress")
+        assert app.config.sentence == "I love AI !"  # the old trace stays meanwhile
+        assert "weights[0, 0, 2, 1]" in why_panel(app)
+        release.set()
+        await _settle(app, pilot)
+        assert app.config.tokens == ("I", "love", "AI", "!", "the", "cat")
+        assert not app.query_one("#progress").display
+        assert stage_id(app) == "softmax" and app.cursor == (0, 2, 1)
+        assert app.trace.stage("softmax").tensors[-1].values.shape == (1, 2, 6, 6)
+        assert "why weights[0, 0, 2, 1]" in why_panel(app) and "✓ equal" in why_panel(app)
+
+
+async def test_H_cycles_valid_head_counts_and_c_toggles_the_mask() -> None:
+    app = make_app(start="mask", loader=run_trace)
+    async with app.run_test(size=(100, 32)) as pilot:
+        for heads in (4, 1, 2):
+            await pilot.press("H")
+            await _settle(app, pilot)
+            assert app.config.num_heads == heads == app.trace.config.num_heads
+            assert stage_id(app) == "mask"
+        import numpy as np
+
+        def blocked() -> int:
+            return int(np.isneginf(app.trace.stage("mask").tensors[-1].values).sum())
+
+        assert blocked() == 12
+        await pilot.press("c")
+        await _settle(app, pilot)
+        assert not app.config.causal and not app.trace.config.causal and blocked() == 0
+        await pilot.press("c")
+        await _settle(app, pilot)
+        assert app.config.causal and blocked() == 12
+
+
+@pytest.mark.parametrize(("sentence", "message"), [
+    (" ".join(["word"] * 70), "the sentence has 70 tokens but --max-seq-len is 64; raise it "
+                              "with --max-seq-len 70"),
+    ("   ", "the sentence is empty"),
+])
+async def test_a_sentence_the_cli_would_refuse_is_refused_with_its_message(
+        sentence: str, message: str) -> None:
+    from mha_tui.config import ConfigError
+
+    with pytest.raises(ConfigError) as cli:  # what `explain SENTENCE` says for it
+        Config(sentence)
+    assert message in str(cli.value)
+    app = make_app(loader=run_trace)
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.press("s")
+        await pilot.pause()
+        app.screen.query_one("#sentence-input").value = sentence
+        await pilot.press("enter")
+        await _settle(app, pilot)
+        assert [n.message for n in app._notifications] == [str(cli.value)]
+        assert app.config.sentence == "I love AI !" and app.trace is default_trace()
+
+
+async def test_hostile_text_is_shown_literally() -> None:
+    """Markup and control characters typed (or pasted) into the sentence: shown as they
+    are, never interpreted."""
+    hostile = "[bold red]x[/] a\x1b[2J b\x07 [link=file:///etc]y[/link]"
+    app = make_app(loader=run_trace)
+    async with app.run_test(size=(120, 32)) as pilot:
+        await pilot.press("s")
+        await pilot.pause()
+        app.screen.query_one("#sentence-input").value = hostile
+        await pilot.press("enter")
+        await _settle(app, pilot)
+        assert app.config.sentence == hostile
+        header = text_of(app, "#header")
+        assert "[bold" in header and "red]x[/]" in header and "␛[2J" in header
+        assert "\x1b" not in app.export_screenshot() and "\x07" not in header
+
+
+async def test_c_on_a_module_with_its_own_mask_is_refused_with_the_clis_message() -> None:
+    import mha_tui.app
+    from mha_tui.cli import _build, _whose_forward
+    from mha_tui.config import Source
+    from mha_tui.load.learner import LoadError
+
+    source = Source(model="raschka")
+    config = Config("I love AI !")
+    with pytest.raises(LoadError) as cli:
+        _build(source, Config("I love AI !", causal=False))
+    app = mha_tui.app.explain_app(config, build=partial(_build, source),
+                                  running=_whose_forward(source), refusals=(LoadError,))
+    async with app.run_test(size=(100, 32)) as pilot:
+        await _settle(app, pilot)
+        first = app.trace
+        await pilot.press("c")
+        await _settle(app, pilot)
+        assert [n.message for n in app._notifications] == [str(cli.value)]
+        assert app.trace is first and app.config.causal and app.return_code is None

@@ -215,8 +215,8 @@ def test_grading_passes_the_expectation_to_every_worker() -> None:
 
 
 def judged_expecting(spec_: str, **expect):
-    from mha_tui.pipeline import Expect, check_source
     from mha_tui.config import Config, Source
+    from mha_tui.pipeline import Expect, check_source
 
     return check_source(Config("I love AI !"), Source(module=spec_), Expect(**expect))
 

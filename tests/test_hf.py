@@ -145,6 +145,30 @@ def test_sentence_longer_than_the_model_reads(tiny: hf.Loaded) -> None:
         hf.tokenize(tiny, "")
 
 
+def test_too_many_tokens_refused_before_any_weight_loads(tiny_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers
+
+    opened: list[object] = []
+
+    def never(*args: object, **kwargs: object) -> None:
+        opened.append(args)
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", never)
+    long = " ".join(["cat"] * 80)
+    with pytest.raises(hf.HfError, match=r"has 80 tokens but .* reads at most 64"):
+        hf.load(str(tiny_dir), long)
+    result = CliRunner().invoke(app, ["explain", long, "--hf", str(tiny_dir), "--dump", "-"])
+    assert result.exit_code == 2
+    assert "reads at most 64" in result.output
+    assert opened == []
+    # A sentence the model takes goes on to load the weights.
+    with pytest.raises(hf.HfError, match="the weights were loaded"):
+        hf.load(str(tiny_dir), "The cat")
+    assert len(opened) == 1
+
+
 # ---------------------------------------------------------------- the forward, hooked
 
 
@@ -183,6 +207,31 @@ def test_all_layers_limit_follows_the_models_size(tiny: hf.Loaded) -> None:
     assert hf.recorded_bytes(gpt2, limit) <= hf.ALL_LAYERS_BUDGET < hf.recorded_bytes(gpt2, limit + 1)
     assert 100 < limit < 300  # tens of tokens stay well inside it
     assert hf.all_layers_limit(tiny.info) > limit
+
+
+
+@pytest.mark.parametrize("words", [6, 60])
+def test_memory_estimate_counts_what_the_recorder_keeps(tiny: hf.Loaded, words: int) -> None:
+    """recorded_bytes against the real thing: every snapshot the recordings of all layers
+    hold (op outputs, parameters, constants), each counted once."""
+    session = hf.Session(tiny, " ".join(["cat"] * words))
+    session.trace(0)
+    assert session.all_layers
+    kept, seen = 0, set()
+    for layer in range(tiny.info.n_layers):
+        for op in session._traces[layer].recording.ops:
+            snaps = [*op.outputs, *(r.snapshot for r in op.inputs if r.snapshot is not None)]
+            for snap in snaps:
+                if id(snap) not in seen:
+                    seen.add(id(snap))
+                    kept += snap.values.nbytes
+    params = sum(p.numel() for p in tiny.attention(0).parameters())
+    assert tiny.info.attention_params == params
+    estimate = hf.recorded_bytes(tiny.info, len(session.ids))
+    assert abs(estimate - kept) <= 0.1 * kept, (estimate, kept)
+    if words == 6:  # a short sentence: the parameters' copies are most of what is kept,
+        # and an estimate without them misses by more than the tolerance
+        assert kept - (estimate - 4 * params * tiny.info.n_layers) > 0.1 * kept
 
 
 # ---------------------------------------------------------------- the command line

@@ -49,7 +49,7 @@ def test_alibi_families_show_their_slopes(name: str) -> None:
     from .test_families import hf_trace
 
     trace = hf_trace(name, 0)
-    stage = trace.stage("position_bias")
+    stage = trace.stage("pos_bias")
     assert stage.title.startswith("ALiBi")
     assert all(check.ok is not False for check in stage.checks)
     slopes = bias_shape(stage.tensors[0].values[0].astype(np.float64)).slopes
@@ -68,3 +68,18 @@ def test_bloom_says_the_scaling_happened_inside_baddbmm() -> None:
     assert "before scaling" not in trace.stage("mask").note
     expected = 1 / math.sqrt(8)
     assert f"alpha={expected:.6g}" in scores.note
+
+
+@pytest.mark.parametrize("where,ref", [
+    ("module", "opt_style.py:OPTAttention"), ("module", "timm_fused.py:Attention"), ("hf", "opt")])
+def test_q_scaled_before_the_scores_is_the_scale_stage(where: str, ref: str) -> None:
+    """OPT and timm multiply q by d_h ** -0.5 before any score exists: that is the scale
+    stage, it says Q is scaled, and no head check compares the scaled q with the projection."""
+    from .test_families import hf_trace, module_trace
+
+    trace = module_trace(ref) if where == "module" else hf_trace(ref, 0)
+    scale = trace.stage("scale")
+    assert "Q is scaled before the scores" in scale.note
+    kinds = [s.kind for s in trace.stages]
+    assert kinds.index("scale") < kinds.index("scores") and "op" not in kinds
+    assert all(c.ok is not False for s in trace.stages if s.kind != "embed" for c in s.checks)

@@ -152,6 +152,47 @@ def test_code_wraps_in_colour_as_in_plain_text(width: int) -> None:
         assert max(cell_len(line.rstrip()) for line in text.splitlines()) <= width
 
 
+@pytest.mark.parametrize("width", [30, 40, 60, 76, 100])
+@pytest.mark.parametrize("model", ["mygpt", "course", "raschka", "many-eyes"])
+def test_code_wraps_between_tokens_and_keeps_a_shape_comment_whole(width: int,
+                                                                   model: str) -> None:
+    """Issue 15: code wrapped mid-expression (`# (B, h,` / `T, d_h)`). Every code line of
+    every stage, wrapped: each piece fits, no piece starts or ends inside a comment that
+    fits a line, a break falls where the line had a space (unless one token is wider than
+    the line), and the pieces, joined, are the line."""
+    from mha_tui.config import Source
+    from mha_tui.render import wrap_code
+
+    trace = run_trace(Config("I love AI !"), Source(model=model))
+    for stage in trace.stages:
+        for line in stage.code.splitlines():
+            pieces = wrap_code(line, width).splitlines()
+            assert all(cell_len(piece) <= width for piece in pieces), pieces
+            assert "".join("".join(pieces).split()) == "".join(line.split()), pieces
+            for piece in pieces[:-1]:  # a break where there was no space: a token too wide
+                assert " ".join(piece.split()) + " " in " ".join(line.split()) + " " or (
+                    cell_len(piece) >= width - 1), (piece, pieces)
+            if "  # " in line:
+                comment = line[line.index("  # ") + 2:]
+                if cell_len(comment) <= width - 8:
+                    assert any(comment in piece for piece in pieces), (comment, pieces)
+
+
+def test_code_wrap_prefers_the_outer_brackets_and_no_stub() -> None:
+    from mha_tui.render import wrap_code
+
+    line = "q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, T, d_h)"
+    assert wrap_code(line, 76).splitlines() == [
+        "q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)",
+        "    # (B, h, T, d_h)"]
+    assert wrap_code(line, 60).splitlines() == [
+        "q = q.view(B, T, self.num_heads,",
+        "    self.head_dim).transpose(1, 2)  # (B, h, T, d_h)"]
+    # inside a string only when nothing else fits; a `#` in a string starts no comment
+    assert wrap_code("s = f('a # b c')  # note", 14).splitlines() == [
+        "s =", "    f('a # b", "    c')", "    # note"]
+
+
 # ---------------------------------------------------------------- item 9: numbers stay
 
 

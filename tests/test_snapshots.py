@@ -94,6 +94,20 @@ def test_a_crashing_module_ends_with_the_error_at_100x32(snap_compare) -> None:
     assert snap_compare(ExplainApp(trace.config, trace=trace, start="error"), terminal_size=(100, 32))
 
 
+@pytest.mark.parametrize("stage", ["scores", "softmax"])
+def test_drill_into_a_cell_at_100x32(snap_compare, stage: str) -> None:
+    """enter, two rows down, one right, tab: the cursor on head 1's [2, 1], the panel below
+    showing how that number was made, computed by mha-tui, ✓ against the module's."""
+    assert snap_compare(app_at(stage), press=["enter", "down", "down", "right", "tab"],
+                        terminal_size=(100, 32))
+
+
+def test_drill_into_a_cell_at_80x24(snap_compare) -> None:
+    """At 80x24 the panel sits below the stage; the cursor's row stays on screen."""
+    assert snap_compare(app_at("attend"), press=["enter", "j", "j", "j", "l"],
+                        terminal_size=(80, 24))
+
+
 def test_help_screen_at_80x24(snap_compare) -> None:
     """At 80x24: `?` lists every key."""
     assert snap_compare(app_at("embed"), press=["question_mark"], terminal_size=(80, 24))

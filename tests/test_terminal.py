@@ -42,7 +42,8 @@ def _make_controlling_terminal() -> None:
 def run_in_pty(*args: str, env: dict[str, str] | None = None, stdin_pipe: bool = False,
                controlling_terminal: bool = True, stderr_pipe: bool = False,
                keys: tuple[bytes, ...] = (),
-               size: tuple[int, int] = (100, 32)) -> Session:
+               size: tuple[int, int] = (100, 32), until: str = "values",
+               quit_key: bytes = b"q") -> Session:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,9 +71,9 @@ def run_in_pty(*args: str, env: dict[str, str] | None = None, stdin_pipe: bool =
         reader.start()
         deadline = time.time() + 90
         while time.time() < deadline and proc.poll() is None and not (
-                marks.exists() and "values" in marks.read_text()):
+                marks.exists() and until in marks.read_text()):
             time.sleep(0.05)
-        for key in (*keys, b"q"):
+        for key in (*keys, quit_key):
             if proc.poll() is not None:
                 break
             time.sleep(0.4)
@@ -131,3 +132,15 @@ def test_ascii_means_only_ascii_reaches_the_terminal(how: str) -> None:
     assert b"2/11" in session.output and b"Keys" in session.output  # it did draw, and the help
     assert max(session.output) < 0x80, sorted({chr(b) for b in session.output if b >= 0x80})
     assert b"\\u2" not in session.output and b"\\x" not in session.output
+
+
+@pytest.mark.parametrize("quit_key", [b"q", b"\x03"])
+def test_a_forward_that_never_returns_shows_the_app_and_quits(quit_key: bytes) -> None:
+    """Issue 15, item 4: a forward that never returns left the terminal blank and q was
+    echoed as text. The app paints at once, names the forward it is running, and q or
+    ctrl+c ends the process while the forward still spins."""
+    session = run_in_pty("--module", "tests/fixtures/endless.py:Spinning", until="paint",
+                         quit_key=quit_key)
+    assert session.code == 0, session.output[-2000:]
+    assert b"running Spinning.forward from tests/fixtures/endless.py" in session.output
+    assert session.output.count(b"\x1b[?1049l") >= 1  # the terminal given back

@@ -90,9 +90,18 @@ class StageMaker:
             ops = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
             other = op.scalars()
             return f"{base} {ops[op.name]} {other[0] if other else '...'}"
+        if op.name in ("bitwise_or", "bitwise_and", "logical_or", "logical_and", "__or__",
+                       "__and__", "or_", "and_") and len(op.inputs) == 2:
+            sign = "|" if "or" in op.name else "&"
+            return f" {sign} ".join(self._named(ref) for ref in op.inputs)  # future | too_far
         if op.name in ("bool", "float", "logical_not", "bitwise_not", "tril", "triu"):
             return f"{base}.{op.name}()" if op.name != "bitwise_not" else f"~{base}"
         return f"{op.name}({base})"
+
+    def _named(self, ref: Ref) -> str:
+        """A tensor by the name the module gave it (its statement's target), else its name."""
+        producer = self.g.producer(ref)
+        return self.tensor_name(producer) if producer is not None else (ref.name or "a tensor")
 
     def spelled(self, ref: Ref, op: OpRecord) -> str:
         """The mask as the module's line spells it (`self.causal_mask[:T, :T]`), else composed."""

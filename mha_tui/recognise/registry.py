@@ -10,6 +10,8 @@ each with its reason (TorchLens states its postprocessing steps the same way):
   softmax and attend at once; nothing after may read it as a part.
 - cache before concat and plumbing: torch.cat onto an empty key/value cache only passes
   its input through; concat would otherwise claim a cat downstream of attention.
+- norm anywhere before plumbing: it claims only layer_norm / rms_norm ops, which no other
+  rule claims; placed early, next to the other ops on x.
 - w_o before project: both claim x @ W; downstream of attend it is the output projection.
 - project (its projection, then its fused split) before view, transpose and plumbing: a
   fused (C, 3C) layer's split, unflatten and transpose are still the projection.
@@ -43,6 +45,7 @@ from .kinds import (
     dropout,
     kv_repeat,
     mask,
+    norm,
     op,
     plumbing,
     position_bias,
@@ -60,6 +63,7 @@ from .kinds import (
 KINDS: tuple[ModuleType, ...] = (
     sdpa,
     cache,
+    norm,
     w_o,
     project,
     rotary,
@@ -83,7 +87,7 @@ RULES = tuple(rule for kind in KINDS for rule in kind.RULES)
 # kind -> the module whose build() makes its stage(s). `aux` ops (cache, plumbing) make no
 # stage of their own; `embed` and `error` are placed by assemble.py, not by a unit.
 BUILDERS: dict[str, ModuleType] = {
-    kind.KIND: kind for kind in (project, rotary, kv_repeat, view, transpose, scores, scale, mask,
+    kind.KIND: kind for kind in (norm, project, rotary, kv_repeat, view, transpose, scores, scale, mask,
                                  position_bias, softmax, dropout, attend, concat, w_o, sdpa, op)
 }
 

@@ -12,6 +12,7 @@ import numpy as np
 from ...check.numeric import close, recompute
 from ...records import Check, OpRecord, Stage
 from ..builder import BHTD, BHTT
+from ..cell import Cell, Why, dot, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product
@@ -83,3 +84,18 @@ def judge(j: Judge) -> list[Row]:
     return rows
 
 # ------------------------------------------------------------ concat
+
+
+def why(cell: Cell) -> Why:
+    """A context value: V's rows weighted by the softmax row, one term per key token."""
+    op, index = cell.per_head(cell.ops("matmul"))
+    weights, values = cell.operand(op, 0), cell.operand(op, 1)
+    *lead, i, c = index
+    row, col = weights[(*lead, i)], values[(*lead, slice(None), c)]
+    labels = [f"key {cell.token(k)}: w[{i}, {k}] × V[{k}, {c}]" for k in range(len(row))]
+    terms, notes, total = dot(cell, row, col, labels, "weighted values")
+    return Why(cell.stage.id, "attend", cell.record.name, cell.index,
+               where(cell), f"{cell.name} = Σ_k weights[{i}, k] × V[k, {c}]  (one term per "
+               "key token: V's rows weighted by the softmax row)", terms,
+               (f"column {c} of V, weighted by row {i} of the attention weights", *notes),
+               total, cell.recorded)

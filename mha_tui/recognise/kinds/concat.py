@@ -13,6 +13,7 @@ from ...check.numeric import ATOL, RTOL, close, einsum_spec, f64
 from ...records import Check, OpRecord, Stage
 from ...stages import stage_info
 from ..builder import BHTD, BTC, BTHD, yes
+from ..cell import Cell, Term, Why, main_tensor, previous, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, single_axes
@@ -195,3 +196,21 @@ def judge(j: Judge) -> list[Row]:
     return rows
 
 # ------------------------------------------------------------ output projection
+
+
+def why(cell: Cell) -> Why:
+    """A concatenated channel: which head and channel of attend's output it holds."""
+    *_, t, c = cell.index
+    attend = previous(cell, "attend")
+    heads = main_tensor(attend)
+    d_h = heads.values.shape[-1]
+    head, channel = divmod(c, d_h)
+    computed = float(heads.values[0, head, t, channel])
+    return Why(cell.stage.id, "concat", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = {heads.name}[0, {head}, {t}, {channel}]  (column {c} = head "
+               f"{head} × d_h {d_h} + channel {channel})",
+               (Term(f"head {head}, channel {channel}, token {cell.token(t)} (attend)", (),
+                     computed),),
+               (f"concat lays the heads side by side: columns {head * d_h}-{head * d_h + d_h - 1} "
+                f"hold head {head}", "the value is copied, not computed"),
+               computed, cell.recorded)

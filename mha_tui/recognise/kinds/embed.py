@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ...records import Check, Embedded, Stage
 from ..builder import BTC
+from ..cell import Cell, Term, Why, where
 from ..maker import StageMaker, words
 
 KIND = "embed"
@@ -35,3 +36,16 @@ def build(m: StageMaker, e: Embedded) -> Stage:
 def _all(n: int, noun: str) -> str:
     """"all 4 tokens", but "the one token": counts in labels read as plain English."""
     return f"the one {noun}" if n == 1 else f"all {n} {noun}s"
+
+
+def why(cell: Cell) -> Why:
+    """An embedding value: the token's row of the table (looked up, not computed)."""
+    *_, t, c = cell.index
+    ids = cell.stage.tensor("ids").values
+    table = next(r for r in cell.stage.tensors if r.dims == ("vocab", "C"))
+    token_id = int(ids[0, t])
+    computed = float(table.values[token_id, c])
+    return Why(cell.stage.id, "embed", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = {table.name}[{token_id}, {c}]  (token {cell.token(t)} has id "
+               f"{token_id})", (Term(f"row {token_id} of the table, column {c}", (), computed),),
+               ("looked up, not computed",), computed, cell.recorded)

@@ -6,6 +6,7 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from ...check.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal
 from ...records import Check, OpRecord, Source, Stage
 from ...stages import NO_MASK, NO_MASK_ARGUMENT
 from ..builder import BHTT, Builder
+from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, possessive
@@ -458,3 +460,42 @@ def _mask_after_softmax(j: Judge, soft: OpRecord, expected: np.ndarray
         if all(np.array_equal(f & ~expected, np.zeros_like(f)) for f in flat) and changed.any():
             return op, max_diff(after, before)
     return None
+
+
+def why(cell: Cell) -> Why:
+    """A masked score: kept or blocked, why, and the value written."""
+    op, index = cell.per_head(cell.ops("masked_fill", "masked_fill_", "add", "add_",
+                                       "where", "sub"))
+    before = float(cell.operand(op, 0)[index])
+    out_shape = op.out.shape
+    *_, i, j = index
+    if op.name.startswith("masked_fill"):
+        mask = np.broadcast_to(cell.operand(op, 1), out_shape)
+        blocked = bool(mask[index])
+        fill = cell.scalar(op)
+        computed = fill if blocked else before
+        entry = f"the mask's entry [{i}, {j}] is {blocked}"
+        terms = (Term("score before the mask", (), before),
+                 Term(f"mask[{i}, {j}] = {blocked}: "
+                      + ("written over with the fill value" if blocked else "kept"), (), computed))
+    elif op.name.startswith(("add", "sub")):
+        mask_values = np.broadcast_to(cell.operand(op, 1), out_shape)
+        added = float(mask_values[index])
+        computed = before + added if op.name.startswith("add") else before - added
+        blocked = math.isinf(computed) or added <= -1e9
+        entry = f"the mask's entry [{i}, {j}] is {added:g}"
+        terms = (Term("score before the mask", (), before),
+                 Term(f"{'+' if op.name.startswith('add') else '-'} mask[{i}, {j}]",
+                      (before, "+" if op.name.startswith("add") else "-", added), computed))
+    else:
+        raise WhyError(f"stage {cell.stage.id}: a {op.name} mask is not explained yet")
+    if blocked:
+        reason = (f"key {cell.token(j)} (position {j}) comes after query {cell.token(i)} "
+                  f"(position {i}): j > i, and a causal mask hides the future"
+                  if j > i else f"blocked although j <= i ({entry}): not a causal rule")
+    else:
+        reason = (f"key position {j} <= query position {i}: the query may look at it"
+                  if j <= i else f"kept although j > i ({entry}): this mask is not causal")
+    return Why(cell.stage.id, "mask", cell.record.name, cell.index, where(cell),
+               f"{cell.name}: {'blocked' if blocked else 'kept'}", terms, (reason, entry),
+               computed, cell.recorded)

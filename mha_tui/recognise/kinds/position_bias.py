@@ -24,7 +24,7 @@ from ..maker import StageMaker, synthetic
 from ..sizes import Sizes
 from ..vocab import very_negative
 
-KIND = "position_bias"
+KIND = "pos_bias"  # short: the app's rail is narrow
 
 
 def adds_position_bias(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:

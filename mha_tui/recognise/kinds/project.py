@@ -15,6 +15,7 @@ import numpy as np
 from ...check.numeric import close, f64, linear_parts
 from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord
 from ..builder import BTC, Builder
+from ..cell import Cell, Why, linear
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
@@ -104,8 +105,12 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
             w_ref = next(r for r in g.other_inputs(op) if m.snap(r).ndim == 2)
             w = m.snap(w_ref)
             bias_refs = [r for r in g.other_inputs(op) if m.snap(r).ndim == 1]
-            xin = m.snap(m.x_in(op)).values.astype(np.float64)
-            wv = w.values.astype(np.float64)
+            # Recomputed at the module's own precision (float32 at least): the tolerance below
+            # is float32's, and a float64 copy of x and W cost more than the forward at C 768.
+            xin = m.snap(m.x_in(op)).values
+            precision = np.promote_types(np.promote_types(xin.dtype, w.values.dtype), np.float32)
+            xin = xin.astype(precision, copy=False)
+            wv = w.values.astype(precision, copy=False)
             # nn.Linear stores (out, in) and computes x @ W.T; addmm / x @ W use (in, out)
             stored_out_in = op.name == "linear"
             product = xin @ (wv.T if stored_out_in else wv) if op.name != "einsum" else None
@@ -291,3 +296,8 @@ def linear_row(j: Judge, stage: Stage, kind: str) -> Row:
 def judge(j: Judge) -> list[Row]:
     """Each projection stage: Q, K, V are linear maps of x."""
     return [linear_row(j, s, "project") for s in j.trace.stages if s.kind == "project"]
+
+
+def why(cell: Cell) -> Why:
+    """A channel of Q, K or V: the token's x dotted with one row of the weight."""
+    return linear(cell, "W")

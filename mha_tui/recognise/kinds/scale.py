@@ -13,6 +13,7 @@ import numpy as np
 from ...check.numeric import f64, ratio
 from ...records import Check, OpRecord, Stage
 from ..builder import BHTD, BHTT, yes
+from ..cell import Cell, Term, Why, where
 from ..graph import Graph, scalar_operand
 from ..grouping import Unit
 from ..maker import StageMaker
@@ -36,7 +37,19 @@ def scale(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
         return "scale"
     if g.op_derives(op, {"transpose", "view"}):  # q scaled before q @ k^T (torch's own MHA)
         return "scale"
+    if g.op_derives(op, {"project", "rotary"}) and _head_scale(scalar_operand(g, op), op, sizes):
+        return "scale"  # OPT, BART: q_proj(x) * d_h ** -0.5, before the heads are split
     return None
+
+
+def _head_scale(factor: float | None, op: OpRecord, sizes: Sizes) -> bool:
+    """A factor that scales by the head width (1/sqrt(d_h), or its square root when q and k
+    are both scaled): evidence that this multiplies queries or keys for the scores."""
+    if factor is None or factor == 0:
+        return False
+    used = 1 / factor if op.name in ("div", "div_", "true_divide") else factor
+    return any(abs(used - target) < 1e-6 * max(1.0, target)
+               for target in (sizes.d_h ** -0.5, sizes.d_h ** -0.25))
 
 
 RULES = (scale,)
@@ -91,7 +104,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         checks.append(Check(f"the factor is 1/sqrt(d_h) = 1/sqrt({d_h}): "
                             f"{yes(abs(used - expected) < 1e-6)}", None))
     if on_q:
-        note = "This module scales before the scores are computed (q * 1/sqrt(d_h)); same result."
+        note = ("Q is scaled before the scores are computed (q * 1/sqrt(d_h)): the scaling "
+                "happens here, on the queries, not on the scores; same result.")
     elif raw == "masked scores":
         note = "This module masks before it scales: -inf divided by sqrt(d_h) stays -inf."
     else:
@@ -213,3 +227,27 @@ def scale_diagnosis(j: Judge, total: float) -> tuple[str, str]:
             return kind, message
     return "wrong_scale", (f"scaled by {total:.4f}; it should be 1/sqrt(d_h) = "
                            f"{1 / math.sqrt(j.d_h):.4f}")
+
+
+def why(cell: Cell) -> Why:
+    """A scaled score: the division (or product) and the d_h it comes from."""
+    op, index = cell.per_head(cell.ops("div", "mul", "true_divide", "multiply"))
+    before = float(cell.operand(op, 0)[index])
+    number = cell.scalar(op)
+    d_h = cell.trace.config.head_dim
+    divides = op.name in ("div", "true_divide")
+    computed = before / number if divides else before * number
+    notes = []
+    if divides and math.isclose(number, math.sqrt(d_h), rel_tol=1e-6):
+        notes.append(f"the divisor is √d_h: d_h = {d_h}, √{d_h} = {number:.6g}")
+    elif not divides and math.isclose(number, 1 / math.sqrt(d_h), rel_tol=1e-6):
+        notes.append(f"the factor is 1/√d_h: d_h = {d_h}, 1/√{d_h} = {number:.6g}")
+    else:
+        notes.append(f"d_h = {d_h}; this {'divisor' if divides else 'factor'} is not "
+                     f"{'√d_h' if divides else '1/√d_h'} ({math.sqrt(d_h):.6g})")
+    terms = (Term("before", (), before),
+             Term("÷ divisor" if divides else "× factor",
+                  (before, "/" if divides else "×", number), computed))
+    return Why(cell.stage.id, "scale", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = score {'/' if divides else '×'} {number:.6g}", terms,
+               tuple(notes), computed, cell.recorded)

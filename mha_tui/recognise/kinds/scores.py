@@ -13,6 +13,7 @@ import numpy as np
 from ...check.numeric import close, recompute
 from ...records import Check, OpRecord, Snapshot, Stage
 from ..builder import BHTD, BHTT
+from ..cell import Cell, Why, dot, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, synthetic, words
@@ -175,9 +176,9 @@ def _scores_and_bias(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
     bias = beta * m.snap(bias_ref).values.astype(np.float64)
     if bias.ndim == 3 and values.ndim == 4 and bias.shape[0] == values.shape[0] * values.shape[1]:
         bias = bias.reshape(values.shape[0], values.shape[1], *bias.shape[1:])
-    stage = bias_stage(m, "position_bias", np.broadcast_to(bias, values.shape), scaled4, values,
+    stage = bias_stage(m, "pos_bias", np.broadcast_to(bias, values.shape), scaled4, values,
                        base=scores, bias_name=m.spelled(bias_ref, op))
-    m.made["position_bias"] = stage
+    m.made["pos_bias"] = stage
     m.out_of_kind["scores"] = (scaled4, snap)
     return [scores, stage]
 
@@ -208,3 +209,19 @@ def scores_row(j: Judge, stage: Stage) -> Row:
 def judge(j: Judge) -> list[Row]:
     """Each scores stage (sdpa's expansion is judged by sdpa)."""
     return [scores_row(j, s) for s in j.trace.stages if s.kind == "scores" and not j.is_sdpa(s)]
+
+
+def why(cell: Cell) -> Why:
+    """A score: Q's row dotted with K's row, the d_h products and their sum."""
+    op, index = cell.per_head(cell.ops("matmul"))
+    queries, keys_t = cell.operand(op, 0), cell.operand(op, 1)
+    *lead, i, j = index
+    row, col = queries[(*lead, i)], keys_t[(*lead, slice(None), j)]
+    head = ", ".join(map(str, cell.index[:-2]))
+    terms, notes, total = dot(cell, row, col, [f"d{k}: Q[{i}, {k}] × K[{j}, {k}]"
+                                                for k in range(len(row))], "products")
+    return Why(cell.stage.id, "scores", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = Q[{head}, {i}, :] · K[{head}, {j}, :]  "
+               f"(a dot product over d_h = {len(row)})",
+               terms, ("Q and K are the matmul's recorded inputs (K as K^T: its column "
+                       f"{j})", *notes), total, cell.recorded)

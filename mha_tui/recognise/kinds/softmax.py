@@ -12,6 +12,7 @@ import numpy as np
 from ...check.numeric import ATOL, RTOL, close, f64
 from ...records import Check, OpRecord, Ref, Stage
 from ..builder import BHTT, plural, yes
+from ..cell import Cell, Term, Why, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, words
@@ -163,3 +164,34 @@ def _softmax_diagnosis(j: Judge, logits: np.ndarray, got: np.ndarray) -> tuple[s
     sums = got.sum(axis=-1)
     return "softmax_wrong", (f"the weights are not a softmax of the scores over the keys "
                              f"(row sums range {np.nanmin(sums):.4f} to {np.nanmax(sums):.4f})")
+
+
+def why(cell: Cell) -> Why:
+    """A weight: exp(s_ij - max) / Σ_k exp(s_ik - max), with the row's numbers."""
+    op, index = cell.per_head(cell.ops("softmax", "_softmax"))
+    scores = cell.operand(op, 0)
+    *lead, i, j = index
+    row = scores[(*lead, i)].astype(np.float64)
+    top = float(np.max(row))
+    with np.errstate(invalid="ignore"):
+        exps = np.exp(row - top)
+    total = float(exps.sum())
+    computed = float(exps[j] / total)
+    terms = [Term(f"key {cell.token(k)}: exp(s[{i}, {k}] - max)", (float(row[k]), "-", top),
+                  float(exps[k])) for k in range(len(row))]
+    terms.append(Term("Σ over the row", (), total))
+    terms.append(Term(f"exp(s[{i}, {j}] - max) / Σ", (float(exps[j]), "/", total), computed))
+    notes = [f"the row's largest score, max = {top:.6g}, is subtracted first (the result is "
+             "the same; exp cannot overflow)"]
+    if np.isneginf(row).any():
+        notes.append("a blocked (-inf) score gives exp(-inf) = 0: no weight")
+    dropouts = cell.ops("dropout", "dropout_")
+    if dropouts:
+        p = dropouts[0].kwarg("p", dropouts[0].args[1] if len(dropouts[0].args) > 1 else None)
+        training = dropouts[0].kwarg("training", None)
+        notes.append(f"then dropout (p={p}, training={training}): "
+                     + ("it changes nothing here" if training is False or p == 0
+                        else "it can zero or rescale this weight"))
+    return Why(cell.stage.id, "softmax", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = exp(s[{i}, {j}] - max_k s[{i}, k]) / Σ_k exp(s[{i}, k] - max)",
+               tuple(terms), tuple(notes), computed, cell.recorded)

@@ -5,11 +5,14 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord
 from ...stages import stage_info
 from ..builder import BHTD, BTHD, yes
+from ..cell import Cell, Why, moved
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, single_axes
@@ -96,10 +99,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
 
 def _project_source(m: StageMaker, ref: Ref) -> Snapshot | None:
     """Follow a tensor back through view/transpose to the projection's (B, T, C) output
-    (none when rotary turned it on the way: its numbers are no longer the projection's)."""
+    (none when rotary turned it or a scale multiplied it on the way: its numbers are no
+    longer the projection's)."""
     for _ in range(8):
         op = m.g.producer(ref)
-        if op is None or m.g.kind.get(op.index) == "rotary":
+        if op is None or m.g.kind.get(op.index) in ("rotary", "scale"):
             return None
         if m.g.kind.get(op.index) == "project":
             return op.outputs[ref.output]
@@ -129,12 +133,13 @@ def _wrong_view(m: StageMaker, q: Snapshot, name: str, differs: bool) -> TensorR
     token_of = np.repeat(np.arange(T), C).reshape(B, s.h, T, s.d_h)[..., 0]
     head_of = np.tile(np.arange(C) // s.d_h, T).reshape(B, s.h, T, s.d_h)[..., 0]
     tokens = m.b.config.tokens
+    counts = Counter(tokens)  # counted once: a count per row is O(T^2) at T 512
 
     def word(t: int) -> str:
         if t >= len(tokens):
             return str(t)
         # A repeated token is told apart by its position ("the·0·h1"), as on token axes.
-        return f"{tokens[t]}·{t}" if tokens.count(tokens[t]) > 1 else tokens[t]
+        return f"{tokens[t]}·{t}" if counts[tokens[t]] > 1 else tokens[t]
 
     tags = tuple(tuple(f"{word(int(token_of[0, i, r]))}·h{int(head_of[0, i, r])}" for r in range(T))
                  for i in range(s.h))
@@ -160,3 +165,8 @@ def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(step)
         step *= n
     return tuple(reversed(strides))
+
+
+def why(cell: Cell) -> Why:
+    """The same number, found at another index of the input (moved, not computed)."""
+    return moved(cell)

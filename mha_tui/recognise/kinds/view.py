@@ -13,6 +13,7 @@ import numpy as np
 from ...check.numeric import ATOL, RTOL, close, f64, max_diff
 from ...records import Check, OpRecord, Stage
 from ..builder import BTC, BTHD, yes
+from ..cell import Cell, Why, moved
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
@@ -171,3 +172,8 @@ def _split_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role: str
     return ("split_wrong", f"the head-split {name} are not the projection's numbers")
 
 # ------------------------------------------------------------ scores / scale / mask / softmax
+
+
+def why(cell: Cell) -> Why:
+    """The same number, found at another index of the input (moved, not computed)."""
+    return moved(cell)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ...records import Check, OpRecord, Stage
 from ..builder import BTC
+from ..cell import Cell, Why, linear
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
@@ -88,3 +89,8 @@ def judge(j: Judge) -> list[Row]:
     return []
 
 # ------------------------------------------------------------ sdpa
+
+
+def why(cell: Cell) -> Why:
+    """An output channel: the concatenated heads' row dotted with one row of W_O."""
+    return linear(cell, "W_O")

@@ -1,0 +1,246 @@
+"""How one cell of a stage's result was made: the data every kind's `why` returns, the cell
+it is asked about, and the helpers they share (mha_tui.why is the entry point).
+
+Each stage kind's module in kinds/ has `why(cell) -> Why`: it recomputes the cell's value
+from what the forward recorded (its ops' input snapshots, earlier stages' tensors), in
+float64, step by step, and sets the module's own number beside it. Plain data out.
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..records import OpRecord, Stage, TensorArg, TensorRecord, Trace
+
+MANY_TERMS = 8
+"""More products than this (a large d_h, a long sentence): the largest SHOWN_TERMS by size
+are listed and the rest summed on one row, saying so."""
+SHOWN_TERMS = 6
+
+
+class WhyError(ValueError):
+    """The cell cannot be explained: no such stage or index, or a stage kind without a why."""
+
+
+@dataclass(frozen=True)
+class Term:
+    """One line of a computation: a label, the numbers and operators it combines, its value.
+
+    parts: numbers (the recorded inputs) and operator strings ("×", "-", "/"), in order;
+    value None for a line that only states a fact."""
+
+    label: str
+    parts: tuple[float | str, ...] = ()
+    value: float | None = None
+
+
+@dataclass(frozen=True)
+class Why:
+    """How one cell was made: what the module computed, and mha-tui's computation of it."""
+
+    stage: str
+    kind: str
+    tensor: str  # the main tensor's name, as the stage shows it
+    index: tuple[int, ...]
+    where: str  # "head 1, query AI (row 2), key love (column 1)"
+    formula: str  # "scores[0, 1, 2, 1] = Q[0, 1, 2, :] · K[0, 1, 1, :]"
+    terms: tuple[Term, ...]
+    notes: tuple[str, ...]
+    computed: float  # by mha-tui, in float64, from the recorded inputs
+    recorded: float  # the module's own number
+
+    @property
+    def difference(self) -> float:
+        if math.isnan(self.computed) and math.isnan(self.recorded):
+            return 0.0
+        if math.isinf(self.computed) and self.computed == self.recorded:
+            return 0.0
+        return abs(self.computed - self.recorded)
+
+    @property
+    def agrees(self) -> bool:
+        """Equal to the module's number up to float32 rounding (the module sums in float32,
+        in its own order; mha-tui in float64)."""
+        scale = max(1.0, abs(self.recorded)) if math.isfinite(self.recorded) else 1.0
+        return self.difference <= 1e-5 * scale
+
+
+def main_tensor(stage: Stage) -> TensorRecord:
+    """The tensor the cursor moves on: the stage's result, its last tensor."""
+    if not stage.tensors:
+        raise WhyError(f"stage {stage.id} has no tensor to point into")
+    return stage.tensors[-1]
+
+
+@dataclass(frozen=True)
+class Cell:
+    trace: Trace
+    stage: Stage
+    record: TensorRecord
+    index: tuple[int, ...]
+
+    @property
+    def recorded(self) -> float:
+        return float(self.record.values[self.index])
+
+    @property
+    def name(self) -> str:
+        return f"{self.record.name}[{', '.join(map(str, self.index))}]"
+
+    def token(self, t: int) -> str:
+        tokens = self.trace.config.tokens
+        return tokens[t] if 0 <= t < len(tokens) else str(t)
+
+    @property
+    def head(self) -> int | None:
+        dims = self.record.dims
+        return self.index[dims.index("h")] if "h" in dims else None
+
+    def ops(self, *names: str) -> list[OpRecord]:
+        return [op for op in self.stage.ops if op.name in names]
+
+    def per_head(self, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, ...]]:
+        """The op that made this cell, and the cell's index in that op's output: one op for
+        every head (index as it is), or one op per head (a ModuleList: no head axis)."""
+        if not ops:
+            raise WhyError(f"stage {self.stage.id} holds no op to explain {self.name} by")
+        out_ndim = len(ops[-1].out.shape)
+        if out_ndim == len(self.index):
+            return ops[-1], self.index
+        head_axis = self.record.dims.index("h") if "h" in self.record.dims else None
+        if head_axis is None or out_ndim != len(self.index) - 1 or len(ops) <= self.index[head_axis]:
+            raise WhyError(f"cannot tell which op of stage {self.stage.id} made {self.name}")
+        head = self.index[head_axis]
+        return ops[head], self.index[:head_axis] + self.index[head_axis + 1:]
+
+    def operand(self, op: OpRecord, k: int) -> np.ndarray:
+        recording = self.trace.recording
+        if recording is None:
+            raise WhyError("this trace keeps no recording of its ops")
+        return np.asarray(recording.snapshot(op.inputs[k]).values)
+
+    def scalar(self, op: OpRecord) -> float:
+        """The op's number argument (`/ math.sqrt(d_h)`), or a one-element tensor argument."""
+        for arg in op.args[1:]:
+            if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+                return float(arg)
+            if isinstance(arg, TensorArg):
+                values = self.operand(op, arg.index)
+                if values.size == 1:
+                    return float(values.reshape(()))
+        raise WhyError(f"cannot find the number {op.name} uses in stage {self.stage.id}")
+
+
+def where(cell: Cell, row_axis: str = "query", col_axis: str = "key") -> str:
+    dims, index = cell.record.dims, cell.index
+    parts = []
+    if "h" in dims:
+        parts.append(f"head {index[dims.index('h')]}")
+    t_axes = [k for k, d in enumerate(dims) if d == "T"]
+    if len(t_axes) == 2:
+        i, j = index[t_axes[0]], index[t_axes[1]]
+        parts += [f"{row_axis} {cell.token(i)} (row {i})", f"{col_axis} {cell.token(j)} (column {j})"]
+    elif t_axes:
+        t = index[t_axes[0]]
+        parts.append(f"token {cell.token(t)} (row {t})")
+        last = dims[-1]
+        if last in ("C", "d_h"):
+            parts.append(f"{'channel' if last == 'C' else 'd'} {index[-1]}")
+    return ", ".join(parts)
+
+
+def dot(cell: Cell, row: np.ndarray, col: np.ndarray, labels: list[str], what: str
+         ) -> tuple[tuple[Term, ...], tuple[str, ...], float]:
+    """Σ row[k] * col[k], in float64: a term per k, or the largest and the rest summed."""
+    products = row.astype(np.float64) * col.astype(np.float64)
+    total = float(products.sum())
+    order = list(range(len(products)))
+    notes: list[str] = []
+    if len(products) > MANY_TERMS:
+        order = sorted(order, key=lambda k: -abs(products[k]))[:SHOWN_TERMS]
+        order.sort()
+    terms = [Term(labels[k], (float(row[k]), "×", float(col[k])), float(products[k]))
+             for k in order]
+    rest = [k for k in range(len(products)) if k not in set(order)]
+    if rest:
+        terms.append(Term(f"the other {len(rest)} {what}", (), float(products[rest].sum())))
+        notes.append(f"{len(products)} {what}: the {len(order)} largest in size are shown, "
+                     f"the other {len(rest)} summed on one line")
+    terms.append(Term("sum", (), total))
+    return tuple(terms), tuple(notes), total
+
+
+def previous(cell: Cell, kind: str) -> Stage:
+    stages = cell.trace.stages
+    before = stages[:[s.id for s in stages].index(cell.stage.id)]
+    for stage in reversed(before):
+        if stage.kind == kind:
+            return stage
+    raise WhyError(f"no {kind} stage before {cell.stage.id}")
+
+
+def linear(cell: Cell, role: str) -> Why:
+    ops = cell.ops("linear")
+    if not ops:
+        raise WhyError(f"stage {cell.stage.id} holds no linear op")
+    op = next((o for o in ops if np.array_equal(o.out.values, cell.record.values)), ops[-1])
+    if op.out.values.shape != cell.record.values.shape:
+        raise WhyError(f"cannot tell which linear op of stage {cell.stage.id} made {cell.name}")
+    x, weight = cell.operand(op, 0), cell.operand(op, 1)
+    *lead, t, o = cell.index
+    row = x[(*lead, t)]
+    col = weight[o] if weight.shape[0] == op.out.shape[-1] else weight[:, o]
+    d_h = cell.trace.config.head_dim
+    name = cell.stage.tensors[0].name if role == "W_O" else "W"
+    labels = [f"in {k}" + (f" (head {k // d_h}, d{k % d_h})" if role == "W_O" else "")
+              + f": x[{t}, {k}] × {name}[{o}, {k}]" for k in range(len(row))]
+    terms, notes, total = dot(cell, row, col, labels, "products")
+    bias = None
+    if len(op.inputs) > 2:
+        bias = float(cell.operand(op, 2)[o])
+        total += bias
+        terms = (*terms[:-1], Term(f"+ bias[{o}]", (), bias), Term("sum", (), total))
+    extra = []
+    dropouts = cell.ops("dropout", "dropout_")
+    if dropouts:
+        extra.append(f"then dropout (training={dropouts[0].kwarg('training', None)}): it "
+                     "changes nothing in eval mode")
+    return Why(cell.stage.id, cell.stage.kind, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = x[{t}, :] · {name}[{o}, :]" + (" + bias" if bias is not None else ""),
+               terms, ((f"every output channel mixes all heads: in-channels of head h are "
+                        f"h·{d_h} to h·{d_h}+{d_h - 1}" if role == "W_O" else
+                        "one row of the weight, dotted with the token's x"), *notes, *extra),
+               total, cell.recorded)
+
+
+def moved(cell: Cell) -> Why:
+    """view / transpose: the same number, found at another index of the input."""
+    ops = cell.ops("view", "reshape", "transpose", "permute", "contiguous")
+    op = next((o for o in ops if o.name != "contiguous"
+               and np.array_equal(o.out.values, cell.record.values)), None)
+    if op is None:
+        raise WhyError(f"cannot tell which op of stage {cell.stage.id} made {cell.name}")
+    source = cell.operand(op, 0)
+    if op.name in ("view", "reshape"):
+        flat = int(np.ravel_multi_index(cell.index, op.out.shape))
+        at = tuple(int(k) for k in np.unravel_index(flat, source.shape))
+        how = f"the same memory read as shape {tuple(op.out.shape)}: element {flat} in order"
+    else:
+        axes = [a for a in op.args[1:] if isinstance(a, int)]
+        order = list(range(len(cell.index)))
+        if op.name == "transpose" and len(axes) == 2:
+            a, b = (x % len(order) for x in axes)
+            order[a], order[b] = order[b], order[a]
+        elif op.name == "permute":
+            order = [int(a) for a in axes]
+        at = tuple(cell.index[order.index(k)] for k in range(len(order)))
+        how = f"axes {axes} swapped: the index read in the other order"
+    computed = float(source[at])
+    return Why(cell.stage.id, cell.stage.kind, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = input[{', '.join(map(str, at))}]",
+               (Term(f"the input at [{', '.join(map(str, at))}]", (), computed),),
+               (how, "moved, not computed"), computed, cell.recorded)

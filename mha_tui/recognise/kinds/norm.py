@@ -1,0 +1,78 @@
+"""norm: a LayerNorm or RMSNorm inside the attention module, applied to x before the
+projections (pre-norm written into the module) or to q and k (QK-norm).
+
+Recognised from the op (torch's layer_norm / rms_norm) and checked on the values: every
+token's numbers normalised over the last axis, then the module's own weight and bias.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...records import Check, OpRecord, Stage
+from ..builder import BTC
+from ..graph import Graph
+from ..grouping import Unit
+from ..maker import StageMaker
+from ..sizes import Sizes
+
+KIND = "norm"
+_NORMS = {"layer_norm", "rms_norm"}
+
+
+def normalises(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """layer_norm or rms_norm of an x-derived tensor before the scores."""
+    if op.name not in _NORMS or not g.x_inputs(op) or g.op_derives(op, {"scores", "attend"}):
+        return None
+    return KIND
+
+
+RULES = (normalises,)
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    op = m.op(unit.ops[0])
+    before_ref = m.x_in(op)
+    before, after = m.snap(before_ref), op.out
+    params = [r for r in m.g.other_inputs(op) if r.kind in ("param", "buffer")]
+    weight = next((m.snap(r).values for r in params if m.snap(r).ndim == 1), None)
+    bias = next((m.snap(r).values for r in params[1:] if m.snap(r).ndim == 1), None)
+    x = before.values.astype(np.float64)
+    rms = op.name == "rms_norm"
+    eps = next((float(a) for a in op.scalars() if isinstance(a, float)), 1e-5)
+    centred = x if rms else x - x.mean(axis=-1, keepdims=True)
+    normed = centred / np.sqrt((centred ** 2).mean(axis=-1, keepdims=True) + eps)
+    expected = normed * (weight if weight is not None else 1.0) + (bias if bias is not None else 0.0)
+    same = bool(np.allclose(expected, after.values, rtol=1e-4, atol=1e-5))
+    what = "RMSNorm" if rms else "LayerNorm"
+    dims = m.dims(before.shape, BTC)
+    name = (m.origin_name(before_ref).split("'s ")[-1] if m.g.producer(before_ref)
+            else before_ref.name or "x")
+    tensors = [m.b.record(f"{name} before {what}", before, dims, caption="what the module received"),
+               m.b.record(f"{m.tensor_name(op, fallback='x')} after {what}", after,
+                          m.dims(after.shape, BTC),
+                          caption="each token's numbers normalised: what the projections see")]
+    how = ("divided by their root mean square" if rms
+           else "minus their mean, divided by their standard deviation")
+    checks = [Check(f"each token's {x.shape[-1]} numbers {how}, then times the module's weight"
+                    f"{'' if rms else ' plus its bias'} (recomputed by mha-tui, eps = {eps:g})",
+                    same)]
+    if not rms:
+        checks.append(Check(f"before: each token's mean within ±{np.abs(x.mean(axis=-1)).max():.4f}, "
+                            f"its std {x.std(axis=-1).min():.4f} to {x.std(axis=-1).max():.4f}",
+                            None))
+    title = f"{what} inside the module: each token's numbers normalised first"
+    explanation = (
+        f"This attention module normalises its input itself ({what} over the last axis, "
+        f"{x.shape[-1]} numbers per token) before anything else: "
+        + ("each token's numbers are divided by their root mean square"
+           if rms else "each token's numbers have their mean subtracted and are divided by "
+                       "their standard deviation")
+        + ", then multiplied by a learned weight" + ("" if rms else " and shifted by a learned bias")
+        + ". Many models do this in the block, outside attention (pre-norm); here it is part of "
+          "the module, so the projections see the normalised x, not x itself.")
+    return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=before.shape,
+                   shape_out=after.shape, dims_in=dims, dims_out=tensors[-1].dims, title=title,
+                   explanation=explanation)
