@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .destination import Destination
     from .load.modules import Loaded
     from .load.numpy_modules import LoadedNumpy
+    from .pipeline import Expect
     from .records import Trace
 
 app = typer.Typer(
@@ -76,6 +77,11 @@ class CheckFormat(StrEnum):
     text = "text"
     json = "json"
     csv = "csv"
+
+
+class ExpectKind(StrEnum):
+    attention = "attention"
+    rotary = "rotary"
 
 
 # --model's choices, listed in --help: the tutorials' modules in mha_tui/examples.
@@ -579,6 +585,8 @@ def check(
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Grading several modules: the time each may take in its own process, torch's import included.")] = 20.0,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Grading several modules: how many run at once (default: the number of CPUs, at most 4).", show_default=False)] = None,
     memory: Annotated[int, typer.Option("--memory", metavar="MB", help="Grading several modules: the memory each may take beyond what mha-tui itself uses (Linux).")] = 2048,
+    expect: Annotated[ExpectKind, typer.Option("--expect", help="What you meant to build: plain multi-head attention, or with rotary positions (full, base 10000) on Q and K.", case_sensitive=False)] = ExpectKind.attention,
+    window: Annotated[int | None, typer.Option("--window", metavar="N", help="You meant a causal sliding window: each token sees itself and the N - 1 tokens before it.", show_default=False)] = None,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
@@ -609,6 +617,11 @@ def check(
         fail(f"--jobs must be at least 1, got {jobs}")
     if memory < 64:
         fail(f"--memory must be at least 64 MB, got {memory}")
+    if window is not None and window < 1:
+        fail(f"--window must be at least 1, got {window}")
+    from .pipeline import Expect, check_source
+
+    wanted = Expect(rotary=expect is ExpectKind.rotary, window=window)
     from .check.grade import GradeError, Submission, find_submissions, is_batch
 
     try:
@@ -624,12 +637,11 @@ def check(
         fail("give the module to check: FILE.py:Class (or package.module:Class), "
              "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")
     from .check.outcome import EXIT_CODES, worst
-    from .pipeline import check_source
 
     verdict = None
     if len(submissions) > 1 or is_batch(specs or []):
         reports = _grade(config, submissions, init=init or [], weights=weights,
-                         timeout=timeout, jobs=jobs, memory=memory)
+                         timeout=timeout, jobs=jobs, memory=memory, expect=wanted)
     else:  # one module, judged here: the whole report
         from .check.report import verdict_json
         from .load.learner import LoadError
@@ -637,7 +649,7 @@ def check(
         one = submissions[0]
         try:
             verdict = check_source(config, _check_source(one.model, one.module, init or [],
-                                                         weights))
+                                                         weights), wanted)
         except LoadError as error:
             fail(str(error).removeprefix("--module "))  # here the module is an argument
         reports = [verdict_json(verdict)]
@@ -646,7 +658,7 @@ def check(
 
 
 def _grade(config: Config, submissions: list, *, init: list[str], weights: Path | None,
-           timeout: float, jobs: int | None, memory: int) -> list[dict]:
+           timeout: float, jobs: int | None, memory: int, expect: Expect) -> list[dict]:
     """Each submission in its own process (check/grade.py); a progress bar on stderr while
     they run, when stderr is a terminal."""
     from .check.grade import Limits, grade
@@ -654,7 +666,8 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
     limits = Limits(sentence=config.sentence, embed_dim=config.embed_dim, heads=config.num_heads,
                     seed=config.seed, causal=config.causal, max_seq_len=config.max_seq_len,
                     init=tuple(init), weights=None if weights is None else str(weights),
-                    timeout=timeout, memory=memory << 20)
+                    timeout=timeout, memory=memory << 20, rotary=expect.rotary,
+                    window=expect.window)
     jobs = jobs or max(1, min(os.cpu_count() or 1, 4))
     if not (sys.stderr is not None and sys.stderr.isatty()):
         return [g.report for g in grade(submissions, limits, jobs=jobs)]

@@ -91,13 +91,14 @@ def judge(request: dict[str, Any]) -> dict[str, Any]:
         # learner's to pay for.
         from .check.report import verdict_json
         from .load.learner import LoadError
-        from .pipeline import check_source
+        from .pipeline import Expect, check_source
 
         _preload()
 
         _limit_resources(request["memory"], request.get("max_write", 0))
         try:
-            verdict = check_source(config, source)
+            verdict = check_source(config, source, Expect(rotary=bool(request.get("rotary")),
+                                                          window=request.get("window")))
         except LoadError as error:
             return unjudged(shown, "load_error", str(error).removeprefix("--module "))
         return verdict_json(verdict)

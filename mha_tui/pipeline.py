@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .config import Config
@@ -125,15 +126,30 @@ def numpy_runner(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
 
 # ---------------------------------------------------------------- the check
 
-def checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
-                                                     Callable[[Trace], Verdict]]:
+@dataclass(frozen=True)
+class Expect:
+    """What the learner meant to build, when it is not plain multi-head attention:
+    `--expect rotary` (rotary positions, full, base 10000), `--window N` (a causal sliding
+    window of N tokens). The reference grows the mechanism."""
+
+    rotary: bool = False
+    window: int | None = None
+
+    def facts(self) -> dict[str, Any]:
+        return {"rotary": self.rotary, "window": self.window}
+
+
+def checked(config: Config, source: Source, expect: Expect | None = None
+            ) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
     """Build the module now (bad input fails here); return how to trace it and how to judge
-    a trace of it: load -> trace -> what needs running again (torch) -> judge."""
+    a trace of it: load -> trace -> what needs running again (torch) -> judge. `expect`:
+    what the learner meant to build (--expect rotary, --window N)."""
     from .load.numpy_modules import load as load_numpy
 
+    grown = expect or Expect()
     numpy_loaded = load_numpy(config, source)
     if numpy_loaded is not None:  # NumPy code: judged the same way, without torch
-        return _checked_numpy(config, numpy_loaded)
+        return _checked_numpy(config, numpy_loaded, grown)
     from .load.modules import load
 
     loaded = load(config, source)
@@ -146,13 +162,13 @@ def checked(config: Config, source: Source) -> tuple[Callable[[Config], Trace],
 
     def checker(traced: Trace) -> Verdict:
         return judge_torch(traced, loaded.module, loaded.x, call, causal=config.causal,
-                           heads=config.num_heads, label=loaded.label)
+                           heads=config.num_heads, label=loaded.label, expect=grown)
 
     return run, checker
 
 
 def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], object], *,
-                causal: bool, heads: int, label: str) -> Verdict:
+                causal: bool, heads: int, label: str, expect: Expect | None = None) -> Verdict:
     """judge a torch module's trace: what needs running again (a second forward, the
     reference with its weights copied in), then the verdict. `mha-tui check` and the
     notebook's `mha_tui.check` both come here."""
@@ -161,24 +177,25 @@ def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], o
 
     facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
                   second=second_recording(module, x, call), reference=reference_output,
-                  training=module.training)
+                  training=module.training, **(expect or Expect()).facts())
     return judge(traced, facts, label)
 
 
-def _checked_numpy(config: Config, loaded: LoadedNumpy) -> tuple[Callable[[Config], Trace],
-                                                                  Callable[[Trace], Verdict]]:
+def _checked_numpy(config: Config, loaded: LoadedNumpy, expect: Expect
+                   ) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
     """checked() for a NumPy module: a second NumPy recording, its arrays as parameters,
     and the blueprint's computation in NumPy as the end-to-end reference."""
 
     def checker(trace: Trace) -> Verdict:
         return judge_numpy(trace, loaded.module, loaded.args, loaded.kwargs,
-                           causal=config.causal, heads=config.num_heads, label=loaded.label)
+                           causal=config.causal, heads=config.num_heads, label=loaded.label,
+                           expect=expect)
 
     return numpy_runner(loaded), checker
 
 
 def judge_numpy(trace: Trace, module: object, args: Sequence[object], kwargs: Mapping[str, object],
-                *, causal: bool, heads: int, label: str) -> Verdict:
+                *, causal: bool, heads: int, label: str, expect: Expect | None = None) -> Verdict:
     """judge a NumPy module's trace: a second NumPy recording, its arrays as parameters, and
     the blueprint's computation in NumPy as the end-to-end reference."""
     import numpy as np
@@ -193,11 +210,12 @@ def judge_numpy(trace: Trace, module: object, args: Sequence[object], kwargs: Ma
                   parameters=tuple((name, tuple(a.shape)) for name, a in module_arrays(module).items()),
                   second=None if again.error else again.recordings[""],
                   reference=reference_output, training=False,
-                  reference_name="the NumPy blueprint's computation")
+                  reference_name="the NumPy blueprint's computation",
+                  **(expect or Expect()).facts())
     return judge(trace, facts, label)
 
 
-def check_source(config: Config, source: Source) -> Verdict:
+def check_source(config: Config, source: Source, expect: Expect | None = None) -> Verdict:
     """Judge one module: what `mha-tui check` does for each it is given."""
-    run, checker = checked(config, source)
+    run, checker = checked(config, source, expect)
     return checker(run(config))

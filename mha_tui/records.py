@@ -300,11 +300,16 @@ class Stage:
 
     @property
     def transition(self) -> str:
-        """`(1, 4, 4) -> (1, 4, 2, 2)`, shapes as torch prints them."""
+        """`(1, 4, 4) -> (1, 4, 2, 2)`, shapes as torch prints them; an error stage made
+        nothing: `(3, 3) -> raised`."""
+        if self.kind == "error":
+            return f"{_shape(self.shape_in)} -> raised"
         return f"{_shape(self.shape_in)} -> {_shape(self.shape_out)}"
 
     @property
     def dims_transition(self) -> str:
+        if self.kind == "error":
+            return f"({', '.join(self.dims_in)}) -> raised"
         return f"({', '.join(self.dims_in)}) -> ({', '.join(self.dims_out)})"
 
     def tensor(self, name: str) -> TensorRecord:

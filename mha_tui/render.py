@@ -733,7 +733,9 @@ def tensor_meta(record: TensorRecord) -> Text:
         ("shape ", "dim"), str(record.shape).replace(",)", ")"), "  ",
         ("dims ", "dim"), "(" + ", ".join(record.dims) + ")", "\n  ",
         ("strides ", "dim"), str(record.strides).replace(",)", ")"),
-        (" bytes" if record.stride_unit == "bytes" else "", "dim"), "  ",
+        (" bytes" if record.stride_unit == "bytes" else "", "dim"),
+        # one head's: the heads were separate tensors, stacked by mha-tui (see the caption)
+        (" per head" if len(record.strides) == len(record.shape) - 1 else "", "dim"), "  ",
         ("contiguous ", "dim"), _yes(record.contiguous),
     )
     if record.shares_storage is not None:

@@ -25,8 +25,6 @@ UNSOUND = FIXTURES / "unsound"
 SENTENCE = "I love AI !"
 runner = CliRunner()
 
-WORDS = pytest.mark.xfail(strict=True, reason="issue 15.5: stage and verdict wording")
-
 MODULE_STYLES = [
     f"{FIXTURES / 'check_variants.py'}:{name}"
     for name in ("FusedMaskFirst", "WhereMinusBillion", "SplitScale", "SdpaMaskArgument")
@@ -53,7 +51,6 @@ def short(spec: str) -> str:
 # ---------------------------------------------------------------------------- op and error
 
 
-@WORDS
 def test_op_stage_titles_read_like_the_code() -> None:
     """`torch.zeros(3, 3)`, not `torch._VariableFunctionsClass.zeros (3, 3)`; a tuple of
     tensors is not `(TensorArg(index=0), ...)`."""
@@ -66,7 +63,6 @@ def test_op_stage_titles_read_like_the_code() -> None:
         assert "_VariableFunctionsClass" not in title and "TensorArg" not in title, title
 
 
-@WORDS
 def test_the_error_stage_claims_no_shape_and_no_name_it_has_not() -> None:
     """The forward stopped: no `-> ()` output shape, and the last tensor it recorded (made
     by `torch.ones(4, 2)` on the failing line) is not called `bad`, which was never
@@ -91,7 +87,6 @@ def test_the_error_stage_names_the_failing_line() -> None:
 # ---------------------------------------------------------------------------- strides
 
 
-@WORDS
 @pytest.mark.parametrize("model", ["many-eyes", "raschka-wrapper"])
 def test_stacked_heads_say_so_and_give_each_heads_strides(model: str) -> None:
     """A per-head module's tensors are h separate (B, T, .) tensors that mha-tui stacked to
@@ -112,15 +107,7 @@ def test_stacked_heads_say_so_and_give_each_heads_strides(model: str) -> None:
 # ---------------------------------------------------------------------------- grammar
 
 
-UNGRAMMATICAL_TODAY = {"model:raschka", "model:raschka-wrapper", MODULE_STYLES[0], MODULE_STYLES[5]}
-FALLBACK_DIMS_TODAY = {"model:raschka-wrapper", "model:many-eyes", "torch.nn:MultiheadAttention"}
-
-
-def _marked(specs: list[str], today: set[str]) -> list:
-    return [pytest.param(s, marks=WORDS) if s in today else s for s in specs]
-
-
-@pytest.mark.parametrize("spec", _marked(EVERY_MODULE, UNGRAMMATICAL_TODAY), ids=short)
+@pytest.mark.parametrize("spec", EVERY_MODULE, ids=short)
 def test_checks_and_captions_are_grammatical(spec: str) -> None:
     """"out equals x @ W" (one name); "each equal" for several; no "scores's"."""
     for stage in traced(spec).stages:
@@ -138,7 +125,7 @@ RECOGNISED = {"embed", "project", "view", "transpose", "scores", "scale", "mask"
               "attend", "concat", "w_o", "dropout"}
 
 
-@pytest.mark.parametrize("spec", _marked(EVERY_MODULE, FALLBACK_DIMS_TODAY), ids=short)
+@pytest.mark.parametrize("spec", EVERY_MODULE, ids=short)
 def test_no_dim_is_a_fallback_where_the_stage_knows_its_dims(spec: str) -> None:
     """tests/test_trace.py's test_token_axes_and_dims_are_labelled only compared lengths, and
     the builder falls back to `d0, d1, ...` whenever they differ: it could not fail. Every
@@ -190,7 +177,6 @@ def test_a_failing_row_never_shows_max_diff_0(name: str) -> None:
         assert columns[2] not in ("0", "0.0", "0.0e+00"), line
 
 
-@WORDS
 def test_the_missing_w_o_is_named_at_the_return_line() -> None:
     """The heads merged over two lines, the second the `return`: the missing W_O belongs
     after the return's expression, not after the merge's first line."""

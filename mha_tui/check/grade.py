@@ -74,6 +74,8 @@ class Limits:
     weights: str | None = None
     timeout: float = DEFAULT_TIMEOUT
     memory: int = DEFAULT_MEMORY
+    rotary: bool = False  # --expect rotary
+    window: int | None = None  # --window N
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,7 @@ def _request(sub: Submission, limits: Limits) -> str:
         "seed": limits.seed, "causal": limits.causal, "max_seq_len": limits.max_seq_len,
         "init": list(limits.init), "weights": None if limits.weights is None
         else str(Path(limits.weights).resolve()), "memory": limits.memory,
-        "max_write": MAX_WRITE,
+        "rotary": limits.rotary, "window": limits.window, "max_write": MAX_WRITE,
     })
 
 

@@ -121,13 +121,15 @@ class Judge:
 
     # ------------------------------------------------------------ project / w_o
 
-    def chain_to_projection(self, ref: Ref
+    def chain_to_projection(self, ref: Ref, *, through: bool = False
                              ) -> tuple[np.ndarray | None, float, OpRecord | None, list[OpRecord]]:
         """Walk back from a head-form operand to the projection output it was cut from.
 
         Returns (the projection's part that became this operand -- for a fused projection
         the slice after its split --, the scale factor applied on the way, the projection's
-        product op, the ops passed through, nearest first).
+        product op, the ops passed through, nearest first). The walk stops at an op that
+        changes values (a roll, a relu) unless `through`: finding a role's weights for the
+        reference goes on through it, the reference then shows what it changed.
         """
         factor = 1.0
         passed: list[OpRecord] = []
@@ -149,7 +151,7 @@ class Judge:
                 r = ratio(f64(op.out.values), f64(self.g.snap(xs[0]).values))
                 if r is not None:
                     factor *= r
-            elif op.name not in SHAPE_OPS:
+            elif op.name not in SHAPE_OPS and not through:
                 return None, factor, None, passed
             passed.append(op)
             values.append(op.outputs[ref.output].values)

@@ -61,6 +61,15 @@ def causal_set(T: int) -> np.ndarray:
     return np.triu(np.ones((T, T), dtype=bool), k=1)
 
 
+def blocked_set(T: int, causal: bool, window: int | None = None) -> np.ndarray:
+    """(T, T) True where query i may not look at key j: the future when causal, and with a
+    sliding window of w, every key more than w - 1 tokens back."""
+    found = causal_set(T) if causal else np.zeros((T, T), dtype=bool)
+    if window is not None:
+        found |= np.tril(np.ones((T, T), dtype=bool), k=-window)
+    return found
+
+
 def blocked_pattern(values: np.ndarray) -> np.ndarray | None:
     """The blocked (T, T) pattern of a (..., T, T) tensor if it is the same in every head."""
     b = blocked(values)

@@ -36,9 +36,33 @@ class Step:
     dims: tuple[str, ...]
 
 
-def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool) -> list[Step]:
+ROTARY_BASE = 10000.0
+
+
+def rotate(t: np.ndarray, layout: str, base: float = ROTARY_BASE) -> np.ndarray:
+    """Rotary positions on (B, h, T, d_h), full (every channel pair), base 10000.
+
+    layout "half": Llama's and GPT-NeoX's rotate_half (channel i pairs with i + d_h/2);
+    "interleaved": GPT-J's and Meta's Llama's (channel 2i pairs with 2i + 1)."""
+    T, d = t.shape[-2], t.shape[-1]
+    inv_freq = 1.0 / base ** (np.arange(0, d, 2, dtype=np.float64) / d)  # (d_h/2,)
+    angles = np.outer(np.arange(T, dtype=np.float64), inv_freq)  # (T, d_h/2)
+    if layout == "half":
+        angles = np.concatenate([angles, angles], axis=-1)  # (T, d_h)
+        half = d // 2
+        turned = np.concatenate([-t[..., half:], t[..., :half]], axis=-1)
+    else:
+        angles = np.repeat(angles, 2, axis=-1)  # (T, d_h)
+        turned = np.stack([-t[..., 1::2], t[..., 0::2]], axis=-1).reshape(t.shape)
+    return t * np.cos(angles) + turned * np.sin(angles)
+
+
+def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
+          window: int | None = None, rotary: str | None = None) -> list[Step]:
     """Every intermediate of softmax(Q_i K_i^T / sqrt(d_h) + mask) V_i, heads side by side,
-    then W_O (the identity when the module has none); x (T, C) or (B, T, C)."""
+    then W_O (the identity when the module has none); x (T, C) or (B, T, C). With
+    `rotary` ("half" or "interleaved"), q and k are rotated by position first; with
+    `window` w, each query sees only the keys less than w tokens back."""
     x = np.asarray(x, dtype=np.float64)
     batched = x if x.ndim == 3 else x[None]  # (B, T, C)
     B, T, C = batched.shape
@@ -49,9 +73,17 @@ def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool) -> list
 
     Q, K, V = (_linear(batched, w) for w in (weights.q, weights.k, weights.v))  # (B, T, C)
     q, k, v = split(Q), split(K), split(V)  # (B, h, T, d_h)
+    rotated: list[Step] = []
+    if rotary is not None:
+        q, k = rotate(q, rotary), rotate(k, rotary)  # (B, h, T, d_h)
+        rotated = [Step("q rotated", q, ("B", "h", "T", "d_h")),
+                   Step("k rotated", k, ("B", "h", "T", "d_h"))]
     scale = 1.0 / np.sqrt(d_h)
     raw = q @ k.transpose(0, 1, 3, 2)  # (B, h, T, T)
-    mask = np.triu(np.full((T, T), -np.inf), k=1) if causal else np.zeros((T, T))
+    blocked = np.triu(np.ones((T, T), dtype=bool), k=1) if causal else np.zeros((T, T), bool)
+    if window is not None:
+        blocked |= np.tril(np.ones((T, T), dtype=bool), k=-window)
+    mask = np.where(blocked, -np.inf, 0.0)
     scaled = raw * scale
     masked = scaled + mask
     with np.errstate(invalid="ignore", over="ignore"):
@@ -65,7 +97,8 @@ def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool) -> list
     return [
         Step("x", batched, BTC),
         Step("Q", Q, BTC), Step("K", K, BTC), Step("V", V, BTC),
-        Step("q", q, BHTD), Step("k", k, BHTD), Step("v", v, BHTD),
+        Step("q", split(Q), BHTD), Step("k", split(K), BHTD), Step("v", v, BHTD),
+        *rotated,
         Step("q scaled", q * scale, BHTD),
         Step("raw scores", raw, BHTT), Step("scaled scores", scaled, BHTT),
         Step("masked raw scores", raw + mask, BHTT), Step("masked scores", masked, BHTT),

@@ -26,7 +26,7 @@ EXIT_CODES: dict[Outcome, int] = {EQUIVALENT: 0, NOT_EQUIVALENT: 1, COULD_NOT_JU
 _WORST_FIRST: tuple[Outcome, ...] = (COULD_NOT_JUDGE, NOT_EQUIVALENT, EQUIVALENT)
 
 # Diagnoses that mean the module never produced an output to judge.
-UNJUDGED_KINDS = frozenset({"crash", "load_error"})
+UNJUDGED_KINDS = frozenset({"crash", "load_error", "no_reference"})
 
 EXIT_CODES_HELP = ("Exit code 0: equivalent (every module); 1: NOT equivalent (at least one); "
                    "3: could not judge (a forward that raised, a module that could not be built, "

@@ -116,6 +116,10 @@ class Facts:
     training: bool = False
     # What the reference is, as the verdict names it.
     reference_name: str = "the mygpt reference"
+    # What the learner meant to build (`check --window N`, `--expect rotary`): the
+    # reference grows the mechanism, computed in NumPy (numpy_reference.steps).
+    window: int | None = None
+    rotary: bool = False
 
 
 

@@ -261,7 +261,10 @@ def describe(found: Departure, T: int) -> str:
     if name == "roll":
         axis, _ = _axis(op, before, ndim or 4)
         shift = _shift(op)
-        amount = f"{shift} position{'s' if shift not in (1, -1) else ''}" if shift else "some positions"
+        words = {1: "one position", 2: "two positions", 3: "three positions"}
+        amount = words.get(abs(shift), f"{abs(shift)} positions") if shift else "some positions"
+        if shift and shift < 0:
+            amount += " back"
         text = f"torch.roll shifted {role} by {amount} along {axis or 'an axis'}"
         if shift and role in ("K", "V") and axis == "T":
             seen = _seen_later(shift, T)
@@ -295,6 +298,17 @@ def describe(found: Departure, T: int) -> str:
                    "what a key received instead of what a query gives"
         return f"{op.name} moved the axes of {role} so that later lines read them as others"
     if name == "getitem":
+        index = op.args[1] if len(op.args) > 1 else None
+        parts = index if isinstance(index, tuple) and index and index[0] != "slice" else (index,)
+        for axis, part in enumerate(parts):
+            if isinstance(part, tuple | list) and part and part[0] != "slice" and \
+                    all(isinstance(i, int) for i in part):
+                label = before.dims[axis] if before is not None and before.dims is not None \
+                    and axis < len(before.dims) else f"axis {axis}"
+                what = {"h": "heads", "T": "tokens", "T'": "keys"}.get(label, f"{label} entries")
+                moved = next((f"{what[:-1]} {i} now holds {what[:-1]} {p}'s"
+                              for i, p in enumerate(part) if i != p), "")
+                return f"indexing reordered the {what} of {role}" + (f": {moved}" if moved else "")
         return f"indexing reordered or cut {role}"
     if name == "layer_norm":
         return f"a LayerNorm on {role}"

@@ -13,7 +13,10 @@ from ..recognise.registry import JUDGES
 from ..records import Trace
 from .judging import Judge, Row
 from .numeric import close, f64, linear_parts
+from .numpy_reference import steps
 from .results import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
+from .track import departure, describe
+from .whole import Finding, nan_origin, no_attention, output_shape
 
 
 def judge(trace: Trace, facts: Facts, label: str = "") -> Verdict:
@@ -53,16 +56,182 @@ def run(j: Judge) -> Verdict:
         diagnosis = diagnosis or crash[1]
     end = None
     if crash is None:
-        try:
-            end, mismatch = _end_to_end(j)
-        except Exception:  # no comparison rather than no verdict
-            end, mismatch = None, None
-        if end is not None and end.ok is False and diagnosis is None:
-            diagnosis = mismatch
+        end, diagnosis = _whole(j, diagnosis)
+    # Equivalent only when the output equals the reference's end to end: a row that could
+    # not be computed (ok None) is never a pass.
     equivalent = diagnosis is None and all(v.ok is not False for v in verdicts) and (
-        end is None or end.ok is not False)
+        end is not None and end.ok is True)
     return Verdict(j.label, equivalent, tuple(verdicts), diagnosis,
                    tuple(d for d in dict.fromkeys(j.differences) if d), end)
+
+
+def _whole(j: Judge, diagnosis: Diagnosis | None) -> tuple[StageVerdict, Diagnosis | None]:
+    """The whole forward, after its stages: is it attention at all, is its output x's shape,
+    does it equal the reference end to end, and if not, where does it leave it; where NaN
+    first appears. Returns the end-to-end row (always one) and the diagnosis."""
+    rec = j.g.rec
+    out_ref = rec.output
+    last = j.g.ops[out_ref.op] if out_ref is not None and out_ref.kind == "op" \
+        and out_ref.op is not None else None
+    file, line = j.where(last.source if last is not None else None)
+    found = no_attention(rec, j.g.x_names, j.facts.parameters)
+    if found is not None:
+        j.differences.clear()  # "equivalent" words about a module that does not attend
+        return (StageVerdict("", "end_to_end", None, None, file, line,
+                             "not compared: there is no attention to compare"),
+                _diagnosis(found, file=rec.module_file))
+    shape = output_shape(rec, j.g.x_names)
+    if shape is not None:
+        row = StageVerdict("", "end_to_end", False, None, file, line,
+                           "output = the reference's, of x's shape (B, T, C)")
+        return row, diagnosis or _diagnosis(shape)
+    try:
+        end, mismatch = _end_to_end(j)
+    except Exception as error:  # no comparison: said, and never a pass
+        end = StageVerdict("", "end_to_end", None, None, file, line,
+                           f"not compared: the reference could not be computed "
+                           f"({type(error).__name__}: {error})")
+        mismatch = None
+    nan = nan_origin(rec, j.g.x_names)
+    if end.ok is None and diagnosis is None:
+        diagnosis = Diagnosis("no_reference", end.file, end.line,
+                              f"could not judge: {end.checked.removeprefix('not compared: ')}",
+                              "end_to_end")
+    if end.ok is False and diagnosis is None:
+        diagnosis = _departure(j, end) or (
+            _diagnosis(nan[0], "nan") if nan is not None else None) or mismatch
+    elif end.ok is False and diagnosis is not None:
+        # A stage judged against a tensor further back (the concat against the attend
+        # op's output) blames itself for a line no rule placed in between: that line,
+        # earlier in the forward, is the first wrong one.
+        earlier = _departure(j, end)
+        if earlier is not None and earlier.stage == "op" and earlier.file == diagnosis.file \
+                and earlier.line < diagnosis.line:
+            diagnosis = earlier
+    if nan is not None and diagnosis is not None and nan[0].message not in diagnosis.message:
+        finding = nan[0]
+        nan_file, nan_line = j.where(finding.source)
+        if (nan_file, nan_line) == (diagnosis.file, diagnosis.line):
+            diagnosis = Diagnosis(diagnosis.kind, diagnosis.file, diagnosis.line,
+                                  f"{diagnosis.message}; {finding.message}", diagnosis.stage)
+    return end, diagnosis
+
+
+def _diagnosis(found: Finding, stage: str = "", file: str = "") -> Diagnosis:
+    file = found.source.file if found.source is not None else file
+    line = found.source.line if found.source is not None else 0
+    return Diagnosis(found.kind, file, line, found.message, stage or found.kind)
+
+
+def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
+               ) -> tuple[np.ndarray, str, dict[str, object]]:
+    """The reference's output, its name, and how it was grown (steps' keyword arguments).
+
+    Plain attention is the torch-side reference module (Facts.reference); a mechanism the
+    learner said they meant to build (--expect rotary, --window N) is grown into the NumPy
+    reference (numpy_reference.steps); for rotary, the channel-pair layout that fits."""
+    if not (j.facts.rotary or j.facts.window):
+        assert j.facts.reference is not None
+        return j.facts.reference(x, weights, j.h, j.facts.causal), j.facts.reference_name, {}
+    grown: list[str] = []
+    if j.facts.window:
+        grown.append(f"a sliding window of {j.facts.window}")
+    tries: list[dict[str, object]] = [{"window": j.facts.window}]
+    if j.facts.rotary and j.d_h % 2 == 0:
+        tries = [{"window": j.facts.window, "rotary": layout} for layout in ("half", "interleaved")]
+    best = None
+    for kwargs in tries:
+        out = steps(x, weights, j.h, j.facts.causal, **kwargs)[-1].values  # type: ignore[arg-type]
+        out = out if np.ndim(x) == 3 else out[0]
+        d = close(got.reshape(out.shape), out)[1] if got.size == out.size else np.inf
+        if best is None or d < best[0]:
+            best = (d, out, kwargs)
+    assert best is not None
+    _, out, kwargs = best
+    if kwargs.get("rotary"):
+        pairs = "rotate_half" if kwargs["rotary"] == "half" else "interleaved pairs"
+        grown.insert(0, f"rotary positions (full, base 10000, {pairs})")
+    causal = "causal" if j.facts.causal else "unmasked"
+    return out, f"the NumPy reference ({causal}, with {' and '.join(grown)})", kwargs
+
+
+def _mechanism(j: Judge, x: np.ndarray, weights: RoleWeights) -> str | None:
+    """A known mechanism that explains the whole output: rotary positions."""
+    got = f64(j.g.snap(j.g.rec.output).values) if j.g.rec.output is not None else None
+    if got is None or j.facts.rotary or j.d_h % 2:  # rotary turns channel pairs
+        return None
+    for layout, pairs in (("half", "rotate_half"), ("interleaved", "interleaved pairs")):
+        out = steps(x, weights, j.h, j.facts.causal, window=j.facts.window, rotary=layout)[-1].values
+        out = out if np.ndim(x) == 3 else out[0]
+        if got.size == out.size and close(got.reshape(out.shape), out)[0]:
+            return (f"rotary positions on Q and K (full, base 10000, {pairs}): the output is "
+                    f"causal attention with rotary positions, right for a rotary exercise "
+                    f"(check --expect rotary); plain multi-head attention has no positions")
+    return None
+
+
+def _missing_rotary(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray) -> str | None:
+    """--expect rotary, and the output is attention without positions."""
+    if not j.facts.rotary or j.d_h % 2:
+        return None
+    out = steps(x, weights, j.h, j.facts.causal, window=j.facts.window)[-1].values
+    out = out if np.ndim(x) == 3 else out[0]
+    if got.size == out.size and close(got.reshape(out.shape), out)[0]:
+        return ("no rotary positions: the output is attention without positions, but "
+                "--expect rotary wants Q and K rotated by position (full, base 10000) before "
+                "the scores")
+    return None
+
+
+def _index_list(index: object) -> bool:
+    """An index that picks positions by a list (t[:, [1, 0]]): recorded as a tuple of ints
+    inside the index tuple (a slice is ("slice", start, stop, step); t[0, 1] is (0, 1))."""
+    if isinstance(index, list):
+        return True
+    if not isinstance(index, tuple) or not index or index[0] == "slice":
+        return False
+    return any(isinstance(part, list) or (isinstance(part, tuple) and part and part[0] != "slice"
+                                          and all(isinstance(i, int) for i in part))
+               for part in index)
+
+
+def _departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
+    """The line where the module leaves the reference computation, and what it did there;
+    None when it cannot be found (the verdict then keeps the end-to-end difference)."""
+    try:
+        return _find_departure(j, end)
+    except (ValueError, IndexError, TypeError):  # a module no layout foresaw: no line, no crash
+        return None
+
+
+def _find_departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
+    weights = role_weights(j)
+    x = next((snap.values for name, snap in j.g.rec.inputs if name in j.g.x_names), None)
+    if weights is None or x is None:
+        return None
+    x = np.asarray(x)
+    got = f64(j.g.snap(j.g.rec.output).values) if j.g.rec.output is not None else np.zeros(0)
+    _, _, grown = _reference(j, x, weights, got) if (j.facts.rotary or j.facts.window) \
+        else (None, None, {})
+    found = departure(j.g.rec, j.g.x_names,
+                      steps(x, weights, j.h, j.facts.causal, **grown))  # type: ignore[arg-type]
+    if found is None:
+        return None
+    words = _mechanism(j, x, weights) or _missing_rotary(j, x, weights, got) or \
+        describe(found, j.T)
+    file, line = j.where(found.op.source)
+    stage = j.stage_of.get(found.op.index)
+    mechanism = words.startswith(("ALiBi", "a LayerNorm", "rotary", "no rotary"))
+    kind = "mechanism" if mechanism else "extra_op"
+    lead = f"differs: {words} at line {line}" if mechanism else f"{words} (line {line})"
+    # Unplaced: no rule put it in a stage, or indexing that reorders (t[:, [1, 0]]) taken in
+    # with the reshapes around it.
+    reorders = found.op.name == "getitem" and any(_index_list(a) for a in found.op.args[1:])
+    unplaced = stage is None or stage.kind == "op" or reorders
+    return Diagnosis(kind, file, line,
+                     f"{lead}: the module leaves the attention computation here, and its "
+                     f"output differs from the reference's by up to {end.max_diff:.3g}",
+                     "op" if unplaced else stage.kind)
 
 
 def _crash(j: Judge) -> tuple[StageVerdict, Diagnosis] | None:
@@ -116,7 +285,7 @@ def role_weights(j: Judge) -> RoleWeights | None:
     for role, entries in j.head_operands().items():
         done: set[int] = set()
         for _, ref, _ in entries:
-            part, _, product, _ = j.chain_to_projection(ref)
+            part, _, product, _ = j.chain_to_projection(ref, through=True)
             if part is None or product is None:
                 return None
             if product.index in done:
@@ -125,6 +294,8 @@ def role_weights(j: Judge) -> RoleWeights | None:
             _, w, b = linear_parts(j.g, product)  # type: ignore[misc]
             out = f64(product.out.values)
             width = part.shape[-1]
+            if out.shape[-1] == j.C and w.shape == (j.C, j.C):
+                width = j.C  # one head's slice of a whole (C, C) projection: all of it
             if out.shape[-1] != width:
                 key = np.sort(f64(part).reshape(-1))
                 start = next((o for o in range(0, out.shape[-1] - width + 1, width)
@@ -159,30 +330,47 @@ def role_weights(j: Judge) -> RoleWeights | None:
     return RoleWeights(result["Q"], result["K"], result["V"], o, tuple(dict.fromkeys(how)))
 
 
-def _end_to_end(j: Judge) -> tuple[StageVerdict | None, Diagnosis | None]:
-    reference = j.facts.reference
+def _end_to_end(j: Judge) -> tuple[StageVerdict, Diagnosis | None]:
+    """The output against the reference with the module's weights copied in by role: always
+    a row; ok None (never a pass) when the reference cannot be computed, with the reason.
+    NaN where the reference has numbers is a difference, counted apart (never `inf`)."""
+    reference = j.facts.reference if not (j.facts.rotary or j.facts.window) else steps
     out_ref = j.g.rec.output
-    if reference is None or out_ref is None:
-        return None, None
+    last = j.g.ops[out_ref.op] if out_ref is not None and out_ref.op is not None else None
+    file, line = j.where(last.source if last is not None else None)
+
+    def not_compared(why: str) -> tuple[StageVerdict, None]:
+        return StageVerdict("", "end_to_end", None, None, file, line, f"not compared: {why}"), None
+
+    if reference is None:
+        return not_compared("no reference computation was given")
+    if out_ref is None:
+        return not_compared("the forward returned no tensor")
     weights = role_weights(j)
     if weights is None:
-        return None, None
+        return not_compared("the weights of Q, K and V could not be found by role (each "
+                            "must be a (C, C) linear map of x, or a slice of a fused one)")
     x = next((snap.values for name, snap in j.g.rec.inputs if name in j.g.x_names), None)
     if x is None:
-        return None, None
-    expected = reference(np.asarray(x), weights, j.h, j.facts.causal)
+        return not_compared("the forward has no input x to give the reference")
     got = f64(j.g.snap(out_ref).values)
+    expected, name, _ = _reference(j, np.asarray(x), weights, got)
     if got.size != expected.size:
-        return None, None
+        return not_compared(f"the output has {got.size} numbers, the reference's {expected.size}")
     got = got.reshape(expected.shape)
-    good, d = close(got, expected)
-    last = j.g.ops[out_ref.op] if out_ref.op is not None else None
-    file, line = j.where(last.source if last is not None else None)
+    new_nan = np.isnan(got) & ~np.isnan(expected)
+    good, d = close(np.where(new_nan, expected, got), expected)
     how = "; ".join(weights.how)
-    verdict = StageVerdict("", "end_to_end", good, d, file, line,
-                           f"output = {j.facts.reference_name} with these weights copied in "
-                           f"by role{f' ({how})' if how else ''}")
+    checked = (f"output = {name} with these weights copied in by role"
+               f"{f' ({how})' if how else ''}")
+    nan_words = ""
+    if new_nan.any():
+        good = False
+        nan_words = (f"; {int(new_nan.sum())} of the output's numbers are NaN where the "
+                     f"reference's are not")
+        checked += nan_words
+    verdict = StageVerdict("", "end_to_end", good, d, file, line, checked)
     diag = Diagnosis("output_differs", file, line,
                      f"every stage checked out, but the output differs from the reference by "
-                     f"up to {d:.3g}", "end_to_end")
+                     f"up to {d:.3g}{nan_words}", "end_to_end")
     return verdict, diag

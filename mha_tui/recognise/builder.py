@@ -41,6 +41,9 @@ class Builder:
         self.per_head = bool(head_calls) or bool(g.head)
         self.head_modules = bool(head_calls)
         self.names: dict[int, str] = {}
+        # Tensors mha-tui stacked from the heads' own (id of the stacked array -> each
+        # head's strides), so that their record says so instead of showing one head's.
+        self.stacked_strides: dict[int, list[tuple[int, ...]]] = {}
 
     # ------------------------------------------------------------ naming
 
@@ -91,8 +94,18 @@ class Builder:
             BTC: (s.B, s.T, s.C), BTHD: (s.B, s.T, s.h, s.d_h), BHTD: (s.B, s.h, s.T, s.d_h),
             BHTT: (s.B, s.h, s.T, s.T), ("T", "T"): (s.T, s.T), ("B", "T"): (s.B, s.T),
             ("T", "d_h"): (s.T, s.d_h),  # one head's slice in a per-head loop
+            ("B", "T", "d_h"): (s.B, s.T, s.d_h),  # one head's own module's q, k, v
+            ("B", "T", "T"): (s.B, s.T, s.T),  # one head's own module's scores
+            ("T", "B", "C"): (s.T, s.B, s.C),  # torch's own MHA: tokens first
+            ("T", "B*h", "d_h"): (s.T, s.B * s.h, s.d_h),  # ... and batch and heads merged
+            ("B*h", "T", "d_h"): (s.B * s.h, s.T, s.d_h),  # ... then heads first
+            ("B*h", "T", "T"): (s.B * s.h, s.T, s.T),
         }
-        for dims in [*prefer, BTC, BHTD, BTHD, BHTT, ("T", "T")]:
+        # Later entries only name what the earlier cannot: (B, T, C) before (B, T, d_h)
+        # when one head is the whole width.
+        for dims in [*prefer, BTC, BHTD, BTHD, BHTT, ("T", "T"), ("B", "T", "d_h"),
+                     ("B", "T", "T"), ("T", "B", "C"), ("T", "B*h", "d_h"), ("B*h", "T", "d_h"),
+                     ("B*h", "T", "T")]:
             if dims in table and tuple(shape) == self.unbatched(table[dims], dims):
                 return self.unbatched(dims, dims)
         return tuple(f"d{i}" for i in range(len(shape)))
@@ -120,10 +133,14 @@ class Builder:
                 caption = f"{caption}; {note}" if caption else note
         if len(dims) != values.ndim:
             dims = tuple(f"d{i}" for i in range(values.ndim))
-        if self.per_head and snap.strides and len(snap.strides) == values.ndim - 1 and \
-                "h" in dims and not self.head_modules:
-            # A loop over heads made h separate arrays; the strides are each head's own.
-            note = f"the {self.sizes.h} heads' separate {snap.shape} results stacked; strides: one head's"
+        if self.per_head and snap.strides and len(snap.strides) == values.ndim - 1 and "h" in dims:
+            # The heads made h separate tensors (a loop, or one module each); mha-tui stacked
+            # them along h to show them side by side. Strides are each head's own.
+            each = self.stacked_strides.get(id(values))
+            own = ", ".join(f"head {i} {tuple(st)}" for i, st in enumerate(each)) if each else \
+                f"head 0 {tuple(snap.strides)}"
+            note = (f"the {self.sizes.h} heads' own {_shape_text(snap.shape)} tensors, stacked by "
+                    f"mha-tui along h; strides are each head's: {own}")
             caption = f"{caption}; {note}" if caption else note
         extra["caption"] = caption
         return TensorRecord(
@@ -172,7 +189,9 @@ class Builder:
         g, s = self.g, self.sizes
         if self.per_head and len(ops) > 1:
             last = [group[-1] for group in self.heads_of(ops)]
-            return self.stacked(last), last[0].out
+            values = self.stacked(last)
+            self.stacked_strides[id(values)] = [op.out.strides for op in last]
+            return values, last[0].out
         snap = g.ops[ops[-1]].out
         values = snap.values
         last = g.ops[ops[-1]]
@@ -201,3 +220,6 @@ def _einsum_heads_first(op: OpRecord, values: np.ndarray) -> np.ndarray:
         return np.swapaxes(values, output.index(head), output.index(query))
     return values
 
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return f"({shape[0]},)" if len(shape) == 1 else f"({', '.join(map(str, shape))})"

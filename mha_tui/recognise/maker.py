@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..records import Check, OpRecord, Recording, Ref, Snapshot, Source, Stage, TensorRecord
+from ..records import Check, OpRecord, Recording, Ref, Snapshot, Source, Stage, TensorArg, TensorRecord
 from ..stages import stage_info
 from .builder import Builder
 from .grouping import Unit
@@ -161,8 +161,47 @@ class StageMaker:
         kind = self.g.kind.get(op.index, op.name)
         stage = {"project": "project", "view": "view", "transpose": "transpose"}.get(kind, kind)
         if op.name in ("split", "chunk", "unbind"):
-            return f"{stage}'s {self.tensor_name(op, ref.output)}"
-        return f"{stage}'s {self.tensor_name(op)}"
+            return f"{possessive(stage)} {self.tensor_name(op, ref.output)}"
+        return f"{possessive(stage)} {self.tensor_name(op)}"
+
+    def call_text(self, op: OpRecord) -> str:
+        """The op the way code writes it: `torch.zeros(3, 3)`, `torch.cat((y, x), dim=-1)`,
+        `q * cos`, `k.transpose(-2, -1)`; tensors by the name the code gave them."""
+        def arg(value: object) -> str:
+            if isinstance(value, TensorArg):
+                ref = op.inputs[value.index]
+                producer = self.g.producer(ref)
+                if producer is None:
+                    return ref.name or "tensor"
+                name = self.tensor_name(producer, ref.output)
+                return name if name.isidentifier() else self.expr(ref)
+            if isinstance(value, tuple) and value and value[0] == "slice":
+                return _index(value)
+            if isinstance(value, tuple):
+                inner = ", ".join(arg(v) for v in value)
+                return f"({inner},)" if len(value) == 1 else f"({inner})"
+            if isinstance(value, list):
+                return f"[{', '.join(arg(v) for v in value)}]"
+            return repr(value)
+
+        args = [arg(a) for a in op.args]
+        kwargs = [f"{k}={arg(v)}" for k, v in op.kwargs]
+        qualname = op.qualname or op.name
+        owner, _, method = qualname.rpartition(".")
+        if owner.startswith("Tensor") and args:
+            if method in _OPERATORS and len(args) == 2 and not kwargs:
+                return f"{args[0]} {_OPERATORS[method]} {args[1]}"
+            if method == "__getitem__" and len(args) == 2:
+                index = args[1][1:-1] if args[1].startswith("(") else args[1]
+                return f"{args[0]}[{index}]"
+            return f"{args[0]}.{method.strip('_')}({', '.join(args[1:] + kwargs)})"
+        if owner in ("torch._VariableFunctionsClass", "torch._C._VariableFunctions", "torch"):
+            name = f"torch.{method}"
+        elif owner.startswith(("torch.nn.functional", "torch._C._nn")):
+            name = f"F.{method}"
+        else:
+            name = qualname
+        return f"{name}({', '.join(args + kwargs)})"
 
     def batched(self, values: np.ndarray) -> np.ndarray:
         """The values with a batch axis of 1 in front when the module has none (NumPy)."""
@@ -186,6 +225,17 @@ def batched_product(h: int, product: str, what: str = "batched matmul") -> str:
     if h == 1:
         return f"one {what} = the one head's {product.replace('_i', '_0')}"
     return f"one {what} = {h} separate per-head {product}"
+
+
+_OPERATORS = {"__add__": "+", "__radd__": "+", "__sub__": "-", "__rsub__": "-", "__mul__": "*",
+              "__rmul__": "*", "__truediv__": "/", "__rtruediv__": "/", "__matmul__": "@",
+              "__rmatmul__": "@", "__pow__": "**", "__eq__": "==", "__ne__": "!=", "__lt__": "<",
+              "__le__": "<=", "__gt__": ">", "__ge__": ">=", "__and__": "&", "__or__": "|"}
+
+
+def possessive(word: str) -> str:
+    """`scale's`, `scores'`: the stage a tensor comes from."""
+    return f"{word}'" if word.endswith("s") else f"{word}'s"
 
 
 def _index(part: object) -> str:

@@ -102,7 +102,10 @@ def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | No
             torch.random.set_rng_state(rng)
             again = _first_tensor(call(module, x))
             torch.random.set_rng_state(after)
-            forward_equal = out is not None and again is not None and bool(torch.equal(out, again))
+            # NaN where the first run had NaN is the same result (torch.equal says NaN != NaN)
+            forward_equal = out is not None and again is not None and out.shape == again.shape \
+                and bool(torch.equal(out, again) or (torch.equal(out.isnan(), again.isnan())
+                         and torch.equal(out.nan_to_num(0.0), again.nan_to_num(0.0))))
         n_params = sum(p.numel() for p in module.parameters())
     return Recorded(recording, config, embedded=embedded, forward_equal=forward_equal,
                     n_params=n_params)

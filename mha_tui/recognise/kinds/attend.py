@@ -46,7 +46,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
             a, c = (m.snap(r).values.astype(np.float64) for r in m.g.x_inputs(op)[:2])
             product = np.einsum(next(x for x in op.args if isinstance(x, str)), a, c) \
                 if op.name == "einsum" else a @ c
-            ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4))
+            ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4, equal_nan=True))
     first = m.op(unit.ops[0])
     h = m.s.h
     what = "einsum" if first.name == "einsum" else "batched matmul"

@@ -88,7 +88,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     per_head = m.batched(attend_values) if attend_values is not None else None
     if per_head is not None and merged.ndim == 3 and per_head.ndim == 4:
         blocks = all(np.array_equal(merged[:, :, i * s.d_h:(i + 1) * s.d_h],
-                                    per_head[:, i]) for i in range(s.h))
+                                    per_head[:, i], equal_nan=True) for i in range(s.h))
         checks.append(Check(f"channels i*{s.d_h}..(i+1)*{s.d_h}-1 hold head i's {name}", blocks))
     if final.name in ("cat", "concat", "concatenate"):
         joined = "np.concatenate" if final.name == "concatenate" else "torch.cat"

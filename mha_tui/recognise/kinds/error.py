@@ -20,7 +20,12 @@ def build(m: StageMaker) -> Stage:
     last = m.rec.ops[-1] if m.rec.ops else None
     tensors = []
     if last is not None:
-        tensors.append(m.b.record(f"last recorded tensor: {m.tensor_name(last)}", last.out,
+        # An op on the failing line made its tensor, but the line never finished: the name
+        # it would have been assigned to is not this tensor's. Say what made it instead.
+        unfinished = source is not None and last.source.file == source.file and \
+            source.line <= last.source.line <= max(source.line, source.end_line)
+        name = f"{m.call_text(last)}, on the failing line" if unfinished else m.tensor_name(last)
+        tensors.append(m.b.record(f"last recorded tensor: {name}", last.out,
                                      m.dims(last.out.shape, BHTD, BTHD, BTC)))
     return Stage(
         id="error", title=f"The forward raised {err.type}", code=source.text if source else "",

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import ATOL, blocked, blocked_pattern, causal_set, f64, max_diff
+from ...check.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal_set, f64, max_diff
 from ...records import Check, OpRecord, Source, Stage
 from ...stages import NO_MASK, NO_MASK_ARGUMENT
 from ..builder import BHTT, Builder
 from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
-from ..maker import StageMaker
+from ..maker import StageMaker, possessive
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
 from .scores import scaled_inside
@@ -111,7 +111,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     before_name = m.tensor_name(before_op) if before_op is not None else "scores"
     stage_name = "scale" if g.op_derives(first, {"scale"}) else "scores"
     tensors.append(m.b.record(name, snap, BHTT if values.ndim == 4 else None, values=values,
-                                 share=(f"{stage_name}'s {before_name}", m.snap(before_ref))))
+                                 share=(f"{possessive(stage_name)} {before_name}", m.snap(before_ref))))
     blocked = values <= -1e4 if values.dtype.kind == "f" else np.zeros(values.shape, bool)
     newly = blocked & ~(before_values <= -1e4) if before_values.shape == values.shape else blocked
     n_blocked = int(newly.sum())
@@ -300,7 +300,7 @@ def add_skipped_mask(stages: list[Stage], b: Builder) -> None:
 def judge(j: Judge) -> list[Row]:
     """Judge the entries blocked by the mask op, then what actually reaches softmax."""
     stages = [s for s in j.trace.stages if s.kind == "mask" and not j.is_sdpa(s)]
-    expected = causal_set(j.T) if j.facts.causal else np.zeros((j.T, j.T), bool)
+    expected = blocked_set(j.T, j.facts.causal, j.facts.window)
     rows: list[Row] = []
     mask_ok = True
     value_note = ""
@@ -336,9 +336,7 @@ def judge(j: Judge) -> list[Row]:
         diag = None if good else _mask_diagnosis(j, pattern, expected, d)
         n = int(expected.sum())
         rows.append(j.row(stage, "mask", good, d,
-                             f"blocks exactly the {n} causal entries (key after query)"
-                             if j.facts.causal else
-                             "blocks nothing (--no-causal)",
+                             _blocks_words(j, n),
                              source=op.source, note=value_note, diagnosis=diag))
     if value_note:
         j.differences.append(value_note)
@@ -409,12 +407,42 @@ def _mask_diagnosis(j: Judge, pattern: np.ndarray | None, expected: np.ndarray, 
                                  "token see the ones after it; block key j > query i")
     if not pattern.any():
         return "mask_missing", "the mask line blocks nothing: every score reaches softmax"
+    if j.facts.window is not None and np.array_equal(pattern, causal_set(T)):
+        return "window_missing", (f"no sliding window: the mask blocks only the future, but "
+                                  f"--window {j.facts.window} wants every key {j.facts.window} "
+                                  "or more tokens back blocked too")
+    window = _window_of(pattern)
+    if window is not None and j.facts.window != window:
+        wanted = "" if j.facts.window is None else f" (--window {j.facts.window} was given)"
+        return "sliding_window", (
+            f"differs: sliding window of {window}: each token looks only at itself and the "
+            f"{window - 1} token{'s' if window != 2 else ''} before it{wanted}; plain causal "
+            f"attention lets it see every earlier token (check --window {window} if that is "
+            "the exercise)")
     if np.array_equal(pattern, expected | np.eye(T, dtype=bool)):
         return "mask_diagonal", "the mask also blocks each token from itself (the diagonal)"
     if d > ATOL and np.array_equal(pattern, expected):
         return "mask_changes_scores", f"the mask also changes unmasked scores (by up to {d:.3g})"
     return "mask_wrong", (f"the mask blocks {n} entries, {int((pattern & ~expected).sum())} of "
                           f"them not causal ones, and misses {int((expected & ~pattern).sum())}")
+
+
+def _blocks_words(j: Judge, n: int) -> str:
+    if j.facts.window is not None:
+        return (f"blocks exactly the {n} entries of a causal sliding window of "
+                f"{j.facts.window} (key after query, or {j.facts.window} or more back)")
+    if j.facts.causal:
+        return f"blocks exactly the {n} causal entries (key after query)"
+    return "blocks nothing (--no-causal)"
+
+
+def _window_of(pattern: np.ndarray) -> int | None:
+    """w when the pattern blocks the future and every key w or more tokens back."""
+    T = pattern.shape[-1]
+    for w in range(1, T):
+        if np.array_equal(pattern, blocked_set(T, True, w)):
+            return w
+    return None
 
 
 def _mask_after_softmax(j: Judge, soft: OpRecord, expected: np.ndarray

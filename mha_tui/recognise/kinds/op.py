@@ -32,8 +32,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
             tensors.append(m.b.record(m.tensor_name(op, n, fallback=op.name), out,
                                          m.dims(out.shape)))
     first = ops[0]
-    args = ", ".join(repr(a) for a in first.scalars()[:4])
-    title = f"{first.qualname}" + (f" ({args})" if args else "")
+    title = m.call_text(first)
     explanation = ("No rule of mha-tui places this op in the attention recipe, so it is shown "
                    "as it ran: its line, what it consumed and what it made.")
     src = m.snap(m.g.x_inputs(first)[0]) if m.g.x_inputs(first) else first.out

@@ -120,7 +120,7 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
                     product = product + m.snap(bias_refs[0]).values
                     has_bias = True
                 ok_all &= bool(np.allclose(product.reshape(last.values.shape), last.values,
-                                           atol=1e-5, rtol=1e-4))
+                                           atol=1e-5, rtol=1e-4, equal_nan=True))
             weights.append((w_ref, w, stored_out_in))
             biases.extend(m.snap(r) for r in bias_refs)
             outs.append((op, last))
@@ -132,7 +132,7 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
     names = ", ".join(r.name for r in outputs) or "the outputs"
     layer = ("nn.Linear" if any(o.name == "linear" for o in products)
              else products[0].name if products else "")
-    checks.append(Check(f"{names} {'each ' if len(outputs) > 1 else ''}equal "
+    checks.append(Check(f"{names} {'each equal' if len(outputs) > 1 else 'equals'} "
                         f"x @ W{'.weight.T' if layer == 'nn.Linear' else ''}"
                         f"{' + b' if has_bias else ''} ({layer}"
                         f"{', with bias' if has_bias else ', no bias'})", ok_all))

@@ -57,7 +57,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
             if op.name == "baddbmm":
                 alpha, beta = baddbmm_factors(op)
                 product = beta * m.snap(op.inputs[0]).values + alpha * product
-            ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4))
+            ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4, equal_nan=True))
     first = m.op(unit.ops[0])
     name = m.tensor_name(first, fallback="scores")
     h = m.s.h

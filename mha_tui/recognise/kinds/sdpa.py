@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import causal_set, close, f64
+from ...check.numeric import blocked_set, close, f64
 from ...records import Check, OpRecord, Stage, TensorRecord
 from ..builder import BHTD, BHTT
 from ..graph import Graph
@@ -75,7 +75,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> list[Stage]:
     context = (weights @ v).astype(np.float32)
     fused = op.out.values
     diff = float(np.max(np.abs(context - fused))) if context.size else 0.0
-    close = bool(np.allclose(context, fused, **SDPA_TOLERANCE))
+    close = bool(np.allclose(context, fused, equal_nan=True, **SDPA_TOLERANCE))
     label = ("Computed by mha-tui from the inputs of F.scaled_dot_product_attention, the way "
              "PyTorch documents its reference implementation; the module itself ran the fused op.")
     stages = []
@@ -172,11 +172,12 @@ def _judge_sdpa(j: Judge, op: OpRecord) -> tuple[bool, float, tuple[str, str] | 
     q, k, v = (f64(j.g.snap(r).values) for r in j.g.tensor_operands(op)[:3])
     d = q.shape[-1]
     T = q.shape[-2]
-    expected_mask = causal_set(T) if j.facts.causal else np.zeros((T, T), bool)
+    expected_mask = blocked_set(T, j.facts.causal, j.facts.window)
 
     def attention(factor: float, mask: np.ndarray) -> np.ndarray:
         scores = q @ np.swapaxes(k, -1, -2) * factor
-        return softmax(np.where(mask, -np.inf, scores)) @ v
+        # a row with no key to attend to: torch's fused op gives 0 there (numpy: NaN)
+        return np.nan_to_num(softmax(np.where(mask, -np.inf, scores)) @ v, nan=0.0)
 
     good, diff = close(op.out.values, attention(1 / math.sqrt(d), expected_mask))
     if good:
@@ -194,6 +195,18 @@ def _judge_sdpa(j: Judge, op: OpRecord) -> tuple[bool, float, tuple[str, str] | 
         return False, diff, ("mask_missing", "F.scaled_dot_product_attention ran without the "
                                              "causal mask: the output equals unmasked attention "
                                              "(is_causal=True, or an attn_mask, is missing)")
+    given = next((j.g.snap(r).values for r in op.inputs if j.g.snap(r).dtype == "bool"), None)
+    if given is not None and given.shape[-2:] == (T, T) and \
+            close(op.out.values, attention(1 / math.sqrt(d), ~given.astype(bool)))[0] and \
+            np.array_equal(np.broadcast_to(given, (T, T)) if given.ndim == 2 else given.reshape(-1, T, T)[0],
+                           expected_mask):
+        return False, diff, ("mask_inverted",
+                             "the boolean mask is inverted: True must mean attend. "
+                             "F.scaled_dot_product_attention keeps the entries where attn_mask "
+                             "is True; this mask is True where a token may not look (the "
+                             "masked_fill convention), so each token attends only to the "
+                             "tokens after it, and the last token to none (its output is 0); "
+                             "pass ~mask, or is_causal=True")
     if close(op.out.values, attention(1 / math.sqrt(d), ~expected_mask))[0] or close(
             op.out.values, attention(1 / math.sqrt(d), np.tril(np.ones_like(expected_mask), -1)))[0]:
         return False, diff, ("mask_reversed", "F.scaled_dot_product_attention's mask is "

@@ -71,7 +71,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                 q_projected = projected
             for i in range(s.h):
                 blocks &= bool(np.array_equal(moved[:, i],
-                                              from_projection[:, :, i * s.d_h:(i + 1) * s.d_h]))
+                                              from_projection[:, :, i * s.d_h:(i + 1) * s.d_h],
+                                              equal_nan=True))
     out = ops[0].out
     checks = [
         Check(f"head i holds channels i*{s.d_h}..(i+1)*{s.d_h}-1 of every token", blocks),

@@ -56,7 +56,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         tensors.append(b.record(m.tensor_name(op), op.out, m.dims(op.out.shape, BTHD),
                                 share=(source_name, src)))
         shared &= op.out.storage == src.storage
-        same &= bool(np.array_equal(op.out.values.reshape(-1), src.values.reshape(-1)))
+        same &= bool(np.array_equal(op.out.values.reshape(-1), src.values.reshape(-1),
+                                    equal_nan=True))
     names = ", ".join(t.name for t in tensors)
     first = ops[0]
     checks = [
