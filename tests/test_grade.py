@@ -253,7 +253,7 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
         return found
 
     try:
-        for _ in range(600):  # until both workers run (a hang guard, not a timing assertion)
+        for _ in range(1800):  # until both workers run (a hang guard, not a timing assertion)
             if len(workers()) == 2:
                 break
             time.sleep(0.1)
