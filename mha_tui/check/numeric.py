@@ -152,6 +152,21 @@ def recompute(g: Graph, op: OpRecord) -> np.ndarray | None:
     return None
 
 
+def products_agree(g: Graph, ops: list[OpRecord]) -> tuple[bool, float]:
+    """Whether every product op's recorded output equals what its recorded inputs give
+    (`recompute`), and the largest difference; an op that cannot be recomputed is passed over,
+    and no op at all is not agreement."""
+    worst, ok = 0.0, bool(ops)
+    for op in ops:
+        expected = recompute(g, op)
+        if expected is None:
+            continue
+        good, d = close(op.out.values, expected.reshape(op.out.shape))
+        ok &= good
+        worst = max(worst, d)
+    return ok, worst
+
+
 def ratio(after: np.ndarray, before: np.ndarray) -> float | None:
     """after / before where both are finite and before is not tiny; None if not one number."""
     if after.shape != before.shape:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import close, recompute
+from ...check.numeric import products_agree
 from ...records import Check, OpRecord, Stage
 from ..builder import BHTD, BHTT
 from ..cell import Cell, Why, dot, where
@@ -71,14 +71,7 @@ def judge(j: Judge) -> list[Row]:
         if stage.kind != "attend" or j.is_sdpa(stage):
             continue
         ops = j.main_ops(stage, {"matmul", "bmm", "einsum", "baddbmm"})
-        worst, ok = 0.0, bool(ops)
-        for op in ops:
-            expected = recompute(j.g, op)
-            if expected is None:
-                continue
-            good, d = close(op.out.values, expected.reshape(op.out.shape))
-            ok &= good
-            worst = max(worst, d)
+        ok, worst = products_agree(j.g, ops)
         rows.append(j.row(stage, "attend", ok, worst,
                              "context = weights_i @ V_i for every head"))
     return rows

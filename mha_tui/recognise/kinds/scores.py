@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import close, recompute
+from ...check.numeric import products_agree
 from ...records import Check, OpRecord, Snapshot, Stage
 from ..builder import BHTD, BHTT
 from ..cell import Cell, Why, dot, where
@@ -193,14 +193,7 @@ def _very_negative_anywhere(m: StageMaker, op: OpRecord) -> bool:
 
 def scores_row(j: Judge, stage: Stage) -> Row:
     ops = j.main_ops(stage, {"matmul", "bmm", "baddbmm", "einsum"})
-    worst, ok = 0.0, bool(ops)
-    for op in ops:
-        expected = recompute(j.g, op)
-        if expected is None:
-            continue
-        good, d = close(op.out.values, expected.reshape(op.out.shape))
-        ok &= good
-        worst = max(worst, d)
+    ok, worst = products_agree(j.g, ops)
     shapes_ok = all(op.out.shape[-1] == op.out.shape[-2] == j.T for op in ops)
     return j.row(stage, "scores", ok and shapes_ok, worst,
                     "scores = Q_i @ K_i^T, a (T, T) matrix per head")
