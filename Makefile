@@ -34,6 +34,7 @@ golden: $(STAMP)
 	$(BIN)/mha-tui explain --heads 2 "I love AI !" --ascii --dump tests/golden/default-ascii.txt
 	$(BIN)/mha-tui explain "I love AI !" --dump tests/golden/why-softmax.txt --why "softmax[0, 1, 2, 1]"
 	$(BIN)/mha-tui explain "I love AI !" --dump tests/golden/why-scores.txt --why "scores[0, 1, 2, 1]"
+	$(BIN)/mha-tui explain "I love AI !" --module tests/fixtures/mistakes/no_scale.py:MultiHeadAttention --against mygpt --dump tests/golden/against-no-scale.txt
 
 screenshots: $(STAMP)
 	$(BIN)/python -m mha_tui.screenshots screenshots
