@@ -76,9 +76,13 @@ def comparison_header(c: Comparison, opts: RenderOptions) -> Group:
     parts.append(Text(f"differences computed by mha-tui: a cell differs when |yours - "
                       f"reference's| exceeds {TOLERANCE}", style="dim"))
     parted = c.parted
-    if parted is None:
-        parts.append(Text("they never part: every stage both have gives the same numbers "
-                          "(or they rejoin)", style="green"))
+    differing = [row.kind for row in c.rows if row.status == "differ"]
+    if parted is None and not differing:
+        parts.append(Text("they never part: every stage both have gives the same numbers",
+                          style="green"))
+    elif parted is None:
+        parts.append(Text(f"they never part for good: they differ at {', '.join(differing)} "
+                          "and give the same numbers again after them", style="green"))
     else:
         assert c.parting is not None
         parts.append(Text.assemble(("they part at ", "bold"),

@@ -236,11 +236,15 @@ def compared(config: Config, source: Source, against: Source, *,
     """
     from .check.compare import compare
     from .check.roles import RoleCopyError, copy_by_role, roles_of
+    from .load.learner import LoadError
     from .load.modules import load
     from .tracing.rerun import parameter_values, set_parameters
 
     mine_loaded = loaded or load(config, source)
-    reference = load(config, against)
+    try:
+        reference = load(config, against)
+    except LoadError as error:  # the loader names --module; here it is the reference
+        raise LoadError(f"--against: {str(error).removeprefix('--module ')}") from None
     shown = f"--against {against.module or against.model}"
     if not _same_input(mine_loaded.x, reference.x):  # both built from --seed: never expected
         raise RoleCopyError(f"{shown} was given a different x than your module")

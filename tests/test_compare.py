@@ -182,6 +182,16 @@ def test_text_comparison_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None
     assert "difference, computed by mha-tui" in text
 
 
+def test_a_correct_module_against_per_head_modules_matches_golden() -> None:
+    """mygpt against many-eyes, in ASCII: no parting; view and transpose only in yours.
+    Regenerate with `make golden` only after reading the diff."""
+    done = run_cli("explain", "I love AI !", "--against", "many-eyes", "--ascii", "--dump", "-")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (GOLDEN / "against-many-eyes-ascii.txt").read_bytes()
+    text = done.stdout.decode("ascii")
+    assert "they never part" in text and "only in yours" in text
+
+
 def test_the_cli_writes_the_comparison_as_json(tmp_path: Path) -> None:
     """Both sides' own tensors, mha-tui's difference (which cells, the largest, where)."""
     out = tmp_path / "c.json"
@@ -206,7 +216,8 @@ def test_the_cli_writes_the_comparison_as_json(tmp_path: Path) -> None:
     (["--against", "mygpt", "--format", "svg"], "text or JSON"),
     (["--against", "mygpt", "--hf", "gpt2"], "does not apply with --hf"),
     (["--against", "blueprint"], "NumPy"),
-    (["--against", "missing_file.py:Attention"], "missing_file.py"),
+    (["--against", "missing_file.py:Attention"], "--against: missing_file.py"),
+    (["--against", "tests/fixtures/numpy_attn.py:MultiHeadAttention"], "no nn.Module class"),
 ])
 def test_bad_against_is_one_line_and_exit_2(tmp_path: Path, args: list[str], words: str) -> None:
     """One line on stderr, exit 2, no traceback, nothing written."""
