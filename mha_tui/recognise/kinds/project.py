@@ -123,7 +123,7 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
                 ok_all &= bool(np.allclose(product.reshape(last.values.shape), last.values,
                                            atol=1e-5, rtol=1e-4, equal_nan=True))
             weights.append((w_ref, w, stored_out_in))
-            biases.extend(m.snap(r) for r in bias_refs)
+            biases.extend((r.name, m.snap(r)) for r in bias_refs)
             outs.append((op, last))
         _projection_records(m, role, ops, weights, biases, outs, tensors, outputs,
                                  heads_split, kind)
@@ -236,8 +236,9 @@ def _projection_records(m: StageMaker, role: str, ops: list[OpRecord], weights: 
                            caption=f"channels in blocks of d_h={s.d_h}, one block per head"
                            if kind == "project" and last.shape[-1] == s.C and heads_split else "")
     tensors.append(w_rec)
-    for bias in biases[:1] if len(ops) == 1 else []:
-        tensors.append(b.record(f"{first_w_ref.name.rsplit('.', 1)[0]}.bias", bias, ("C",)))
+    for bias_name, bias in biases[:1] if len(ops) == 1 else []:
+        tensors.append(b.record(bias_name or f"{first_w_ref.name.rsplit('.', 1)[0]}.bias", bias,
+                                ("C",)))
     outputs.append(out_rec)
 
 def _split_records(m: StageMaker, splits: list[OpRecord], heads_split: bool) -> list[TensorRecord]:
