@@ -33,8 +33,8 @@ from .render import (
 )
 
 if TYPE_CHECKING:
-    from .quiz import Question
     from .check.compare import Comparison
+    from .quiz import Question
     from .why import Why
 
 
