@@ -139,6 +139,7 @@ def explain(
     check_stages: Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")] = False,
     hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Explain one attention layer of a Hugging Face causal LM: a local directory, or a name in the local Hugging Face cache (gpt2). Never downloads. Needs pip install "mha-tui[hf]".')] = None,
     layer: Annotated[int | None, typer.Option("--layer", help="With --hf: the layer to explain, from 0; in the app [ and ] move between layers.")] = None,
+    quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text or JSON).")] = False,
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
     why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
 ) -> None:
@@ -169,6 +170,10 @@ def explain(
     reference = _against(against, dump=dump, fmt=fmt, hf=hf_source is not None, why=why_cell,
                          check=check_stages, stage=stage, model=model)
     cell = _why_cell(why_cell, dump=dump, fmt=fmt, hf=hf_source is not None)
+    if quiz:
+        if reference is not None:
+            fail("--quiz and --against both say what to write; give one of them")
+        _check_quiz(dump=dump, fmt=fmt, why=cell is not None, check=check_stages, only=only)
     if color and fmt in (Format.svg, Format.html, Format.md):
         _say(f"mha-tui: note: with --format {fmt.value}, --color changes nothing (SVG and HTML "
              "are always in the app's colours; Markdown is plain text)")
@@ -190,7 +195,8 @@ def explain(
     if hf_source is not None:
         _explain_hf(sentence, hf_source, layer or 0, destination=destination,
                     interactive=_interactive(dump), fmt=fmt, width=width or 100,
-                    full=full, color=color, ascii_only=ascii_only, stage=stage, only=only)
+                    full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
+                    quiz=quiz)
         return
     _check_budget(config, destination, fmt)
 
@@ -236,7 +242,22 @@ def explain(
         except LoadError as error:
             fail(str(error))
     _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
-                      ascii_only=ascii_only, stage=stage, loaded=loaded, only=only, why=cell)
+                      ascii_only=ascii_only, stage=stage, loaded=loaded, only=only, why=cell,
+                      quiz=quiz)
+
+
+def _check_quiz(*, dump: str | None, fmt: Format, why: bool, check: bool, only: bool) -> None:
+    """--quiz: the app asks; with --dump, a worksheet in text or JSON."""
+    if why:
+        fail("--quiz and --why both say what to write; give one of them")
+    if check:
+        fail("--quiz hides the numbers that --check judges; give one of them")
+    if _interactive(dump):
+        fail("--quiz in the app is not wired yet: give --dump PATH for a worksheet")
+    if fmt not in (Format.text, Format.json):
+        fail(f"--quiz writes a worksheet as text or JSON; --format {fmt.value} does not apply")
+    if only:
+        fail("--quiz writes the questions of every stage; --only does not apply")
 
 
 def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: str | None,
@@ -488,7 +509,7 @@ def _out_of_memory(error: BaseException) -> bool:
 
 def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destination | None,
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
-                ascii_only: bool, stage: str | None, only: bool = False) -> None:
+                ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False) -> None:
     """--hf: load the model (refusals here, before any app), then the app or a transcript."""
     from . import hf
 
@@ -511,14 +532,14 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
     except hf.HfError as error:
         fail(str(error))
     _write_transcript(trace.config, destination, fmt, width=width, full=full, color=color,
-                      ascii_only=ascii_only, stage=stage, trace=trace, only=only)
+                      ascii_only=ascii_only, stage=stage, trace=trace, only=only, quiz=quiz)
 
 
 def _write_transcript(config: Config, destination: Destination | None, fmt: Format, *, width: int,
                       full: bool, color: bool, ascii_only: bool, stage: str | None,
                       loaded: Loaded | LoadedNumpy | None = None,
                       trace: Trace | None = None, only: bool = False,
-                      why: tuple[str, tuple[int, ...]] | None = None) -> None:
+                      why: tuple[str, tuple[int, ...]] | None = None, quiz: bool = False) -> None:
     from .destination import DumpError, opened, resolve
     from .dump import TranscriptError
 
@@ -536,6 +557,16 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                  "(without --dump, the app steps through the stages before the error)", 1)
         first = _first_stage(trace, stage, only=only)
         last = first + 1 if only else None
+        if quiz:  # the worksheet is built whole before anything is opened
+            from .dump import worksheet_json, worksheet_text
+            from .quiz import questions
+
+            asked = questions(trace)
+            text = (worksheet_json(trace, asked, ascii_only) if fmt is Format.json else
+                    worksheet_text(trace, asked, RenderOptions(ascii=ascii_only), width=width))
+            with opened(destination) as out:
+                out.write(text.encode("utf-8"))
+            _exit_now(0)
         if why is not None:  # computed before anything is opened: a bad cell writes nothing
             from .dump import why_text
             from .why import WhyError

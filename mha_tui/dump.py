@@ -27,12 +27,14 @@ from .render import (
     header,
     labelled,
     module_line,
+    printable,
     stage_view,
     why_view,
 )
 
 if TYPE_CHECKING:
     from .check.compare import Comparison
+    from .quiz import Question
     from .why import Why
 
 
@@ -76,6 +78,73 @@ def why_text(why: Why, opts: RenderOptions, width: int = 100, color: bool = Fals
     if opts.ascii:
         text = text.translate(ASCII_GLYPHS).encode("ascii", "backslashreplace").decode("ascii")
     return text
+
+
+def worksheet_text(trace: Trace, questions: tuple[Question, ...], opts: RenderOptions,
+                   width: int = 100) -> str:
+    """`explain --quiz --dump`: the run's header, the questions, then the answer key with
+    where each answer comes from in the records."""
+    from rich.table import Table
+    from rich.text import Text
+
+    buffer = io.StringIO()
+    console = transcript_console(buffer, width, False)
+    console.print(Text("mha-tui quiz: questions about this forward pass, answered from its "
+                       "own numbers", style="bold"))
+    console.print(header(trace.config, opts, batched=trace.batched))
+    if trace.module is not None:
+        console.print(module_line(trace.module, opts))
+    console.print()
+    def numbered(rows: list[tuple[Text, ...]]) -> Table:
+        table = Table.grid(padding=(0, 1))
+        table.add_column(justify="right", no_wrap=True)
+        table.add_column(overflow="fold")
+        for number, lines in enumerate(rows, 1):
+            table.add_row(f"{number}.", Text("\n").join(lines))
+        return table
+
+    console.print(Text("Questions", style="bold"))
+    console.print(numbered([
+        (Text.assemble((f"[{q.stage}] ", "dim"), printable(q.text)),
+         Text(f"answer: {q.how}", style="dim")) for q in questions]))
+    if not questions:
+        console.print(Text("(no stage of this trace has a question yet)"))
+    console.print()
+    console.print(Text("Answer key", style="bold"))
+    console.print(numbered([(Text(printable(q.shown)), Text(printable(q.source), style="dim"))
+                            for q in questions]))
+    text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    if opts.ascii:
+        text = text.translate(ASCII_GLYPHS).encode("ascii", "backslashreplace").decode("ascii")
+    return text
+
+
+def worksheet_json(trace: Trace, questions: tuple[Question, ...], ascii_only: bool = False) -> str:
+    """The worksheet as strict JSON: the run, the questions, and the answer key."""
+
+    def value(expected: object) -> object:
+        if isinstance(expected, tuple):
+            return list(expected)
+        if isinstance(expected, float) and not np.isfinite(expected):
+            return str(expected)  # "-inf": strict JSON has no infinities
+        return expected
+
+    tokens = trace.config.tokens
+    document = {
+        "worksheet": "mha-tui quiz",
+        "config": trace.config.as_dict(),
+        "module": None if trace.module is None else {
+            "class": trace.module.class_name, "file": display_path(trace.module.file)},
+        "questions": [{"number": n, "stage": q.stage, "asks": q.asks, "question": q.text,
+                       "answer_type": q.answer, "how": q.how}
+                      for n, q in enumerate(questions, 1)],
+        "answers": [{"number": n, "answer": value(q.expected), "shown": q.shown,
+                     "source": q.source,
+                     **({"tokens": [tokens[t] for t in q.expected if 0 <= t < len(tokens)]}
+                        if q.answer == "token" and isinstance(q.expected, tuple) else {})}
+                    for n, q in enumerate(questions, 1)],
+    }
+    return json.dumps(document, indent=2, ensure_ascii=ascii_only, allow_nan=False) + "\n"
 
 
 _CHUNK = 1 << 16  # values formatted at a time: a few MB of text whatever the tensor

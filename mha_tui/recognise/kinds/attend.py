@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...check.numeric import products_agree
-from ...records import Check, OpRecord, Stage
+from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BHTD, BHTT
 from ..cell import Cell, Why, dot, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product
+from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from ..vocab import MATMULS
 
@@ -92,3 +93,8 @@ def why(cell: Cell) -> Why:
                "key token: V's rows weighted by the softmax row)", terms,
                (f"column {c} of V, weighted by row {i} of the attention weights", *notes),
                total, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """The shape of the context: one d_h vector per head and token."""
+    return (shape_question(stage, stage.tensors[-1], "weights @ V"),) if stage.tensors else ()

@@ -17,11 +17,12 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from ...records import Check, OpRecord, Ref, Stage
+from ...records import Check, OpRecord, Ref, Stage, Trace
 from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, synthetic
+from ..quizzing import Question
 from ..sizes import Sizes
 
 KIND = "kv_repeat"
@@ -203,3 +204,16 @@ def why(cell: Cell) -> Why:
                (f"each of the {kv_shape[axis]} K/V heads is repeated {n} times, one copy for "
                 f"each query head that shares it: heads {head // n * n}..{head // n * n + n - 1} "
                 f"read K/V head {head // n}", "copied, not computed"), computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """Which K/V head the last query head reads."""
+    groups = stage.tensors[0] if stage.tensors else None
+    if groups is None or groups.kind != "int" or groups.values.ndim != 1:
+        return ()
+    head = groups.values.shape[0] - 1
+    kv = int(groups.values[head])
+    return (Question(stage.id, "kv_head", f"Which K/V head does query head {head} read?",
+                     "integer", kv, str(kv),
+                     f"{groups.name}[{head}] = {kv}: query head j reads K/V head j // n, with "
+                     "n query heads per K/V head (from the recorded shapes)"),)

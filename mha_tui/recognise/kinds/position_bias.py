@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord
+from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord, Trace
 from ..builder import BHTT
 from ..cell import Cell, Term, Why, WhyError, dot, maker, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, synthetic
+from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import very_negative
 
@@ -190,3 +191,21 @@ def why(cell: Cell) -> Why:
                 Term(f"+ bias[{i}, {j}]", (), added), Term("sum", (score, "+", added), computed)),
                ("the bias depends on the positions (query row, key column) and the head, never "
                 "on the tokens",), computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """One number of the bias: head 1, the last query, the key just before it."""
+    if not stage.tensors or len(stage.tensors[0].shape) < 2:
+        return ()
+    bias = stage.tensors[0]
+    head = head_of_interest(bias)
+    i = bias.shape[-2] - 1
+    j = max(0, i - 1)
+    index = cell_index(bias, head=head, row=i, col=j)
+    value = float(bias.values[index])
+    spot = ", ".join(map(str, index))
+    return (Question(stage.id, "value", f"What number is added to head {head}'s score of "
+                     f"query {token_name(trace, i)} (row {i}) against key "
+                     f"{token_name(trace, j)} (column {j})?", "number", value, number_text(value),
+                     f"{bias.name}[{spot}], recorded: the bias depends on the positions and "
+                     "the head, never on the tokens"),)

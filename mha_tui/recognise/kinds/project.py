@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...check.numeric import close, f64, linear_parts
-from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord
+from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord, Trace
 from ..builder import BTC, Builder
 from ..cell import Cell, Why, linear
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
+from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from ..vocab import PRODUCTS, PROJECTIONS, SHAPE_OPS, SPLITS
 
@@ -302,3 +303,8 @@ def judge(j: Judge) -> list[Row]:
 def why(cell: Cell) -> Why:
     """A channel of Q, K or V: the token's x dotted with one row of the weight."""
     return linear(cell, "W")
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """The shape of a projection's result."""
+    return (shape_question(stage, stage.tensors[-1], "the projection"),) if stage.tensors else ()

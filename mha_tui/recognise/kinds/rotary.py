@@ -21,12 +21,13 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from ...records import Check, OpRecord, Ref, Stage
+from ...records import Check, OpRecord, Ref, Stage, Trace
 from ..builder import BHTD, BTHD
 from ..cell import Cell, Term, Why, WhyError, maker, reindex, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, synthetic
+from ..quizzing import Question, number_text
 from ..sizes import Sizes
 
 KIND = "rotary"
@@ -581,3 +582,16 @@ def _why_complex(cell: Cell, op: OpRecord, at: tuple[int, ...], x_full: np.ndarr
 def _position(cell: Cell) -> int | None:
     dims = cell.record.dims
     return cell.index[dims.index("T")] if "T" in dims else None
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """How far pair 0 is turned at position 1: the angle table, from the module's own cos and
+    sin."""
+    angles = stage.tensors[0] if stage.tensors else None
+    if angles is None or angles.values.ndim != 2 or angles.values.shape[0] < 2:
+        return ()
+    value = float(angles.values[1, 0])
+    return (Question(stage.id, "angle", "By how many radians is pair 0 of Q and K turned at "
+                     "position 1?", "number", value, number_text(value),
+                     f"{angles.name}[1, 0]: atan2(sin, cos) of the module's own recorded tables "
+                     "(computed by mha-tui)"),)

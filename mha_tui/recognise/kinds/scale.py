@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...check.numeric import f64, ratio
-from ...records import Check, OpRecord, Stage
+from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BHTD, BHTT, yes
 from ..cell import Cell, Term, Why, where
 from ..graph import Graph, scalar_operand
 from ..grouping import Unit
 from ..maker import StageMaker
+from ..quizzing import Question, number_text
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, SCALE_OPS, SHAPE_OPS
 
@@ -251,3 +252,30 @@ def why(cell: Cell) -> Why:
     return Why(cell.stage.id, "scale", cell.record.name, cell.index, where(cell),
                f"{cell.name} = score {'/' if divides else '×'} {number:.6g}", terms,
                tuple(notes), computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """The number the scores were divided by, read off one recorded cell before and after."""
+    if not stage.tensors:
+        return ()
+    after = stage.tensors[-1]
+    at = trace.index(stage.id)
+    if at == 0 or not trace.stages[at - 1].tensors:
+        return ()
+    before = trace.stages[at - 1].tensors[-1]
+    if before.shape != after.shape:
+        return ()
+    b, a = before.values.astype(np.float64), after.values.astype(np.float64)
+    usable = np.isfinite(b) & np.isfinite(a) & (np.abs(a) > 1e-3) & (b > LARGE_NEGATIVE)
+    if not usable.any():
+        return ()
+    index = tuple(int(k) for k in np.unravel_index(int(np.argmax(np.where(usable, np.abs(a), -1))),
+                                                     a.shape))
+    divisor = float(b[index] / a[index])
+    spot = ", ".join(map(str, index))
+    return (Question(stage.id, "divisor", "By what number are the scores divided here?",
+                     "number", divisor, number_text(divisor),
+                     f"{before.name}[{spot}] at {trace.stages[at - 1].id} / {after.name}[{spot}] "
+                     f"at {stage.id}, both recorded: "
+                     f"{b[index]:.6g} / {a[index]:.6g} = {divisor:.6g} (sqrt(d_h) = "
+                     f"{math.sqrt(trace.config.head_dim):.6g}; computed by mha-tui)"),)

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...check.numeric import products_agree
-from ...records import Check, OpRecord, Snapshot, Stage
+from ...records import Check, OpRecord, Snapshot, Stage, Trace
 from ..builder import BHTD, BHTT
 from ..cell import Cell, Why, dot, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, synthetic, words
+from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import MATMULS
 
@@ -218,3 +219,20 @@ def why(cell: Cell) -> Why:
                f"(a dot product over d_h = {len(row)})",
                terms, ("Q and K are the matmul's recorded inputs (K as K^T: its column "
                        f"{j})", *notes), total, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """One score: head 1's last query against the first key."""
+    if not stage.tensors or len(stage.tensors[-1].shape) < 2:
+        return ()
+    record = stage.tensors[-1]
+    head = head_of_interest(record)
+    i = record.shape[-2] - 1
+    index = cell_index(record, head=head, row=i, col=0)
+    value = float(record.values[index])
+    spot = f"{record.name}[{', '.join(map(str, index))}]"
+    return (Question(stage.id, "value", f"In head {head}, what is the score of query "
+                     f"{token_name(trace, i)} (row {i}) against key {token_name(trace, 0)} "
+                     f"(column 0), {spot}? Q's row dotted with K's row.", "number", value,
+                     number_text(value), f"the module's own {spot}, recorded (Q[{head}, {i}, :] "
+                     f"· K[{head}, 0, :])"),)
