@@ -56,11 +56,21 @@ def _number(value: float) -> str:
     return f"{value:.4g}" if value < 1e-3 or value >= 1e4 else f"{value:.4f}"
 
 
+def shown_label(text: str) -> str:
+    """A module's label as a reader finds its file: `tests/x.py:Attention`, `mygpt`."""
+    where, colon, cls = text.rpartition(":")
+    if colon and where.endswith(".py"):
+        return printable(f"{display_path(where)}:{cls}")
+    return printable(text)
+
+
 def comparison_header(c: Comparison, opts: RenderOptions) -> Group:
     """Which two modules, how the weights were copied, the tolerance, where they part."""
     def module(who: str, name: str, stage_file: str) -> Text:
-        text = Text.assemble((f"{who:<10} ", "dim"), (printable(name), "bold"), ("  file ", "dim"))
-        text.append_text(label(display_path(stage_file), max_cells=200, ascii_only=opts.ascii))
+        text = Text.assemble((f"{who:<10} ", "dim"), (shown_label(name), "bold"))
+        if display_path(stage_file) not in shown_label(name):  # a --module label names it
+            text.append("  file ", style="dim")
+            text.append_text(label(display_path(stage_file), max_cells=200, ascii_only=opts.ascii))
         return text
 
     mine_file = c.mine.module.file if c.mine.module else ""
@@ -223,8 +233,8 @@ def compare_screen(c: Comparison, k: int, opts: RenderOptions) -> Group:
     where = (Text.assemble(("they part at ", "bold"),
                            (f"{(c.parting or 0) + 1} {parted.kind}", "bold red"))
              if parted is not None else Text("they never part", style="green"))
-    lead = Text.assemble(("yours ", "dim"), (printable(c.mine_label), "bold"),
-                         ("  against  ", "dim"), (printable(c.theirs_label), "bold"), "  ·  ")
+    lead = Text.assemble(("yours ", "dim"), (shown_label(c.mine_label), "bold"),
+                         ("  against  ", "dim"), (shown_label(c.theirs_label), "bold"), "  ·  ")
     lead.append_text(where)
     parts: list[RenderableType] = [lead]
     if k == 0:
