@@ -90,8 +90,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         before_values = m.b.out_4d([before_ref.op], BHTT)[0] if before_ref.op is not None \
             else before.values
     checks = []
-    raw_f = before_values[np.isfinite(before_values)].astype(np.float64)
-    new_f = values[np.isfinite(values)].astype(np.float64)
+    raw_f, new_f = _finite_f64(before_values), _finite_f64(values)
     if raw_f.size > 1 and new_f.size > 1:
         checks.append(Check(f"spread (std) of the scores: {raw_f.std(ddof=1):.4f} raw -> "
                             f"{new_f.std(ddof=1):.4f} scaled" if not on_q else
@@ -114,6 +113,13 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, "scale", [rec], checks, shape_in=before_values.shape,
                       shape_out=values.shape if m.b.per_head else snap.shape, dims_in=rec.dims,
                       dims_out=rec.dims, note=note)
+
+
+def _finite_f64(values: np.ndarray) -> np.ndarray:
+    """The finite values, in order, as one float64 row (a boolean index copies twice when
+    every value is finite, as most scores are)."""
+    finite = np.isfinite(values)
+    return (values.reshape(-1) if finite.all() else values[finite]).astype(np.float64)
 
 
 # ---------------------------------------------------------------------- judging
