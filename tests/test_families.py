@@ -219,7 +219,7 @@ def _layer(name: str) -> int:
 
 
 NOT_LOADED = {"distilbert", "t5"}  # refused: no causal-LM class (issue 17, encoders)
-UNPLACED = {"bloom", "falcon", "bert", "roberta"}  # BLOOM, BERT, RoBERTa: residual add
+UNPLACED = {"bloom", "bert", "roberta"}  # BLOOM, BERT, RoBERTa: residual add
 
 
 def _xfail(condition: bool, reason: str) -> list[pytest.MarkDecorator]:
@@ -281,11 +281,8 @@ SKIPPED = {"positions", "padding", "offset_positions", "scaled_embeddings", "uns
 # Named on screen today; the rest are xfail(strict) until their kind lands.
 NAMED_NOW = {"rotary_half", "rotary_interleaved", "rotary_complex", "partial_rotary", "kv_repeat",
              "multi_query", "sliding_window", "local_window", "bidirectional", "alibi", "q_scaled",
-             "layer_norm", "need_weights_false"}
-# Falcon's projections are bare matmuls, and its one K/V head is broadcast by the scores'
-# matmul, not repeated by an op.
-NOT_NAMED_YET = {("falcon", "rotary_half"), ("falcon", "multi_query")}
-NOT_NAMED_YET |= {(name, "bidirectional") for name in NOT_LOADED}
+             "layer_norm", "need_weights_false", "fused_qkv"}
+NOT_NAMED_YET = {(name, "bidirectional") for name in NOT_LOADED}
 
 
 def _named(trace: Trace, mechanism: str) -> bool:
