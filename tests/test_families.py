@@ -18,10 +18,11 @@ pytest.importorskip("transformers")
 
 import torch
 
-from mha_tui import hf
 from mha_tui.config import Config, Source
+from mha_tui.load import hf
 from mha_tui.load.modules import load
 from mha_tui.pipeline import run_trace
+from mha_tui.pipeline.hf import Session
 from mha_tui.records import Trace
 
 from .hf_families import FAMILIES, SENTENCE, WINDOW, attention_of, build, model_for, tokenizer_for
@@ -206,7 +207,7 @@ def test_the_rotary_modules_rotate_by_position_only() -> None:
 @cache
 def hf_trace(name: str, layer: int) -> Trace:
     loaded = hf.load(str(family_dir(name)))
-    return hf.Session(loaded, SENTENCE).trace(layer)
+    return Session(loaded, SENTENCE).trace(layer)
 
 
 @cache
