@@ -56,11 +56,21 @@ def _number(value: float) -> str:
     return f"{value:.4g}" if value < 1e-3 or value >= 1e4 else f"{value:.4f}"
 
 
+def shown_label(text: str) -> str:
+    """A module's label as a reader finds its file: `tests/x.py:Attention`, `mygpt`."""
+    where, colon, cls = text.rpartition(":")
+    if colon and where.endswith(".py"):
+        return printable(f"{display_path(where)}:{cls}")
+    return printable(text)
+
+
 def comparison_header(c: Comparison, opts: RenderOptions) -> Group:
     """Which two modules, how the weights were copied, the tolerance, where they part."""
     def module(who: str, name: str, stage_file: str) -> Text:
-        text = Text.assemble((f"{who:<10} ", "dim"), (printable(name), "bold"), ("  file ", "dim"))
-        text.append_text(label(display_path(stage_file), max_cells=200, ascii_only=opts.ascii))
+        text = Text.assemble((f"{who:<10} ", "dim"), (shown_label(name), "bold"))
+        if display_path(stage_file) not in shown_label(name):  # a --module label names it
+            text.append("  file ", style="dim")
+            text.append_text(label(display_path(stage_file), max_cells=200, ascii_only=opts.ascii))
         return text
 
     mine_file = c.mine.module.file if c.mine.module else ""
@@ -214,3 +224,34 @@ def row_view(c: Comparison, k: int, opts: RenderOptions) -> Group:
         parts.append(pair_view(c, pair, opts))
         parts.append(Text(""))
     return Group(*parts)
+
+
+def compare_screen(c: Comparison, k: int, opts: RenderOptions) -> Group:
+    """One row as the app shows it: who is compared with whom and where they part (the
+    weights copied, on the first row), then the row itself."""
+    parted = c.parted
+    where = (Text.assemble(("they part at ", "bold"),
+                           (f"{(c.parting or 0) + 1} {parted.kind}", "bold red"))
+             if parted is not None else Text("they never part", style="green"))
+    lead = Text.assemble(("yours ", "dim"), (shown_label(c.mine_label), "bold"),
+                         ("  against  ", "dim"), (shown_label(c.theirs_label), "bold"), "  ·  ")
+    lead.append_text(where)
+    parts: list[RenderableType] = [lead]
+    if k == 0:
+        parts.append(Text("same x for both; your weights copied into the reference by role "
+                          "by mha-tui:", style="dim"))
+        parts += [Text("  " + printable(line), style="dim") for line in c.weights]
+        parts.append(Text(f"a cell differs when |yours - reference's| (computed by mha-tui) "
+                          f"exceeds {TOLERANCE}", style="dim"))
+    parts.append(Text(""))
+    parts.append(row_view(c, k, opts))
+    return Group(*parts)
+
+
+def rail_label(c: Comparison, k: int, ascii_only: bool = False) -> Text:
+    """A row on the app's rail: its mark, its kind, and where the two part."""
+    row = c.rows[k]
+    text = Text.assemble((marks(ascii_only)[row.status], STATUS_STYLES[row.status]), " ", row.kind)
+    if k == c.parting:
+        text.append(" <" if ascii_only else " ◀", style="bold red")
+    return text

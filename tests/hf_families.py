@@ -340,6 +340,6 @@ def build(name: str, directory: Path, *, seed: int = 0) -> Path:
 
 
 def attention_of(model: Any, family: Family, layer: int = 0) -> Any:
-    """The family's self-attention module of layer `layer` (the tests' own path, not hf.py's)."""
+    """The family's self-attention module of layer `layer` (the tests' own path, not load/hf.py's)."""
     path = family.attention.replace(".0.", f".{layer}.", 1)
     return model.get_submodule(path)

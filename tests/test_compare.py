@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mha_tui.check.compare import Comparison, compare_tensors
+from mha_tui.check.compare import Comparison, compare, compare_tensors
 from mha_tui.check.roles import RoleCopyError, roles_of
 from mha_tui.config import Config, Source
 from mha_tui.pipeline import check_source, compared
-from mha_tui.records import TensorRecord
+from mha_tui.records import Stage, TensorRecord, Trace
 
 from .conftest import ROOT, run_cli
 
@@ -70,6 +70,42 @@ def test_layouts_that_differ_only_by_axes_of_one_are_laid_over_each_other() -> N
     other = compare_tensors(record(np.zeros((2, 4, 2)), ("h", "T", "d_h")),
                             record(np.zeros((4, 2, 2)), ("T", "h", "d_h")))
     assert other.agree is None and "shapes differ" in other.note
+
+
+def stage(kind: str, value: float) -> Stage:
+    """A hand-built stage whose result is a (1, 1, 2, 2) tensor full of `value`."""
+    result = record(np.full((1, 1, 2, 2), value))
+    return Stage(kind, kind, "", "", (1, 1, 2, 2), (1, 1, 2, 2), ("B", "h", "T", "T"),
+                 ("B", "h", "T", "T"), (result,), kind=kind)
+
+
+def rows_of(mine: list[tuple[str, float]], theirs: list[tuple[str, float]]) -> Comparison:
+    config = Config("a b")
+    return compare(Trace(config, tuple(stage(*s) for s in mine)),
+                   Trace(config, tuple(stage(*s) for s in theirs)),
+                   mine_label="mine", theirs_label="theirs")
+
+
+def test_rows_follow_the_reference_and_part_for_good_only() -> None:
+    """Hand-built stages: paired by kind in the reference's order; a stage of the learner's
+    alone sits after its predecessor; a difference that agrees again later is no parting;
+    a step the learner left out, followed by a difference, is where they part."""
+    reordered = rows_of([("scores", 1), ("mask", 3), ("scale", 4), ("softmax", 5)],
+                        [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)])
+    assert [(r.kind, r.status) for r in reordered.rows] == [
+        ("scores", "agree"), ("scale", "differ"), ("mask", "agree"), ("softmax", "agree")]
+    assert reordered.parting is None
+    left_out = rows_of([("scores", 1), ("op", 9), ("mask", 3), ("softmax", 6)],
+                       [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)])
+    assert [(r.kind, r.status) for r in left_out.rows] == [
+        ("scores", "agree"), ("op", "mine"), ("scale", "reference"), ("mask", "agree"),
+        ("softmax", "differ")]
+    assert left_out.parted.kind == "softmax"  # they agreed again at mask: the parting is later
+    missing = rows_of([("scores", 1), ("mask", 7), ("softmax", 6)],
+                      [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)])
+    assert missing.parted.kind == "scale" and missing.parted.mine is None
+    raised = rows_of([("scores", 1), ("error", 0)], [("scores", 1), ("scale", 2)])
+    assert raised.parted.kind == "error" and raised.parted.status == "mine"
 
 
 # ---------------------------------------------------------------- weights by role

@@ -18,10 +18,11 @@ pytest.importorskip("transformers")
 
 import torch
 
-from mha_tui import hf
 from mha_tui.config import Config, Source
+from mha_tui.load import hf
 from mha_tui.load.modules import load
 from mha_tui.pipeline import run_trace
+from mha_tui.pipeline.hf import Session
 from mha_tui.records import Trace
 
 from .hf_families import FAMILIES, SENTENCE, WINDOW, attention_of, build, model_for, tokenizer_for
@@ -206,7 +207,7 @@ def test_the_rotary_modules_rotate_by_position_only() -> None:
 @cache
 def hf_trace(name: str, layer: int) -> Trace:
     loaded = hf.load(str(family_dir(name)))
-    return hf.Session(loaded, SENTENCE).trace(layer)
+    return Session(loaded, SENTENCE).trace(layer)
 
 
 @cache
@@ -219,7 +220,7 @@ def _layer(name: str) -> int:
 
 
 NOT_LOADED = {"distilbert", "t5"}  # refused: no causal-LM class (issue 17, encoders)
-UNPLACED = {"bloom", "falcon", "bert", "roberta"}  # BLOOM, BERT, RoBERTa: residual add
+UNPLACED = {"bloom", "bert", "roberta"}  # BLOOM, BERT, RoBERTa: residual add
 
 
 def _xfail(condition: bool, reason: str) -> list[pytest.MarkDecorator]:
@@ -281,11 +282,8 @@ SKIPPED = {"positions", "padding", "offset_positions", "scaled_embeddings", "uns
 # Named on screen today; the rest are xfail(strict) until their kind lands.
 NAMED_NOW = {"rotary_half", "rotary_interleaved", "rotary_complex", "partial_rotary", "kv_repeat",
              "multi_query", "sliding_window", "local_window", "bidirectional", "alibi", "q_scaled",
-             "layer_norm", "need_weights_false"}
-# Falcon's projections are bare matmuls, and its one K/V head is broadcast by the scores'
-# matmul, not repeated by an op.
-NOT_NAMED_YET = {("falcon", "rotary_half"), ("falcon", "multi_query")}
-NOT_NAMED_YET |= {(name, "bidirectional") for name in NOT_LOADED}
+             "layer_norm", "need_weights_false", "fused_qkv"}
+NOT_NAMED_YET = {(name, "bidirectional") for name in NOT_LOADED}
 
 
 def _named(trace: Trace, mechanism: str) -> bool:
