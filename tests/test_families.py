@@ -427,3 +427,23 @@ def test_the_json_transcript_of_each_family_finishes(name: str) -> None:
     document = json.loads(to_json(trace))
     assert [stage["id"] for stage in document["stages"]] == [s.id for s in trace.stages]
     assert document["config"]["model"]["encoder"] is FAMILIES[name].encoder
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_t5s_relative_bias_is_its_own_and_its_scale_of_1_is_said(layer: int) -> None:
+    """T5's encoder: the bias shown is T5's own compute_bias (its buckets, its learned table),
+    computed in layer 0 and handed to layer 1 (said); the scores are multiplied by 1."""
+    trace = hf_trace("t5", layer)
+    stage = trace.stage("pos_bias")
+    assert stage.title == "Relative position bias: a number per head and distance"
+    bias = next(r for r in stage.tensors if r.name == "position_bias")
+    model, ids, _, _ = own_run("t5")
+    with torch.no_grad():
+        own = model.encoder.block[0].layer[0].SelfAttention.compute_bias(len(ids), len(ids))
+    assert torch.equal(torch.from_numpy(bias.values), own)
+    assert all(check.ok is not False for check in stage.checks)
+    assert any("depends only on the distance" in check.label for check in stage.checks)
+    assert ("does not compute the bias: it arrives as its forward's argument `position_bias`"
+            in stage.note) is (layer == 1)
+    scale = trace.stage("scale")
+    assert scale.title.startswith("Not scaled: the factor is 1") and "No 1/sqrt(d_h)" in scale.note
