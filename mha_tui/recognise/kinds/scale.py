@@ -35,7 +35,9 @@ def scale(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     if scalar_operand(g, op) is None or g.op_derives(op, {"softmax", "attend"}):
         return None
     if g.op_derives(op, {"scores"}):
-        return "scale"
+        # One scaling of the scores; a second multiply after it, or after an op no rule
+        # knows (Gemma 2's tanh soft-capping: / cap, tanh, * cap), is not "the" scale.
+        return None if g.op_derives(op, {"scale", "op"}) else "scale"
     if g.op_derives(op, {"transpose", "view"}):  # q scaled before q @ k^T (torch's own MHA)
         return "scale"
     if g.op_derives(op, {"project", "rotary"}) and _head_scale(scalar_operand(g, op), op, sizes):
