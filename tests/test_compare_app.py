@@ -62,7 +62,7 @@ async def test_a_missing_scale_parts_at_scale() -> None:
         await pilot.press("right")
         assert row_ids(c)[app.stage_index] == "mask"
         text = shown(app)
-        assert "differs, largest difference" in text
+        assert "differs (computed by mha-tui): largest difference" in text
         assert "difference, computed by mha-tui: 20 of 32 cells differ" in text
         await pilot.press("enter", "s")  # no drill-down, no re-run here
         assert app.cursor is None and row_ids(c)[app.stage_index] == "mask"
