@@ -203,6 +203,9 @@ def explain(
     if check_stages:
         _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
         return
+    if reference is not None and _interactive(dump):
+        _explain_compared(config, source, reference, ascii_only=ascii_only)
+        return
     if reference is not None:
         _write_comparison(config, source, reference, destination, fmt, width=width or 100,
                           full=full, color=color, ascii_only=ascii_only)
@@ -270,9 +273,7 @@ def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: 
             fail(f"--against does not take {flag} yet")
     if model is not None and model.value in NUMPY_MODEL_NAMES:
         fail(f"--against compares torch modules; --model {model.value} is NumPy code")
-    if _interactive(dump):
-        fail("--against writes the comparison with --dump - (or --dump PATH)")
-    if fmt not in (Format.text, Format.json):
+    if not _interactive(dump) and fmt not in (Format.text, Format.json):
         fail(f"--against writes text or JSON; --format {fmt.value} does not apply")
     if text in NUMPY_MODEL_NAMES:
         fail(f"--against compares torch modules; {text} is NumPy code")
@@ -282,6 +283,32 @@ def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: 
         fail(f"--against {text!r} is neither a tutorial's module ({', '.join(MODEL_NAMES)}) "
              "nor FILE.py:Class")
     return _check_source(None, text, [], None)
+
+
+def _explain_compared(config: Config, source: Source, against: Source, *,
+                      ascii_only: bool) -> None:
+    """explain --against in a terminal: the comparison app, both modules built and run in
+    its loading thread (bad input ends the app: one line, exit 2)."""
+    from .check.roles import RoleCopyError
+    from .load.learner import LoadError
+    from .pipeline import compared
+
+    if _PREFLIGHT:  # serve checks the input before the app
+        try:
+            compared(config, source, against)
+        except (LoadError, RoleCopyError) as error:
+            fail(str(error))
+
+    def app() -> None:
+        from .compare_app import run_compare_app
+
+        refusal = run_compare_app(config, compare=lambda c: compared(c, source, against),
+                                  ascii_only=ascii_only, running=_whose_forward(source),
+                                  refusals=(LoadError, RoleCopyError))
+        if refusal is not None:
+            fail(refusal)
+
+    _open_app(app)
 
 
 def _write_comparison(config: Config, source: Source, against: Source,
@@ -484,13 +511,14 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False) -> None:
     """--hf: load the model (refusals here, before any app), then the app or a transcript."""
-    from . import hf
+    from .load.hf import HfError, check_layer, load
+    from .pipeline.hf import Session
 
     try:
-        loaded = hf.load(source, sentence)  # too many tokens: refused before the weights load
-        hf.check_layer(loaded, layer)
-        session = hf.Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
-    except hf.HfError as error:
+        loaded = load(source, sentence)  # too many tokens: refused before the weights load
+        check_layer(loaded, layer)
+        session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
+    except HfError as error:
         fail(str(error))
     if interactive:
         from .app import run_app
@@ -502,7 +530,7 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
         return
     try:
         trace = session.trace(layer)
-    except hf.HfError as error:
+    except HfError as error:
         fail(str(error))
     _write_transcript(trace.config, destination, fmt, width=width, full=full, color=color,
                       ascii_only=ascii_only, stage=stage, trace=trace, only=only, quiz=quiz)

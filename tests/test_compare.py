@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mha_tui.check.compare import Comparison, compare_tensors
+from mha_tui.check.compare import Comparison, compare, compare_tensors
 from mha_tui.check.roles import RoleCopyError, roles_of
 from mha_tui.config import Config, Source
 from mha_tui.pipeline import check_source, compared
-from mha_tui.records import TensorRecord
+from mha_tui.records import Stage, TensorRecord, Trace
 
 from .conftest import ROOT, run_cli
 
@@ -48,17 +48,29 @@ def record(values: np.ndarray, dims: tuple[str, ...] = ("B", "h", "T", "T")) -> 
 
 
 def test_differences_mark_the_cells_beyond_the_tolerance() -> None:
-    """Equal -inf and equal NaN agree; NaN against a number is an infinite difference;
-    float32 rounding stays within the tolerance; the largest difference and its index."""
+    """Equal -inf and equal NaN agree; float32 rounding stays within the tolerance; the
+    largest difference between two numbers and its index."""
     ref = np.array([[0.5, -np.inf], [np.nan, 2.0]])
     mine = np.array([[0.5 + 1e-7, -np.inf], [np.nan, 2.75]])
     pair = compare_tensors(record(mine, ("T", "T")), record(ref, ("T", "T")))
     assert pair.differs.tolist() == [[False, False], [False, True]]
     assert pair.max_diff == pytest.approx(0.75) and pair.at == (1, 1)
-    assert pair.count == 1 and pair.agree is False
-    nan = compare_tensors(record(np.array([[np.nan, 1.0]]), ("T", "T")),
-                          record(np.array([[0.0, 1.0]]), ("T", "T")))
-    assert nan.max_diff == np.inf and nan.differs.tolist() == [[True, False]]
+    assert pair.count == 1 and pair.agree is False and pair.mismatches == ()
+
+
+def test_a_cell_that_is_a_number_on_one_side_only_is_said_not_measured() -> None:
+    """-inf (blocked) in one, a number (kept) in the other, or NaN against a number: counted
+    by what each side holds, first cell given, never an `inf` difference; the largest
+    difference is between numbers only."""
+    mine = np.array([[-np.inf, 1.0, np.nan], [-np.inf, 2.0, 0.0]])
+    ref = np.array([[0.5, -np.inf, 1.0], [0.25, 2.5, 0.0]])
+    pair = compare_tensors(record(mine, ("T", "T")), record(ref, ("T", "T")))
+    assert pair.differs.tolist() == [[True, True, True], [True, True, False]]
+    assert pair.max_diff == pytest.approx(0.5) and pair.at == (1, 1)
+    assert [(m.yours, m.reference, m.count, m.first) for m in pair.mismatches] == [
+        ("-inf", "a number", 2, (0, 0)), ("a number", "-inf", 1, (0, 1)),
+        ("NaN", "a number", 1, (0, 2))]
+    assert np.isnan(pair.diff[0]).all() and not np.isinf(pair.diff).any()
 
 
 def test_layouts_that_differ_only_by_axes_of_one_are_laid_over_each_other() -> None:
@@ -70,6 +82,42 @@ def test_layouts_that_differ_only_by_axes_of_one_are_laid_over_each_other() -> N
     other = compare_tensors(record(np.zeros((2, 4, 2)), ("h", "T", "d_h")),
                             record(np.zeros((4, 2, 2)), ("T", "h", "d_h")))
     assert other.agree is None and "shapes differ" in other.note
+
+
+def stage(kind: str, value: float) -> Stage:
+    """A hand-built stage whose result is a (1, 1, 2, 2) tensor full of `value`."""
+    result = record(np.full((1, 1, 2, 2), value))
+    return Stage(kind, kind, "", "", (1, 1, 2, 2), (1, 1, 2, 2), ("B", "h", "T", "T"),
+                 ("B", "h", "T", "T"), (result,), kind=kind)
+
+
+def rows_of(mine: list[tuple[str, float]], theirs: list[tuple[str, float]]) -> Comparison:
+    config = Config("a b")
+    return compare(Trace(config, tuple(stage(*s) for s in mine)),
+                   Trace(config, tuple(stage(*s) for s in theirs)),
+                   mine_label="mine", theirs_label="theirs")
+
+
+def test_rows_follow_the_reference_and_part_for_good_only() -> None:
+    """Hand-built stages: paired by kind in the reference's order; a stage of the learner's
+    alone sits after its predecessor; a difference that agrees again later is no parting;
+    a step the learner left out, followed by a difference, is where they part."""
+    reordered = rows_of([("scores", 1), ("mask", 3), ("scale", 4), ("softmax", 5)],
+                        [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)])
+    assert [(r.kind, r.status) for r in reordered.rows] == [
+        ("scores", "agree"), ("scale", "differ"), ("mask", "agree"), ("softmax", "agree")]
+    assert reordered.parting is None
+    left_out = rows_of([("scores", 1), ("op", 9), ("mask", 3), ("softmax", 6)],
+                       [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)])
+    assert [(r.kind, r.status) for r in left_out.rows] == [
+        ("scores", "agree"), ("op", "mine"), ("scale", "reference"), ("mask", "agree"),
+        ("softmax", "differ")]
+    assert left_out.parted.kind == "softmax"  # they agreed again at mask: the parting is later
+    missing = rows_of([("scores", 1), ("mask", 7), ("softmax", 6)],
+                      [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)])
+    assert missing.parted.kind == "scale" and missing.parted.mine is None
+    raised = rows_of([("scores", 1), ("error", 0)], [("scores", 1), ("scale", 2)])
+    assert raised.parted.kind == "error" and raised.parted.status == "mine"
 
 
 # ---------------------------------------------------------------- weights by role

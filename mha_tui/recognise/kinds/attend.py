@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import products_agree
+from ...check.numeric import products_agree, recomputed_agrees
 from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BHTD, BHTT
 from ..cell import Cell, Why, dot, where
 from ..graph import Graph
 from ..grouping import Unit
-from ..maker import StageMaker, batched_product
+from ..maker import StageMaker, batched_product, broadcast_heads
 from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from ..vocab import MATMULS
@@ -44,15 +44,20 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         for op in group:
             if op.name not in ("matmul", "bmm", "einsum", "mm"):
                 continue
-            a, c = (m.snap(r).values.astype(np.float64) for r in m.g.x_inputs(op)[:2])
-            product = np.einsum(next(x for x in op.args if isinstance(x, str)), a, c) \
-                if op.name == "einsum" else a @ c
-            ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4, equal_nan=True))
+            equation = next(x for x in op.args if isinstance(x, str)) \
+                if op.name == "einsum" else None
+            ok &= recomputed_agrees(
+                np.matmul if equation is None else (lambda a, c, eq=equation: np.einsum(eq, a, c)),
+                [m.snap(r).values for r in m.g.x_inputs(op)[:2]], op.out.values,
+                atol=1e-5, rtol=1e-4)
     first = m.op(unit.ops[0])
     h = m.s.h
     what = "einsum" if first.name == "einsum" else "batched matmul"
-    checks = [Check(batched_product(h, "weights_i @ V_i", what) if not m.b.per_head
-                    else f"each head's own weights @ v, {h} heads side by side", ok)]
+    shared_kv = broadcast_heads(m.g, first, h)
+    checks = [Check(batched_product(h, "weights_i @ V_i", what) if not m.b.per_head and not shared_kv
+                    else f"one {what} = {h} per-head weights_i @ V_0: V has one head, and the "
+                         f"matmul broadcasts it to all {h} query heads (no copy is made)"
+                    if shared_kv else f"each head's own weights @ v, {h} heads side by side", ok)]
     rec = m.b.record(m.tensor_name(first, fallback="context"), snap,
                         BHTD if values.ndim == 4 else None, values=values,
                         caption="row t: token t's weighted mix of values")

@@ -90,8 +90,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         before_values = m.b.out_4d([before_ref.op], BHTT)[0] if before_ref.op is not None \
             else before.values
     checks = []
-    raw_f = before_values[np.isfinite(before_values)].astype(np.float64)
-    new_f = values[np.isfinite(values)].astype(np.float64)
+    raw_f, new_f = _finite_f64(before_values), _finite_f64(values)
     if raw_f.size > 1 and new_f.size > 1:
         checks.append(Check(f"spread (std) of the scores: {raw_f.std(ddof=1):.4f} raw -> "
                             f"{new_f.std(ddof=1):.4f} scaled" if not on_q else
@@ -104,7 +103,17 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         used = 1 / factor if divides else factor
         checks.append(Check(f"the factor is 1/sqrt(d_h) = 1/sqrt({d_h}): "
                             f"{yes(abs(used - expected) < 1e-6)}", None))
-    if on_q:
+    title = explanation = None
+    unscaled = factor is not None and (1 / factor if divides else factor) == 1.0
+    if unscaled:
+        title = f"Not scaled: the factor is 1, not 1/sqrt(d_h) = {1 / sqrt:.4f}"
+        explanation = (
+            f"Here the scores are {'divided' if divides else 'multiplied'} by exactly 1: this "
+            f"module leaves out the 1/sqrt(d_h) = 1/sqrt({d_h}) of scaled dot-product "
+            "attention and leaves the scores as they are (T5 does this: it folds the "
+            "scaling into how its weights are initialised).")
+        note = "No 1/sqrt(d_h) here: the factor is 1."
+    elif on_q:
         note = ("Q is scaled before the scores are computed (q * 1/sqrt(d_h)): the scaling "
                 "happens here, on the queries, not on the scores; same result.")
     elif raw == "masked scores":
@@ -113,7 +122,14 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         note = ""
     return m.stage(unit, stage_id, "scale", [rec], checks, shape_in=before_values.shape,
                       shape_out=values.shape if m.b.per_head else snap.shape, dims_in=rec.dims,
-                      dims_out=rec.dims, note=note)
+                      dims_out=rec.dims, note=note, title=title, explanation=explanation)
+
+
+def _finite_f64(values: np.ndarray) -> np.ndarray:
+    """The finite values, in order, as one float64 row (a boolean index copies twice when
+    every value is finite, as most scores are)."""
+    finite = np.isfinite(values)
+    return (values.reshape(-1) if finite.all() else values[finite]).astype(np.float64)
 
 
 # ---------------------------------------------------------------------- judging

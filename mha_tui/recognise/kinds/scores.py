@@ -6,17 +6,18 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import products_agree
+from ...check.numeric import products_agree, recomputed_agrees
 from ...records import Check, OpRecord, Snapshot, Stage, Trace
 from ..builder import BHTD, BHTT
 from ..cell import Cell, Why, dot, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
-from ..maker import StageMaker, batched_product, synthetic, words
+from ..maker import StageMaker, batched_product, broadcast_heads, synthetic, words
 from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import MATMULS
@@ -49,22 +50,17 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
             if op.name not in ("matmul", "bmm", "einsum", "mm", "baddbmm"):
                 continue
             operands = op.inputs[1:3] if op.name == "baddbmm" else m.g.x_inputs(op)[:2]
-            a, c = (m.snap(r).values.astype(np.float64) for r in operands)
-            if op.name == "einsum":
-                equation = next((x for x in op.args if isinstance(x, str)), "")
-                product = np.einsum(equation, a, c)
-            else:
-                product = a @ c
-            if op.name == "baddbmm":
-                alpha, beta = baddbmm_factors(op)
-                product = beta * m.snap(op.inputs[0]).values + alpha * product
-            ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4, equal_nan=True))
+            ok &= recomputed_agrees(_product(m, op), [m.snap(r).values for r in operands],
+                                    op.out.values, atol=1e-5, rtol=1e-4)
     first = m.op(unit.ops[0])
     name = m.tensor_name(first, fallback="scores")
     h = m.s.h
     what = "einsum" if first.name == "einsum" else "batched matmul"
-    checks = [Check(batched_product(h, "Q_i @ K_i^T", what) if not m.b.per_head
-                    else f"each head's own q @ k^T, {h} heads side by side", ok)]
+    shared_kv = broadcast_heads(m.g, first, h)
+    checks = [Check(batched_product(h, "Q_i @ K_i^T", what) if not m.b.per_head and not shared_kv
+                    else f"one {what} = {h} per-head Q_i @ K_0^T: K has one head, and the "
+                         f"matmul broadcasts it to all {h} query heads (no copy is made)"
+                    if shared_kv else f"each head's own q @ k^T, {h} heads side by side", ok)]
     fused_mask = next((op for op in (m.op(i) for i in unit.ops) if op.name == "baddbmm"
                        and _very_negative_anywhere(m, op)), None)
     src = m.snap(first.inputs[1] if first.name == "baddbmm" and len(first.inputs) == 3
@@ -81,6 +77,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     m.out_of_kind["scores"] = (values, snap)
     alpha = baddbmm_factors(first)[0] if first.name == "baddbmm" else 1.0
     title, note = None, ""
+    if shared_kv:
+        title = f"Raw attention scores: Q @ K^T, one K/V head for all {h} query heads"
     if alpha != 1.0:  # GPT-NeoX: baddbmm(zeros, q, k^T, alpha=1/sqrt(d_h))
         title = "Attention scores, scaled inside baddbmm"
         note = (f"torch.baddbmm(..., alpha={alpha:.6g}) multiplies q @ k^T by alpha in the same "
@@ -91,6 +89,18 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                       shape_out=values.shape if m.b.per_head else snap.shape,
                       dims_in=m.dims(src.shape, BHTD, ("T", "d_h")),
                       dims_out=rec.dims, title=title, note=note)
+
+def _product(m: StageMaker, op: OpRecord) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """What the product op computes from its two operands (baddbmm adds its scaled input)."""
+    if op.name == "einsum":
+        equation = next((x for x in op.args if isinstance(x, str)), "")
+        return lambda a, c: np.einsum(equation, a, c)
+    if op.name == "baddbmm":
+        alpha, beta = baddbmm_factors(op)
+        given = m.snap(op.inputs[0]).values
+        return lambda a, c: beta * given + alpha * (a @ c)
+    return np.matmul
+
 
 def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, values: np.ndarray,
                      snap: Snapshot, src: Snapshot) -> list[Stage]:
