@@ -427,3 +427,46 @@ def test_the_json_transcript_of_each_family_finishes(name: str) -> None:
     document = json.loads(to_json(trace))
     assert [stage["id"] for stage in document["stages"]] == [s.id for s in trace.stages]
     assert document["config"]["model"]["encoder"] is FAMILIES[name].encoder
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_t5s_relative_bias_is_its_own_and_its_scale_of_1_is_said(layer: int) -> None:
+    """T5's encoder: the bias shown is T5's own compute_bias (its buckets, its learned table),
+    computed in layer 0 and handed to layer 1 (said); the scores are multiplied by 1."""
+    trace = hf_trace("t5", layer)
+    stage = trace.stage("pos_bias")
+    assert stage.title == "Relative position bias: a number per head and distance"
+    bias = next(r for r in stage.tensors if r.name == "position_bias")
+    model, ids, _, _ = own_run("t5")
+    with torch.no_grad():
+        own = model.encoder.block[0].layer[0].SelfAttention.compute_bias(len(ids), len(ids))
+    assert torch.equal(torch.from_numpy(bias.values), own)
+    assert all(check.ok is not False for check in stage.checks)
+    assert any("depends only on the distance" in check.label for check in stage.checks)
+    assert ("does not compute the bias: it arrives as its forward's argument `position_bias`"
+            in stage.note) is (layer == 1)
+    scale = trace.stage("scale")
+    assert scale.title.startswith("Not scaled: the factor is 1") and "No 1/sqrt(d_h)" in scale.note
+
+
+@pytest.mark.parametrize("name", ["bert", "t5"])
+async def test_an_encoder_steps_through_the_app(name: str) -> None:
+    """Every stage of both layers of an encoder draws in the app (T5's nested attention, its
+    pos_bias stage handed from layer 0 to layer 1)."""
+    from mha_tui.app import ExplainApp
+    from mha_tui.stage_view import StageView
+
+    session = Session(hf.load(str(family_dir(name))), SENTENCE)
+    app = ExplainApp(session.config(0), loader=lambda config: session.trace(0), layers=session)
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.trace is None:
+            await pilot.pause(0.05)
+        for layer in (0, 1):
+            assert app.config.model.layer == layer
+            for index in range(len(app.trace.stages)):
+                app.stage_index = index
+                await pilot.pause()
+                assert app.trace.stages[index].title in app.query_one(StageView).plain
+            await pilot.press("right_square_bracket")
+            await pilot.pause()
+        assert app.config.model.layer == 1 and app.config.model.encoder
