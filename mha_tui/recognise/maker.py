@@ -192,6 +192,8 @@ class StageMaker:
         qualname = op.qualname or op.name
         owner, _, method = qualname.rpartition(".")
         if owner.startswith("Tensor") and args:
+            if method in _PROPERTIES and len(args) == 1 and not kwargs:
+                return f"{args[0]}.{method}"  # t.real, t.T: an attribute, not a call
             if method in _OPERATORS and len(args) == 2 and not kwargs:
                 return f"{args[0]} {_OPERATORS[method]} {args[1]}"
             written = _as_written(op.source.text, method, args) if not kwargs else None
@@ -205,6 +207,8 @@ class StageMaker:
             name = f"torch.{method}"
         elif owner.startswith(("torch.nn.functional", "torch._C._nn")):
             name = f"F.{method}"
+        elif owner in _PUBLIC_NAMESPACES:  # torch._C._fft.fft_fftn is torch.fft.fftn
+            name = f"{_PUBLIC_NAMESPACES[owner]}.{public_name(op)}"
         else:
             name = qualname
         return f"{name}({', '.join(args + kwargs)})"
@@ -218,6 +222,17 @@ class StageMaker:
 
     def four_d(self, unit: Unit, dims: tuple[str, ...]) -> tuple[np.ndarray, Snapshot]:
         return self.b.out_4d(unit.ops, dims)
+
+
+_PROPERTIES = {"real", "imag", "T", "mT", "H", "mH"}
+# torch's C namespaces and the public modules that spell them
+_PUBLIC_NAMESPACES = {"torch._C._fft": "torch.fft", "torch._C._linalg": "torch.linalg",
+                      "torch._C._special": "torch.special"}
+def public_name(op: OpRecord) -> str:
+    """The op's name as torch's public API spells it (`fftn` for torch._C._fft.fft_fftn)."""
+    owner, _, method = (op.qualname or op.name).rpartition(".")
+    public = _PUBLIC_NAMESPACES.get(owner)
+    return method.removeprefix(public.rsplit(".", 1)[-1] + "_") if public else op.name
 
 
 _SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "matmul": "@", "pow": "**"}
