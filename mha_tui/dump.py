@@ -384,6 +384,9 @@ def _pair_json(pair: Any, tensors: list[np.ndarray], nonce: str) -> dict[str, An
             "max": float(pair.max_diff) if np.isfinite(pair.max_diff) else "inf",
             "at": list(pair.at),
             "cells_differing": pair.count,
+            "one_side_not_a_number": [{"yours": m.yours, "reference": m.reference,
+                                       "cells": m.count, "first": list(m.first)}
+                                      for m in pair.mismatches],
             "differing": f"{nonce}{len(tensors)}",
         }
         tensors.append(pair.differs)

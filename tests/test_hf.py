@@ -182,9 +182,12 @@ def test_hooks_capture_the_models_own_tensors(tiny: hf.Loaded) -> None:
     with torch.no_grad():
         reference = model(batch, output_attentions=True, output_hidden_states=True, use_cache=False)
     transformer = model.transformer
-    assert torch.equal(run.token_embeddings, transformer.wte.weight[batch])
-    assert run.position_name == "transformer.wpe"
-    assert torch.equal(run.position_embeddings, transformer.wpe.weight[: len(ids)].unsqueeze(0))
+    # Every embedding the model called before block 0, in order: GPT-2's wte, then wpe.
+    assert [(call.path, call.tokens) for call in run.embeddings] == [
+        ("transformer.wte", True), ("transformer.wpe", False)]
+    assert torch.equal(run.embeddings[0].output, transformer.wte.weight[batch])
+    assert torch.equal(run.embeddings[1].output, transformer.wpe.weight[: len(ids)].unsqueeze(0))
+    assert run.embedding_norms == ()  # GPT-2 normalises inside each block only
     assert torch.equal(run.embedded, reference.hidden_states[0])
     for layer in range(3):
         captured = run.layers[layer]

@@ -2,8 +2,9 @@
 
 `nn.MultiheadAttention(need_weights=False)` walks the same stages as need_weights=True (torch's
 scaled_dot_product_attention expanded, its softmax the weights need_weights=True returns);
-a fused QKV split by view/permute/unbind (timm) is its own stage; ... Each on a hand-written
-module in tests/fixtures/mechanisms/, traced the way `--module` traces it.
+a fused QKV split by view/permute/unbind (timm, NeoX, BLOOM, Falcon) is its own stage. Each on
+a hand-written module in tests/fixtures/mechanisms/, traced the way `--module` traces it, or a
+tiny family checkpoint (tests/hf_families.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from mha_tui.config import Config, Source
 from mha_tui.load.modules import Loaded, load
 from mha_tui.pipeline import run_trace
 from mha_tui.records import Trace
+
+from .test_families import _families_root, hf_trace  # noqa: F401 (the checkpoints' fixture)
 
 MECHANISMS = Path(__file__).parent / "fixtures" / "mechanisms"
 SENTENCE = "the cat sat on the mat"
@@ -84,3 +87,66 @@ def test_need_weights_false_names_torchs_own_tensors() -> None:
     names = [t.name for t in trace.stage("project").tensors]
     assert names[:2] == ["attn.in_proj_weight", "attn.in_proj_bias"]
     assert trace.stage("concat").tensors[0].dims == ("T", "B", "h", "d_h")
+
+
+# ---------------------------------------------------------------- fused QKV split into heads
+
+
+def _q_head_rows(style: str, head: int, d_h: int, heads: int) -> slice:
+    """Which rows of the fused weight make query head `head`, as each public style lays its
+    checkpoint out (independent of mha-tui: from the styles' own documentation)."""
+    if style == "timm":  # (3, h, d_h): all queries first
+        return slice(head * d_h, (head + 1) * d_h)
+    return slice(head * 3 * d_h, head * 3 * d_h + d_h)  # NeoX and BLOOM: (h, 3, d_h) per head
+
+
+@pytest.mark.parametrize("ref,init,style,layout", [
+    ("timm_fused.py:Attention", (("dim", 32),), "timm",
+     "[q0 q1 q2 q3 | k0 k1 k2 k3 | v0 v1 v2 v3]"),
+    ("neox_rotary.py:GPTNeoXAttention", (), "neox", "[q0 k0 v0 | q1 k1 v1 | q2 k2 v2 | q3 k3 v3]"),
+    ("alibi.py:BloomAttention", (), "bloom", "[q0 k0 v0 | q1 k1 v1 | q2 k2 v2 | q3 k3 v3]"),
+])
+def test_a_fused_split_into_heads_is_its_own_stage(ref: str, init: tuple, style: str, layout: str) -> None:
+    """The projection stage holds the fused layer and its whole output; the next stage, the
+    split, names the layout of its channel blocks, found from the values; and its q's head i
+    is x times the rows of the weight that the style documents for query head i."""
+    trace, loaded = _traced(ref, init)
+    kinds = _kinds(trace)
+    assert kinds.index("qkv_split") == kinds.index("project") + 1
+    assert "op" not in kinds
+    project, split = trace.stage("project"), trace.stage("qkv_split")
+    assert "fused" in project.title and split.title.startswith("Split the fused projection")
+    assert split.checks[0].ok is True and layout in split.checks[0].label
+    assert layout in split.explanation
+    fused = project.tensors[-1].values
+    assert fused.shape == (1, 6, 96)
+    weight = next(p for n, p in loaded.module.named_parameters() if p.ndim == 2 and p.shape[0] == 96)
+    bias = next((p for n, p in loaded.module.named_parameters()
+                 if p.ndim == 1 and p.shape[0] == 96), None)
+    q = split.tensors[1]
+    per_head = q.values if q.dims[1] == "T" else q.values.transpose(0, 2, 1, 3)  # (B, T, h, d_h)
+    with torch.no_grad():
+        for head in range(4):
+            rows = _q_head_rows(style, head, 8, 4)
+            expected = loaded.x @ weight[rows].T + (0 if bias is None else bias[rows])
+            assert torch.allclose(torch.from_numpy(per_head[:, :, head].copy()), expected, atol=1e-5)
+
+
+def test_the_falcon_split_shows_one_kv_head_for_all_query_heads() -> None:
+    """Falcon's fused layer is (h + 2) d_h wide: the split names the multi-query layout, the
+    scores and attend stages the broadcast of the one K/V head."""
+    trace = hf_trace("falcon", 0)
+    kinds = _kinds(trace)
+    assert kinds[:4] == ["embed", "project", "qkv_split", "transpose"]
+    split = trace.stage("qkv_split")
+    assert "1 K/V head for 4 query heads" in split.title
+    assert "[q0 q1 q2 q3 | k0 | v0]" in split.checks[0].label and split.checks[0].ok is True
+    assert [t.values.shape for t in split.tensors] == [(1, 7, 48), (1, 7, 4, 8), (1, 7, 1, 8),
+                                                       (1, 7, 1, 8)]
+    project = trace.stage("project")
+    assert project.checks[0].ok is True and "x @ W.T" in project.checks[0].label
+    assert trace.stage("w_o").tensors[0].name == "dense.weight"
+    for kind, product in (("scores", "Q_i @ K_0^T"), ("attend", "weights_i @ V_0")):
+        check = trace.stage(kind).checks[0]
+        assert product in check.label and "broadcasts" in check.label and check.ok is True
+    assert "one K/V head for all 4 query heads" in trace.stage("scores").title

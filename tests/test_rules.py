@@ -341,3 +341,80 @@ def test_ops_that_do_not_depend_on_x_get_no_kind(name: str) -> None:
     tape = Tape()
     made = tape.op(name, [_param("c", np.ones((T, T), np.float32), "const")], np.ones((T, T)))
     assert tape.kinds()[made.op] is None  # type: ignore[index]
+
+
+# ---------------------------------------------------------------------------- fused splits
+
+
+def _timm_split(tape: Tape) -> list[Ref]:
+    """timm: qkv(x).reshape(B, T, 3, h, d_h).permute(2, 0, 3, 1, 4).unbind(0)."""
+    qkv = tape.linear(tape.x, "qkv.weight", rows=3 * C)
+    shaped = tape.op("reshape", [qkv], tape.values(qkv).reshape(B, T, 3, H, D), B, T, 3, H, D)
+    moved = tape.op("permute", [shaped], tape.values(shaped).transpose(2, 0, 3, 1, 4), 2, 0, 3, 1, 4)
+    parts = tape.op("unbind", [moved], list(tape.values(moved)), 0)
+    return [qkv, shaped, moved, parts]
+
+
+def test_a_fused_split_that_cuts_heads_is_its_own_stage() -> None:
+    """timm's reshape/permute/unbind: the heads come out of the split, so it is qkv_split;
+    the linear layer stays the projection."""
+    tape = Tape()
+    qkv, shaped, moved, parts = _timm_split(tape)
+    kinds = tape.kinds()
+    assert kinds[qkv.op] == "project"  # type: ignore[index]
+    assert [kinds[r.op] for r in (shaped, moved, parts)] == ["qkv_split"] * 3  # type: ignore[index]
+
+
+def test_a_fused_split_into_whole_parts_stays_in_the_projection() -> None:
+    """GPT-2's split(C, dim=2) cuts no heads (the view stage does later): still project."""
+    tape = Tape()
+    qkv = tape.linear(tape.x, "c_attn.weight", rows=3 * C)
+    split = tape.op("split", [qkv], np.split(tape.values(qkv), 3, axis=-1), C, dim=2)
+    viewed = tape.op("view", [Ref("op", op=split.op, output=0)],
+                     np.split(tape.values(qkv), 3, axis=-1)[0].reshape(B, T, H, D), B, T, H, D)
+    kinds = tape.kinds()
+    assert kinds[split.op] == "project"  # type: ignore[index]
+    assert kinds[viewed.op] == "view"  # type: ignore[index]
+
+
+def test_x_times_a_transposed_weight_is_a_projection() -> None:
+    """Falcon's `input @ self.weight.T`: the weight reaches the matmul through a T op."""
+    tape = Tape()
+    w = tape.weight("query_key_value.weight", rows=(H + 2) * D)
+    wt = tape.op("T", [w], tape.values(w).T)
+    product = tape.op("matmul", [tape.x, wt], tape.x_values @ tape.values(wt))
+    assert tape.kind(product) == "project"
+
+
+def test_a_multi_query_fused_layer_is_fused_and_split() -> None:
+    """Falcon: h query heads and one K and one V head in one (h + 2) d_h wide layer, viewed
+    as (B, T, h + 2, d_h) and sliced: the view and slices are the split."""
+    tape = Tape()
+    w = tape.weight("query_key_value.weight", rows=(H + 2) * D)
+    wt = tape.op("T", [w], tape.values(w).T)
+    fused = tape.op("matmul", [tape.x, wt], tape.x_values @ tape.values(wt))
+    viewed = tape.op("view", [fused], tape.values(fused).reshape(B, T, H + 2, D), B, T, H + 2, D)
+    q = tape.op("getitem", [viewed], tape.values(viewed)[..., :-2, :])
+    k = tape.op("getitem", [viewed], tape.values(viewed)[..., [-2], :])
+    kinds = tape.kinds()
+    assert [kinds[r.op] for r in (fused, viewed, q, k)] == [  # type: ignore[index]
+        "project", "qkv_split", "qkv_split", "qkv_split"]
+
+
+def test_fused_width_is_3c_or_h_plus_two_kv_blocks() -> None:
+    from mha_tui.recognise.kinds.qkv_split import fused_width
+
+    assert fused_width(3 * C, SIZES)
+    assert fused_width(C + 2 * D, SIZES)  # one K/V head
+    assert not fused_width(C, SIZES) and not fused_width(C + D, SIZES) and not fused_width(4 * C, SIZES)
+
+
+@pytest.mark.parametrize("roles,layout", [
+    ([("Q", [0, 1]), ("K", [2, 3]), ("V", [4, 5])], "[q0 q1 | k0 k1 | v0 v1]"),
+    ([("Q", [0, 3]), ("K", [1, 4]), ("V", [2, 5])], "[q0 k0 v0 | q1 k1 v1]"),
+    ([("Q", [0, 1, 2, 3]), ("K", [4]), ("V", [5])], "[q0 q1 q2 q3 | k0 | v0]"),
+])
+def test_layout_text_names_each_block_of_the_fused_output(roles: list, layout: str) -> None:
+    from mha_tui.recognise.kinds.qkv_split import layout_text
+
+    assert layout_text(roles, sum(len(blocks) for _, blocks in roles)) == layout

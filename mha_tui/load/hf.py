@@ -1,4 +1,4 @@
-"""`--hf`: finding and loading a Hugging Face causal language model and its tokenizer.
+"""`--hf`: finding and loading a Hugging Face model (a causal LM or an encoder) and its tokenizer.
 
 Finds the model in a local directory or in the local Hugging Face cache, loads it with
 `transformers` in eval mode with the eager attention implementation (so the attention
@@ -140,11 +140,15 @@ class ModelInfo:
     # Numbers in one layer's attention parameters (the recorder keeps a float32 copy of each
     # per recorded layer); None: estimated as a GPT-2 layer's, 4 C x C weights and 4 C biases.
     attention_params: int | None = None
+    # An encoder (BERT, RoBERTa, DistilBERT, T5's encoder), loaded as the bare encoder: its
+    # self-attention lets every token see every token. False: a causal language model.
+    encoder: bool = False
 
 
 @dataclass(eq=False)
 class Loaded:
-    """A causal LM in eval mode with its tokenizer and the path to every layer's attention."""
+    """A causal LM or an encoder in eval mode, its tokenizer, and the path to every layer's
+    self-attention (a dotted path inside the block: T5's is layer.0.SelfAttention)."""
 
     model: nn.Module
     tokenizer: Any
@@ -154,7 +158,7 @@ class Loaded:
     blocks: Sequence[nn.Module] = field(repr=False)
 
     def attention(self, layer: int) -> nn.Module:
-        return getattr(self.blocks[layer], self.attention_name)
+        return self.blocks[layer].get_submodule(self.attention_name)
 
     def attention_path(self, layer: int) -> str:
         return f"{self.blocks_path}.{layer}.{self.attention_name}"
@@ -174,11 +178,44 @@ def _find_blocks(model: nn.Module, n_layers: int) -> tuple[str, nn.ModuleList, s
         for name in ATTENTION_NAMES:
             if all(isinstance(getattr(block, name, None), nn.Module) for block in module):
                 return path, module, name
-        names = [child for child, sub in module[0].named_children()
-                 if type(sub).__name__.endswith("Attention") and "cross" not in child.lower()]
-        if len(names) == 1 and all(isinstance(getattr(b, names[0], None), nn.Module) for b in module):
-            return path, module, names[0]
+        name = _self_attention_path(module[0])
+        if name is not None and all(_self_attention_path(block) == name for block in module):
+            return path, module, name
     return None
+
+
+def _self_attention_path(block: nn.Module) -> str | None:
+    """The one innermost submodule of block whose class is an attention and not a cross
+    attention (T5's block holds layer.0, a T5LayerSelfAttention with its norm and residual
+    add, around layer.0.SelfAttention, the T5Attention that computes the weights)."""
+    found = [path for path, sub in block.named_modules()
+             if path and type(sub).__name__.endswith("Attention")
+             and "cross" not in path.lower() and "cross" not in type(sub).__name__.lower()]
+    inner = [path for path in found if not any(other.startswith(path + ".") for other in found)]
+    return inner[0] if len(inner) == 1 else None
+
+
+def _auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
+    """Which transformers Auto class loads the model, and whether it is an encoder.
+
+    An encoder-decoder (T5) and a masked-language-model family that is not configured as a
+    decoder (BERT, RoBERTa, DistilBERT: `is_decoder` False) load as the bare encoder with
+    AutoModelForTextEncoding (T5EncoderModel, BertModel ...), never with a causal-LM head
+    (BERT and RoBERTa have one, BertLMHeadModel, which would run them as what they are not).
+    Everything else loads with AutoModelForCausalLM, as before.
+    """
+    kind = type(config)
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    masked = kind in transformers.MODEL_FOR_MASKED_LM_MAPPING
+    if not encoder_decoder and not (masked and not getattr(config, "is_decoder", False)):
+        return transformers.AutoModelForCausalLM, False
+    if kind in transformers.MODEL_FOR_TEXT_ENCODING_MAPPING:
+        return transformers.AutoModelForTextEncoding, True
+    if encoder_decoder:
+        raise HfError(f"{config.model_type} is an encoder-decoder model whose encoder "
+                      f"transformers cannot load alone (AutoModelForTextEncoding does not know "
+                      f"it); mha-tui explains causal LMs, BERT-like encoders and T5's encoder")
+    return transformers.AutoModel, True
 
 
 def load(source: str, sentence: str | None = None) -> Loaded:
@@ -204,15 +241,21 @@ def load(source: str, sentence: str | None = None) -> Loaded:
     except Exception as error:
         raise HfError(f"--hf {source}: could not load the tokenizer in {path}: "
                       f"{first_line(error)}") from None
+    config = _config(source, path)
     if sentence is not None:
-        _refuse_too_long(source, path, tokenizer, sentence)
+        _refuse_too_long(source, config, tokenizer, sentence)
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, trust_remote_code=False, weights_only=True,
-            attn_implementation="eager", dtype=torch.float32,
+        auto, encoder = _auto_class(transformers, config)
+    except HfError as error:
+        raise HfError(f"--hf {source}: {error}") from None
+    what = "an encoder" if encoder else "a causal language model"
+    try:
+        model = auto.from_pretrained(
+            path, config=config, local_files_only=True, trust_remote_code=False,
+            weights_only=True, attn_implementation="eager", dtype=torch.float32,
         )
     except Exception as error:  # transformers raises many kinds; the learner gets one line
-        raise HfError(f"--hf {source}: could not load a causal language model from {path}: "
+        raise HfError(f"--hf {source}: could not load {what} from {path}: "
                       f"{first_line(error)}") from None
     model.eval()
     config = model.config
@@ -225,29 +268,35 @@ def load(source: str, sentence: str | None = None) -> Loaded:
     blocks_path, blocks, attention_name = found
     embed_dim = int(config.hidden_size)
     num_heads = int(config.num_attention_heads)
-    attention = getattr(blocks[0], attention_name)
+    attention = blocks[0].get_submodule(attention_name)
     info = ModelInfo(
         name=source, path=str(path), class_name=type(model).__name__, n_layers=n_layers,
         embed_dim=embed_dim, num_heads=num_heads,
-        head_dim=int(getattr(attention, "head_dim", embed_dim // num_heads)),
+        head_dim=int(getattr(attention, "head_dim", None)
+                     or getattr(attention, "key_value_proj_dim", None)  # T5's d_kv
+                     or embed_dim // num_heads),
         vocab_size=int(config.vocab_size),
         max_positions=getattr(config, "max_position_embeddings", None),
-        attention_params=sum(p.numel() for p in attention.parameters()),
+        attention_params=sum(p.numel() for p in attention.parameters()), encoder=encoder,
     )
     return Loaded(model=model, tokenizer=tokenizer, info=info, blocks_path=blocks_path,
                   attention_name=attention_name, blocks=blocks)
 
 
-def _refuse_too_long(source: str, path: Path, tokenizer: Any, sentence: str) -> None:
-    """More tokens than config.json's max_position_embeddings (n_positions): refused from
-    the tokenizer and the config alone, before the weights load."""
+def _config(source: str, path: Path) -> Any:
+    """The model's config.json, read by transformers (never the model's own code)."""
     transformers = _transformers()
     try:
-        config = transformers.AutoConfig.from_pretrained(
+        return transformers.AutoConfig.from_pretrained(
             path, local_files_only=True, trust_remote_code=False)
     except Exception as error:
         raise HfError(f"--hf {source}: could not read {path / 'config.json'}: "
                       f"{first_line(error)}") from None
+
+
+def _refuse_too_long(source: str, config: Any, tokenizer: Any, sentence: str) -> None:
+    """More tokens than config.json's max_position_embeddings (n_positions): refused from
+    the tokenizer and the config alone, before the weights load."""
     limit = getattr(config, "max_position_embeddings", None)
     n = len(tokenizer(sentence, add_special_tokens=True)["input_ids"])
     if limit is not None and n > limit:

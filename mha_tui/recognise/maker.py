@@ -15,6 +15,7 @@ import numpy as np
 from ..records import Check, OpRecord, Recording, Ref, Snapshot, Source, Stage, TensorArg, TensorRecord
 from ..stages import stage_info
 from .builder import Builder
+from .graph import Graph
 from .grouping import Unit
 
 
@@ -219,6 +220,21 @@ def single_axes(T: int, h: int) -> str:
     if h == 1 and T == 1:
         return "there is only one head and one token"
     return "there is only one head" if h == 1 else "there is only one token"
+
+
+def broadcast_heads(g: Graph, op: OpRecord, h: int) -> int | None:
+    """How many heads the product's second operand (K^T, V) has when it is fewer than the
+    query heads and the matmul broadcasts them (Falcon's multi-query: one K/V head, never
+    repeated by an op); None when both have h heads."""
+    if op.name not in ("matmul", "bmm") or h < 2:
+        return None
+    operands = g.x_inputs(op)[:2]
+    if len(operands) != 2:
+        return None
+    a, b = (g.snap(r).shape for r in operands)
+    if len(a) == len(b) == 4 and a[1] == h and b[1] == 1:
+        return 1
+    return None
 
 
 def batched_product(h: int, product: str, what: str = "batched matmul") -> str:

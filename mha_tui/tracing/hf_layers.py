@@ -1,9 +1,10 @@
 """A Hugging Face model's forward, run once, with hooks on each layer's input (`--hf`).
 
 `run_forward` runs the model's own forward on the tokenizer's ids and keeps, with forward
-hooks, where each attention layer's input comes from: the token and position embeddings,
-the residual stream entering the block, the layer norm's output, and the attention module's
-own output. Hooks only keep references to the tensors the model made; the tracer
+hooks, where each attention layer's input comes from: every embedding and layer norm the
+model calls before its first block (token, position, token-type embeddings, BERT's
+embeddings.LayerNorm), the residual stream entering the block, the layer norm's output, and
+the attention module's own output. Hooks only keep references to the tensors the model made; the tracer
 (`tracing.record`, passed in as `around`) records the attention forwards during the same run.
 
 It records: it neither loads (the model comes from `mha_tui.load.hf`) nor recognises (the
@@ -74,16 +75,34 @@ class LayerInput:
 
 
 @dataclass(eq=False)
+class EmbeddingCall:
+    """An embedding module the model called before its first block, and what it returned."""
+
+    path: str  # the module's path in the model, e.g. transformer.wpe
+    module: nn.Embedding
+    output: torch.Tensor  # (B, T, C)
+    line: Line  # the model's line that called it
+    tokens: bool  # its table is the model's input embeddings (get_input_embeddings)
+
+
+@dataclass(eq=False)
+class NormCall:
+    """A layer norm the model called before its first block (BERT's embeddings.LayerNorm)."""
+
+    path: str
+    module: nn.Module
+    input: torch.Tensor  # (B, T, C)
+    output: torch.Tensor  # (B, T, C)
+    line: Line
+
+
+@dataclass(eq=False)
 class ForwardRun:
     """The model's own forward on the ids, and what the hooks saw."""
 
     ids: torch.Tensor  # (B, T)
-    token_embeddings: torch.Tensor  # (B, T, C)
-    token_line: Line
-    token_name: str
-    position_embeddings: torch.Tensor | None  # (B, T, C), None when positions are rotary
-    position_line: Line | None
-    position_name: str | None
+    embeddings: tuple[EmbeddingCall, ...]  # in the order the model called them
+    embedding_norms: tuple[NormCall, ...]  # in the order the model called them
     embedded: torch.Tensor  # (B, T, C) what entered the first block
     embedded_line: Line
     layers: dict[int, LayerInput]
@@ -98,17 +117,9 @@ def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
     return value
 
 
-def _position_embedding(loaded: Layers) -> tuple[str, nn.Module] | None:
-    for path, module in loaded.model.named_modules():
-        leaf = path.rsplit(".", 1)[-1]
-        if isinstance(module, nn.Embedding) and leaf in ("wpe", "embed_positions",
-                                                          "position_embeddings"):
-            return path, module
-    return None
-
-
-def _module_path(model: nn.Module, target: nn.Module) -> str:
-    return next((path for path, module in model.named_modules() if module is target), "")
+def _is_norm(path: str, module: nn.Module) -> bool:
+    """A layer norm, by its class (LayerNorm, RMSNorm, T5LayerNorm) or GPT-2's ln_ names."""
+    return "norm" in type(module).__name__.lower() or path.rsplit(".", 1)[-1].startswith("ln")
 
 
 def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
@@ -132,12 +143,38 @@ def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
             seen.setdefault(key, (_hidden(args, kwargs), _caller()))
         return hook
 
-    token_module = model.get_input_embeddings()
-    handles.append(token_module.register_forward_hook(after("tokens")))
-    positions = _position_embedding(loaded)
-    if positions is not None:
-        handles.append(positions[1].register_forward_hook(after("positions")))
+    # Every embedding and layer norm outside the layers, as called before block 0: what the
+    # first block's input is made of (the first stage finds how from the values).
+    token_table = model.get_input_embeddings().weight
+    in_blocks = {id(sub) for block in loaded.blocks for sub in block.modules()}
+    started: list[bool] = []
+    embeddings: list[EmbeddingCall] = []
+    embedding_norms: list[NormCall] = []
+
+    def embedding(path: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if not started and isinstance(output, torch.Tensor):
+                embeddings.append(EmbeddingCall(path, module, output, _caller(),  # type: ignore[arg-type]
+                                                module.weight is token_table))
+        return hook
+
+    def norm_before(path: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if not started and args and isinstance(args[0], torch.Tensor) and isinstance(
+                    output, torch.Tensor):
+                embedding_norms.append(NormCall(path, module, args[0], output, _caller()))
+        return hook
+
+    for path, module in model.named_modules():
+        if id(module) in in_blocks:
+            continue
+        if isinstance(module, nn.Embedding):
+            handles.append(module.register_forward_hook(embedding(path)))
+        elif path and _is_norm(path, module):
+            handles.append(module.register_forward_hook(norm_before(path)))
     handles.append(loaded.blocks[0].register_forward_pre_hook(before("embedded"), with_kwargs=True))
+    handles.append(loaded.blocks[0].register_forward_pre_hook(
+        lambda module, args: started.append(True)))
     norms: dict[int, list[tuple[str, nn.Module]]] = {}
     for layer in layers:
         block = loaded.blocks[layer]
@@ -145,8 +182,11 @@ def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
         handles.append(block.register_forward_pre_hook(before(f"residual{layer}"), with_kwargs=True))
         handles.append(attention.register_forward_pre_hook(before(f"input{layer}"), with_kwargs=True))
         handles.append(attention.register_forward_hook(after(f"output{layer}")))
-        norms[layer] = [(name, child) for name, child in block.named_children()
-                        if "norm" in type(child).__name__.lower() or name.startswith("ln")]
+        # The norm whose output the attention receives: a child of the block (GPT-2's ln_1)
+        # or deeper (T5's layer.0.layer_norm), never one inside the attention itself.
+        inside = {id(sub) for sub in attention.modules()}
+        norms[layer] = [(name, child) for name, child in block.named_modules()
+                        if name and id(child) not in inside and _is_norm(name, child)]
         for name, child in norms[layer]:
             handles.append(child.register_forward_hook(after(f"norm{layer}.{name}")))
     batch = torch.tensor([list(ids)])  # (B, T)
@@ -177,13 +217,11 @@ def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
             attention_input=attention_input, norm_name=norm_name, norm=norm, norm_line=norm_line,
             attention_line=attention_line, output=out,
             weights=weights if isinstance(weights, torch.Tensor) else None)
-    position = seen.get("positions")
+    if not any(call.tokens for call in embeddings):
+        raise HfError("the model's forward never looked its tokens up in its input embeddings "
+                      "before the first layer; mha-tui cannot explain this model")
     return ForwardRun(
-        ids=batch, token_embeddings=seen["tokens"][0], token_line=seen["tokens"][1],
-        token_name=_module_path(model, token_module),
-        position_embeddings=None if position is None else position[0],
-        position_line=None if position is None else position[1],
-        position_name=None if positions is None else positions[0],
+        ids=batch, embeddings=tuple(embeddings), embedding_norms=tuple(embedding_norms),
         embedded=seen["embedded"][0], embedded_line=seen["embedded"][1], layers=run_layers,
         value=value,
     )

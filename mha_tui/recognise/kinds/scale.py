@@ -103,7 +103,17 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         used = 1 / factor if divides else factor
         checks.append(Check(f"the factor is 1/sqrt(d_h) = 1/sqrt({d_h}): "
                             f"{yes(abs(used - expected) < 1e-6)}", None))
-    if on_q:
+    title = explanation = None
+    unscaled = factor is not None and (1 / factor if divides else factor) == 1.0
+    if unscaled:
+        title = f"Not scaled: the factor is 1, not 1/sqrt(d_h) = {1 / sqrt:.4f}"
+        explanation = (
+            f"Here the scores are {'divided' if divides else 'multiplied'} by exactly 1: this "
+            f"module leaves out the 1/sqrt(d_h) = 1/sqrt({d_h}) of scaled dot-product "
+            "attention and leaves the scores as they are (T5 does this: it folds the "
+            "scaling into how its weights are initialised).")
+        note = "No 1/sqrt(d_h) here: the factor is 1."
+    elif on_q:
         note = ("Q is scaled before the scores are computed (q * 1/sqrt(d_h)): the scaling "
                 "happens here, on the queries, not on the scores; same result.")
     elif raw == "masked scores":
@@ -112,7 +122,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         note = ""
     return m.stage(unit, stage_id, "scale", [rec], checks, shape_in=before_values.shape,
                       shape_out=values.shape if m.b.per_head else snap.shape, dims_in=rec.dims,
-                      dims_out=rec.dims, note=note)
+                      dims_out=rec.dims, note=note, title=title, explanation=explanation)
 
 
 def _finite_f64(values: np.ndarray) -> np.ndarray:
