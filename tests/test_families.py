@@ -220,7 +220,7 @@ def _layer(name: str) -> int:
 
 
 NOT_LOADED: set[str] = set()
-UNPLACED = {"bloom", "bert", "roberta"}  # BLOOM, BERT, RoBERTa: residual add
+UNPLACED: set[str] = set()
 
 
 def _xfail(condition: bool, reason: str) -> list[pytest.MarkDecorator]:
