@@ -16,7 +16,12 @@ from mha_tui.config import Config
 from mha_tui.dump import to_text
 from mha_tui.pipeline import run_trace
 from mha_tui.records import TensorRecord, Trace
-from mha_tui.render import Axis, Matrix, RenderOptions, TensorView, header, label, stage_view
+from mha_tui.render.header import header
+from mha_tui.render.matrix import Axis, Matrix
+from mha_tui.render.options import RenderOptions
+from mha_tui.render.stage import stage_view
+from mha_tui.render.tensor import TensorView
+from mha_tui.render.text import label
 
 from .conftest import default_trace
 
@@ -161,7 +166,7 @@ def test_code_wraps_between_tokens_and_keeps_a_shape_comment_whole(width: int,
     fits a line, a break falls where the line had a space (unless one token is wider than
     the line), and the pieces, joined, are the line."""
     from mha_tui.config import Source
-    from mha_tui.render import wrap_code
+    from mha_tui.render.code import wrap_code
 
     trace = run_trace(Config("I love AI !"), Source(model=model))
     for stage in trace.stages:
@@ -179,7 +184,7 @@ def test_code_wraps_between_tokens_and_keeps_a_shape_comment_whole(width: int,
 
 
 def test_code_wrap_prefers_the_outer_brackets_and_no_stub() -> None:
-    from mha_tui.render import wrap_code
+    from mha_tui.render.code import wrap_code
 
     line = "q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, T, d_h)"
     assert wrap_code(line, 76).splitlines() == [
