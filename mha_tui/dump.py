@@ -20,17 +20,10 @@ from rich.console import Console
 
 from .floats import float32_json, numpy_texts
 from .records import OpRecord, TensorRecord, Trace
-from .render import (
-    ASCII_GLYPHS,
-    RenderOptions,
-    display_path,
-    header,
-    labelled,
-    module_line,
-    printable,
-    stage_view,
-    why_view,
-)
+from .render.header import display_path, header, module_line
+from .render.options import ASCII_GLYPHS, RenderOptions
+from .render.stage import labelled, stage_view
+from .render.why import why_view
 
 if TYPE_CHECKING:
     from .check.compare import Comparison
@@ -84,8 +77,9 @@ def worksheet_text(trace: Trace, questions: tuple[Question, ...], opts: RenderOp
                    width: int = 100) -> str:
     """`explain --quiz --dump`: the run's header, the questions, then the answer key with
     where each answer comes from in the records."""
-    from rich.table import Table
     from rich.text import Text
+
+    from .quiz_view import worksheet_parts
 
     buffer = io.StringIO()
     console = transcript_console(buffer, width, False)
@@ -95,24 +89,12 @@ def worksheet_text(trace: Trace, questions: tuple[Question, ...], opts: RenderOp
     if trace.module is not None:
         console.print(module_line(trace.module, opts))
     console.print()
-    def numbered(rows: list[tuple[Text, ...]]) -> Table:
-        table = Table.grid(padding=(0, 1))
-        table.add_column(justify="right", no_wrap=True)
-        table.add_column(overflow="fold")
-        for number, lines in enumerate(rows, 1):
-            table.add_row(f"{number}.", Text("\n").join(lines))
-        return table
-
+    asked, key = worksheet_parts(questions)
     console.print(Text("Questions", style="bold"))
-    console.print(numbered([
-        (Text.assemble((f"[{q.stage}] ", "dim"), printable(q.text)),
-         Text(f"answer: {q.how}", style="dim")) for q in questions]))
-    if not questions:
-        console.print(Text("(no stage of this trace has a question yet)"))
+    console.print(asked if questions else Text("(no stage of this trace has a question yet)"))
     console.print()
     console.print(Text("Answer key", style="bold"))
-    console.print(numbered([(Text(printable(q.shown)), Text(printable(q.source), style="dim"))
-                            for q in questions]))
+    console.print(key)
     text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
     if opts.ascii:
         text = text.translate(ASCII_GLYPHS).encode("ascii", "backslashreplace").decode("ascii")
@@ -217,7 +199,7 @@ def _write_rows(values: np.ndarray, out: BinaryIO) -> None:
         out.write(rows[rows != 0].tobytes())
 
 
-# What the text transcript makes visible (`render.printable`: controls, lone surrogates,
+# What the text transcript makes visible (`render.text.printable`: controls, lone surrogates,
 # format characters but ZWNJ/ZWJ and emoji tags), plus the line and paragraph separators:
 # escaped in JSON as \uXXXX rather than written raw. JSON syntax outside strings is ASCII,
 # so escaping these characters anywhere in the document only ever touches string contents.
@@ -306,7 +288,7 @@ def write_json(trace: Trace, out: BinaryIO, *, first: int = 0, ascii_only: bool 
 
     Each tensor's values stand in the skeleton as a placeholder string holding a random
     nonce; no user text (tokens, file names, source lines) can contain it. Every tensor has
-    its own key (`render.labelled`), so the skeleton holds exactly one placeholder per
+    its own key (`render.stage.labelled`), so the skeleton holds exactly one placeholder per
     tensor; anything else raises TranscriptError before a byte is written.
     """
     nonce = f"@values-{secrets.token_hex(16)}-"

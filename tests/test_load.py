@@ -287,7 +287,26 @@ def test_learner_code_that_fails_is_one_line_with_file_and_line(
         load(CONFIG, Source(module="attn.py:Attn"))
     assert "\n" not in str(raised.value)
     if "while importing" in message:  # a failed import leaves nothing behind
-        assert "_mha_tui_learner_.attn" not in sys.modules
+        failed = str((tmp_path / "attn.py").resolve())
+        assert not [name for name, module in list(sys.modules.items())
+                    if getattr(module, "__file__", None) == failed]
+
+
+def test_two_files_of_one_name_each_show_their_own_source(tmp_path: Path) -> None:
+    """a/attn.py and b/attn.py loaded in one process: each class's file is its own (they
+    shared one sys.modules name, and the second file's source was shown for the first)."""
+    for folder, scale in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "attn.py").write_text(
+            "import torch.nn as nn\n\n\nclass Attn(nn.Module):\n"
+            "    def __init__(self, embed_dim, num_heads):\n        super().__init__()\n"
+            f"    def forward(self, x):\n        return x * {scale}\n")
+    first = load(CONFIG, Source(module=str(tmp_path / "a" / "attn.py") + ":Attn"))
+    second = load(CONFIG, Source(module=str(tmp_path / "b" / "attn.py") + ":Attn"))
+    import inspect
+
+    assert inspect.getsourcefile(type(first.module)) == str(tmp_path / "a" / "attn.py")
+    assert inspect.getsourcefile(type(second.module)) == str(tmp_path / "b" / "attn.py")
 
 
 def test_missing_class_lists_the_modules_classes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -150,3 +151,103 @@ def test_the_falcon_split_shows_one_kv_head_for_all_query_heads() -> None:
         check = trace.stage(kind).checks[0]
         assert product in check.label and "broadcasts" in check.label and check.ok is True
     assert "one K/V head for all 4 query heads" in trace.stage("scores").title
+
+
+# ---------------------------------------------------------------- residual add and post-norm
+
+
+def test_a_residual_add_and_post_norm_inside_the_module_is_named() -> None:
+    """BERT's BertSelfOutput inside the module: W_O, then the module's input added back and
+    LayerNorm'd; the sum is the input plus W_O's output, and the last tensor the module's own."""
+    trace, loaded = _traced("post_norm.py:BertAttention")
+    kinds = _kinds(trace)
+    assert kinds[-2:] == ["w_o", "residual"] and "op" not in kinds
+    stage = trace.stage("residual")
+    assert stage.title.startswith("Residual connection and LayerNorm")
+    assert [c.ok for c in stage.checks[:2]] == [True, True]
+    assert "eps = 1e-12" in stage.checks[1].label  # the module's own eps, passed by keyword
+    x, attention, summed, normed = (t.values for t in stage.tensors)
+    assert np.array_equal(x, loaded.x.numpy())
+    assert np.array_equal(attention, trace.stage("w_o").tensors[-1].values)
+    with torch.no_grad():
+        expected = torch.nn.functional.layer_norm(torch.from_numpy(summed), (32,), eps=1e-12,
+                                                  weight=loaded.module.output.LayerNorm.weight,
+                                                  bias=loaded.module.output.LayerNorm.bias)
+        assert torch.allclose(torch.from_numpy(normed), expected, atol=1e-5)
+        assert torch.equal(torch.from_numpy(normed), loaded.forward())
+
+
+@pytest.mark.parametrize("name", ["bloom", "bert", "roberta"])
+def test_a_familys_residual_add_is_its_own_stage(name: str) -> None:
+    """BLOOM adds `residual` after its dense layer; BERT and RoBERTa LayerNorm(out + input):
+    the last stage is the residual, its sum checked, no unplaced op."""
+    trace = hf_trace(name, 0)
+    assert _kinds(trace)[-1] == "residual" and "op" not in _kinds(trace)
+    stage = trace.stage("residual")
+    assert all(check.ok for check in stage.checks)
+    assert ("LayerNorm" in stage.title) is (name != "bloom")
+
+
+def test_a_residual_module_is_not_called_plain_attention_by_check() -> None:
+    """The residual changes the output: `check` never calls the module equivalent."""
+    from mha_tui.pipeline import Expect, check_source
+
+    verdict = check_source(Config("I love AI !", embed_dim=32, num_heads=4),
+                           Source(module=str(MECHANISMS / "post_norm.py:BertAttention")), Expect())
+    assert not verdict.equivalent
+
+
+# ---------------------------------------------------------------- what no rule knows
+
+
+def test_softcapping_no_rule_knows_shows_as_op_stages_titled_like_the_code() -> None:
+    """Gemma 2's `/ softcap, tanh, * softcap`: the one scale stays the scale stage (the
+    capping multiplies are not "the scale"), and each capping line is an op stage titled as
+    the line writes it (`attn_weights / softcap`, not `attn_weights.div(0.5)`)."""
+    trace, _ = _traced("softcap.py:Gemma2Attention")
+    assert len(trace.stage("scale").ops) == 1
+    titles = [stage.title for stage in trace.stages if stage.kind == "op"]
+    assert titles == ["attn_weights / softcap", "torch.tanh(attn_weights)", "attn_weights * softcap"]
+    kinds = _kinds(trace)
+    assert kinds.index("scale") < kinds.index("op") < kinds.index("mask") < kinds.index("softmax")
+
+
+INTERNAL = ("aux's", "op's", "_VariableFunctionsClass", "TensorArg", "qkv_split's")
+
+
+def _readable(trace: Trace) -> list[str]:
+    """What is wrong with the op stages' titles and tensor names: an internal name, or a
+    word of the title that is not in the code the stage ran."""
+    import re
+
+    wrong = []
+    for stage in trace.stages:
+        if stage.kind != "op":
+            continue
+        words = {w for w in re.findall(r"(?<![.\w])[A-Za-z_]\w*", stage.title)} - {"torch", "F"}
+        wrong += [f"{stage.title}: {w} not in its code" for w in words if w not in stage.code]
+        wrong += [f"{stage.title}: {text}" for text in [stage.title, *(t.name for t in stage.tensors)]
+                  if any(name in text for name in INTERNAL)]
+    return wrong
+
+
+@pytest.mark.parametrize("ref", sorted(p.name for p in MECHANISMS.glob("*.py") if p.stem != "__init__"))
+def test_op_stage_titles_are_the_modules_own_code(ref: str) -> None:
+    """Over every module in tests/fixtures/mechanisms: an op stage's title is code whose
+    names are in the lines it ran, and no title or tensor name is an internal name."""
+    source = (MECHANISMS / ref).read_text()
+    import ast
+
+    classes = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)
+               and any(isinstance(b, ast.FunctionDef) and b.name == "forward" for b in n.body)]
+    init = (("dim", 32),) if "def __init__(self, dim" in source else ()
+    trace, _ = _traced(f"{ref}:{classes[-1].name}", init)
+    assert _readable(trace) == []
+
+
+@pytest.mark.parametrize("name", ["gpt-neo", "gpt-j", "gpt-neox", "phi", "llama", "mistral", "qwen2",
+                                  "gemma", "bloom", "falcon", "opt", "mpt", "bert", "roberta"])
+def test_op_stage_titles_in_a_family_are_its_own_code(name: str) -> None:
+    """The same over the families that load (none has an op stage left today: the test
+    keeps it so when a family's new mechanism falls back to one)."""
+    assert _readable(hf_trace(name, 1 if name == "gpt-neo" else 0)) == []

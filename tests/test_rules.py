@@ -418,3 +418,55 @@ def test_layout_text_names_each_block_of_the_fused_output(roles: list, layout: s
     from mha_tui.recognise.kinds.qkv_split import layout_text
 
     assert layout_text(roles, sum(len(blocks) for _, blocks in roles)) == layout
+
+
+# ---------------------------------------------------------------------------- residual
+
+
+def _residual_tape() -> tuple[Tape, dict[str, Ref]]:
+    tape = Tape()
+    tape.x = Ref("input", name="x", snapshot=_snap(tape.x_values))
+    steps = _whole(tape)
+    return tape, steps
+
+
+def test_the_input_added_back_after_w_o_is_the_residual() -> None:
+    """BLOOM's `residual + out` and BERT's `LayerNorm(out + input)`: the add, and the norm of
+    the sum, are the residual stage."""
+    tape, steps = _residual_tape()
+    summed = tape.op("add", [steps["out"], tape.x], tape.values(steps["out"]) + tape.x_values)
+    normed = tape.op("layer_norm", [summed], tape.values(summed), (C,), eps=1e-12)
+    kinds = tape.kinds()
+    assert kinds[steps["out"].op] == "w_o"  # type: ignore[index]
+    assert [kinds[summed.op], kinds[normed.op]] == ["residual", "residual"]  # type: ignore[index]
+
+
+def test_an_add_before_w_o_or_of_no_input_is_no_residual() -> None:
+    """x + q (before attention) and out + out (no forward input) are not the residual."""
+    tape, steps = _residual_tape()
+    early = tape.op("add", [steps["q"], steps["q"]], tape.values(steps["q"]) * 2)
+    doubled = tape.op("add", [steps["out"], steps["out"]], tape.values(steps["out"]) * 2)
+    kinds = tape.kinds()
+    assert kinds[early.op] != "residual" and kinds[doubled.op] != "residual"  # type: ignore[index]
+
+
+def test_the_scores_are_scaled_once() -> None:
+    """Gemma 2's soft-capping divides the scaled scores again: that is not the scale (it
+    joined the scale stage and made its "factor 1/sqrt(d_h)" wrong)."""
+    tape = Tape()
+    *_, scores = _attention_upto_scores(tape)
+    scaled = tape.op("mul", [scores], tape.values(scores) / math.sqrt(D), 1 / math.sqrt(D))
+    capped = tape.op("div", [scaled], tape.values(scaled) / 0.5, 0.5)
+    kinds = tape.kinds()
+    assert kinds[scaled.op] == "scale" and kinds[capped.op] != "scale"  # type: ignore[index]
+
+
+def test_scores_times_one_after_a_scaled_q_is_still_the_scale() -> None:
+    """OPT: q scaled before the product, then `scores * 1.0`: both the scale stage."""
+    tape = Tape()
+    q, kt, _, _ = _attention_upto_scores(tape)
+    q_scaled = tape.op("mul", [q], tape.values(q) / math.sqrt(D), 1 / math.sqrt(D))
+    scores = tape.op("matmul", [q_scaled, kt], tape.values(q_scaled) @ tape.values(kt))
+    times_one = tape.op("mul", [scores], tape.values(scores), 1.0)
+    kinds = tape.kinds()
+    assert kinds[q_scaled.op] == "scale" and kinds[times_one.op] == "scale"  # type: ignore[index]

@@ -10,6 +10,7 @@ and line at fault. Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -88,7 +89,10 @@ def import_file(where: str) -> ModuleType:
     path = path.resolve()
     if str(path) in _IMPORTED:  # already run once in this process: never run it twice
         return _IMPORTED[str(path)]
-    name = "_mha_tui_learner_." + re.sub(r"\W", "_", path.stem)
+    # One name per file: two files of one stem (unsound/alibi.py, mechanisms/alibi.py) must
+    # not share a sys.modules entry, or inspect finds the other file's source for a class.
+    digest = hashlib.sha1(str(path).encode("utf-8")).hexdigest()[:8]
+    name = "_mha_tui_learner_." + re.sub(r"\W", "_", path.stem) + "_" + digest
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise LoadError(f"--module {safe(shown)} cannot be imported as Python")

@@ -160,6 +160,8 @@ class StageMaker:
         if op is None:
             return ref.name or "the input"
         kind = self.g.kind.get(op.index, op.name)
+        if kind in ("op", "aux"):  # no stage of that name: the tensor's own name says it
+            return self.tensor_name(op, ref.output)
         stage = {"project": "project", "view": "view", "transpose": "transpose"}.get(kind, kind)
         if op.name in ("split", "chunk", "unbind"):
             return f"{possessive(stage)} {self.tensor_name(op, ref.output)}"
@@ -190,8 +192,13 @@ class StageMaker:
         qualname = op.qualname or op.name
         owner, _, method = qualname.rpartition(".")
         if owner.startswith("Tensor") and args:
+            if method in _PROPERTIES and len(args) == 1 and not kwargs:
+                return f"{args[0]}.{method}"  # t.real, t.T: an attribute, not a call
             if method in _OPERATORS and len(args) == 2 and not kwargs:
                 return f"{args[0]} {_OPERATORS[method]} {args[1]}"
+            written = _as_written(op.source.text, method, args) if not kwargs else None
+            if written is not None:
+                return written
             if method == "__getitem__" and len(args) == 2:
                 index = args[1][1:-1] if args[1].startswith("(") else args[1]
                 return f"{args[0]}[{index}]"
@@ -200,6 +207,8 @@ class StageMaker:
             name = f"torch.{method}"
         elif owner.startswith(("torch.nn.functional", "torch._C._nn")):
             name = f"F.{method}"
+        elif owner in _PUBLIC_NAMESPACES:  # torch._C._fft.fft_fftn is torch.fft.fftn
+            name = f"{_PUBLIC_NAMESPACES[owner]}.{public_name(op)}"
         else:
             name = qualname
         return f"{name}({', '.join(args + kwargs)})"
@@ -213,6 +222,31 @@ class StageMaker:
 
     def four_d(self, unit: Unit, dims: tuple[str, ...]) -> tuple[np.ndarray, Snapshot]:
         return self.b.out_4d(unit.ops, dims)
+
+
+_PROPERTIES = {"real", "imag", "T", "mT", "H", "mH"}
+# torch's C namespaces and the public modules that spell them
+_PUBLIC_NAMESPACES = {"torch._C._fft": "torch.fft", "torch._C._linalg": "torch.linalg",
+                      "torch._C._special": "torch.special"}
+def public_name(op: OpRecord) -> str:
+    """The op's name as torch's public API spells it (`fftn` for torch._C._fft.fft_fftn)."""
+    owner, _, method = (op.qualname or op.name).rpartition(".")
+    public = _PUBLIC_NAMESPACES.get(owner)
+    return method.removeprefix(public.rsplit(".", 1)[-1] + "_") if public else op.name
+
+
+_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "matmul": "@", "pow": "**"}
+
+
+def _as_written(text: str, method: str, args: list[str]) -> str | None:
+    """`a / softcap` rather than `a.div(0.5)`: a binary operator as the line writes it, with
+    the right operand's own spelling (a name or a number), when the line has it that way."""
+    symbol = _SYMBOLS.get(method)
+    if symbol is None or len(args) != 2:
+        return None
+    found = re.search(rf"(?<![\w.]){re.escape(args[0])}\s*{re.escape(symbol)}(?![*=])\s*"
+                      r"([A-Za-z_][\w.]*|\d[\w.]*)", text)
+    return f"{args[0]} {symbol} {found.group(1)}" if found else None
 
 
 def single_axes(T: int, h: int) -> str:

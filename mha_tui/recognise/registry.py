@@ -13,6 +13,8 @@ each with its reason (TorchLens states its postprocessing steps the same way):
 - norm anywhere before plumbing: it claims only layer_norm / rms_norm ops, which no other
   rule claims; placed early, next to the other ops on x.
 - w_o before project: both claim x @ W; downstream of attend it is the output projection.
+- residual after w_o: it claims the add of W_O's result and the forward's own input (and
+  a LayerNorm of that sum), which it finds from the w_o ops classified before it.
 - qkv_split before project, view, transpose and plumbing: a fused layer's split that cuts
   the heads too (timm's reshape/permute/unbind, NeoX's and Falcon's view and slices) is its
   own stage; project's fused split would otherwise keep it in the projection.
@@ -55,6 +57,7 @@ from .kinds import (
     position_bias,
     project,
     qkv_split,
+    residual,
     rotary,
     scale,
     scores,
@@ -70,6 +73,7 @@ KINDS: tuple[ModuleType, ...] = (
     cache,
     norm,
     w_o,
+    residual,
     qkv_split,
     project,
     rotary,
@@ -95,7 +99,7 @@ RULES = tuple(rule for kind in KINDS for rule in kind.RULES)
 BUILDERS: dict[str, ModuleType] = {
     kind.KIND: kind for kind in (norm, project, qkv_split, rotary, kv_repeat, view, transpose,
                                  scores, scale, mask, position_bias, softmax, dropout, attend,
-                                 concat, w_o, sdpa, op)
+                                 concat, w_o, residual, sdpa, op)
 }
 
 # The check judges kind by kind in this order: (module with judge(j), the kind a row carries

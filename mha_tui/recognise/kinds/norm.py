@@ -32,20 +32,30 @@ def normalises(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
 RULES = (normalises,)
 
 
-def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
-    op = m.op(unit.ops[0])
-    before_ref = m.x_in(op)
-    before, after = m.snap(before_ref), op.out
+def recomputed(m: StageMaker, op: OpRecord) -> tuple[bool, float]:
+    """Whether a layer_norm / rms_norm op's output is its input normalised over the last
+    axis, times its weight, plus its bias (recomputed in float64), and the eps it used."""
+    before = m.snap(m.x_in(op))
     params = [r for r in m.g.other_inputs(op) if r.kind in ("param", "buffer")]
     weight = next((m.snap(r).values for r in params if m.snap(r).ndim == 1), None)
     bias = next((m.snap(r).values for r in params[1:] if m.snap(r).ndim == 1), None)
     x = before.values.astype(np.float64)
-    rms = op.name == "rms_norm"
-    eps = next((float(a) for a in op.scalars() if isinstance(a, float)), 1e-5)
-    centred = x if rms else x - x.mean(axis=-1, keepdims=True)
+    eps_kwarg = op.kwarg("eps")  # nn.LayerNorm passes eps by keyword
+    eps = float(eps_kwarg) if isinstance(eps_kwarg, float) else \
+        next((float(a) for a in op.scalars() if isinstance(a, float)), 1e-5)
+    centred = x if op.name == "rms_norm" else x - x.mean(axis=-1, keepdims=True)
     normed = centred / np.sqrt((centred ** 2).mean(axis=-1, keepdims=True) + eps)
     expected = normed * (weight if weight is not None else 1.0) + (bias if bias is not None else 0.0)
-    same = bool(np.allclose(expected, after.values, rtol=1e-4, atol=1e-5))
+    return bool(np.allclose(expected, op.out.values, rtol=1e-4, atol=1e-5)), eps
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    op = m.op(unit.ops[0])
+    before_ref = m.x_in(op)
+    before, after = m.snap(before_ref), op.out
+    x = before.values.astype(np.float64)
+    rms = op.name == "rms_norm"
+    same, eps = recomputed(m, op)
     what = "RMSNorm" if rms else "LayerNorm"
     dims = m.dims(before.shape, BTC)
     name = (m.origin_name(before_ref).split("'s ")[-1] if m.g.producer(before_ref)

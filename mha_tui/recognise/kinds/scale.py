@@ -35,12 +35,31 @@ def scale(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     if scalar_operand(g, op) is None or g.op_derives(op, {"softmax", "attend"}):
         return None
     if g.op_derives(op, {"scores"}):
-        return "scale"
+        # One scaling of the scores; a second multiply after it, or after an op no rule
+        # knows (Gemma 2's tanh soft-capping: / cap, tanh, * cap), is not "the" scale.
+        # (OPT's `scores * 1.0` after q was scaled is still the scale stage: q's scale came
+        # before the scores.)
+        return None if g.op_derives(op, {"op"}) or _scores_scaled_before(g, op) else "scale"
     if g.op_derives(op, {"transpose", "view"}):  # q scaled before q @ k^T (torch's own MHA)
         return "scale"
     if g.op_derives(op, {"project", "rotary"}) and _head_scale(scalar_operand(g, op), op, sizes):
         return "scale"  # OPT, BART: q_proj(x) * d_h ** -0.5, before the heads are split
     return None
+
+
+def _scores_scaled_before(g: Graph, op: OpRecord) -> bool:
+    """An op upstream of this one already scaled the scores (not q or k before them)."""
+    seen: set[int] = set()
+    todo = [r for r in g.x_inputs(op)]
+    while todo:
+        source = g.producer(todo.pop())
+        if source is None or source.index in seen:
+            continue
+        seen.add(source.index)
+        if g.kind.get(source.index) == "scale" and g.op_derives(source, {"scores"}):
+            return True
+        todo.extend(g.x_inputs(source))
+    return False
 
 
 def _head_scale(factor: float | None, op: OpRecord, sizes: Sizes) -> bool:
