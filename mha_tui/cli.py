@@ -321,7 +321,7 @@ def _write_comparison(config: Config, source: Source, against: Source,
     from .dump import TranscriptError, comparison_text, write_comparison_json
     from .load.learner import LoadError
     from .pipeline import compared
-    from .render import RenderOptions
+    from .render.options import RenderOptions
 
     if destination is None:
         destination = resolve("-")
@@ -549,7 +549,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
     try:
         from .dump import to_text, write_json
         from .pipeline import run_trace
-        from .render import RenderOptions
+        from .render.options import RenderOptions
 
         if trace is None:
             trace = run_trace(config, loaded=loaded)
@@ -813,7 +813,7 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
         task = progress.add_task("", total=len(submissions))
 
         def done(graded) -> None:  # type: ignore[no-untyped-def]
-            from .render import printable  # a file name is the learner's text
+            from .render.text import printable  # a file name is the learner's text
 
             progress.update(task, advance=1, description=f"{printable(graded.submission.shown)}: "
                                                          f"{graded.outcome}")

@@ -17,16 +17,11 @@ from rich.text import Text
 
 from .check.compare import TOLERANCE, Comparison, Mismatch, StagePair, TensorPair
 from .records import Stage, TensorRecord
-from .render import (
-    HeadingRule,
-    RenderOptions,
-    TensorView,
-    display_path,
-    label,
-    printable,
-    tensor_matrices,
-    tensor_meta,
-)
+from .render.header import display_path
+from .render.options import RenderOptions
+from .render.stage import HeadingRule
+from .render.tensor import TensorView, tensor_matrices, tensor_meta
+from .render.text import label, printable
 
 STATUS_WORDS = {
     "agree": "same numbers",

@@ -219,7 +219,7 @@ def test_where_values_say_otherwise_than_check() -> None:
 def test_text_comparison_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None:
     """Regenerate with `make golden` only after reading the diff."""
     from mha_tui.dump import comparison_text
-    from mha_tui.render import RenderOptions
+    from mha_tui.render.options import RenderOptions
 
     monkeypatch.chdir(ROOT)
     c = compared(CONFIG, Source(module="tests/fixtures/mistakes/no_scale.py:MultiHeadAttention"),
