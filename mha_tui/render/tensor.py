@@ -104,7 +104,7 @@ def _place_cursor(matrices: list[Matrix], record: TensorRecord, index: tuple[int
     head, row, col = place
     for matrix in matrices:
         number = matrix.head if matrix.head is not None else 0
-        matrix.drill = ((row, col) if number == head else None, number)
+        matrix.drill_at((row, col) if number == head else None, number)
 
 
 def mark_cells(matrices: list[Matrix], record: TensorRecord, cells: np.ndarray) -> int:
