@@ -21,7 +21,7 @@ from mha_tui.dump import to_json, to_text
 from mha_tui.load.modules import load
 from mha_tui.pipeline import run_trace
 from mha_tui.records import TensorRecord, Trace
-from mha_tui.render import RenderOptions
+from mha_tui.render.options import RenderOptions
 
 FNET = str(Path(__file__).parent / "fixtures" / "mechanisms" / "fnet_fourier.py") + \
     ":FNetBasicFourierTransform"
