@@ -9,7 +9,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from .app import ExplainApp
+from .app.explain import ExplainApp
 from .config import Config, Source
 from .pipeline import run_trace
 from .records import Trace
