@@ -34,6 +34,14 @@ golden: $(STAMP)
 	$(BIN)/mha-tui explain --heads 2 "I love AI !" --ascii --dump tests/golden/default-ascii.txt
 	$(BIN)/mha-tui explain "I love AI !" --dump tests/golden/why-softmax.txt --why "softmax[0, 1, 2, 1]"
 	$(BIN)/mha-tui explain "I love AI !" --dump tests/golden/why-scores.txt --why "scores[0, 1, 2, 1]"
+	$(BIN)/mha-tui explain "I love AI !" --model many-eyes --dump tests/golden/why-project-many-eyes.txt --why "project[0, 1, 3]"
+	$(BIN)/mha-tui explain "the cat sat on the mat" -C 16 -H 4 --module tests/fixtures/mechanisms/llama_rotary.py:LlamaAttention --dump tests/golden/why-rotary.txt --why "rotary[0, 1, 2, 3]"
+	$(BIN)/mha-tui explain "the cat sat on the mat" -C 16 -H 4 --module tests/fixtures/mechanisms/llama_rotary.py:LlamaAttention --dump tests/golden/why-kv_repeat.txt --why "kv_repeat[0, 3, 2, 1]"
+	$(BIN)/mha-tui explain "the cat sat on the mat" -C 16 -H 4 --module tests/fixtures/mechanisms/alibi.py:BloomAttention --dump tests/golden/why-pos_bias.txt --why "pos_bias[0, 3, 2, 1]"
+	$(BIN)/mha-tui explain "I love AI !" --quiz --dump tests/golden/quiz-default.txt
+	$(BIN)/mha-tui explain "the cat sat on the mat" -C 16 -H 4 --module tests/fixtures/mechanisms/llama_rotary.py:LlamaAttention --quiz --dump tests/golden/quiz-llama.txt
+	$(BIN)/mha-tui explain "I love AI !" --module tests/fixtures/mistakes/no_scale.py:MultiHeadAttention --against mygpt --dump tests/golden/against-no-scale.txt
+	$(BIN)/mha-tui explain "I love AI !" --against many-eyes --ascii --dump tests/golden/against-many-eyes-ascii.txt
 
 screenshots: $(STAMP)
 	$(BIN)/python -m mha_tui.screenshots screenshots

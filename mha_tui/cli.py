@@ -140,6 +140,8 @@ def explain(
     check_stages: Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")] = False,
     hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Explain one attention layer of a Hugging Face causal LM: a local directory, or a name in the local Hugging Face cache (gpt2). Never downloads. Needs pip install "mha-tui[hf]".')] = None,
     layer: Annotated[int | None, typer.Option("--layer", help="With --hf: the layer to explain, from 0; in the app [ and ] move between layers.")] = None,
+    quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text or JSON).")] = False,
+    against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
     why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
@@ -166,7 +168,13 @@ def explain(
         if stage is not None and stage not in STAGE_IDS:
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
     fmt = _dump_format(fmt, dump, only=only, stage=stage)
+    reference = _against(against, dump=dump, fmt=fmt, hf=hf_source is not None, why=why_cell,
+                         check=check_stages, stage=stage, model=model)
     cell = _why_cell(why_cell, dump=dump, fmt=fmt, hf=hf_source is not None)
+    if quiz:
+        if reference is not None:
+            fail("--quiz and --against both say what to write; give one of them")
+        _check_quiz(dump=dump, fmt=fmt, why=cell is not None, check=check_stages, only=only)
     if color and fmt in (Format.svg, Format.html, Format.md):
         _say(f"mha-tui: note: with --format {fmt.value}, --color changes nothing (SVG and HTML "
              "are always in the app's colours; Markdown is plain text)")
@@ -188,12 +196,20 @@ def explain(
     if hf_source is not None:
         _explain_hf(sentence, hf_source, layer or 0, destination=destination,
                     interactive=_interactive(dump), fmt=fmt, width=width or 100,
-                    full=full, color=color, ascii_only=ascii_only, stage=stage, only=only)
+                    full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
+                    quiz=quiz)
         return
     _check_budget(config, destination, fmt)
 
     if check_stages:
         _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
+        return
+    if reference is not None and _interactive(dump):
+        _explain_compared(config, source, reference, ascii_only=ascii_only)
+        return
+    if reference is not None:
+        _write_comparison(config, source, reference, destination, fmt, width=width or 100,
+                          full=full, color=color, ascii_only=ascii_only)
         return
 
     if _interactive(dump):
@@ -227,7 +243,110 @@ def explain(
         except LoadError as error:
             fail(str(error))
     _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
-                      ascii_only=ascii_only, stage=stage, loaded=loaded, only=only, why=cell)
+                      ascii_only=ascii_only, stage=stage, loaded=loaded, only=only, why=cell,
+                      quiz=quiz)
+
+
+def _check_quiz(*, dump: str | None, fmt: Format, why: bool, check: bool, only: bool) -> None:
+    """--quiz: the app asks; with --dump, a worksheet in text or JSON."""
+    if why:
+        fail("--quiz and --why both say what to write; give one of them")
+    if check:
+        fail("--quiz hides the numbers that --check judges; give one of them")
+    if _interactive(dump):
+        fail("--quiz in the app is not wired yet: give --dump PATH for a worksheet")
+    if fmt not in (Format.text, Format.json):
+        fail(f"--quiz writes a worksheet as text or JSON; --format {fmt.value} does not apply")
+    if only:
+        fail("--quiz writes the questions of every stage; --only does not apply")
+
+
+def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: str | None,
+             check: bool, stage: str | None, model: Model | None) -> Source | None:
+    """--against MODEL or FILE.py:Class, checked before anything heavy runs."""
+    if text is None:
+        return None
+    if hf:
+        fail("--against does not apply with --hf: it compares two modules built here "
+             "(--model or --module) on the same x")
+    for flag, given in (("--why", why is not None), ("--check", check), ("--stage", stage)):
+        if given:
+            fail(f"--against does not take {flag} yet")
+    if model is not None and model.value in NUMPY_MODEL_NAMES:
+        fail(f"--against compares torch modules; --model {model.value} is NumPy code")
+    if not _interactive(dump) and fmt not in (Format.text, Format.json):
+        fail(f"--against writes text or JSON; --format {fmt.value} does not apply")
+    if text in NUMPY_MODEL_NAMES:
+        fail(f"--against compares torch modules; {text} is NumPy code")
+    if text in MODEL_NAMES:
+        return _check_source(text, None, [], None)
+    if ":" not in text:
+        fail(f"--against {text!r} is neither a tutorial's module ({', '.join(MODEL_NAMES)}) "
+             "nor FILE.py:Class")
+    return _check_source(None, text, [], None)
+
+
+def _explain_compared(config: Config, source: Source, against: Source, *,
+                      ascii_only: bool) -> None:
+    """explain --against in a terminal: the comparison app, both modules built and run in
+    its loading thread (bad input ends the app: one line, exit 2)."""
+    from .check.roles import RoleCopyError
+    from .load.learner import LoadError
+    from .pipeline import compared
+
+    if _PREFLIGHT:  # serve checks the input before the app
+        try:
+            compared(config, source, against)
+        except (LoadError, RoleCopyError) as error:
+            fail(str(error))
+
+    def app() -> None:
+        from .compare_app import run_compare_app
+
+        refusal = run_compare_app(config, compare=lambda c: compared(c, source, against),
+                                  ascii_only=ascii_only, running=_whose_forward(source),
+                                  refusals=(LoadError, RoleCopyError))
+        if refusal is not None:
+            fail(refusal)
+
+    _open_app(app)
+
+
+def _write_comparison(config: Config, source: Source, against: Source,
+                      destination: Destination | None, fmt: Format, *, width: int, full: bool,
+                      color: bool, ascii_only: bool) -> None:
+    """explain --against --dump: both modules built and compared before anything is opened,
+    so bad input writes nothing."""
+    from .check.roles import RoleCopyError
+    from .destination import DumpError, opened, resolve
+    from .dump import TranscriptError, comparison_text, write_comparison_json
+    from .load.learner import LoadError
+    from .pipeline import compared
+    from .render import RenderOptions
+
+    if destination is None:
+        destination = resolve("-")
+    try:
+        comparison = compared(config, source, against)
+    except (LoadError, RoleCopyError) as error:
+        fail(str(error))
+    try:
+        with opened(destination) as out:
+            if fmt is Format.json:
+                write_comparison_json(comparison, out, ascii_only=ascii_only)
+            else:
+                out.write(comparison_text(comparison, RenderOptions(full=full, ascii=ascii_only),
+                                          width=width, color=color).encode("utf-8"))
+    except DumpError as error:
+        fail(str(error), error.code)
+    except TranscriptError as error:
+        fail(f"{error}. Nothing written to {_where(destination)}", 1)
+    except BrokenPipeError:
+        os._exit(0)
+    except OSError as error:
+        fail(f"could not write the transcript to {_where(destination)}: "
+             f"{error.strerror or error}", 1)
+    _exit_now(0)
 
 
 def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
@@ -235,6 +354,7 @@ def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
     """--why STAGE[i, j, ...], checked before anything heavy runs."""
     if text is None:
         return None
+    from .why import KINDS as WHY_KINDS
     from .why import WhyError, parse_cell
 
     if _interactive(dump):
@@ -247,7 +367,9 @@ def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
         cell = parse_cell(text)
     except WhyError as error:
         fail(str(error))
-    if cell[0] not in STAGE_IDS:
+    # A module's own stages (rotary, kv_repeat, op-7 ...) are known once it ran: a name that
+    # is no stage kind at all is refused now, one of another module's stages after its run.
+    if cell[0] not in STAGE_IDS and cell[0].split("-")[0] not in WHY_KINDS:
         fail(f"--why {text!r}: {cell[0]!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
     return cell
 
@@ -388,7 +510,7 @@ def _out_of_memory(error: BaseException) -> bool:
 
 def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destination | None,
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
-                ascii_only: bool, stage: str | None, only: bool = False) -> None:
+                ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False) -> None:
     """--hf: load the model (refusals here, before any app), then the app or a transcript."""
     from . import hf
 
@@ -411,14 +533,14 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
     except hf.HfError as error:
         fail(str(error))
     _write_transcript(trace.config, destination, fmt, width=width, full=full, color=color,
-                      ascii_only=ascii_only, stage=stage, trace=trace, only=only)
+                      ascii_only=ascii_only, stage=stage, trace=trace, only=only, quiz=quiz)
 
 
 def _write_transcript(config: Config, destination: Destination | None, fmt: Format, *, width: int,
                       full: bool, color: bool, ascii_only: bool, stage: str | None,
                       loaded: Loaded | LoadedNumpy | None = None,
                       trace: Trace | None = None, only: bool = False,
-                      why: tuple[str, tuple[int, ...]] | None = None) -> None:
+                      why: tuple[str, tuple[int, ...]] | None = None, quiz: bool = False) -> None:
     from .destination import DumpError, opened, resolve
     from .dump import TranscriptError
 
@@ -436,6 +558,16 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                  "(without --dump, the app steps through the stages before the error)", 1)
         first = _first_stage(trace, stage, only=only)
         last = first + 1 if only else None
+        if quiz:  # the worksheet is built whole before anything is opened
+            from .dump import worksheet_json, worksheet_text
+            from .quiz import questions
+
+            asked = questions(trace)
+            text = (worksheet_json(trace, asked, ascii_only) if fmt is Format.json else
+                    worksheet_text(trace, asked, RenderOptions(ascii=ascii_only), width=width))
+            with opened(destination) as out:
+                out.write(text.encode("utf-8"))
+            _exit_now(0)
         if why is not None:  # computed before anything is opened: a bad cell writes nothing
             from .dump import why_text
             from .why import WhyError

@@ -27,11 +27,14 @@ from .render import (
     header,
     labelled,
     module_line,
+    printable,
     stage_view,
     why_view,
 )
 
 if TYPE_CHECKING:
+    from .check.compare import Comparison
+    from .quiz import Question
     from .why import Why
 
 
@@ -75,6 +78,73 @@ def why_text(why: Why, opts: RenderOptions, width: int = 100, color: bool = Fals
     if opts.ascii:
         text = text.translate(ASCII_GLYPHS).encode("ascii", "backslashreplace").decode("ascii")
     return text
+
+
+def worksheet_text(trace: Trace, questions: tuple[Question, ...], opts: RenderOptions,
+                   width: int = 100) -> str:
+    """`explain --quiz --dump`: the run's header, the questions, then the answer key with
+    where each answer comes from in the records."""
+    from rich.table import Table
+    from rich.text import Text
+
+    buffer = io.StringIO()
+    console = transcript_console(buffer, width, False)
+    console.print(Text("mha-tui quiz: questions about this forward pass, answered from its "
+                       "own numbers", style="bold"))
+    console.print(header(trace.config, opts, batched=trace.batched))
+    if trace.module is not None:
+        console.print(module_line(trace.module, opts))
+    console.print()
+    def numbered(rows: list[tuple[Text, ...]]) -> Table:
+        table = Table.grid(padding=(0, 1))
+        table.add_column(justify="right", no_wrap=True)
+        table.add_column(overflow="fold")
+        for number, lines in enumerate(rows, 1):
+            table.add_row(f"{number}.", Text("\n").join(lines))
+        return table
+
+    console.print(Text("Questions", style="bold"))
+    console.print(numbered([
+        (Text.assemble((f"[{q.stage}] ", "dim"), printable(q.text)),
+         Text(f"answer: {q.how}", style="dim")) for q in questions]))
+    if not questions:
+        console.print(Text("(no stage of this trace has a question yet)"))
+    console.print()
+    console.print(Text("Answer key", style="bold"))
+    console.print(numbered([(Text(printable(q.shown)), Text(printable(q.source), style="dim"))
+                            for q in questions]))
+    text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    if opts.ascii:
+        text = text.translate(ASCII_GLYPHS).encode("ascii", "backslashreplace").decode("ascii")
+    return text
+
+
+def worksheet_json(trace: Trace, questions: tuple[Question, ...], ascii_only: bool = False) -> str:
+    """The worksheet as strict JSON: the run, the questions, and the answer key."""
+
+    def value(expected: object) -> object:
+        if isinstance(expected, tuple):
+            return list(expected)
+        if isinstance(expected, float) and not np.isfinite(expected):
+            return str(expected)  # "-inf": strict JSON has no infinities
+        return expected
+
+    tokens = trace.config.tokens
+    document = {
+        "worksheet": "mha-tui quiz",
+        "config": trace.config.as_dict(),
+        "module": None if trace.module is None else {
+            "class": trace.module.class_name, "file": display_path(trace.module.file)},
+        "questions": [{"number": n, "stage": q.stage, "asks": q.asks, "question": q.text,
+                       "answer_type": q.answer, "how": q.how}
+                      for n, q in enumerate(questions, 1)],
+        "answers": [{"number": n, "answer": value(q.expected), "shown": q.shown,
+                     "source": q.source,
+                     **({"tokens": [tokens[t] for t in q.expected if 0 <= t < len(tokens)]}
+                        if q.answer == "token" and isinstance(q.expected, tuple) else {})}
+                    for n, q in enumerate(questions, 1)],
+    }
+    return json.dumps(document, indent=2, ensure_ascii=ascii_only, allow_nan=False) + "\n"
 
 
 _CHUNK = 1 << 16  # values formatted at a time: a few MB of text whatever the tensor
@@ -243,6 +313,15 @@ def write_json(trace: Trace, out: BinaryIO, *, first: int = 0, ascii_only: bool 
     tensors: list[np.ndarray] = []
     try:
         document = _document(trace, first, tensors, nonce)
+    except (TypeError, ValueError) as error:  # a value JSON cannot hold: a bug, said in one line
+        raise TranscriptError(f"could not build the JSON transcript: {error}") from error
+    _stream(document, tensors, nonce, out, ascii_only)
+
+
+def _stream(document: dict[str, Any], tensors: list[np.ndarray], nonce: str, out: BinaryIO,
+            ascii_only: bool) -> None:
+    """The skeleton (indented), each `nonce + i` placeholder replaced by tensor i's values."""
+    try:
         skeleton = json.dumps(document, indent=1, ensure_ascii=ascii_only, allow_nan=False)
     except (TypeError, ValueError) as error:  # a value JSON cannot hold: a bug, said in one line
         raise TranscriptError(f"could not build the JSON transcript: {error}") from error
@@ -266,3 +345,82 @@ def to_json(trace: Trace, *, first: int = 0, ascii_only: bool = False) -> str:
     buffer = io.BytesIO()
     write_json(trace, buffer, first=first, ascii_only=ascii_only)
     return buffer.getvalue().decode("utf-8")
+
+
+# ---------------------------------------------------------------- explain --against
+
+
+def comparison_text(comparison: Comparison, opts: RenderOptions, width: int = 100,
+                    color: bool = False) -> str:
+    """The comparison (`explain --against`) as text: the header, then every row."""
+    from .compare_view import comparison_header, row_view
+
+    buffer = io.StringIO()
+    console = transcript_console(buffer, width, color)
+    console.print(header(comparison.mine.config, opts, batched=comparison.mine.batched))
+    console.print(comparison_header(comparison, opts))
+    console.print()
+    for k in range(len(comparison.rows)):
+        console.print(row_view(comparison, k, opts))
+    text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    if opts.ascii:
+        text = text.translate(ASCII_GLYPHS).encode("ascii", "backslashreplace").decode("ascii")
+    return text
+
+
+def _side(stage: Any) -> dict[str, Any] | None:
+    if stage is None:
+        return None
+    return {"id": stage.id, "title": stage.title, "code": stage.code,
+            "source": None if stage.source is None else {
+                "file": display_path(stage.source.file), "line": stage.source.line}}
+
+
+def _pair_json(pair: Any, tensors: list[np.ndarray], nonce: str) -> dict[str, Any]:
+    def side(record: TensorRecord | None) -> dict[str, Any] | None:
+        if record is None:
+            return None
+        return {"name": record.name, **_tensor_json(record, tensors, nonce)}
+
+    data: dict[str, Any] = {"yours": side(pair.mine), "reference": side(pair.theirs),
+                            "note": pair.note}
+    if pair.diff is not None:
+        data["difference"] = {
+            "computed_by": "mha-tui",
+            "max": float(pair.max_diff) if np.isfinite(pair.max_diff) else "inf",
+            "at": list(pair.at),
+            "cells_differing": pair.count,
+            "differing": f"{nonce}{len(tensors)}",
+        }
+        tensors.append(pair.differs)
+    return data
+
+
+def write_comparison_json(comparison: Comparison, out: BinaryIO, *, ascii_only: bool = False
+                          ) -> None:
+    """The comparison as JSON: both modules, how the weights were copied, every row with
+    both sides' tensors (their own values) and mha-tui's difference: the largest, where,
+    and which cells differ (a boolean array in the learner's layout)."""
+    from .check.compare import TOLERANCE
+
+    c = comparison
+    nonce = f"@values-{secrets.token_hex(16)}-"
+    tensors: list[np.ndarray] = []
+
+    def module(trace: Trace, shown: str) -> dict[str, Any]:
+        return {"label": shown, "class": trace.module.class_name if trace.module else "",
+                "file": display_path(trace.module.file) if trace.module else ""}
+
+    document = {
+        "config": c.mine.config.as_dict(),
+        "yours": module(c.mine, c.mine_label),
+        "reference": module(c.theirs, c.theirs_label),
+        "weights_copied_by_role": list(c.weights),
+        "tolerance": TOLERANCE,
+        "parting": None if c.parting is None else {"row": c.parting, "kind": c.rows[c.parting].kind},
+        "rows": [{"kind": row.kind, "status": row.status,
+                  "yours": _side(row.mine), "reference": _side(row.theirs),
+                  "tensors": [_pair_json(p, tensors, nonce) for p in row.tensors]}
+                 for row in c.rows],
+    }
+    _stream(document, tensors, nonce, out, ascii_only)

@@ -22,6 +22,7 @@ from .records import ModuleInfo, Recorded, Trace
 
 if TYPE_CHECKING:
     from .check import Verdict
+    from .check.compare import Comparison
     from .config import Source
     from .load.modules import Loaded
     from .load.numpy_modules import LoadedNumpy
@@ -223,3 +224,57 @@ def check_source(config: Config, source: Source, expect: Expect | None = None) -
     """Judge one module: what `mha-tui check` does for each it is given."""
     run, checker = checked(config, source, expect)
     return checker(run(config))
+
+
+# ---------------------------------------------------------------- explain --against
+
+def compared(config: Config, source: Source, against: Source, *,
+             loaded: Loaded | None = None) -> Comparison:
+    """`explain --against`: the learner's module and a reference on the same x, the
+    learner's weights copied into the reference by role (as `check` finds them), their
+    stages paired by kind (`check.compare`).
+
+    Raises LoadError when a module cannot be built, `check.roles.RoleCopyError` when the
+    weights cannot be copied by role (both one line). The learner's trace may have failed
+    (its forward raised): the comparison then holds its stages up to the error.
+    """
+    from .check.compare import compare
+    from .check.roles import RoleCopyError, copy_by_role, roles_of
+    from .load.learner import LoadError
+    from .load.modules import load
+    from .tracing.rerun import parameter_values, set_parameters
+
+    mine_loaded = loaded or load(config, source)
+    try:
+        reference = load(config, against)
+    except LoadError as error:  # the loader names --module; here it is the reference
+        raise LoadError(f"--against: {str(error).removeprefix('--module ')}") from None
+    shown = f"--against {against.module or against.model}"
+    if not _same_input(mine_loaded.x, reference.x):  # both built from --seed: never expected
+        raise RoleCopyError(f"{shown} was given a different x than your module")
+    mine = run_trace(config, loaded=mine_loaded)
+    theirs = run_trace(config, loaded=reference)
+    if theirs.failed:
+        raise RoleCopyError(f"{shown}'s own forward raised: {theirs.stages[-1].title}")
+    heads = config.num_heads
+    their_roles = roles_of(theirs, heads)
+    if their_roles is None:
+        raise RoleCopyError(f"{shown}: its Q, K and V projections could not be found by role, "
+                            "so your weights cannot be copied into it")
+    how: tuple[str, ...] = ()
+    if not mine.failed:
+        my_roles = roles_of(mine, heads)
+        if my_roles is None:
+            raise RoleCopyError("your module's Q, K and V projections could not be found by "
+                                "role (each must be a (C, C) linear map of x, or a slice of a "
+                                "fused one), so they cannot be copied into the reference")
+        values, how = copy_by_role(parameter_values(reference.module), theirs, their_roles,
+                                   my_roles, shown=shown)
+        set_parameters(reference.module, values)
+        theirs = run_trace(config, loaded=reference)
+    return compare(mine, theirs, mine_label=mine_loaded.label, theirs_label=reference.label,
+                   weights=how)
+
+
+def _same_input(a: Any, b: Any) -> bool:
+    return tuple(a.shape) == tuple(b.shape) and bool((a == b).all())

@@ -16,7 +16,7 @@ from mha_tui.recognise.classify import classify
 from mha_tui.recognise.graph import Graph
 from mha_tui.recognise.registry import BUILDERS, KINDS, RULES
 from mha_tui.recognise.sizes import Sizes
-from mha_tui.records import OpRecord, Recording, Ref, Snapshot, Source, TensorArg
+from mha_tui.records import ModuleCall, OpRecord, Recording, Ref, Snapshot, Source, TensorArg
 
 B, T, C, H, D = 1, 3, 4, 2, 2
 SIZES = Sizes(B, T, C, H, D)
@@ -42,6 +42,7 @@ class Tape:
         self.x_values = rng.standard_normal((B, T, C)).astype(np.float32)
         self.x = Ref("input", name="x")
         self.ops: list[OpRecord] = []
+        self.calls: list[ModuleCall] = []  # submodule forwards, as the tracer's hooks saw them
 
     def values(self, ref: Ref) -> np.ndarray:
         if ref.kind == "input":
@@ -76,7 +77,8 @@ class Tape:
         return self.op("transpose", [viewed], self.values(viewed).transpose(0, 2, 1, 3), 1, 2)
 
     def kinds(self, sizes: Sizes = SIZES) -> list[str | None]:
-        rec = Recording("Attn", "attn.py", (("x", _snap(self.x_values)),), tuple(self.ops))
+        rec = Recording("Attn", "attn.py", (("x", _snap(self.x_values)),), tuple(self.ops),
+                        tuple(self.calls))
         g = Graph(rec)
         classify(g, sizes)
         return [g.kind.get(i) for i in range(len(self.ops))]
@@ -170,6 +172,30 @@ def test_fused_split_keeps_a_fused_layers_split_in_the_projection() -> None:
     split = tape.op("split", [qkv], parts, C, dim=2)
     assert tape.kinds()[qkv.op] == "project"  # type: ignore[index]
     assert tape.kind(split) == "project"
+
+
+def test_a_projecting_layer_call_gives_its_inner_ops_to_the_projection() -> None:
+    """GPT-2's Conv1D: view, addmm, view inside one leaf module call, all the projection."""
+    tape = Tape()
+    tape.x = Ref("input", name="x", snapshot=_snap(tape.x_values))
+    flat = tape.op("view", [tape.x], tape.x_values.reshape(B * T, C), B * T, C)
+    w = tape.weight("c_attn.weight")
+    product = tape.op("addmm", [flat, w], tape.values(flat) @ tape.values(w))
+    back = tape.op("view", [product], tape.values(product).reshape(B, T, C), B, T, C)
+    tape.calls.append(ModuleCall("c_attn", "Conv1D", False, 0, 3))
+    assert tape.kinds() == ["project", "project", "project"]
+    assert tape.kind(back) == "project"
+
+
+def test_a_leaf_call_that_is_attention_itself_keeps_its_ops_kinds() -> None:
+    """A wrapped nn.MultiheadAttention is one leaf call (its out_proj is never called as a
+    module): its ops are the whole recipe, never all folded into one projection."""
+    tape = Tape()
+    _whole(tape)
+    tape.calls.append(ModuleCall("attn", "MultiheadAttention", True, 0, len(tape.ops)))
+    kinds = tape.kinds()
+    assert kinds[0] == "project" and kinds[-1] == "w_o"
+    assert {"scores", "softmax", "attend", "concat"} <= set(kinds)
 
 
 def test_head_split_claims_the_view_into_heads() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from mha_tui.records import Trace
 from mha_tui.why import KINDS, WhyError, main_tensor, parse_cell, why
 
 from .conftest import ROOT, run_cli
+from .test_families import _families_root  # noqa: F401  (the session's checkpoint folder)
 
 
 @cache
@@ -65,7 +67,7 @@ def test_every_cell_of_every_kind_matches_an_independent_computation(
         model: str, embed_dim: int, heads: int) -> None:
     trace = trace_of(model, embed_dim, heads)
     expected = independent(trace)
-    assert set(expected) == set(KINDS)
+    assert set(expected) | {"rotary", "kv_repeat", "pos_bias"} == set(KINDS)  # those: below
     for stage in trace.stages:
         record = main_tensor(stage)
         want = expected[stage.kind]
@@ -82,20 +84,133 @@ def test_every_cell_of_every_kind_matches_an_independent_computation(
 
 @pytest.mark.parametrize("model", ["raschka", "many-eyes", "raschka-wrapper"])
 def test_other_tutorials_agree_with_their_own_numbers(model: str) -> None:
-    """Masking before scaling, heads as modules: every explained cell equals the module's."""
+    """Masking before scaling, heads as modules: every cell of every stage is explained and
+    equals the module's."""
     trace = trace_of(model)
     explained = 0
     for stage in trace.stages:
         record = main_tensor(stage)
         for index in itertools.product(*map(range, record.values.shape)):
-            try:
-                cell = why(trace, stage.id, index)
-            except WhyError:
-                assert stage.kind == "project"  # per-head projections: not explained yet
-                break
+            cell = why(trace, stage.id, index)
             assert cell.agrees, (stage.id, index)
             explained += 1
-    assert explained > 150
+    assert explained == sum(main_tensor(s).values.size for s in trace.stages)
+
+
+@pytest.mark.parametrize("model", ["many-eyes", "raschka-wrapper"])
+def test_per_head_projections_match_each_heads_own_layer(model: str) -> None:
+    """Heads as modules of their own: V's channel c is head c // d_h's layer, row c % d_h,
+    dotted with x; independently, x @ (the heads' weights stacked)^T, per head."""
+    trace = trace_of(model, 8, 4)  # d_h = 2
+    x = trace.stage("embed").tensor("x").values.astype(np.float64)
+    project = trace.stage("project")
+    stacked = [r for r in project.tensors if r.dims == ("C_out", "C_in")][-1].values
+    expected = x @ stacked.astype(np.float64).T  # (1, T, C): head h's rows are h*d_h..
+    record = main_tensor(project)
+    for index in itertools.product(*map(range, record.values.shape)):
+        cell = why(trace, "project", index)
+        assert cell.computed == pytest.approx(expected[index], rel=1e-6, abs=1e-7), index
+        assert cell.agrees
+    cell = why(trace, "project", (0, 2, 5))
+    assert "head 2's W[1, :]" in cell.formula
+    assert any("channel 5 of" in note and "channel 1 of head 2's layer" in note
+               for note in cell.notes)
+
+
+MECHANISMS = Path(ROOT) / "tests" / "fixtures" / "mechanisms"
+
+
+@cache
+def mechanism_trace(ref: str, init: tuple[tuple[str, object], ...] = ()) -> Trace:
+    return run_trace(Config("the cat sat on the mat", embed_dim=16, num_heads=4),
+                     Source(module=str(MECHANISMS / ref), init=init))
+
+
+def _rotate(values: np.ndarray, angles: np.ndarray, pairing: str) -> np.ndarray:
+    """values (..., T, d) turned by angles (T, d/2), written out here from the papers."""
+    cos, sin = np.cos(angles), np.sin(angles)
+    if pairing == "half":
+        a, b = np.split(values, 2, axis=-1)
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+    a, b = values[..., 0::2], values[..., 1::2]
+    return np.stack([a * cos - b * sin, b * cos + a * sin], axis=-1).reshape(values.shape)
+
+
+@pytest.mark.parametrize(("ref", "init", "pairing", "r"), [
+    ("llama_rotary.py:LlamaAttention", (), "half", 4),
+    ("neox_rotary.py:GPTNeoXAttention", (), "half", 2),
+    ("gptj_rotary.py:GPTJAttention", (), "interleaved", 2),
+    ("meta_llama.py:Attention", (("dim", 16),), "interleaved", 4),
+], ids=["llama", "neox-partial", "gptj-partial", "meta-complex"])
+def test_rotary_cells_match_a_rotation_by_t_times_omega(ref: str, init: tuple, pairing: str,
+                                                        r: int) -> None:
+    """K after = K before turned pair by pair by t · 10000^(-2i/r), computed here from the
+    position alone (not from the module's tables); the pass-through channels are unchanged."""
+    trace = mechanism_trace(ref, init)
+    stage = trace.stage("rotary")
+    before, after = stage.tensors[-2].values.astype(np.float64), main_tensor(stage)
+    t_axis = 1 if ref.startswith(("gptj", "meta")) else 2  # (B, T, h, d_h) or (B, h, T, d_h)
+    T = before.shape[t_axis]
+    angles = np.arange(T)[:, None] * (10000.0 ** (-np.arange(r // 2) * 2 / r))[None, :]
+    moved = np.moveaxis(before, t_axis, -2)
+    turned = np.concatenate([_rotate(moved[..., :r], angles, pairing), moved[..., r:]], axis=-1)
+    expected = np.moveaxis(turned, -2, t_axis)
+    for index in itertools.product(*map(range, after.values.shape)):
+        cell = why(trace, "rotary", index)
+        assert cell.computed == pytest.approx(expected[index], rel=1e-5, abs=1e-5), index
+        assert cell.agrees, index
+        if index[-1] >= r:
+            assert "pass-through" in cell.notes[0]
+
+
+def test_kv_repeat_cells_are_their_kv_heads_copied() -> None:
+    """V with h heads = np.repeat of V with h_kv heads along the head axis."""
+    trace = mechanism_trace("llama_rotary.py:LlamaAttention")
+    stage = trace.stage("kv_repeat")
+    expected = np.repeat(stage.tensors[-2].values, 2, axis=1)
+    record = main_tensor(stage)
+    for index in itertools.product(*map(range, record.values.shape)):
+        cell = why(trace, "kv_repeat", index)
+        assert cell.computed == expected[index] and cell.agrees, index
+    assert "query head 3 reads K/V head 3 // 2 = 1" in why(trace, "kv_repeat", (0, 3, 1, 0)).formula
+
+
+def test_alibi_cells_are_the_scaled_score_plus_slope_times_key_position() -> None:
+    """BLOOM's baddbmm: q · k / sqrt(d_h) + m_h · j with m_h = 2^(-8(h+1)/H), from the
+    projection's own q and k and the paper's slopes, not from the stage's bias tensor."""
+    trace = mechanism_trace("alibi.py:BloomAttention")
+    project = trace.stage("project")
+    q = project.tensors[-3].values.astype(np.float64)[0]  # (T, h, d_h)
+    k = project.tensors[-2].values.astype(np.float64)[0]
+    slopes = 2.0 ** (-8 * np.arange(1, 5) / 4)
+    T = q.shape[0]
+    expected = np.einsum("ihd,jhd->hij", q, k) / 2.0 + slopes[:, None, None] * np.arange(T)
+    record = main_tensor(trace.stage("pos_bias"))
+    for index in itertools.product(*map(range, record.values.shape)):
+        cell = why(trace, "pos_bias", index)
+        assert cell.computed == pytest.approx(expected[index[1:]], rel=1e-5, abs=1e-6), index
+        assert cell.agrees, index
+
+
+def test_a_bias_added_after_scaling_is_score_plus_bias() -> None:
+    """MPT adds its ALiBi bias after scaling, with a plain add: every cell is the add's
+    recorded score plus the stage's bias, and the bias is slope × key position (up to a
+    constant per row) by the paper's slopes."""
+    from .test_families import hf_trace
+
+    trace = hf_trace("mpt", 0)
+    stage = trace.stage("pos_bias")
+    record = main_tensor(stage)
+    bias = np.broadcast_to(stage.tensors[0].values, record.values.shape).astype(np.float64)
+    slopes = 2.0 ** (-8 * np.arange(1, record.shape[1] + 1) / record.shape[1])
+    steps = np.diff(bias, axis=-1)
+    np.testing.assert_allclose(steps, np.broadcast_to(slopes[None, :, None, None], steps.shape),
+                               rtol=1e-5)
+    for index in itertools.product(*map(range, record.values.shape)):
+        cell = why(trace, "pos_bias", index)
+        assert cell.agrees, index
+        assert cell.terms[1].value == bias[index]
+        assert cell.computed == pytest.approx(cell.terms[0].value + bias[index], rel=1e-12)
 
 
 def test_a_large_d_h_shows_the_largest_products_and_sums_the_rest() -> None:
@@ -150,14 +265,24 @@ def test_bad_cells_are_refused(text: str, message: str) -> None:
         why(trace, *parse_cell(text))
 
 
-@pytest.mark.parametrize("cell", ["softmax[0, 1, 2, 1]", "scores[0, 1, 2, 1]"])
-def test_why_from_the_command_line_is_the_golden_text(cell: str) -> None:
-    """`explain --dump - --why CELL`: the text in tests/golden (make golden writes it)."""
-    from pathlib import Path
+LLAMA = ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
+         "tests/fixtures/mechanisms/llama_rotary.py:LlamaAttention")
 
-    result = run_cli("explain", "I love AI !", "--dump", "-", "--why", cell)
+
+@pytest.mark.parametrize(("cell", "args", "name"), [
+    ("softmax[0, 1, 2, 1]", ("I love AI !",), "softmax"),
+    ("scores[0, 1, 2, 1]", ("I love AI !",), "scores"),
+    ("project[0, 1, 3]", ("I love AI !", "--model", "many-eyes"), "project-many-eyes"),
+    ("rotary[0, 1, 2, 3]", LLAMA, "rotary"),
+    ("kv_repeat[0, 3, 2, 1]", LLAMA, "kv_repeat"),
+    ("pos_bias[0, 3, 2, 1]", ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
+                              "tests/fixtures/mechanisms/alibi.py:BloomAttention"), "pos_bias"),
+])
+def test_why_from_the_command_line_is_the_golden_text(cell: str, args: tuple[str, ...],
+                                                      name: str) -> None:
+    """`explain --dump - --why CELL`: the text in tests/golden (make golden writes it)."""
+    result = run_cli("explain", *args, "--dump", "-", "--why", cell)
     assert result.returncode == 0, result.stderr
-    name = cell.split("[")[0]
     golden = Path(ROOT) / "tests" / "golden" / f"why-{name}.txt"
     assert result.stdout.decode("utf-8") == golden.read_text(encoding="utf-8")
 

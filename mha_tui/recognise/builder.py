@@ -100,12 +100,13 @@ class Builder:
             ("T", "B*h", "d_h"): (s.T, s.B * s.h, s.d_h),  # ... and batch and heads merged
             ("B*h", "T", "d_h"): (s.B * s.h, s.T, s.d_h),  # ... then heads first
             ("B*h", "T", "T"): (s.B * s.h, s.T, s.T),
+            ("T", "B", "h", "d_h"): (s.T, s.B, s.h, s.d_h),  # ... its sdpa path's permute back
         }
         # Later entries only name what the earlier cannot: (B, T, C) before (B, T, d_h)
         # when one head is the whole width.
         for dims in [*prefer, BTC, BHTD, BTHD, BHTT, ("T", "T"), ("B", "T", "d_h"),
                      ("B", "T", "T"), ("T", "B", "C"), ("T", "B*h", "d_h"), ("B*h", "T", "d_h"),
-                     ("B*h", "T", "T")]:
+                     ("B*h", "T", "T"), ("T", "B", "h", "d_h")]:
             if dims in table and tuple(shape) == self.unbatched(table[dims], dims):
                 return self.unbatched(dims, dims)
         return tuple(f"d{i}" for i in range(len(shape)))

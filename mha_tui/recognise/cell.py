@@ -10,7 +10,7 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -187,11 +187,13 @@ def linear(cell: Cell, role: str) -> Why:
     ops = cell.ops("linear")
     if not ops:
         raise WhyError(f"stage {cell.stage.id} holds no linear op")
-    op = next((o for o in ops if np.array_equal(o.out.values, cell.record.values)), ops[-1])
-    if op.out.values.shape != cell.record.values.shape:
-        raise WhyError(f"cannot tell which linear op of stage {cell.stage.id} made {cell.name}")
-    x, weight = cell.operand(op, 0), cell.operand(op, 1)
+    op = next((o for o in ops if np.array_equal(o.out.values, cell.record.values)), None)
     *lead, t, o = cell.index
+    own = None  # (head, its channel): the heads ran as modules of their own (a ModuleList)
+    if op is None:
+        op, own = _own_layer(cell, ops)
+        o = own[1]
+    x, weight = cell.operand(op, 0), cell.operand(op, 1)
     row = x[(*lead, t)]
     col = weight[o] if weight.shape[0] == op.out.shape[-1] else weight[:, o]
     d_h = cell.trace.config.head_dim
@@ -209,12 +211,34 @@ def linear(cell: Cell, role: str) -> Why:
     if dropouts:
         extra.append(f"then dropout (training={dropouts[0].kwarg('training', None)}): it "
                      "changes nothing in eval mode")
+    if own is not None:
+        name = f"head {own[0]}'s W"
+        extra.insert(0, f"the heads ran as modules of their own: channel {cell.index[-1]} of "
+                        f"{cell.record.name} is channel {o} of head {own[0]}'s layer (d_h = "
+                        f"{op.out.shape[-1]} channels each, side by side), its row {o}")
+        terms = tuple(replace(term, label=term.label.replace(f"W[{o}, ", f"{name}[{o}, "))
+                      for term in terms)
     return Why(cell.stage.id, cell.stage.kind, cell.record.name, cell.index, where(cell),
                f"{cell.name} = x[{t}, :] · {name}[{o}, :]" + (" + bias" if bias is not None else ""),
                terms, ((f"every output channel mixes all heads: in-channels of head h are "
                         f"h·{d_h} to h·{d_h}+{d_h - 1}" if role == "W_O" else
                         "one row of the weight, dotted with the token's x"), *notes, *extra),
                total, cell.recorded)
+
+
+def _own_layer(cell: Cell, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, int]]:
+    """The per-head layer whose output is the block of columns holding the cell: heads that
+    ran as their own modules are shown side by side, d_h channels each. Found by the values
+    (the block equals that layer's output), never by the module's names."""
+    values = cell.record.values
+    for op in ops:
+        width = op.out.shape[-1] if op.out.shape else 0
+        if not width or op.out.shape[:-1] != values.shape[:-1] or values.shape[-1] % width:
+            continue
+        head, channel = divmod(cell.index[-1], width)
+        if np.array_equal(op.out.values, values[..., head * width:(head + 1) * width]):
+            return op, (head, channel)
+    raise WhyError(f"cannot tell which linear op of stage {cell.stage.id} made {cell.name}")
 
 
 def moved(cell: Cell) -> Why:
@@ -244,3 +268,30 @@ def moved(cell: Cell) -> Why:
                f"{cell.name} = input[{', '.join(map(str, at))}]",
                (Term(f"the input at [{', '.join(map(str, at))}]", (), computed),),
                (how, "moved, not computed"), computed, cell.recorded)
+
+
+def maker(cell: Cell, names: set[str] | None = None) -> tuple[OpRecord, tuple[int, ...]]:
+    """The stage's op whose output is the cell's tensor (read in the same order, maybe in
+    another shape), and the cell's index in that output. The last such op: a pass-through
+    after it (contiguous, a reshape) holds the same numbers."""
+    values = cell.record.values
+    found = None
+    for op in cell.stage.ops:
+        out = op.out.values
+        if (names is None or op.name in names) and out.size == values.size and \
+                out.dtype == values.dtype and np.array_equal(out.reshape(values.shape), values):
+            found = op
+    if found is None:
+        raise WhyError(f"cannot tell which op of stage {cell.stage.id} made {cell.name}")
+    return found, reindex(cell.index, values.shape, found.out.shape)
+
+
+def reindex(index: tuple[int, ...], shape: tuple[int, ...], other: tuple[int, ...]
+            ) -> tuple[int, ...]:
+    """The same element (the same place in reading order) in a tensor of another shape."""
+    flat = int(np.ravel_multi_index(index, shape))
+    return tuple(int(k) for k in np.unravel_index(flat, other))
+
+
+def broadcast(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return np.broadcast_to(values, shape)

@@ -31,14 +31,18 @@ def classify(g: Graph, sizes: Sizes) -> None:
 
 def _fold_library_calls(g: Graph) -> None:
     """Every x-dependent op inside a leaf module call that projects (GPT-2's Conv1D:
-    view, addmm, view) belongs to that projection."""
+    view, addmm, view) belongs to that projection. A leaf call that does more than one
+    projection's work (a wrapped nn.MultiheadAttention, whose out_proj is never called as a
+    module) is attention itself: its ops keep their own kinds."""
     children = {c.path for c in g.rec.calls}
     for call in g.rec.calls:
         if any(p != call.path and p.startswith(call.path + ".") for p in children):
             continue
         inside = [i for i in range(call.first, call.end) if g.from_x[i]]
         kinds = {g.kind[i] for i in inside}
-        for kind in ("project", "w_o"):
-            if kind in kinds:
-                for i in inside:
-                    g.kind[i] = kind
+        projections = kinds & {"project", "w_o"}
+        if len(projections) != 1 or kinds - {"project", "w_o", "aux", "op"}:
+            continue
+        (kind,) = projections
+        for i in inside:
+            g.kind[i] = kind

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..config import Config, config_for
-from ..records import Embedded, Recorded
+from ..records import Embedded, Recorded, Recording
 
 if TYPE_CHECKING:
     import torch
@@ -90,7 +90,7 @@ def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | No
             raise ValueError("trace() needs x, or an embedding and ids to make it")
         if config is None:
             config = config_for(module, tuple(x.shape), tokens)
-        rng = torch.random.get_rng_state()  # the check re-runs dropout with the same draws
+        state = _State.now(module, x)  # the check re-runs dropout with the same draws
         result = _record(lambda: call(module, x), {"": module})
         recording = result.recordings.get("")
         if recording is None:
@@ -98,17 +98,107 @@ def _trace(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[str] | No
         forward_equal = None
         if result.error is None:
             out = _first_tensor(result.value)
-            after = torch.random.get_rng_state()
-            torch.random.set_rng_state(rng)
-            again = _first_tensor(call(module, x))
-            torch.random.set_rng_state(after)
-            # NaN where the first run had NaN is the same result (torch.equal says NaN != NaN)
-            forward_equal = out is not None and again is not None and out.shape == again.shape \
-                and bool(torch.equal(out, again) or (torch.equal(out.isnan(), again.isnan())
-                         and torch.equal(out.nan_to_num(0.0), again.nan_to_num(0.0))))
+            if state.changed(module, x) or _draws_or_writes(recording):
+                # Randomness or state: only a second call tells whether the output is the
+                # module's own (dropout in training mode differs; the same draws do not).
+                after = torch.random.get_rng_state()
+                torch.random.set_rng_state(state.rng)
+                again = _first_tensor(call(module, x))
+                torch.random.set_rng_state(after)
+            else:
+                # Nothing random and nothing kept: the traced call *is* the module's own
+                # forward (every op ran unchanged), so its return value is compared with
+                # the output as recorded, without running the forward a second time.
+                snap = recording.snapshot(recording.output) if recording.output else None
+                again = None if snap is None else torch.from_numpy(snap.values)
+                if out is not None:  # recorded on the CPU, half precision as float32 (exact)
+                    out = out.detach().cpu()
+                    out = out.float() if out.dtype in (torch.bfloat16, torch.float16) else out
+            forward_equal = out is not None and again is not None and _same(out, again)
         n_params = sum(p.numel() for p in module.parameters())
     return Recorded(recording, config, embedded=embedded, forward_equal=forward_equal,
                     n_params=n_params)
+
+
+def _same(out: torch.Tensor, again: torch.Tensor) -> bool:
+    """torch.equal, with NaN where the other has NaN counted equal (torch.equal says NaN !=
+    NaN)."""
+    import torch
+
+    return tuple(out.shape) == tuple(again.shape) and bool(
+        torch.equal(out, again) or (torch.equal(out.isnan(), again.isnan())
+                                    and torch.equal(out.nan_to_num(0.0), again.nan_to_num(0.0))))
+
+
+def _draws_or_writes(recording: Recording) -> bool:
+    """Whether the recording shows an op that draws from a generator of its own
+    (`generator=`; draws from torch's default one show in its state), or one that writes
+    into a tensor that outlives the call (the forward's input, a parameter, a buffer, a
+    constant: a second call would start from another state)."""
+    kept: set[int] = set()
+    for op in recording.ops:
+        for ref in op.inputs:
+            if ref.kind != "op" and ref.snapshot is not None:
+                kept.add(ref.snapshot.storage)
+    for _name, snap in recording.inputs:
+        kept.add(snap.storage)
+    for op in recording.ops:
+        if op.kwarg("generator") is not None:
+            return True
+        writes = op.in_place or op.kwarg("out") is not None
+        if writes and any(out.storage in kept for out in op.outputs):
+            return True
+    return False
+
+
+def _numpy_state() -> tuple[object, ...]:
+    import numpy as np
+
+    return tuple(np.random.get_state())  # (name, keys, position, has_gauss, cached)
+
+
+def _same_numpy_state(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    import numpy as np
+
+    return len(a) == len(b) and all(
+        np.array_equal(u, v) if isinstance(u, np.ndarray) else u == v for u, v in zip(a, b, strict=True))
+
+
+class _State:
+    """What a forward could change without it showing in its ops: torch's, Python's and
+    NumPy's random generators, and the version counters of the module's parameters and
+    buffers and of x (an in-place write inside a library op, such as batch norm's running
+    statistics, bumps them)."""
+
+    def __init__(self, rng: torch.Tensor, python: object, numpy: object,
+                 versions: list[int]) -> None:
+        self.rng, self.python, self.numpy, self.versions = rng, python, numpy, versions
+
+    @staticmethod
+    def _versions(module: nn.Module, x: torch.Tensor) -> list[int]:
+        # `_version` is the counter autograd checks saved tensors with; torch offers no
+        # public reader (only torch.autograd.graph.increment_version, the writer).
+        tensors = [*module.parameters(), *module.buffers(), x]
+        return [-1 if t.is_inference() else t._version for t in tensors]
+
+    @classmethod
+    def now(cls, module: nn.Module, x: torch.Tensor) -> _State:
+        import random
+
+        import torch
+
+        return cls(torch.random.get_rng_state(), random.getstate(), _numpy_state(),
+                   cls._versions(module, x))
+
+    def changed(self, module: nn.Module, x: torch.Tensor) -> bool:
+        import random
+
+        import torch
+
+        return (not torch.equal(torch.random.get_rng_state(), self.rng)
+                or random.getstate() != self.python
+                or not _same_numpy_state(_numpy_state(), self.numpy)
+                or self._versions(module, x) != self.versions)
 
 
 def record(run: Callable[[], object], roots: Mapping[str, nn.Module]) -> RecordResult:

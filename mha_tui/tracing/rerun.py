@@ -68,3 +68,17 @@ def reference_output(x: np.ndarray, weights: object, heads: int, causal: bool) -
     module.eval()
     with torch.no_grad():
         return module(data).double().numpy()
+
+
+def parameter_values(module: nn.Module) -> dict[str, np.ndarray]:
+    """Every parameter by name, as NumPy (float64 copies)."""
+    return {name: p.detach().double().numpy().copy() for name, p in module.named_parameters()}
+
+
+def set_parameters(module: nn.Module, values: dict[str, np.ndarray]) -> None:
+    """Write new values into the module's parameters (each keeps its own dtype)."""
+    named = dict(module.named_parameters())
+    with torch.no_grad():
+        for name, array in values.items():
+            target = named[name]
+            target.copy_(torch.from_numpy(np.ascontiguousarray(array)).to(target.dtype))

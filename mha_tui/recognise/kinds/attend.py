@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import products_agree
-from ...records import Check, OpRecord, Stage
+from ...check.numeric import products_agree, recomputed_agrees
+from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BHTD, BHTT
 from ..cell import Cell, Why, dot, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product
+from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from ..vocab import MATMULS
 
@@ -43,10 +44,12 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         for op in group:
             if op.name not in ("matmul", "bmm", "einsum", "mm"):
                 continue
-            a, c = (m.snap(r).values.astype(np.float64) for r in m.g.x_inputs(op)[:2])
-            product = np.einsum(next(x for x in op.args if isinstance(x, str)), a, c) \
-                if op.name == "einsum" else a @ c
-            ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4, equal_nan=True))
+            equation = next(x for x in op.args if isinstance(x, str)) \
+                if op.name == "einsum" else None
+            ok &= recomputed_agrees(
+                np.matmul if equation is None else (lambda a, c, eq=equation: np.einsum(eq, a, c)),
+                [m.snap(r).values for r in m.g.x_inputs(op)[:2]], op.out.values,
+                atol=1e-5, rtol=1e-4)
     first = m.op(unit.ops[0])
     h = m.s.h
     what = "einsum" if first.name == "einsum" else "batched matmul"
@@ -92,3 +95,8 @@ def why(cell: Cell) -> Why:
                "key token: V's rows weighted by the softmax row)", terms,
                (f"column {c} of V, weighted by row {i} of the attention weights", *notes),
                total, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """The shape of the context: one d_h vector per head and token."""
+    return (shape_question(stage, stage.tensors[-1], "weights @ V"),) if stage.tensors else ()

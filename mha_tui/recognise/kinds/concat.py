@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...check.numeric import ATOL, RTOL, close, einsum_spec, f64
-from ...records import Check, OpRecord, Stage
+from ...records import Check, OpRecord, Stage, Trace
 from ...stages import stage_info
 from ..builder import BHTD, BTC, BTHD, yes
 from ..cell import Cell, Term, Why, main_tensor, previous, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, single_axes
+from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from ..vocab import SHAPE_OPS
 
@@ -214,3 +215,8 @@ def why(cell: Cell) -> Why:
                (f"concat lays the heads side by side: columns {head * d_h}-{head * d_h + d_h - 1} "
                 f"hold head {head}", "the value is copied, not computed"),
                computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """The shape once the heads are side by side again."""
+    return (shape_question(stage, stage.tensors[-1], "joining the heads"),) if stage.tensors else ()

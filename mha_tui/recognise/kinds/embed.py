@@ -5,10 +5,11 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from ...records import Check, Embedded, Stage
+from ...records import Check, Embedded, Stage, Trace
 from ..builder import BTC
 from ..cell import Cell, Term, Why, where
 from ..maker import StageMaker, words
+from ..quizzing import Question, token_name
 
 KIND = "embed"
 RULES = ()  # not an op of the module: the tracer hands its facts in (Embedded)
@@ -49,3 +50,17 @@ def why(cell: Cell) -> Why:
                f"{cell.name} = {table.name}[{token_id}, {c}]  (token {cell.token(t)} has id "
                f"{token_id})", (Term(f"row {token_id} of the table, column {c}", (), computed),),
                ("looked up, not computed",), computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """Which row of the table a token's x is: its id, as the lookup recorded it."""
+    ids = next((r for r in stage.tensors if r.kind == "int"), None)
+    if ids is None or not ids.values.size:
+        return ()
+    t = ids.values.shape[-1] - 1
+    row = int(ids.values.reshape(-1)[t])
+    word = token_name(trace, t)
+    return (Question(stage.id, "lookup", f"Which row of the embedding table becomes x for the "
+                     f"token {word} (position {t})?", "integer", row, str(row),
+                     f"{ids.name}[{t}] = {row}: the token's id, recorded with the lookup (ids "
+                     f"number the tokens in order of first appearance)"),)

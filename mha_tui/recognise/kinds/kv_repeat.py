@@ -18,10 +18,12 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from ...records import Check, OpRecord, Ref, Stage
+from ...records import Check, OpRecord, Ref, Stage, Trace
+from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, synthetic
+from ..quizzing import Question
 from ..sizes import Sizes
 
 if TYPE_CHECKING:
@@ -153,7 +155,10 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     tensors.insert(0, m.b.record("K/V head of query head", synthetic(groups.astype(np.int64)),
                                  ("h",), kind="int",
                                  caption=f"query head j uses K/V head j // {n} (computed by "
-                                         f"mha-tui from the shapes)"))
+                                         f"mha-tui from the shapes)" + "".join(
+                                             f"; but this module's {role} gives it K/V head "
+                                             f"j % {rep.h_kv} (.repeat cycles the heads)"
+                                             for _, role, rep in by_role if rep.order == "tile")))
     widths = _projection_widths(m)
     if widths:
         checks.append(Check(
@@ -258,3 +263,38 @@ def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Repeat]])
             "kv_repeat_mismatch", "K and V are shared between different numbers of heads"))
     return j.row(stage, KIND, True, 0.0, checked,
                  source=g.ops[by_role[0][1].after.op].source)  # type: ignore[index]
+
+
+def why(cell: Cell) -> Why:
+    """A repeated K/V value: query head j reads K/V head j // n, the same number copied."""
+    before = cell.stage.tensors[-2]  # the builder's pairs: (role, h_kv heads), (role, h heads)
+    shape, kv_shape = cell.record.values.shape, before.values.shape
+    axes = [a for a, (n, m) in enumerate(zip(shape, kv_shape, strict=False)) if n != m]
+    if len(shape) != len(kv_shape) or len(axes) != 1 or shape[axes[0]] % kv_shape[axes[0]]:
+        raise WhyError(f"cannot read {cell.name} against {before.name}")
+    axis = axes[0]
+    n = shape[axis] // kv_shape[axis]
+    head = cell.index[axis]
+    at = (*cell.index[:axis], head // n, *cell.index[axis + 1:])
+    computed = float(before.values[at])
+    spot = f"[{', '.join(map(str, at))}]"
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = {before.name}{spot}  (query head {head} reads K/V head "
+               f"{head} // {n} = {head // n})",
+               (Term(f"{before.name}{spot}", (), computed),),
+               (f"each of the {kv_shape[axis]} K/V heads is repeated {n} times, one copy for "
+                f"each query head that shares it: heads {head // n * n}..{head // n * n + n - 1} "
+                f"read K/V head {head // n}", "copied, not computed"), computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """Which K/V head the last query head reads."""
+    groups = stage.tensors[0] if stage.tensors else None
+    if groups is None or groups.kind != "int" or groups.values.ndim != 1:
+        return ()
+    head = groups.values.shape[0] - 1
+    kv = int(groups.values[head])
+    return (Question(stage.id, "kv_head", f"Which K/V head does query head {head} read?",
+                     "integer", kv, str(kv),
+                     f"{groups.name}[{head}] = {kv}: query head j reads K/V head j // n, with "
+                     "n query heads per K/V head (from the recorded shapes)"),)

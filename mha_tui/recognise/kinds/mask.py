@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...check.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal_set, f64, max_diff
-from ...records import Check, OpRecord, Source, Stage
+from ...records import Check, OpRecord, Source, Stage, Trace
 from ...stages import NO_MASK, NO_MASK_ARGUMENT
 from ..builder import BHTT, Builder
 from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, possessive
+from ..quizzing import Question, head_of_interest
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
 from .scores import scaled_inside
@@ -119,7 +120,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     above = np.triu(np.ones((values.shape[-2], T), dtype=bool), 1)
     causal = values.ndim >= 2 and bool(np.array_equal(np.broadcast_to(above, values.shape), blocked))
     n_inf = int(np.isneginf(values[blocked]).sum()) if blocked.any() else 0
-    kept = bool(np.array_equal(values[~blocked], before_values[~blocked])) \
+    # values[~blocked] == before_values[~blocked], without copying either out
+    kept = bool(((values == before_values) | blocked).all()) \
         if before_values.shape == values.shape else True
     where = "above the diagonal" if causal else "the mask blocks"
     checks = [
@@ -499,3 +501,22 @@ def why(cell: Cell) -> Why:
     return Why(cell.stage.id, "mask", cell.record.name, cell.index, where(cell),
                f"{cell.name}: {'blocked' if blocked else 'kept'}", terms, (reason, entry),
                computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """How many entries of one head's T x T scores the mask blocks."""
+    if not stage.tensors or len(stage.tensors[-1].shape) < 2:
+        return ()
+    record = stage.tensors[-1]
+    head = 0 if "h" in record.dims else head_of_interest(record)
+    index = [0] * (len(record.shape) - 2)
+    if "h" in record.dims:
+        index[record.dims.index("h")] = head
+    grid = record.values[tuple(index)]
+    count = int(blocked(grid).sum())
+    T = grid.shape[-1]
+    return (Question(stage.id, "blocked", f"How many of the {grid.size} entries of head {head}'s "
+                     f"{grid.shape[0]} x {T} scores does the mask block?", "integer", count,
+                     str(count), f"the entries of the recorded {record.name}[{', '.join(map(str, index))}] "
+                     f"that hold a mask value (-inf, or -1e4 and below) after this stage: {count} "
+                     f"(counted by mha-tui)"),)

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord
+from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord, Trace
 from ..builder import BHTT
+from ..cell import Cell, Term, Why, WhyError, dot, maker, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, synthetic
+from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import very_negative
 
@@ -205,3 +207,64 @@ def judge(j: Judge) -> list[Row]:
             diagnosis = ("alibi_slopes", message)
         rows.append(j.row(stage, KIND, ok, diff, checked, diagnosis=diagnosis))
     return rows
+
+
+def why(cell: Cell) -> Why:
+    """A biased score: the score plus the bias at this head, query and key; inside BLOOM's
+    baddbmm, beta · bias + alpha · (q · k)."""
+    bias_record = cell.stage.tensors[0]
+    op, at = maker(cell, {"add", "add_", "baddbmm"})
+    bias_value = float(np.broadcast_to(bias_record.values, cell.record.values.shape)[cell.index])
+    i, j = cell.index[-2], cell.index[-1]
+    if op.name == "baddbmm":
+        bias = np.broadcast_to(cell.operand(op, 0), op.out.shape)
+        queries, keys_t = cell.operand(op, 1), cell.operand(op, 2)
+        beta = float(op.kwarg("beta", 1.0))  # type: ignore[arg-type]
+        alpha = float(op.kwarg("alpha", 1.0))  # type: ignore[arg-type]
+        *lead, qi, kj = at
+        row, col = queries[(*lead, qi)], keys_t[(*lead, slice(None), kj)]
+        terms, notes, total = dot(cell, row, col, [f"d{k}: Q[{qi}, {k}] × K[{kj}, {k}]"
+                                                   for k in range(len(row))], "products")
+        added = float(bias[tuple(at)])
+        computed = beta * added + alpha * total
+        terms = (*terms[:-1], Term("q · k", (), total), Term("× alpha", (total, "×", alpha), alpha * total),
+                 Term("+ beta × bias", (beta, "×", added), beta * added), Term("sum", (), computed))
+        return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+                   f"{cell.name} = beta · bias[{i}, {j}] + alpha · Q[{qi}, :] · K[{kj}, :]  "
+                   "(one baddbmm call)", terms,
+                   ("baddbmm adds the bias and the scaled scores in one call: its recorded inputs",
+                    *notes), computed, cell.recorded)
+    operands = [np.broadcast_to(cell.operand(op, k), op.out.shape) for k in (0, 1)]
+    full_bias = np.broadcast_to(bias_record.values, cell.record.values.shape)
+    k = next((k for k in (0, 1) if np.array_equal(operands[k].reshape(full_bias.shape), full_bias)),
+             None)
+    if k is None:
+        raise WhyError(f"cannot find the bias among the inputs of {cell.stage.id}'s add")
+    score, added = float(operands[1 - k][tuple(at)]), float(operands[k][tuple(at)])
+    computed = score + added
+    if added != bias_value:
+        raise WhyError(f"the bias at {cell.name} is not the stage's {bias_record.name}")
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = score[{i}, {j}] + bias[{i}, {j}]",
+               (Term("the score (the add's recorded input)", (), score),
+                Term(f"+ bias[{i}, {j}]", (), added), Term("sum", (score, "+", added), computed)),
+               ("the bias depends on the positions (query row, key column) and the head, never "
+                "on the tokens",), computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """One number of the bias: head 1, the last query, the key just before it."""
+    if not stage.tensors or len(stage.tensors[0].shape) < 2:
+        return ()
+    bias = stage.tensors[0]
+    head = head_of_interest(bias)
+    i = bias.shape[-2] - 1
+    j = max(0, i - 1)
+    index = cell_index(bias, head=head, row=i, col=j)
+    value = float(bias.values[index])
+    spot = ", ".join(map(str, index))
+    return (Question(stage.id, "value", f"What number is added to head {head}'s score of "
+                     f"query {token_name(trace, i)} (row {i}) against key "
+                     f"{token_name(trace, j)} (column {j})?", "number", value, number_text(value),
+                     f"{bias.name}[{spot}], recorded: the bias depends on the positions and "
+                     "the head, never on the tokens"),)

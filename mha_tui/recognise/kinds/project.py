@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...check.numeric import close, f64, linear_parts
-from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord
+from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord, Trace
 from ..builder import BTC, Builder
 from ..cell import Cell, Why, linear
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
+from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from ..vocab import PRODUCTS, PROJECTIONS, SHAPE_OPS, SPLITS
 
@@ -122,7 +123,7 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
                 ok_all &= bool(np.allclose(product.reshape(last.values.shape), last.values,
                                            atol=1e-5, rtol=1e-4, equal_nan=True))
             weights.append((w_ref, w, stored_out_in))
-            biases.extend(m.snap(r) for r in bias_refs)
+            biases.extend((r.name, m.snap(r)) for r in bias_refs)
             outs.append((op, last))
         _projection_records(m, role, ops, weights, biases, outs, tensors, outputs,
                                  heads_split, kind)
@@ -235,8 +236,9 @@ def _projection_records(m: StageMaker, role: str, ops: list[OpRecord], weights: 
                            caption=f"channels in blocks of d_h={s.d_h}, one block per head"
                            if kind == "project" and last.shape[-1] == s.C and heads_split else "")
     tensors.append(w_rec)
-    for bias in biases[:1] if len(ops) == 1 else []:
-        tensors.append(b.record(f"{first_w_ref.name.rsplit('.', 1)[0]}.bias", bias, ("C",)))
+    for bias_name, bias in biases[:1] if len(ops) == 1 else []:
+        tensors.append(b.record(bias_name or f"{first_w_ref.name.rsplit('.', 1)[0]}.bias", bias,
+                                ("C",)))
     outputs.append(out_rec)
 
 def _split_records(m: StageMaker, splits: list[OpRecord], heads_split: bool) -> list[TensorRecord]:
@@ -301,3 +303,8 @@ def judge(j: Judge) -> list[Row]:
 def why(cell: Cell) -> Why:
     """A channel of Q, K or V: the token's x dotted with one row of the weight."""
     return linear(cell, "W")
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """The shape of a projection's result."""
+    return (shape_question(stage, stage.tensors[-1], "the projection"),) if stage.tensors else ()

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...check.numeric import f64, ratio
-from ...records import Check, OpRecord, Stage
+from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BHTD, BHTT, yes
 from ..cell import Cell, Term, Why, where
 from ..graph import Graph, scalar_operand
 from ..grouping import Unit
 from ..maker import StageMaker
+from ..quizzing import Question, number_text
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, SCALE_OPS, SHAPE_OPS
 
@@ -89,8 +90,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         before_values = m.b.out_4d([before_ref.op], BHTT)[0] if before_ref.op is not None \
             else before.values
     checks = []
-    raw_f = before_values[np.isfinite(before_values)].astype(np.float64)
-    new_f = values[np.isfinite(values)].astype(np.float64)
+    raw_f, new_f = _finite_f64(before_values), _finite_f64(values)
     if raw_f.size > 1 and new_f.size > 1:
         checks.append(Check(f"spread (std) of the scores: {raw_f.std(ddof=1):.4f} raw -> "
                             f"{new_f.std(ddof=1):.4f} scaled" if not on_q else
@@ -113,6 +113,13 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, "scale", [rec], checks, shape_in=before_values.shape,
                       shape_out=values.shape if m.b.per_head else snap.shape, dims_in=rec.dims,
                       dims_out=rec.dims, note=note)
+
+
+def _finite_f64(values: np.ndarray) -> np.ndarray:
+    """The finite values, in order, as one float64 row (a boolean index copies twice when
+    every value is finite, as most scores are)."""
+    finite = np.isfinite(values)
+    return (values.reshape(-1) if finite.all() else values[finite]).astype(np.float64)
 
 
 # ---------------------------------------------------------------------- judging
@@ -253,3 +260,30 @@ def why(cell: Cell) -> Why:
     return Why(cell.stage.id, "scale", cell.record.name, cell.index, where(cell),
                f"{cell.name} = score {'/' if divides else '×'} {number:.6g}", terms,
                tuple(notes), computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """The number the scores were divided by, read off one recorded cell before and after."""
+    if not stage.tensors:
+        return ()
+    after = stage.tensors[-1]
+    at = trace.index(stage.id)
+    if at == 0 or not trace.stages[at - 1].tensors:
+        return ()
+    before = trace.stages[at - 1].tensors[-1]
+    if before.shape != after.shape:
+        return ()
+    b, a = before.values.astype(np.float64), after.values.astype(np.float64)
+    usable = np.isfinite(b) & np.isfinite(a) & (np.abs(a) > 1e-3) & (b > LARGE_NEGATIVE)
+    if not usable.any():
+        return ()
+    index = tuple(int(k) for k in np.unravel_index(int(np.argmax(np.where(usable, np.abs(a), -1))),
+                                                     a.shape))
+    divisor = float(b[index] / a[index])
+    spot = ", ".join(map(str, index))
+    return (Question(stage.id, "divisor", "By what number are the scores divided here?",
+                     "number", divisor, number_text(divisor),
+                     f"{before.name}[{spot}] at {trace.stages[at - 1].id} / {after.name}[{spot}] "
+                     f"at {stage.id}, both recorded: "
+                     f"{b[index]:.6g} / {a[index]:.6g} = {divisor:.6g} (sqrt(d_h) = "
+                     f"{math.sqrt(trace.config.head_dim):.6g}; computed by mha-tui)"),)

@@ -6,17 +6,19 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import products_agree
-from ...records import Check, OpRecord, Snapshot, Stage
+from ...check.numeric import products_agree, recomputed_agrees
+from ...records import Check, OpRecord, Snapshot, Stage, Trace
 from ..builder import BHTD, BHTT
 from ..cell import Cell, Why, dot, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, synthetic, words
+from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import MATMULS
 
@@ -48,16 +50,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
             if op.name not in ("matmul", "bmm", "einsum", "mm", "baddbmm"):
                 continue
             operands = op.inputs[1:3] if op.name == "baddbmm" else m.g.x_inputs(op)[:2]
-            a, c = (m.snap(r).values.astype(np.float64) for r in operands)
-            if op.name == "einsum":
-                equation = next((x for x in op.args if isinstance(x, str)), "")
-                product = np.einsum(equation, a, c)
-            else:
-                product = a @ c
-            if op.name == "baddbmm":
-                alpha, beta = baddbmm_factors(op)
-                product = beta * m.snap(op.inputs[0]).values + alpha * product
-            ok &= bool(np.allclose(product, op.out.values, atol=1e-5, rtol=1e-4, equal_nan=True))
+            ok &= recomputed_agrees(_product(m, op), [m.snap(r).values for r in operands],
+                                    op.out.values, atol=1e-5, rtol=1e-4)
     first = m.op(unit.ops[0])
     name = m.tensor_name(first, fallback="scores")
     h = m.s.h
@@ -90,6 +84,18 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                       shape_out=values.shape if m.b.per_head else snap.shape,
                       dims_in=m.dims(src.shape, BHTD, ("T", "d_h")),
                       dims_out=rec.dims, title=title, note=note)
+
+def _product(m: StageMaker, op: OpRecord) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """What the product op computes from its two operands (baddbmm adds its scaled input)."""
+    if op.name == "einsum":
+        equation = next((x for x in op.args if isinstance(x, str)), "")
+        return lambda a, c: np.einsum(equation, a, c)
+    if op.name == "baddbmm":
+        alpha, beta = baddbmm_factors(op)
+        given = m.snap(op.inputs[0]).values
+        return lambda a, c: beta * given + alpha * (a @ c)
+    return np.matmul
+
 
 def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, values: np.ndarray,
                      snap: Snapshot, src: Snapshot) -> list[Stage]:
@@ -218,3 +224,20 @@ def why(cell: Cell) -> Why:
                f"(a dot product over d_h = {len(row)})",
                terms, ("Q and K are the matmul's recorded inputs (K as K^T: its column "
                        f"{j})", *notes), total, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """One score: head 1's last query against the first key."""
+    if not stage.tensors or len(stage.tensors[-1].shape) < 2:
+        return ()
+    record = stage.tensors[-1]
+    head = head_of_interest(record)
+    i = record.shape[-2] - 1
+    index = cell_index(record, head=head, row=i, col=0)
+    value = float(record.values[index])
+    spot = f"{record.name}[{', '.join(map(str, index))}]"
+    return (Question(stage.id, "value", f"In head {head}, what is the score of query "
+                     f"{token_name(trace, i)} (row {i}) against key {token_name(trace, 0)} "
+                     f"(column 0), {spot}? Q's row dotted with K's row.", "number", value,
+                     number_text(value), f"the module's own {spot}, recorded (Q[{head}, {i}, :] "
+                     f"· K[{head}, 0, :])"),)

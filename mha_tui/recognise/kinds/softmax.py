@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...check.numeric import ATOL, RTOL, close, f64
-from ...records import Check, OpRecord, Ref, Stage
+from ...records import Check, OpRecord, Ref, Stage, Trace
 from ..builder import BHTT, plural, yes
 from ..cell import Cell, Term, Why, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, words
+from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import SOFTMAXES
 from ..vocab import softmax as softmax_of
@@ -195,3 +196,30 @@ def why(cell: Cell) -> Why:
     return Why(cell.stage.id, "softmax", cell.record.name, cell.index, where(cell),
                f"{cell.name} = exp(s[{i}, {j}] - max_k s[{i}, k]) / Σ_k exp(s[{i}, k] - max)",
                tuple(terms), tuple(notes), computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """What a row of weights sums to, and which key the last query weighs most in head 1."""
+    if not stage.tensors or len(stage.tensors[-1].shape) < 2:
+        return ()
+    record = stage.tensors[-1]
+    head = head_of_interest(record)
+    i = record.shape[-2] - 1
+    row_index = cell_index(record, head=head, row=i)[:-1]
+    row = record.values[row_index].astype(np.float64)
+    total = float(row.sum())
+    spot = ", ".join(map(str, row_index))
+    questions = [Question(stage.id, "row_sum", f"What does row {i} of head {head}'s weights "
+                          f"(query {token_name(trace, i)}) sum to?", "number", total,
+                          number_text(total), f"Σ_j {record.name}[{spot}, j] over the recorded "
+                          f"row = {total:.6g} (summed by mha-tui): softmax makes every row sum "
+                          "to 1")]
+    if np.isfinite(row).all() and row.size > 1:
+        top = tuple(int(j) for j in np.flatnonzero(row == row.max()))  # a tie: any of them
+        questions.append(Question(
+            stage.id, "most_attended", f"In head {head}, which token does query "
+            f"{token_name(trace, i)} (row {i}) attend to most?", "token", top,
+            " or ".join(f"{token_name(trace, j)} (position {j})" for j in top),
+            f"the largest weight in the recorded row {record.name}[{spot}, :] is "
+            f"{row[top[0]]:.4f}, at key {' and '.join(map(str, top))}"))
+    return tuple(questions)

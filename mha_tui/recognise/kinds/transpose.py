@@ -9,13 +9,14 @@ from collections import Counter
 
 import numpy as np
 
-from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord
+from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ...stages import stage_info
 from ..builder import BHTD, BTHD, yes
 from ..cell import Cell, Why, moved
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, single_axes
+from ..quizzing import Question, shape_text
 from ..sizes import Sizes
 
 KIND = "transpose"
@@ -170,3 +171,16 @@ def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 def why(cell: Cell) -> Why:
     """The same number, found at another index of the input (moved, not computed)."""
     return moved(cell)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """The strides after transpose: the same memory, read in another order."""
+    if not stage.tensors:
+        return ()
+    record = stage.tensors[-1]
+    unit = "bytes" if record.stride_unit == "bytes" else "elements"
+    return (Question(stage.id, "strides", f"What are the strides of {record.name} after "
+                     f"transpose (in {unit}), shape {shape_text(record.shape)}?", "shape",
+                     record.strides, shape_text(record.strides),
+                     f"the recorded strides of {record.name} (dims ({', '.join(record.dims)})): "
+                     f"transpose swaps two axes' strides and moves no number"),)

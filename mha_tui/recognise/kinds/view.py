@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...check.numeric import ATOL, RTOL, close, f64, max_diff
-from ...records import Check, OpRecord, Stage
+from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BTC, BTHD, yes
 from ..cell import Cell, Why, moved
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
+from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from ..vocab import SHAPE_OPS
 
@@ -177,3 +178,8 @@ def _split_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role: str
 def why(cell: Cell) -> Why:
     """The same number, found at another index of the input (moved, not computed)."""
     return moved(cell)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """The shape after the head split."""
+    return (shape_question(stage, stage.tensors[-1], stage.kind),) if stage.tensors else ()

@@ -8,12 +8,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ...records import Check, OpRecord, Stage
+from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BTC
 from ..cell import Cell, Why, linear
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
+from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from .project import build_projection, linear_row, weight_product
 
@@ -94,3 +95,8 @@ def judge(j: Judge) -> list[Row]:
 def why(cell: Cell) -> Why:
     """An output channel: the concatenated heads' row dotted with one row of W_O."""
     return linear(cell, "W_O")
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """The output's shape."""
+    return (shape_question(stage, stage.tensors[-1], "the output projection"),) if stage.tensors else ()

@@ -1,0 +1,264 @@
+"""Two traces side by side: the learner's module and a reference, stage by stage.
+
+`explain --against` runs both on the same x with the learner's weights copied into the
+reference by role (`roles.copy_by_role`), then pairs their stages by kind (the n-th
+`scores` of one with the n-th `scores` of the other), never by position: a module that
+masks before it scales is compared mask with mask. A stage only one side has (a scale the
+learner left out, an unrecognised op) stays in the list as that side's alone.
+
+In each pair the stage's results (its last tensor and every other of the same shape: Q, K
+and V at `project`) are paired by role -- the same multiset of numbers when the layout
+differs, else in order -- and compared cell by cell with `check`'s tolerance. The
+differences are computed by mha-tui (|yours - reference's|), never by either module, and
+are labelled so where they are shown; the tensors themselves are the modules' own.
+
+The rows run in the reference's order (a learner's stage that the reference does not
+have sits after the learner's previous stage), and `parting` is the first row where the
+two leave each other for good: after the last row where they agree, the first row that
+does not (a differing stage, or one only one side has, or one whose layouts differ),
+provided they never agree again (a reordering that rejoins is no parting).
+
+Plain data; never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+# The kind modules import check.numeric, which imports the recogniser's graph: the
+# recogniser is loaded first, as verdict.py's first import does.
+from ..recognise import registry as _registry  # noqa: F401
+from ..records import Stage, TensorRecord, Trace
+from .numeric import ATOL, RTOL, f64
+
+Status = Literal["agree", "differ", "mine", "reference", "not compared"]
+PARAMETER_DIMS = {("C_out", "C_in"), ("C_in", "C_out"), ("C",), ("vocab", "C")}
+TOLERANCE = f"{ATOL:g} + {RTOL:g} x the largest |reference value|"
+"""A cell differs when |yours - reference's| exceeds this (check's tolerance)."""
+
+
+@dataclass(frozen=True, eq=False)
+class TensorPair:
+    """One result of a stage on both sides, and their difference (computed by mha-tui).
+
+    diff: |mine - theirs| in mine's layout (None when the shapes cannot be laid over each
+    other); differs: the cells beyond the tolerance; at: the index of the largest
+    difference; note: why there is no comparison, when there is none."""
+
+    mine: TensorRecord | None
+    theirs: TensorRecord | None
+    diff: np.ndarray | None = None
+    differs: np.ndarray | None = None
+    max_diff: float | None = None
+    at: tuple[int, ...] | None = None
+    note: str = ""
+
+    @property
+    def agree(self) -> bool | None:
+        return None if self.differs is None else not bool(self.differs.any())
+
+    @property
+    def count(self) -> int:
+        """How many cells differ beyond the tolerance."""
+        return 0 if self.differs is None else int(self.differs.sum())
+
+
+@dataclass(frozen=True, eq=False)
+class StagePair:
+    """One row of the comparison: a stage kind, the learner's stage and the reference's
+    (either may be None), and their results paired."""
+
+    kind: str
+    mine: Stage | None
+    theirs: Stage | None
+    tensors: tuple[TensorPair, ...] = ()
+
+    @property
+    def status(self) -> Status:
+        if self.theirs is None:
+            return "mine"
+        if self.mine is None:
+            return "reference"
+        judged = [t.agree for t in self.tensors if t.agree is not None]
+        if not judged:
+            return "not compared"
+        return "agree" if all(judged) else "differ"
+
+    @property
+    def max_diff(self) -> float | None:
+        found = [t.max_diff for t in self.tensors if t.max_diff is not None]
+        return max(found) if found else None
+
+
+@dataclass(frozen=True, eq=False)
+class Comparison:
+    """The learner's trace (mine) against a reference (theirs), paired stage by stage.
+
+    parting: the index into rows of the first stage where they part, None when they never
+    do. weights: how the learner's weights were copied into the reference, in words."""
+
+    mine: Trace
+    theirs: Trace
+    mine_label: str
+    theirs_label: str
+    rows: tuple[StagePair, ...]
+    parting: int | None
+    weights: tuple[str, ...] = ()
+
+    @property
+    def parted(self) -> StagePair | None:
+        return None if self.parting is None else self.rows[self.parting]
+
+    def neighbours(self, k: int) -> tuple[Stage | None, Stage | None]:
+        """For a row the learner has no stage in: the learner's stages just before and
+        just after it, where the missing step would go."""
+        before = next((r.mine for r in reversed(self.rows[:k]) if r.mine is not None), None)
+        after = next((r.mine for r in self.rows[k + 1:] if r.mine is not None), None)
+        return before, after
+
+
+# ---------------------------------------------------------------- cells
+
+
+def compare_tensors(mine: TensorRecord, theirs: TensorRecord) -> TensorPair:
+    """Cell by cell, in mine's layout: equal shapes, or equal once axes of size 1 are
+    dropped ((T, B, C) against (B, T, C) for B = 1). -inf against -inf and NaN against
+    NaN are equal; NaN against a number is an infinite difference."""
+    a, b = f64(mine.values), f64(theirs.values)
+    if a.shape != b.shape:
+        if tuple(n for n in a.shape if n != 1) != tuple(n for n in b.shape if n != 1):
+            return TensorPair(mine, theirs, note=f"not compared: the shapes differ, "
+                                                 f"{_shape(a.shape)} and {_shape(b.shape)}")
+        b = b.reshape(a.shape)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(a - b))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    finite = b[np.isfinite(b)]
+    tolerance = ATOL + RTOL * (float(np.abs(finite).max()) if finite.size else 0.0)
+    differs = diff > tolerance
+    at = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape)) \
+        if diff.size else None
+    return TensorPair(mine, theirs, diff, differs, float(diff.max()) if diff.size else 0.0, at)
+
+
+def results(stage: Stage) -> list[TensorRecord]:
+    """A stage's results: its last tensor and every other tensor of that shape that is not
+    a parameter (Q, K and V at project; never W_Q, whatever its shape)."""
+    if not stage.tensors:
+        return []
+    shape = stage.tensors[-1].shape
+    return [t for t in stage.tensors if t.shape == shape and t.dims not in PARAMETER_DIMS]
+
+
+def _multiset(values: np.ndarray) -> np.ndarray:
+    return np.sort(f64(values).reshape(-1))
+
+
+def _same_numbers(a: TensorRecord, b: TensorRecord) -> bool:
+    x, y = _multiset(a.values), _multiset(b.values)
+    if x.shape != y.shape:
+        return False
+    finite = y[np.isfinite(y)]
+    tolerance = ATOL + RTOL * (float(np.abs(finite).max()) if finite.size else 0.0)
+    with np.errstate(invalid="ignore"):
+        return bool(np.all((x == y) | (np.abs(x - y) <= tolerance)))
+
+
+def pair_results(mine: Stage, theirs: Stage) -> tuple[TensorPair, ...]:
+    """The two stages' results paired by role: the same numbers in any layout (a wrong view
+    of Q is still Q), else in order; a result only one side has is shown alone."""
+    ours, refs = results(mine), results(theirs)
+    partner: dict[int, int] = {}
+    for i, record in enumerate(ours):
+        j = next((j for j, other in enumerate(refs)
+                  if j not in partner.values() and _same_numbers(record, other)), None)
+        if j is not None:
+            partner[i] = j
+    free = iter(j for j in range(len(refs)) if j not in partner.values())
+    for i in range(len(ours)):
+        if i not in partner:
+            j = next(free, None)
+            if j is not None:
+                partner[i] = j
+    pairs = [compare_tensors(record, refs[partner[i]]) if i in partner
+             else TensorPair(record, None, note="the reference has no result to set beside it")
+             for i, record in enumerate(ours)]
+    pairs += [TensorPair(None, refs[j], note="your module has no result to set beside it")
+              for j in range(len(refs)) if j not in partner.values()]
+    return tuple(pairs)
+
+
+# ---------------------------------------------------------------- stages
+
+
+UNPAIRED = {"op", "error"}  # an op no rule placed, a raised forward: never paired by kind
+
+
+def pair_stages(mine: Trace, theirs: Trace) -> list[StagePair]:
+    """Rows in the reference's order; the n-th stage of a kind on one side with the n-th
+    of that kind on the other; the learner's other stages after their predecessor."""
+    seen: dict[str, int] = {}
+    mine_of: dict[tuple[str, int], int] = {}
+    for i, stage in enumerate(mine.stages):
+        n = seen.get(stage.kind, 0)
+        seen[stage.kind] = n + 1
+        if stage.kind not in UNPAIRED:
+            mine_of[(stage.kind, n)] = i
+    rows: list[tuple[int | None, int | None]] = []  # (mine index, theirs index)
+    seen = {}
+    for j, stage in enumerate(theirs.stages):
+        n = seen.get(stage.kind, 0)
+        seen[stage.kind] = n + 1
+        rows.append((mine_of.pop((stage.kind, n), None) if stage.kind not in UNPAIRED
+                     else None, j))
+    paired = {i for i, _ in rows if i is not None}
+    for i in range(len(mine.stages)):
+        if i in paired:
+            continue
+        # after the row of the learner's nearest earlier stage already placed
+        place = 0
+        for k, (m, _) in enumerate(rows):
+            if m is not None and m < i:
+                place = k + 1
+        rows.insert(place, (i, None))
+        paired.add(i)
+    out = []
+    for i, j in rows:
+        a = mine.stages[i] if i is not None else None
+        b = theirs.stages[j] if j is not None else None
+        kind = (a or b).kind  # type: ignore[union-attr]
+        out.append(StagePair(kind, a, b, pair_results(a, b) if a is not None and b is not None
+                             else ()))
+    return out
+
+
+def parting(rows: list[StagePair]) -> int | None:
+    """The first row where the two part for good (see the module docstring), or None."""
+    statuses = [row.status for row in rows]
+    for k, row in enumerate(rows):  # the learner's forward raised: they part there
+        if row.kind == "error" and row.mine is not None:
+            return k
+    last_agree = -1
+    for k, status in enumerate(statuses):
+        if status == "agree":
+            last_agree = k
+            continue
+        if status == "differ" and "agree" not in statuses[k + 1:]:
+            return last_agree + 1
+    return None
+
+
+def compare(mine: Trace, theirs: Trace, *, mine_label: str, theirs_label: str,
+            weights: tuple[str, ...] = ()) -> Comparison:
+    """Pair the two traces' stages, compare their results, find where they part."""
+    rows = pair_stages(mine, theirs)
+    return Comparison(mine, theirs, mine_label, theirs_label, tuple(rows), parting(rows),
+                      weights)
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"

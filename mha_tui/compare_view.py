@@ -1,0 +1,257 @@
+"""How `explain --against` is drawn: the learner's stage beside the reference's, pure Rich
+renderables shared by the transcript (and the app).
+
+Every tensor shown is a module's own, drawn by `render` exactly as the walk-through draws it;
+the differences between them (|yours - reference's|, which cells are beyond the tolerance,
+the largest) are computed by mha-tui (`check.compare`) and say so wherever they appear.
+User text (file names, source lines, tokens) enters as Text after `printable`.
+Never import torch, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from rich.columns import Columns
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from .check.compare import TOLERANCE, Comparison, StagePair, TensorPair
+from .records import Stage, TensorRecord
+from .render import (
+    HeadingRule,
+    RenderOptions,
+    TensorView,
+    display_path,
+    label,
+    printable,
+    tensor_matrices,
+)
+
+STATUS_WORDS = {
+    "agree": "same numbers",
+    "differ": "differs",
+    "mine": "only in yours",
+    "reference": "only in the reference",
+    "not compared": "not compared",
+}
+CELLS_LISTED = 8
+
+
+def marks(ascii_only: bool) -> dict[str, str]:
+    """The rail's and the headings' mark for each status."""
+    if ascii_only:
+        return {"agree": "+", "differ": "x", "mine": "<", "reference": ">", "not compared": "."}
+    return {"agree": "✓", "differ": "✗", "mine": "◧", "reference": "◨", "not compared": "·"}
+
+
+STATUS_STYLES = {"agree": "green", "differ": "bold red", "mine": "yellow", "reference": "yellow",
+                 "not compared": "dim"}
+
+
+def _index(index: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, index)) + "]"
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}" if value < 1e-3 or value >= 1e4 else f"{value:.4f}"
+
+
+def shown_label(text: str) -> str:
+    """A module's label as a reader finds its file: `tests/x.py:Attention`, `mygpt`."""
+    where, colon, cls = text.rpartition(":")
+    if colon and where.endswith(".py"):
+        return printable(f"{display_path(where)}:{cls}")
+    return printable(text)
+
+
+def comparison_header(c: Comparison, opts: RenderOptions) -> Group:
+    """Which two modules, how the weights were copied, the tolerance, where they part."""
+    def module(who: str, name: str, stage_file: str) -> Text:
+        text = Text.assemble((f"{who:<10} ", "dim"), (shown_label(name), "bold"))
+        if display_path(stage_file) not in shown_label(name):  # a --module label names it
+            text.append("  file ", style="dim")
+            text.append_text(label(display_path(stage_file), max_cells=200, ascii_only=opts.ascii))
+        return text
+
+    mine_file = c.mine.module.file if c.mine.module else ""
+    theirs_file = c.theirs.module.file if c.theirs.module else ""
+    parts: list[RenderableType] = [
+        module("yours", c.mine_label, mine_file),
+        module("reference", c.theirs_label, theirs_file),
+        Text("same x for both; your weights copied into the reference by role by mha-tui:",
+             style="dim"),
+    ]
+    parts += [Text("  " + printable(line), style="dim") for line in c.weights] or \
+        [Text("  (none: your forward raised before its weights could be found)", style="dim")]
+    parts.append(Text(f"differences computed by mha-tui: a cell differs when |yours - "
+                      f"reference's| exceeds {TOLERANCE}", style="dim"))
+    parted = c.parted
+    differing = [row.kind for row in c.rows if row.status == "differ"]
+    if parted is None and not differing:
+        parts.append(Text("they never part: every stage both have gives the same numbers",
+                          style="green"))
+    elif parted is None:
+        parts.append(Text(f"they never part for good: they differ at {', '.join(differing)} "
+                          "and give the same numbers again after them", style="green"))
+    else:
+        assert c.parting is not None
+        parts.append(Text.assemble(("they part at ", "bold"),
+                                   (f"{c.parting + 1}/{len(c.rows)} {parted.kind}", "bold red"),
+                                   f": {_status_words(parted)}"))
+    return Group(*parts)
+
+
+def _status_words(row: StagePair) -> str:
+    words = STATUS_WORDS[row.status]
+    if row.status == "differ" and row.max_diff is not None:
+        words += f", largest difference {_number(row.max_diff)} (computed by mha-tui)"
+    if row.status == "not compared":
+        note = next((t.note for t in row.tensors if t.note), "")
+        words = note or words
+    return words
+
+
+def row_heading(c: Comparison, k: int, opts: RenderOptions) -> Text:
+    """`6/12 scale  ✗ differs, largest difference 0.31  <- they part here`."""
+    row = c.rows[k]
+    stage = row.mine or row.theirs
+    assert stage is not None
+    text = Text.assemble((f"{k + 1}/{len(c.rows)} ", "dim"), (row.kind, "bold"), ("  ·  ", "dim"),
+                         (stage.title, "bold"), "  ",
+                         (marks(opts.ascii)[row.status], STATUS_STYLES[row.status]), " ",
+                         (_status_words(row), STATUS_STYLES[row.status]))
+    if k == c.parting:
+        text.append("  <- they part here", style="bold red")
+    return text
+
+
+def _where(stage: Stage) -> str:
+    source = stage.source
+    return f"{display_path(source.file).rsplit('/', 1)[-1]} line {source.line}" if source else ""
+
+
+def _missing(c: Comparison, k: int) -> str:
+    """`your module has none: it would go between your scale (line 31) and softmax (line 32)`"""
+    before, after = c.neighbours(k)
+    places = [f"{s.kind} (line {s.source.line})" for s in (before, after)
+              if s is not None and s.source is not None]
+    if not places:
+        return "your module has no such stage"
+    where = " and your ".join(places)
+    return (f"your module has no such stage; it would go "
+            f"{'between your ' if len(places) == 2 else 'next to your '}{where}")
+
+
+def _line(who: str, stage: Stage | None, other: str, opts: RenderOptions) -> Text:
+    if stage is None:
+        return Text.assemble((f"{who:<10} ", "dim"), (other, "italic"))
+    where = f"{_where(stage)}: " if stage.source else ""
+    code = stage.code.splitlines()[0] if stage.code else ""
+    text = Text.assemble((f"{who:<10} ", "dim"))
+    text.append_text(label(where, max_cells=200, ascii_only=opts.ascii))
+    text.append(printable(code))
+    return text
+
+
+def _difference_record(pair: TensorPair) -> TensorRecord:
+    """The cell-by-cell difference as a tensor to draw in the learner's layout; mha-tui's."""
+    assert pair.mine is not None and pair.theirs is not None and pair.diff is not None
+    return TensorRecord(name="|yours - reference's|", dims=pair.mine.dims,
+                        values=pair.diff, strides=(), contiguous=True, kind="signed",
+                        head_split=pair.mine.head_split)
+
+
+def pair_view(c: Comparison, pair: TensorPair, opts: RenderOptions) -> Group:
+    """Yours beside the reference's (each the module's own), then the difference
+    (mha-tui's): how many cells differ, the largest and where, the cells, the table."""
+    config = c.mine.config
+    parts: list[RenderableType] = []
+    sides = Table.grid(expand=True, padding=(0, 3))
+    sides.add_column(ratio=1)
+    sides.add_column(ratio=1)
+    left: RenderableType = Group(Text("yours", style="bold"), TensorView(pair.mine, config, opts)) \
+        if pair.mine is not None else Text("yours: nothing to set beside it", style="italic")
+    right: RenderableType = Group(Text("reference", style="bold"),
+                                  TensorView(pair.theirs, c.theirs.config, opts)) \
+        if pair.theirs is not None else Text("reference: nothing to set beside it",
+                                             style="italic")
+    sides.add_row(left, right)
+    parts.append(sides)
+    if pair.diff is None:
+        parts.append(Text(pair.note, style="italic dim"))
+        return Group(*parts)
+    assert pair.differs is not None and pair.at is not None
+    ok, bad = marks(opts.ascii)["agree"], marks(opts.ascii)["differ"]
+    if pair.count:
+        summary = Text.assemble(
+            (f"{bad} ", "bold red"), "difference, computed by mha-tui: ",
+            (f"{pair.count} of {pair.differs.size} cells differ", "bold red"),
+            f"; the largest, {_number(pair.max_diff or 0.0)}, at {_index(pair.at)}")
+        cells = [tuple(int(i) for i in where) for where in zip(*pair.differs.nonzero(), strict=True)]
+        listed = " ".join(_index(cell) for cell in cells[:CELLS_LISTED])
+        more = f" (+{len(cells) - CELLS_LISTED} more)" if len(cells) > CELLS_LISTED else ""
+        parts += [summary, Text(f"  cells that differ: {listed}{more}", style="red")]
+    else:
+        parts.append(Text.assemble((f"{ok} ", "green"), "difference, computed by mha-tui: ",
+                                   ("every cell within the tolerance", "green"),
+                                   f"; the largest, {_number(pair.max_diff or 0.0)}"))
+        return Group(*parts)
+    record = _difference_record(pair)
+    matrices = tensor_matrices(record, config, opts)
+    parts.append(Text(f"{record.name}, computed by mha-tui", style="italic dim"))
+    parts.append(matrices[0] if len(matrices) == 1 else Columns(matrices, padding=(0, 3)))
+    return Group(*parts)
+
+
+def row_view(c: Comparison, k: int, opts: RenderOptions) -> Group:
+    """One row of the comparison as the transcript prints it."""
+    row = c.rows[k]
+    parts: list[RenderableType] = [
+        HeadingRule(row_heading(c, k, opts), "-" if opts.ascii else "━"),
+        _line("yours", row.mine, _missing(c, k), opts),
+        _line("reference", row.theirs, "the reference has no such stage", opts),
+        Text(""),
+    ]
+    if row.mine is None or row.theirs is None:
+        stage = row.mine or row.theirs
+        assert stage is not None
+        who = "your module's" if row.mine is not None else "the reference's"
+        parts.append(Text(f"{who} own tensors:", style="dim"))
+        parts += [TensorView(t, c.mine.config, opts) for t in stage.tensors[-1:]]
+        parts.append(Text(""))
+        return Group(*parts)
+    for pair in row.tensors:
+        parts.append(pair_view(c, pair, opts))
+        parts.append(Text(""))
+    return Group(*parts)
+
+
+def compare_screen(c: Comparison, k: int, opts: RenderOptions) -> Group:
+    """One row as the app shows it: who is compared with whom and where they part (the
+    weights copied, on the first row), then the row itself."""
+    parted = c.parted
+    where = (Text.assemble(("they part at ", "bold"),
+                           (f"{(c.parting or 0) + 1} {parted.kind}", "bold red"))
+             if parted is not None else Text("they never part", style="green"))
+    lead = Text.assemble(("yours ", "dim"), (shown_label(c.mine_label), "bold"),
+                         ("  against  ", "dim"), (shown_label(c.theirs_label), "bold"), "  ·  ")
+    lead.append_text(where)
+    parts: list[RenderableType] = [lead]
+    if k == 0:
+        parts.append(Text("same x for both; your weights copied into the reference by role "
+                          "by mha-tui:", style="dim"))
+        parts += [Text("  " + printable(line), style="dim") for line in c.weights]
+        parts.append(Text(f"a cell differs when |yours - reference's| (computed by mha-tui) "
+                          f"exceeds {TOLERANCE}", style="dim"))
+    parts.append(Text(""))
+    parts.append(row_view(c, k, opts))
+    return Group(*parts)
+
+
+def rail_label(c: Comparison, k: int, ascii_only: bool = False) -> Text:
+    """A row on the app's rail: its mark, its kind, and where the two part."""
+    row = c.rows[k]
+    text = Text.assemble((marks(ascii_only)[row.status], STATUS_STYLES[row.status]), " ", row.kind)
+    if k == c.parting:
+        text.append(" <" if ascii_only else " ◀", style="bold red")
+    return text

@@ -1,0 +1,266 @@
+"""`explain --against`: the learner's module beside a reference, stage by stage.
+
+The weights are copied by role (the reference's output is checked against check's own
+reference with the same weights), stages are paired by kind, the differences are mha-tui's,
+and the first stage where the two part agrees with `check`'s verdict and first wrong line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mha_tui.check.compare import Comparison, compare, compare_tensors
+from mha_tui.check.roles import RoleCopyError, roles_of
+from mha_tui.config import Config, Source
+from mha_tui.pipeline import check_source, compared
+from mha_tui.records import Stage, TensorRecord, Trace
+
+from .conftest import ROOT, run_cli
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MISTAKES = FIXTURES / "mistakes"
+GOLDEN = Path(__file__).parent / "golden"
+CONFIG = Config("I love AI !", embed_dim=4, num_heads=2)
+
+
+def spec(name: str) -> str:
+    return f"{MISTAKES / name}.py:MultiHeadAttention"
+
+
+@cache
+def against(mine: str, reference: str = "mygpt", *, module: bool = True) -> Comparison:
+    source = Source(module=mine) if module else Source(model=mine)
+    ref = Source(module=reference) if ":" in reference else Source(model=reference)
+    return compared(CONFIG, source, ref)
+
+
+def record(values: np.ndarray, dims: tuple[str, ...] = ("B", "h", "T", "T")) -> TensorRecord:
+    return TensorRecord("t", dims, np.asarray(values, dtype=np.float32), (), True)
+
+
+# ---------------------------------------------------------------- cells
+
+
+def test_differences_mark_the_cells_beyond_the_tolerance() -> None:
+    """Equal -inf and equal NaN agree; NaN against a number is an infinite difference;
+    float32 rounding stays within the tolerance; the largest difference and its index."""
+    ref = np.array([[0.5, -np.inf], [np.nan, 2.0]])
+    mine = np.array([[0.5 + 1e-7, -np.inf], [np.nan, 2.75]])
+    pair = compare_tensors(record(mine, ("T", "T")), record(ref, ("T", "T")))
+    assert pair.differs.tolist() == [[False, False], [False, True]]
+    assert pair.max_diff == pytest.approx(0.75) and pair.at == (1, 1)
+    assert pair.count == 1 and pair.agree is False
+    nan = compare_tensors(record(np.array([[np.nan, 1.0]]), ("T", "T")),
+                          record(np.array([[0.0, 1.0]]), ("T", "T")))
+    assert nan.max_diff == np.inf and nan.differs.tolist() == [[True, False]]
+
+
+def test_layouts_that_differ_only_by_axes_of_one_are_laid_over_each_other() -> None:
+    """(T, B, C) against (B, T, C) for B = 1 is compared; (h, T, d) against (T, h, d) is not."""
+    values = np.arange(8.0).reshape(1, 4, 2)
+    pair = compare_tensors(record(values.reshape(4, 1, 2), ("T", "B", "C")),
+                           record(values, ("B", "T", "C")))
+    assert pair.agree is True
+    other = compare_tensors(record(np.zeros((2, 4, 2)), ("h", "T", "d_h")),
+                            record(np.zeros((4, 2, 2)), ("T", "h", "d_h")))
+    assert other.agree is None and "shapes differ" in other.note
+
+
+def stage(kind: str, value: float) -> Stage:
+    """A hand-built stage whose result is a (1, 1, 2, 2) tensor full of `value`."""
+    result = record(np.full((1, 1, 2, 2), value))
+    return Stage(kind, kind, "", "", (1, 1, 2, 2), (1, 1, 2, 2), ("B", "h", "T", "T"),
+                 ("B", "h", "T", "T"), (result,), kind=kind)
+
+
+def rows_of(mine: list[tuple[str, float]], theirs: list[tuple[str, float]]) -> Comparison:
+    config = Config("a b")
+    return compare(Trace(config, tuple(stage(*s) for s in mine)),
+                   Trace(config, tuple(stage(*s) for s in theirs)),
+                   mine_label="mine", theirs_label="theirs")
+
+
+def test_rows_follow_the_reference_and_part_for_good_only() -> None:
+    """Hand-built stages: paired by kind in the reference's order; a stage of the learner's
+    alone sits after its predecessor; a difference that agrees again later is no parting;
+    a step the learner left out, followed by a difference, is where they part."""
+    reordered = rows_of([("scores", 1), ("mask", 3), ("scale", 4), ("softmax", 5)],
+                        [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)])
+    assert [(r.kind, r.status) for r in reordered.rows] == [
+        ("scores", "agree"), ("scale", "differ"), ("mask", "agree"), ("softmax", "agree")]
+    assert reordered.parting is None
+    left_out = rows_of([("scores", 1), ("op", 9), ("mask", 3), ("softmax", 6)],
+                       [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)])
+    assert [(r.kind, r.status) for r in left_out.rows] == [
+        ("scores", "agree"), ("op", "mine"), ("scale", "reference"), ("mask", "agree"),
+        ("softmax", "differ")]
+    assert left_out.parted.kind == "softmax"  # they agreed again at mask: the parting is later
+    missing = rows_of([("scores", 1), ("mask", 7), ("softmax", 6)],
+                      [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)])
+    assert missing.parted.kind == "scale" and missing.parted.mine is None
+    raised = rows_of([("scores", 1), ("error", 0)], [("scores", 1), ("scale", 2)])
+    assert raised.parted.kind == "error" and raised.parted.status == "mine"
+
+
+# ---------------------------------------------------------------- weights by role
+
+
+@pytest.mark.parametrize("reference", ["mygpt", "many-eyes", "torch.nn:MultiheadAttention"])
+def test_a_correct_module_never_parts_from_the_reference(reference: str) -> None:
+    """mygpt against itself, against per-head modules, against nn.MultiheadAttention (a
+    fused in_proj_weight, scale before the scores): the weights copied in by role, the
+    output the same, no parting stage."""
+    c = against("mygpt", reference, module=False)
+    assert c.parting is None, [(r.kind, r.status) for r in c.rows]
+    assert c.rows[-1].status == "agree" or c.rows[-1].mine is None
+    outputs = next(r for r in c.rows if r.kind == "w_o")
+    assert outputs.status == "agree"
+    mine_roles, their_roles = roles_of(c.mine, 2), roles_of(c.theirs, 2)
+    for role in "qkv":
+        np.testing.assert_array_equal(getattr(mine_roles, role)[0], getattr(their_roles, role)[0])
+
+
+def test_the_references_numbers_are_its_own_forward_with_the_copied_weights() -> None:
+    """The reference's output equals check's reference (mygpt, weights copied in by role,
+    run by tracing.rerun) on the same x: an independent run of the copy."""
+    from mha_tui.tracing.rerun import reference_output
+
+    c = against(spec("no_scale"))
+    x = dict(c.mine.recording.inputs)["x"].values
+    expected = reference_output(x, roles_of(c.mine, 2), 2, True)
+    got = c.theirs.recording.snapshot(c.theirs.recording.output).values
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_stages_are_paired_by_kind_not_position() -> None:
+    """raschka-wrapper masks before it scales and has no view, transpose or W_O: every
+    pair holds two stages of one kind; the reference's own stages are shown as such."""
+    c = against("raschka-wrapper", module=False)
+    assert all(r.mine.kind == r.theirs.kind for r in c.rows if r.mine and r.theirs)
+    only = {r.kind: r.status for r in c.rows if r.mine is None or r.theirs is None}
+    assert only == {"view": "reference", "transpose": "reference", "w_o": "reference"}
+    assert c.parting is None  # scale and mask differ in between, then rejoin at softmax
+
+
+def test_weights_that_cannot_be_copied_by_role_are_refused() -> None:
+    """A bias the reference has no place for: one line, naming it."""
+    with pytest.raises(RoleCopyError, match="Q projection has a bias"):
+        compared(CONFIG, Source(model="course"), Source(model="mygpt"))
+
+
+# ---------------------------------------------------------------- agrees with check
+
+# fixture -> check's verdict, said by compare too: the first stage where they part
+PARTING = ["scale_sqrt_c", "no_scale", "single_view", "softmax_axis", "mask_reversed",
+           "mask_missing", "merge_no_transpose", "dropout_active", "crash"]
+
+
+@pytest.mark.parametrize("name", PARTING)
+def test_they_part_where_check_finds_the_first_wrong_line(name: str) -> None:
+    """The parting stage is check's first wrong stage, and its line check's line (for a
+    stage the learner left out, one of the learner's two lines it would go between: check
+    blames the scores line for a missing scale, the softmax line for a missing mask)."""
+    verdict = check_source(CONFIG, Source(module=spec(name)))
+    first_wrong = next(row for row in verdict.stages if row.ok is False)
+    c = against(spec(name))
+    parted = c.parted
+    assert parted is not None
+    assert parted.kind == first_wrong.kind
+    if parted.mine is not None:
+        assert parted.mine.source.line == verdict.diagnosis.line
+    else:  # left out: between two of the learner's stages
+        lines = {s.source.line for s in c.neighbours(c.parting) if s is not None}
+        assert verdict.diagnosis.line in lines
+    assert "differ" not in [r.status for r in c.rows[:c.parting]]
+
+
+def test_where_values_say_otherwise_than_check() -> None:
+    """Three mistakes compare shows otherwise than check, said here so it is not hidden:
+    a mask computed and then discarded (its numbers agree; the softmax, fed the unmasked
+    scores, is where the values part) and a declared but unused W_O (the reference's W_O
+    becomes the identity, as check's reference does, so the numbers agree to the end)."""
+    discarded = against(spec("mask_discarded"))
+    assert discarded.parted.kind == "softmax"
+    assert [r.status for r in discarded.rows if r.kind == "mask"] == ["agree"]
+    # masked after the softmax: the same stage (mask), but the learner's masked_fill of the
+    # weights is no mask stage to the recogniser, an op of its own after the softmax: that
+    # op's line is check's line
+    late = against(spec("mask_after_softmax"))
+    verdict = check_source(CONFIG, Source(module=spec("mask_after_softmax")))
+    assert late.parted.kind == "mask" == verdict.diagnosis.stage
+    [op] = [r for r in late.rows if r.status == "mine"]
+    assert op.kind == "op" and op.mine.source.line == verdict.diagnosis.line
+    unused = against(spec("no_output_projection"))
+    assert unused.parting is None
+    assert [r.status for r in unused.rows if r.kind == "w_o"] == ["reference"]
+
+
+# ---------------------------------------------------------------- --dump
+
+
+def test_text_comparison_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regenerate with `make golden` only after reading the diff."""
+    from mha_tui.dump import comparison_text
+    from mha_tui.render import RenderOptions
+
+    monkeypatch.chdir(ROOT)
+    c = compared(CONFIG, Source(module="tests/fixtures/mistakes/no_scale.py:MultiHeadAttention"),
+                 Source(model="mygpt"))
+    text = comparison_text(c, RenderOptions())
+    assert text == (GOLDEN / "against-no-scale.txt").read_text("utf-8")
+    assert "they part at 6/11 scale: only in the reference" in text
+    assert "difference, computed by mha-tui" in text
+
+
+def test_a_correct_module_against_per_head_modules_matches_golden() -> None:
+    """mygpt against many-eyes, in ASCII: no parting; view and transpose only in yours.
+    Regenerate with `make golden` only after reading the diff."""
+    done = run_cli("explain", "I love AI !", "--against", "many-eyes", "--ascii", "--dump", "-")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (GOLDEN / "against-many-eyes-ascii.txt").read_bytes()
+    text = done.stdout.decode("ascii")
+    assert "they never part" in text and "only in yours" in text
+
+
+def test_the_cli_writes_the_comparison_as_json(tmp_path: Path) -> None:
+    """Both sides' own tensors, mha-tui's difference (which cells, the largest, where)."""
+    out = tmp_path / "c.json"
+    done = run_cli("explain", "I love AI !", "--module", spec("softmax_axis"), "--against",
+                   "mygpt", "--dump", str(out), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    assert data["parting"]["kind"] == "softmax"
+    row = data["rows"][data["parting"]["row"]]
+    assert row["status"] == "differ" and row["yours"]["source"]["line"] > 0
+    pair = row["tensors"][0]
+    mine, theirs = np.array(pair["yours"]["values"]), np.array(pair["reference"]["values"])
+    differing = np.array(pair["difference"]["differing"])
+    assert pair["difference"]["computed_by"] == "mha-tui"
+    assert differing.shape == mine.shape and differing.sum() == pair["difference"]["cells_differing"]
+    assert pair["difference"]["max"] == pytest.approx(float(np.abs(mine - theirs).max()), rel=1e-6)
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--against", "nosuch"], "is neither a tutorial's module"),
+    (["--model", "course", "--against", "mygpt"], "has a bias"),
+    (["--against", "mygpt", "--format", "svg"], "text or JSON"),
+    (["--against", "mygpt", "--hf", "gpt2"], "does not apply with --hf"),
+    (["--against", "blueprint"], "NumPy"),
+    (["--against", "missing_file.py:Attention"], "--against: missing_file.py"),
+    (["--against", "tests/fixtures/numpy_attn.py:MultiHeadAttention"], "no nn.Module class"),
+])
+def test_bad_against_is_one_line_and_exit_2(tmp_path: Path, args: list[str], words: str) -> None:
+    """One line on stderr, exit 2, no traceback, nothing written."""
+    out = tmp_path / "out.txt"
+    done = run_cli("explain", "I love AI !", *args, "--dump", str(out))
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert words in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists() and os.listdir(tmp_path) == []

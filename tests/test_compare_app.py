@@ -1,0 +1,106 @@
+"""`explain --against` in the app: the rows on the rail, where the two part, the view."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mha_tui.check.roles import RoleCopyError
+from mha_tui.compare_app import CompareApp, row_ids
+from mha_tui.config import Config, Source
+from mha_tui.pipeline import compared
+from mha_tui.stage_view import StageView
+from mha_tui.widgets import StageRail
+
+MISTAKES = Path(__file__).parent / "fixtures" / "mistakes"
+CONFIG = Config("I love AI !")
+
+
+def comparison(name: str | None):
+    mine = Source(module=f"{MISTAKES / name}.py:MultiHeadAttention") if name else Source()
+    return compared(CONFIG, mine, Source(model="mygpt"))
+
+
+def shown(app: CompareApp) -> str:
+    """The stage view's text, its wrapped lines joined (whitespace runs as one space)."""
+    return " ".join(" ".join(strip.text for strip in app.query_one(StageView).lines).split())
+
+
+def rail(app: CompareApp) -> list[str]:
+    options = app.query_one(StageRail)
+    return [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+
+
+async def test_a_correct_module_never_parts() -> None:
+    """mistakes/correct.py against mygpt: every row ✓ on the rail, no parting mark; the
+    first row says so and lists how the weights were copied."""
+    c = comparison("correct")
+    app = CompareApp(CONFIG, comparison=c)
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause()
+        assert app.stage_index == 0
+        labels = rail(app)
+        assert len(labels) == len(c.rows) == 11
+        assert all("✓" in label and "◀" not in label for label in labels)
+        text = shown(app)
+        assert "they never part" in text and "W_Q.weight <- your Q rows 0-3" in text
+
+
+async def test_a_missing_scale_parts_at_scale() -> None:
+    """no_scale.py: the app opens at the scale row, only the reference's, marked on the rail;
+    the next row (mask) differs, with mha-tui's difference and the cells that differ."""
+    c = comparison("no_scale")
+    app = CompareApp(CONFIG, comparison=c)
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause()
+        assert row_ids(c)[app.stage_index] == "scale"
+        labels = rail(app)
+        assert [label for label in labels if "◀" in label] == [labels[app.stage_index]]
+        assert "◨" in labels[app.stage_index]  # only in the reference
+        text = shown(app)
+        assert "they part here" in text and "only in the reference" in text
+        assert "it would go between your scores (line 28) and your mask (line 29)" in text
+        await pilot.press("right")
+        assert row_ids(c)[app.stage_index] == "mask"
+        text = shown(app)
+        assert "differs, largest difference" in text
+        assert "difference, computed by mha-tui: 20 of 32 cells differ" in text
+        await pilot.press("enter", "s")  # no drill-down, no re-run here
+        assert app.cursor is None and row_ids(c)[app.stage_index] == "mask"
+
+
+async def test_softmax_on_the_wrong_axis_parts_at_softmax() -> None:
+    """softmax_axis.py: both have a softmax; the app opens there, ✗ on the rail."""
+    c = comparison("softmax_axis")
+    app = CompareApp(CONFIG, comparison=c)
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause()
+        assert row_ids(c)[app.stage_index] == "softmax"
+        label = rail(app)[app.stage_index]
+        assert "✗" in label and "◀" in label
+
+
+async def test_the_comparison_is_computed_in_the_loading_thread() -> None:
+    """Built by the app's worker: the rail becomes the comparison's rows, at the parting one."""
+    mine = Source(module=f"{MISTAKES / 'mask_reversed'}.py:MultiHeadAttention")
+    app = CompareApp(CONFIG, compare=lambda config: compared(config, mine, Source(model="mygpt")))
+    async with app.run_test(size=(100, 32)) as pilot:
+        for _ in range(100):  # the forward's thread, then the frames it asks for
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            if app.comparison is not None and "they part here" in shown(app):
+                break
+        assert app.comparison is not None, app.load_error
+        assert row_ids(app.comparison)[app.stage_index] == "mask"
+        assert "they part here" in shown(app)
+
+
+async def test_weights_that_cannot_be_copied_end_the_app_with_one_line() -> None:
+    """A refusal in the loading thread: the app exits 2 and hands the CLI its line."""
+    def refuse(config: Config):
+        raise RoleCopyError("your Q projection has a bias and --against mygpt's has none")
+
+    app = CompareApp(CONFIG, compare=refuse, refusals=(RoleCopyError,))
+    async with app.run_test(size=(100, 32)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+    assert app.return_code == 2 and "has a bias" in app.refusal
