@@ -192,3 +192,56 @@ def test_the_new_kinds_are_judged_rows(spec: str, options: tuple[str, ...], kind
     rows = {s["kind"]: s for s in data["stages"]}
     for kind in kinds:
         assert rows[kind]["ok"] is True, rows.get(kind)
+
+
+# ---------------------------------------------------------------------------- partial, odd, unmasked
+
+
+@pytest.mark.parametrize(("spec", "options", "words"), [
+    (f"{MECHANISMS / 'neox_rotary.py'}:GPTNeoXAttention", ["-H", "4", "-C", "12"],
+     "rotary positions (partial: 2 of each head's 3 channels, base 10000, rotate_half)"),
+    (f"{MECHANISMS / 'gptj_rotary.py'}:GPTJAttention", ["-H", "2", "-C", "16", "--init",
+                                                        "rotary_dim=4"],
+     "rotary positions (partial: 4 of each head's 8 channels, base 10000, interleaved pairs)"),
+])
+def test_partial_rotary_and_an_odd_d_h_are_judged(spec: str, options: list[str], words: str
+                                                  ) -> None:
+    """--expect rotary with a partial rotary (GPT-NeoX, GPT-J) or an odd d_h: the reference
+    turns as many channels as the module's rotation does, and says so."""
+    code, out = text(spec, *options, "--expect", "rotary")
+    assert code == 0, out
+    assert f"equivalent to causal multi-head attention with {words}" in out
+
+
+def test_expecting_rotary_with_an_odd_d_h_of_a_plain_module_is_said() -> None:
+    code, data = check(f"{Path(__file__).parent / 'fixtures' / 'mistakes' / 'correct.py'}"
+                       ":MultiHeadAttention", "-H", "2", "-C", "6", "--expect", "rotary")
+    assert code == 1
+    assert data["diagnosis"]["message"].startswith("differs: no rotary positions")
+
+
+def test_an_unmasked_gqa_rotary_module_is_judged_with_no_causal(tmp_path: Path) -> None:
+    path, _ = planted(tmp_path, MECHANISMS / "llama_rotary.py",
+                      ("scores = scores + causal_mask", "scores = scores"))
+    code, out = text(f"{path}:LlamaAttention", *SIZES, "--expect", "rotary", "--no-causal")
+    assert code == 0, out
+    assert ("equivalent to unmasked (bidirectional) multi-head attention with rotary positions "
+            "(full, base 10000, rotate_half) and shared K/V heads (h_kv 2)") in out
+    code, data = check(f"{path}:LlamaAttention", *SIZES, "--expect", "rotary")
+    assert code == 1
+    assert data["diagnosis"]["kind"] == "mask_missing"
+
+
+def test_grading_passes_alibi_and_the_rotary_base_to_every_worker() -> None:
+    """Several modules are judged in worker processes: --expect alibi and --rotary-base
+    reach each of them."""
+    plain = f"{Path(__file__).parent / 'fixtures' / 'mistakes' / 'correct.py'}:MultiHeadAttention"
+    result = runner.invoke(app, ["check", BLOOM, plain, *SIZES, "--expect", "alibi",
+                                 "--format", "json"])
+    data = json.loads(result.stdout)
+    assert [d["verdict"] for d in data] == ["equivalent", "NOT equivalent"], data
+    result = runner.invoke(app, ["check", LLAMA, f"{UNSOUND / 'rotary.py'}:MultiHeadAttention",
+                                 *SIZES, "--expect", "rotary", "--rotary-base", "500",
+                                 "--format", "json"])
+    data = json.loads(result.stdout)
+    assert [d["diagnosis"]["kind"] for d in data] == ["rotary_base", "rotary_base"], data

@@ -1,7 +1,8 @@
 """`mha-tui check` never fails a correct module it did not write (issue 18): attention
 modules as their authors wrote them (tests/fixtures/public/: nanoGPT with and without
-flash, minGPT, timm's ViT Attention fused and manual, Hugging Face's LlamaAttention, Meta's
-Llama 2 reference Attention; each file says where it was copied from, under which licence,
+flash, minGPT, timm's ViT Attention fused and manual, Hugging Face's LlamaAttention and
+MistralAttention, Meta's Llama 2 reference Attention; each file says where it was copied
+from, under which licence,
 and what glue is ours) are "equivalent" with the flags their design calls for, and each
 with one planted bug is "NOT equivalent" at the planted line.
 
@@ -32,6 +33,8 @@ MODULES = {
     "timm manual": ("timm_attention.py", "ManualAttention",
                     ["-H", "2", "-C", "8", "--init", "dim=8", "--no-causal"]),
     "hf llama": ("hf_llama.py", "HFLlamaAttention", ["-H", "4", "-C", "16", "--expect", "rotary"]),
+    "hf mistral": ("hf_mistral.py", "HFMistralAttention",
+                   ["-H", "4", "-C", "16", "--expect", "rotary", "--window", "2"]),
     "meta llama": ("meta_llama.py", "MetaLlamaAttention",
                    ["-H", "4", "-C", "16", "--init", "dim=16", "--init", "n_heads=4",
                     "--expect", "rotary"]),
@@ -50,6 +53,8 @@ PLANTED = {
     "hf llama": ("value_states = repeat_kv(value, module.num_key_value_groups)",
                  "value_states = value.repeat(1, module.num_key_value_groups, 1, 1)",
                  "kv_repeat_order"),
+    "hf mistral": ("q_embed = (q * cos) + (rotate_half(q) * sin)",
+                   "q_embed = (q * cos) - (rotate_half(q) * sin)", None),
     "meta llama": ("scores = F.softmax(scores.float(), dim=-1)",
                    "scores = F.softmax(scores.float(), dim=-2)", "softmax_wrong_axis"),
 }
