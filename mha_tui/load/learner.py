@@ -10,6 +10,7 @@ and line at fault. Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -88,7 +89,10 @@ def import_file(where: str) -> ModuleType:
     path = path.resolve()
     if str(path) in _IMPORTED:  # already run once in this process: never run it twice
         return _IMPORTED[str(path)]
-    name = "_mha_tui_learner_." + re.sub(r"\W", "_", path.stem)
+    # One name per file: two files of one stem (a planted copy, two learners' attn.py) must
+    # not replace each other in sys.modules, where inspect finds a class's source file.
+    digest = hashlib.sha1(str(path).encode("utf-8", "surrogateescape")).hexdigest()[:10]
+    name = "_mha_tui_learner_." + re.sub(r"\W", "_", path.stem) + "_" + digest
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise LoadError(f"--module {safe(shown)} cannot be imported as Python")
