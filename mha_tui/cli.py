@@ -512,13 +512,14 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False) -> None:
     """--hf: load the model (refusals here, before any app), then the app or a transcript."""
-    from . import hf
+    from .load.hf import HfError, check_layer, load
+    from .pipeline.hf import Session
 
     try:
-        loaded = hf.load(source, sentence)  # too many tokens: refused before the weights load
-        hf.check_layer(loaded, layer)
-        session = hf.Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
-    except hf.HfError as error:
+        loaded = load(source, sentence)  # too many tokens: refused before the weights load
+        check_layer(loaded, layer)
+        session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
+    except HfError as error:
         fail(str(error))
     if interactive:
         from .app import run_app
@@ -530,7 +531,7 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
         return
     try:
         trace = session.trace(layer)
-    except hf.HfError as error:
+    except HfError as error:
         fail(str(error))
     _write_transcript(trace.config, destination, fmt, width=width, full=full, color=color,
                       ascii_only=ascii_only, stage=stage, trace=trace, only=only, quiz=quiz)

@@ -15,7 +15,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from .check.compare import TOLERANCE, Comparison, StagePair, TensorPair
+from .check.compare import TOLERANCE, Comparison, Mismatch, StagePair, TensorPair
 from .records import Stage, TensorRecord
 from .render import (
     HeadingRule,
@@ -25,6 +25,7 @@ from .render import (
     label,
     printable,
     tensor_matrices,
+    tensor_meta,
 )
 
 STATUS_WORDS = {
@@ -101,10 +102,31 @@ def comparison_header(c: Comparison, opts: RenderOptions) -> Group:
     return Group(*parts)
 
 
+def mismatch_words(m: Mismatch) -> str:
+    """`16 cells -inf in yours (blocked), a number in the reference's (kept), first at [..]`"""
+    def side(what: str, other: str) -> str:
+        if what == "-inf" and other == "a number":
+            return "-inf (blocked)"
+        if what == "a number" and other == "-inf":
+            return "a number (kept)"
+        return what
+
+    cells = "1 cell" if m.count == 1 else f"{m.count} cells"
+    return (f"{cells} {side(m.yours, m.reference)} in yours, {side(m.reference, m.yours)} in "
+            f"the reference's, first at {_index(m.first)}")
+
+
 def _status_words(row: StagePair) -> str:
     words = STATUS_WORDS[row.status]
-    if row.status == "differ" and row.max_diff is not None:
-        words += f", largest difference {_number(row.max_diff)} (computed by mha-tui)"
+    if row.status == "differ":
+        odd = sum(m.count for t in row.tensors for m in t.mismatches)
+        numbers = [t for t in row.tensors if t.diff is not None and t.max_diff]
+        parts = []
+        if odd:
+            parts.append(f"{odd} {'cell' if odd == 1 else 'cells'} -inf or NaN on one side only")
+        if numbers or not odd:
+            parts.append(f"largest difference {_number(row.max_diff or 0.0)}")
+        words += f" (computed by mha-tui): {'; '.join(parts)}"
     if row.status == "not compared":
         note = next((t.note for t in row.tensors if t.note), "")
         words = note or words
@@ -161,44 +183,73 @@ def _difference_record(pair: TensorPair) -> TensorRecord:
                         head_split=pair.mine.head_split)
 
 
+def _sides(c: Comparison, pair: TensorPair, opts: RenderOptions) -> Table:
+    """Yours and the reference's in one table, part beside part (title, metadata, caption,
+    then each head's matrix), so that a line that wraps on one side moves both."""
+    sides = Table.grid(expand=True, padding=(0, 3))
+    sides.add_column(ratio=1)
+    sides.add_column(ratio=1)
+    columns: list[list[RenderableType]] = []
+    for who, record, config in (("yours", pair.mine, c.mine.config),
+                                ("reference", pair.theirs, c.theirs.config)):
+        if record is None:
+            columns.append([Text(f"{who}: nothing to set beside it", style="italic")])
+            continue
+        parts: list[RenderableType] = [Text(who, style="bold"), tensor_meta(record)]
+        if record.caption:
+            parts.append(Text(record.caption, style="italic dim"))
+        matrices = tensor_matrices(record, config, opts)
+        parts += matrices
+        h = record.values.shape[1] if record.dims[:2] == ("B", "h") else 0
+        if h and len(matrices) < h:
+            parts.append(Text(f"  {len(matrices)} of {h} heads shown", style="dim"))
+        columns.append(parts)
+    mine, theirs = columns
+    if pair.mine is not None and pair.theirs is not None and pair.mine.caption and \
+            not pair.theirs.caption:
+        theirs.insert(2, Text(""))  # keep the matrices level
+    elif pair.theirs is not None and pair.mine is not None and pair.theirs.caption and \
+            not pair.mine.caption:
+        mine.insert(2, Text(""))
+    for k in range(max(len(mine), len(theirs))):
+        sides.add_row(mine[k] if k < len(mine) else Text(""),
+                      theirs[k] if k < len(theirs) else Text(""))
+    return sides
+
+
 def pair_view(c: Comparison, pair: TensorPair, opts: RenderOptions) -> Group:
     """Yours beside the reference's (each the module's own), then the difference
     (mha-tui's): how many cells differ, the largest and where, the cells, the table."""
     config = c.mine.config
-    parts: list[RenderableType] = []
-    sides = Table.grid(expand=True, padding=(0, 3))
-    sides.add_column(ratio=1)
-    sides.add_column(ratio=1)
-    left: RenderableType = Group(Text("yours", style="bold"), TensorView(pair.mine, config, opts)) \
-        if pair.mine is not None else Text("yours: nothing to set beside it", style="italic")
-    right: RenderableType = Group(Text("reference", style="bold"),
-                                  TensorView(pair.theirs, c.theirs.config, opts)) \
-        if pair.theirs is not None else Text("reference: nothing to set beside it",
-                                             style="italic")
-    sides.add_row(left, right)
-    parts.append(sides)
+    parts: list[RenderableType] = [_sides(c, pair, opts)]
     if pair.diff is None:
         parts.append(Text(pair.note, style="italic dim"))
         return Group(*parts)
     assert pair.differs is not None and pair.at is not None
     ok, bad = marks(opts.ascii)["agree"], marks(opts.ascii)["differ"]
-    if pair.count:
-        summary = Text.assemble(
-            (f"{bad} ", "bold red"), "difference, computed by mha-tui: ",
-            (f"{pair.count} of {pair.differs.size} cells differ", "bold red"),
-            f"; the largest, {_number(pair.max_diff or 0.0)}, at {_index(pair.at)}")
-        cells = [tuple(int(i) for i in where) for where in zip(*pair.differs.nonzero(), strict=True)]
-        listed = " ".join(_index(cell) for cell in cells[:CELLS_LISTED])
-        more = f" (+{len(cells) - CELLS_LISTED} more)" if len(cells) > CELLS_LISTED else ""
-        parts += [summary, Text(f"  cells that differ: {listed}{more}", style="red")]
-    else:
+    if not pair.count:
         parts.append(Text.assemble((f"{ok} ", "green"), "difference, computed by mha-tui: ",
                                    ("every cell within the tolerance", "green"),
                                    f"; the largest, {_number(pair.max_diff or 0.0)}"))
         return Group(*parts)
+    summary = Text.assemble((f"{bad} ", "bold red"), "difference, computed by mha-tui: ",
+                            (f"{pair.count} of {pair.differs.size} cells differ", "bold red"))
+    numeric = pair.count - sum(m.count for m in pair.mismatches)
+    if numeric or not pair.mismatches:
+        summary.append(f"; the largest difference between two numbers, "
+                       f"{_number(pair.max_diff or 0.0)}, at {_index(pair.at)}")
+    parts.append(summary)
+    parts += [Text(f"  {mismatch_words(m)}", style="red") for m in pair.mismatches]
+    cells = [tuple(int(i) for i in where) for where in zip(*pair.differs.nonzero(), strict=True)]
+    listed = " ".join(_index(cell) for cell in cells[:CELLS_LISTED])
+    more = f" (+{len(cells) - CELLS_LISTED} more)" if len(cells) > CELLS_LISTED else ""
+    parts.append(Text(f"  cells that differ: {listed}{more}", style="red"))
     record = _difference_record(pair)
     matrices = tensor_matrices(record, config, opts)
-    parts.append(Text(f"{record.name}, computed by mha-tui", style="italic dim"))
+    caption = f"{record.name}, computed by mha-tui"
+    if pair.mismatches:
+        caption += "; nan where only one side is a number (said above)"
+    parts.append(Text(caption, style="italic dim"))
     parts.append(matrices[0] if len(matrices) == 1 else Columns(matrices, padding=(0, 3)))
     return Group(*parts)
 

@@ -57,6 +57,8 @@ class ModelSource:
     # the sentence has at most this many tokens; longer, only `layer` was.
     all_layers_limit: int = 0
     attention: str = ""  # the attention submodule's path, e.g. transformer.h.5.attn
+    # An encoder (BERT, T5's encoder): its self-attention lets every token see every token.
+    encoder: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ class Config:
                 "head_dim": self.head_dim,
                 "model": {"name": self.model.name, "class": self.model.class_name,
                           "layer": self.model.layer, "n_layers": self.model.n_layers,
-                          "vocab_size": self.model.vocab_size},
+                          "vocab_size": self.model.vocab_size, "encoder": self.model.encoder},
             }
         return {
             "sentence": self.sentence,

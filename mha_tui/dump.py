@@ -27,7 +27,6 @@ from .render import (
     header,
     labelled,
     module_line,
-    printable,
     stage_view,
     why_view,
 )
@@ -84,8 +83,9 @@ def worksheet_text(trace: Trace, questions: tuple[Question, ...], opts: RenderOp
                    width: int = 100) -> str:
     """`explain --quiz --dump`: the run's header, the questions, then the answer key with
     where each answer comes from in the records."""
-    from rich.table import Table
     from rich.text import Text
+
+    from .quiz_view import worksheet_parts
 
     buffer = io.StringIO()
     console = transcript_console(buffer, width, False)
@@ -95,24 +95,12 @@ def worksheet_text(trace: Trace, questions: tuple[Question, ...], opts: RenderOp
     if trace.module is not None:
         console.print(module_line(trace.module, opts))
     console.print()
-    def numbered(rows: list[tuple[Text, ...]]) -> Table:
-        table = Table.grid(padding=(0, 1))
-        table.add_column(justify="right", no_wrap=True)
-        table.add_column(overflow="fold")
-        for number, lines in enumerate(rows, 1):
-            table.add_row(f"{number}.", Text("\n").join(lines))
-        return table
-
+    asked, key = worksheet_parts(questions)
     console.print(Text("Questions", style="bold"))
-    console.print(numbered([
-        (Text.assemble((f"[{q.stage}] ", "dim"), printable(q.text)),
-         Text(f"answer: {q.how}", style="dim")) for q in questions]))
-    if not questions:
-        console.print(Text("(no stage of this trace has a question yet)"))
+    console.print(asked if questions else Text("(no stage of this trace has a question yet)"))
     console.print()
     console.print(Text("Answer key", style="bold"))
-    console.print(numbered([(Text(printable(q.shown)), Text(printable(q.source), style="dim"))
-                            for q in questions]))
+    console.print(key)
     text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
     if opts.ascii:
         text = text.translate(ASCII_GLYPHS).encode("ascii", "backslashreplace").decode("ascii")
@@ -390,6 +378,9 @@ def _pair_json(pair: Any, tensors: list[np.ndarray], nonce: str) -> dict[str, An
             "max": float(pair.max_diff) if np.isfinite(pair.max_diff) else "inf",
             "at": list(pair.at),
             "cells_differing": pair.count,
+            "one_side_not_a_number": [{"yours": m.yours, "reference": m.reference,
+                                       "cells": m.count, "first": list(m.first)}
+                                      for m in pair.mismatches],
             "differing": f"{nonce}{len(tensors)}",
         }
         tensors.append(pair.differs)

@@ -15,7 +15,12 @@ from .pipeline import run_trace
 from .records import Trace
 
 SIZE = (100, 32)
-# (file name, key presses from the first stage[, --model]); the default model is mygpt
+# A module written in a public model's style (issue 17's mechanisms), run the way
+# `--module FILE:Class` runs it, on a sentence and sizes where its mechanism shows.
+MECHANISMS = "tests/fixtures/mechanisms/"
+MECHANISM_CONFIG = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
+# (file name, key presses from the first stage[, --model NAME or --module FILE:Class]); the
+# default model is mygpt
 SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str]] = [
     ("01-embed.svg", []),
     ("02-project.svg", ["2"]),
@@ -31,6 +36,8 @@ SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str]] = [
     ("13-why-softmax.svg", ["8", "enter", "down", "down", "right", "tab"]),
     ("20-raschka-mask-before-scale.svg", ["6"], "raschka"),
     ("21-many-eyes-softmax-per-head.svg", ["6"], "many-eyes"),
+    ("30-rotary.svg", ["5"], MECHANISMS + "llama_rotary.py:LlamaAttention"),
+    ("31-shared-kv-heads.svg", ["6"], MECHANISMS + "llama_rotary.py:LlamaAttention"),
 ]
 
 
@@ -40,7 +47,8 @@ async def shoot(directory: Path) -> list[Path]:
     for name, keys, *model in SHOTS:
         which = model[0] if model else "mygpt"
         if which not in traces:
-            traces[which] = run_trace(Config("I love AI !"), Source(model=which))
+            traces[which] = (run_trace(MECHANISM_CONFIG, Source(module=which)) if ".py:" in which
+                             else run_trace(Config("I love AI !"), Source(model=which)))
         trace = traces[which]
         app = ExplainApp(trace.config, trace=trace)
         async with app.run_test(size=SIZE) as pilot:

@@ -196,13 +196,15 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
            attention="model.decoder.layers.0.self_attn"),
     Family("mpt", "MptForCausalLM", _mpt, "bytes", ("alibi", "fused_qkv"),
            attention="transformer.blocks.0.attn"),
-    Family("bert", "BertForMaskedLM", _bert, "wordpiece", ("bidirectional", "padding"),
+    Family("bert", "BertForMaskedLM", _bert, "wordpiece",
+           ("bidirectional", "positions", "padding"),
            encoder=True, attention="bert.encoder.layer.0.attention.self"),
     Family("roberta", "RobertaForMaskedLM", _roberta, "bytes-roberta",
            ("bidirectional", "offset_positions"), encoder=True,
            attention="roberta.encoder.layer.0.attention.self"),
+    # DistilBERT scaled Q before the scores until transformers 5; it now scales the scores.
     Family("distilbert", "DistilBertForMaskedLM", _distilbert, "wordpiece",
-           ("bidirectional", "q_scaled"), encoder=True,
+           ("bidirectional", "positions"), encoder=True,
            attention="distilbert.transformer.layer.0.attention"),
     Family("t5", "T5ForConditionalGeneration", _t5, "unigram",
            ("bidirectional", "relative_bias", "unscaled"), encoder=True,
@@ -340,6 +342,6 @@ def build(name: str, directory: Path, *, seed: int = 0) -> Path:
 
 
 def attention_of(model: Any, family: Family, layer: int = 0) -> Any:
-    """The family's self-attention module of layer `layer` (the tests' own path, not hf.py's)."""
+    """The family's self-attention module of layer `layer` (the tests' own path, not load/hf.py's)."""
     path = family.attention.replace(".0.", f".{layer}.", 1)
     return model.get_submodule(path)

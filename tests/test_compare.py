@@ -48,17 +48,29 @@ def record(values: np.ndarray, dims: tuple[str, ...] = ("B", "h", "T", "T")) -> 
 
 
 def test_differences_mark_the_cells_beyond_the_tolerance() -> None:
-    """Equal -inf and equal NaN agree; NaN against a number is an infinite difference;
-    float32 rounding stays within the tolerance; the largest difference and its index."""
+    """Equal -inf and equal NaN agree; float32 rounding stays within the tolerance; the
+    largest difference between two numbers and its index."""
     ref = np.array([[0.5, -np.inf], [np.nan, 2.0]])
     mine = np.array([[0.5 + 1e-7, -np.inf], [np.nan, 2.75]])
     pair = compare_tensors(record(mine, ("T", "T")), record(ref, ("T", "T")))
     assert pair.differs.tolist() == [[False, False], [False, True]]
     assert pair.max_diff == pytest.approx(0.75) and pair.at == (1, 1)
-    assert pair.count == 1 and pair.agree is False
-    nan = compare_tensors(record(np.array([[np.nan, 1.0]]), ("T", "T")),
-                          record(np.array([[0.0, 1.0]]), ("T", "T")))
-    assert nan.max_diff == np.inf and nan.differs.tolist() == [[True, False]]
+    assert pair.count == 1 and pair.agree is False and pair.mismatches == ()
+
+
+def test_a_cell_that_is_a_number_on_one_side_only_is_said_not_measured() -> None:
+    """-inf (blocked) in one, a number (kept) in the other, or NaN against a number: counted
+    by what each side holds, first cell given, never an `inf` difference; the largest
+    difference is between numbers only."""
+    mine = np.array([[-np.inf, 1.0, np.nan], [-np.inf, 2.0, 0.0]])
+    ref = np.array([[0.5, -np.inf, 1.0], [0.25, 2.5, 0.0]])
+    pair = compare_tensors(record(mine, ("T", "T")), record(ref, ("T", "T")))
+    assert pair.differs.tolist() == [[True, True, True], [True, True, False]]
+    assert pair.max_diff == pytest.approx(0.5) and pair.at == (1, 1)
+    assert [(m.yours, m.reference, m.count, m.first) for m in pair.mismatches] == [
+        ("-inf", "a number", 2, (0, 0)), ("a number", "-inf", 1, (0, 1)),
+        ("NaN", "a number", 1, (0, 2))]
+    assert np.isnan(pair.diff[0]).all() and not np.isinf(pair.diff).any()
 
 
 def test_layouts_that_differ_only_by_axes_of_one_are_laid_over_each_other() -> None:

@@ -62,7 +62,7 @@ async def test_a_missing_scale_parts_at_scale() -> None:
         await pilot.press("right")
         assert row_ids(c)[app.stage_index] == "mask"
         text = shown(app)
-        assert "differs, largest difference" in text
+        assert "differs (computed by mha-tui): largest difference" in text
         assert "difference, computed by mha-tui: 20 of 32 cells differ" in text
         await pilot.press("enter", "s")  # no drill-down, no re-run here
         assert app.cursor is None and row_ids(c)[app.stage_index] == "mask"
@@ -84,11 +84,11 @@ async def test_the_comparison_is_computed_in_the_loading_thread() -> None:
     mine = Source(module=f"{MISTAKES / 'mask_reversed'}.py:MultiHeadAttention")
     app = CompareApp(CONFIG, compare=lambda config: compared(config, mine, Source(model="mygpt")))
     async with app.run_test(size=(100, 32)) as pilot:
-        for _ in range(100):  # the forward's thread, then the frames it asks for
-            await app.workers.wait_for_complete()
-            await pilot.pause()
-            if app.comparison is not None and "they part here" in shown(app):
-                break
+        # the loading worker (the forward's thread), not the background rendering, whose
+        # exclusive workers cancel each other
+        [loading] = [w for w in app.workers if w.name == "trace"]
+        await loading.wait()
+        await pilot.pause()
         assert app.comparison is not None, app.load_error
         assert row_ids(app.comparison)[app.stage_index] == "mask"
         assert "they part here" in shown(app)
@@ -101,6 +101,6 @@ async def test_weights_that_cannot_be_copied_end_the_app_with_one_line() -> None
 
     app = CompareApp(CONFIG, compare=refuse, refusals=(RoleCopyError,))
     async with app.run_test(size=(100, 32)) as pilot:
-        await app.workers.wait_for_complete()
+        await app.workers.wait_for_complete()  # nothing is rendered: no other worker
         await pilot.pause()
     assert app.return_code == 2 and "has a bias" in app.refusal

@@ -18,10 +18,11 @@ pytest.importorskip("transformers")
 
 import torch
 
-from mha_tui import hf
 from mha_tui.config import Config, Source
+from mha_tui.load import hf
 from mha_tui.load.modules import load
 from mha_tui.pipeline import run_trace
+from mha_tui.pipeline.hf import Session
 from mha_tui.records import Trace
 
 from .hf_families import FAMILIES, SENTENCE, WINDOW, attention_of, build, model_for, tokenizer_for
@@ -206,7 +207,7 @@ def test_the_rotary_modules_rotate_by_position_only() -> None:
 @cache
 def hf_trace(name: str, layer: int) -> Trace:
     loaded = hf.load(str(family_dir(name)))
-    return hf.Session(loaded, SENTENCE).trace(layer)
+    return Session(loaded, SENTENCE).trace(layer)
 
 
 @cache
@@ -218,8 +219,8 @@ def _layer(name: str) -> int:
     return 1 if name == "gpt-neo" else 0  # GPT-Neo's layer 1 is its local one
 
 
-NOT_LOADED = {"distilbert", "t5"}  # refused: no causal-LM class (issue 17, encoders)
-UNPLACED = {"bloom", "falcon", "bert", "roberta"}  # BLOOM, BERT, RoBERTa: residual add
+NOT_LOADED: set[str] = set()
+UNPLACED: set[str] = set()
 
 
 def _xfail(condition: bool, reason: str) -> list[pytest.MarkDecorator]:
@@ -247,15 +248,10 @@ def test_the_shown_softmax_and_output_are_the_models_own(name: str) -> None:
     assert torch.allclose(torch.from_numpy(weights), _attentions(name)[layer], atol=1e-6)
     final = torch.from_numpy(trace.stages[-1].tensors[-1].values)
     shown = trace.config.model.attention.replace(f".{layer}.", ".0.", 1)
-    assert torch.equal(final, own_run(name, shown)[3][layer])
-
-
-def test_encoders_load_with_an_encoder_class() -> None:
-    for name in ("bert", "roberta"):
-        loaded = hf.load(str(family_dir(name)))
-        if "CausalLM" in loaded.info.class_name or "LMHead" in loaded.info.class_name:
-            pytest.xfail(f"{name} loads as {loaded.info.class_name} (issue 17: encoders)")
-    raise AssertionError("encoders load with their own class now: drop this xfail")
+    # The same module in the family's own class (an encoder's path lacks its head's prefix).
+    own = next(path for path, _ in own_run(name)[0].named_modules()
+               if path == shown or path.endswith(f".{shown}"))
+    assert torch.equal(final, own_run(name, own)[3][layer])
 
 
 # What says a mechanism is named: a stage's title (or, for a mask that is absent or a scale
@@ -276,16 +272,19 @@ NAMED = {
     "fused_qkv": ("title", r"(?i)fused"),
     "layer_norm": ("title", r"(?i)layer ?norm"),
     "need_weights_false": ("kinds", "softmax"),
+    # The first stage: what the embeddings were found to be, and T5's scale of 1.
+    "positions": ("text", r"token t gets row t of \S*position|token t gets row t of \S*wpe"),
+    "offset_positions": ("text", r"token t gets row t \+ 2 of"),
+    "scaled_embeddings": ("text", r"sqrt\(C\) = sqrt\(32\)"),
+    "unscaled": ("title", r"Not scaled: the factor is 1, not 1/sqrt\(d_h\)"),
 }
-SKIPPED = {"positions", "padding", "offset_positions", "scaled_embeddings", "unscaled"}
+SKIPPED = {"padding"}  # one sentence is never padded
 # Named on screen today; the rest are xfail(strict) until their kind lands.
 NAMED_NOW = {"rotary_half", "rotary_interleaved", "rotary_complex", "partial_rotary", "kv_repeat",
              "multi_query", "sliding_window", "local_window", "bidirectional", "alibi", "q_scaled",
-             "layer_norm", "need_weights_false"}
-# Falcon's projections are bare matmuls, and its one K/V head is broadcast by the scores'
-# matmul, not repeated by an op.
-NOT_NAMED_YET = {("falcon", "rotary_half"), ("falcon", "multi_query")}
-NOT_NAMED_YET |= {(name, "bidirectional") for name in NOT_LOADED}
+             "layer_norm", "need_weights_false", "fused_qkv", "positions", "offset_positions",
+             "scaled_embeddings", "unscaled", "relative_bias"}
+NOT_NAMED_YET = {(name, "bidirectional") for name in NOT_LOADED}
 
 
 def _named(trace: Trace, mechanism: str) -> bool:
@@ -331,3 +330,143 @@ def test_no_unplaced_op_remains_in_a_module(ref: str) -> None:
     # fused fast path, whose float32 rounding differs in the last bits.
     final = torch.from_numpy(trace.stages[-1].tensors[-1].values)
     assert torch.allclose(final, expected, rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- encoders and the first stage
+
+
+ENCODER_CLASSES = {"bert": "BertModel", "roberta": "RobertaModel",
+                   "distilbert": "DistilBertModel", "t5": "T5EncoderModel"}
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_each_family_loads_with_its_own_kind_of_class(name: str) -> None:
+    """Encoders load as the bare encoder (never a causal-LM head, never T5's decoder);
+    decoders as their causal LM."""
+    loaded = hf.load(str(family_dir(name)))
+    assert loaded.info.encoder is FAMILIES[name].encoder
+    if FAMILIES[name].encoder:
+        assert loaded.info.class_name == ENCODER_CLASSES[name]
+    else:
+        assert loaded.info.class_name.endswith("ForCausalLM")
+
+
+def _block0_input(name: str) -> torch.Tensor:
+    """What the family's first block receives, computed here from each family's published
+    recipe with the model's own tables (the tests' knowledge, not mha-tui's)."""
+    model, ids, _, _ = own_run(name)
+    T = len(ids)
+    tokens = model.get_input_embeddings().weight[torch.tensor(ids)]  # (T, C)
+    with torch.no_grad():
+        if name == "gpt-neo":
+            return tokens + model.transformer.wpe.weight[:T]
+        if name == "gemma":
+            return tokens * torch.tensor(32 ** 0.5)
+        if name == "opt":
+            return tokens + model.model.decoder.embed_positions.weight[2:2 + T]
+        if name == "bloom":
+            return model.transformer.word_embeddings_layernorm(tokens)
+        if name in ("bert", "roberta"):
+            parts = getattr(model, name).embeddings
+            first = 2 if name == "roberta" else 0  # after RoBERTa's padding index 1
+            return parts.LayerNorm(tokens + parts.token_type_embeddings.weight[0]
+                                   + parts.position_embeddings.weight[first:first + T])
+        if name == "distilbert":
+            parts = model.distilbert.embeddings
+            return parts.LayerNorm(tokens + parts.position_embeddings.weight[:T])
+        return tokens  # rotary, ALiBi and T5's relative bias: positions enter in attention
+
+
+# What the first stage must say it found, per family (beyond the token lookup).
+FIRST_STAGE_WORDS = {
+    "gpt-neo": [r"token t gets row t of transformer\.wpe\.weight", r"is wte \+ wpe"],
+    "opt": [r"token t gets row t \+ 2 of model\.decoder\.embed_positions\.weight"],
+    "gemma": [r"times 5\.65685 = sqrt\(C\) = sqrt\(32\)"],
+    "bloom": [r"applied to that sum|word_embeddings_layernorm"],
+    "bert": [r"every token gets row 0 of embeddings\.token_type_embeddings\.weight",
+             r"token t gets row t of embeddings\.position_embeddings\.weight",
+             r"embeddings\.LayerNorm applied to that sum"],
+    "roberta": [r"token t gets row t \+ 2 of embeddings\.position_embeddings\.weight.*"
+                r"row 1 is the padding index", r"embeddings\.LayerNorm applied to that sum"],
+    "distilbert": [r"token t gets row t of embeddings\.position_embeddings\.weight",
+                   r"embeddings\.LayerNorm applied to that sum"],
+}
+NO_POSITION_EMBEDDING = {"gpt-j", "gpt-neox", "phi", "llama", "mistral", "qwen2", "gemma",
+                         "bloom", "falcon", "mpt", "t5"}
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_first_stage_is_read_off_each_familys_own_modules(name: str) -> None:
+    """Every check of the first stage holds (no false ✗ for Gemma's sqrt(C), OPT's and
+    RoBERTa's offset positions, BERT's token types and LayerNorm), says what it found, and
+    the block-0 input shown is the one each family's recipe gives."""
+    layer = _layer(name)
+    first = hf_trace(name, layer).stages[0]
+    assert first.kind == "embed"
+    assert [c.label for c in first.checks if c.ok is False] == []
+    labels = "\n".join(c.label for c in first.checks)
+    assert re.search(r"row t of the token embeddings is row input_ids\[t\]", labels)
+    for words in FIRST_STAGE_WORDS.get(name, []):
+        assert re.search(words, labels), (words, labels)
+    said = "No position embedding is added here" in first.explanation
+    assert said is (name in NO_POSITION_EMBEDDING), first.explanation
+    inside = any(stage.kind in ("rotary", "pos_bias") for stage in hf_trace(name, layer).stages)
+    assert ("positions enter inside attention" in first.explanation) is inside
+    block0 = next(r for r in first.tensors if r.name.endswith(".0 input"))
+    assert torch.allclose(torch.from_numpy(block0.values)[0], _block0_input(name), atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_json_transcript_of_each_family_finishes(name: str) -> None:
+    """The JSON transcript parses, holds every stage, and says encoder or not."""
+    import json
+
+    from mha_tui.dump import to_json
+
+    trace = hf_trace(name, _layer(name))
+    document = json.loads(to_json(trace))
+    assert [stage["id"] for stage in document["stages"]] == [s.id for s in trace.stages]
+    assert document["config"]["model"]["encoder"] is FAMILIES[name].encoder
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_t5s_relative_bias_is_its_own_and_its_scale_of_1_is_said(layer: int) -> None:
+    """T5's encoder: the bias shown is T5's own compute_bias (its buckets, its learned table),
+    computed in layer 0 and handed to layer 1 (said); the scores are multiplied by 1."""
+    trace = hf_trace("t5", layer)
+    stage = trace.stage("pos_bias")
+    assert stage.title == "Relative position bias: a number per head and distance"
+    bias = next(r for r in stage.tensors if r.name == "position_bias")
+    model, ids, _, _ = own_run("t5")
+    with torch.no_grad():
+        own = model.encoder.block[0].layer[0].SelfAttention.compute_bias(len(ids), len(ids))
+    assert torch.equal(torch.from_numpy(bias.values), own)
+    assert all(check.ok is not False for check in stage.checks)
+    assert any("depends only on the distance" in check.label for check in stage.checks)
+    assert ("does not compute the bias: it arrives as its forward's argument `position_bias`"
+            in stage.note) is (layer == 1)
+    scale = trace.stage("scale")
+    assert scale.title.startswith("Not scaled: the factor is 1") and "No 1/sqrt(d_h)" in scale.note
+
+
+@pytest.mark.parametrize("name", ["bert", "t5"])
+async def test_an_encoder_steps_through_the_app(name: str) -> None:
+    """Every stage of both layers of an encoder draws in the app (T5's nested attention, its
+    pos_bias stage handed from layer 0 to layer 1)."""
+    from mha_tui.app import ExplainApp
+    from mha_tui.stage_view import StageView
+
+    session = Session(hf.load(str(family_dir(name))), SENTENCE)
+    app = ExplainApp(session.config(0), loader=lambda config: session.trace(0), layers=session)
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.trace is None:
+            await pilot.pause(0.05)
+        for layer in (0, 1):
+            assert app.config.model.layer == layer
+            for index in range(len(app.trace.stages)):
+                app.stage_index = index
+                await pilot.pause()
+                assert app.trace.stages[index].title in app.query_one(StageView).plain
+            await pilot.press("right_square_bracket")
+            await pilot.pause()
+        assert app.config.model.layer == 1 and app.config.model.encoder

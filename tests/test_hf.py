@@ -16,8 +16,10 @@ pytest.importorskip("transformers")
 import torch
 from typer.testing import CliRunner
 
-from mha_tui import hf
 from mha_tui.cli import app
+from mha_tui.load import hf
+from mha_tui.pipeline.hf import Session
+from mha_tui.tracing.hf_layers import run_forward
 
 from .conftest import ROOT, run_cli
 from .hf_models import SENTENCES, hub_cache_layout, save_tiny_gpt2, save_tiny_mamba
@@ -174,15 +176,18 @@ def test_too_many_tokens_refused_before_any_weight_loads(tiny_dir: Path,
 
 def test_hooks_capture_the_models_own_tensors(tiny: hf.Loaded) -> None:
     ids, _ = hf.tokenize(tiny, SENTENCE)
-    run = hf.run_forward(tiny, ids, range(3))
+    run = run_forward(tiny, ids, range(3))
     model = tiny.model
     batch = torch.tensor([ids])
     with torch.no_grad():
         reference = model(batch, output_attentions=True, output_hidden_states=True, use_cache=False)
     transformer = model.transformer
-    assert torch.equal(run.token_embeddings, transformer.wte.weight[batch])
-    assert run.position_name == "transformer.wpe"
-    assert torch.equal(run.position_embeddings, transformer.wpe.weight[: len(ids)].unsqueeze(0))
+    # Every embedding the model called before block 0, in order: GPT-2's wte, then wpe.
+    assert [(call.path, call.tokens) for call in run.embeddings] == [
+        ("transformer.wte", True), ("transformer.wpe", False)]
+    assert torch.equal(run.embeddings[0].output, transformer.wte.weight[batch])
+    assert torch.equal(run.embeddings[1].output, transformer.wpe.weight[: len(ids)].unsqueeze(0))
+    assert run.embedding_norms == ()  # GPT-2 normalises inside each block only
     assert torch.equal(run.embedded, reference.hidden_states[0])
     for layer in range(3):
         captured = run.layers[layer]
@@ -214,7 +219,7 @@ def test_all_layers_limit_follows_the_models_size(tiny: hf.Loaded) -> None:
 def test_memory_estimate_counts_what_the_recorder_keeps(tiny: hf.Loaded, words: int) -> None:
     """recorded_bytes against the real thing: every snapshot the recordings of all layers
     hold (op outputs, parameters, constants), each counted once."""
-    session = hf.Session(tiny, " ".join(["cat"] * words))
+    session = Session(tiny, " ".join(["cat"] * words))
     session.trace(0)
     assert session.all_layers
     kept, seen = 0, set()
@@ -305,7 +310,7 @@ def _own_outputs(model: torch.nn.Module, ids: list[int]) -> tuple[object, list[t
 
 
 def test_every_layer_is_the_models_own_numbers(tiny: hf.Loaded) -> None:
-    session = hf.Session(tiny, SENTENCE)
+    session = Session(tiny, SENTENCE)
     reference, own = _own_outputs(tiny.model, session.ids)
     h = tiny.info.num_heads
     for layer in range(tiny.info.n_layers):
@@ -329,13 +334,13 @@ def test_one_forward_records_every_layer_until_the_limit(tiny: hf.Loaded) -> Non
     calls = []
     handle = tiny.model.register_forward_pre_hook(lambda m, a: calls.append(1))
     try:
-        session = hf.Session(tiny, SENTENCE)
+        session = Session(tiny, SENTENCE)
         assert session.all_layers
         for layer in (1, 0, 2, 1):
             session.trace(layer)
         assert len(calls) == 1
         # Beyond the limit: one forward per layer visited, only that layer kept.
-        session = hf.Session(tiny, SENTENCE)
+        session = Session(tiny, SENTENCE)
         session.all_layers = False
         session.trace(2)
         assert session.recorded(2) and not session.recorded(0)
@@ -384,7 +389,7 @@ async def test_app_brackets_move_between_layers(tiny: hf.Loaded) -> None:
     from mha_tui.app import ExplainApp
     from mha_tui.stage_view import StageView
 
-    session = hf.Session(tiny, SENTENCE)
+    session = Session(tiny, SENTENCE)
     app = ExplainApp(session.config(1), loader=lambda config: session.trace(1), layers=session)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
@@ -469,7 +474,7 @@ async def test_gpt2_shapes_step_through_the_app(gpt2_shaped: Path) -> None:
     from mha_tui.app import ExplainApp
     from mha_tui.stage_view import StageView
 
-    session = hf.Session(hf.load(str(gpt2_shaped)), LONG)
+    session = Session(hf.load(str(gpt2_shaped)), LONG)
     app = ExplainApp(session.config(0), loader=lambda config: session.trace(0), layers=session)
     async with app.run_test(size=(120, 40)) as pilot:
         while app.trace is None:

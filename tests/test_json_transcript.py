@@ -184,7 +184,8 @@ def test_json_round_trip_for_a_tiny_llama_checkpoint(tmp_path: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from mha_tui import hf
+    from mha_tui.load import hf
+    from mha_tui.pipeline.hf import Session
 
     from .hf_models import tiny_tokenizer
 
@@ -195,6 +196,6 @@ def test_json_round_trip_for_a_tiny_llama_checkpoint(tmp_path: Path) -> None:
                          max_position_embeddings=64)
     LlamaForCausalLM(config).eval().save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    trace = hf.Session(hf.load(str(tmp_path)), "The cat sat", ascii_only=False,
+    trace = Session(hf.load(str(tmp_path)), "The cat sat", ascii_only=False,
                        one_layer=True).trace(0)
     _assert_round_trip(trace)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import pickle
 import sys
@@ -288,9 +287,26 @@ def test_learner_code_that_fails_is_one_line_with_file_and_line(
         load(CONFIG, Source(module="attn.py:Attn"))
     assert "\n" not in str(raised.value)
     if "while importing" in message:  # a failed import leaves nothing behind
-        here = str((tmp_path / "attn.py").resolve())
-        assert not [n for n, m in list(sys.modules.items())
-                    if n.startswith("_mha_tui_learner_.") and getattr(m, "__file__", "") == here]
+        failed = str((tmp_path / "attn.py").resolve())
+        assert not [name for name, module in list(sys.modules.items())
+                    if getattr(module, "__file__", None) == failed]
+
+
+def test_two_files_of_one_name_each_show_their_own_source(tmp_path: Path) -> None:
+    """a/attn.py and b/attn.py loaded in one process: each class's file is its own (they
+    shared one sys.modules name, and the second file's source was shown for the first)."""
+    for folder, scale in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "attn.py").write_text(
+            "import torch.nn as nn\n\n\nclass Attn(nn.Module):\n"
+            "    def __init__(self, embed_dim, num_heads):\n        super().__init__()\n"
+            f"    def forward(self, x):\n        return x * {scale}\n")
+    first = load(CONFIG, Source(module=str(tmp_path / "a" / "attn.py") + ":Attn"))
+    second = load(CONFIG, Source(module=str(tmp_path / "b" / "attn.py") + ":Attn"))
+    import inspect
+
+    assert inspect.getsourcefile(type(first.module)) == str(tmp_path / "a" / "attn.py")
+    assert inspect.getsourcefile(type(second.module)) == str(tmp_path / "b" / "attn.py")
 
 
 def test_missing_class_lists_the_modules_classes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -442,21 +458,3 @@ def test_a_learner_forward_that_raises_is_left_for_the_trace(tmp_path: Path) -> 
     loaded = load(CONFIG, Source(module=f"{path}:Attn"))
     with pytest.raises(RuntimeError), torch.no_grad():
         loaded.forward()
-
-
-def test_two_files_of_one_stem_keep_their_own_modules(tmp_path: Path) -> None:
-    """Two learners' attn.py in two folders, loaded in one process (a notebook, a test run):
-    each class keeps its own file, so its source and lines are its own."""
-    from mha_tui.load.learner import import_file
-
-    files = []
-    for folder in ("ada", "bo"):
-        (tmp_path / folder).mkdir()
-        path = tmp_path / folder / "attn.py"
-        path.write_text(f"class Attn:\n    who = {folder!r}\n")
-        files.append(path)
-    first, second = (import_file(str(path)) for path in files)
-    assert first.__name__ != second.__name__
-    for module, path in zip((first, second), files, strict=True):
-        assert sys.modules[module.__name__] is module
-        assert inspect.getsourcefile(module.Attn) == str(path.resolve())

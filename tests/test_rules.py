@@ -341,3 +341,132 @@ def test_ops_that_do_not_depend_on_x_get_no_kind(name: str) -> None:
     tape = Tape()
     made = tape.op(name, [_param("c", np.ones((T, T), np.float32), "const")], np.ones((T, T)))
     assert tape.kinds()[made.op] is None  # type: ignore[index]
+
+
+# ---------------------------------------------------------------------------- fused splits
+
+
+def _timm_split(tape: Tape) -> list[Ref]:
+    """timm: qkv(x).reshape(B, T, 3, h, d_h).permute(2, 0, 3, 1, 4).unbind(0)."""
+    qkv = tape.linear(tape.x, "qkv.weight", rows=3 * C)
+    shaped = tape.op("reshape", [qkv], tape.values(qkv).reshape(B, T, 3, H, D), B, T, 3, H, D)
+    moved = tape.op("permute", [shaped], tape.values(shaped).transpose(2, 0, 3, 1, 4), 2, 0, 3, 1, 4)
+    parts = tape.op("unbind", [moved], list(tape.values(moved)), 0)
+    return [qkv, shaped, moved, parts]
+
+
+def test_a_fused_split_that_cuts_heads_is_its_own_stage() -> None:
+    """timm's reshape/permute/unbind: the heads come out of the split, so it is qkv_split;
+    the linear layer stays the projection."""
+    tape = Tape()
+    qkv, shaped, moved, parts = _timm_split(tape)
+    kinds = tape.kinds()
+    assert kinds[qkv.op] == "project"  # type: ignore[index]
+    assert [kinds[r.op] for r in (shaped, moved, parts)] == ["qkv_split"] * 3  # type: ignore[index]
+
+
+def test_a_fused_split_into_whole_parts_stays_in_the_projection() -> None:
+    """GPT-2's split(C, dim=2) cuts no heads (the view stage does later): still project."""
+    tape = Tape()
+    qkv = tape.linear(tape.x, "c_attn.weight", rows=3 * C)
+    split = tape.op("split", [qkv], np.split(tape.values(qkv), 3, axis=-1), C, dim=2)
+    viewed = tape.op("view", [Ref("op", op=split.op, output=0)],
+                     np.split(tape.values(qkv), 3, axis=-1)[0].reshape(B, T, H, D), B, T, H, D)
+    kinds = tape.kinds()
+    assert kinds[split.op] == "project"  # type: ignore[index]
+    assert kinds[viewed.op] == "view"  # type: ignore[index]
+
+
+def test_x_times_a_transposed_weight_is_a_projection() -> None:
+    """Falcon's `input @ self.weight.T`: the weight reaches the matmul through a T op."""
+    tape = Tape()
+    w = tape.weight("query_key_value.weight", rows=(H + 2) * D)
+    wt = tape.op("T", [w], tape.values(w).T)
+    product = tape.op("matmul", [tape.x, wt], tape.x_values @ tape.values(wt))
+    assert tape.kind(product) == "project"
+
+
+def test_a_multi_query_fused_layer_is_fused_and_split() -> None:
+    """Falcon: h query heads and one K and one V head in one (h + 2) d_h wide layer, viewed
+    as (B, T, h + 2, d_h) and sliced: the view and slices are the split."""
+    tape = Tape()
+    w = tape.weight("query_key_value.weight", rows=(H + 2) * D)
+    wt = tape.op("T", [w], tape.values(w).T)
+    fused = tape.op("matmul", [tape.x, wt], tape.x_values @ tape.values(wt))
+    viewed = tape.op("view", [fused], tape.values(fused).reshape(B, T, H + 2, D), B, T, H + 2, D)
+    q = tape.op("getitem", [viewed], tape.values(viewed)[..., :-2, :])
+    k = tape.op("getitem", [viewed], tape.values(viewed)[..., [-2], :])
+    kinds = tape.kinds()
+    assert [kinds[r.op] for r in (fused, viewed, q, k)] == [  # type: ignore[index]
+        "project", "qkv_split", "qkv_split", "qkv_split"]
+
+
+def test_fused_width_is_3c_or_h_plus_two_kv_blocks() -> None:
+    from mha_tui.recognise.kinds.qkv_split import fused_width
+
+    assert fused_width(3 * C, SIZES)
+    assert fused_width(C + 2 * D, SIZES)  # one K/V head
+    assert not fused_width(C, SIZES) and not fused_width(C + D, SIZES) and not fused_width(4 * C, SIZES)
+
+
+@pytest.mark.parametrize("roles,layout", [
+    ([("Q", [0, 1]), ("K", [2, 3]), ("V", [4, 5])], "[q0 q1 | k0 k1 | v0 v1]"),
+    ([("Q", [0, 3]), ("K", [1, 4]), ("V", [2, 5])], "[q0 k0 v0 | q1 k1 v1]"),
+    ([("Q", [0, 1, 2, 3]), ("K", [4]), ("V", [5])], "[q0 q1 q2 q3 | k0 | v0]"),
+])
+def test_layout_text_names_each_block_of_the_fused_output(roles: list, layout: str) -> None:
+    from mha_tui.recognise.kinds.qkv_split import layout_text
+
+    assert layout_text(roles, sum(len(blocks) for _, blocks in roles)) == layout
+
+
+# ---------------------------------------------------------------------------- residual
+
+
+def _residual_tape() -> tuple[Tape, dict[str, Ref]]:
+    tape = Tape()
+    tape.x = Ref("input", name="x", snapshot=_snap(tape.x_values))
+    steps = _whole(tape)
+    return tape, steps
+
+
+def test_the_input_added_back_after_w_o_is_the_residual() -> None:
+    """BLOOM's `residual + out` and BERT's `LayerNorm(out + input)`: the add, and the norm of
+    the sum, are the residual stage."""
+    tape, steps = _residual_tape()
+    summed = tape.op("add", [steps["out"], tape.x], tape.values(steps["out"]) + tape.x_values)
+    normed = tape.op("layer_norm", [summed], tape.values(summed), (C,), eps=1e-12)
+    kinds = tape.kinds()
+    assert kinds[steps["out"].op] == "w_o"  # type: ignore[index]
+    assert [kinds[summed.op], kinds[normed.op]] == ["residual", "residual"]  # type: ignore[index]
+
+
+def test_an_add_before_w_o_or_of_no_input_is_no_residual() -> None:
+    """x + q (before attention) and out + out (no forward input) are not the residual."""
+    tape, steps = _residual_tape()
+    early = tape.op("add", [steps["q"], steps["q"]], tape.values(steps["q"]) * 2)
+    doubled = tape.op("add", [steps["out"], steps["out"]], tape.values(steps["out"]) * 2)
+    kinds = tape.kinds()
+    assert kinds[early.op] != "residual" and kinds[doubled.op] != "residual"  # type: ignore[index]
+
+
+def test_the_scores_are_scaled_once() -> None:
+    """Gemma 2's soft-capping divides the scaled scores again: that is not the scale (it
+    joined the scale stage and made its "factor 1/sqrt(d_h)" wrong)."""
+    tape = Tape()
+    *_, scores = _attention_upto_scores(tape)
+    scaled = tape.op("mul", [scores], tape.values(scores) / math.sqrt(D), 1 / math.sqrt(D))
+    capped = tape.op("div", [scaled], tape.values(scaled) / 0.5, 0.5)
+    kinds = tape.kinds()
+    assert kinds[scaled.op] == "scale" and kinds[capped.op] != "scale"  # type: ignore[index]
+
+
+def test_scores_times_one_after_a_scaled_q_is_still_the_scale() -> None:
+    """OPT: q scaled before the product, then `scores * 1.0`: both the scale stage."""
+    tape = Tape()
+    q, kt, _, _ = _attention_upto_scores(tape)
+    q_scaled = tape.op("mul", [q], tape.values(q) / math.sqrt(D), 1 / math.sqrt(D))
+    scores = tape.op("matmul", [q_scaled, kt], tape.values(q_scaled) @ tape.values(kt))
+    times_one = tape.op("mul", [scores], tape.values(scores), 1.0)
+    kinds = tape.kinds()
+    assert kinds[q_scaled.op] == "scale" and kinds[times_one.op] == "scale"  # type: ignore[index]

@@ -177,11 +177,11 @@ def test_kv_repeat_cells_are_their_kv_heads_copied() -> None:
 
 def test_alibi_cells_are_the_scaled_score_plus_slope_times_key_position() -> None:
     """BLOOM's baddbmm: q · k / sqrt(d_h) + m_h · j with m_h = 2^(-8(h+1)/H), from the
-    projection's own q and k and the paper's slopes, not from the stage's bias tensor."""
+    fused split's own q and k and the paper's slopes, not from the stage's bias tensor."""
     trace = mechanism_trace("alibi.py:BloomAttention")
-    project = trace.stage("project")
-    q = project.tensors[-3].values.astype(np.float64)[0]  # (T, h, d_h)
-    k = project.tensors[-2].values.astype(np.float64)[0]
+    split = trace.stage("qkv_split")  # the fused projection cut into q, k, v and heads
+    q = split.tensors[1].values.astype(np.float64)[0]  # (T, h, d_h)
+    k = split.tensors[2].values.astype(np.float64)[0]
     slopes = 2.0 ** (-8 * np.arange(1, 5) / 4)
     T = q.shape[0]
     expected = np.einsum("ihd,jhd->hij", q, k) / 2.0 + slopes[:, None, None] * np.arange(T)

@@ -40,13 +40,26 @@ TOLERANCE = f"{ATOL:g} + {RTOL:g} x the largest |reference value|"
 """A cell differs when |yours - reference's| exceeds this (check's tolerance)."""
 
 
+@dataclass(frozen=True)
+class Mismatch:
+    """Cells where the two are not both numbers and not alike: what each side holds there
+    ("-inf", "inf", "NaN" or "a number"), how many such cells, and the first one."""
+
+    yours: str
+    reference: str
+    count: int
+    first: tuple[int, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class TensorPair:
     """One result of a stage on both sides, and their difference (computed by mha-tui).
 
-    diff: |mine - theirs| in mine's layout (None when the shapes cannot be laid over each
-    other); differs: the cells beyond the tolerance; at: the index of the largest
-    difference; note: why there is no comparison, when there is none."""
+    diff: |mine - theirs| in mine's layout where both are numbers, NaN where only one side
+    is (None when the shapes cannot be laid over each other); differs: the cells beyond the
+    tolerance or not alike; max_diff, at: the largest difference between two numbers and
+    where; mismatches: the cells where one side is -inf, inf or NaN and the other is not;
+    note: why there is no comparison, when there is none."""
 
     mine: TensorRecord | None
     theirs: TensorRecord | None
@@ -55,6 +68,7 @@ class TensorPair:
     max_diff: float | None = None
     at: tuple[int, ...] | None = None
     note: str = ""
+    mismatches: tuple[Mismatch, ...] = ()
 
     @property
     def agree(self) -> bool | None:
@@ -62,7 +76,7 @@ class TensorPair:
 
     @property
     def count(self) -> int:
-        """How many cells differ beyond the tolerance."""
+        """How many cells differ beyond the tolerance (or are not alike)."""
         return 0 if self.differs is None else int(self.differs.sum())
 
 
@@ -123,26 +137,46 @@ class Comparison:
 # ---------------------------------------------------------------- cells
 
 
+def _kind_of(values: np.ndarray) -> np.ndarray:
+    """Each cell as "a number", "-inf", "inf" or "NaN"."""
+    return np.select([np.isnan(values), np.isneginf(values), np.isposinf(values)],
+                     ["NaN", "-inf", "inf"], default="a number")
+
+
 def compare_tensors(mine: TensorRecord, theirs: TensorRecord) -> TensorPair:
     """Cell by cell, in mine's layout: equal shapes, or equal once axes of size 1 are
-    dropped ((T, B, C) against (B, T, C) for B = 1). -inf against -inf and NaN against
-    NaN are equal; NaN against a number is an infinite difference."""
+    dropped ((T, B, C) against (B, T, C) for B = 1). Two numbers differ by more than the
+    tolerance; -inf against -inf and NaN against NaN are alike; a cell where only one side
+    is a number (-inf blocked in one, kept in the other) is a mismatch, counted by what
+    each side holds, never an infinite difference."""
     a, b = f64(mine.values), f64(theirs.values)
     if a.shape != b.shape:
         if tuple(n for n in a.shape if n != 1) != tuple(n for n in b.shape if n != 1):
             return TensorPair(mine, theirs, note=f"not compared: the shapes differ, "
                                                  f"{_shape(a.shape)} and {_shape(b.shape)}")
         b = b.reshape(a.shape)
-    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    numbers = np.isfinite(a) & np.isfinite(b)
+    alike = (a == b) | (np.isnan(a) & np.isnan(b))
     with np.errstate(invalid="ignore"):
-        diff = np.where(same, 0.0, np.abs(a - b))
-    diff = np.where(np.isnan(diff), np.inf, diff)
+        diff = np.where(numbers, np.abs(np.where(numbers, a - b, 0.0)), np.nan)
+    diff = np.where(alike & ~numbers, 0.0, diff)  # -inf against -inf: no difference
     finite = b[np.isfinite(b)]
     tolerance = ATOL + RTOL * (float(np.abs(finite).max()) if finite.size else 0.0)
-    differs = diff > tolerance
-    at = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape)) \
+    odd = ~numbers & ~alike
+    differs = np.where(numbers, diff > tolerance, odd)
+    measured = np.where(numbers, diff, -1.0)
+    at = tuple(int(i) for i in np.unravel_index(int(np.argmax(measured)), diff.shape)) \
         if diff.size else None
-    return TensorPair(mine, theirs, diff, differs, float(diff.max()) if diff.size else 0.0, at)
+    largest = float(measured.max()) if numbers.any() else 0.0
+    mismatches: list[Mismatch] = []
+    if odd.any():
+        yours, reference = _kind_of(a), _kind_of(b)
+        pairs = [(str(y), str(r)) for y, r in zip(yours[odd], reference[odd], strict=True)]
+        cells = list(zip(*np.nonzero(odd), strict=True))
+        for y, r in dict.fromkeys(pairs):
+            first = cells[pairs.index((y, r))]
+            mismatches.append(Mismatch(y, r, pairs.count((y, r)), tuple(int(i) for i in first)))
+    return TensorPair(mine, theirs, diff, differs, largest, at, mismatches=tuple(mismatches))
 
 
 def results(stage: Stage) -> list[TensorRecord]:

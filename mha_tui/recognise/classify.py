@@ -7,6 +7,7 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 from .graph import Graph
+from .kinds.qkv_split import fused_width
 from .registry import RULES
 from .sizes import Sizes
 from .vocab import PROJECTIONS
@@ -24,7 +25,7 @@ def classify(g: Graph, sizes: Sizes) -> None:
                 kind = found
                 break
         g.kind[op.index] = kind
-        if kind == "project" and op.name in PROJECTIONS and op.out.shape[-1] == 3 * sizes.C:
+        if kind == "project" and op.name in PROJECTIONS and fused_width(op.out.shape[-1], sizes):
             g.fused.add(op.index)
     _fold_library_calls(g)
 

@@ -15,6 +15,7 @@ import numpy as np
 from ..records import Check, OpRecord, Recording, Ref, Snapshot, Source, Stage, TensorArg, TensorRecord
 from ..stages import stage_info
 from .builder import Builder
+from .graph import Graph
 from .grouping import Unit
 
 
@@ -159,6 +160,8 @@ class StageMaker:
         if op is None:
             return ref.name or "the input"
         kind = self.g.kind.get(op.index, op.name)
+        if kind in ("op", "aux"):  # no stage of that name: the tensor's own name says it
+            return self.tensor_name(op, ref.output)
         stage = {"project": "project", "view": "view", "transpose": "transpose"}.get(kind, kind)
         if op.name in ("split", "chunk", "unbind"):
             return f"{possessive(stage)} {self.tensor_name(op, ref.output)}"
@@ -191,6 +194,9 @@ class StageMaker:
         if owner.startswith("Tensor") and args:
             if method in _OPERATORS and len(args) == 2 and not kwargs:
                 return f"{args[0]} {_OPERATORS[method]} {args[1]}"
+            written = _as_written(op.source.text, method, args) if not kwargs else None
+            if written is not None:
+                return written
             if method == "__getitem__" and len(args) == 2:
                 index = args[1][1:-1] if args[1].startswith("(") else args[1]
                 return f"{args[0]}[{index}]"
@@ -214,11 +220,40 @@ class StageMaker:
         return self.b.out_4d(unit.ops, dims)
 
 
+_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "matmul": "@", "pow": "**"}
+
+
+def _as_written(text: str, method: str, args: list[str]) -> str | None:
+    """`a / softcap` rather than `a.div(0.5)`: a binary operator as the line writes it, with
+    the right operand's own spelling (a name or a number), when the line has it that way."""
+    symbol = _SYMBOLS.get(method)
+    if symbol is None or len(args) != 2:
+        return None
+    found = re.search(rf"(?<![\w.]){re.escape(args[0])}\s*{re.escape(symbol)}(?![*=])\s*"
+                      r"([A-Za-z_][\w.]*|\d[\w.]*)", text)
+    return f"{args[0]} {symbol} {found.group(1)}" if found else None
+
+
 def single_axes(T: int, h: int) -> str:
     """Why a transpose of T and h moved nothing in memory (the reason, for an explanation)."""
     if h == 1 and T == 1:
         return "there is only one head and one token"
     return "there is only one head" if h == 1 else "there is only one token"
+
+
+def broadcast_heads(g: Graph, op: OpRecord, h: int) -> int | None:
+    """How many heads the product's second operand (K^T, V) has when it is fewer than the
+    query heads and the matmul broadcasts them (Falcon's multi-query: one K/V head, never
+    repeated by an op); None when both have h heads."""
+    if op.name not in ("matmul", "bmm") or h < 2:
+        return None
+    operands = g.x_inputs(op)[:2]
+    if len(operands) != 2:
+        return None
+    a, b = (g.snap(r).shape for r in operands)
+    if len(a) == len(b) == 4 and a[1] == h and b[1] == 1:
+        return 1
+    return None
 
 
 def batched_product(h: int, product: str, what: str = "batched matmul") -> str:

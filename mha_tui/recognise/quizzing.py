@@ -28,7 +28,7 @@ LONGEST_ANSWER = 200
 """Typed text longer than this is not read (a paste gone wrong)."""
 
 HOW: dict[str, str] = {
-    "shape": "the sizes, separated by commas, like 3, 5, 7",
+    "shape": "whole numbers separated by commas, like 3, 5, 7",
     "integer": "a whole number",
     "number": f"a number, to {DECIMALS} decimals",
     "token": "a token of the sentence, or its position (from 0)",

@@ -13,8 +13,14 @@ each with its reason (TorchLens states its postprocessing steps the same way):
 - norm anywhere before plumbing: it claims only layer_norm / rms_norm ops, which no other
   rule claims; placed early, next to the other ops on x.
 - w_o before project: both claim x @ W; downstream of attend it is the output projection.
+- residual after w_o: it claims the add of W_O's result and the forward's own input (and
+  a LayerNorm of that sum), which it finds from the w_o ops classified before it.
+- qkv_split before project, view, transpose and plumbing: a fused layer's split that cuts
+  the heads too (timm's reshape/permute/unbind, NeoX's and Falcon's view and slices) is its
+  own stage; project's fused split would otherwise keep it in the projection.
 - project (its projection, then its fused split) before view, transpose and plumbing: a
-  fused (C, 3C) layer's split, unflatten and transpose are still the projection.
+  fused (C, 3C) layer's split, unflatten and transpose are still the projection when they
+  only cut Q | K | V apart (GPT-2's split, torch's own MHA).
 - rotary after project, before view, transpose and plumbing: its ops (slices, reshapes
   into pairs, cat) are shape ops those rules would otherwise claim; a rotation is found
   from the projections its tensors come from, so those are classified first.
@@ -50,6 +56,8 @@ from .kinds import (
     plumbing,
     position_bias,
     project,
+    qkv_split,
+    residual,
     rotary,
     scale,
     scores,
@@ -65,6 +73,8 @@ KINDS: tuple[ModuleType, ...] = (
     cache,
     norm,
     w_o,
+    residual,
+    qkv_split,
     project,
     rotary,
     kv_repeat,
@@ -87,8 +97,9 @@ RULES = tuple(rule for kind in KINDS for rule in kind.RULES)
 # kind -> the module whose build() makes its stage(s). `aux` ops (cache, plumbing) make no
 # stage of their own; `embed` and `error` are placed by assemble.py, not by a unit.
 BUILDERS: dict[str, ModuleType] = {
-    kind.KIND: kind for kind in (norm, project, rotary, kv_repeat, view, transpose, scores, scale, mask,
-                                 position_bias, softmax, dropout, attend, concat, w_o, sdpa, op)
+    kind.KIND: kind for kind in (norm, project, qkv_split, rotary, kv_repeat, view, transpose,
+                                 scores, scale, mask, position_bias, softmax, dropout, attend,
+                                 concat, w_o, residual, sdpa, op)
 }
 
 # The check judges kind by kind in this order: (module with judge(j), the kind a row carries

@@ -25,11 +25,12 @@ adapter is imported only when a torch module is traced. Never import rich, textu
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import CodeType, FrameType, TracebackType
 
 import numpy as np
@@ -48,7 +49,10 @@ from ..records import (
     Source,
 )
 from .args import recorded_arguments
+from .snapshots import Pending, Snapshots, snapshot
 from .source import source_at  # the module's own line: shared with the NumPy adapter
+
+__all__ = ["RecordResult", "Recorder", "op_name", "record", "snapshot", "source_at"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -70,6 +74,7 @@ _DUNDER = {
 }
 
 
+@functools.lru_cache(maxsize=4096)
 def op_name(func: Callable[..., object]) -> tuple[str, str]:
     """(canonical name, qualified name) of a torch function, method or operator."""
     name = getattr(func, "__name__", type(func).__name__)
@@ -88,35 +93,6 @@ def op_name(func: Callable[..., object]) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------- snapshots
-
-
-def _storage(t: torch.Tensor) -> int:
-    try:
-        return int(t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, sparse)
-        return id(t)
-
-
-def snapshot(t: torch.Tensor) -> Snapshot:
-    """A copy of the tensor's values now, with its layout (strides, storage) as it is."""
-    data = t.detach()
-    if data.dtype in (torch.bfloat16, torch.float16):
-        copy = data.to(torch.float32)
-    elif data.is_contiguous():
-        copy = data.clone()
-    else:
-        copy = data.contiguous()  # copies already
-    if copy.device.type != "cpu":
-        copy = copy.cpu()
-    return Snapshot(
-        values=copy.resolve_conj().resolve_neg().numpy(),
-        shape=tuple(data.shape),
-        strides=tuple(data.stride()) if data.layout == torch.strided else (),
-        contiguous=bool(data.is_contiguous()),
-        storage=_storage(data),
-        storage_offset=int(data.storage_offset()) if data.layout == torch.strided else 0,
-        dtype=str(data.dtype).removeprefix("torch."),
-    )
 
 
 def _plain(value: object) -> object:
@@ -210,8 +186,14 @@ class _Mode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         session = self.recorder.active
+        snaps = self.recorder.snaps
+        if snaps.pending:  # a snapshot not copied yet: copy it before this op may write it
+            snaps.before(_name_of(func), args, kwargs)
         if session is None:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            if snaps.pending:
+                snaps.outside(_tensors(result))
+            return result
         if func is _MHA_FORWARD:
             return self.recorder.expand(self, func, args, kwargs)
         try:
@@ -223,14 +205,22 @@ class _Mode(TorchFunctionMode):
         return result
 
 
+def _name_of(func: Callable[..., object]) -> str:
+    try:
+        return op_name(func)[0]
+    except TypeError:  # not hashable: no cache
+        return op_name.__wrapped__(func)[0]
+
+
 class Recorder:
     """Records the roots' forwards while `run()` executes (see `record`)."""
 
-    def __init__(self, roots: Mapping[str, nn.Module]) -> None:
+    def __init__(self, roots: Mapping[str, nn.Module], lazy: bool = True) -> None:
         self.roots = dict(roots)
         self.sessions: dict[str, _Session] = {}
         self.active_stack: list[_Session] = []
         self.mode = _Mode(self)
+        self.snaps = Snapshots(lazy)
 
     @property
     def active(self) -> _Session | None:
@@ -348,11 +338,11 @@ class Recorder:
             args, kwargs.items(), lambda v: isinstance(v, torch.Tensor), session.ref, _plain)
         path, cls = (session.stack[-1][0], session.stack[-1][1]) if session.stack else ("", "")
         index = len(session.ops)
-        session.ops.append(OpRecord(
+        session.ops.append(OpRecord(  # outputs may hold Pending snapshots until finish()
             index=index, name=name, qualname=qualname, module=path, module_class=cls,
             inputs=tuple(inputs), args=plain_args, kwargs=plain_kwargs,
-            outputs=tuple(snapshot(t) for t in outputs), source=self.where(session),
-            in_place=in_place,
+            outputs=tuple(self.snaps.take(t) for t in outputs),  # type: ignore[misc]
+            source=self.where(session), in_place=in_place,
         ))
         for i, t in enumerate(outputs):
             session.producers[id(t)] = (index, i)
@@ -374,6 +364,21 @@ class Recorder:
                 return func(*args, **kwargs)
         finally:
             F.has_torch_function = original
+
+    def finish(self) -> bool:
+        """Resolve every pending snapshot (see snapshots.py); False if one was written
+        without an op saying so, and the recording must be made again with copies."""
+        alive = [t for session in self.sessions.values() for t in session.alive]
+        for session in self.sessions.values():
+            session.alive.clear()  # `alive` is now the recorder's one reference to each
+        ok = self.snaps.finish(alive)
+        del alive
+        for session in self.sessions.values():
+            session.ops = [op if not any(isinstance(o, Pending) for o in op.outputs) else
+                           replace(op, outputs=tuple(o.resolve() if isinstance(o, Pending) else o
+                                                     for o in op.outputs))
+                           for op in session.ops]
+        return ok
 
     def fail(self, error: BaseException, tb: TracebackType | None) -> None:
         """The forward raised: record torch's message and the failing line."""
@@ -409,7 +414,12 @@ def record(run: Callable[[], object], roots: Mapping[str, nn.Module]) -> RecordR
     inside it. If `run` raises, the exception is returned, not raised, and the recording
     of the root that was running ends with the error.
     """
-    recorder = Recorder(roots)
+    return _record(run, roots, lazy=True)
+
+
+def _record(run: Callable[[], object], roots: Mapping[str, nn.Module], lazy: bool) -> RecordResult:
+    rng = torch.random.get_rng_state() if lazy else None
+    recorder = Recorder(roots, lazy)
     handles = recorder.install()
     value: object = None
     error: BaseException | None = None
@@ -422,5 +432,11 @@ def record(run: Callable[[], object], roots: Mapping[str, nn.Module]) -> RecordR
     finally:
         for handle in handles:
             handle.remove()
+    if not recorder.finish() and rng is not None:
+        # Something wrote into a recorded tensor without an op saying so: record the
+        # forward again (same random draws) with every snapshot copied when taken.
+        del value, error, recorder
+        torch.random.set_rng_state(rng)
+        return _record(run, roots, lazy=False)
     return RecordResult(value, {name: s.recording() for name, s in recorder.sessions.items()},
                         error)

@@ -15,7 +15,7 @@ from ..builder import BHTD, BHTT
 from ..cell import Cell, Why, dot, where
 from ..graph import Graph
 from ..grouping import Unit
-from ..maker import StageMaker, batched_product
+from ..maker import StageMaker, batched_product, broadcast_heads
 from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from ..vocab import MATMULS
@@ -53,8 +53,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     first = m.op(unit.ops[0])
     h = m.s.h
     what = "einsum" if first.name == "einsum" else "batched matmul"
-    checks = [Check(batched_product(h, "weights_i @ V_i", what) if not m.b.per_head
-                    else f"each head's own weights @ v, {h} heads side by side", ok)]
+    shared_kv = broadcast_heads(m.g, first, h)
+    checks = [Check(batched_product(h, "weights_i @ V_i", what) if not m.b.per_head and not shared_kv
+                    else f"one {what} = {h} per-head weights_i @ V_0: V has one head, and the "
+                         f"matmul broadcasts it to all {h} query heads (no copy is made)"
+                    if shared_kv else f"each head's own weights @ v, {h} heads side by side", ok)]
     rec = m.b.record(m.tensor_name(first, fallback="context"), snap,
                         BHTD if values.ndim == 4 else None, values=values,
                         caption="row t: token t's weighted mix of values")

@@ -45,20 +45,29 @@ def normalised(g: Graph, op: OpRecord) -> tuple[np.ndarray, np.ndarray, float]:
     weight = next((g.snap(r).values for r in params if g.snap(r).ndim == 1), None)
     bias = next((g.snap(r).values for r in params[1:] if g.snap(r).ndim == 1), None)
     x = before.values.astype(np.float64)
-    eps = next((float(a) for a in op.scalars() if isinstance(a, float)), 1e-5)
+    eps_kwarg = op.kwarg("eps")  # nn.LayerNorm passes eps by keyword
+    eps = float(eps_kwarg) if isinstance(eps_kwarg, float) else \
+        next((float(a) for a in op.scalars() if isinstance(a, float)), 1e-5)
     centred = x if op.name == "rms_norm" else x - x.mean(axis=-1, keepdims=True)
     normed = centred / np.sqrt((centred ** 2).mean(axis=-1, keepdims=True) + eps)
     expected = normed * (weight if weight is not None else 1.0) + (bias if bias is not None else 0.0)
     return x, expected, eps
 
 
+def recomputed(m: StageMaker, op: OpRecord) -> tuple[bool, float]:
+    """Whether a layer_norm / rms_norm op's output is its input normalised over the last
+    axis, times its weight, plus its bias (recomputed in float64), and the eps it used."""
+    _, expected, eps = normalised(m.g, op)
+    return bool(np.allclose(expected, op.out.values, rtol=1e-4, atol=1e-5)), eps
+
+
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     op = m.op(unit.ops[0])
     before_ref = m.x_in(op)
     before, after = m.snap(before_ref), op.out
-    x, expected, eps = normalised(m.g, op)
+    x = before.values.astype(np.float64)
     rms = op.name == "rms_norm"
-    same = bool(np.allclose(expected, after.values, rtol=1e-4, atol=1e-5))
+    same, eps = recomputed(m, op)
     what = "RMSNorm" if rms else "LayerNorm"
     dims = m.dims(before.shape, BTC)
     name = (m.origin_name(before_ref).split("'s ")[-1] if m.g.producer(before_ref)

@@ -12,6 +12,7 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -117,6 +118,9 @@ def bias_stage(m: StageMaker, stage_id: str, bias: np.ndarray, before: np.ndarra
             "The slopes are fixed, not learned.")
     elif shape.kind == "relative":
         title = "Relative position bias: a number per head and distance"
+        T = full.shape[-1]
+        checks.append(Check(f"the bias depends only on the distance j − i: one number per head "
+                            f"on each of the {2 * T - 1} diagonals (checked by mha-tui)", True))
         explanation = (
             "A learned bias per head for each distance between query and key (T5 groups "
             "distances into buckets: exact for near tokens, coarser further away). It depends "
@@ -145,8 +149,25 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     after, _ = m.four_d(unit, BHTT)
     before = _four(m, m.snap(scores_ref), after.shape)
     bias = m.snap(bias_ref).values
+    name = _written_name(op) or m.spelled(bias_ref, op)
+    note = ""
+    if bias_ref.kind == "input":
+        note = (f"This attention module does not compute the bias: it arrives as its forward's "
+                f"argument `{bias_ref.name or name}`, made outside it (by the model, or by an "
+                f"earlier layer, as T5's first layer does for all the others).")
     return bias_stage(m, stage_id, np.broadcast_to(bias, after.shape) if bias.ndim <= 4 else bias,
-                      before, after, unit=unit, bias_name=m.spelled(bias_ref, op))
+                      before, after, unit=unit, bias_name=name, note=note)
+
+
+def _written_name(op: OpRecord) -> str | None:
+    """The bias as the add's line names it: `scores = scores + position_bias` gives
+    position_bias (the one name on the right that is not the one assigned)."""
+    target, equals, right = op.source.text.partition("=")
+    if not equals or right.startswith("="):
+        return None
+    names = [n for n in re.findall(r"(?<![\w.])[A-Za-z_]\w*(?:\.\w+)*", right)
+             if n != target.strip()]
+    return names[0] if len(names) == 1 else None
 
 
 def _four(m: StageMaker, snap: Snapshot, shape: tuple[int, ...]) -> np.ndarray:

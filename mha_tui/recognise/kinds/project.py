@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...check.numeric import close, f64, linear_parts
-from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord, Trace
+from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ..builder import BTC, Builder
 from ..cell import Cell, Why, linear
 from ..graph import Graph
@@ -30,13 +30,29 @@ if TYPE_CHECKING:
 KIND = "project"
 
 
+_TRANSPOSES = {"T", "t", "mT", "transpose"}
+
+
+def stored_weight(g: Graph, ref: Ref) -> tuple[Ref, bool] | None:
+    """The 2-D weight parameter an operand is, and whether the product reads it transposed:
+    W itself (x @ W, addmm, nn.Linear's weight), or W.T / W.t() / W.transpose(0, 1) of a
+    parameter (Falcon's `input @ self.weight.T`)."""
+    if ref.kind in ("param", "const", "buffer"):
+        return (ref, False) if g.snap(ref).ndim == 2 else None
+    op = g.producer(ref)
+    if op is None or op.name not in _TRANSPOSES or g.from_x[op.index] or len(op.inputs) != 1:
+        return None
+    inner = op.inputs[0]
+    if inner.kind not in ("param", "const", "buffer") or g.snap(inner).ndim != 2:
+        return None
+    return inner, True
+
+
 def weight_product(g: Graph, op: OpRecord) -> bool:
-    """x times a weight parameter (nn.Linear, x @ W, addmm, einsum with W)."""
+    """x times a weight parameter (nn.Linear, x @ W, x @ W.T, addmm, einsum with W)."""
     if op.name not in PROJECTIONS or len(g.x_inputs(op)) != 1:
         return False
-    weights = [r for r in g.other_inputs(op) if r.kind in ("param", "const", "buffer")
-               and g.snap(r).ndim == 2]
-    return bool(weights)
+    return any(stored_weight(g, r) is not None for r in g.other_inputs(op))
 
 
 def projection(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
@@ -69,6 +85,10 @@ FUSED_PROJECT = (
     "One layer computes queries, keys and values at once: its output has 3C channels, and "
     "split (or chunk) cuts it into q, k and v of C channels each, windows onto the same memory. "
     "Within each, channels 0..d_h-1 will become head 0, the next d_h head 1, and so on.")
+FUSED_WHOLE = (
+    "One layer computes queries, keys and values at once: each token gets {W} channels that "
+    "hold its q, k and v side by side, one weight row per channel. The next stage cuts them "
+    "apart, and into heads.")
 MATMUL_PROJECT = (
     "x times a (C, C) weight stored as (in, out): output channel j is column j of the weight "
     "(nn.Linear stores the transpose). Output channels 0..d_h-1 will become head 0, the next "
@@ -95,6 +115,7 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
     outputs: list[TensorRecord] = []
     ok_all = True
     has_bias = False
+    any_transposed = False  # x @ W.T written out (Falcon), not nn.Linear
     by_role: dict[str, list[OpRecord]] = {}
     for op in products:
         by_role.setdefault(b.role(op) if kind == "project" else "O", []).append(op)
@@ -103,7 +124,10 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
         ops = sorted(ops, key=lambda o: g.head.get(o.index, 0))
         weights, biases, outs = [], [], []
         for op in ops:
-            w_ref = next(r for r in g.other_inputs(op) if m.snap(r).ndim == 2)
+            found = [f for f in (stored_weight(g, r) for r in g.other_inputs(op)) if f]
+            w_ref, transposed = found[0] if found else \
+                (next(r for r in g.other_inputs(op) if m.snap(r).ndim == 2), False)
+            any_transposed |= transposed
             w = m.snap(w_ref)
             bias_refs = [r for r in g.other_inputs(op) if m.snap(r).ndim == 1]
             # Recomputed at the module's own precision (float32 at least): the tolerance below
@@ -113,7 +137,7 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
             xin = xin.astype(precision, copy=False)
             wv = w.values.astype(precision, copy=False)
             # nn.Linear stores (out, in) and computes x @ W.T; addmm / x @ W use (in, out)
-            stored_out_in = op.name == "linear"
+            stored_out_in = op.name == "linear" or transposed
             product = xin @ (wv.T if stored_out_in else wv) if op.name != "einsum" else None
             last = _result_of(m, op, unit)
             if product is not None:
@@ -134,7 +158,7 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
     layer = ("nn.Linear" if any(o.name == "linear" for o in products)
              else products[0].name if products else "")
     checks.append(Check(f"{names} {'each equal' if len(outputs) > 1 else 'equals'} "
-                        f"x @ W{'.weight.T' if layer == 'nn.Linear' else ''}"
+                        f"x @ W{'.weight.T' if layer == 'nn.Linear' else '.T' if any_transposed else ''}"
                         f"{' + b' if has_bias else ''} ({layer}"
                         f"{', with bias' if has_bias else ', no bias'})", ok_all))
     if m.b.head_modules and kind == "project":
@@ -144,19 +168,26 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
     out_snap = outputs[0] if outputs else None
     shape_out = out_snap.shape if out_snap else x_snap.shape
     explanation = None
+    title = None
+    fused = kind == "project" and any(op.index in g.fused for op in products)
+    if fused:
+        title = "Project to queries, keys and values with one fused layer"
     if kind == "project":
         if m.b.per_head:
             explanation = PER_HEAD_PROJECT.format(h=s.h)
         elif splits:
             explanation = FUSED_PROJECT
+        elif fused:
+            explanation = FUSED_WHOLE.format(W=products[0].out.shape[-1])
         elif layer != "nn.Linear":
             explanation = MATMUL_PROJECT
         widths = {role: ops[0].out.shape[-1] for role, ops in by_role.items() if ops}
-        if not m.b.per_head and not splits and any(w != s.C for w in widths.values()):
+        if not m.b.per_head and not splits and not fused and any(w != s.C for w in widths.values()):
             explanation = _narrow_explanation(widths, s.C, s.d_h)
     elif layer != "nn.Linear":
         explanation = MATMUL_W_O
     stage = m.stage(unit, stage_id, kind, tensors + outputs, checks, explanation=explanation,
+                       title=title,
                        shape_in=x_snap.shape, shape_out=shape_out,
                        dims_in=m.dims(x_snap.shape, BTC),
                        dims_out=out_snap.dims if out_snap else BTC)

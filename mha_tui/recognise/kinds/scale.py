@@ -35,12 +35,31 @@ def scale(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     if scalar_operand(g, op) is None or g.op_derives(op, {"softmax", "attend"}):
         return None
     if g.op_derives(op, {"scores"}):
-        return "scale"
+        # One scaling of the scores; a second multiply after it, or after an op no rule
+        # knows (Gemma 2's tanh soft-capping: / cap, tanh, * cap), is not "the" scale.
+        # (OPT's `scores * 1.0` after q was scaled is still the scale stage: q's scale came
+        # before the scores.)
+        return None if g.op_derives(op, {"op"}) or _scores_scaled_before(g, op) else "scale"
     if g.op_derives(op, {"transpose", "view"}):  # q scaled before q @ k^T (torch's own MHA)
         return "scale"
     if g.op_derives(op, {"project", "rotary"}) and _head_scale(scalar_operand(g, op), op, sizes):
         return "scale"  # OPT, BART: q_proj(x) * d_h ** -0.5, before the heads are split
     return None
+
+
+def _scores_scaled_before(g: Graph, op: OpRecord) -> bool:
+    """An op upstream of this one already scaled the scores (not q or k before them)."""
+    seen: set[int] = set()
+    todo = [r for r in g.x_inputs(op)]
+    while todo:
+        source = g.producer(todo.pop())
+        if source is None or source.index in seen:
+            continue
+        seen.add(source.index)
+        if g.kind.get(source.index) == "scale" and g.op_derives(source, {"scores"}):
+            return True
+        todo.extend(g.x_inputs(source))
+    return False
 
 
 def _head_scale(factor: float | None, op: OpRecord, sizes: Sizes) -> bool:
@@ -103,7 +122,17 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         used = 1 / factor if divides else factor
         checks.append(Check(f"the factor is 1/sqrt(d_h) = 1/sqrt({d_h}): "
                             f"{yes(abs(used - expected) < 1e-6)}", None))
-    if on_q:
+    title = explanation = None
+    unscaled = factor is not None and (1 / factor if divides else factor) == 1.0
+    if unscaled:
+        title = f"Not scaled: the factor is 1, not 1/sqrt(d_h) = {1 / sqrt:.4f}"
+        explanation = (
+            f"Here the scores are {'divided' if divides else 'multiplied'} by exactly 1: this "
+            f"module leaves out the 1/sqrt(d_h) = 1/sqrt({d_h}) of scaled dot-product "
+            "attention and leaves the scores as they are (T5 does this: it folds the "
+            "scaling into how its weights are initialised).")
+        note = "No 1/sqrt(d_h) here: the factor is 1."
+    elif on_q:
         note = ("Q is scaled before the scores are computed (q * 1/sqrt(d_h)): the scaling "
                 "happens here, on the queries, not on the scores; same result.")
     elif raw == "masked scores":
@@ -112,7 +141,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         note = ""
     return m.stage(unit, stage_id, "scale", [rec], checks, shape_in=before_values.shape,
                       shape_out=values.shape if m.b.per_head else snap.shape, dims_in=rec.dims,
-                      dims_out=rec.dims, note=note)
+                      dims_out=rec.dims, note=note, title=title, explanation=explanation)
 
 
 def _finite_f64(values: np.ndarray) -> np.ndarray:

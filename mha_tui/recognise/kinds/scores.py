@@ -17,7 +17,7 @@ from ..builder import BHTD, BHTT
 from ..cell import Cell, Why, dot, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
-from ..maker import StageMaker, batched_product, synthetic, words
+from ..maker import StageMaker, batched_product, broadcast_heads, synthetic, words
 from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import MATMULS
@@ -56,8 +56,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     name = m.tensor_name(first, fallback="scores")
     h = m.s.h
     what = "einsum" if first.name == "einsum" else "batched matmul"
-    checks = [Check(batched_product(h, "Q_i @ K_i^T", what) if not m.b.per_head
-                    else f"each head's own q @ k^T, {h} heads side by side", ok)]
+    shared_kv = broadcast_heads(m.g, first, h)
+    checks = [Check(batched_product(h, "Q_i @ K_i^T", what) if not m.b.per_head and not shared_kv
+                    else f"one {what} = {h} per-head Q_i @ K_0^T: K has one head, and the "
+                         f"matmul broadcasts it to all {h} query heads (no copy is made)"
+                    if shared_kv else f"each head's own q @ k^T, {h} heads side by side", ok)]
     fused_mask = next((op for op in (m.op(i) for i in unit.ops) if op.name == "baddbmm"
                        and _very_negative_anywhere(m, op)), None)
     src = m.snap(first.inputs[1] if first.name == "baddbmm" and len(first.inputs) == 3
@@ -74,6 +77,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     m.out_of_kind["scores"] = (values, snap)
     alpha = baddbmm_factors(first)[0] if first.name == "baddbmm" else 1.0
     title, note = None, ""
+    if shared_kv:
+        title = f"Raw attention scores: Q @ K^T, one K/V head for all {h} query heads"
     if alpha != 1.0:  # GPT-NeoX: baddbmm(zeros, q, k^T, alpha=1/sqrt(d_h))
         title = "Attention scores, scaled inside baddbmm"
         note = (f"torch.baddbmm(..., alpha={alpha:.6g}) multiplies q @ k^T by alpha in the same "

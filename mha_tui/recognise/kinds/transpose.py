@@ -26,7 +26,7 @@ def head_move(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     """transpose/permute bringing the head axis in front of the token axis."""
     if op.name not in {"transpose", "permute", "swapaxes", "movedim"} or not g.x_inputs(op):
         return None
-    if g.op_derives(op, {"scores", "attend"}) or not g.op_derives(op, {"view"}):
+    if g.op_derives(op, {"scores", "attend"}) or not g.op_derives(op, {"view", "qkv_split"}):
         return None
     shape = op.out.shape
     if _swaps_last_two(op, len(shape)):
@@ -55,6 +55,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     tensors, blocks, shared = [], True, True
     first_projected: Snapshot | None = None
     q_projected: Snapshot | None = None
+    split_parts = False
     for op in ops:
         src_ref = m.x_in(op)
         src = m.snap(src_ref)
@@ -66,7 +67,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         moved, from_projection = m.batched(op.out.values), None
         if projected is not None:
             from_projection = m.batched(projected.values)
-        if from_projection is not None and moved.ndim == 4 and from_projection.ndim == 3:
+        if from_projection is not None and moved.ndim == 4 and from_projection.ndim == 4:
+            split_parts = True  # a fused split's part, heads already cut: (B, T, h, d_h)
+            for i in range(moved.shape[1]):
+                blocks &= bool(np.array_equal(moved[:, i], from_projection[:, :, i], equal_nan=True))
+        elif from_projection is not None and moved.ndim == 4 and from_projection.ndim == 3:
             first_projected = first_projected or projected
             if _role_of_chain(m, op) == "Q":
                 q_projected = projected
@@ -76,7 +81,10 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                                               equal_nan=True))
     out = ops[0].out
     checks = [
-        Check(f"head i holds channels i*{s.d_h}..(i+1)*{s.d_h}-1 of every token", blocks),
+        Check(f"head i holds channels i*{s.d_h}..(i+1)*{s.d_h}-1 of every token", blocks)
+        if not split_parts else
+        Check("head i holds head i of the fused split's part, now in front of the tokens",
+              blocks),
         Check(f"same storage as the view, strides now {out.strides}, "
               f"contiguous: {yes(out.contiguous)}", shared),
     ]
@@ -106,7 +114,7 @@ def _project_source(m: StageMaker, ref: Ref) -> Snapshot | None:
         op = m.g.producer(ref)
         if op is None or m.g.kind.get(op.index) in ("rotary", "scale"):
             return None
-        if m.g.kind.get(op.index) == "project":
+        if m.g.kind.get(op.index) in ("project", "qkv_split"):
             return op.outputs[ref.output]
         ref = m.x_in(op) if m.g.x_inputs(op) else ref
     return None

@@ -17,21 +17,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .config import Config
-from .records import ModuleInfo, Recorded, Trace
+from ..config import Config
+from ..records import ModuleInfo, Recorded, Trace
 
 if TYPE_CHECKING:
-    from .check import Verdict
-    from .check.compare import Comparison
-    from .config import Source
-    from .load.modules import Loaded
-    from .load.numpy_modules import LoadedNumpy
-    from .records import Stage
+    from ..check import Verdict
+    from ..check.compare import Comparison
+    from ..config import Source
+    from ..load.modules import Loaded
+    from ..load.numpy_modules import LoadedNumpy
+    from ..records import Stage
 
 
 def stages_of(recorded: Recorded) -> tuple[Stage, ...]:
     """recognise: the stages of one recorded forward."""
-    from .recognise import recognise
+    from ..recognise import recognise
 
     return recognise(recorded.recording, recorded.config, embedded=recorded.embedded,
                      forward_equal=recorded.forward_equal, n_params=recorded.n_params)
@@ -39,7 +39,7 @@ def stages_of(recorded: Recorded) -> tuple[Stage, ...]:
 
 def recognised(recorded: Recorded) -> Trace:
     """recognise, then the Trace the app, the transcripts and the check read."""
-    from .recognise.sizes import head_calls
+    from ..recognise.sizes import head_calls
 
     stages = stages_of(recorded)
     recording = recorded.recording
@@ -57,7 +57,7 @@ def trace(module: Any, x: Any, tokens: Sequence[str] | None = None, **options: A
     """The Python API (`mha_tui.trace`): trace one forward of a torch or a NumPy module."""
     if type(x).__module__ == "numpy" and not _is_torch_module(module):
         return trace_numpy(module, x, tokens, **options)  # NumPy code: torch never loads
-    from .tracing import record_forward  # torch is imported only now
+    from ..tracing import record_forward  # torch is imported only now
 
     return recognised(record_forward(module, x, tokens, **options))
 
@@ -68,13 +68,13 @@ def trace_numpy(module: object, x: Any, tokens: Sequence[str] | None = None, *,
                 lookup: tuple[str, int] | None = None) -> Trace:
     """A NumPy module's forward on x (T, C), traced without torch. lookup: where x was
     looked up in table (file, line); by default the NumPy loader's own lookup line."""
-    from .tracing.numpy_ops import record_forward
-    from .tracing.source import source_at
+    from ..tracing.numpy_ops import record_forward
+    from ..tracing.source import source_at
 
     line = None
     if table is not None and ids is not None:
         if lookup is None:
-            from .load.numpy_modules import look_up
+            from ..load.numpy_modules import look_up
 
             lookup = look_up(table, ids)[1]
         line = source_at(*lookup)
@@ -100,10 +100,10 @@ def run_trace(config: Config, source: Source | None = None, *,
     """
     if getattr(loaded, "library", "torch") == "numpy":
         return numpy_runner(loaded)(config)  # type: ignore[arg-type]
-    from .load.modules import load
+    from ..load.modules import load
 
     loaded = loaded or load(config, source)
-    from .tracing import record_forward
+    from ..tracing import record_forward
 
     # The learner's prints go to stderr: a transcript on stdout stays a transcript.
     with contextlib.redirect_stdout(sys.stderr):
@@ -149,13 +149,13 @@ def checked(config: Config, source: Source, expect: Expect | None = None
     """Build the module now (bad input fails here); return how to trace it and how to judge
     a trace of it: load -> trace -> what needs running again (torch) -> judge. `expect`:
     what the learner meant to build (--expect rotary, --window N)."""
-    from .load.numpy_modules import load as load_numpy
+    from ..load.numpy_modules import load as load_numpy
 
     grown = expect or Expect()
     numpy_loaded = load_numpy(config, source)
     if numpy_loaded is not None:  # NumPy code: judged the same way, without torch
         return _checked_numpy(config, numpy_loaded, grown)
-    from .load.modules import load
+    from ..load.modules import load
 
     loaded = load(config, source)
 
@@ -177,8 +177,8 @@ def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], o
     """judge a torch module's trace: what needs running again (a second forward, the
     reference with its weights copied in), then the verdict. `mha-tui check` and the
     notebook's `mha_tui.check` both come here."""
-    from .check import Facts, judge
-    from .tracing.rerun import parameter_shapes, reference_output, second_recording
+    from ..check import Facts, judge
+    from ..tracing.rerun import parameter_shapes, reference_output, second_recording
 
     facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
                   second=second_recording(module, x, call), reference=reference_output,
@@ -205,9 +205,9 @@ def judge_numpy(trace: Trace, module: object, args: Sequence[object], kwargs: Ma
     the blueprint's computation in NumPy as the end-to-end reference."""
     import numpy as np
 
-    from .check import Facts, judge
-    from .check.numpy_reference import reference_output
-    from .tracing.numpy_ops import module_arrays, record
+    from ..check import Facts, judge
+    from ..check.numpy_reference import reference_output
+    from ..tracing.numpy_ops import module_arrays, record
 
     with np.errstate(all="ignore"):
         again = record(module, tuple(args), dict(kwargs))
@@ -238,11 +238,11 @@ def compared(config: Config, source: Source, against: Source, *,
     weights cannot be copied by role (both one line). The learner's trace may have failed
     (its forward raised): the comparison then holds its stages up to the error.
     """
-    from .check.compare import compare
-    from .check.roles import RoleCopyError, copy_by_role, roles_of
-    from .load.learner import LoadError
-    from .load.modules import load
-    from .tracing.rerun import parameter_values, set_parameters
+    from ..check.compare import compare
+    from ..check.roles import RoleCopyError, copy_by_role, roles_of
+    from ..load.learner import LoadError
+    from ..load.modules import load
+    from ..tracing.rerun import parameter_values, set_parameters
 
     mine_loaded = loaded or load(config, source)
     try:

@@ -1,0 +1,79 @@
+"""Write the benchmark's table into the README's "## Performance" section.
+
+Everything from the "## Performance" heading to the next "## " heading is replaced by the
+text below, the run's header line and its table: running the benchmark again replaces the
+section again, so the README holds exactly one table, the one the last run printed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HEADING = "## Performance"
+
+INTRO = """\
+`make bench` (or `.venv/bin/python benchmarks/bench.py [--runs N] [--check] [--no-readme]`)
+measures everything against `python -c "import torch"` in the same run, interleaving the
+floor with each command round by round (medians over the rounds), and writes the table
+below into this section (`--check` exits 1 when a target is missed; `--no-readme` only
+prints it). Startup figures are whole processes; the app runs in a 100x32 pseudo-terminal
+and reports its first paint and first values through marks it writes when `MHA_TUI_MARKS`
+is set; "key -> repaint" is timed inside the app (from the key's handler to the end of the
+next screen refresh), "written to the terminal" from writing the key to the pseudo-terminal
+to the end of the output it causes, beside a bare Textual app in the same harness. The
+tracing rows come from `benchmarks/trace_overhead.py` (the mygpt module at GPT-2 small's
+sizes, in one process, over the plain forward; TorchLens's `trace` beside it when the
+`[bench]` extra is installed), by the wall clock and in CPU time with one thread; on a
+machine others are using, the CPU-time rows are the ones to compare. The `--hf` rows use
+a GPT-2 with GPT-2 small's shapes and random weights, built offline by
+`benchmarks/hf_rows.py`. Peak memory is each process's own `ru_maxrss`.
+
+Last run:"""
+
+HOW = """\
+How these are reached:
+- `--help`/`--version` import neither torch nor textual (a test checks), and Typer is kept
+  below the release that pulls in pydantic; a finished transcript exits with `os._exit` after
+  flushing, skipping torch's interpreter teardown; the plain transcript never loads Pygments.
+- The app imports no torch, NumPy or Pygments before its first frame and loads the trace in
+  a worker thread; each (stage, view, width) is rendered once into lines, cached, and
+  pre-rendered in the background, so a step only repaints the visible lines.
+- Tracing (`tracing/torch_ops.py`) runs every op unchanged and keeps its output copy-on-write
+  (`tracing/snapshots.py`): a tensor is copied only before an op may write into it or hand
+  it outside torch, or when something outside the recording can still reach it; the rest of
+  the recording are read-only views of the module's own tensors. The forward runs once: a
+  second call (the "out equals the module's own forward" check) happens only when the first
+  drew random numbers or wrote into its parameters, buffers or input.
+- The recogniser's checks recompute each product at the operands' own precision (float32)
+  and only a product that misses the tolerance again in float64, so every check still
+  means what it says.
+- The JSON transcript is streamed into its temporary file tensor by tensor; its float32
+  text comes from orjson, with NumPy's own spelling put back by position for the values the
+  two write differently (`floats.py`), so the bytes are NumPy's `astype(str)`.
+- `--hf` refuses a sentence longer than the model's positions after tokenizing, before any
+  weight is loaded, and records every layer only while they fit in memory (see `--hf`)."""
+
+
+def section(header: str, table: list[str], missed: list[str]) -> str:
+    parts = [HEADING, "", INTRO, "", header, "", *table, ""]
+    if missed:
+        parts += [f"Missed in this run: {'; '.join(missed)}.", ""]
+    parts += [HOW, ""]
+    return "\n".join(parts)
+
+
+def write_performance(readme: Path, header: str, table: list[str], missed: list[str]) -> None:
+    """Replace the README's Performance section (or add it at the end) with this run's."""
+    text = readme.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    start = next((i for i, line in enumerate(lines) if line.strip() == HEADING), None)
+    new = section(header, table, missed).split("\n")
+    if start is None:
+        lines += ["", *new]
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
+                   len(lines))
+        lines[start:end] = new
+    tmp = readme.with_name(readme.name + ".bench-tmp")
+    tmp.write_text("\n".join(lines), encoding="utf-8")
+    tmp.replace(readme)

@@ -1,0 +1,390 @@
+"""`--hf`: finding and loading a Hugging Face model (a causal LM or an encoder) and its tokenizer.
+
+Finds the model in a local directory or in the local Hugging Face cache, loads it with
+`transformers` in eval mode with the eager attention implementation (so the attention
+weights exist as tensors), tokenizes the sentence and makes each piece readable, and
+estimates what recording its layers would cost. Every refusal is an `HfError` (one line).
+Recording the forward is `mha_tui.tracing.hf_layers`; the stages are `mha_tui.pipeline.hf`.
+
+Must never download: `local_files_only=True` everywhere, and the hub's offline switches are
+set before `transformers` is imported. Must never load weights in a way that can execute
+code: safetensors, or `torch.load(weights_only=True)`, and never a model's own remote code.
+Imported only for `--hf`; `transformers` is the optional extra `mha-tui[hf]`. The only
+module of mha-tui that imports transformers or tokenizers.
+Never import rich, textual or typer here, nor the tracer or the recogniser.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .hf_error import HfError
+
+__all__ = ["HfError"]  # raised here, defined where the tracer can raise it too (hf_error.py)
+
+INSTALL_HINT = 'pip install "mha-tui[hf]"'
+# Where a block keeps its self-attention, across the families transformers ships
+# (GPT-2 and GPT-J: attn; Llama, OPT, Mistral: self_attn; GPT-NeoX: attention; Falcon,
+# Bloom: self_attention).
+ATTENTION_NAMES = ("attn", "self_attn", "attention", "self_attention")
+SPACE_MARK = "\u2423"  # ␣, the visible space
+ASCII_SPACE_MARK = "_"
+# Every layer's stages are recorded in the one forward pass while the copies the tracer
+# keeps stay below this many bytes (estimated from the model's sizes: see all_layers_limit).
+ALL_LAYERS_BUDGET = 256 * 2**20
+# What one recorded GPT-2 attention layer keeps, measured: about 7 (h, T, T) maps (raw,
+# scaled and masked scores, softmax, its cast, dropout, and one more) and 24 (T, C)-sized
+# tensors (the fused projection counts 3, its split 3, views, transposes, heads, c_proj),
+# float32 each.
+MAPS_PER_LAYER = 7
+CHANNEL_TENSORS_PER_LAYER = 24
+_WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+def _offline() -> None:
+    """Tell the hub libraries, before they are imported, that there is no network."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+def _transformers() -> Any:
+    _offline()
+    try:
+        import transformers
+    except ImportError:
+        raise HfError(f"--hf needs Hugging Face transformers, which is not installed: "
+                      f"{INSTALL_HINT}") from None
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    return transformers
+
+
+# ---------------------------------------------------------------- where the model is
+
+
+def hub_cache() -> Path:
+    """The hub's cache folder, read from the environment now, in the hub's documented order."""
+    env = os.environ
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(name):
+            return Path(os.path.expandvars(env[name])).expanduser()
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
+
+
+def _cached_snapshot(cache: Path, repo_id: str) -> Path | None:
+    """snapshots/<refs/main> of one cached model repo, as the hub lays it out, if complete."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    if not ref.is_file():
+        return None
+    snapshot = repo / "snapshots" / ref.read_text(encoding="utf-8").strip()
+    return snapshot if (snapshot / "config.json").is_file() else None
+
+
+def locate(source: str) -> Path:
+    """A model directory: source itself, or its snapshot in the local Hugging Face cache."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise HfError(f"--hf {source} is a file; give a model directory (with config.json) "
+                      f"or a model name from the Hugging Face cache, e.g. gpt2")
+    cache = hub_cache()
+    if _REPO_ID.match(source):
+        found = _cached_snapshot(cache, source)
+        if found is None and "/" not in source and cache.is_dir():
+            # `gpt2` is cached as openai-community/gpt2 when fetched under its current name.
+            owners = sorted(cache.glob(f"models--*--{source}"))
+            snapshots = [s for s in (_cached_snapshot(cache, o.name[len("models--"):].replace("--", "/"))
+                                     for o in owners) if s is not None]
+            found = snapshots[0] if len(snapshots) == 1 else None
+        if found is not None:
+            return found
+    fetch = source if _REPO_ID.match(source) else "ORG/NAME"
+    raise HfError(f"--hf {source}: no such directory and not in the Hugging Face cache at {cache}; "
+                  f"mha-tui never downloads: fetch it once with `hf download {fetch}` "
+                  f"(or pass a directory made by save_pretrained)")
+
+
+# ---------------------------------------------------------------- the loaded model
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the header says about the model."""
+
+    name: str
+    path: str
+    class_name: str
+    n_layers: int
+    embed_dim: int
+    num_heads: int
+    head_dim: int
+    vocab_size: int
+    max_positions: int | None
+    # Numbers in one layer's attention parameters (the recorder keeps a float32 copy of each
+    # per recorded layer); None: estimated as a GPT-2 layer's, 4 C x C weights and 4 C biases.
+    attention_params: int | None = None
+    # An encoder (BERT, RoBERTa, DistilBERT, T5's encoder), loaded as the bare encoder: its
+    # self-attention lets every token see every token. False: a causal language model.
+    encoder: bool = False
+
+
+@dataclass(eq=False)
+class Loaded:
+    """A causal LM or an encoder in eval mode, its tokenizer, and the path to every layer's
+    self-attention (a dotted path inside the block: T5's is layer.0.SelfAttention)."""
+
+    model: nn.Module
+    tokenizer: Any
+    info: ModelInfo
+    blocks_path: str
+    attention_name: str
+    blocks: Sequence[nn.Module] = field(repr=False)
+
+    def attention(self, layer: int) -> nn.Module:
+        return self.blocks[layer].get_submodule(self.attention_name)
+
+    def attention_path(self, layer: int) -> str:
+        return f"{self.blocks_path}.{layer}.{self.attention_name}"
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message (transformers raises many kinds, long ones)."""
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _find_blocks(model: nn.Module, n_layers: int) -> tuple[str, nn.ModuleList, str] | None:
+    """The model's list of layers and the name of the self-attention inside each."""
+    for path, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) != n_layers or not n_layers:
+            continue
+        for name in ATTENTION_NAMES:
+            if all(isinstance(getattr(block, name, None), nn.Module) for block in module):
+                return path, module, name
+        name = _self_attention_path(module[0])
+        if name is not None and all(_self_attention_path(block) == name for block in module):
+            return path, module, name
+    return None
+
+
+def _self_attention_path(block: nn.Module) -> str | None:
+    """The one innermost submodule of block whose class is an attention and not a cross
+    attention (T5's block holds layer.0, a T5LayerSelfAttention with its norm and residual
+    add, around layer.0.SelfAttention, the T5Attention that computes the weights)."""
+    found = [path for path, sub in block.named_modules()
+             if path and type(sub).__name__.endswith("Attention")
+             and "cross" not in path.lower() and "cross" not in type(sub).__name__.lower()]
+    inner = [path for path in found if not any(other.startswith(path + ".") for other in found)]
+    return inner[0] if len(inner) == 1 else None
+
+
+def _auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
+    """Which transformers Auto class loads the model, and whether it is an encoder.
+
+    An encoder-decoder (T5) and a masked-language-model family that is not configured as a
+    decoder (BERT, RoBERTa, DistilBERT: `is_decoder` False) load as the bare encoder with
+    AutoModelForTextEncoding (T5EncoderModel, BertModel ...), never with a causal-LM head
+    (BERT and RoBERTa have one, BertLMHeadModel, which would run them as what they are not).
+    Everything else loads with AutoModelForCausalLM, as before.
+    """
+    kind = type(config)
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    masked = kind in transformers.MODEL_FOR_MASKED_LM_MAPPING
+    if not encoder_decoder and not (masked and not getattr(config, "is_decoder", False)):
+        return transformers.AutoModelForCausalLM, False
+    if kind in transformers.MODEL_FOR_TEXT_ENCODING_MAPPING:
+        return transformers.AutoModelForTextEncoding, True
+    if encoder_decoder:
+        raise HfError(f"{config.model_type} is an encoder-decoder model whose encoder "
+                      f"transformers cannot load alone (AutoModelForTextEncoding does not know "
+                      f"it); mha-tui explains causal LMs, BERT-like encoders and T5's encoder")
+    return transformers.AutoModel, True
+
+
+def load(source: str, sentence: str | None = None) -> Loaded:
+    """Find, check and load the model and tokenizer; every refusal is an HfError.
+
+    sentence: when given, it is tokenized and refused if it has more tokens than the
+    model's config.json says the model reads, before any weight is loaded.
+    """
+    transformers = _transformers()
+    path = locate(source)
+    if not (path / "config.json").is_file():
+        raise HfError(f"--hf {source}: {path} has no config.json; give a directory made by "
+                      f"save_pretrained (or `hf download`)")
+    if not any(next(path.glob(pattern), None) for pattern in _TOKENIZER_FILES):
+        raise HfError(f"--hf {source}: {path} has no tokenizer (tokenizer.json, or vocab.json and "
+                      f"merges.txt); save it beside the model with tokenizer.save_pretrained")
+    if not any(next(path.glob(pattern), None) for pattern in _WEIGHT_FILES):
+        raise HfError(f"--hf {source}: {path} has no weights (model.safetensors or "
+                      f"pytorch_model.bin)")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            path, local_files_only=True, trust_remote_code=False)
+    except Exception as error:
+        raise HfError(f"--hf {source}: could not load the tokenizer in {path}: "
+                      f"{first_line(error)}") from None
+    config = _config(source, path)
+    if sentence is not None:
+        _refuse_too_long(source, config, tokenizer, sentence)
+    try:
+        auto, encoder = _auto_class(transformers, config)
+    except HfError as error:
+        raise HfError(f"--hf {source}: {error}") from None
+    what = "an encoder" if encoder else "a causal language model"
+    try:
+        model = auto.from_pretrained(
+            path, config=config, local_files_only=True, trust_remote_code=False,
+            weights_only=True, attn_implementation="eager", dtype=torch.float32,
+        )
+    except Exception as error:  # transformers raises many kinds; the learner gets one line
+        raise HfError(f"--hf {source}: could not load {what} from {path}: "
+                      f"{first_line(error)}") from None
+    model.eval()
+    config = model.config
+    n_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    found = _find_blocks(model, n_layers)
+    if found is None:
+        raise HfError(f"--hf {source}: {type(model).__name__} has no recognisable self-attention "
+                      f"submodule in its layers (looked for {', '.join(ATTENTION_NAMES)}); "
+                      f"mha-tui explains attention models such as GPT-2")
+    blocks_path, blocks, attention_name = found
+    embed_dim = int(config.hidden_size)
+    num_heads = int(config.num_attention_heads)
+    attention = blocks[0].get_submodule(attention_name)
+    info = ModelInfo(
+        name=source, path=str(path), class_name=type(model).__name__, n_layers=n_layers,
+        embed_dim=embed_dim, num_heads=num_heads,
+        head_dim=int(getattr(attention, "head_dim", None)
+                     or getattr(attention, "key_value_proj_dim", None)  # T5's d_kv
+                     or embed_dim // num_heads),
+        vocab_size=int(config.vocab_size),
+        max_positions=getattr(config, "max_position_embeddings", None),
+        attention_params=sum(p.numel() for p in attention.parameters()), encoder=encoder,
+    )
+    return Loaded(model=model, tokenizer=tokenizer, info=info, blocks_path=blocks_path,
+                  attention_name=attention_name, blocks=blocks)
+
+
+def _config(source: str, path: Path) -> Any:
+    """The model's config.json, read by transformers (never the model's own code)."""
+    transformers = _transformers()
+    try:
+        return transformers.AutoConfig.from_pretrained(
+            path, local_files_only=True, trust_remote_code=False)
+    except Exception as error:
+        raise HfError(f"--hf {source}: could not read {path / 'config.json'}: "
+                      f"{first_line(error)}") from None
+
+
+def _refuse_too_long(source: str, config: Any, tokenizer: Any, sentence: str) -> None:
+    """More tokens than config.json's max_position_embeddings (n_positions): refused from
+    the tokenizer and the config alone, before the weights load."""
+    limit = getattr(config, "max_position_embeddings", None)
+    n = len(tokenizer(sentence, add_special_tokens=True)["input_ids"])
+    if limit is not None and n > limit:
+        raise HfError(f"the sentence has {n} tokens but {source} reads at most {limit}")
+
+
+def check_layer(loaded: Loaded, layer: int) -> None:
+    n = loaded.info.n_layers
+    if not 0 <= layer < n:
+        raise HfError(f"--layer {layer} is out of range: {loaded.info.name} has {n} layers, "
+                      f"0 to {n - 1}")
+
+
+def recorded_bytes(info: ModelInfo, T: int, layers: int | None = None) -> int:
+    """About how many bytes the tracer keeps for `layers` layers on a T-token sentence: each
+    layer's recorded activations and its copy of the layer's parameters, float32."""
+    C = info.embed_dim
+    params = info.attention_params if info.attention_params is not None else 4 * C * C + 4 * C
+    per_layer = 4 * (MAPS_PER_LAYER * info.num_heads * T * T
+                     + CHANNEL_TENSORS_PER_LAYER * C * T + params)
+    return (info.n_layers if layers is None else layers) * per_layer
+
+
+def all_layers_limit(info: ModelInfo, budget: int = ALL_LAYERS_BUDGET) -> int:
+    """The longest sentence (in tokens) for which every layer is recorded in one pass.
+
+    Memory grows with layers * (h * T^2 + C * T); beyond this length only the layer shown
+    is recorded, and moving to another layer runs the forward again.
+    """
+    T = 1
+    while recorded_bytes(info, T + 1) <= budget:
+        T += 1
+    return T
+
+
+# ---------------------------------------------------------------- tokens
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: every byte as one printable character (its published map)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+_BYTE_OF = {char: byte for byte, char in _bytes_to_unicode().items()}
+
+
+def _is_byte_level(tokenizer: Any) -> bool:
+    from tokenizers import decoders
+
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    return isinstance(decoder, decoders.ByteLevel)
+
+
+def readable_token(piece: str, *, byte_level: bool, ascii_only: bool = False) -> str:
+    """A tokenizer's piece as a learner reads it: `Ġcat` -> `␣cat`, bytes decoded to text.
+
+    A byte-level piece that holds part of a character (an emoji cut in two) keeps the bytes
+    that do not form text as `\\xNN`. Spaces become a visible mark; other control characters
+    are left for render.printable to make visible.
+    """
+    text = piece
+    if byte_level and piece and all(char in _BYTE_OF for char in piece):
+        text = bytes(_BYTE_OF[char] for char in piece).decode("utf-8", "backslashreplace")
+    elif "\u2581" in piece:  # SentencePiece's word-start mark
+        text = piece.replace("\u2581", " ")
+    return text.replace(" ", ASCII_SPACE_MARK if ascii_only else SPACE_MARK)
+
+
+def tokenize(loaded: Loaded, sentence: str, *, ascii_only: bool = False
+             ) -> tuple[list[int], tuple[str, ...]]:
+    """The tokenizer's ids for the sentence and each piece made readable."""
+    tokenizer = loaded.tokenizer
+    ids = list(tokenizer(sentence, add_special_tokens=True)["input_ids"])
+    if not ids:
+        raise HfError("the sentence gives no tokens; give at least one word, e.g. \"The cat sat\"")
+    limit = loaded.info.max_positions
+    if limit is not None and len(ids) > limit:
+        raise HfError(f"the sentence has {len(ids)} tokens but {loaded.info.name} reads at most "
+                      f"{limit}")
+    byte_level = _is_byte_level(tokenizer)
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    return ids, tuple(readable_token(str(p), byte_level=byte_level, ascii_only=ascii_only)
+                      for p in pieces)

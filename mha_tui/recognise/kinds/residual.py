@@ -1,0 +1,99 @@
+"""residual: the module's own input added back to the attention output after W_O (BERT's and
+RoBERTa's `LayerNorm(dense(h) + input_tensor)`, BLOOM's `residual + dropout(dense(h))`), and
+the LayerNorm that follows it when the module normalises there (post-norm).
+
+Recognised from the graph, never from names: an add of two (B, T, C) tensors, one the
+output projection's result (or something made from it), the other a forward's own input.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...records import Check, OpRecord, Ref, Stage
+from ..builder import BTC
+from ..graph import Graph
+from ..grouping import Unit
+from ..maker import StageMaker
+from ..sizes import Sizes
+from .norm import recomputed
+
+KIND = "residual"
+_ADDS = {"add", "add_"}
+_NORMS = {"layer_norm", "rms_norm"}
+
+
+def _forward_input(ref: Ref) -> bool:
+    return ref.kind == "input"
+
+
+def adds_the_input_back(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """x + attention(x): an add of the output projection's result and a forward input of
+    the same shape; or a LayerNorm of that sum (post-norm)."""
+    if op.name in _NORMS:
+        ref = g.x_inputs(op)[0] if g.x_inputs(op) else None
+        source = g.producer(ref) if ref is not None else None
+        return KIND if source is not None and g.kind.get(source.index) == KIND else None
+    if op.name not in _ADDS:
+        return None
+    operands = g.tensor_operands(op)
+    if len(operands) != 2:
+        return None
+    inputs = [r for r in operands if _forward_input(r)]
+    made = [r for r in operands if not _forward_input(r)]
+    if len(inputs) != 1 or len(made) != 1 or not g.derives(made[0], {"w_o"}):
+        return None
+    if g.snap(inputs[0]).shape != g.snap(made[0]).shape:
+        return None
+    return KIND
+
+
+RULES = (adds_the_input_back,)
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    ops = [m.op(i) for i in unit.ops]
+    add = next(op for op in ops if op.name in _ADDS)
+    norm = next((op for op in ops if op.name in _NORMS), None)
+    operands = m.g.tensor_operands(add)
+    residual_ref = next(r for r in operands if _forward_input(r))
+    attention_ref = next(r for r in operands if not _forward_input(r))
+    residual, attention = m.snap(residual_ref), m.snap(attention_ref)
+    name = f"{residual_ref.name} + attention output"
+    tensors = [
+        m.b.record(f"{residual_ref.name} (the module's input)", residual, m.dims(residual.shape, BTC),
+                   caption="what the module received: added back unchanged"),
+        m.b.record("attention output", attention, m.dims(attention.shape, BTC),
+                   caption=f"what attention made of it: {m.origin_name(attention_ref)} (after W_O)"),
+        m.b.record(name, add.out, m.dims(add.out.shape, BTC), caption="their sum, token by token"),
+    ]
+    summed = residual.values.astype(np.float64) + attention.values.astype(np.float64)
+    same = bool(np.allclose(summed, add.out.values, rtol=1e-5, atol=1e-6))
+    checks = [Check(f"the sum is {residual_ref.name} + the attention output, entry by entry "
+                    f"(recomputed by mha-tui)", same)]
+    title = "Residual connection: the module's input added back"
+    explanation = (
+        f"This module adds its own input, {residual_ref.name}, back to what attention made of "
+        "it (the output projection's result): a residual (skip) connection. Each token keeps "
+        "what it had and attention only adds a change to it, so a layer can leave a token "
+        "almost as it was. Most models do this in the block around attention; this one does it "
+        "inside the attention module.")
+    if norm is not None:
+        normed, eps = recomputed(m, norm)
+        what = "RMSNorm" if norm.name == "rms_norm" else "LayerNorm"
+        tensors.append(m.b.record(f"{m.tensor_name(norm, fallback='out')} after {what}", norm.out,
+                                  m.dims(norm.out.shape, BTC),
+                                  caption="each token's numbers normalised: the module's output"))
+        checks.append(Check(f"then {what} over each token's {norm.out.shape[-1]} numbers, times "
+                            f"the module's weight{'' if what == 'RMSNorm' else ' plus its bias'} "
+                            f"(recomputed by mha-tui, eps = {eps:g})", normed))
+        title = f"Residual connection and {what}: the input added back, then normalised"
+        explanation += (f" Then {what} normalises each token's sum over its "
+                        f"{norm.out.shape[-1]} numbers (post-norm: after the residual add, "
+                        "not before attention).")
+    last = tensors[-1]
+    return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=attention.shape,
+                   shape_out=last.values.shape, dims_in=tensors[1].dims, dims_out=last.dims,
+                   title=title, explanation=explanation)
