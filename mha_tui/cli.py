@@ -400,6 +400,8 @@ def _dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str
         fail("--only writes the one stage --stage names: give --stage ID and --dump PATH")
     if fmt is not None:
         return fmt
+    if dump is None:  # the app: no need to import the picture writers (~70 ms) to know it
+        return Format.text
     from .pictures import EXTENSIONS
 
     return Format(EXTENSIONS.get(Path(dump or "").suffix.lower(), "text"))
