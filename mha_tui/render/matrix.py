@@ -30,13 +30,39 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------- one matrix
 
 
-def _window(n: int, limit: int, full: bool) -> list[int | None]:
-    """Indices to draw along an axis of length n: all, or both ends around a gap (None)."""
+def _window(n: int, limit: int, full: bool, keep: int | None = None) -> list[int | None]:
+    """Indices to draw along an axis of length n: all, or both ends around a gap (None).
+    keep: an index that must be drawn (the drill-down's cursor); where it falls in the gap it
+    takes the place of the last index before the gap, between two gaps."""
     if full or n <= limit:
         return list(range(n))
     head = (limit + 1) // 2
     tail = limit - head
-    return [*range(head), None, *range(n - tail, n)]
+    chosen = [*range(head), *range(n - tail, n)]
+    if keep is not None and 0 <= keep < n and keep not in chosen:
+        chosen = sorted({*chosen[:head - 1], keep, *chosen[head:]})
+    return _with_gaps(chosen)
+
+
+def _with_gaps(chosen: Sequence[int]) -> list[int | None]:
+    """Sorted indices with a gap (None) wherever some are left out between two of them."""
+    out: list[int | None] = []
+    for k, i in enumerate(chosen):
+        if k and i != chosen[k - 1] + 1:
+            out.append(None)
+        out.append(i)
+    return out
+
+
+def _gaps(indices: Sequence[int | None], n: int) -> list[int]:
+    """How many indices each gap (None) of a window stands for, in order."""
+    counts = []
+    for k, i in enumerate(indices):
+        if i is None:
+            before = indices[k - 1] if k else -1
+            after = indices[k + 1] if k + 1 < len(indices) else n
+            counts.append(int(after) - int(before) - 1)  # type: ignore[arg-type]
+    return counts
 
 
 @dataclass(frozen=True)
@@ -52,6 +78,9 @@ class Axis:
 
 
 _GAP = 2  # blanks between two columns
+MARK = "*"  # in the gap before a marked cell (explain --against: it differs); one cell wide
+_MARK_STYLE = Style(color="red", bold=True)
+_MARKED_STYLE = Style(bold=True, underline=True)
 
 
 @dataclass(frozen=True)
@@ -86,8 +115,24 @@ class Matrix:
         self._layouts: dict[int, list[list[int | None]]] = {}
         self._row_labels: list[_Cell] | None = None
         # The app's drill-down: ((row, column) of the cursor or None, the matrix's number
-        # in the click action); None outside it.
+        # in the click action); None outside it. Set with drill_at().
         self.drill: tuple[tuple[int, int] | None, int] | None = None
+        # Cells (row, column) marked with MARK before them (`explain --against`: the cells
+        # that differ from the other module's); set by the caller before drawing.
+        self.marked: frozenset[tuple[int, int]] = frozenset()
+
+    def drill_at(self, cursor: tuple[int, int] | None, number: int) -> None:
+        """Put the drill-down's cursor on (row, column) (None: on another matrix); an
+        elided row or column under it is drawn, in place of one next to the gap."""
+        self.drill = (cursor, number)
+        if cursor is not None:
+            self.row_idx = _window(self.values.shape[0], self.opts.max_rows, self.opts.full,
+                                   keep=cursor[0])
+            self._shown_rows = [i for i in self.row_idx if i is not None]
+            self._columns.clear()
+            self._drawn.clear()
+            self._layouts.clear()
+            self._row_labels = None
 
     # ------------------------------------------------------------ labels and cells
 
@@ -213,7 +258,9 @@ class Matrix:
                 used += need
             blocks.append(block)
         else:
-            candidates = [j for j in _window(n, self.opts.max_cols, False) if j is not None]
+            keep = self.drill[0][1] if self.drill is not None and self.drill[0] else None
+            candidates = [j for j in _window(n, self.opts.max_cols, False, keep=keep)
+                          if j is not None]
             best: list[int | None] = candidates[:1] + ([None] if n > 1 else [])
             # Adding a column to an elided window only widens it, so the first k that does
             # not fit ends the search; but every column shown needs neither the gap column
@@ -221,12 +268,16 @@ class Matrix:
             # cells (numbers off, few decimals) all n can fit where n - 1 did not.
             def window(k: int) -> tuple[list[int | None], int]:
                 """The first k candidates (both ends), and the cells they take."""
-                chosen = candidates[:(k + 1) // 2] + (candidates[-(k // 2):] if k // 2 else [])
+                left = candidates[:(k + 1) // 2]
+                chosen = left + (candidates[-(k // 2):] if k // 2 else [])
                 if k == n:
                     return list(chosen), sum(_GAP + self._width(j, False) for j in chosen)
+                if keep is not None and keep not in chosen:  # the cursor's column is drawn
+                    chosen = sorted({*left[:-1], keep, *chosen[len(left):]})
                 gap = len("..." if self.opts.ascii else "…")
-                return ([*chosen[:(k + 1) // 2], None, *chosen[(k + 1) // 2:]],
-                        _GAP + max(gap, len(self._gap_header(n - k)))
+                cols = _with_gaps(chosen)
+                return (cols, sum(_GAP + max(gap, len(self._gap_header(hidden)))
+                                  for hidden in _gaps(cols, n))
                         + sum(_GAP + self._width(j, True) for j in chosen))
 
             for k in range(1, len(candidates) + 1):
@@ -256,8 +307,9 @@ class Matrix:
         gap = "..." if self.opts.ascii else "…"
         vgap = ":" if self.opts.ascii else "⋮"
         labels = self._row_label_cells()
-        gap_header = _Cell(self._gap_header(hidden), DIM_STYLE, len(self._gap_header(hidden)))
-        headers = [[gap_header] if j is None else self._header(j, elided) for j in block]
+        hidden_at = iter(_gaps(block, n))
+        headers = [[_Cell(self._gap_header(g := next(hidden_at)), DIM_STYLE, len(self._gap_header(g)))]
+                   if j is None else self._header(j, elided) for j in block]
         texts = [[gap] * len(labels) if j is None else self._texts(j) for j in block]
         label_width = max((c.cells for c in labels), default=0)
         widths = [max(max(map(len, col), default=1), *(c.cells for c in head))
@@ -281,7 +333,8 @@ class Matrix:
                     continue
                 cell = labels[r]
                 out.append(" " * (label_width - cell.cells) + cell.text + "".join(
-                    sep + col[r].rjust(w) for w, col in zip(widths, texts, strict=True)))
+                    self._gap(i, j, w, col[r]) + col[r] for j, w, col in
+                    zip(block, widths, texts, strict=True)))
                 r += 1
             return out
         styles = [[DIM_STYLE] * len(labels) if j is None else self._styles(j) for j in block]
@@ -303,10 +356,19 @@ class Matrix:
                 style = sty[r]
                 if j is not None and self.drill is not None:
                     style = self._drilled(style, i, j)
+                if j is not None and (i, j) in self.marked:
+                    line += [Segment(self._gap(i, j, w, col[r])[:-1]), Segment(MARK, _MARK_STYLE),
+                             Segment(col[r], (style or Style()) + _MARKED_STYLE)]
+                    continue
                 line += [Segment(" " * (_GAP + w - len(col[r]))), Segment(col[r], style)]
             out.append(line)
             r += 1
         return out
+
+    def _gap(self, i: int, j: int | None, width: int, text: str) -> str:
+        """The blanks before a cell's text; MARK just before it when the cell is marked."""
+        blanks = " " * (_GAP + width - len(text))
+        return blanks[:-1] + MARK if j is not None and (i, j) in self.marked else blanks
 
     def _drilled(self, style: Style | None, i: int, j: int) -> Style | None:
         """In the app's drill-down: the cursor's cell reversed; every cell a click target."""
