@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .app import ExplainApp
+from .app.explain import ExplainApp
 from .config import Config, Source
 from .pipeline import compared, run_trace
 from .records import Trace

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mha_tui.app import ExplainApp
+from mha_tui.app.explain import ExplainApp
 from mha_tui.stages import STAGE_IDS
 
 from .conftest import default_trace
