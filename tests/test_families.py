@@ -482,3 +482,20 @@ def test_an_encoder_says_so_on_screen_and_in_transcripts() -> None:
         header = text.split("\n\n", 1)[0]
         said = "encoder: every token sees every token" in header
         assert said is FAMILIES[name].encoder, header
+
+
+def test_the_class_is_chosen_from_the_config() -> None:
+    """Encoder or causal LM, from config.json alone: BERT as a decoder (is_decoder) stays a
+    causal LM; an encoder-decoder without a text-encoding class (BART) keeps its decoder."""
+    import transformers
+
+    cases = [(transformers.BertConfig(), "AutoModelForTextEncoding", True),
+             (transformers.BertConfig(is_decoder=True), "AutoModelForCausalLM", False),
+             (transformers.DistilBertConfig(), "AutoModelForTextEncoding", True),
+             (transformers.T5Config(), "AutoModelForTextEncoding", True),
+             (transformers.BartConfig(), "AutoModelForCausalLM", False),
+             (transformers.GPT2Config(), "AutoModelForCausalLM", False),
+             (transformers.LlamaConfig(), "AutoModelForCausalLM", False)]
+    for config, auto, encoder in cases:
+        chosen, is_encoder = hf.auto_class(transformers, config)
+        assert (chosen.__name__, is_encoder) == (auto, encoder), type(config).__name__
