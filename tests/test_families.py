@@ -453,8 +453,8 @@ def test_t5s_relative_bias_is_its_own_and_its_scale_of_1_is_said(layer: int) -> 
 async def test_an_encoder_steps_through_the_app(name: str) -> None:
     """Every stage of both layers of an encoder draws in the app (T5's nested attention, its
     pos_bias stage handed from layer 0 to layer 1)."""
-    from mha_tui.app import ExplainApp
-    from mha_tui.stage_view import StageView
+    from mha_tui.app.explain import ExplainApp
+    from mha_tui.app.stage_view import StageView
 
     session = Session(hf.load(str(family_dir(name))), SENTENCE)
     app = ExplainApp(session.config(0), loader=lambda config: session.trace(0), layers=session)
