@@ -520,3 +520,27 @@ def test_embeddings_narrower_than_the_blocks_are_said_not_summed(tmp_path: Path)
     assert [c.label for c in first.checks if c.ok is False] == []
     assert any("is not a plain sum of the embeddings: model.decoder.embed_tokens gives (1, 7, 16)"
                in c.label and c.ok is None for c in first.checks)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_module_line_names_the_transformers_file(name: str) -> None:
+    """The header's module line shows the attention class's file as transformers names it
+    (`transformers/models/<family>/modeling_<family>.py`), on the line itself at width 100,
+    never an absolute or site-packages path wrapped onto a line of its own."""
+    import inspect
+
+    import transformers
+    from rich.console import Console
+
+    from mha_tui.render.header import module_line
+    from mha_tui.render.options import RenderOptions
+
+    trace = hf_trace(name, _layer(name))
+    model = own_run(name)[0]
+    source = Path(inspect.getsourcefile(type(attention_of(model, FAMILIES[name]))) or "")
+    expected = source.relative_to(Path(transformers.__file__).parent.parent).as_posix()
+    assert expected.startswith("transformers/models/")
+    console = Console(width=100, record=True, color_system=None)
+    console.print(module_line(trace.module, RenderOptions()))
+    assert console.export_text().splitlines() == [
+        f"module {trace.module.class_name}  file {expected}"]
