@@ -35,18 +35,11 @@ from textual.widgets.option_list import Option
 
 from .config import Config, ConfigError, divisors
 from .records import Trace
-from .render import (
-    RenderOptions,
-    header,
-    matrix_cell,
-    module_line,
-    pending_box,
-    pending_screen,
-    printable,
-    stage_box,
-    stage_screen,
-    tensor_index,
-)
+from .render.header import header, module_line
+from .render.options import RenderOptions
+from .render.stage import pending_box, pending_screen, stage_box, stage_screen
+from .render.tensor import matrix_cell, tensor_index
+from .render.text import printable
 from .stage_view import LineCache, StageView, render_strips
 from .stages import STAGE_IDS, stage_info
 from .widgets import (
@@ -568,7 +561,7 @@ class ExplainApp(App[None]):
     def _window_options(self, width: int) -> RenderOptions:
         """Elide tensors to what the pane can show: cost follows the screen.
 
-        Each matrix fits as many whole columns as the width holds (render.Matrix measures
+        Each matrix fits as many whole columns as the width holds (render.matrix.Matrix measures
         its formatted cells); max_cols only bounds how many it formats to find out.
         """
         return replace(self.view, max_cols=MAX_COLS, max_rows=16, max_heads=4, width=width)
@@ -736,7 +729,7 @@ class ExplainApp(App[None]):
             return
         from rich.panel import Panel
 
-        from .render import why_view
+        from .render.why import why_view
         from .why import WhyError, why
 
         stage = self.trace.stages[self.stage_index]

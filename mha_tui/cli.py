@@ -322,7 +322,7 @@ def _write_comparison(config: Config, source: Source, against: Source,
     from .dump import TranscriptError, comparison_text, write_comparison_json
     from .load.learner import LoadError
     from .pipeline import compared
-    from .render import RenderOptions
+    from .render.options import RenderOptions
 
     if destination is None:
         destination = resolve("-")
@@ -401,6 +401,8 @@ def _dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str
         fail("--only writes the one stage --stage names: give --stage ID and --dump PATH")
     if fmt is not None:
         return fmt
+    if dump is None:  # the app: no need to import the picture writers (~70 ms) to know it
+        return Format.text
     from .pictures import EXTENSIONS
 
     return Format(EXTENSIONS.get(Path(dump or "").suffix.lower(), "text"))
@@ -550,7 +552,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
     try:
         from .dump import to_text, write_json
         from .pipeline import run_trace
-        from .render import RenderOptions
+        from .render.options import RenderOptions
 
         if trace is None:
             trace = run_trace(config, loaded=loaded)
@@ -818,7 +820,7 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
         task = progress.add_task("", total=len(submissions))
 
         def done(graded) -> None:  # type: ignore[no-untyped-def]
-            from .render import printable  # a file name is the learner's text
+            from .render.text import printable  # a file name is the learner's text
 
             progress.update(task, advance=1, description=f"{printable(graded.submission.shown)}: "
                                                          f"{graded.outcome}")

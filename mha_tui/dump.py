@@ -20,16 +20,10 @@ from rich.console import Console
 
 from .floats import float32_json, numpy_texts
 from .records import OpRecord, TensorRecord, Trace
-from .render import (
-    ASCII_GLYPHS,
-    RenderOptions,
-    display_path,
-    header,
-    labelled,
-    module_line,
-    stage_view,
-    why_view,
-)
+from .render.header import display_path, header, module_line
+from .render.options import ASCII_GLYPHS, RenderOptions
+from .render.stage import labelled, stage_view
+from .render.why import why_view
 
 if TYPE_CHECKING:
     from .check.compare import Comparison
@@ -205,7 +199,7 @@ def _write_rows(values: np.ndarray, out: BinaryIO) -> None:
         out.write(rows[rows != 0].tobytes())
 
 
-# What the text transcript makes visible (`render.printable`: controls, lone surrogates,
+# What the text transcript makes visible (`render.text.printable`: controls, lone surrogates,
 # format characters but ZWNJ/ZWJ and emoji tags), plus the line and paragraph separators:
 # escaped in JSON as \uXXXX rather than written raw. JSON syntax outside strings is ASCII,
 # so escaping these characters anywhere in the document only ever touches string contents.
@@ -294,7 +288,7 @@ def write_json(trace: Trace, out: BinaryIO, *, first: int = 0, ascii_only: bool 
 
     Each tensor's values stand in the skeleton as a placeholder string holding a random
     nonce; no user text (tokens, file names, source lines) can contain it. Every tensor has
-    its own key (`render.labelled`), so the skeleton holds exactly one placeholder per
+    its own key (`render.stage.labelled`), so the skeleton holds exactly one placeholder per
     tensor; anything else raises TranscriptError before a byte is written.
     """
     nonce = f"@values-{secrets.token_hex(16)}-"

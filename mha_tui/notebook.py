@@ -24,7 +24,7 @@ from . import records
 if TYPE_CHECKING:
     from .check import Verdict
     from .config import Config
-    from .render import RenderOptions
+    from .render.options import RenderOptions
 
 WIDTH = 100  # columns the pictures are drawn at (a notebook's output area holds about this)
 DEFAULT_SENTENCE = "I love AI !"
@@ -33,7 +33,7 @@ _WIDTH_NAMES = ("embed_dim", "d_model", "d_in", "n_embd", "d_out")
 
 
 def _options() -> RenderOptions:
-    from .render import RenderOptions
+    from .render.options import RenderOptions
 
     return RenderOptions()
 
@@ -136,7 +136,7 @@ def stage_chooser(trace: Trace) -> Any:
         import ipywidgets as widgets
     except ImportError:
         return None
-    from .render import stage_heading
+    from .render.stage import stage_heading
 
     labels = [(stage_heading(trace, stage).plain, index) for index, stage in enumerate(trace.stages)]
     cache: dict[int, str] = {}

@@ -1,6 +1,6 @@
 """Pictures of a trace for slides and course notes: SVG, HTML and Markdown transcripts.
 
-The same renderables as the text transcript and the app (`render.stage_view`, `render.header`),
+The same renderables as the text transcript and the app (`render.stage.stage_view`, `render.header.header`),
 recorded on a colour Console and exported with Rich's own `export_svg` / `export_html`, in
 the app's colours (`APP_THEME`: Textual's "textual-dark" background and foreground, and the
 ANSI palette Textual maps named colours to). Markdown puts each stage under a heading: its code
@@ -9,7 +9,7 @@ text block drawn by the same renderables as the text transcript.
 
 Deterministic (no environment, no clock, Rich's content-derived ids) and offline: the SVG
 names its font by `local()` only, never a web address. User text (tokens, file names, source
-lines) arrives already made visible by `render.printable`; Rich escapes it for XML/HTML, and
+lines) arrives already made visible by `render.text.printable`; Rich escapes it for XML/HTML, and
 the few characters XML cannot hold at all are written as `\\uXXXX` here. Markdown text outside
 a fence is backslash-escaped, and a fence is always longer than any run of backticks inside it.
 Never import textual, typer or torch here.
@@ -28,18 +28,10 @@ from rich.terminal_theme import MONOKAI, TerminalTheme
 from rich.text import Text
 
 from .records import Stage, Trace
-from .render import (
-    ASCII_GLYPHS,
-    RenderOptions,
-    check_lines,
-    header,
-    module_line,
-    printable,
-    replace_tensors,
-    stage_heading,
-    stage_tensors,
-    stage_view,
-)
+from .render.header import header, module_line
+from .render.options import ASCII_GLYPHS, RenderOptions
+from .render.stage import check_lines, replace_tensors, stage_heading, stage_tensors, stage_view
+from .render.text import printable
 
 FORMATS = ("svg", "html", "md")
 # --dump's extensions that choose a format when --format is not given.

@@ -14,7 +14,11 @@ from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
-from .render import HEAD_COLORS, RenderOptions, code_block, printable, stage_heading
+from .render.code import code_block
+from .render.options import RenderOptions
+from .render.stage import stage_heading
+from .render.text import printable
+from .render.values import HEAD_COLORS
 
 if TYPE_CHECKING:
     from .quiz import Marked, Question, Quiz

@@ -28,7 +28,7 @@ paints its first frame before NumPy is imported).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from .config import Config
@@ -258,6 +258,23 @@ class TensorRecord:
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.values.shape)
+
+    def complex_parts(self) -> tuple[TensorRecord, ...]:
+        """A complex tensor (Meta's Llama keeps its rotary angles as complex `freqs_cis`) as
+        the two real tensors torch gives for it, `t.real` and `t.imag`: the module's own
+        numbers, each a view of every other float of the complex storage (strides doubled
+        in elements). A real tensor is itself."""
+        values = self.values
+        if values.dtype.kind != "c":
+            return (self,)
+        strides = tuple(2 * s for s in self.strides) if self.stride_unit == "elements" else self.strides
+        code = all(piece.isidentifier() for piece in self.name.split("."))  # `mixed`, `self.freqs`
+        return tuple(replace(
+            self, name=f"{self.name}.{part}" if code else f"{self.name} ({word} part)",
+            values=getattr(values, part).copy(), strides=strides, contiguous=False,
+            caption=f"{values.dtype} numbers: their {word} parts (torch's .{part}, every other "
+                    f"float of the storage)" + (f"; {self.caption}" if self.caption else ""))
+            for part, word in (("real", "real"), ("imag", "imaginary")))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ For a cell of a stage's main tensor (its last: the stage's result), the stage ki
 recorded, step by step, with the real values, and sets it beside the module's own number.
 Everything in a Why is computed by mha-tui, never by the module, and says so; the module's
 number is read, never recomputed. Plain data out: the app and the CLI draw it with
-`render.why_view`.
+`render.why.why_view`.
 Never import torch, rich, textual or typer here.
 """
 

@@ -384,7 +384,7 @@ async def test_a_box_taller_than_a_third_of_the_screen_starts_folded(
     `e` unfolds it."""
     from dataclasses import replace
 
-    from mha_tui.render import stage_box
+    from mha_tui.render.stage import stage_box
     from mha_tui.stage_view import render_strips
 
     app = make_app()
@@ -672,7 +672,7 @@ async def test_the_cursor_reaches_every_cell_of_every_stage_and_head(
     and stop at the edges, tab changes head, esc leaves. On every stage, at its corners and
     on every head, the panel explains the number under the cursor, computed by mha-tui and
     equal to the module's (✓)."""
-    from mha_tui.render import tensor_index
+    from mha_tui.render.tensor import tensor_index
     from mha_tui.why import main_tensor, why
 
     app = make_app()

@@ -83,7 +83,7 @@ def test_help_version_and_refusals_import_neither_torch_nor_textual(argv: list[s
 
 def test_transcript_path_never_imports_textual() -> None:
     code = ("from mha_tui.config import Config\nfrom mha_tui.pipeline import run_trace\n"
-            "from mha_tui.dump import to_text, to_json\nfrom mha_tui.render import RenderOptions\n"
+            "from mha_tui.dump import to_text, to_json\nfrom mha_tui.render.options import RenderOptions\n"
             "t = run_trace(Config('I love AI !'))\nto_text(t, RenderOptions()); to_json(t)")
     loaded = _modules_after(code)
     assert "torch" in loaded and "rich" in loaded

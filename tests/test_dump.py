@@ -19,7 +19,7 @@ import pytest
 from mha_tui.config import Config
 from mha_tui.dump import to_json, to_text, write_json, write_values
 from mha_tui.pipeline import run_trace
-from mha_tui.render import RenderOptions
+from mha_tui.render.options import RenderOptions
 
 from .conftest import ROOT, default_trace, run_cli
 
@@ -364,7 +364,7 @@ def test_json_escapes_what_the_text_transcript_makes_visible() -> None:
 
 def test_json_escapes_exactly_the_characters_printable_shows() -> None:
     """One rule for both transcripts: escaped in JSON iff made visible in the text."""
-    from mha_tui.render import printable
+    from mha_tui.render.text import printable
 
     sample = [chr(c) for c in [*range(0x7F, 0xB0), *range(0x2000, 0x2070), 0xFEFF, 0xFFFB,
                                0xE0001, 0xE0041, 0x110BD, 0x1D173, 0x0600, 0x061C]]

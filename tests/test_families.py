@@ -470,3 +470,15 @@ async def test_an_encoder_steps_through_the_app(name: str) -> None:
             await pilot.press("right_square_bracket")
             await pilot.pause()
         assert app.config.model.layer == 1 and app.config.model.encoder
+
+
+def test_an_encoder_says_so_on_screen_and_in_transcripts() -> None:
+    """The header of an encoder's transcript (and app) says so; a decoder's does not."""
+    from mha_tui.dump import to_text
+    from mha_tui.render.options import RenderOptions
+
+    for name in ("bert", "t5", "llama"):
+        text = to_text(hf_trace(name, 0), RenderOptions(), width=120)
+        header = text.split("\n\n", 1)[0]
+        said = "encoder: every token sees every token" in header
+        assert said is FAMILIES[name].encoder, header

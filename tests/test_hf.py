@@ -136,7 +136,7 @@ def test_byte_level_pieces_decode_where_they_form_text(tiny: hf.Loaded) -> None:
     assert any("\\xf0" in token for token in tokens)
     assert "\\xf0\\x9f\\x98\\x80" in joined.replace("␣", "")
     assert hf.readable_token("ĠðŁĺĢ", byte_level=True) == "␣😀"
-    assert hf.readable_token("Ċ", byte_level=True) == "\n"  # render.printable shows it as ␊
+    assert hf.readable_token("Ċ", byte_level=True) == "\n"  # render.text.printable shows it as ␊
     assert hf.readable_token("▁the", byte_level=False) == "␣the"
 
 

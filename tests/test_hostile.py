@@ -17,7 +17,8 @@ from mha_tui.config import Config
 from mha_tui.destination import opened, resolve
 from mha_tui.dump import to_json, to_text
 from mha_tui.pipeline import run_trace
-from mha_tui.render import RenderOptions, label, printable
+from mha_tui.render.options import RenderOptions
+from mha_tui.render.text import label, printable
 
 from .conftest import run_cli
 

@@ -1,7 +1,7 @@
 """The JSON transcript holds every tensor of every stage, for every module the tests know.
 
 Two tensors of one name in a stage (a rotary module's `q_embed`, made by a mul and by the add
-after it) are both written, under the names the screen shows (`render.labelled`).
+after it) are both written, under the names the screen shows (`render.stage.labelled`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pytest
 from mha_tui.config import MODEL_NAMES, NUMPY_MODEL_NAMES, Config, Source
 from mha_tui.dump import TranscriptError, to_json, to_text, write_json
 from mha_tui.records import Stage, TensorRecord, Trace
-from mha_tui.render import RenderOptions, labelled
+from mha_tui.render.options import RenderOptions
+from mha_tui.render.stage import labelled
 
 from .conftest import ROOT, run_cli
 

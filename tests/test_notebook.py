@@ -16,7 +16,7 @@ import mha_tui
 from mha_tui import notebook
 from mha_tui.examples.blueprint import MultiHeadAttention as Blueprint
 from mha_tui.examples.mygpt import MultiHeadAttention
-from mha_tui.render import stage_heading
+from mha_tui.render.stage import stage_heading
 
 from .conftest import ROOT, run_cli
 from .fixtures.mistakes.scale_sqrt_c import MultiHeadAttention as ScaledByC
@@ -112,7 +112,7 @@ def test_stage_chooser_switches_stages(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_show_outside_a_notebook_prints_the_text_transcript(capsys: pytest.CaptureFixture[str]) -> None:
     """No IPython shell: show() prints what `explain --dump -` would, from the same trace."""
     from mha_tui.dump import to_text
-    from mha_tui.render import RenderOptions
+    from mha_tui.render.options import RenderOptions
 
     module, x = _module(), torch.randn(1, 4, 4)
     mha_tui.show(module, x, TOKENS)

@@ -178,7 +178,7 @@ def test_strides_are_numpys_bytes_and_dims_have_no_batch_axis() -> None:
 
 def test_text_and_json_transcripts_say_bytes_and_no_batch() -> None:
     from mha_tui.dump import to_json, to_text
-    from mha_tui.render import RenderOptions
+    from mha_tui.render.options import RenderOptions
 
     config = Config("I love AI !", embed_dim=4, num_heads=2)
     result = numpy_runner(build_blueprint(config))(config)
@@ -312,7 +312,7 @@ def test_a_blueprint_transcript_never_imports_torch() -> None:
             "from mha_tui.load.numpy_modules import build_blueprint\n"
             "from mha_tui.pipeline import numpy_runner\n"
             "from mha_tui.dump import to_json, to_text\n"
-            "from mha_tui.render import RenderOptions\n"
+            "from mha_tui.render.options import RenderOptions\n"
             "config = Config('I love AI !', embed_dim=8, num_heads=2)\n"
             "trace = numpy_runner(build_blueprint(config))(config)\n"
             "text = to_text(trace, RenderOptions(), width=100) + to_json(trace)\n"

@@ -16,7 +16,12 @@ from mha_tui.config import Config
 from mha_tui.dump import to_text
 from mha_tui.pipeline import run_trace
 from mha_tui.records import TensorRecord, Trace
-from mha_tui.render import Axis, Matrix, RenderOptions, TensorView, header, label, stage_view
+from mha_tui.render.header import header
+from mha_tui.render.matrix import Axis, Matrix
+from mha_tui.render.options import RenderOptions
+from mha_tui.render.stage import stage_view
+from mha_tui.render.tensor import TensorView
+from mha_tui.render.text import label
 
 from .conftest import default_trace
 
@@ -161,7 +166,7 @@ def test_code_wraps_between_tokens_and_keeps_a_shape_comment_whole(width: int,
     fits a line, a break falls where the line had a space (unless one token is wider than
     the line), and the pieces, joined, are the line."""
     from mha_tui.config import Source
-    from mha_tui.render import wrap_code
+    from mha_tui.render.code import wrap_code
 
     trace = run_trace(Config("I love AI !"), Source(model=model))
     for stage in trace.stages:
@@ -179,7 +184,7 @@ def test_code_wraps_between_tokens_and_keeps_a_shape_comment_whole(width: int,
 
 
 def test_code_wrap_prefers_the_outer_brackets_and_no_stub() -> None:
-    from mha_tui.render import wrap_code
+    from mha_tui.render.code import wrap_code
 
     line = "q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, T, d_h)"
     assert wrap_code(line, 76).splitlines() == [
@@ -336,3 +341,49 @@ def test_full_heads_in_column_blocks_are_set_apart() -> None:
     text = to_text(trace_of(32, 2), RenderOptions(full=True), width=100)
     assert "columns 10-15 of 16" in text
     assert "\n\nhead 1  Q[0, 1]\ncolumns 0-9 of 16\n" in text
+
+
+# ---------------------------------------------------------------- the cursor where rows or columns are elided
+
+
+def _long_trace():  # type: ignore[no-untyped-def]
+    from mha_tui.config import Config, Source
+    from mha_tui.pipeline import run_trace
+
+    return run_trace(Config(" ".join(f"w{i}" for i in range(20)), embed_dim=8, num_heads=2),
+                     Source(model="mygpt"))
+
+
+@pytest.mark.parametrize(("row", "col"), [(10, 9), (2, 3), (19, 0), (0, 0)])
+def test_the_cursor_is_drawn_where_the_matrix_would_elide_its_row_or_column(row: int,
+                                                                           col: int) -> None:
+    """A cell in the elided middle: its row and column are drawn (each gap says how many it
+    stands for), and the cell is reversed; the other head keeps the plain window."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from mha_tui.render.stage import stage_tensors
+
+    trace = _long_trace()
+    stage = trace.stage("scores")
+    opts = RenderOptions(max_rows=8, max_cols=20, max_heads=4, width=70,
+                         cursor=("scores", (0, 1, row, col)))
+    console = Console(file=StringIO(), width=70, color_system="truecolor", force_terminal=True)
+    console.print(stage_tensors(trace, stage, opts))
+    out = console.file.getvalue()
+    lines = Text.from_ansi(out).plain.splitlines()
+    head1 = lines[next(k for k, line in enumerate(lines) if line.startswith("head 1")):]
+    labels = [line.split()[0] for line in head1[3:12] if line.strip()]
+    assert f"w{row}·{row}" in labels
+    assert f"w{col}·{col}" in head1[1].split()
+    value = f"{stage.tensors[0].values[0, 1, row, col]:.4f}"
+    reversed_ = [seg.text.strip() for seg in console.render(stage_tensors(trace, stage, opts))
+                 if seg.style is not None and seg.style.reverse]
+    assert reversed_ == [value]
+    gaps = [int(word[1:]) for word in head1[1].split() if word.startswith("+")]
+    shown = [w for w in head1[1].split() if w.startswith("w")]
+    assert sum(gaps) + len(shown) == 20
+    head0 = lines[next(k for k, line in enumerate(lines) if line.startswith("head 0")):]
+    assert "w10·10" not in [line.split()[0] for line in head0[3:12] if line.strip()]

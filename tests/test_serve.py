@@ -102,7 +102,7 @@ class DevTools:
 
 
 def colour_cells(png: bytes) -> dict[str, int]:
-    """Pixels of the value ramps the app colours cells with (render.py: from the dark neutral
+    """Pixels of the value ramps the app colours cells with (render/values.py: from the dark neutral
     towards blue for negative values, red for positive, green for probabilities)."""
     from PIL import Image
 

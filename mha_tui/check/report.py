@@ -1,7 +1,7 @@
 """A verdict as a learner reads it (a short Rich table and the diagnosis) or as a grader
 reads it (JSON).
 
-Paths and source lines are the learner's text: they pass through `render.printable`
+Paths and source lines are the learner's text: they pass through `render.text.printable`
 and enter Rich as `Text`, never as markup. Never import torch, textual or typer here.
 """
 
@@ -16,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..render import printable
+from ..render.text import printable
 from .outcome import COULD_NOT_JUDGE, EQUIVALENT, NOT_EQUIVALENT, Outcome, outcome
 from .results import StageVerdict, Verdict
 

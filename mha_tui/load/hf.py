@@ -363,7 +363,7 @@ def readable_token(piece: str, *, byte_level: bool, ascii_only: bool = False) ->
 
     A byte-level piece that holds part of a character (an emoji cut in two) keeps the bytes
     that do not form text as `\\xNN`. Spaces become a visible mark; other control characters
-    are left for render.printable to make visible.
+    are left for render.text.printable to make visible.
     """
     text = piece
     if byte_level and piece and all(char in _BYTE_OF for char in piece):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ...records import Stage
 from ..grouping import Unit
-from ..maker import StageMaker
+from ..maker import StageMaker, public_name
 
 if TYPE_CHECKING:
     from ...check.judging import Judge, Row
@@ -26,7 +26,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     for op in ops:
         for ref in m.g.x_inputs(op)[:2]:
             snap = m.snap(ref)
-            tensors.append(m.b.record(f"{op.name} input: {m.origin_name(ref)}", snap,
+            tensors.append(m.b.record(f"{public_name(op)} input: {m.origin_name(ref)}", snap,
                                          m.dims(snap.shape)))
         for n, out in enumerate(op.outputs[:3]):
             tensors.append(m.b.record(m.tensor_name(op, n, fallback=op.name), out,

@@ -1,0 +1,159 @@
+"""The header: the sentence and its tokens, the sizes, the model's line (`--hf`) and the
+module's line (class and file). Never import torch, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.measure import Measurement
+from rich.text import Text
+
+from ..config import Config
+from ..records import ModuleInfo
+from .options import RenderOptions
+from .text import label
+
+# An --hf encoder (BERT, T5's encoder) in the header: its attention has no causal mask.
+ENCODER = "encoder: every token sees every token"
+
+
+def _sizes(config: Config, batched: bool = True) -> Text:
+    if config.model is not None:  # C, h and d_h are on the model's line
+        sizes = Text(f"{'B=1 ' if batched else ''}T={config.seq_len}", style="cyan", end="")
+        if config.model.encoder:  # said where a toy module's header says causal or no mask
+            sizes.append(f" {ENCODER}", style="bold cyan")
+        return sizes
+    return Text(f"{'B=1 ' if batched else ''}T={config.seq_len} C={config.embed_dim} h={config.num_heads} "
+                f"d_h={config.head_dim} seed={config.seed} "
+                f"{'causal' if config.causal else 'no mask'}", style="cyan", end="")
+
+
+def _token_list(config: Config, opts: RenderOptions, room: int) -> Text:
+    """`the=0 cat=1 …`, as many tokens as fit in room cells, then how many are left out."""
+    tokens = list(zip(config.tokens, config.ids, strict=True))
+    gap = "..." if opts.ascii else "…"
+    text = Text(no_wrap=True, end="")
+    for i, (token, token_id) in enumerate(tokens):
+        item = Text.assemble(label(token, ascii_only=opts.ascii, style="bold"),
+                             (f"={token_id}", "dim"))
+        rest = len(tokens) - i - 1
+        marker = f" {gap} (+{rest})" if rest else ""
+        need = text.cell_len + (1 if i else 0) + item.cell_len
+        # Keep this token if it fits with the marker the tokens after it would need.
+        if need + len(marker) > room and not (rest == 0 and need <= room):
+            text.append(f"{' ' if i else ''}{gap} (+{len(tokens) - i})", style="dim")
+            return text
+        if i:
+            text.append(" ")
+        text.append_text(item)
+    return text
+
+
+def header(config: Config, opts: RenderOptions, width: int | None = None, *,
+           batched: bool = True, max_lines: int = 3) -> RenderableType:
+    """Sentence, tokens with their ids, and B, T, C, h, d_h, at most max_lines of width.
+
+    The sizes are always shown whole; the sentence and the token list give way (cut with an
+    ellipsis, tokens elided with a count). Without a width, the header is laid out at the
+    width it is drawn at (the app's header follows the terminal's size). batched: False for
+    a module whose x has no batch axis (NumPy's (T, C)): no B then.
+    """
+    if width is None:
+        return Header(config, opts, batched, max_lines)
+    if config.model is None:
+        return _sentence_and_sizes(config, opts, width, batched, max_lines)
+    body = _sentence_and_sizes(config, opts, width, batched, max(1, max_lines - 1))
+    return Text("\n").join([model_line(config, opts, width), body])
+
+
+def model_line(config: Config, opts: RenderOptions, width: int | None = None) -> Text:
+    """`--hf`: the model, its attention module, the layer shown and the model's sizes.
+
+    When it does not fit the width, the layer and sizes come first and the names are cut."""
+    model = config.model
+    assert model is not None
+    names = Text("model ", style="dim", end="")
+    name = model.name
+    if len(name) > 40:  # a long path: its end names the model
+        names.append("..." if opts.ascii else "…", style="bold")
+        name = name[-39:]
+    names.append_text(label(name, max_cells=40, ascii_only=opts.ascii, style="bold"))
+    names.append(f" ({model.class_name})", style="dim")
+    if model.attention:
+        names.append(f"  {model.attention}", style="dim")
+    sizes = Text.assemble((f"layer {model.layer}", "bold"), (f" of 0-{model.n_layers - 1}", "dim"),
+                          (f"  C={config.embed_dim} h={config.num_heads} d_h={config.head_dim} "
+                           f"vocab={model.vocab_size} layers={model.n_layers}", "cyan"), end="")
+    line = Text.assemble(names, "  ", sizes, no_wrap=True, end="")
+    if width is None or line.cell_len <= width:
+        return line
+    line = Text.assemble(sizes, "  ", names, no_wrap=True, end="")
+    line.truncate(width, overflow="ellipsis")
+    return line
+
+
+def _sentence_and_sizes(config: Config, opts: RenderOptions, width: int, batched: bool,
+                        max_lines: int) -> Text:
+    sizes = _sizes(config, batched)
+    sentence = Text("sentence ", style="dim", no_wrap=True, end="")
+    sentence.append_text(label(config.sentence, max_cells=max(1, min(40, width - 9)),
+                               ascii_only=opts.ascii))
+    tokens = Text("tokens ", style="dim", no_wrap=True, end="")
+    tokens.append_text(_token_list(config, opts, max(1, width - 7)))
+    one = Text.assemble(sentence, "   ", tokens, "   ", sizes, no_wrap=True)
+    if one.cell_len <= width:
+        return one
+    lines = [sentence, tokens]
+    if tokens.cell_len + 3 + sizes.cell_len <= width:
+        lines[1] = Text.assemble(tokens, "   ", sizes, no_wrap=True, end="")
+    elif sentence.cell_len + 3 + sizes.cell_len <= width:
+        lines[0] = Text.assemble(sentence, "   ", sizes, no_wrap=True, end="")
+    elif sizes.cell_len <= width:
+        lines.append(sizes)
+    else:  # the sizes need two lines: the token list already spells out the sentence
+        lines = [tokens, sizes]
+    if len(lines) > max_lines and lines[0] is sentence:
+        lines = lines[1:]  # the token list already spells out the sentence
+    return Text("\n").join(lines)
+
+
+class Header:
+    """The header laid out at the width it is given when drawn."""
+
+    def __init__(self, config: Config, opts: RenderOptions, batched: bool = True,
+                 max_lines: int = 3) -> None:
+        self.config, self.opts, self.batched, self.max_lines = config, opts, batched, max_lines
+
+    def _text(self, width: int) -> RenderableType:
+        return header(self.config, self.opts, width, batched=self.batched,
+                      max_lines=self.max_lines)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self._text(options.max_width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self._text(options.max_width))
+
+
+def display_path(path: str) -> str:
+    """A module's file as a reader finds it: inside mha-tui's package, under the current
+    folder, or absolute. Deterministic for the built-in modules wherever mha-tui is installed."""
+    import os
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mha_tui/
+    absolute = os.path.abspath(path) if path else ""
+    if absolute.startswith(package + os.sep):
+        return "mha_tui/" + os.path.relpath(absolute, package).replace(os.sep, "/")
+    cwd = os.getcwd()
+    if absolute.startswith(cwd + os.sep):
+        return os.path.relpath(absolute, cwd)
+    return absolute
+
+
+def module_line(info: ModuleInfo, opts: RenderOptions) -> Text:
+    """Which module was explained: its class and the file its forward came from."""
+    text = Text.assemble(("module ", "dim"), (info.class_name, "bold"), ("  file ", "dim"))
+    text.append_text(label(display_path(info.file), max_cells=200, ascii_only=opts.ascii))
+    if info.per_head_modules:
+        text.append("  (each head ran as its own module)", style="dim")
+    return text

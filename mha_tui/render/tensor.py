@@ -1,0 +1,239 @@
+"""One tensor drawn: its matrices (one per head shown, or one), the axes from the run's
+tokens and sizes, its meta line, and the cursor's place in it (`matrix_cell`,
+`tensor_index`). Never import torch, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from rich.columns import Columns
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.text import Text
+
+from ..config import Config
+from ..records import TensorRecord
+from .matrix import Axis, Matrix
+from .options import RenderOptions
+from .values import DIM_STYLE, head_style
+
+if TYPE_CHECKING:
+    import numpy as np  # NumPy arrives with torch; the app's first frame must not wait for it
+
+
+# ---------------------------------------------------------------- one tensor
+
+
+def _channel_axis(n: int, d_h: int | None, prefix: str = "c") -> Axis:
+    if d_h is None:
+        return Axis([f"{prefix}{c}" for c in range(n)])
+    heads = [c // d_h for c in range(n)]
+    return Axis([f"{prefix}{c}" for c in range(n)], heads=heads, sub=[f"h{h}" for h in heads])
+
+
+def _token_axis(config: Config, tags: Sequence[str] | None = None,
+                tag_heads: Sequence[int] | None = None) -> Axis:
+    if tags is not None:  # rows that are not tokens (the wrong view): already unambiguous
+        return Axis(list(tags), heads=tag_heads, literal=True)
+    return Axis(list(config.tokens), literal=True, positions=True)
+
+
+def _head_title(record: TensorRecord, head: int, opts: RenderOptions, batched: bool = True) -> Text:
+    dim = opts.focus is not None and head != opts.focus
+    # The index that selects this matrix from the tensor: batch 0, head `head`.
+    return Text.assemble((f"head {head}", head_style(head, dim)),
+                         (f"  {record.name}[0, {head}]" if batched else f"  {record.name}[{head}]",
+                          DIM_STYLE if dim else "dim"))
+
+
+# Dims of a tensor with no batch axis (NumPy's (T, C)): drawn as the batched layout's one
+# batch entry, labelled without the B.
+_UNBATCHED = {("T",), ("T", "C"), ("T", "h", "d_h"), ("h", "T", "d_h"), ("h", "T", "T")}
+
+
+def _heads_shown(h: int, opts: RenderOptions) -> list[int]:
+    if opts.full or h <= opts.max_heads:
+        return list(range(h))
+    if opts.focus is not None:
+        return [opts.focus]
+    return [*range(opts.max_heads - 1), h - 1]
+
+
+def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -> list[Matrix]:
+    """The 2-D slices a learner reads for this tensor, labelled by what its axes mean."""
+    if record.dims in _UNBATCHED and record.values.ndim == len(record.dims):
+        batched = replace(record, values=record.values[None], dims=("B", *record.dims))
+        return _tensor_matrices(batched, config, opts, batched=False)
+    matrices = _tensor_matrices(record, config, opts)
+    if opts.cursor is not None and opts.cursor[0] == record.name:
+        _place_cursor(matrices, record, opts.cursor[1])
+    return matrices
+
+
+def matrix_cell(record: TensorRecord, index: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """Where a tensor index is drawn: (the head's matrix or 0, row, column), or None for a
+    layout without a drill-down. The inverse is tensor_index."""
+    dims = record.dims
+    if len(index) != len(dims):
+        return None
+    if dims in (("B", "h", "T", "d_h"), ("B", "h", "T", "T")):
+        return index[1], index[2], index[3]
+    if dims == ("B", "T", "C"):
+        return 0, index[1], index[2]
+    if dims == ("B", "T", "h", "d_h"):
+        return 0, index[1], index[2] * record.values.shape[3] + index[3]
+    return None
+
+
+def tensor_index(record: TensorRecord, head: int, row: int, col: int) -> tuple[int, ...]:
+    """The tensor index drawn at (head's matrix, row, column): matrix_cell's inverse."""
+    dims = record.dims
+    if dims == ("B", "T", "C"):
+        return 0, row, col
+    if dims == ("B", "T", "h", "d_h"):
+        return (0, row, *divmod(col, record.values.shape[3]))
+    return 0, head, row, col
+
+
+def _place_cursor(matrices: list[Matrix], record: TensorRecord, index: tuple[int, ...]) -> None:
+    place = matrix_cell(record, index)
+    if place is None:
+        return
+    head, row, col = place
+    for matrix in matrices:
+        number = matrix.head if matrix.head is not None else 0
+        matrix.drill_at((row, col) if number == head else None, number)
+
+
+def mark_cells(matrices: list[Matrix], record: TensorRecord, cells: np.ndarray) -> int:
+    """Mark the cells where `cells` (a boolean array of the record's shape) is True in the
+    matrices drawn for it (Matrix.marked); returns how many could be placed (none for a
+    layout matrix_cell does not know)."""
+    import numpy as np
+
+    by_head: dict[int, set[tuple[int, int]]] = {}
+    placed = 0
+    for index in zip(*np.nonzero(cells), strict=True):
+        place = matrix_cell(record, tuple(int(i) for i in index))
+        if place is None:
+            return 0
+        head, row, col = place
+        by_head.setdefault(head, set()).add((row, col))
+        placed += 1
+    for matrix in matrices:
+        matrix.marked = frozenset(by_head.get(matrix.head if matrix.head is not None else 0, ()))
+    return placed
+
+
+def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
+                     batched: bool = True) -> list[Matrix]:
+    v, dims, d_h = record.values, record.dims, config.head_dim
+    split = d_h if record.head_split is not None else None
+    if dims == ("B", "T"):
+        return [Matrix(v, record, Axis(["ids"]), _token_axis(config), None, opts)]
+    if dims == ("vocab", "C"):
+        return [Matrix(v, record, Axis(list(config.vocab), literal=True), _channel_axis(v.shape[1], None),
+                       None, opts)]
+    if dims == ("B", "T", "C"):
+        return [Matrix(v[0], record, _token_axis(config), _channel_axis(v.shape[2], split),
+                       None, opts)]
+    if dims == ("C_out", "C_in"):
+        rows = _channel_axis(v.shape[0], split if record.head_split == 0 else None, "out ")
+        cols = _channel_axis(v.shape[1], split if record.head_split == 1 else None, "in ")
+        if record.head_split == 0:  # a head's rows: show which head beside the channel
+            rows = Axis([f"out {c} h{c // d_h}" for c in range(v.shape[0])], heads=rows.heads)
+        return [Matrix(v, record, rows, cols, None, opts)]
+    if dims == ("C_in", "C_out"):  # stored as (in, out): x @ W (Conv1D, raw parameters)
+        rows = _channel_axis(v.shape[0], split if record.head_split == 0 else None, "in ")
+        cols = _channel_axis(v.shape[1], split if record.head_split == 1 else None, "out ")
+        return [Matrix(v, record, rows, cols, None, opts)]
+    if dims == ("C",):
+        return [Matrix(v.reshape(1, -1), record, Axis(["bias"]), _channel_axis(v.shape[0], None), None,
+                       opts)]
+    if dims == ("T", "T"):
+        return [Matrix(v, record, _token_axis(config), _token_axis(config), None, opts)]
+    if dims == ("B", "T", "h", "d_h"):
+        h = v.shape[2]
+        flat = v[0].reshape(v.shape[1], h * d_h)  # memory order: head-major within a token
+        heads = [c // d_h for c in range(h * d_h)]
+        cols = Axis([f"h{c // d_h}" for c in range(h * d_h)], heads=heads,
+                    sub=[f"d{c % d_h}" for c in range(h * d_h)])
+        return [Matrix(flat, record, _token_axis(config), cols, None, opts)]
+    if dims in (("B", "h", "T", "d_h"), ("B", "h", "T", "T")):
+        matrices = []
+        for i in _heads_shown(v.shape[1], opts):
+            tags = record.row_tags[i] if record.row_tags is not None else None
+            tag_heads = record.row_tag_heads[i] if record.row_tag_heads is not None else None
+            cols = (_token_axis(config) if dims[-1] == "T"
+                    else Axis([f"d{j}" for j in range(v.shape[3])]))
+            matrices.append(Matrix(v[0, i], record, _token_axis(config, tags, tag_heads), cols,
+                                   _head_title(record, i, opts, batched), opts, head=i))
+        return matrices
+    return _generic_matrices(record, opts)
+
+
+def _generic_matrices(record: TensorRecord, opts: RenderOptions) -> list[Matrix]:
+    """Any other tensor (an op no rule placed, a bias, a (in, out) weight): its last axis as
+    columns, every leading index as one row, labelled by that index."""
+    import numpy as np
+
+    v = record.values
+    if v.ndim == 0:
+        v = v.reshape(1, 1)
+    if v.ndim == 1:
+        return [Matrix(v.reshape(1, -1), record, Axis([""]),
+                       Axis([f"{record.dims[0] if record.dims else 'c'}{c}" for c in range(v.shape[0])]),
+                       None, opts)]
+    rows = [", ".join(map(str, index)) for index in np.ndindex(*v.shape[:-1])]
+    flat = v.reshape(-1, v.shape[-1])
+    row_prefix = record.dims[-2] if len(record.dims) == 2 else ""
+    labels = [f"{row_prefix} {r}".strip() if row_prefix else f"[{r}]" for r in rows]
+    return [Matrix(flat, record, Axis(labels), Axis([f"{record.dims[-1]} {c}" for c in range(v.shape[-1])]),
+                   None, opts)]
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def tensor_meta(record: TensorRecord) -> Text:
+    """shape and dims, then strides, contiguity and storage sharing on a second line."""
+    text = Text.assemble(
+        (record.name, "bold"), "  ",
+        ("shape ", "dim"), str(record.shape).replace(",)", ")"), "  ",
+        ("dims ", "dim"), "(" + ", ".join(record.dims) + ")", "\n  ",
+        ("strides ", "dim"), str(record.strides).replace(",)", ")"),
+        (" bytes" if record.stride_unit == "bytes" else "", "dim"),
+        # one head's: the heads were separate tensors, stacked by mha-tui (see the caption)
+        (" per head" if len(record.strides) == len(record.shape) - 1 else "", "dim"), "  ",
+        ("contiguous ", "dim"), _yes(record.contiguous),
+    )
+    if record.shares_storage is not None:
+        text.append_text(Text.assemble("  ", (f"shares storage with {record.shares_with}: ", "dim"),
+                                       _yes(record.shares_storage)))
+    return text
+
+
+class TensorView:
+    """One tensor: its metadata line, caption, and matrices (side by side when they fit)."""
+
+    def __init__(self, record: TensorRecord, config: Config, opts: RenderOptions) -> None:
+        self.record, self.config, self.opts = record, config, opts
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        record, opts = self.record, self.opts
+        yield tensor_meta(record)
+        if record.caption:
+            yield Text(record.caption, style="italic dim")
+        matrices = tensor_matrices(record, self.config, opts)
+        if len(matrices) == 1:
+            yield matrices[0]
+        else:
+            yield Columns(matrices, padding=(0, 3))
+        h = record.values.shape[1] if record.dims[:2] == ("B", "h") else \
+            record.values.shape[0] if record.dims[:1] == ("h",) else 0
+        shown = len(_heads_shown(h, opts)) if h else 0
+        if h and shown < h:
+            yield Text(f"  {shown} of {h} heads shown", style="dim")

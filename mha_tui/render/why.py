@@ -1,0 +1,75 @@
+"""How one number was made (`mha_tui.why`), drawn: the formula, each step with the recorded
+numbers, and the module's own number beside mha-tui's. Shared by the app's side panel and
+`explain --why`. Never import torch, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Group
+from rich.padding import Padding
+from rich.text import Text
+
+from .options import RenderOptions
+from .text import printable
+from .values import format_value
+
+if TYPE_CHECKING:
+    from ..why import Why
+
+
+# ---------------------------------------------------------------- why this number
+
+
+_MATH_ASCII = str.maketrans({"×": "*", "Σ": "sum ", "√": "sqrt ", "÷": "/", "·": ".",
+                             "≤": "<=", "≥": ">="})
+"""--ascii: the drill-down's mathematics in ASCII."""
+
+
+def _why_number(value: float, decimals: int) -> str:
+    return format_value(value, "signed", decimals)
+
+
+def why_view(why: Why, opts: RenderOptions) -> Group:
+    """How one cell was made (mha_tui.why): the formula, each step with the recorded numbers,
+    and the module's own number beside mha-tui's, ✓ or ✗ with the difference. Shared by the
+    app's side panel and `explain --why`. Labels hold tokens: printable() and Text only."""
+    from rich.table import Table
+
+    d = max(opts.decimals, 4)
+
+    def say(text: str) -> str:
+        return printable(text.translate(_MATH_ASCII) if opts.ascii else text)
+
+    ok, bad = ("[ok]", "[FAIL]") if opts.ascii else ("✓", "✗")
+    head = Text.assemble(("why ", "bold"), (say(f"{why.tensor}[{', '.join(map(str, why.index))}]"),
+                                            "bold cyan"), ("  " + say(why.where), "dim"))
+    steps = Table.grid(padding=(0, 1))
+    steps.add_column(no_wrap=False)
+    steps.add_column(justify="right", no_wrap=True)
+    steps.add_column(no_wrap=True)
+    steps.add_column(justify="right", no_wrap=True)
+    for term in why.terms:
+        parts = " ".join(say(p) if isinstance(p, str) else _why_number(p, d) for p in term.parts)
+        steps.add_row(Text(say(term.label)), Text(parts, style="dim"),
+                      "=" if term.value is not None else "",
+                      Text(_why_number(term.value, d) if term.value is not None else "",
+                           style="bold" if term.label == "sum" else ""))
+    verdict = Text.assemble(
+        ("the module's own ", "dim"), say(f"{why.tensor}[{', '.join(map(str, why.index))}]"),
+        ": ", (_why_number(why.recorded, d), "bold"), "  ")
+    if why.agrees:
+        rounding = f" (difference {why.difference:.1e}: float32 rounding)" if why.difference else ""
+        verdict.append_text(Text.assemble((ok, "green"), " equal" + rounding))
+    else:
+        verdict.append_text(Text.assemble((bad, "bold red"), f" differs from mha-tui's "
+                                          f"{_why_number(why.computed, d)} by {why.difference:.3g}"))
+    return Group(
+        head,
+        Text(say(why.formula)),
+        Text("computed by mha-tui from the recorded tensors:", style="italic dim"),
+        Padding(steps, (0, 0, 0, 2)),
+        verdict,
+        *(Text(say(note), style="dim") for note in why.notes),
+    )
