@@ -213,7 +213,7 @@ def explain(
         return
 
     if _interactive(dump):
-        from .app import run_app
+        from .app.run import run_app
         from .load.learner import LoadError
 
         if _PREFLIGHT and not source.is_default:  # serve checks the input before the app
@@ -301,7 +301,7 @@ def _explain_compared(config: Config, source: Source, against: Source, *,
             fail(str(error))
 
     def app() -> None:
-        from .compare_app import run_compare_app
+        from .app.compare import run_compare_app
 
         refusal = run_compare_app(config, compare=lambda c: compared(c, source, against),
                                   ascii_only=ascii_only, running=_whose_forward(source),
@@ -421,7 +421,7 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
     if not _interactive(dump):
         fail("--check marks the stages in the app (a terminal); for a table or JSON run "
              "mha-tui check with the same module")
-    from .app import run_app
+    from .app.run import run_app
     from .load.learner import LoadError
     from .pipeline import checked
 
@@ -465,7 +465,7 @@ def _open_app(run: Callable[[], None]) -> None:
     if _PREFLIGHT:
         return
     if os.environ.get(SERVE_ENV) != "1":
-        from .app import prepare_terminal
+        from .app.run import prepare_terminal
 
         if problem := prepare_terminal():  # keys from the terminal; its real size
             fail(problem)
@@ -524,7 +524,7 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
     except HfError as error:
         fail(str(error))
     if interactive:
-        from .app import run_app
+        from .app.run import run_app
 
         _open_app(lambda: run_app(
             session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,

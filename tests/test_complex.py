@@ -96,7 +96,7 @@ def test_the_json_transcript_holds_both_parts_as_numbers() -> None:
 
 
 async def test_the_app_shows_both_parts() -> None:
-    from mha_tui.app import ExplainApp
+    from mha_tui.app.explain import ExplainApp
 
     app = ExplainApp(fnet().config, trace=fnet(), start="op")
     async with app.run_test(size=(100, 32)) as pilot:
