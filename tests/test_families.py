@@ -219,7 +219,6 @@ def _layer(name: str) -> int:
     return 1 if name == "gpt-neo" else 0  # GPT-Neo's layer 1 is its local one
 
 
-NOT_LOADED: set[str] = set()
 UNPLACED: set[str] = set()
 
 
@@ -228,17 +227,13 @@ def _xfail(condition: bool, reason: str) -> list[pytest.MarkDecorator]:
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(name, marks=_xfail(name in NOT_LOADED or name in UNPLACED,
-                                    "not loaded yet" if name in NOT_LOADED else "unplaced ops"))
-    for name in FAMILIES])
+    pytest.param(name, marks=_xfail(name in UNPLACED, "unplaced ops")) for name in FAMILIES])
 def test_no_unplaced_op_remains_in_a_family(name: str) -> None:
     trace = hf_trace(name, _layer(name))
     assert [stage.title for stage in trace.stages if stage.kind == "op"] == []
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=_xfail(name in NOT_LOADED, "not loaded yet"))
-    for name in FAMILIES])
+@pytest.mark.parametrize("name", list(FAMILIES))
 def test_the_shown_softmax_and_output_are_the_models_own(name: str) -> None:
     """The softmax stage's weights equal the model's output_attentions (eager), head by head,
     and the last stage's tensor equals the attention module's own output."""
@@ -284,7 +279,6 @@ NAMED_NOW = {"rotary_half", "rotary_interleaved", "rotary_complex", "partial_rot
              "multi_query", "sliding_window", "local_window", "bidirectional", "alibi", "q_scaled",
              "layer_norm", "need_weights_false", "fused_qkv", "positions", "offset_positions",
              "scaled_embeddings", "unscaled", "relative_bias"}
-NOT_NAMED_YET = {(name, "bidirectional") for name in NOT_LOADED}
 
 
 def _named(trace: Trace, mechanism: str) -> bool:
@@ -300,9 +294,7 @@ def _named(trace: Trace, mechanism: str) -> bool:
 
 
 @pytest.mark.parametrize("name,mechanism", [
-    pytest.param(name, mechanism, marks=_xfail(
-        mechanism not in NAMED_NOW or name in NOT_LOADED or (name, mechanism) in NOT_NAMED_YET,
-        "not named yet"))
+    pytest.param(name, mechanism, marks=_xfail(mechanism not in NAMED_NOW, "not named yet"))
     for name, family in FAMILIES.items() for mechanism in family.mechanisms
     if mechanism not in SKIPPED])
 def test_the_mechanism_is_named_in_a_family(name: str, mechanism: str) -> None:
@@ -520,3 +512,27 @@ def test_embeddings_narrower_than_the_blocks_are_said_not_summed(tmp_path: Path)
     assert [c.label for c in first.checks if c.ok is False] == []
     assert any("is not a plain sum of the embeddings: model.decoder.embed_tokens gives (1, 7, 16)"
                in c.label and c.ok is None for c in first.checks)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_module_line_names_the_transformers_file(name: str) -> None:
+    """The header's module line shows the attention class's file as transformers names it
+    (`transformers/models/<family>/modeling_<family>.py`), on the line itself at width 100,
+    never an absolute or site-packages path wrapped onto a line of its own."""
+    import inspect
+
+    import transformers
+    from rich.console import Console
+
+    from mha_tui.render.header import module_line
+    from mha_tui.render.options import RenderOptions
+
+    trace = hf_trace(name, _layer(name))
+    model = own_run(name)[0]
+    source = Path(inspect.getsourcefile(type(attention_of(model, FAMILIES[name]))) or "")
+    expected = source.relative_to(Path(transformers.__file__).parent.parent).as_posix()
+    assert expected.startswith("transformers/models/")
+    console = Console(width=100, record=True, color_system=None)
+    console.print(module_line(trace.module, RenderOptions()))
+    assert console.export_text().splitlines() == [
+        f"module {trace.module.class_name}  file {expected}"]
