@@ -85,7 +85,11 @@ async def test_the_comparison_is_computed_in_the_loading_thread() -> None:
     app = CompareApp(CONFIG, compare=lambda config: compared(config, mine, Source(model="mygpt")))
     async with app.run_test(size=(100, 32)) as pilot:
         # the loading worker (the forward's thread), not the background rendering, whose
-        # exclusive workers cancel each other
+        # exclusive workers cancel each other; it starts after the first frame
+        for _ in range(500):
+            if any(w.name == "trace" for w in app.workers):
+                break
+            await pilot.pause(0.01)
         [loading] = [w for w in app.workers if w.name == "trace"]
         await loading.wait()
         await pilot.pause()
