@@ -20,9 +20,9 @@ from textual.widgets.option_list import Option
 from .app.explain import ExplainApp
 from .app.run import prepare_terminal, wants_ascii
 from .app.stage_view import StageView
-from .check.compare import Comparison
 from .compare_view import compare_screen, rail_label
 from .config import Config
+from .judge.compare import Comparison
 from .records import Trace
 
 __all__ = ["CompareApp", "prepare_terminal", "run_compare_app"]
