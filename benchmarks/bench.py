@@ -218,7 +218,7 @@ def keys_in_pty(argv: list[str], presses: int, *, marks: bool) -> list[float]:
 
 
 async def _repaints(config_args: dict, warm: bool) -> float:
-    from mha_tui.app import ExplainApp
+    from mha_tui.app.explain import ExplainApp
     from mha_tui.config import Config
     from mha_tui.pipeline import run_trace
 

@@ -82,6 +82,7 @@ class CheckFormat(StrEnum):
 class ExpectKind(StrEnum):
     attention = "attention"
     rotary = "rotary"
+    alibi = "alibi"
 
 
 # --model's choices, listed in --help: the tutorials' modules in mha_tui/examples.
@@ -212,7 +213,7 @@ def explain(
         return
 
     if _interactive(dump):
-        from .app import run_app
+        from .app.run import run_app
         from .load.learner import LoadError
 
         if _PREFLIGHT and not source.is_default:  # serve checks the input before the app
@@ -401,6 +402,8 @@ def _dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str
         fail("--only writes the one stage --stage names: give --stage ID and --dump PATH")
     if fmt is not None:
         return fmt
+    if dump is None:  # the app: no need to import the picture writers (~70 ms) to know it
+        return Format.text
     from .pictures import EXTENSIONS
 
     return Format(EXTENSIONS.get(Path(dump or "").suffix.lower(), "text"))
@@ -419,7 +422,7 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
     if not _interactive(dump):
         fail("--check marks the stages in the app (a terminal); for a table or JSON run "
              "mha-tui check with the same module")
-    from .app import run_app
+    from .app.run import run_app
     from .load.learner import LoadError
     from .pipeline import checked
 
@@ -463,7 +466,7 @@ def _open_app(run: Callable[[], None]) -> None:
     if _PREFLIGHT:
         return
     if os.environ.get(SERVE_ENV) != "1":
-        from .app import prepare_terminal
+        from .app.run import prepare_terminal
 
         if problem := prepare_terminal():  # keys from the terminal; its real size
             fail(problem)
@@ -522,7 +525,7 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
     except HfError as error:
         fail(str(error))
     if interactive:
-        from .app import run_app
+        from .app.run import run_app
 
         _open_app(lambda: run_app(
             session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
@@ -719,7 +722,8 @@ def check(
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Grading several modules: the time each may take in its own process, torch's import included.")] = 20.0,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Grading several modules: how many run at once (default: the number of CPUs, at most 4).", show_default=False)] = None,
     memory: Annotated[int, typer.Option("--memory", metavar="MB", help="Grading several modules: the memory each may take beyond what mha-tui itself uses (Linux).")] = 2048,
-    expect: Annotated[ExpectKind, typer.Option("--expect", help="What you meant to build: plain multi-head attention, or with rotary positions (full, base 10000) on Q and K.", case_sensitive=False)] = ExpectKind.attention,
+    expect: Annotated[ExpectKind, typer.Option("--expect", help="What you meant to build: plain multi-head attention, with rotary positions on Q and K (full, base --rotary-base; a partial rotary as the module turns it), or with ALiBi's fixed slopes on the scores. Shared K/V heads are read from the K and V weights.", case_sensitive=False)] = ExpectKind.attention,
+    rotary_base: Annotated[float, typer.Option("--rotary-base", metavar="BASE", help="With --expect rotary: the base of the angles, pair i turning by BASE^(-2i/d_h) per position.")] = 10000.0,
     window: Annotated[int | None, typer.Option("--window", metavar="N", help="You meant a causal sliding window: each token sees itself and the N - 1 tokens before it.", show_default=False)] = None,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
 ) -> None:
@@ -755,7 +759,10 @@ def check(
         fail(f"--window must be at least 1, got {window}")
     from .pipeline import Expect, check_source
 
-    wanted = Expect(rotary=expect is ExpectKind.rotary, window=window)
+    if not rotary_base > 1:
+        fail(f"--rotary-base must be above 1, got {rotary_base:g}")
+    wanted = Expect(rotary=expect is ExpectKind.rotary, window=window,
+                    alibi=expect is ExpectKind.alibi, rotary_base=rotary_base)
     from .check.grade import GradeError, Submission, find_submissions, is_batch
 
     try:
@@ -801,7 +808,7 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
                     seed=config.seed, causal=config.causal, max_seq_len=config.max_seq_len,
                     init=tuple(init), weights=None if weights is None else str(weights),
                     timeout=timeout, memory=memory << 20, rotary=expect.rotary,
-                    window=expect.window)
+                    window=expect.window, alibi=expect.alibi, rotary_base=expect.rotary_base)
     jobs = jobs or max(1, min(os.cpu_count() or 1, 4))
     if not (sys.stderr is not None and sys.stderr.isatty()):
         return [g.report for g in grade(submissions, limits, jobs=jobs)]

@@ -17,12 +17,13 @@ from typing import Any
 from textual.strip import Strip
 from textual.widgets.option_list import Option
 
-from .app import ExplainApp, prepare_terminal, wants_ascii
+from .app.explain import ExplainApp
+from .app.run import prepare_terminal, wants_ascii
+from .app.stage_view import StageView
 from .check.compare import Comparison
 from .compare_view import compare_screen, rail_label
 from .config import Config
 from .records import Trace
-from .stage_view import StageView
 
 __all__ = ["CompareApp", "prepare_terminal", "run_compare_app"]
 

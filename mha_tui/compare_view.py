@@ -18,9 +18,10 @@ from rich.text import Text
 from .check.compare import TOLERANCE, Comparison, Mismatch, StagePair, TensorPair
 from .records import Stage, TensorRecord
 from .render.header import display_path
+from .render.matrix import MARK
 from .render.options import RenderOptions
 from .render.stage import HeadingRule
-from .render.tensor import TensorView, tensor_matrices, tensor_meta
+from .render.tensor import TensorView, mark_cells, tensor_matrices, tensor_meta
 from .render.text import label, printable
 
 STATUS_WORDS = {
@@ -194,6 +195,8 @@ def _sides(c: Comparison, pair: TensorPair, opts: RenderOptions) -> Table:
         if record.caption:
             parts.append(Text(record.caption, style="italic dim"))
         matrices = tensor_matrices(record, config, opts)
+        if pair.differs is not None and pair.count:  # the differing cells, on both sides
+            mark_cells(matrices, record, pair.differs.reshape(record.values.shape))
         parts += matrices
         h = record.values.shape[1] if record.dims[:2] == ("B", "h") else 0
         if h and len(matrices) < h:
@@ -238,9 +241,11 @@ def pair_view(c: Comparison, pair: TensorPair, opts: RenderOptions) -> Group:
     cells = [tuple(int(i) for i in where) for where in zip(*pair.differs.nonzero(), strict=True)]
     listed = " ".join(_index(cell) for cell in cells[:CELLS_LISTED])
     more = f" (+{len(cells) - CELLS_LISTED} more)" if len(cells) > CELLS_LISTED else ""
-    parts.append(Text(f"  cells that differ: {listed}{more}", style="red"))
+    parts.append(Text(f"  cells that differ: {listed}{more} ({MARK} before each in the tables)",
+                      style="red"))
     record = _difference_record(pair)
     matrices = tensor_matrices(record, config, opts)
+    mark_cells(matrices, record, pair.differs)
     caption = f"{record.name}, computed by mha-tui"
     if pair.mismatches:
         caption += "; nan where only one side is a number (said above)"

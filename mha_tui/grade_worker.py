@@ -97,8 +97,10 @@ def judge(request: dict[str, Any]) -> dict[str, Any]:
 
         _limit_resources(request["memory"], request.get("max_write", 0))
         try:
-            verdict = check_source(config, source, Expect(rotary=bool(request.get("rotary")),
-                                                          window=request.get("window")))
+            verdict = check_source(config, source, Expect(
+                rotary=bool(request.get("rotary")), window=request.get("window"),
+                alibi=bool(request.get("alibi")),
+                rotary_base=float(request.get("rotary_base", 10000.0))))
         except LoadError as error:
             return unjudged(shown, "load_error", str(error).removeprefix("--module "))
         return verdict_json(verdict)

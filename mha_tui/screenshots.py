@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from .app import ExplainApp
+from .app.explain import ExplainApp
 from .config import Config, Source
-from .pipeline import run_trace
+from .pipeline import compared, run_trace
 from .records import Trace
+
+
+@dataclass(frozen=True)
+class Against:
+    """A shot of `explain --module MODULE --against REFERENCE` (the comparison app)."""
+
+    module: str
+    reference: str = "mygpt"
+
 
 SIZE = (100, 32)
 # A module written in a public model's style (issue 17's mechanisms), run the way
@@ -21,7 +31,7 @@ MECHANISMS = "tests/fixtures/mechanisms/"
 MECHANISM_CONFIG = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
 # (file name, key presses from the first stage[, --model NAME or --module FILE:Class]); the
 # default model is mygpt
-SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str]] = [
+SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str | Against]] = [
     ("01-embed.svg", []),
     ("02-project.svg", ["2"]),
     ("03-view.svg", ["3"]),
@@ -38,6 +48,8 @@ SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str]] = [
     ("21-many-eyes-softmax-per-head.svg", ["6"], "many-eyes"),
     ("30-rotary.svg", ["5"], MECHANISMS + "llama_rotary.py:LlamaAttention"),
     ("31-shared-kv-heads.svg", ["6"], MECHANISMS + "llama_rotary.py:LlamaAttention"),
+    ("32-against-no-scale-mask.svg", ["right"],
+     Against("tests/fixtures/mistakes/no_scale.py:MultiHeadAttention")),
 ]
 
 
@@ -46,11 +58,20 @@ async def shoot(directory: Path) -> list[Path]:
     written = []
     for name, keys, *model in SHOTS:
         which = model[0] if model else "mygpt"
-        if which not in traces:
-            traces[which] = (run_trace(MECHANISM_CONFIG, Source(module=which)) if ".py:" in which
-                             else run_trace(Config("I love AI !"), Source(model=which)))
-        trace = traces[which]
-        app = ExplainApp(trace.config, trace=trace)
+        app: ExplainApp
+        if isinstance(which, Against):  # opens at the row where the two part
+            from .compare_app import CompareApp
+
+            comparison = compared(Config("I love AI !"), Source(module=which.module),
+                                  Source(model=which.reference))
+            app = CompareApp(comparison.mine.config, comparison=comparison)
+        else:
+            if which not in traces:
+                traces[which] = (run_trace(MECHANISM_CONFIG, Source(module=which))
+                                 if ".py:" in which
+                                 else run_trace(Config("I love AI !"), Source(model=which)))
+            trace = traces[which]
+            app = ExplainApp(trace.config, trace=trace)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press(*keys)
             # Settle: background rendering done, then the frames it asked for (the footer

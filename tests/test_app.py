@@ -10,12 +10,12 @@ from io import StringIO
 import pytest
 from rich.console import Console
 
-from mha_tui.app import ExplainApp
+from mha_tui.app.explain import ExplainApp
+from mha_tui.app.stage_view import StageView
+from mha_tui.app.widgets import HelpScreen, TooSmall
 from mha_tui.config import Config
 from mha_tui.pipeline import run_trace
-from mha_tui.stage_view import StageView
 from mha_tui.stages import STAGE_IDS
-from mha_tui.widgets import HelpScreen, TooSmall
 
 from .conftest import default_trace
 
@@ -384,8 +384,8 @@ async def test_a_box_taller_than_a_third_of_the_screen_starts_folded(
     `e` unfolds it."""
     from dataclasses import replace
 
+    from mha_tui.app.stage_view import render_strips
     from mha_tui.render.stage import stage_box
-    from mha_tui.stage_view import render_strips
 
     app = make_app()
     async with app.run_test(size=size) as pilot:
@@ -584,18 +584,19 @@ async def test_a_forward_that_never_returns_shows_the_app_and_quits(
     the terminal blank (the CLI ran the forward before starting the app) and q was echoed.
     Built as the CLI builds it: the app is up, says whose forward runs and for how long, the
     stage keys work, and q or ctrl+c quits while the forward still runs."""
-    import mha_tui.app
+    import mha_tui.app.loading
+    import mha_tui.app.run
     from mha_tui.cli import _build, _whose_forward
     from mha_tui.config import Source
     from mha_tui.load.learner import LoadError
     from tests.fixtures import endless
 
-    monkeypatch.setattr(mha_tui.app, "SHOW_ELAPSED_AFTER", 0)  # the seconds from the start
+    monkeypatch.setattr(mha_tui.app.loading, "SHOW_ELAPSED_AFTER", 0)  # the seconds from the start
     # package.module form: the test and the learner import see one module, one RELEASE
     source = Source(module=f"tests.fixtures.endless:{cls}")
     config = Config("I love AI !")
     endless.RELEASE.clear()
-    app = mha_tui.app.explain_app(config, build=partial(_build, source),
+    app = mha_tui.app.run.explain_app(config, build=partial(_build, source),
                                   running=_whose_forward(source), refusals=(LoadError,))
     try:
         async with app.run_test(size=(100, 32)) as pilot:
@@ -620,7 +621,8 @@ async def test_a_forward_that_never_returns_shows_the_app_and_quits(
 async def test_bad_module_input_ends_the_app_with_the_clis_refusal() -> None:
     """Built in the app's thread, a class that is not in the file ends the app: exit code 2
     and the one line the transcript path prints for the same input."""
-    import mha_tui.app
+    import mha_tui.app.loading
+    import mha_tui.app.run
     from mha_tui.cli import _build, _whose_forward
     from mha_tui.config import Source
     from mha_tui.load.learner import LoadError
@@ -629,7 +631,7 @@ async def test_bad_module_input_ends_the_app_with_the_clis_refusal() -> None:
     config = Config("I love AI !")
     with pytest.raises(LoadError) as refused:
         _build(source, config)
-    app = mha_tui.app.explain_app(config, build=partial(_build, source),
+    app = mha_tui.app.run.explain_app(config, build=partial(_build, source),
                                   running=_whose_forward(source), refusals=(LoadError,))
     async with app.run_test(size=(100, 32)) as pilot:
         await app.workers.wait_for_complete()
@@ -828,7 +830,8 @@ async def test_hostile_text_is_shown_literally() -> None:
 
 
 async def test_c_on_a_module_with_its_own_mask_is_refused_with_the_clis_message() -> None:
-    import mha_tui.app
+    import mha_tui.app.loading
+    import mha_tui.app.run
     from mha_tui.cli import _build, _whose_forward
     from mha_tui.config import Source
     from mha_tui.load.learner import LoadError
@@ -837,7 +840,7 @@ async def test_c_on_a_module_with_its_own_mask_is_refused_with_the_clis_message(
     config = Config("I love AI !")
     with pytest.raises(LoadError) as cli:
         _build(source, Config("I love AI !", causal=False))
-    app = mha_tui.app.explain_app(config, build=partial(_build, source),
+    app = mha_tui.app.run.explain_app(config, build=partial(_build, source),
                                   running=_whose_forward(source), refusals=(LoadError,))
     async with app.run_test(size=(100, 32)) as pilot:
         await _settle(app, pilot)

@@ -329,9 +329,10 @@ async def _loaded(app, pilot) -> None:
 
 async def test_app_check_marks_the_rail_and_shows_the_diagnosis() -> None:
     """explain --module ... --check: ✓/✗ in the rail, the judgement beside each stage."""
-    from mha_tui.app import ExplainApp, StageRail
+    from mha_tui.app.explain import ExplainApp
+    from mha_tui.app.stage_view import StageView
+    from mha_tui.app.widgets import StageRail
     from mha_tui.pipeline import checked
-    from mha_tui.stage_view import StageView
 
     config = Config(SENTENCE)
     path = MISTAKES / "softmax_axis.py"
@@ -357,7 +358,8 @@ async def test_app_check_marks_the_rail_and_shows_the_diagnosis() -> None:
 
 
 async def test_app_without_check_has_no_marks() -> None:
-    from mha_tui.app import ExplainApp, StageRail
+    from mha_tui.app.explain import ExplainApp
+    from mha_tui.app.widgets import StageRail
     from mha_tui.pipeline import checked
 
     config = Config(SENTENCE)

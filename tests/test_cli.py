@@ -139,7 +139,7 @@ def test_bad_input_is_one_line_exit_2(argv: list[str], message: str) -> None:
 
 def test_the_app_paints_without_torch_or_numpy_loaded() -> None:
     """Everything the first frame needs is importable without torch (and NumPy)."""
-    loaded = _modules_after("import mha_tui.cli, mha_tui.app")
+    loaded = _modules_after("import mha_tui.cli, mha_tui.app.run")
     assert "textual" in loaded
     assert "torch" not in loaded and "numpy" not in loaded and "pygments" not in loaded
 

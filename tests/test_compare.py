@@ -276,3 +276,38 @@ def test_bad_against_is_one_line_and_exit_2(tmp_path: Path, args: list[str], wor
     assert words in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert not out.exists() and os.listdir(tmp_path) == []
+
+
+def test_marked_cells_keep_every_column_where_it_was() -> None:
+    """A marked cell gets MARK in the gap just before its number; nothing moves, and a
+    layout the marks cannot be placed in says so (0)."""
+    import io
+
+    from mha_tui.dump import transcript_console
+    from mha_tui.render.matrix import MARK
+    from mha_tui.render.options import RenderOptions
+    from mha_tui.render.tensor import mark_cells, tensor_matrices
+
+    values = np.arange(16, dtype=np.float32).reshape(1, 4, 4) / 7
+    tensor = TensorRecord("x", ("B", "T", "C"), values, (16, 4, 1), True)
+    cells = np.zeros((1, 4, 4), dtype=bool)
+    cells[0, 1, 2] = cells[0, 3, 0] = True
+
+    def drawn(mark: bool) -> list[str]:
+        matrices = tensor_matrices(tensor, CONFIG, RenderOptions())
+        if mark:
+            assert mark_cells(matrices, tensor, cells) == 2
+        buffer = io.StringIO()
+        transcript_console(buffer, 80, False).print(matrices[0])
+        return buffer.getvalue().splitlines()
+
+    plain, marked = drawn(False), drawn(True)
+    changed = [(a, b) for a, b in zip(plain, marked, strict=True) if a != b]
+    assert len(changed) == 2
+    for before, after in changed:
+        assert len(before) == len(after) and after.count(MARK) == 1
+        at = after.index(MARK)
+        assert before[at] == " " and after.replace(MARK, " ") == before
+    odd = TensorRecord("y", ("a", "b"), np.zeros((2, 2), dtype=np.float32), (2, 1), True)
+    assert mark_cells(tensor_matrices(odd, CONFIG, RenderOptions()), odd,
+                      np.ones((2, 2), dtype=bool)) == 0

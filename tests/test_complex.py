@@ -1,8 +1,9 @@
 """Complex tensors (issue 17): Meta's Llama keeps its rotary angles as complex `freqs_cis`,
 FNet mixes tokens with a Fourier transform. A complex tensor a stage holds is shown as its
 real and imaginary parts, two real tensors labelled as torch spells them (`t.real`,
-`t.imag`), in the text transcript, the JSON transcript and the app; the render of a complex
-array crashed (`np.isneginf` refuses complex) and JSON wrote Python's `(1+2j)`."""
+`t.imag`), in the text transcript, the JSON transcript and the app (render.stage.labelled,
+which they all draw from); the render of a complex array crashed (`np.isneginf` refuses
+complex) and JSON wrote Python's `(1+2j)`. The stage itself keeps the module's complex tensor."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from mha_tui.dump import to_json, to_text
 from mha_tui.load.modules import load
 from mha_tui.pipeline import run_trace
 from mha_tui.records import TensorRecord, Trace
-from mha_tui.render import RenderOptions
+from mha_tui.render.options import RenderOptions
 
 FNET = str(Path(__file__).parent / "fixtures" / "mechanisms" / "fnet_fourier.py") + \
     ":FNetBasicFourierTransform"
@@ -57,19 +58,24 @@ def test_complex_parts_are_torchs_real_and_imag_views() -> None:
     assert plain.complex_parts() == (plain,)
 
 
-def test_a_complex_op_output_is_its_real_and_imaginary_parts() -> None:
-    """FNet's fftn: an op stage titled as torch's public API spells it, its output shown as
-    the parts of what torch.fft.fftn returns, recomputed here."""
+def test_a_complex_op_output_is_shown_as_its_real_and_imaginary_parts() -> None:
+    """FNet's fftn: an op stage titled as torch's public API spells it; the stage holds the
+    complex tensor torch.fft.fftn returned (recomputed here), and what every format shows
+    (`labelled`) is its two parts."""
+    from mha_tui.render.stage import labelled
+
     stage = fnet().stages[1]
     assert stage.kind == "op" and stage.title == "torch.fft.fftn(hidden_states, dim=(1, 2))"
-    names = [t.name for t in stage.tensors]
-    assert names == ["fftn input: hidden_states", "mixed.real", "mixed.imag"]
     expected = _expected()
-    assert torch.allclose(torch.from_numpy(stage.tensors[1].values), expected.real, atol=1e-4)
-    assert torch.allclose(torch.from_numpy(stage.tensors[2].values), expected.imag, atol=1e-4)
+    assert stage.tensors[1].values.dtype == np.complex64
+    assert torch.allclose(torch.from_numpy(stage.tensors[1].values), expected, atol=1e-4)
+    shown = labelled(stage)
+    assert [t.name for t in shown.tensors] == ["fftn input: hidden_states", "mixed.real", "mixed.imag"]
+    assert torch.allclose(torch.from_numpy(shown.tensors[1].values), expected.real, atol=1e-4)
+    assert torch.allclose(torch.from_numpy(shown.tensors[2].values), expected.imag, atol=1e-4)
     assert fnet().stages[2].title == "mixed.real"  # a property, not `mixed.real()`
-    for stage in fnet().stages:
-        assert all(t.values.dtype.kind != "c" for t in stage.tensors)
+    for stage in map(labelled, fnet().stages):
+        assert all(t.values.dtype.kind != "c" for t in (*stage.tensors, *stage.aside))
 
 
 @pytest.mark.parametrize("full,color", [(False, False), (False, True), (True, False)])
@@ -90,7 +96,7 @@ def test_the_json_transcript_holds_both_parts_as_numbers() -> None:
 
 
 async def test_the_app_shows_both_parts() -> None:
-    from mha_tui.app import ExplainApp
+    from mha_tui.app.explain import ExplainApp
 
     app = ExplainApp(fnet().config, trace=fnet(), start="op")
     async with app.run_test(size=(100, 32)) as pilot:

@@ -3,7 +3,7 @@ of a matrix is drawn and highlighted, in the app as in the renderables."""
 
 from __future__ import annotations
 
-from mha_tui.app import ExplainApp
+from mha_tui.app.explain import ExplainApp
 from mha_tui.config import Config, Source
 from mha_tui.pipeline import run_trace
 

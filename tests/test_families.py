@@ -453,8 +453,8 @@ def test_t5s_relative_bias_is_its_own_and_its_scale_of_1_is_said(layer: int) -> 
 async def test_an_encoder_steps_through_the_app(name: str) -> None:
     """Every stage of both layers of an encoder draws in the app (T5's nested attention, its
     pos_bias stage handed from layer 0 to layer 1)."""
-    from mha_tui.app import ExplainApp
-    from mha_tui.stage_view import StageView
+    from mha_tui.app.explain import ExplainApp
+    from mha_tui.app.stage_view import StageView
 
     session = Session(hf.load(str(family_dir(name))), SENTENCE)
     app = ExplainApp(session.config(0), loader=lambda config: session.trace(0), layers=session)
@@ -470,3 +470,15 @@ async def test_an_encoder_steps_through_the_app(name: str) -> None:
             await pilot.press("right_square_bracket")
             await pilot.pause()
         assert app.config.model.layer == 1 and app.config.model.encoder
+
+
+def test_an_encoder_says_so_on_screen_and_in_transcripts() -> None:
+    """The header of an encoder's transcript (and app) says so; a decoder's does not."""
+    from mha_tui.dump import to_text
+    from mha_tui.render.options import RenderOptions
+
+    for name in ("bert", "t5", "llama"):
+        text = to_text(hf_trace(name, 0), RenderOptions(), width=120)
+        header = text.split("\n\n", 1)[0]
+        said = "encoder: every token sees every token" in header
+        assert said is FAMILIES[name].encoder, header

@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -229,39 +230,62 @@ def test_the_grader_itself_never_imports_torch() -> None:
 
 def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     """Workers run in sessions of their own (the terminal's SIGINT does not reach them):
-    an interrupted grading kills them rather than waiting out their time limit."""
+    an interrupted grading kills them rather than waiting out their time limit.
+
+    Robust under load: the interrupt is sent once both workers are inside the forward (each
+    writes a file there, then spins), not when their processes merely appear; the guards are
+    generous wall-clock bounds, never timing assertions. It can still fail: a grader that
+    waited for its workers would wait out their hour-long --timeout, far past the guard."""
     import os
     import signal
     import time
 
-    for name in ("one", "two"):
-        _submission(tmp_path, name, "while True: pass")
-    process = subprocess.Popen([sys.executable, "-m", "mha_tui", "check", str(tmp_path),
-                                "--class", "MultiHeadAttention", "--timeout", "300",
+    folder, started = tmp_path / "submissions", tmp_path / "started"
+    folder.mkdir()
+    started.mkdir()
+    for name in ("one", "two"):  # each says it is inside the forward, then spins
+        spins = (f"{FIRST_LINE}        open({str(started / name)!r}, 'w').close()\n"
+                 f"        while True:\n            pass\n")
+        (folder / f"{name}.py").write_text(
+            (MISTAKES / "correct.py").read_text().replace(FIRST_LINE, spins, 1))
+    process = subprocess.Popen([sys.executable, "-m", "mha_tui", "check", str(folder),
+                                "--class", "MultiHeadAttention", "--timeout", "3600",
                                 "--jobs", "2"], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
 
     def workers() -> list[int]:
+        """The grader's worker processes still alive (a zombie is killed, only not reaped)."""
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
-            except OSError:
+                state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+            except (OSError, IndexError):
                 continue
-            if "grade_worker" in cmdline and str(tmp_path) in cmdline:
+            if "grade_worker" in cmdline and str(folder) in cmdline and state != "Z":
                 found.append(int(pid))
         return found
 
+    def within(seconds: float, ready: Callable[[], bool], *, while_running: bool = False
+               ) -> bool:
+        """Wait until ready() or the guard runs out (a hang guard, not a timing assertion);
+        while_running: give up as soon as the grader has ended."""
+        deadline = time.monotonic() + seconds
+        while not ready():
+            if time.monotonic() > deadline or (while_running and process.poll() is not None):
+                return ready()
+            time.sleep(0.2)
+        return True
+
     try:
-        for _ in range(1800):  # until both workers run (a hang guard, not a timing assertion)
-            if len(workers()) == 2:
-                break
-            time.sleep(0.1)
+        inside = within(900, lambda: all((started / n).exists() for n in ("one", "two")),
+                        while_running=True)
+        assert inside, process.stderr.read().decode() if process.poll() is not None else ""
         assert len(workers()) == 2
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=120)  # far below the 300 s each worker was given
+        _, err = process.communicate(timeout=900)  # far below the 3600 s each worker was given
         assert process.returncode == 130, err.decode()
-        assert workers() == []
+        assert within(60, lambda: workers() == []), workers()
     finally:  # a failed run leaves nothing behind: the grader, then its workers
         if process.poll() is None:
             process.kill()

@@ -386,8 +386,8 @@ def test_readme_states_the_limit_the_code_computes() -> None:
 
 
 async def test_app_brackets_move_between_layers(tiny: hf.Loaded) -> None:
-    from mha_tui.app import ExplainApp
-    from mha_tui.stage_view import StageView
+    from mha_tui.app.explain import ExplainApp
+    from mha_tui.app.stage_view import StageView
 
     session = Session(tiny, SENTENCE)
     app = ExplainApp(session.config(1), loader=lambda config: session.trace(1), layers=session)
@@ -428,7 +428,7 @@ def text_of_header(app) -> str:
 
 
 async def test_app_without_a_model_hides_the_layer_keys() -> None:
-    from mha_tui.app import ExplainApp
+    from mha_tui.app.explain import ExplainApp
 
     from .conftest import default_trace
 
@@ -471,8 +471,8 @@ def test_gpt2_shapes_keep_the_transcript_bounded(gpt2_shaped: Path) -> None:
 
 @pytest.mark.slow
 async def test_gpt2_shapes_step_through_the_app(gpt2_shaped: Path) -> None:
-    from mha_tui.app import ExplainApp
-    from mha_tui.stage_view import StageView
+    from mha_tui.app.explain import ExplainApp
+    from mha_tui.app.stage_view import StageView
 
     session = Session(hf.load(str(gpt2_shaped)), LONG)
     app = ExplainApp(session.config(0), loader=lambda config: session.trace(0), layers=session)

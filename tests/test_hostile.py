@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.cells import cell_len
 
-from mha_tui.app import ExplainApp
+from mha_tui.app.explain import ExplainApp
 from mha_tui.config import Config
 from mha_tui.destination import opened, resolve
 from mha_tui.dump import to_json, to_text

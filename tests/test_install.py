@@ -73,7 +73,7 @@ def test_the_wheel_carries_the_examples_and_the_app_style(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("course", "raschka", "many_eyes"):
         assert f"mha_tui/examples/{name}.py" in names
-    assert {"mha_tui/load/modules.py", "mha_tui/app.tcss", "mha_tui/web/app_index.html"} <= names
+    assert {"mha_tui/load/modules.py", "mha_tui/app/app.tcss", "mha_tui/web/app_index.html"} <= names
 
 
 def test_installing_into_an_environment_with_torch_installs_only_mha_tui(wheel: Path,

@@ -72,15 +72,23 @@ def test_repeat_kv_is_claimed_whole(h_kv: int) -> None:
     assert kinds[0] == "project"
 
 
-def test_a_tile_is_not_the_sharing_repeat() -> None:
-    """k.repeat(1, 2, 1, 1) gives head j = K/V head j % 2, not j // 2: not claimed."""
+def test_a_tile_is_a_wrong_sharing_repeat() -> None:
+    """k.repeat(1, 2, 1, 1) gives head j = K/V head j % 2, not j // 2: claimed as shared
+    K/V heads (it is what the learner meant), its stage saying which head each query head
+    really reads and its check failing, so the check can name the mistake."""
     tape = GqaTape()
     k, v = tape.heads_of("K", 2), tape.heads_of("V", 2)
     tiled = tape.op("repeat", [k], np.tile(tape.values(k), (1, 2, 1, 1)), 1, 2, 1, 1)
     v_ops = tape.repeat_kv(v, 2)
     tape.attention(tiled, v_ops[-1])
     kinds = tape.classified()
-    assert kinds[tiled.op] != "kv_repeat" and kinds[v_ops[-1].op] == "kv_repeat"  # type: ignore[index]
+    assert kinds[tiled.op] == "kv_repeat" and kinds[v_ops[-1].op] == "kv_repeat"  # type: ignore[index]
+    stages = recognise(tape.recording(), Config("a b c", embed_dim=C, num_heads=H))
+    stage = next(s for s in stages if s.kind == "kv_repeat")
+    k_after = next(t for t in stage.tensors if t.name == "K (4 heads)")
+    assert "head j is K/V head j % 2" in k_after.caption
+    assert [c.ok for c in stage.checks if c.label.startswith("K: query head j reads")] == [False]
+    assert [c.ok for c in stage.checks if c.label.startswith("V: query head j reads")] == [True]
 
 
 def test_heads_that_are_not_repeated_leave_the_rule_silent() -> None:

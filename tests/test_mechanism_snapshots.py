@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mha_tui.app import ExplainApp
+from mha_tui.app.explain import ExplainApp
 
 MECHANISMS = Path(__file__).parent / "fixtures" / "mechanisms"
 

@@ -251,3 +251,20 @@ def test_op_stage_titles_in_a_family_are_its_own_code(name: str) -> None:
     """The same over the families that load (none has an op stage left today: the test
     keeps it so when a family's new mechanism falls back to one)."""
     assert _readable(hf_trace(name, 1 if name == "gpt-neo" else 0)) == []
+
+
+def test_a_mask_made_in_the_forward_is_named_as_its_line_names_it() -> None:
+    """Meta's `mask = torch.triu(torch.full(...), diagonal=1)` is `mask` (it was
+    ` (converted: full ...)`); the mask torch's MHA converts and hands to its sdpa is
+    `attn_mask` (it was `attn_mask=unsqueeze(unsqueeze(masked_fill_(zeros_like(attn_mask))))`)."""
+    meta, _ = _traced("meta_llama.py:Attention", (("dim", 32),))
+    assert meta.stage("mask").tensors[0].name == "mask"
+    torch_mha, _ = _traced("mha_no_weights.py:SelfAttention")
+    assert torch_mha.stage("mask").checks[0].label == "60 entries blocked by attn_mask are -inf"
+
+
+def test_a_bias_built_by_a_helper_is_named_as_the_line_that_uses_it() -> None:
+    """BLOOM's `alibi` comes back from `build_alibi_tensor(...)` and is used as
+    `alibi.baddbmm(...)`: the stage calls it `alibi` (it was `'...', None (converted: ...)`)."""
+    trace, _ = _traced("alibi.py:BloomAttention")
+    assert trace.stage("pos_bias").tensors[0].name == "alibi"

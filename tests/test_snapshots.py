@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mha_tui.app import ExplainApp
+from mha_tui.app.explain import ExplainApp
 from mha_tui.stages import STAGE_IDS
 
 from .conftest import default_trace
@@ -129,3 +129,18 @@ async def test_committed_screenshots_are_current(tmp_path) -> None:
     assert sorted(p.name for p in committed.glob("*.svg")) == sorted(shot[0] for shot in SHOTS)
     for path in written:
         assert path.read_bytes() == (committed / path.name).read_bytes(), path.name
+
+
+def test_against_a_reference_at_a_wrong_stage_at_100x32(snap_compare) -> None:
+    """explain --module no_scale.py --against mygpt: the app opens at scale (only the
+    reference's, ◀ on the rail), right goes to mask: yours beside the reference's, the
+    differing cells marked, mha-tui's difference below."""
+    from mha_tui.compare_app import CompareApp
+    from mha_tui.config import Config, Source
+    from mha_tui.pipeline import compared
+
+    comparison = compared(Config("I love AI !"),
+                          Source(module="tests/fixtures/mistakes/no_scale.py:MultiHeadAttention"),
+                          Source(model="mygpt"))
+    app = CompareApp(comparison.mine.config, comparison=comparison)
+    assert snap_compare(app, press=["right"], terminal_size=(100, 32))

@@ -76,6 +76,8 @@ class Limits:
     memory: int = DEFAULT_MEMORY
     rotary: bool = False  # --expect rotary
     window: int | None = None  # --window N
+    alibi: bool = False  # --expect alibi
+    rotary_base: float = 10000.0  # --rotary-base
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,8 @@ def _request(sub: Submission, limits: Limits) -> str:
         "seed": limits.seed, "causal": limits.causal, "max_seq_len": limits.max_seq_len,
         "init": list(limits.init), "weights": None if limits.weights is None
         else str(Path(limits.weights).resolve()), "memory": limits.memory,
-        "rotary": limits.rotary, "window": limits.window, "max_write": MAX_WRITE,
+        "rotary": limits.rotary, "window": limits.window,
+        "alibi": limits.alibi, "rotary_base": limits.rotary_base, "max_write": MAX_WRITE,
     })
 
 

@@ -50,6 +50,9 @@ class Judge:
     h: int = 1
     d_h: int = 1
     differences: list[str] = field(default_factory=list)
+    # What the reference grew into, in words (verdict._reference); "" for plain attention.
+    grown: str = ""
+    _classified: Graph | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         assert self.trace.recording is not None
@@ -147,7 +150,7 @@ class Judge:
                 return part, factor, op, passed
             if not xs:
                 return None, factor, None, passed
-            if op.name in SCALE_OPS:
+            if op.name in SCALE_OPS and op.out.values.dtype.kind != "c":  # complex: rotary
                 r = ratio(f64(op.out.values), f64(self.g.snap(xs[0]).values))
                 if r is not None:
                     factor *= r
@@ -278,6 +281,26 @@ class Judge:
         i = self.position_of(kind)
         return (i if i is not None else len(self.trace.stages)) - 0.5
 
+
+    def classified(self) -> Graph:
+        """A graph of the same recording whose ops carry their stage's kind, as the
+        recogniser's did: for the kinds whose judge finds its mechanism again with the
+        recogniser's own functions (rotary's rotations, kv_repeat's repeats)."""
+        if self._classified is None:
+            graph = Graph(self.g.rec, x_names=self.g.x_names)
+            graph.kind.update({i: stage.kind for i, stage in self.stage_of.items()})
+            self._classified = graph
+        return self._classified
+
+    def roles_on_path(self) -> dict[int, str]:
+        """Op index -> "Q", "K" or "V" for every op on the way from a projection to the
+        operands of the scores and attend products: which role a tensor became."""
+        found: dict[int, str] = {}
+        for role, entries in self.head_operands().items():
+            for _, ref, _ in entries:
+                for op in self.chain_to_projection(ref, through=True)[3]:
+                    found.setdefault(op.index, role)
+        return found
 
     def kind(self, op: OpRecord | int) -> str:
         """The kind of the stage an op was shown in ("" for none)."""

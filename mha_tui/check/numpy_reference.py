@@ -39,45 +39,93 @@ class Step:
 ROTARY_BASE = 10000.0
 
 
-def rotate(t: np.ndarray, layout: str, base: float = ROTARY_BASE) -> np.ndarray:
-    """Rotary positions on (B, h, T, d_h), full (every channel pair), base 10000.
+def rotate(t: np.ndarray, layout: str, base: float = ROTARY_BASE, dims: int | None = None
+           ) -> np.ndarray:
+    """Rotary positions on (B, h, T, d_h): the first `dims` channels of each head (all of
+    them, or the largest even number, by default) turned, the rest passed through.
 
-    layout "half": Llama's and GPT-NeoX's rotate_half (channel i pairs with i + d_h/2);
+    layout "half": Llama's and GPT-NeoX's rotate_half (channel i pairs with i + r/2);
     "interleaved": GPT-J's and Meta's Llama's (channel 2i pairs with 2i + 1)."""
     T, d = t.shape[-2], t.shape[-1]
-    inv_freq = 1.0 / base ** (np.arange(0, d, 2, dtype=np.float64) / d)  # (d_h/2,)
-    angles = np.outer(np.arange(T, dtype=np.float64), inv_freq)  # (T, d_h/2)
+    r = dims if dims is not None else d - d % 2
+    turned_part, passed = t[..., :r], t[..., r:]
+    inv_freq = 1.0 / base ** (np.arange(0, r, 2, dtype=np.float64) / r)  # (r/2,)
+    angles = np.outer(np.arange(T, dtype=np.float64), inv_freq)  # (T, r/2)
     if layout == "half":
-        angles = np.concatenate([angles, angles], axis=-1)  # (T, d_h)
-        half = d // 2
-        turned = np.concatenate([-t[..., half:], t[..., :half]], axis=-1)
+        angles = np.concatenate([angles, angles], axis=-1)  # (T, r)
+        half = r // 2
+        turned = np.concatenate([-turned_part[..., half:], turned_part[..., :half]], axis=-1)
     else:
-        angles = np.repeat(angles, 2, axis=-1)  # (T, d_h)
-        turned = np.stack([-t[..., 1::2], t[..., 0::2]], axis=-1).reshape(t.shape)
-    return t * np.cos(angles) + turned * np.sin(angles)
+        angles = np.repeat(angles, 2, axis=-1)  # (T, r)
+        turned = np.stack([-turned_part[..., 1::2], turned_part[..., 0::2]],
+                          axis=-1).reshape(turned_part.shape)
+    rotated = turned_part * np.cos(angles) + turned * np.sin(angles)
+    return np.concatenate([rotated, passed], axis=-1)
+
+
+def alibi_slopes(heads: int) -> np.ndarray:
+    """ALiBi's fixed slope per head (Press et al.; BLOOM's and MPT's build_alibi): for h a
+    power of 2, 2^(-8 i / h), i = 1..h; otherwise those of the power of 2 below h, then
+    every other slope of the power of 2 above it."""
+    def power_of_2(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(np.log2(n) - 3)))
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** int(np.floor(np.log2(heads)))
+    slopes = power_of_2(closest)
+    if closest != heads:
+        slopes += power_of_2(2 * closest)[0::2][: heads - closest]
+    return np.asarray(slopes, dtype=np.float64)
+
+
+def alibi_bias(heads: int, T: int) -> np.ndarray:
+    """(h, T, T): head h adds m_h (j - i) to the score of query i for key j (0 on the
+    diagonal, more negative the further back the key)."""
+    distance = np.arange(T)[None, :] - np.arange(T)[:, None]  # (T, T): j - i
+    return alibi_slopes(heads)[:, None, None] * distance  # (h, T, T)
+
+
+def kv_heads(weights: RoleWeights, heads: int) -> int:
+    """How many K/V heads the role weights make: h, or fewer shared ones (GQA, MQA)."""
+    C = np.shape(weights.q[0])[0]
+    d_h = C // heads
+    return max(1, np.shape(weights.k[0])[0] // d_h) if d_h else heads
 
 
 def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
-          window: int | None = None, rotary: str | None = None) -> list[Step]:
+          window: int | None = None, rotary: str | None = None, rotary_dims: int | None = None,
+          base: float = ROTARY_BASE, alibi: bool = False) -> list[Step]:
     """Every intermediate of softmax(Q_i K_i^T / sqrt(d_h) + mask) V_i, heads side by side,
-    then W_O (the identity when the module has none); x (T, C) or (B, T, C). With
-    `rotary` ("half" or "interleaved"), q and k are rotated by position first; with
-    `window` w, each query sees only the keys less than w tokens back."""
+    then W_O (the identity when the module has none); x (T, C) or (B, T, C).
+
+    Grown by what the weights show and what the learner meant to build: K and V weights of
+    h_kv * d_h rows (h_kv < h) are shared K/V heads, query head j reading K/V head
+    j // (h / h_kv) (Llama's repeat_kv); with `rotary` ("half" or "interleaved"), q and k
+    are rotated by position first (`rotary_dims` channels of each head, `base`); with
+    `alibi`, each head's scaled scores get ALiBi's bias m_h (j - i); with `window` w, each
+    query sees only the keys less than w tokens back; `causal` False blocks nothing."""
     x = np.asarray(x, dtype=np.float64)
     batched = x if x.ndim == 3 else x[None]  # (B, T, C)
     B, T, C = batched.shape
     d_h = C // heads
+    h_kv = kv_heads(weights, heads)
 
-    def split(t: np.ndarray) -> np.ndarray:
-        return t.reshape(B, T, heads, d_h).transpose(0, 2, 1, 3)  # (B, h, T, d_h)
+    def split(t: np.ndarray, n: int = heads) -> np.ndarray:
+        return t.reshape(B, T, n, d_h).transpose(0, 2, 1, 3)  # (B, n, T, d_h)
 
-    Q, K, V = (_linear(batched, w) for w in (weights.q, weights.k, weights.v))  # (B, T, C)
-    q, k, v = split(Q), split(K), split(V)  # (B, h, T, d_h)
-    rotated: list[Step] = []
+    Q, K, V = (_linear(batched, w) for w in (weights.q, weights.k, weights.v))  # K, V (B, T, h_kv d_h)
+    q, k, v = split(Q), split(K, h_kv), split(V, h_kv)  # (B, h, T, d_h); K, V (B, h_kv, T, d_h)
+    grown: list[Step] = []
     if rotary is not None:
-        q, k = rotate(q, rotary), rotate(k, rotary)  # (B, h, T, d_h)
-        rotated = [Step("q rotated", q, ("B", "h", "T", "d_h")),
-                   Step("k rotated", k, ("B", "h", "T", "d_h"))]
+        q = rotate(q, rotary, base, rotary_dims)  # (B, h, T, d_h)
+        k = rotate(k, rotary, base, rotary_dims)  # (B, h_kv, T, d_h)
+        grown += [Step("q rotated", q, ("B", "h", "T", "d_h")),
+                  Step("k rotated", k, ("B", "h", "T", "d_h"))]
+    if h_kv != heads:
+        k = np.repeat(k, heads // h_kv, axis=1)  # (B, h, T, d_h): head j is K/V head j // n
+        v = np.repeat(v, heads // h_kv, axis=1)
+        grown += [Step("k shared", k, ("B", "h", "T", "d_h")),
+                  Step("v shared", v, ("B", "h", "T", "d_h"))]
     scale = 1.0 / np.sqrt(d_h)
     raw = q @ k.transpose(0, 1, 3, 2)  # (B, h, T, T)
     blocked = np.triu(np.ones((T, T), dtype=bool), k=1) if causal else np.zeros((T, T), bool)
@@ -85,7 +133,8 @@ def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
         blocked |= np.tril(np.ones((T, T), dtype=bool), k=-window)
     mask = np.where(blocked, -np.inf, 0.0)
     scaled = raw * scale
-    masked = scaled + mask
+    biased = scaled + alibi_bias(heads, T) if alibi else scaled  # (B, h, T, T)
+    masked = biased + mask
     with np.errstate(invalid="ignore", over="ignore"):
         shifted = masked - masked.max(axis=-1, keepdims=True)
         e = np.exp(shifted)
@@ -97,10 +146,12 @@ def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
     return [
         Step("x", batched, BTC),
         Step("Q", Q, BTC), Step("K", K, BTC), Step("V", V, BTC),
-        Step("q", split(Q), BHTD), Step("k", split(K), BHTD), Step("v", v, BHTD),
-        *rotated,
+        Step("q", split(Q), BHTD), Step("k", split(K, h_kv), BHTD),
+        Step("v", split(V, h_kv), BHTD),
+        *grown,
         Step("q scaled", q * scale, BHTD),
         Step("raw scores", raw, BHTT), Step("scaled scores", scaled, BHTT),
+        *([Step("biased scores", biased, BHTT)] if alibi else []),
         Step("masked raw scores", raw + mask, BHTT), Step("masked scores", masked, BHTT),
         Step("weights", attention, BHTT), Step("context", context, BHTD),
         Step("merged", merged, BTC), Step("out", out, BTC),

@@ -88,7 +88,8 @@ def verdict_renderable(verdict: Verdict, *, ascii_only: bool = False) -> Rendera
     head.append(printable(verdict.module), style="bold")
     said = outcome(verdict)
     if said == EQUIVALENT:
-        head.append("  equivalent to multi-head attention", style="green")
+        head.append(f"  equivalent to {verdict.reference or 'multi-head attention'}",
+                    style="green")
     else:
         head.append(f"  {said}", style=OUTCOME_STYLES[said])
     parts: list[RenderableType] = [head, stage_table(verdict, ascii_only=ascii_only)]

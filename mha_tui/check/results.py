@@ -55,6 +55,9 @@ class Verdict:
     diagnosis: Diagnosis | None
     differences: tuple[str, ...] = ()
     end_to_end: StageVerdict | None = None
+    # What the reference was, when more than plain multi-head attention ("causal multi-head
+    # attention with rotary positions (...) and shared K/V heads (h_kv 2)"); "" for plain.
+    reference: str = ""
 
     def as_dict(self) -> dict[str, object]:
         """The grader's JSON object (see the README): module, equivalent, stages, diagnosis."""
@@ -120,8 +123,8 @@ class Facts:
     # reference grows the mechanism, computed in NumPy (numpy_reference.steps).
     window: int | None = None
     rotary: bool = False
-
-
+    alibi: bool = False  # `--expect alibi`: ALiBi's fixed slopes on the scores
+    rotary_base: float = 10000.0  # `--rotary-base`: the base --expect rotary means
 
 
 def failed_to_load(label: str, message: str) -> Verdict:

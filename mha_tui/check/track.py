@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..recognise.graph import value_inputs
 from ..records import OpRecord, Recording
 from .numpy_reference import Step
 
@@ -139,7 +140,7 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 def match(values: np.ndarray, steps: list[Step]) -> Match | None:
     """The reference step these values are, in some correct layout, or None."""
     values = np.asarray(values)
-    if values.dtype.kind not in "fc" or values.size == 0:
+    if values.dtype.kind != "f" or values.size == 0:  # the reference's steps are real
         return None
     shape = tuple(values.shape)
     flat = values.reshape(-1)
@@ -165,7 +166,7 @@ def departure(rec: Recording, x_names: set[str], steps: list[Step]) -> Departure
     from_x = [False] * len(ops)
     consumers: dict[int, list[int]] = {i: [] for i in range(len(ops))}
     for op in ops:
-        for ref in op.inputs:
+        for ref in value_inputs(op):
             if ref.kind == "input" and ref.name in x_names:
                 from_x[op.index] = True
             elif ref.kind == "op" and ref.op is not None:
@@ -206,7 +207,9 @@ def departure(rec: Recording, x_names: set[str], steps: list[Step]) -> Departure
 # ---------------------------------------------------------------------------- words
 
 ROLES = {"x": "x", "Q": "Q", "K": "K", "V": "V", "q": "Q", "k": "K", "v": "V",
-         "q scaled": "Q", "raw scores": "the scores", "scaled scores": "the scores",
+         "q rotated": "Q", "k rotated": "K", "k shared": "K", "v shared": "V",
+         "biased scores": "the scores", "q scaled": "Q", "raw scores": "the scores",
+         "scaled scores": "the scores",
          "masked raw scores": "the scores", "masked scores": "the scores",
          "weights": "the attention weights", "context": "the heads' outputs",
          "merged": "the merged heads", "out": "the output"}
@@ -281,6 +284,11 @@ def describe(found: Departure, T: int) -> str:
         bias = _added(found)
         if bias is not None:
             return _bias_words(bias, role)
+    if name == "baddbmm":  # bias + alpha * (q @ k^T): the bias is what changed the scores
+        bias = _added(found)
+        if bias is not None and bias.size and op.outputs:
+            full = np.broadcast_to(bias, op.outputs[0].values.shape)
+            return _bias_words(full, "the scores")
     if name in ("add", "sub", "mul", "div", "true_divide") and len(op.inputs) == 1:
         scalar = next((s for s in op.scalars() if isinstance(s, int | float)), None)
         verb = {"add": "added", "sub": "subtracted", "mul": "multiplied", "div": "divided",
@@ -333,9 +341,10 @@ def _bias_words(bias: np.ndarray, role: str) -> str:
             usable = seen & (distance != 0)
             if not usable.any():
                 break
-            slope = float(np.median(head[usable] / distance[usable]))
-            if not np.allclose(head[seen] - head[seen].max(), slope * distance[seen]
-                               - (slope * distance[seen]).max(), atol=1e-5, rtol=1e-4):
+            # a constant per row changes nothing after softmax: each row from its diagonal
+            relative = head - np.diag(head)[:, None]  # (T, T): bias[i, j] - bias[i, i]
+            slope = float(np.median(relative[usable] / distance[usable]))
+            if not np.allclose(relative[seen], slope * distance[seen], atol=1e-5, rtol=1e-4):
                 break
             slopes.append(slope)
         else:

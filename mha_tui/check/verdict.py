@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..recognise.registry import JUDGES
-from ..records import Trace
+from ..records import Ref, Trace
 from .judging import Judge, Row
 from .numeric import close, f64, linear_parts
-from .numpy_reference import steps
+from .numpy_reference import ROTARY_BASE, alibi_slopes, kv_heads, steps
 from .results import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
 from .track import departure, describe
 from .whole import Finding, nan_origin, no_attention, output_shape
@@ -62,7 +62,7 @@ def run(j: Judge) -> Verdict:
     equivalent = diagnosis is None and all(v.ok is not False for v in verdicts) and (
         end is not None and end.ok is True)
     return Verdict(j.label, equivalent, tuple(verdicts), diagnosis,
-                   tuple(d for d in dict.fromkeys(j.differences) if d), end)
+                   tuple(d for d in dict.fromkeys(j.differences) if d), end, j.grown)
 
 
 def _whole(j: Judge, diagnosis: Diagnosis | None) -> tuple[StageVerdict, Diagnosis | None]:
@@ -123,64 +123,118 @@ def _diagnosis(found: Finding, stage: str = "", file: str = "") -> Diagnosis:
     return Diagnosis(found.kind, file, line, found.message, stage or found.kind)
 
 
-def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
-               ) -> tuple[np.ndarray, str, dict[str, object]]:
-    """The reference's output, its name, and how it was grown (steps' keyword arguments).
+def _grows(j: Judge, weights: RoleWeights) -> bool:
+    """Does the reference need growing beyond the plain (torch-side) module?"""
+    f = j.facts
+    return bool(f.rotary or f.window or f.alibi) or kv_heads(weights, j.h) != j.h
 
-    Plain attention is the torch-side reference module (Facts.reference); a mechanism the
-    learner said they meant to build (--expect rotary, --window N) is grown into the NumPy
-    reference (numpy_reference.steps); for rotary, the channel-pair layout that fits."""
-    if not (j.facts.rotary or j.facts.window):
-        assert j.facts.reference is not None
-        return j.facts.reference(x, weights, j.h, j.facts.causal), j.facts.reference_name, {}
+
+def _rotary_dims(j: Judge) -> list[int | None]:
+    """The channels per head --expect rotary turns: all of an even d_h, else (odd d_h, or a
+    partial rotary) as many as the module's own rotation turns (read from its rotary
+    stage's angle table, one column per pair), else the largest even number."""
+    found = [2 * stage.tensors[0].shape[-1] for stage in j.trace.stages
+             if stage.kind == "rotary" and stage.tensors and len(stage.tensors[0].shape) == 2]
+    dims: list[int | None] = [j.d_h] if j.d_h % 2 == 0 else []
+    dims += [r for r in dict.fromkeys(found) if 2 <= r <= j.d_h and r not in dims]
+    return dims or ([j.d_h - 1] if j.d_h > 2 else [])
+
+
+def _name(j: Judge, weights: RoleWeights, kwargs: dict[str, object]) -> str:
+    """What the grown reference computes, in words."""
     grown: list[str] = []
-    if j.facts.window:
-        grown.append(f"a sliding window of {j.facts.window}")
-    tries: list[dict[str, object]] = [{"window": j.facts.window}]
-    if j.facts.rotary and j.d_h % 2 == 0:
-        tries = [{"window": j.facts.window, "rotary": layout} for layout in ("half", "interleaved")]
+    if kwargs.get("rotary"):
+        r = kwargs.get("rotary_dims") or j.d_h
+        extent = "full" if r == j.d_h else f"partial: {r} of each head's {j.d_h} channels"
+        pairs = "rotate_half" if kwargs["rotary"] == "half" else "interleaved pairs"
+        grown.append(f"rotary positions ({extent}, base {kwargs.get('base', ROTARY_BASE):g}, "
+                     f"{pairs})")
+    if kwargs.get("alibi"):
+        slopes = ", ".join(f"{m:.4g}" for m in alibi_slopes(j.h)[:4])
+        grown.append(f"ALiBi (slopes {slopes}{', ...' if j.h > 4 else ''})")
+    if kwargs.get("window"):
+        grown.append(f"a sliding window of {kwargs['window']}")
+    h_kv = kv_heads(weights, j.h)
+    if h_kv != j.h:
+        grown.append("one K/V head shared by all query heads (multi-query, h_kv 1)" if h_kv == 1
+                     else f"shared K/V heads (h_kv {h_kv})")
+    mask = "causal" if j.facts.causal else "unmasked (bidirectional)"
+    return f"{mask} multi-head attention" + (f" with {' and '.join(grown)}" if grown else "")
+
+
+def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
+               ) -> tuple[np.ndarray, str, dict[str, object], str]:
+    """The reference's output, its name, how it was grown (steps' keyword arguments) and
+    what it computes in words ("" for plain multi-head attention).
+
+    Plain attention is the torch-side reference module (Facts.reference); shared K/V heads
+    (read from the K and V weights' shapes) and a mechanism the learner said they meant to
+    build (--expect rotary / alibi, --window N) are grown into the NumPy reference
+    (numpy_reference.steps); for rotary, the channel-pair layout (and, for a partial or odd
+    d_h, the number of channels) that fits."""
+    f = j.facts
+    if not _grows(j, weights):
+        assert f.reference is not None
+        return f.reference(x, weights, j.h, f.causal), f.reference_name, {}, ""
+    common: dict[str, object] = {"window": f.window, "alibi": f.alibi}
+    tries: list[dict[str, object]] = [common]
+    if f.rotary:
+        tries = [{**common, "rotary": layout, "rotary_dims": r, "base": f.rotary_base}
+                 for r in _rotary_dims(j) for layout in ("half", "interleaved")] or [common]
     best = None
     for kwargs in tries:
-        out = steps(x, weights, j.h, j.facts.causal, **kwargs)[-1].values  # type: ignore[arg-type]
+        out = steps(x, weights, j.h, f.causal, **kwargs)[-1].values  # type: ignore[arg-type]
         out = out if np.ndim(x) == 3 else out[0]
         d = close(got.reshape(out.shape), out)[1] if got.size == out.size else np.inf
         if best is None or d < best[0]:
             best = (d, out, kwargs)
     assert best is not None
     _, out, kwargs = best
-    if kwargs.get("rotary"):
-        pairs = "rotate_half" if kwargs["rotary"] == "half" else "interleaved pairs"
-        grown.insert(0, f"rotary positions (full, base 10000, {pairs})")
-    causal = "causal" if j.facts.causal else "unmasked"
-    return out, f"the NumPy reference ({causal}, with {' and '.join(grown)})", kwargs
+    words = _name(j, weights, kwargs)
+    return out, f"the NumPy reference ({words})", kwargs, words
 
 
 def _mechanism(j: Judge, x: np.ndarray, weights: RoleWeights) -> str | None:
-    """A known mechanism that explains the whole output: rotary positions."""
+    """A known mechanism that explains the whole output: rotary positions, ALiBi."""
     got = f64(j.g.snap(j.g.rec.output).values) if j.g.rec.output is not None else None
-    if got is None or j.facts.rotary or j.d_h % 2:  # rotary turns channel pairs
+    if got is None:
         return None
-    for layout, pairs in (("half", "rotate_half"), ("interleaved", "interleaved pairs")):
-        out = steps(x, weights, j.h, j.facts.causal, window=j.facts.window, rotary=layout)[-1].values
+    f = j.facts
+    tries: list[tuple[dict[str, object], str]] = []
+    if not f.rotary:
+        for r in _rotary_dims(j):
+            extent = "full" if r == j.d_h else f"partial, {r} of {j.d_h} channels"
+            for layout, pairs in (("half", "rotate_half"), ("interleaved", "interleaved pairs")):
+                tries.append(({"rotary": layout, "rotary_dims": r},
+                              f"rotary positions on Q and K ({extent}, base 10000, {pairs}): "
+                              f"the output is attention with rotary positions, right for a "
+                              f"rotary exercise (check --expect rotary); plain multi-head "
+                              f"attention has no positions"))
+    for kwargs, words in tries:
+        out = steps(x, weights, j.h, f.causal, window=f.window, alibi=f.alibi,
+                    **kwargs)[-1].values  # type: ignore[arg-type]
         out = out if np.ndim(x) == 3 else out[0]
         if got.size == out.size and close(got.reshape(out.shape), out)[0]:
-            return (f"rotary positions on Q and K (full, base 10000, {pairs}): the output is "
-                    f"causal attention with rotary positions, right for a rotary exercise "
-                    f"(check --expect rotary); plain multi-head attention has no positions")
+            return words
     return None
 
 
-def _missing_rotary(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray) -> str | None:
-    """--expect rotary, and the output is attention without positions."""
-    if not j.facts.rotary or j.d_h % 2:
+def _missing(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray) -> str | None:
+    """--expect rotary or alibi, and the output is attention without that mechanism."""
+    f = j.facts
+    if not (f.rotary or f.alibi):
         return None
-    out = steps(x, weights, j.h, j.facts.causal, window=j.facts.window)[-1].values
+    out = steps(x, weights, j.h, f.causal, window=f.window)[-1].values  # without it
     out = out if np.ndim(x) == 3 else out[0]
-    if got.size == out.size and close(got.reshape(out.shape), out)[0]:
+    if not (got.size == out.size and close(got.reshape(out.shape), out)[0]):
+        return None
+    if f.rotary:
         return ("no rotary positions: the output is attention without positions, but "
-                "--expect rotary wants Q and K rotated by position (full, base 10000) before "
-                "the scores")
-    return None
+                f"--expect rotary wants Q and K rotated by position (base {f.rotary_base:g}) "
+                "before the scores")
+    return ("no ALiBi bias: the output is attention without positions, but --expect alibi "
+            "wants each head's scores to get m_h (j - i) (its fixed slope times the distance "
+            "back to the key) before softmax")
 
 
 def _index_list(index: object) -> bool:
@@ -211,17 +265,16 @@ def _find_departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
         return None
     x = np.asarray(x)
     got = f64(j.g.snap(j.g.rec.output).values) if j.g.rec.output is not None else np.zeros(0)
-    _, _, grown = _reference(j, x, weights, got) if (j.facts.rotary or j.facts.window) \
-        else (None, None, {})
+    _, _, grown, _ = _reference(j, x, weights, got) if _grows(j, weights) else (None, None, {}, "")
     found = departure(j.g.rec, j.g.x_names,
                       steps(x, weights, j.h, j.facts.causal, **grown))  # type: ignore[arg-type]
     if found is None:
         return None
-    words = _mechanism(j, x, weights) or _missing_rotary(j, x, weights, got) or \
+    words = _mechanism(j, x, weights) or _missing(j, x, weights, got) or \
         describe(found, j.T)
     file, line = j.where(found.op.source)
     stage = j.stage_of.get(found.op.index)
-    mechanism = words.startswith(("ALiBi", "a LayerNorm", "rotary", "no rotary"))
+    mechanism = words.startswith(("ALiBi", "a LayerNorm", "rotary", "no rotary", "no ALiBi"))
     kind = "mechanism" if mechanism else "extra_op"
     lead = f"differs: {words} at line {line}" if mechanism else f"{words} (line {line})"
     # Unplaced: no rule put it in a stage, or indexing that reorders (t[:, [1, 0]]) taken in
@@ -285,27 +338,24 @@ def role_weights(j: Judge) -> RoleWeights | None:
     for role, entries in j.head_operands().items():
         done: set[int] = set()
         for _, ref, _ in entries:
-            part, _, product, _ = j.chain_to_projection(ref, through=True)
+            part, _, product, passed = j.chain_to_projection(ref, through=True)
             if part is None or product is None:
                 return None
+            chain = _path_values(j, ref, len(passed))
             if product.index in done:
                 continue
             done.add(product.index)
             _, w, b = linear_parts(j.g, product)  # type: ignore[misc]
             out = f64(product.out.values)
-            width = part.shape[-1]
-            if out.shape[-1] == j.C and w.shape == (j.C, j.C):
-                width = j.C  # one head's slice of a whole (C, C) projection: all of it
-            if out.shape[-1] != width:
-                key = np.sort(f64(part).reshape(-1))
-                start = next((o for o in range(0, out.shape[-1] - width + 1, width)
-                              if np.array_equal(np.sort(out[..., o:o + width].reshape(-1)), key)),
-                             None)
-                if start is None:
+            if out.shape[-1] > j.C:  # a fused projection: this role's columns of it
+                rows = _fused_rows(j, out, chain, f64(part))
+                if rows is None:
                     return None
-                w = w[start:start + width]
-                b = None if b is None else b[start:start + width]
+                w = w[rows]
+                b = None if b is None else b[rows]
                 how.append("a fused layer cut by role")
+            elif out.shape[-1] != w.shape[0]:
+                return None
             head = j.head_index(product)
             parts[role].append((head or 0, w, b))
     result: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
@@ -316,11 +366,17 @@ def role_weights(j: Judge) -> RoleWeights | None:
         weight = np.concatenate([w for _, w, _ in items], axis=0)
         biases = [b for _, _, b in items]
         bias = None if any(b is None for b in biases) else np.concatenate(biases)  # type: ignore[arg-type]
-        if weight.shape != (j.C, j.C):
+        if weight.shape != (j.C, j.C) and not (role in "KV" and _shared_width(j, weight)):
             return None
         if len(items) > 1:
             how.append(f"{role}: {len(items)} heads' layers stacked")
         result[role] = (weight, bias)
+    if result["K"][0].shape != result["V"][0].shape:
+        return None
+    if result["K"][0].shape[0] != j.C:
+        shared = result["K"][0].shape[0] // j.d_h
+        how.append(f"K and V: {shared} shared head{'s' if shared > 1 else ''}, "
+                   f"({result['K'][0].shape[0]}, {j.C}) layers")
     o = None
     for op in j.g.ops:
         if j.kind(op) == "w_o":
@@ -330,11 +386,68 @@ def role_weights(j: Judge) -> RoleWeights | None:
     return RoleWeights(result["Q"], result["K"], result["V"], o, tuple(dict.fromkeys(how)))
 
 
+def _path_values(j: Judge, ref: Ref, n: int) -> list[np.ndarray]:
+    """What the n ops on the walk back from ref (chain_to_projection's) made on this path,
+    nearest the projection first."""
+    values: list[np.ndarray] = []
+    for _ in range(n):
+        op = j.g.producer(ref)
+        if op is None or not j.g.x_inputs(op):
+            break
+        values.append(np.asarray(op.outputs[ref.output].values))
+        ref = j.g.x_inputs(op)[0]
+    return values[::-1]
+
+
+def _shared_width(j: Judge, weight: np.ndarray) -> bool:
+    """A K or V weight of h_kv * d_h rows, h_kv dividing h: shared K/V heads."""
+    rows, cols = weight.shape
+    return cols == j.C and rows % j.d_h == 0 and 0 < rows // j.d_h < j.h \
+        and j.h % (rows // j.d_h) == 0
+
+
+def _tokens_leading(j: Judge, tensor: np.ndarray) -> list[np.ndarray]:
+    """The tensor as it is, then with its token axis moved just after the batch axis (a
+    head-form (B, h, T, d_h) as (B, T, h, d_h)): tokens lead its channels either way."""
+    laid = [tensor]
+    batch = 1 if tensor.ndim >= 3 and tensor.shape[0] == j.B else 0
+    for axis in range(batch + 1, tensor.ndim - 1):
+        if tensor.shape[axis] == j.T:
+            laid.append(np.moveaxis(tensor, axis, batch))
+    return laid
+
+
+def _fused_rows(j: Judge, out: np.ndarray, chain: list[np.ndarray], part: np.ndarray
+                ) -> np.ndarray | None:
+    """Which output channels of a fused projection one role took: the first tensor on the
+    way from the projection to the operand (nearest first) whose every channel is one of
+    the projection's output columns, found by value (any layout: [Q | K | V], or head by
+    head as BLOOM's and GPT-NeoX's (h, 3, d_h)). None when no tensor is."""
+    columns = out.reshape(-1, out.shape[-1])  # (B T, width)
+    lead = columns.shape[0]
+    for tensor in (laid for t in [*chain, part] for laid in _tokens_leading(j, t)):
+        if tensor.dtype.kind != "f" or tensor.size % lead or tensor.size == out.size:
+            continue
+        candidate = tensor.reshape(lead, -1)  # (B T, channels), if tokens lead
+        found: list[int] = []
+        for channel in candidate.T:
+            hits = np.flatnonzero((columns == channel[:, None]).all(axis=0))
+            free = [int(c) for c in hits if c not in found]
+            if not free:
+                break
+            found.append(free[0])
+        else:
+            if len(found) == j.C or _shared_width(j, np.zeros((len(found), j.C))):
+                return np.asarray(found)
+    return None
+
+
 def _end_to_end(j: Judge) -> tuple[StageVerdict, Diagnosis | None]:
     """The output against the reference with the module's weights copied in by role: always
     a row; ok None (never a pass) when the reference cannot be computed, with the reason.
     NaN where the reference has numbers is a difference, counted apart (never `inf`)."""
-    reference = j.facts.reference if not (j.facts.rotary or j.facts.window) else steps
+    reference = j.facts.reference if not (j.facts.rotary or j.facts.window or j.facts.alibi) \
+        else steps
     out_ref = j.g.rec.output
     last = j.g.ops[out_ref.op] if out_ref is not None and out_ref.op is not None else None
     file, line = j.where(last.source if last is not None else None)
@@ -354,7 +467,7 @@ def _end_to_end(j: Judge) -> tuple[StageVerdict, Diagnosis | None]:
     if x is None:
         return not_compared("the forward has no input x to give the reference")
     got = f64(j.g.snap(out_ref).values)
-    expected, name, _ = _reference(j, np.asarray(x), weights, got)
+    expected, name, _, j.grown = _reference(j, np.asarray(x), weights, got)
     if got.size != expected.size:
         return not_compared(f"the output has {got.size} numbers, the reference's {expected.size}")
     got = got.reshape(expected.shape)

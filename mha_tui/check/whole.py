@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..recognise.graph import value_inputs
 from ..records import OpRecord, Recording, Ref, Source
 
 SOFTMAXES = {"softmax", "_softmax", "softmax_", "log_softmax"}
@@ -41,7 +42,7 @@ def x_dependent(rec: Recording, x_names: set[str]) -> list[bool]:
     """For each op: does it consume x, directly or through earlier ops?"""
     from_x = [False] * len(rec.ops)
     for op in rec.ops:
-        for ref in op.inputs:
+        for ref in value_inputs(op):
             if (ref.kind == "input" and ref.name in x_names) or (
                     ref.kind == "op" and ref.op is not None and from_x[ref.op]):
                 from_x[op.index] = True

@@ -91,7 +91,7 @@ def import_file(where: str) -> ModuleType:
         return _IMPORTED[str(path)]
     # One name per file: two files of one stem (unsound/alibi.py, mechanisms/alibi.py) must
     # not share a sys.modules entry, or inspect finds the other file's source for a class.
-    digest = hashlib.sha1(str(path).encode("utf-8")).hexdigest()[:8]
+    digest = hashlib.sha1(str(path).encode("utf-8", "surrogateescape")).hexdigest()[:8]
     name = "_mha_tui_learner_." + re.sub(r"\W", "_", path.stem) + "_" + digest
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

@@ -130,14 +130,18 @@ def numpy_runner(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
 @dataclass(frozen=True)
 class Expect:
     """What the learner meant to build, when it is not plain multi-head attention:
-    `--expect rotary` (rotary positions, full, base 10000), `--window N` (a causal sliding
-    window of N tokens). The reference grows the mechanism."""
+    `--expect rotary` (rotary positions, full, base `rotary_base`), `--expect alibi`
+    (ALiBi's fixed slopes), `--window N` (a causal sliding window of N tokens). The
+    reference grows the mechanism."""
 
     rotary: bool = False
     window: int | None = None
+    alibi: bool = False
+    rotary_base: float = 10000.0
 
     def facts(self) -> dict[str, Any]:
-        return {"rotary": self.rotary, "window": self.window}
+        return {"rotary": self.rotary, "window": self.window, "alibi": self.alibi,
+                "rotary_base": self.rotary_base}
 
 
 def checked(config: Config, source: Source, expect: Expect | None = None

@@ -56,16 +56,7 @@ def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Emb
             forward_equal)))
     if not b.sizes.batched:
         stages = [_unbatched(stage, b) for stage in stages]
-    return tuple(_real_parts(stage) for stage in stages)
-
-
-def _real_parts(stage: Stage) -> Stage:
-    """Every complex tensor of a stage as its real and imaginary parts (two real tensors):
-    what the transcripts, JSON and the app draw, each labelled as torch would spell it."""
-    if not any(t.values.dtype.kind == "c" for t in (*stage.tensors, *stage.aside)):
-        return stage
-    return replace(stage, tensors=tuple(p for t in stage.tensors for p in t.complex_parts()),
-                   aside=tuple(p for t in stage.aside for p in t.complex_parts()))
+    return tuple(stages)
 
 
 def _own_forward(rec: Recording) -> str:

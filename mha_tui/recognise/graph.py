@@ -10,6 +10,16 @@ from __future__ import annotations
 from ..records import OpRecord, Recording, Ref, Snapshot, TensorArg
 from .vocab import very_negative
 
+# Ops whose tensors after the first lend only a dtype, device or shape, never values:
+# `cache.to(xq)`, `mask.type_as(x)`, `bias.expand_as(scores)`. A tensor made so from a
+# constant does not depend on x (Meta's Llama moves its K/V cache with `.to(xq)`).
+FIRST_INPUT_ONLY = frozenset({"to", "type_as", "expand_as", "view_as", "reshape_as"})
+
+
+def value_inputs(op: OpRecord) -> tuple[Ref, ...]:
+    """The inputs whose values the op's output is made from."""
+    return op.inputs[:1] if op.name in FIRST_INPUT_ONLY else op.inputs
+
 
 class Graph:
     """The recording with the facts the rules read: producers, consumers, ancestry."""
@@ -29,7 +39,7 @@ class Graph:
             self.x_names = {rec.inputs[0][0]}
         self.from_x = [False] * len(rec.ops)
         for op in rec.ops:
-            self.from_x[op.index] = any(self.is_x(ref) for ref in op.inputs)
+            self.from_x[op.index] = any(self.is_x(ref) for ref in value_inputs(op))
         self.kind: dict[int, str] = {}
         self.head: dict[int, int] = {}
         self.softmax_parts: set[int] | None = None
@@ -47,15 +57,16 @@ class Graph:
         return self.rec.snapshot(ref)
 
     def x_inputs(self, op: OpRecord) -> list[Ref]:
-        return [ref for ref in op.inputs if self.is_x(ref)]
+        return [ref for ref in value_inputs(op) if self.is_x(ref)]
 
     def other_inputs(self, op: OpRecord) -> list[Ref]:
         return [ref for ref in op.inputs if not self.is_x(ref)]
 
     def tensor_operands(self, op: OpRecord) -> list[Ref]:
-        """Tensor arguments in call order (einsum's operands come as a tuple)."""
+        """Tensor arguments in call order (einsum's operands come as a tuple), then those
+        given by keyword (`baddbmm(bias, batch1=q, batch2=k)`), in the order given."""
         refs = []
-        for arg in op.args:
+        for arg in (*op.args, *(value for _, value in op.kwargs)):
             if isinstance(arg, TensorArg):
                 refs.append(op.inputs[arg.index])
             elif isinstance(arg, tuple):

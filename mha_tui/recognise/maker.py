@@ -107,7 +107,14 @@ class StageMaker:
     def spelled(self, ref: Ref, op: OpRecord) -> str:
         """The mask as the module's line spells it (`self.causal_mask[:T, :T]`), else composed."""
         composed = self.expr(ref)
-        if composed.count("(") > 1:  # a chain of conversions: name where it started
+        if composed.count("(") > 1:  # a chain of ops made it: the name its line gives it
+            producer = self.g.producer(ref)
+            target = self.tensor_name(producer, ref.output, fallback="-") if producer else "-"
+            if target.isidentifier():
+                return target
+            receiver = _receiver(op, ref)  # `alibi.baddbmm(...)`: the line's own name for it
+            if receiver:
+                return receiver
             root = re.sub(r"^.*\(([^()]*)\).*$", r"\1", composed)
             return f"{root} (converted: {composed.split('(')[0]} ...)"
         base = composed.split("[", 1)[0].split(".", 1)[0]
@@ -228,6 +235,20 @@ _PROPERTIES = {"real", "imag", "T", "mT", "H", "mH"}
 # torch's C namespaces and the public modules that spell them
 _PUBLIC_NAMESPACES = {"torch._C._fft": "torch.fft", "torch._C._linalg": "torch.linalg",
                       "torch._C._special": "torch.special"}
+def _receiver(op: OpRecord, ref: Ref) -> str:
+    """The name a Tensor method's line gives the tensor it is called on (`alibi` in
+    `alibi.baddbmm(...)`), when ref is that tensor; else ""."""
+    owner, _, method = (op.qualname or op.name).rpartition(".")
+    first = next((a for a in op.args if isinstance(a, TensorArg)), None)
+    if not owner.startswith("Tensor") or first is None:
+        return ""
+    called_on = op.inputs[first.index]
+    if (called_on.kind, called_on.op, called_on.output) != (ref.kind, ref.op, ref.output):
+        return ""
+    found = re.search(rf"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)\.{re.escape(method)}\(", op.source.text)
+    return found.group(1).removeprefix("self.") if found else ""
+
+
 def public_name(op: OpRecord) -> str:
     """The op's name as torch's public API spells it (`fftn` for torch._C._fft.fft_fftn)."""
     owner, _, method = (op.qualname or op.name).rpartition(".")

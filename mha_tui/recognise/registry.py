@@ -108,11 +108,15 @@ BUILDERS: dict[str, ModuleType] = {
 # stages at once. The order fixes the order of the verdict's `differences` and of rows at
 # the same position, so it is part of the output.
 JUDGES: tuple[tuple[ModuleType, str, str], ...] = (
+    (norm, "norm", "LayerNorm"),
     (project, "project", "project"),
+    (rotary, "rotary", "rotary positions"),
+    (kv_repeat, "kv_repeat", "shared K/V heads"),
     (view, "split", "split"),
     (scores, "scores", "scores"),
     (scale, "scale", "scale"),
     (mask, "mask", "mask"),
+    (position_bias, "pos_bias", "position bias"),
     (softmax, "softmax", "softmax"),
     (dropout, "dropout", "dropout"),
     (attend, "attend", "attend"),

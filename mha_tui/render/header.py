@@ -13,10 +13,16 @@ from ..records import ModuleInfo
 from .options import RenderOptions
 from .text import label
 
+# An --hf encoder (BERT, T5's encoder) in the header: its attention has no causal mask.
+ENCODER = "encoder: every token sees every token"
+
 
 def _sizes(config: Config, batched: bool = True) -> Text:
     if config.model is not None:  # C, h and d_h are on the model's line
-        return Text(f"{'B=1 ' if batched else ''}T={config.seq_len}", style="cyan", end="")
+        sizes = Text(f"{'B=1 ' if batched else ''}T={config.seq_len}", style="cyan", end="")
+        if config.model.encoder:  # said where a toy module's header says causal or no mask
+            sizes.append(f" {ENCODER}", style="bold cyan")
+        return sizes
     return Text(f"{'B=1 ' if batched else ''}T={config.seq_len} C={config.embed_dim} h={config.num_heads} "
                 f"d_h={config.head_dim} seed={config.seed} "
                 f"{'causal' if config.causal else 'no mask'}", style="cyan", end="")

@@ -78,6 +78,9 @@ class Axis:
 
 
 _GAP = 2  # blanks between two columns
+MARK = "*"  # in the gap before a marked cell (explain --against: it differs); one cell wide
+_MARK_STYLE = Style(color="red", bold=True)
+_MARKED_STYLE = Style(bold=True, underline=True)
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,9 @@ class Matrix:
         # The app's drill-down: ((row, column) of the cursor or None, the matrix's number
         # in the click action); None outside it. Set with drill_at().
         self.drill: tuple[tuple[int, int] | None, int] | None = None
+        # Cells (row, column) marked with MARK before them (`explain --against`: the cells
+        # that differ from the other module's); set by the caller before drawing.
+        self.marked: frozenset[tuple[int, int]] = frozenset()
 
     def drill_at(self, cursor: tuple[int, int] | None, number: int) -> None:
         """Put the drill-down's cursor on (row, column) (None: on another matrix); an
@@ -327,7 +333,8 @@ class Matrix:
                     continue
                 cell = labels[r]
                 out.append(" " * (label_width - cell.cells) + cell.text + "".join(
-                    sep + col[r].rjust(w) for w, col in zip(widths, texts, strict=True)))
+                    self._gap(i, j, w, col[r]) + col[r] for j, w, col in
+                    zip(block, widths, texts, strict=True)))
                 r += 1
             return out
         styles = [[DIM_STYLE] * len(labels) if j is None else self._styles(j) for j in block]
@@ -349,10 +356,19 @@ class Matrix:
                 style = sty[r]
                 if j is not None and self.drill is not None:
                     style = self._drilled(style, i, j)
+                if j is not None and (i, j) in self.marked:
+                    line += [Segment(self._gap(i, j, w, col[r])[:-1]), Segment(MARK, _MARK_STYLE),
+                             Segment(col[r], (style or Style()) + _MARKED_STYLE)]
+                    continue
                 line += [Segment(" " * (_GAP + w - len(col[r]))), Segment(col[r], style)]
             out.append(line)
             r += 1
         return out
+
+    def _gap(self, i: int, j: int | None, width: int, text: str) -> str:
+        """The blanks before a cell's text; MARK just before it when the cell is marked."""
+        blanks = " " * (_GAP + width - len(text))
+        return blanks[:-1] + MARK if j is not None and (i, j) in self.marked else blanks
 
     def _drilled(self, style: Style | None, i: int, j: int) -> Style | None:
         """In the app's drill-down: the cursor's cell reversed; every cell a click target."""

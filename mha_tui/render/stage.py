@@ -104,7 +104,13 @@ def labelled(stage: Stage) -> Stage:
     of the add in `v = (v * 0.5) + (v * 0.5)` are both `v`) keeps its first occurrence as it
     is and numbers the others in the order shown: `v`, `v (2)`. The app, the text and the
     JSON transcript (whose keys are these names) all call this, so they agree.
+
+    A complex tensor (Meta's `freqs_cis`, FNet's Fourier transform) is shown as its real and
+    imaginary parts, two real tensors named as torch spells them (`t.real`, `t.imag`).
     """
+    if any(r.values.dtype.kind == "c" for r in (*stage.tensors, *stage.aside)):
+        stage = replace(stage, tensors=tuple(p for r in stage.tensors for p in r.complex_parts()),
+                        aside=tuple(p for r in stage.aside for p in r.complex_parts()))
     names = [r.name for r in (*stage.tensors, *stage.aside)]
     if len(set(names)) == len(names):
         return stage

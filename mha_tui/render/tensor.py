@@ -20,7 +20,7 @@ from .options import RenderOptions
 from .values import DIM_STYLE, head_style
 
 if TYPE_CHECKING:
-    pass  # NumPy arrives with torch; the app's first frame must not wait for it
+    import numpy as np  # NumPy arrives with torch; the app's first frame must not wait for it
 
 
 # ---------------------------------------------------------------- one tensor
@@ -105,6 +105,26 @@ def _place_cursor(matrices: list[Matrix], record: TensorRecord, index: tuple[int
     for matrix in matrices:
         number = matrix.head if matrix.head is not None else 0
         matrix.drill_at((row, col) if number == head else None, number)
+
+
+def mark_cells(matrices: list[Matrix], record: TensorRecord, cells: np.ndarray) -> int:
+    """Mark the cells where `cells` (a boolean array of the record's shape) is True in the
+    matrices drawn for it (Matrix.marked); returns how many could be placed (none for a
+    layout matrix_cell does not know)."""
+    import numpy as np
+
+    by_head: dict[int, set[tuple[int, int]]] = {}
+    placed = 0
+    for index in zip(*np.nonzero(cells), strict=True):
+        place = matrix_cell(record, tuple(int(i) for i in index))
+        if place is None:
+            return 0
+        head, row, col = place
+        by_head.setdefault(head, set()).add((row, col))
+        placed += 1
+    for matrix in matrices:
+        matrix.marked = frozenset(by_head.get(matrix.head if matrix.head is not None else 0, ()))
+    return placed
 
 
 def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,

@@ -13,6 +13,7 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
 import numpy as np
@@ -24,6 +25,9 @@ from ..grouping import Unit
 from ..maker import StageMaker, synthetic
 from ..quizzing import Question
 from ..sizes import Sizes
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
 
 KIND = "kv_repeat"
 _REPEATS = {"getitem", "unsqueeze", "expand", "expand_as", "reshape", "view", "flatten",
@@ -39,6 +43,10 @@ class Repeat:
     axis: int  # the head axis (negative, the same in both)
     h_kv: int
     ops: frozenset[int]
+    # "interleave": query head j reads K/V head j // n (repeat_kv, repeat_interleave);
+    # "tile": head j reads K/V head j % h_kv (torch's .repeat: the heads cycled), a mistake
+    # the stage shows and the check names.
+    order: str = "interleave"
 
 
 _FOUND: WeakKeyDictionary[Graph, dict[int, Repeat]] = WeakKeyDictionary()
@@ -61,10 +69,15 @@ def _repeat_ending_at(g: Graph, op: OpRecord, sizes: Sizes) -> Repeat | None:
                 rest = [n for a, n in enumerate(out.shape) if a != out.ndim + axis]
                 if rest != [n for a, n in enumerate(before.shape) if a != before.ndim + axis]:
                     continue
-                repeated = np.repeat(before.values, sizes.h // h_kv, axis=axis)
+                n = sizes.h // h_kv
+                repeated = np.repeat(before.values, n, axis=axis)
                 if np.array_equal(repeated, out.values):
                     return Repeat(before=ref, after=Ref("op", op=op.index), axis=axis, h_kv=h_kv,
                                   ops=frozenset(chain))
+                if h_kv > 1 and np.array_equal(
+                        np.concatenate([before.values] * n, axis=axis), out.values):
+                    return Repeat(before=ref, after=Ref("op", op=op.index), axis=axis, h_kv=h_kv,
+                                  ops=frozenset(chain), order="tile")
         producer = g.producer(ref)
         if producer is None or producer.name not in _REPEATS or not g.x_inputs(producer):
             return None
@@ -126,7 +139,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                                           f"the {role} projection made (its h axis holds "
                                           f"K/V heads)"))
         tensors.append(m.b.record(f"{role} ({s.h} heads)", after, dims_after,
-                                  caption=f"head j is K/V head j // {n}: each repeated {n} times",
+                                  caption=f"head j is K/V head j // {n}: each repeated {n} times"
+                                  if rep.order == "interleave" else
+                                  f"head j is K/V head j % {rep.h_kv}: the {rep.h_kv} heads "
+                                  f"cycled {n} times (torch's .repeat), not each repeated in "
+                                  f"place",
                                   share=(f"{role} ({rep.h_kv} heads)", before)))
         same = np.array_equal(np.repeat(before.values, s.h // rep.h_kv, axis=rep.axis),
                               after.values)
@@ -138,7 +155,10 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     tensors.insert(0, m.b.record("K/V head of query head", synthetic(groups.astype(np.int64)),
                                  ("h",), kind="int",
                                  caption=f"query head j uses K/V head j // {n} (computed by "
-                                         f"mha-tui from the shapes)"))
+                                         f"mha-tui from the shapes)" + "".join(
+                                             f"; but this module's {role} gives it K/V head "
+                                             f"j % {rep.h_kv} (.repeat cycles the heads)"
+                                             for _, role, rep in by_role if rep.order == "tile")))
     widths = _projection_widths(m)
     if widths:
         checks.append(Check(
@@ -182,6 +202,67 @@ def _projection_widths(m: StageMaker) -> dict[str, int]:
             if role in "QKV" and role not in widths:
                 widths[role] = op.out.shape[-1]
     return dict(sorted(widths.items(), key=lambda item: "QKV".index(item[0])))
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    """Each shared-K/V stage: the repeats found again from its ops (the recogniser's own
+    function), judged on the values: query head j must read K/V head j // (h / h_kv), for K
+    and for V alike (Llama's repeat_kv, repeat_interleave), never j % h_kv (.repeat)."""
+    stages = [s for s in j.trace.stages if s.kind == KIND]
+    if not stages:
+        return []
+    g = j.classified()
+    sizes = Sizes(j.B, j.T, j.C, j.h, j.d_h)
+    roles = j.roles_on_path()
+    rows = []
+    for stage in stages:
+        found: list[Repeat] = []
+        for op in sorted(stage.ops, key=lambda o: -o.index):
+            if any(op.index in rep.ops for rep in found):
+                continue
+            rep = _repeat_ending_at(g, op, sizes)
+            if rep is not None:
+                found.append(rep)
+        if not found:
+            rows.append(j.row(stage, KIND, None, None, "not judged: the repeat could not be "
+                                                        "found again from the ops"))
+            continue
+        rows.append(_judged(j, g, stage, [(roles.get(rep.after.op or -1, "?"), rep)
+                                          for rep in found]))
+    return rows
+
+
+def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Repeat]]) -> Row:
+    by_role.sort(key=lambda p: "KV?Q".index(p[0]) if p[0] in "KV?Q" else 4)
+    h_kv = by_role[0][1].h_kv
+    n = j.h // h_kv
+    names = " and ".join(role for role, _ in by_role if role in "KV") or "K/V"
+    checked = (f"{names}: query head j reads K/V head j // {n}, each of the {h_kv} K/V heads "
+               f"serving {n} neighbouring query heads (shared K/V heads, h_kv {h_kv})")
+    for role, rep in by_role:
+        source = g.ops[rep.after.op].source  # type: ignore[index]
+        if rep.order == "tile":
+            cycled = ", ".join(str(head % h_kv) for head in range(j.h))
+            wanted = ", ".join(str(head // n) for head in range(j.h))
+            return j.row(stage, KIND, False, None, checked, source=source, diagnosis=(
+                "kv_repeat_order",
+                f"{role if role in 'KV' else 'K/V'} heads shared the wrong way: query heads "
+                f"0..{j.h - 1} read K/V heads {cycled} (torch's .repeat cycles the heads), but "
+                f"grouped-query attention gives each K/V head {n} neighbouring query heads: "
+                f"{wanted} (repeat_interleave on the head axis, or expand + reshape as "
+                f"repeat_kv does)"))
+        if role == "Q":
+            return j.row(stage, KIND, False, None, checked, source=source, diagnosis=(
+                "kv_repeat_q", "Q's heads are repeated: only K and V are shared between "
+                               "query heads; Q must keep its h heads"))
+    if len({rep.h_kv for _, rep in by_role}) > 1:
+        return j.row(stage, KIND, False, None, checked, diagnosis=(
+            "kv_repeat_mismatch", "K and V are shared between different numbers of heads"))
+    return j.row(stage, KIND, True, 0.0, checked,
+                 source=g.ops[by_role[0][1].after.op].source)  # type: ignore[index]
 
 
 def why(cell: Cell) -> Why:

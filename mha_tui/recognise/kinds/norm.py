@@ -9,6 +9,8 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ...records import Check, OpRecord, Stage
@@ -17,6 +19,9 @@ from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
 from ..sizes import Sizes
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
 
 KIND = "norm"
 _NORMS = {"layer_norm", "rms_norm"}
@@ -32,13 +37,13 @@ def normalises(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
 RULES = (normalises,)
 
 
-def recomputed(m: StageMaker, op: OpRecord) -> tuple[bool, float]:
-    """Whether a layer_norm / rms_norm op's output is its input normalised over the last
-    axis, times its weight, plus its bias (recomputed in float64), and the eps it used."""
-    before = m.snap(m.x_in(op))
-    params = [r for r in m.g.other_inputs(op) if r.kind in ("param", "buffer")]
-    weight = next((m.snap(r).values for r in params if m.snap(r).ndim == 1), None)
-    bias = next((m.snap(r).values for r in params[1:] if m.snap(r).ndim == 1), None)
+def normalised(g: Graph, op: OpRecord) -> tuple[np.ndarray, np.ndarray, float]:
+    """What a layer_norm / rms_norm op should make from its recorded input and the module's
+    own weight and bias (NumPy, float64): (its input, the expected output, eps)."""
+    before = g.snap(g.x_inputs(op)[0])
+    params = [r for r in g.other_inputs(op) if r.kind in ("param", "buffer")]
+    weight = next((g.snap(r).values for r in params if g.snap(r).ndim == 1), None)
+    bias = next((g.snap(r).values for r in params[1:] if g.snap(r).ndim == 1), None)
     x = before.values.astype(np.float64)
     eps_kwarg = op.kwarg("eps")  # nn.LayerNorm passes eps by keyword
     eps = float(eps_kwarg) if isinstance(eps_kwarg, float) else \
@@ -46,6 +51,13 @@ def recomputed(m: StageMaker, op: OpRecord) -> tuple[bool, float]:
     centred = x if op.name == "rms_norm" else x - x.mean(axis=-1, keepdims=True)
     normed = centred / np.sqrt((centred ** 2).mean(axis=-1, keepdims=True) + eps)
     expected = normed * (weight if weight is not None else 1.0) + (bias if bias is not None else 0.0)
+    return x, expected, eps
+
+
+def recomputed(m: StageMaker, op: OpRecord) -> tuple[bool, float]:
+    """Whether a layer_norm / rms_norm op's output is its input normalised over the last
+    axis, times its weight, plus its bias (recomputed in float64), and the eps it used."""
+    _, expected, eps = normalised(m.g, op)
     return bool(np.allclose(expected, op.out.values, rtol=1e-4, atol=1e-5)), eps
 
 
@@ -86,3 +98,32 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=before.shape,
                    shape_out=after.shape, dims_in=dims, dims_out=tensors[-1].dims, title=title,
                    explanation=explanation)
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    """Each LayerNorm / RMSNorm stage, recomputed from its own recorded input with the
+    module's weight and bias. Judged as itself; a norm is not part of plain attention, so
+    the end-to-end row and the diagnosis say that it differs ("a LayerNorm on x")."""
+    rows = []
+    for stage in (s for s in j.trace.stages if s.kind == KIND):
+        op = next((o for o in stage.ops if o.name in _NORMS and j.g.x_inputs(o)), None)
+        if op is None:
+            rows.append(j.row(stage, KIND, None, None, "not judged: no norm op recorded"))
+            continue
+        _, expected, eps = normalised(j.g, op)
+        got = op.out.values.astype(np.float64)
+        diff = float(np.abs(got - expected).max()) if got.size else 0.0
+        ok = bool(np.allclose(expected, got, rtol=1e-4, atol=1e-5))
+        what = "RMSNorm: each token's numbers divided by their root mean square" \
+            if op.name == "rms_norm" else \
+            "LayerNorm: each token's numbers minus their mean, over their standard deviation"
+        rows.append(j.row(stage, KIND, ok, diff,
+                          f"{what}, times the module's weight (eps {eps:g}; not part of plain "
+                          f"attention)", source=op.source,
+                          diagnosis=None if ok else ("norm_wrong", f"the {what.split(':')[0]} "
+                                                     f"does not compute what it should "
+                                                     f"(off by up to {diff:.3g})")))
+    return rows

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from ..maker import StageMaker, synthetic
 from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import very_negative
+
+if TYPE_CHECKING:
+    from ...check.judging import Judge, Row
 
 KIND = "pos_bias"  # short: the app's rail is narrow
 
@@ -169,6 +173,61 @@ def _written_name(op: OpRecord) -> str | None:
 def _four(m: StageMaker, snap: Snapshot, shape: tuple[int, ...]) -> np.ndarray:
     values = snap.values
     return values.reshape(shape) if values.size == int(np.prod(shape)) else values
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    """Each position-bias stage, from its own tensors (the bias as the scores see it, and
+    the scores after it): the bias is what was added; with `--expect alibi` it must be
+    ALiBi's m_h (j - i) with the fixed slopes (numpy_reference.alibi_slopes), compared on
+    the entries softmax sees, each row from its diagonal (a constant per row changes
+    nothing after softmax)."""
+    from ...check.numpy_reference import alibi_slopes
+
+    rows = []
+    for stage in (s for s in j.trace.stages if s.kind == KIND):
+        if len(stage.tensors) < 2 or stage.tensors[0].values.ndim < 2:
+            rows.append(j.row(stage, KIND, None, None, "not judged: no bias tensor recorded"))
+            continue
+        T = stage.tensors[0].values.shape[-1]
+        bias = np.asarray(stage.tensors[0].values, dtype=np.float64).reshape(-1, T, T)[-j.h:]
+        shape = bias_shape(bias) if bias.shape[0] == j.h else BiasShape("other")
+        measured = ", ".join(f"{m:.4g}" for m in shape.slopes[:4]) + \
+            (", ..." if len(shape.slopes) > 4 else "")
+        said = {"alibi": f"ALiBi, slopes {measured}", "relative": "a relative-position bias"
+                }.get(shape.kind, "a position bias")
+        added = all(c.ok is not False for c in stage.checks[:1])
+        if not j.facts.alibi:
+            rows.append(j.row(stage, KIND, added, None,
+                              f"scores + {said}: the bias is what was added (not part of "
+                              f"plain attention; check --expect alibi for an ALiBi exercise)"))
+            continue
+        slopes = alibi_slopes(j.h)
+        expected = ", ".join(f"{m:.4g}" for m in slopes[:4]) + (", ..." if j.h > 4 else "")
+        distance = np.arange(T)[None, :] - np.arange(T)[:, None]  # (T, T): j - i
+        seen = np.tril(np.ones((T, T), bool)) if j.facts.causal else np.ones((T, T), bool)
+        relative = bias - np.diagonal(bias, axis1=1, axis2=2)[:, :, None]  # each row from i = j
+        want = slopes[:, None, None] * distance  # (h, T, T)
+        diff = float(np.abs(relative - want)[:, seen].max()) if bias.shape[0] == j.h else np.inf
+        ok = added and diff <= 1e-5 + 1e-4 * float(np.abs(want).max(initial=1.0))
+        checked = (f"scores + ALiBi's m_h (j − i), slopes {expected} (2^(−8i/h)): {said} "
+                   f"measured")
+        diagnosis = None
+        if not ok:
+            if shape.kind == "alibi" and all(m < 0 for m in shape.slopes):
+                message = (f"ALiBi slopes {measured} where {expected} were expected: the bias "
+                           f"must fall with the distance back to the key, not grow")
+            elif shape.kind == "alibi":
+                message = (f"ALiBi slopes {measured} where {expected} were expected "
+                           f"(head i of h gets 2^(−8i/h), i = 1..h)")
+            else:
+                message = (f"the bias added to the scores is not ALiBi's m_h (j − i) with "
+                           f"slopes {expected}: it is {said} (off by up to {diff:.3g})")
+            diagnosis = ("alibi_slopes", message)
+        rows.append(j.row(stage, KIND, ok, diff, checked, diagnosis=diagnosis))
+    return rows
 
 
 def why(cell: Cell) -> Why:

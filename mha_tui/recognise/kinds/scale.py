@@ -173,8 +173,10 @@ def scale_chain(j: Judge, soft: OpRecord) -> tuple[float, list[OpRecord], OpReco
         inputs = j.g.x_inputs(op)
         if op.name in ("matmul", "bmm", "baddbmm", "einsum") and len(inputs) >= 2:
             operands = j.g.tensor_operands(op)
-            if op.name == "baddbmm":
+            if op.name == "baddbmm":  # bias + alpha * (batch1 @ batch2): alpha scales
                 operands = operands[1:]
+                alpha = op.kwarg("alpha", 1.0)
+                factor *= float(alpha) if isinstance(alpha, int | float) else 1.0
             for operand in operands[:2]:
                 _, f, _, passed = j.chain_to_projection(operand)
                 factor *= f

@@ -69,7 +69,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> list[Stage]:
             bias = np.where(given, bias, -np.inf).astype(np.float32)
         else:
             bias = (given + bias).astype(np.float32)
-        masked_by.append(f"attn_mask={m.expr(attn_mask_ref)}")
+        spelled = m.spelled(attn_mask_ref, op)
+        masked_by.append("attn_mask" if spelled == "attn_mask" else f"attn_mask={spelled}")
     masked = (scaled + bias).astype(np.float32)
     weights = softmax(masked)
     context = (weights @ v).astype(np.float32)

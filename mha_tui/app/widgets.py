@@ -22,7 +22,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Footer, Input, OptionList, Static
 
-from .render.options import ASCII_GLYPHS
+from ..render.options import ASCII_GLYPHS
 
 
 class StageRail(OptionList):

@@ -1,0 +1,347 @@
+"""The step-through app: which stage is shown and how wide. Drawing is `render`'s job.
+
+The trace is computed once, off the event loop (`loading.py`: torch takes seconds to import),
+and handed to the app whole; until it arrives the header and stage rail are already on
+screen and key presses move the stage cursor. Nothing is computed in compose() or in key
+handlers: they only choose what to show and how wide. The keys (`keys.py`), the worker
+(`loading.py`), the drill-down (`drill.py`) and the layers of a pretrained model
+(`layers.py`) are mixed in; the widgets are `widgets.py` and `stage_view.py`.
+Never import typer or the CLI here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+from textual import events
+from textual.app import App, ComposeResult
+from textual.binding import BindingType
+from textual.containers import Container, Horizontal, VerticalScroll
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.strip import Strip
+from textual.timer import Timer
+from textual.widgets import Static
+from textual.widgets.option_list import Option
+
+from ..config import Config
+from ..records import Trace
+from ..render.header import header, module_line
+from ..render.options import RenderOptions
+from ..render.stage import pending_box, pending_screen, stage_box, stage_screen
+from ..render.tensor import tensor_index
+from ..stages import STAGE_IDS, stage_info
+from .drill import DrillDown
+from .keys import Keys
+from .layers import Layers, LayerSwitch
+from .layout import (
+    BOX_SHARE,
+    MAX_COLS,
+    MIN_HEIGHT,
+    MIN_WIDTH,
+    NARROW_FOOTER_LEAVES_OUT,
+    RAIL_MIN_WIDTH,
+    SIDE_PANEL_MIN_WIDTH,
+)
+from .loading import Loading, load_trace
+from .stage_view import LineCache, StageView, render_strips
+from .widgets import KeyFooter, StageRail, TooSmall, ascii_strips, use_ascii_scrollbars
+
+if TYPE_CHECKING:
+    from ..check import Verdict
+
+
+class MainScreen(Screen[None], inherit_bindings=False):
+    """The app's screen. Without Screen's own tab/shift+tab (focus cycling: nothing here
+    takes focus), those keys reach the app, which cycles heads with them."""
+
+
+class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
+    """Step through a traced MultiHeadAttention forward pass."""
+
+    CSS_PATH = Path(__file__).with_name("app.tcss")
+    """Absolute: Textual resolves a relative path beside the subclass's own file, and a
+    subclass may live elsewhere (`compare_app.CompareApp`)."""
+    TITLE = "mha-tui"
+    ENABLE_COMMAND_PALETTE = False
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
+        (0, "-too-narrow"), (MIN_WIDTH, "-narrow"), (RAIL_MIN_WIDTH, "-wide"),
+        (SIDE_PANEL_MIN_WIDTH, "-widest")]
+    """Screen classes from the current width; app.tcss hides the rail or the whole app, and
+    puts the drill-down's panel beside the stage (-widest) or below it."""
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
+        (0, "-too-short"), (MIN_HEIGHT, "-tall-enough")]
+    BINDINGS: ClassVar[list[BindingType]] = Keys.BINDINGS
+    """See keys.py: every key with its id; the help lists them all."""
+
+    stage_index: reactive[int] = reactive(0, init=False)
+    """Which stage is on screen: the one value navigation changes.
+
+    Not `bindings=True`: that recomposes the footer (a full layout, ~13 ms) on every step;
+    the app refreshes bindings only when a key's enabled state really changes."""
+
+    cursor: reactive[tuple[int, int, int] | None] = reactive(None, bindings=True, init=False)
+    """The drill-down's cell on the stage's result: (head, row, column) as drawn, or None."""
+
+    view: reactive[RenderOptions] = reactive(RenderOptions, bindings=True, init=False)
+    """How tensors are drawn: focused head, numbers, decimals, explanation, wrong view."""
+
+    def __init__(self, config: Config, *, trace: Trace | None = None, start: str | None = None,
+                 ascii_only: bool = False,
+                 loader: Callable[[Config], Trace] = load_trace, batched: bool = True,
+                 checker: Callable[[Trace], Verdict] | None = None,
+                 layers: Layers | None = None, running: str = "the forward pass",
+                 refusals: tuple[type[Exception], ...] = ()) -> None:
+        super().__init__()
+        self.config = config
+        # False for a NumPy module (x is (T, C)): the header leaves out B from the first frame.
+        self._batched = batched
+        self._layers = layers
+        self._layer = config.model.layer if config.model is not None else 0
+        self.trace = trace
+        self._loader = loader
+        # `--check`: judges the trace (in the loading worker); its verdict marks the rail.
+        self._checker = checker
+        self.verdict: Verdict | None = None
+        self._start_id = start
+        ids = self.stage_ids
+        self._start = ids.index(start) if start in ids else 0
+        self._ascii = ascii_only
+        self.load_error: str | None = None
+        self._whose = running  # whose forward the loader runs ("M.forward from loop.py")
+        self._load_started = time.monotonic()
+        self._elapsed: Timer | None = None
+        # Errors of the loader that mean bad input (an unknown class, a bad --init): the app
+        # quits with exit code 2 and `refusal` holds the one line the CLI prints.
+        self._refusals = refusals
+        self.refusal: str | None = None
+        self._rerunning: Config | None = None  # the input a second forward is running on
+        # Timing hooks for the benchmark: set MHA_TUI_MARKS=FILE to get "paint" and
+        # "values" wall-clock marks; repaint_seconds collects key-to-repaint durations.
+        self._marks_path = os.environ.get("MHA_TUI_MARKS")
+        self.repaint_seconds: list[float] = []
+        self._cache = LineCache()
+        self._cache_disabled = False  # the benchmark turns warming off to time cold paints
+        self._key_state: tuple[bool, ...] = ()
+        # `e` pressed: view.explain is the user's choice for every stage, and outlasts
+        # resizes. Until then each stage's box is folded or not by its height (BOX_SHARE).
+        self._explain_chosen = False
+        self._height = 0
+        self._box_heights: dict[tuple[object, ...], int] = {}
+
+    @property
+    def stage_ids(self) -> list[str]:
+        """The stages on the rail: the module's own once traced, the catalogue before.
+
+        The one place the app learns which stages exist; everything else asks this."""
+        if self.trace is not None:
+            return [stage.id for stage in self.trace.stages]
+        return list(STAGE_IDS)
+
+    def _has_aside(self, index: int) -> bool:
+        """Whether this stage has the wrong-view contrast (heads split by a reshape)."""
+        if self.trace is None:
+            return STAGE_IDS[min(index, len(STAGE_IDS) - 1)] == "transpose"
+        return bool(self.trace.stages[index].aside)
+
+    def get_default_screen(self) -> Screen[None]:
+        return MainScreen(id="_default")
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="header")
+        with Horizontal(id="body"):
+            yield StageRail(id="rail")
+            with Container(id="stage-area"):
+                yield StageView(id="main")
+                with VerticalScroll(id="why", can_focus=False):
+                    yield Static(id="why-body")
+        yield Static(id="progress")
+        yield TooSmall(MIN_WIDTH, MIN_HEIGHT, id="too-small")
+        yield KeyFooter(lesser=NARROW_FOOTER_LEAVES_OUT, compact=True, show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.theme = "textual-dark"
+        self.set_class(self._ascii, "-ascii")
+        no_color = "NO_COLOR" in os.environ
+        self.set_reactive(ExplainApp.view, RenderOptions(
+            ascii=self._ascii, color=not no_color))
+        self._height = self.size.height
+        self.set_reactive(ExplainApp.stage_index, self._start)
+        self.query_one("#header", Static).update(self._header())
+        self.query_one(StageRail).add_options(self._rail_options())
+        stage_view = self.query_one(StageView)
+        if self._ascii:
+            use_ascii_scrollbars(stage_view)
+            use_ascii_scrollbars(self.query_one(StageRail))
+        self.watch(stage_view, "scroll_y", self._sync_keys, init=False)
+        if self.trace is None:
+            # Now, not after the first frame: measured, starting torch at mount costs the
+            # first paint nothing visible and brings the numbers ~0.5 s sooner.
+            self._load_started = time.monotonic()
+            self.run_worker(self._load(), exclusive=True, name="trace")
+            self._elapsed = self.set_interval(1, self._tick, name="elapsed")
+
+    def _header(self) -> RenderableType:
+        """Sentence, tokens and sizes (laid out at the header's width, so the sizes always
+        show); once traced, also the module's class and file."""
+        opts = RenderOptions(ascii=self._ascii)
+        batched = self.trace.batched if self.trace is not None else self._batched
+        if self.trace is not None and self.trace.module is not None and self.config.model is None:
+            # The header holds three lines: two for the sentence, tokens and sizes. (A
+            # pretrained model's header names its attention module on the model's line.)
+            return Group(header(self.config, opts, batched=batched, max_lines=2),
+                         module_line(self.trace.module, opts))
+        return header(self.config, opts, batched=batched)
+
+    def _rail_options(self) -> list[Option]:
+        marks = self._check_rows()
+        return [Option(Text.assemble((f"{i + 1:>2} ", "dim"), *self._rail_mark(marks, stage_id),
+                                     stage_id), id=stage_id)
+                for i, stage_id in enumerate(self.stage_ids)]
+
+    def _check_rows(self) -> dict[str, list] | None:
+        """`--check`: each stage's verdict rows (None without --check or before the trace)."""
+        if self.verdict is None or self.trace is None:
+            return None
+        from ..check.report import rows_by_stage
+
+        return rows_by_stage(self.verdict, [(s.id, s.source.line if s.source else 0)
+                                            for s in self.trace.stages])
+
+    def _rail_mark(self, marks: dict[str, list] | None, stage_id: str) -> tuple[Text, ...]:
+        if marks is None:
+            return ()
+        from ..check.report import stage_mark
+
+        return (stage_mark(marks.get(stage_id, []), ascii_only=self._ascii), Text(" "))
+
+    def _mark(self, name: str) -> None:
+        if self._marks_path:
+            with open(self._marks_path, "a", encoding="utf-8") as marks:
+                marks.write(f"{name} {time.time():.6f}\n")
+
+    def watch_stage_index(self) -> None:
+        started = time.perf_counter()
+        if self.cursor is not None:  # the same cell on the new stage, where it still exists
+            self.set_reactive(ExplainApp.cursor, self._clamped(self.cursor))
+            self.set_class(self.cursor is not None, "-drilling")
+        self._show(home=True)
+        self.call_after_refresh(lambda: self.repaint_seconds.append(time.perf_counter() - started))
+
+    def watch_view(self) -> None:
+        self._show()
+        self._warm()
+
+    def on_resize(self, event: events.Resize) -> None:
+        # The event's size, not self.size: this handler runs before App's own, which
+        # stores the new size.
+        height_changed = event.size.height != self._height
+        self._height = event.size.height
+        if height_changed and not self._explain_chosen and self.query_one(StageView).lines:
+            self._show()  # each box folds or unfolds for the new height
+            self._warm()
+
+    def _explains(self, box: Callable[[RenderOptions], RenderableType], key: tuple[object, ...],
+                  width: int) -> bool:
+        """Whether a stage's box shows the explanation: the user's choice once `e` was
+        pressed, else whether the unfolded box takes at most 1/BOX_SHARE of the height."""
+        if self._explain_chosen:
+            return self.view.explain
+        with self._cache.lock:
+            lines = self._box_heights.get((*key, width))
+            if lines is None:
+                unfolded = replace(self._window_options(width), explain=True)
+                lines = len(self._strips(box(unfolded), width))
+                self._box_heights[(*key, width)] = lines
+        return lines * BOX_SHARE <= self._height
+
+    def on_stage_view_width_changed(self) -> None:
+        first = not self.query_one(StageView).lines
+        self._show()
+        self._warm()
+        if first:
+            self.call_after_refresh(self._mark, "paint")
+
+    def _window_options(self, width: int) -> RenderOptions:
+        """Elide tensors to what the pane can show: cost follows the screen.
+
+        Each matrix fits as many whole columns as the width holds (render.matrix.Matrix measures
+        its formatted cells); max_cols only bounds how many it formats to find out.
+        """
+        return replace(self.view, max_cols=MAX_COLS, max_rows=16, max_heads=4, width=width)
+
+    def _strips(self, renderable: object, width: int) -> list[Strip]:
+        strips = render_strips(self.console, renderable, width)  # type: ignore[arg-type]
+        return ascii_strips(strips) if self._ascii else strips
+
+    def _lines(self, index: int, width: int, trace: Trace | None = None,
+               layer: int | None = None) -> list[Strip]:
+        """The stage's rendered lines at this width, from the cache or rendered now."""
+        trace = trace or self.trace
+        assert trace is not None
+        layer = self._layer if layer is None else layer
+        stage = trace.stages[index]
+        explain = self._explains(partial(stage_box, stage), (layer, index), width)
+        opts = replace(self._window_options(width), explain=explain)
+        if self.cursor is not None and index == self.stage_index and stage.tensors:
+            record = stage.tensors[-1]
+            # The numbers first: the box folds while the panel explains a cell.
+            opts = replace(opts, explain=False,
+                           cursor=(record.name, tensor_index(record, *self.cursor)))
+        key = (layer, index, opts)
+        with self._cache.lock:
+            lines = self._cache.get(key)
+            if lines is None:
+                screen = stage_screen(trace, stage, opts)
+                marks = self._check_rows()
+                if marks is not None:  # --check: the judgement above the stage
+                    from ..check.report import stage_judgement
+
+                    said = stage_judgement(self.verdict, marks.get(stage.id, []),  # type: ignore[arg-type]
+                                           ascii_only=self._ascii)
+                    screen = Group(said, Text(""), screen) if said is not None else screen
+                lines = self._strips(screen, width)
+                self._cache.put(key, lines)
+        return lines
+
+    def _show(self, home: bool = False) -> None:
+        self.query_one(StageRail).highlighted = self.stage_index
+        view = self.query_one(StageView)
+        width = view.text_width
+        if self.trace is not None:
+            view.show(self._lines(self.stage_index, width), home=home)
+            if self.cursor is not None:
+                self._cursor_in_view(view)
+            self._show_why()
+        else:
+            message = (Text(f"Could not run the module: {self.load_error}", style="bold red")
+                       if self.load_error else self._waiting())
+            info = stage_info(STAGE_IDS[min(self.stage_index, len(STAGE_IDS) - 1)],
+                              causal=self.config.causal)
+            explain = self._explains(partial(pending_box, info), ("pending", info.id), width)
+            pending = pending_screen(info, self.stage_index + 1, len(STAGE_IDS), message,
+                                     replace(self.view, explain=explain))
+            view.show(self._strips(pending, width), home=home)
+        self._sync_keys()
+
+    def _warm(self) -> None:
+        """Render the other stages in the background so that every step is a cache hit."""
+        if self.trace is not None and not self._cache_disabled:
+            self.run_worker(self._warm_all, thread=True, exclusive=True, group="warm",
+                            name="warm cache")
+
+    def _warm_all(self) -> None:
+        trace, layer = self.trace, self._layer  # a layer switch must not mix two layers' lines
+        assert trace is not None
+        width = self.query_one(StageView).text_width
+        order = sorted(range(len(trace.stages)), key=lambda i: abs(i - self.stage_index))
+        for index in order:
+            self._lines(index, width, trace, layer)
