@@ -173,7 +173,8 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
                 yield StageView(id="main")
                 with VerticalScroll(id="why", can_focus=False):
                     yield Static(id="why-body")
-        yield QuizBar(id="quiz")
+        if self._quizzing:  # its answer line takes the focus: only in quiz mode
+            yield QuizBar(id="quiz")
         yield Static(id="progress")
         yield TooSmall(MIN_WIDTH, MIN_HEIGHT, id="too-small")
         yield KeyFooter(lesser=NARROW_FOOTER_LEAVES_OUT, compact=True, show_command_palette=False)
