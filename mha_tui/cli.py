@@ -302,7 +302,7 @@ def _explain_compared(config: Config, source: Source, against: Source, *,
             fail(str(error))
 
     def app() -> None:
-        from .compare_app import run_compare_app
+        from .app.compare import run_compare_app
 
         refusal = run_compare_app(config, compare=lambda c: compared(c, source, against),
                                   ascii_only=ascii_only, running=_whose_forward(source),

@@ -60,7 +60,7 @@ async def shoot(directory: Path) -> list[Path]:
         which = model[0] if model else "mygpt"
         app: ExplainApp
         if isinstance(which, Against):  # opens at the row where the two part
-            from .compare_app import CompareApp
+            from .app.compare import CompareApp
 
             comparison = compared(Config("I love AI !"), Source(module=which.module),
                                   Source(model=which.reference))

@@ -71,7 +71,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
 
     CSS_PATH = Path(__file__).with_name("app.tcss")
     """Absolute: Textual resolves a relative path beside the subclass's own file, and a
-    subclass may live elsewhere (`compare_app.CompareApp`)."""
+    subclass may live elsewhere (`app/compare.py`: CompareApp)."""
     TITLE = "mha-tui"
     ENABLE_COMMAND_PALETTE = False
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
