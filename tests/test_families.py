@@ -219,7 +219,6 @@ def _layer(name: str) -> int:
     return 1 if name == "gpt-neo" else 0  # GPT-Neo's layer 1 is its local one
 
 
-NOT_LOADED: set[str] = set()
 UNPLACED: set[str] = set()
 
 
@@ -228,17 +227,13 @@ def _xfail(condition: bool, reason: str) -> list[pytest.MarkDecorator]:
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(name, marks=_xfail(name in NOT_LOADED or name in UNPLACED,
-                                    "not loaded yet" if name in NOT_LOADED else "unplaced ops"))
-    for name in FAMILIES])
+    pytest.param(name, marks=_xfail(name in UNPLACED, "unplaced ops")) for name in FAMILIES])
 def test_no_unplaced_op_remains_in_a_family(name: str) -> None:
     trace = hf_trace(name, _layer(name))
     assert [stage.title for stage in trace.stages if stage.kind == "op"] == []
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=_xfail(name in NOT_LOADED, "not loaded yet"))
-    for name in FAMILIES])
+@pytest.mark.parametrize("name", list(FAMILIES))
 def test_the_shown_softmax_and_output_are_the_models_own(name: str) -> None:
     """The softmax stage's weights equal the model's output_attentions (eager), head by head,
     and the last stage's tensor equals the attention module's own output."""
@@ -284,7 +279,6 @@ NAMED_NOW = {"rotary_half", "rotary_interleaved", "rotary_complex", "partial_rot
              "multi_query", "sliding_window", "local_window", "bidirectional", "alibi", "q_scaled",
              "layer_norm", "need_weights_false", "fused_qkv", "positions", "offset_positions",
              "scaled_embeddings", "unscaled", "relative_bias"}
-NOT_NAMED_YET = {(name, "bidirectional") for name in NOT_LOADED}
 
 
 def _named(trace: Trace, mechanism: str) -> bool:
@@ -300,9 +294,7 @@ def _named(trace: Trace, mechanism: str) -> bool:
 
 
 @pytest.mark.parametrize("name,mechanism", [
-    pytest.param(name, mechanism, marks=_xfail(
-        mechanism not in NAMED_NOW or name in NOT_LOADED or (name, mechanism) in NOT_NAMED_YET,
-        "not named yet"))
+    pytest.param(name, mechanism, marks=_xfail(mechanism not in NAMED_NOW, "not named yet"))
     for name, family in FAMILIES.items() for mechanism in family.mechanisms
     if mechanism not in SKIPPED])
 def test_the_mechanism_is_named_in_a_family(name: str, mechanism: str) -> None:

@@ -84,13 +84,16 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
     BINDINGS: ClassVar[list[BindingType]] = Keys.BINDINGS
     """See keys.py: every key with its id; the help lists them all."""
 
-    stage_index: reactive[int] = reactive(0, init=False)
+    stage_index: reactive[int] = reactive(0, init=False, repaint=False)
     """Which stage is on screen: the one value navigation changes.
 
     Not `bindings=True`: that recomposes the footer (a full layout, ~13 ms) on every step;
-    the app refreshes bindings only when a key's enabled state really changes."""
+    the app refreshes bindings only when a key's enabled state really changes. Not
+    `repaint`: an app's reactive repaints the whole screen, a second full render per step;
+    the watcher refreshes what shows the stage (view, rail, heading)."""
 
-    cursor: reactive[tuple[int, int, int] | None] = reactive(None, bindings=True, init=False)
+    cursor: reactive[tuple[int, int, int] | None] = reactive(None, bindings=True, init=False,
+                                                           repaint=False)
     """The drill-down's cell on the stage's result: (head, row, column) as drawn, or None."""
 
     view: reactive[RenderOptions] = reactive(RenderOptions, bindings=True, init=False)
@@ -197,10 +200,12 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         if self.trace is not None:
             self._new_quiz(self.trace)
         if self.trace is None:
-            # Now, not after the first frame: measured, starting torch at mount costs the
-            # first paint nothing visible and brings the numbers ~0.5 s sooner.
+            # After the first frame, not at mount: importing torch in the loading thread
+            # holds the GIL the first frame needs (measured 2026-11-23 at load 4-5: first
+            # paint 0.88 s at mount, 0.50 s after it; first values 3.19 s and 3.14 s).
             self._load_started = time.monotonic()
-            self.run_worker(self._load(), exclusive=True, name="trace")
+            self.call_after_refresh(
+                lambda: self.run_worker(self._load(), exclusive=True, name="trace"))
             self._elapsed = self.set_interval(1, self._tick, name="elapsed")
 
     def _header(self) -> RenderableType:
