@@ -43,9 +43,10 @@ ROOT = Path(__file__).resolve().parent.parent
 HF_ROWS = Path(__file__).with_name("hf_rows.py")
 # Every measured process starts from this small launcher (see its docstring).
 LAUNCH = [PYTHON, "-I", "-S", str(Path(__file__).with_name("launch.py"))]
-# Rounds of every command: about 10 minutes in all on the 2-core development machine when it
-# is quiet (`make bench`); --runs changes it.
-RUNS = 3
+# Rounds of every command: 5 keep `make bench` near 5 minutes on the 2-core development
+# machine when it is quiet (a round is ~35 s; the once-only rows ~2 min) and under 12 at a
+# load of 4; --runs changes it.
+RUNS = 5
 # The app at GPT-2 small's sizes with 128 tokens.
 BIG_SENTENCE = " ".join(f"w{i}" for i in range(128))
 BIG = ["--embed-dim", "768", "--heads", "12", "--max-seq-len", "128"]
@@ -276,7 +277,7 @@ def _git(*args: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=RUNS,
-                        help=f"rounds of every command (default {RUNS}: about 10 minutes on "
+                        help=f"rounds of every command (default {RUNS}: about 5 minutes on "
                              "the 2-core development machine when it is quiet)")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md",

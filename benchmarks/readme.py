@@ -51,7 +51,16 @@ How these are reached:
   text comes from orjson, with NumPy's own spelling put back by position for the values the
   two write differently (`floats.py`), so the bytes are NumPy's `astype(str)`.
 - `--hf` refuses a sentence longer than the model's positions after tokenizing, before any
-  weight is loaded, and records every layer only while they fit in memory (see `--hf`)."""
+  weight is loaded, and records every layer only while they fit in memory (see `--hf`).
+
+What limits the rows that are hard to meet (profiles, 2026-11-23):
+- First values in the app and every transcript start with `import torch` (the floor) and
+  then build, trace and draw; the tracing rows above are what mha-tui adds to the forward.
+- The `--hf` refusal tokenizes with transformers' tokenizer (the one `--hf` runs with), so
+  it pays for importing transformers and torch, though no weight loads.
+- Key -> repaint: with the lines cached, the app's own work per step is about 1 ms; the
+  rest is Textual's layout pass (the stage's height changes the scrollable area) and its
+  compositor, and on a terminal its frame pacing."""
 
 
 def section(header: str, table: list[str], missed: list[str]) -> str:

@@ -228,7 +228,8 @@ def explain(
             # return. Bad --module/--init/--weights end the app: one line here, exit 2.
             refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                               build=None if source.is_default else partial(_build, source),
-                              running=_whose_forward(source), refusals=(LoadError,))
+                              running=_whose_forward(source), refusals=(LoadError,),
+                              quiz=quiz)
             if refusal is not None:
                 fail(refusal)
 
@@ -254,7 +255,7 @@ def _check_quiz(*, dump: str | None, fmt: Format, why: bool, check: bool, only: 
     if check:
         fail("--quiz hides the numbers that --check judges; give one of them")
     if _interactive(dump):
-        fail("--quiz in the app is not wired yet: give --dump PATH for a worksheet")
+        return  # the app asks, stage by stage
     if fmt not in (Format.text, Format.json):
         fail(f"--quiz writes a worksheet as text or JSON; --format {fmt.value} does not apply")
     if only:
@@ -301,7 +302,7 @@ def _explain_compared(config: Config, source: Source, against: Source, *,
             fail(str(error))
 
     def app() -> None:
-        from .compare_app import run_compare_app
+        from .app.compare import run_compare_app
 
         refusal = run_compare_app(config, compare=lambda c: compared(c, source, against),
                                   ascii_only=ascii_only, running=_whose_forward(source),
@@ -529,7 +530,7 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
         _open_app(lambda: run_app(
             session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
             loader=lambda config: session.trace(config.model.layer if config.model else layer),
-            layers=session))
+            layers=session, quiz=quiz))
         return
     try:
         trace = session.trace(layer)

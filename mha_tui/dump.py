@@ -335,7 +335,7 @@ def to_json(trace: Trace, *, first: int = 0, ascii_only: bool = False) -> str:
 def comparison_text(comparison: Comparison, opts: RenderOptions, width: int = 100,
                     color: bool = False) -> str:
     """The comparison (`explain --against`) as text: the header, then every row."""
-    from .compare_view import comparison_header, row_view
+    from .render.compare import comparison_header, row_view
 
     buffer = io.StringIO()
     console = transcript_console(buffer, width, color)

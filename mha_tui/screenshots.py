@@ -17,6 +17,34 @@ from .records import Trace
 
 
 @dataclass(frozen=True)
+class TinyHf:
+    """A shot of `explain --hf NAME`: a tiny random checkpoint of one family, built offline
+    by tests/hf_families.py into a temporary folder and loaded from there as NAME."""
+
+    family: str
+    name: str
+
+
+TINY_BERT = TinyHf("bert", "tiny-bert")
+
+
+def _hf_app(shot: TinyHf) -> ExplainApp:
+    import contextlib
+    import tempfile
+
+    from tests.hf_families import SENTENCE, build
+
+    from .load.hf import load
+    from .pipeline.hf import Session
+
+    with tempfile.TemporaryDirectory() as folder, contextlib.chdir(folder):
+        build(shot.family, Path(folder) / shot.name)
+        session = Session(load(shot.name), SENTENCE)  # the header names it as given
+        trace = session.trace(0)
+    return ExplainApp(trace.config, trace=trace, layers=session)
+
+
+@dataclass(frozen=True)
 class Against:
     """A shot of `explain --module MODULE --against REFERENCE` (the comparison app)."""
 
@@ -31,7 +59,7 @@ MECHANISMS = "tests/fixtures/mechanisms/"
 MECHANISM_CONFIG = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
 # (file name, key presses from the first stage[, --model NAME or --module FILE:Class]); the
 # default model is mygpt
-SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str | Against]] = [
+SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str | Against | TinyHf]] = [
     ("01-embed.svg", []),
     ("02-project.svg", ["2"]),
     ("03-view.svg", ["3"]),
@@ -50,6 +78,7 @@ SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str | Against]] = [
     ("31-shared-kv-heads.svg", ["6"], MECHANISMS + "llama_rotary.py:LlamaAttention"),
     ("32-against-no-scale-mask.svg", ["right"],
      Against("tests/fixtures/mistakes/no_scale.py:MultiHeadAttention")),
+    ("33-encoder-softmax.svg", ["7", "e"], TINY_BERT),
 ]
 
 
@@ -59,8 +88,10 @@ async def shoot(directory: Path) -> list[Path]:
     for name, keys, *model in SHOTS:
         which = model[0] if model else "mygpt"
         app: ExplainApp
-        if isinstance(which, Against):  # opens at the row where the two part
-            from .compare_app import CompareApp
+        if isinstance(which, TinyHf):
+            app = _hf_app(which)
+        elif isinstance(which, Against):  # opens at the row where the two part
+            from .app.compare import CompareApp
 
             comparison = compared(Config("I love AI !"), Source(module=which.module),
                                   Source(model=which.reference))

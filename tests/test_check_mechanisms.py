@@ -245,3 +245,18 @@ def test_grading_passes_alibi_and_the_rotary_base_to_every_worker() -> None:
                                  "--format", "json"])
     data = json.loads(result.stdout)
     assert [d["diagnosis"]["kind"] for d in data] == ["rotary_base", "rotary_base"], data
+
+
+def test_sdpa_sharing_kv_heads_itself_is_judged(tmp_path: Path) -> None:
+    """F.scaled_dot_product_attention(..., enable_gqa=True) repeats the h_kv K/V heads itself:
+    its expansion does the same, so the module is equivalent, and a planted mistake in it is
+    caught at the call."""
+    spec = f"{MECHANISMS / 'gqa_sdpa.py'}:GQAAttention"
+    code, out = text(spec, *SIZES)
+    assert code == 0, out
+    assert "equivalent to causal multi-head attention with shared K/V heads (h_kv 2)" in out
+    path, (line,) = planted(tmp_path, MECHANISMS / "gqa_sdpa.py",
+                            ("is_causal=True, enable_gqa", "is_causal=False, enable_gqa"))
+    code, data = check(f"{path}:GQAAttention", *SIZES)
+    assert code == 1
+    assert (data["diagnosis"]["kind"], data["diagnosis"]["line"]) == ("mask_missing", line)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mha_tui.app.compare import CompareApp, row_ids
 from mha_tui.app.stage_view import StageView
 from mha_tui.app.widgets import StageRail
-from mha_tui.compare_app import CompareApp, row_ids
 from mha_tui.config import Config, Source
 from mha_tui.judge.roles import RoleCopyError
 from mha_tui.pipeline import compared

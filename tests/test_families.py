@@ -219,7 +219,6 @@ def _layer(name: str) -> int:
     return 1 if name == "gpt-neo" else 0  # GPT-Neo's layer 1 is its local one
 
 
-NOT_LOADED: set[str] = set()
 UNPLACED: set[str] = set()
 
 
@@ -228,17 +227,13 @@ def _xfail(condition: bool, reason: str) -> list[pytest.MarkDecorator]:
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(name, marks=_xfail(name in NOT_LOADED or name in UNPLACED,
-                                    "not loaded yet" if name in NOT_LOADED else "unplaced ops"))
-    for name in FAMILIES])
+    pytest.param(name, marks=_xfail(name in UNPLACED, "unplaced ops")) for name in FAMILIES])
 def test_no_unplaced_op_remains_in_a_family(name: str) -> None:
     trace = hf_trace(name, _layer(name))
     assert [stage.title for stage in trace.stages if stage.kind == "op"] == []
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=_xfail(name in NOT_LOADED, "not loaded yet"))
-    for name in FAMILIES])
+@pytest.mark.parametrize("name", list(FAMILIES))
 def test_the_shown_softmax_and_output_are_the_models_own(name: str) -> None:
     """The softmax stage's weights equal the model's output_attentions (eager), head by head,
     and the last stage's tensor equals the attention module's own output."""
@@ -284,7 +279,6 @@ NAMED_NOW = {"rotary_half", "rotary_interleaved", "rotary_complex", "partial_rot
              "multi_query", "sliding_window", "local_window", "bidirectional", "alibi", "q_scaled",
              "layer_norm", "need_weights_false", "fused_qkv", "positions", "offset_positions",
              "scaled_embeddings", "unscaled", "relative_bias"}
-NOT_NAMED_YET = {(name, "bidirectional") for name in NOT_LOADED}
 
 
 def _named(trace: Trace, mechanism: str) -> bool:
@@ -300,9 +294,7 @@ def _named(trace: Trace, mechanism: str) -> bool:
 
 
 @pytest.mark.parametrize("name,mechanism", [
-    pytest.param(name, mechanism, marks=_xfail(
-        mechanism not in NAMED_NOW or name in NOT_LOADED or (name, mechanism) in NOT_NAMED_YET,
-        "not named yet"))
+    pytest.param(name, mechanism, marks=_xfail(mechanism not in NAMED_NOW, "not named yet"))
     for name, family in FAMILIES.items() for mechanism in family.mechanisms
     if mechanism not in SKIPPED])
 def test_the_mechanism_is_named_in_a_family(name: str, mechanism: str) -> None:
@@ -482,3 +474,65 @@ def test_an_encoder_says_so_on_screen_and_in_transcripts() -> None:
         header = text.split("\n\n", 1)[0]
         said = "encoder: every token sees every token" in header
         assert said is FAMILIES[name].encoder, header
+
+
+def test_the_class_is_chosen_from_the_config() -> None:
+    """Encoder or causal LM, from config.json alone: BERT as a decoder (is_decoder) stays a
+    causal LM; an encoder-decoder without a text-encoding class (BART) keeps its decoder."""
+    import transformers
+
+    cases = [(transformers.BertConfig(), "AutoModelForTextEncoding", True),
+             (transformers.BertConfig(is_decoder=True), "AutoModelForCausalLM", False),
+             (transformers.DistilBertConfig(), "AutoModelForTextEncoding", True),
+             (transformers.T5Config(), "AutoModelForTextEncoding", True),
+             (transformers.BartConfig(), "AutoModelForCausalLM", False),
+             (transformers.GPT2Config(), "AutoModelForCausalLM", False),
+             (transformers.LlamaConfig(), "AutoModelForCausalLM", False)]
+    for config, auto, encoder in cases:
+        chosen, is_encoder = hf.auto_class(transformers, config)
+        assert (chosen.__name__, is_encoder) == (auto, encoder), type(config).__name__
+
+
+def test_embeddings_narrower_than_the_blocks_are_said_not_summed(tmp_path: Path) -> None:
+    """OPT-350m's layout (word_embed_proj_dim 16 < hidden 32: project_in widens the token
+    embeddings): the first stage says the input is not a plain sum, with no false ✗."""
+    import transformers
+
+    from .hf_models import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(0)
+    config = transformers.OPTConfig(vocab_size=len(tokenizer), hidden_size=32, ffn_dim=64,
+                                    num_hidden_layers=1, num_attention_heads=4,
+                                    word_embed_proj_dim=16, max_position_embeddings=64,
+                                    bos_token_id=0, eos_token_id=0, pad_token_id=1)
+    transformers.OPTForCausalLM(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    first = Session(hf.load(str(tmp_path)), SENTENCE).trace(0).stages[0]
+    assert [c.label for c in first.checks if c.ok is False] == []
+    assert any("is not a plain sum of the embeddings: model.decoder.embed_tokens gives (1, 7, 16)"
+               in c.label and c.ok is None for c in first.checks)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_the_module_line_names_the_transformers_file(name: str) -> None:
+    """The header's module line shows the attention class's file as transformers names it
+    (`transformers/models/<family>/modeling_<family>.py`), on the line itself at width 100,
+    never an absolute or site-packages path wrapped onto a line of its own."""
+    import inspect
+
+    import transformers
+    from rich.console import Console
+
+    from mha_tui.render.header import module_line
+    from mha_tui.render.options import RenderOptions
+
+    trace = hf_trace(name, _layer(name))
+    model = own_run(name)[0]
+    source = Path(inspect.getsourcefile(type(attention_of(model, FAMILIES[name]))) or "")
+    expected = source.relative_to(Path(transformers.__file__).parent.parent).as_posix()
+    assert expected.startswith("transformers/models/")
+    console = Console(width=100, record=True, color_system=None)
+    console.print(module_line(trace.module, RenderOptions()))
+    assert console.export_text().splitlines() == [
+        f"module {trace.module.class_name}  file {expected}"]

@@ -135,7 +135,7 @@ def test_against_a_reference_at_a_wrong_stage_at_100x32(snap_compare) -> None:
     """explain --module no_scale.py --against mygpt: the app opens at scale (only the
     reference's, ◀ on the rail), right goes to mask: yours beside the reference's, the
     differing cells marked, mha-tui's difference below."""
-    from mha_tui.compare_app import CompareApp
+    from mha_tui.app.compare import CompareApp
     from mha_tui.config import Config, Source
     from mha_tui.pipeline import compared
 

@@ -52,11 +52,13 @@ from .layout import (
     SIDE_PANEL_MIN_WIDTH,
 )
 from .loading import Loading, load_trace
+from .quiz import QuizBar, Quizzing
 from .stage_view import LineCache, StageView, render_strips
 from .widgets import KeyFooter, StageRail, TooSmall, ascii_strips, use_ascii_scrollbars
 
 if TYPE_CHECKING:
     from ..judge import Verdict
+    from ..quiz import Marked, Quiz
 
 
 class MainScreen(Screen[None], inherit_bindings=False):
@@ -64,12 +66,12 @@ class MainScreen(Screen[None], inherit_bindings=False):
     takes focus), those keys reach the app, which cycles heads with them."""
 
 
-class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
+class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
     """Step through a traced MultiHeadAttention forward pass."""
 
     CSS_PATH = Path(__file__).with_name("app.tcss")
     """Absolute: Textual resolves a relative path beside the subclass's own file, and a
-    subclass may live elsewhere (`compare_app.CompareApp`)."""
+    subclass may live elsewhere (`app/compare.py`: CompareApp)."""
     TITLE = "mha-tui"
     ENABLE_COMMAND_PALETTE = False
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
@@ -82,26 +84,37 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
     BINDINGS: ClassVar[list[BindingType]] = Keys.BINDINGS
     """See keys.py: every key with its id; the help lists them all."""
 
-    stage_index: reactive[int] = reactive(0, init=False)
+    stage_index: reactive[int] = reactive(0, init=False, repaint=False)
     """Which stage is on screen: the one value navigation changes.
 
     Not `bindings=True`: that recomposes the footer (a full layout, ~13 ms) on every step;
-    the app refreshes bindings only when a key's enabled state really changes."""
+    the app refreshes bindings only when a key's enabled state really changes. Not
+    `repaint`: an app's reactive repaints the whole screen, a second full render per step;
+    the watcher refreshes what shows the stage (view, rail, heading)."""
 
-    cursor: reactive[tuple[int, int, int] | None] = reactive(None, bindings=True, init=False)
+    cursor: reactive[tuple[int, int, int] | None] = reactive(None, bindings=True, init=False,
+                                                           repaint=False)
     """The drill-down's cell on the stage's result: (head, row, column) as drawn, or None."""
 
     view: reactive[RenderOptions] = reactive(RenderOptions, bindings=True, init=False)
     """How tensors are drawn: focused head, numbers, decimals, explanation, wrong view."""
+
+    quiz: reactive[Quiz | None] = reactive(None, bindings=True, init=False)
+    """Quiz mode (`--quiz`, quiz.py): the questions about this trace and the marks so far; a
+    stage's numbers are shown once each of its questions has a mark. None outside quiz mode."""
 
     def __init__(self, config: Config, *, trace: Trace | None = None, start: str | None = None,
                  ascii_only: bool = False,
                  loader: Callable[[Config], Trace] = load_trace, batched: bool = True,
                  checker: Callable[[Trace], Verdict] | None = None,
                  layers: Layers | None = None, running: str = "the forward pass",
-                 refusals: tuple[type[Exception], ...] = ()) -> None:
+                 refusals: tuple[type[Exception], ...] = (), quiz: bool = False) -> None:
         super().__init__()
         self.config = config
+        # `--quiz`: each trace this app shows gets its questions (the `quiz` reactive).
+        self._quizzing = quiz
+        self._last_mark: Marked | None = None
+        self._asked_on: str | None = None  # the stage whose question took the focus
         # False for a NumPy module (x is (T, C)): the header leaves out B from the first frame.
         self._batched = batched
         self._layers = layers
@@ -163,6 +176,8 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
                 yield StageView(id="main")
                 with VerticalScroll(id="why", can_focus=False):
                     yield Static(id="why-body")
+        if self._quizzing:  # its answer line takes the focus: only in quiz mode
+            yield QuizBar(id="quiz")
         yield Static(id="progress")
         yield TooSmall(MIN_WIDTH, MIN_HEIGHT, id="too-small")
         yield KeyFooter(lesser=NARROW_FOOTER_LEAVES_OUT, compact=True, show_command_palette=False)
@@ -182,11 +197,15 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
             use_ascii_scrollbars(stage_view)
             use_ascii_scrollbars(self.query_one(StageRail))
         self.watch(stage_view, "scroll_y", self._sync_keys, init=False)
+        if self.trace is not None:
+            self._new_quiz(self.trace)
         if self.trace is None:
-            # Now, not after the first frame: measured, starting torch at mount costs the
-            # first paint nothing visible and brings the numbers ~0.5 s sooner.
+            # After the first frame, not at mount: importing torch in the loading thread
+            # holds the GIL the first frame needs (measured 2026-11-23 at load 4-5: first
+            # paint 0.88 s at mount, 0.50 s after it; first values 3.19 s and 3.14 s).
             self._load_started = time.monotonic()
-            self.run_worker(self._load(), exclusive=True, name="trace")
+            self.call_after_refresh(
+                lambda: self.run_worker(self._load(), exclusive=True, name="trace"))
             self._elapsed = self.set_interval(1, self._tick, name="elapsed")
 
     def _header(self) -> RenderableType:
@@ -289,6 +308,8 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
         assert trace is not None
         layer = self._layer if layer is None else layer
         stage = trace.stages[index]
+        if self._hidden(stage.id):  # quiz mode: code and question only, never cached
+            return self._strips(self._hidden_screen(trace, index), width)
         explain = self._explains(partial(stage_box, stage), (layer, index), width)
         opts = replace(self._window_options(width), explain=explain)
         if self.cursor is not None and index == self.stage_index and stage.tensors:
@@ -321,6 +342,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
             if self.cursor is not None:
                 self._cursor_in_view(view)
             self._show_why()
+            self._show_quiz()
         else:
             message = (Text(f"Could not run the module: {self.load_error}", style="bold red")
                        if self.load_error else self._waiting())

@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.scrollbar import ScrollBarRender
 from textual.strip import Strip
 from textual.widget import Widget
@@ -46,6 +46,36 @@ class KeyFooter(Footer):
             if getattr(widget, "action", None) in self.lesser:
                 widget.add_class("-lesser")
             yield widget
+
+    def bindings_changed(self, screen: Screen) -> None:
+        """Grey keys in place when only which keys are enabled changed (a step between
+        stages, the usual case).
+
+        Footer recomposes on every change of the bindings: it mounts every key again, a
+        layout and a style pass over each key, the largest cost of a step. When the keys to
+        show are the ones shown, in the same order, each key's `-disabled` class is set
+        instead; any other change recomposes as before. (Tooltips and descriptions here are
+        fixed per key, so the key and its action identify what is shown.)
+        """
+        shown = list(self.query("FooterKey"))  # FooterKey is not exported by textual.widgets
+        enabled: dict[str, bool] = {}
+        keys: dict[str, str] = {}
+        for _node, binding, on, _tooltip in screen.active_bindings.values():
+            if binding.show and binding.action not in enabled:
+                enabled[binding.action] = on
+                keys[binding.action] = binding.key
+        same = [(getattr(k, "action", None), getattr(k, "key", None)) for k in shown] == \
+            list(keys.items())
+        if not (same and shown and screen.app.app_focus and self.is_attached
+                and screen is self.screen):
+            super().bindings_changed(screen)
+            return
+        for key in shown:
+            off = not enabled[key.action]  # type: ignore[attr-defined]
+            key.set_class(off, "-disabled")
+            # FooterKey rings the bell on a click from this attribute, which Footer sets when
+            # it builds the key; there is no public setter (Footer rebuilds its keys instead).
+            key._disabled = off  # type: ignore[attr-defined]
 
 
 class HelpScreen(ModalScreen[None]):

@@ -195,14 +195,16 @@ def _self_attention_path(block: nn.Module) -> str | None:
     return inner[0] if len(inner) == 1 else None
 
 
-def _auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
+def auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
     """Which transformers Auto class loads the model, and whether it is an encoder.
 
     An encoder-decoder (T5) and a masked-language-model family that is not configured as a
     decoder (BERT, RoBERTa, DistilBERT: `is_decoder` False) load as the bare encoder with
     AutoModelForTextEncoding (T5EncoderModel, BertModel ...), never with a causal-LM head
     (BERT and RoBERTa have one, BertLMHeadModel, which would run them as what they are not).
-    Everything else loads with AutoModelForCausalLM, as before.
+    An encoder-decoder whose encoder transformers cannot load alone but which has a causal-LM
+    class (BART) loads that, its decoder, as before. Everything else loads with
+    AutoModelForCausalLM.
     """
     kind = type(config)
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
@@ -211,6 +213,8 @@ def _auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
         return transformers.AutoModelForCausalLM, False
     if kind in transformers.MODEL_FOR_TEXT_ENCODING_MAPPING:
         return transformers.AutoModelForTextEncoding, True
+    if encoder_decoder and kind in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
+        return transformers.AutoModelForCausalLM, False  # BART: its decoder, as before
     if encoder_decoder:
         raise HfError(f"{config.model_type} is an encoder-decoder model whose encoder "
                       f"transformers cannot load alone (AutoModelForTextEncoding does not know "
@@ -245,7 +249,7 @@ def load(source: str, sentence: str | None = None) -> Loaded:
     if sentence is not None:
         _refuse_too_long(source, config, tokenizer, sentence)
     try:
-        auto, encoder = _auto_class(transformers, config)
+        auto, encoder = auto_class(transformers, config)
     except HfError as error:
         raise HfError(f"--hf {source}: {error}") from None
     what = "an encoder" if encoder else "a causal language model"

@@ -217,7 +217,15 @@ def input_stage(loaded: Loaded, run: ForwardRun, layer: int, *,
     target = norm.input if norm is not None else embedded
     target_name = f"{norm.path}'s input" if norm is not None else "block 0's input"
     what = " + ".join(_short(run.embeddings[i].path) for i in range(len(parts)))
-    if len(parts) > 1:
+    unfit = [(call.path, tuple(part.shape)) for call, part in zip(run.embeddings, parts,
+                                                                  strict=True)
+             if part.shape != target.shape]
+    if unfit:  # OPT-350m: 512-wide token embeddings, projected to the blocks' 1024
+        checks.append(Check(
+            f"{target_name} {tuple(target.shape)} is not a plain sum of the embeddings: "
+            + ", ".join(f"{path} gives {shape}" for path, shape in unfit)
+            + "; what turns them into the blocks' width is not shown here", None))
+    elif len(parts) > 1:
         order = sum_order(parts, target)
         if order is not None:
             spelled = " + ".join(_short(run.embeddings[i].path) for i in order)

@@ -4,6 +4,8 @@ module's line (class and file). Never import torch, textual or typer here.
 
 from __future__ import annotations
 
+from functools import cache
+
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.text import Text
@@ -135,15 +137,33 @@ class Header:
         return Measurement.get(console, options, self._text(options.max_width))
 
 
+@cache
+def _installed_roots() -> list[str]:
+    """The folders installed packages live in (site-packages), longest first."""
+    import os
+    import site
+    import sysconfig
+
+    roots = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
+    roots.update(getattr(site, "getsitepackages", list)())
+    roots.add(site.getusersitepackages())
+    return sorted((os.path.abspath(root) for root in roots if root), key=len, reverse=True)
+
+
 def display_path(path: str) -> str:
-    """A module's file as a reader finds it: inside mha-tui's package, under the current
-    folder, or absolute. Deterministic for the built-in modules wherever mha-tui is installed."""
+    """A module's file as a reader finds it: inside mha-tui's package, inside an installed
+    package (`transformers/models/bert/modeling_bert.py`, as the package names it, wherever it
+    is installed), under the current folder, or absolute. Deterministic for the built-in
+    modules wherever mha-tui is installed."""
     import os
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mha_tui/
     absolute = os.path.abspath(path) if path else ""
     if absolute.startswith(package + os.sep):
         return "mha_tui/" + os.path.relpath(absolute, package).replace(os.sep, "/")
+    for root in _installed_roots():
+        if absolute.startswith(root + os.sep):
+            return os.path.relpath(absolute, root).replace(os.sep, "/")
     cwd = os.getcwd()
     if absolute.startswith(cwd + os.sep):
         return os.path.relpath(absolute, cwd)

@@ -38,12 +38,23 @@ RULES = (fused_attention,)
 SDPA_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 
+def shared_heads(op: OpRecord, q: np.ndarray, k: np.ndarray, v: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v as the fused op uses them: with enable_gqa=True, K and V's h_kv heads each
+    repeated for h / h_kv query heads (PyTorch documents repeat_interleave on the head axis)."""
+    if op.kwarg("enable_gqa") is True and q.ndim >= 3 and k.ndim == q.ndim and \
+            k.shape[-3] != q.shape[-3] and k.shape[-3] and q.shape[-3] % k.shape[-3] == 0:
+        n = q.shape[-3] // k.shape[-3]
+        k, v = np.repeat(k, n, axis=-3), np.repeat(v, n, axis=-3)
+    return q, k, v
+
+
 def build(m: StageMaker, unit: Unit, stage_id: str) -> list[Stage]:
     """Five stages (scores, scale, mask, softmax, attend) computed here from the fused op's
     inputs, the way PyTorch documents its reference; the stage_id is theirs, not sdpa's."""
     op = m.op(unit.ops[0])
     s = m.s
-    q, k, v = (m.snap(r).values.astype(np.float32) for r in op.inputs[:3])
+    q, k, v = shared_heads(op, *(m.snap(r).values.astype(np.float32) for r in op.inputs[:3]))
     attn_mask_ref = None
     for position, arg in enumerate(op.args):
         if position == 3 and hasattr(arg, "index"):
@@ -170,7 +181,7 @@ def judge(j: Judge) -> list[Row]:
 
 
 def _judge_sdpa(j: Judge, op: OpRecord) -> tuple[bool, float, tuple[str, str] | None]:
-    q, k, v = (f64(j.g.snap(r).values) for r in j.g.tensor_operands(op)[:3])
+    q, k, v = shared_heads(op, *(f64(j.g.snap(r).values) for r in j.g.tensor_operands(op)[:3]))
     d = q.shape[-1]
     T = q.shape[-2]
     expected_mask = blocked_set(T, j.facts.causal, j.facts.window)

@@ -15,14 +15,14 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from .judge.compare import TOLERANCE, Comparison, Mismatch, StagePair, TensorPair
-from .records import Stage, TensorRecord
-from .render.header import display_path
-from .render.matrix import MARK
-from .render.options import RenderOptions
-from .render.stage import HeadingRule
-from .render.tensor import TensorView, mark_cells, tensor_matrices, tensor_meta
-from .render.text import label, printable
+from ..judge.compare import TOLERANCE, Comparison, Mismatch, StagePair, TensorPair
+from ..records import Stage, TensorRecord
+from .header import display_path
+from .matrix import MARK
+from .options import RenderOptions
+from .stage import HeadingRule
+from .tensor import TensorView, mark_cells, tensor_matrices, tensor_meta
+from .text import label, printable
 
 STATUS_WORDS = {
     "agree": "same numbers",

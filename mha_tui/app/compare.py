@@ -3,7 +3,7 @@ sides and mha-tui's differences in the stage view.
 
 The app itself is `app.ExplainApp`: this subclass only changes what a "stage" is (a row of
 the comparison: the learner's stage, the reference's, or both) and what is drawn for it
-(`compare_view`). The comparison is computed once, in the loading thread, and handed in;
+(`render/compare.py`). The comparison is computed once, in the loading thread, and handed in;
 keys only choose which row is shown. The drill-down and the re-runs (s, H, c) do not apply.
 Never import typer or the CLI here.
 """
@@ -17,13 +17,13 @@ from typing import Any
 from textual.strip import Strip
 from textual.widgets.option_list import Option
 
-from .app.explain import ExplainApp
-from .app.run import prepare_terminal, wants_ascii
-from .app.stage_view import StageView
-from .compare_view import compare_screen, rail_label
-from .config import Config
-from .judge.compare import Comparison
-from .records import Trace
+from ..config import Config
+from ..judge.compare import Comparison
+from ..records import Trace
+from ..render.compare import compare_screen, rail_label
+from .explain import ExplainApp
+from .run import prepare_terminal, wants_ascii
+from .stage_view import StageView
 
 __all__ = ["CompareApp", "prepare_terminal", "run_compare_app"]
 
