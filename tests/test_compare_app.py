@@ -7,8 +7,8 @@ from pathlib import Path
 from mha_tui.app.compare import CompareApp, row_ids
 from mha_tui.app.stage_view import StageView
 from mha_tui.app.widgets import StageRail
-from mha_tui.check.roles import RoleCopyError
 from mha_tui.config import Config, Source
+from mha_tui.judge.roles import RoleCopyError
 from mha_tui.pipeline import compared
 
 MISTAKES = Path(__file__).parent / "fixtures" / "mistakes"

@@ -57,7 +57,7 @@ from .stage_view import LineCache, StageView, render_strips
 from .widgets import KeyFooter, StageRail, TooSmall, ascii_strips, use_ascii_scrollbars
 
 if TYPE_CHECKING:
-    from ..check import Verdict
+    from ..judge import Verdict
     from ..quiz import Marked, Quiz
 
 
@@ -230,7 +230,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         """`--check`: each stage's verdict rows (None without --check or before the trace)."""
         if self.verdict is None or self.trace is None:
             return None
-        from ..check.report import rows_by_stage
+        from ..judge.report import rows_by_stage
 
         return rows_by_stage(self.verdict, [(s.id, s.source.line if s.source else 0)
                                             for s in self.trace.stages])
@@ -238,7 +238,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
     def _rail_mark(self, marks: dict[str, list] | None, stage_id: str) -> tuple[Text, ...]:
         if marks is None:
             return ()
-        from ..check.report import stage_mark
+        from ..judge.report import stage_mark
 
         return (stage_mark(marks.get(stage_id, []), ascii_only=self._ascii), Text(" "))
 
@@ -324,7 +324,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
                 screen = stage_screen(trace, stage, opts)
                 marks = self._check_rows()
                 if marks is not None:  # --check: the judgement above the stage
-                    from ..check.report import stage_judgement
+                    from ..judge.report import stage_judgement
 
                     said = stage_judgement(self.verdict, marks.get(stage.id, []),  # type: ignore[arg-type]
                                            ascii_only=self._ascii)

@@ -23,7 +23,7 @@ from ..render.text import printable
 from .widgets import SentenceScreen, StageRail
 
 if TYPE_CHECKING:
-    from ..check import Verdict
+    from ..judge import Verdict
     from ..load.modules import Loaded
     from ..load.numpy_modules import LoadedNumpy
 
