@@ -85,9 +85,14 @@ async def test_the_comparison_is_computed_in_the_loading_thread() -> None:
     app = CompareApp(CONFIG, compare=lambda config: compared(config, mine, Source(model="mygpt")))
     async with app.run_test(size=(100, 32)) as pilot:
         # the loading worker (the forward's thread), not the background rendering, whose
-        # exclusive workers cancel each other
-        [loading] = [w for w in app.workers if w.name == "trace"]
-        await loading.wait()
+        # exclusive workers cancel each other; it starts after the first frame
+        for _ in range(200):
+            loading = [w for w in app.workers if w.name == "trace"]
+            if loading or app.comparison is not None:
+                break
+            await pilot.pause(0.05)
+        for worker in loading:
+            await worker.wait()
         await pilot.pause()
         assert app.comparison is not None, app.load_error
         assert row_ids(app.comparison)[app.stage_index] == "mask"
