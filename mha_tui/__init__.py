@@ -24,10 +24,9 @@ def trace(module: Any, x: Any, tokens: Any = None, **options: Any) -> Trace:
     adapter instead (`mha_tui.pipeline.trace_numpy`: x (T, C), options args, kwargs, table,
     ids, config), and torch is never imported. In a Jupyter notebook the trace shows itself
     (`mha_tui.notebook.Trace`), and so does `trace.stage("softmax")`."""
-    from .notebook import Trace as _Shown
-    from .pipeline import trace as _trace
+    from .notebook import trace_of
 
-    return _Shown.of(_trace(module, x, tokens, **options))
+    return trace_of(module, x, tokens, **options)
 
 
 def show(module: Any, x: Any, tokens: Any = None, **options: Any) -> None:

@@ -38,8 +38,8 @@ from .config import (
 from .stages import STAGE_IDS
 
 if TYPE_CHECKING:
-    from .check import Verdict
     from .destination import Destination
+    from .judge import Verdict
     from .load.modules import Loaded
     from .load.numpy_modules import LoadedNumpy
     from .pipeline import Expect
@@ -228,7 +228,8 @@ def explain(
             # return. Bad --module/--init/--weights end the app: one line here, exit 2.
             refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                               build=None if source.is_default else partial(_build, source),
-                              running=_whose_forward(source), refusals=(LoadError,))
+                              running=_whose_forward(source), refusals=(LoadError,),
+                              quiz=quiz)
             if refusal is not None:
                 fail(refusal)
 
@@ -254,7 +255,7 @@ def _check_quiz(*, dump: str | None, fmt: Format, why: bool, check: bool, only: 
     if check:
         fail("--quiz hides the numbers that --check judges; give one of them")
     if _interactive(dump):
-        fail("--quiz in the app is not wired yet: give --dump PATH for a worksheet")
+        return  # the app asks, stage by stage
     if fmt not in (Format.text, Format.json):
         fail(f"--quiz writes a worksheet as text or JSON; --format {fmt.value} does not apply")
     if only:
@@ -290,7 +291,7 @@ def _explain_compared(config: Config, source: Source, against: Source, *,
                       ascii_only: bool) -> None:
     """explain --against in a terminal: the comparison app, both modules built and run in
     its loading thread (bad input ends the app: one line, exit 2)."""
-    from .check.roles import RoleCopyError
+    from .judge.roles import RoleCopyError
     from .load.learner import LoadError
     from .pipeline import compared
 
@@ -317,9 +318,9 @@ def _write_comparison(config: Config, source: Source, against: Source,
                       color: bool, ascii_only: bool) -> None:
     """explain --against --dump: both modules built and compared before anything is opened,
     so bad input writes nothing."""
-    from .check.roles import RoleCopyError
     from .destination import DumpError, opened, resolve
     from .dump import TranscriptError, comparison_text, write_comparison_json
+    from .judge.roles import RoleCopyError
     from .load.learner import LoadError
     from .pipeline import compared
     from .render.options import RenderOptions
@@ -529,7 +530,7 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
         _open_app(lambda: run_app(
             session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
             loader=lambda config: session.trace(config.model.layer if config.model else layer),
-            layers=session))
+            layers=session, quiz=quiz))
         return
     try:
         trace = session.trace(layer)
@@ -762,7 +763,7 @@ def check(
         fail(f"--rotary-base must be above 1, got {rotary_base:g}")
     wanted = Expect(rotary=expect is ExpectKind.rotary, window=window,
                     alibi=expect is ExpectKind.alibi, rotary_base=rotary_base)
-    from .check.grade import GradeError, Submission, find_submissions, is_batch
+    from .judge.grade import GradeError, Submission, find_submissions, is_batch
 
     try:
         submissions = find_submissions(specs or [], class_name)
@@ -776,14 +777,14 @@ def check(
     if not submissions:
         fail("give the module to check: FILE.py:Class (or package.module:Class), "
              "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")
-    from .check.outcome import EXIT_CODES, worst
+    from .judge.outcome import EXIT_CODES, worst
 
     verdict = None
     if len(submissions) > 1 or is_batch(specs or []):
         reports = _grade(config, submissions, init=init or [], weights=weights,
                          timeout=timeout, jobs=jobs, memory=memory, expect=wanted)
     else:  # one module, judged here: the whole report
-        from .check.report import verdict_json
+        from .judge.report import verdict_json
         from .load.learner import LoadError
 
         one = submissions[0]
@@ -799,9 +800,9 @@ def check(
 
 def _grade(config: Config, submissions: list, *, init: list[str], weights: Path | None,
            timeout: float, jobs: int | None, memory: int, expect: Expect) -> list[dict]:
-    """Each submission in its own process (check/grade.py); a progress bar on stderr while
+    """Each submission in its own process (judge/grade.py); a progress bar on stderr while
     they run, when stderr is a terminal."""
-    from .check.grade import Limits, grade
+    from .judge.grade import Limits, grade
 
     limits = Limits(sentence=config.sentence, embed_dim=config.embed_dim, heads=config.num_heads,
                     seed=config.seed, causal=config.causal, max_seq_len=config.max_seq_len,
@@ -842,7 +843,7 @@ def _check_source(model: str | None, module: str | None, init: list[str],
 def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckFormat, *,
                     width: int, ascii_only: bool) -> None:
     """One module: its whole report (`verdict`); several: one row each and the tally."""
-    from .check.report import summary_table, tally, to_json, verdict_renderable
+    from .judge.report import summary_table, tally, to_json, verdict_renderable
 
     if fmt is CheckFormat.json:
         sys.stdout.buffer.write(to_json(reports).encode("utf-8"))
@@ -850,7 +851,7 @@ def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckForm
     if fmt is CheckFormat.csv:
         import csv
 
-        from .check.grade import CSV_COLUMNS, csv_rows
+        from .judge.grade import CSV_COLUMNS, csv_rows
 
         writer = csv.DictWriter(sys.stdout, fieldnames=CSV_COLUMNS, lineterminator="\n")
         writer.writeheader()

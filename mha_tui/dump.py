@@ -26,7 +26,7 @@ from .render.stage import labelled, stage_view
 from .render.why import why_view
 
 if TYPE_CHECKING:
-    from .check.compare import Comparison
+    from .judge.compare import Comparison
     from .quiz import Question
     from .why import Why
 
@@ -386,7 +386,7 @@ def write_comparison_json(comparison: Comparison, out: BinaryIO, *, ascii_only: 
     """The comparison as JSON: both modules, how the weights were copied, every row with
     both sides' tensors (their own values) and mha-tui's difference: the largest, where,
     and which cells differ (a boolean array in the learner's layout)."""
-    from .check.compare import TOLERANCE
+    from .judge.compare import TOLERANCE
 
     c = comparison
     nonce = f"@values-{secrets.token_hex(16)}-"

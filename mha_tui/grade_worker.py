@@ -1,6 +1,6 @@
 """One submission judged in a process of its own, for `mha-tui check` grading a class.
 
-`python -m mha_tui.grade_worker REQUEST RESULT`: REQUEST is the JSON `check.grade` builds
+`python -m mha_tui.grade_worker REQUEST RESULT`: REQUEST is the JSON `judge.grade` builds
 (the module, the sizes, the limits); RESULT a path where the worker puts one JSON object,
 the verdict as `check --format json` writes it, once it is done. Whatever the learner's
 code does (hang, sys.exit, os._exit, os.abort, a segfault, eat memory) the parent sees either
@@ -74,8 +74,8 @@ def _learner_line(error: BaseException, file: str | None) -> int:
 def judge(request: dict[str, Any]) -> dict[str, Any]:
     """The verdict's JSON object for one submission; never raises (but for the learner's
     code ending the process)."""
-    from .check.grade import unjudged
     from .config import DEFAULT_MODEL, Config, Source, parse_init
+    from .judge.grade import unjudged
 
     module, model = request["module"], request["model"]
     shown = module or model
@@ -89,7 +89,7 @@ def judge(request: dict[str, Any]) -> dict[str, Any]:
                         weights=request["weights"])
         # torch and the tracer are imported here, before the cap: their size is not the
         # learner's to pay for.
-        from .check.report import verdict_json
+        from .judge.report import verdict_json
         from .load.learner import LoadError
         from .pipeline import Expect, check_source
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from . import records
 
 if TYPE_CHECKING:
-    from .check import Verdict
     from .config import Config
+    from .judge import Verdict
     from .render.options import RenderOptions
 
 WIDTH = 100  # columns the pictures are drawn at (a notebook's output area holds about this)
@@ -113,6 +113,14 @@ class Trace(records.Trace):
         what = self.module.class_name if self.module else "a module"
         return (f"<mha_tui trace of {what}: {len(self.stages)} stages "
                 f"({', '.join(s.id for s in self.stages)})>")
+
+
+def trace_of(module: Any, x: Any, tokens: Sequence[str] | None = None, **options: Any) -> Trace:
+    """`mha_tui.trace`: the pipeline's trace (load -> trace -> recognise, `pipeline.trace`),
+    as a `Trace` that shows itself in a notebook. The check and `show` trace through here too."""
+    from .pipeline import trace
+
+    return Trace.of(trace(module, x, tokens, **options))
 
 
 def _in_kernel() -> bool:
@@ -210,7 +218,7 @@ class Checked:
         return self.verdict.equivalent
 
     def renderable(self) -> Any:
-        from .check.report import verdict_renderable
+        from .judge.report import verdict_renderable
 
         return verdict_renderable(self.verdict)
 
@@ -287,7 +295,6 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
                  causal: bool, seed: int, sentence: str) -> Checked:
     import torch
 
-    from . import trace  # the Python API's own path: load -> trace -> recognise
     from .config import Config
     from .load.modules import forward_inputs
     from .pipeline import judge_torch
@@ -308,7 +315,7 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
         return m(*(inp,) * len(args), **kwargs)
 
     labels = words if len(words) == x.shape[-2] else None
-    traced = trace(module, x, labels, call=call, embedding=embedding, ids=ids,
+    traced = trace_of(module, x, labels, call=call, embedding=embedding, ids=ids,
                    config=_config(x, labels, heads, seed))
     return Checked(judge_torch(traced, module, x, call, causal=causal, heads=traced.config.num_heads,
                                label=type(module).__name__), traced)
@@ -318,7 +325,6 @@ def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
                  causal: bool, seed: int, sentence: str) -> Checked:
     import numpy as np
 
-    from . import trace  # the Python API's own path: NumPy code, no torch
     from .config import Config
     from .load.numpy_modules import embedding_table, forward_inputs
     from .pipeline import judge_numpy
@@ -331,7 +337,7 @@ def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
         x = table[ids]  # (T, C)
     args, kwargs = forward_inputs(module, x, causal=causal)
     labels = words if len(words) == x.shape[-2] else None
-    traced = trace(module, x, labels, args=args, kwargs=kwargs, table=table, ids=ids,
+    traced = trace_of(module, x, labels, args=args, kwargs=kwargs, table=table, ids=ids,
                    config=_config(x, labels, heads, seed))
     return Checked(judge_numpy(traced, module, args, kwargs, causal=causal,
                                heads=traced.config.num_heads, label=type(module).__name__), traced)
@@ -340,6 +346,4 @@ def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
 def show(module: Any, x: Any, tokens: Sequence[str] | None = None, **options: Any) -> None:
     """Trace `module` on `x` (as `mha_tui.trace`) and display it: in a notebook every stage
     (or a stage chooser with ipywidgets), elsewhere the text transcript."""
-    from . import trace
-
-    display(trace(module, x, tokens, **options))
+    display(trace_of(module, x, tokens, **options))

@@ -168,7 +168,7 @@ def test_the_numbers_behind_the_verdicts() -> None:
     """Equal infinities are equal, NaN where NaN is expected is equal, a scale is a ratio."""
     import numpy as np
 
-    from mha_tui.check.numeric import blocked, close, max_diff, ratio
+    from mha_tui.judge.numeric import blocked, close, max_diff, ratio
     from mha_tui.recognise.vocab import softmax
 
     inf = float("inf")
@@ -308,8 +308,8 @@ def test_paths_are_shown_literally_and_safely(tmp_path: Path) -> None:
 
 
 def test_the_judge_imports_no_torch() -> None:
-    """The check room reads records: judging and reporting never need torch."""
-    code = ("import sys, mha_tui.check, mha_tui.check.report; "
+    """The judge room reads records: judging and reporting never need torch."""
+    code = ("import sys, mha_tui.judge, mha_tui.judge.report; "
             "assert 'torch' not in sys.modules, 'torch imported'; "
             "assert 'textual' not in sys.modules and 'typer' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

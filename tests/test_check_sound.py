@@ -138,7 +138,7 @@ def test_the_end_to_end_row_is_there_for_the_catalogue(name: str) -> None:
 def test_no_end_to_end_means_not_equivalent(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the reference cannot be computed (here: its weights cannot be found by role),
     the verdict is never "equivalent", however well the stages did."""
-    from mha_tui.check import verdict as whole_verdict
+    from mha_tui.judge import verdict as whole_verdict
 
     monkeypatch.setattr(whole_verdict, "role_weights", lambda j: None)
     verdict = judged(f"{MISTAKES / 'correct.py'}:MultiHeadAttention")

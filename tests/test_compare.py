@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mha_tui.check.compare import Comparison, compare, compare_tensors
-from mha_tui.check.roles import RoleCopyError, roles_of
 from mha_tui.config import Config, Source
+from mha_tui.judge.compare import Comparison, compare, compare_tensors
+from mha_tui.judge.roles import RoleCopyError, roles_of
 from mha_tui.pipeline import check_source, compared
 from mha_tui.records import Stage, TensorRecord, Trace
 

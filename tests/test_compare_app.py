@@ -7,8 +7,8 @@ from pathlib import Path
 from mha_tui.app.compare import CompareApp, row_ids
 from mha_tui.app.stage_view import StageView
 from mha_tui.app.widgets import StageRail
-from mha_tui.check.roles import RoleCopyError
 from mha_tui.config import Config, Source
+from mha_tui.judge.roles import RoleCopyError
 from mha_tui.pipeline import compared
 
 MISTAKES = Path(__file__).parent / "fixtures" / "mistakes"
@@ -86,12 +86,13 @@ async def test_the_comparison_is_computed_in_the_loading_thread() -> None:
     async with app.run_test(size=(100, 32)) as pilot:
         # the loading worker (the forward's thread), not the background rendering, whose
         # exclusive workers cancel each other; it starts after the first frame
-        for _ in range(500):
-            if any(w.name == "trace" for w in app.workers):
+        for _ in range(200):
+            loading = [w for w in app.workers if w.name == "trace"]
+            if loading or app.comparison is not None:
                 break
-            await pilot.pause(0.01)
-        [loading] = [w for w in app.workers if w.name == "trace"]
-        await loading.wait()
+            await pilot.pause(0.05)
+        for worker in loading:
+            await worker.wait()
         await pilot.pause()
         assert app.comparison is not None, app.load_error
         assert row_ids(app.comparison)[app.stage_index] == "mask"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mha_tui.check.grade import (
+from mha_tui.judge.grade import (
     GradeError,
     Limits,
     Submission,
@@ -28,7 +28,7 @@ from mha_tui.check.grade import (
     grade,
     is_batch,
 )
-from mha_tui.check.outcome import COULD_NOT_JUDGE, EQUIVALENT, NOT_EQUIVALENT, worst
+from mha_tui.judge.outcome import COULD_NOT_JUDGE, EQUIVALENT, NOT_EQUIVALENT, worst
 
 from .conftest import ROOT, run_cli
 
@@ -222,7 +222,7 @@ def test_one_module_whose_forward_raises_is_could_not_judge_exit_3() -> None:
 
 
 def test_the_grader_itself_never_imports_torch() -> None:
-    probe = ("import sys, mha_tui.check.grade, mha_tui.check.outcome, mha_tui.check.report\n"
+    probe = ("import sys, mha_tui.judge.grade, mha_tui.judge.outcome, mha_tui.judge.report\n"
              "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr

@@ -151,7 +151,7 @@ def test_check_of_numpy_code_matches_the_cli() -> None:
     result = run_cli("check", "--model", "blueprint", "--format", "json")
     assert result.returncode == 0, result.stderr
     cli = json.loads(result.stdout)
-    from mha_tui.check.report import verdict_json
+    from mha_tui.judge.report import verdict_json
 
     mine = verdict_json(checked.verdict)
     strip = [{k: row[k] for k in ("kind", "ok", "max_diff", "line", "checked")} for row in cli["stages"]]

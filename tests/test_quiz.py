@@ -278,6 +278,7 @@ def test_an_hf_worksheet_asks_about_the_models_own_layer(tmp_path_factory) -> No
     (("--why", "softmax[0, 1, 2, 1]"), "--quiz and --why both say what to write"),
     (("--format", "svg"), "--quiz writes a worksheet as text or JSON"),
     (("--stage", "softmax", "--only"), "--only does not apply"),
+    (("--check",), "--quiz hides the numbers that --check judges"),
 ])
 def test_quiz_refusals_are_one_line_and_exit_2(args: tuple[str, ...], message: str) -> None:
     result = run_cli("explain", "I love AI !", "--quiz", "--dump", "-", *args)

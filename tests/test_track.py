@@ -1,4 +1,4 @@
-"""check/track.py and check/whole.py on their own: layouts, matching, where a module leaves
+"""judge/track.py and judge/whole.py on their own: layouts, matching, where a module leaves
 the reference, and what the whole forward says (no attention, the output's shape, NaN)."""
 
 from __future__ import annotations
@@ -8,17 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mha_tui.check.numpy_reference import reference_output, steps
-from mha_tui.check.track import _bias_words, _seen_later, layouts, match, regroups, same
-from mha_tui.check.whole import nan_origin, no_attention, output_shape
 from mha_tui.config import Config, Source
+from mha_tui.judge.numpy_reference import reference_output, steps
+from mha_tui.judge.track import _bias_words, _seen_later, layouts, match, regroups, same
+from mha_tui.judge.whole import nan_origin, no_attention, output_shape
 from mha_tui.pipeline import checked
 
 UNSOUND = Path(__file__).parent / "fixtures" / "unsound"
 
 
 def _weights(C: int, seed: int = 0):
-    from mha_tui.check.results import RoleWeights
+    from mha_tui.judge.results import RoleWeights
 
     rng = np.random.default_rng(seed)
     w = [(rng.standard_normal((C, C)), None) for _ in range(4)]

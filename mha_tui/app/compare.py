@@ -17,8 +17,8 @@ from typing import Any
 from textual.strip import Strip
 from textual.widgets.option_list import Option
 
-from ..check.compare import Comparison
 from ..config import Config
+from ..judge.compare import Comparison
 from ..records import Trace
 from ..render.compare import compare_screen, rail_label
 from .explain import ExplainApp

@@ -22,8 +22,9 @@ class DrillDown:
     """The cell cursor on the stage's result and the why panel."""
 
     def _drillable(self) -> bool:
-        """Whether the current stage's result can take the cursor (a why for its kind)."""
-        if self.trace is None:
+        """Whether the current stage's result can take the cursor (a why for its kind); not
+        while quiz mode hides its numbers."""
+        if self.trace is None or self._hidden(self.stage_ids[self.stage_index]):
             return False
         from ..why import KINDS
 

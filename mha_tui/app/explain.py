@@ -52,11 +52,13 @@ from .layout import (
     SIDE_PANEL_MIN_WIDTH,
 )
 from .loading import Loading, load_trace
+from .quiz import QuizBar, Quizzing
 from .stage_view import LineCache, StageView, render_strips
 from .widgets import KeyFooter, StageRail, TooSmall, ascii_strips, use_ascii_scrollbars
 
 if TYPE_CHECKING:
-    from ..check import Verdict
+    from ..judge import Verdict
+    from ..quiz import Marked, Quiz
 
 
 class MainScreen(Screen[None], inherit_bindings=False):
@@ -64,7 +66,7 @@ class MainScreen(Screen[None], inherit_bindings=False):
     takes focus), those keys reach the app, which cycles heads with them."""
 
 
-class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
+class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
     """Step through a traced MultiHeadAttention forward pass."""
 
     CSS_PATH = Path(__file__).with_name("app.tcss")
@@ -97,14 +99,22 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
     view: reactive[RenderOptions] = reactive(RenderOptions, bindings=True, init=False)
     """How tensors are drawn: focused head, numbers, decimals, explanation, wrong view."""
 
+    quiz: reactive[Quiz | None] = reactive(None, bindings=True, init=False)
+    """Quiz mode (`--quiz`, quiz.py): the questions about this trace and the marks so far; a
+    stage's numbers are shown once each of its questions has a mark. None outside quiz mode."""
+
     def __init__(self, config: Config, *, trace: Trace | None = None, start: str | None = None,
                  ascii_only: bool = False,
                  loader: Callable[[Config], Trace] = load_trace, batched: bool = True,
                  checker: Callable[[Trace], Verdict] | None = None,
                  layers: Layers | None = None, running: str = "the forward pass",
-                 refusals: tuple[type[Exception], ...] = ()) -> None:
+                 refusals: tuple[type[Exception], ...] = (), quiz: bool = False) -> None:
         super().__init__()
         self.config = config
+        # `--quiz`: each trace this app shows gets its questions (the `quiz` reactive).
+        self._quizzing = quiz
+        self._last_mark: Marked | None = None
+        self._asked_on: str | None = None  # the stage whose question took the focus
         # False for a NumPy module (x is (T, C)): the header leaves out B from the first frame.
         self._batched = batched
         self._layers = layers
@@ -166,6 +176,8 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
                 yield StageView(id="main")
                 with VerticalScroll(id="why", can_focus=False):
                     yield Static(id="why-body")
+        if self._quizzing:  # its answer line takes the focus: only in quiz mode
+            yield QuizBar(id="quiz")
         yield Static(id="progress")
         yield TooSmall(MIN_WIDTH, MIN_HEIGHT, id="too-small")
         yield KeyFooter(lesser=NARROW_FOOTER_LEAVES_OUT, compact=True, show_command_palette=False)
@@ -185,6 +197,8 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
             use_ascii_scrollbars(stage_view)
             use_ascii_scrollbars(self.query_one(StageRail))
         self.watch(stage_view, "scroll_y", self._sync_keys, init=False)
+        if self.trace is not None:
+            self._new_quiz(self.trace)
         if self.trace is None:
             # After the first frame, not at mount: importing torch in the loading thread
             # holds the GIL the first frame needs (measured 2026-11-23 at load 4-5: first
@@ -216,7 +230,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
         """`--check`: each stage's verdict rows (None without --check or before the trace)."""
         if self.verdict is None or self.trace is None:
             return None
-        from ..check.report import rows_by_stage
+        from ..judge.report import rows_by_stage
 
         return rows_by_stage(self.verdict, [(s.id, s.source.line if s.source else 0)
                                             for s in self.trace.stages])
@@ -224,7 +238,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
     def _rail_mark(self, marks: dict[str, list] | None, stage_id: str) -> tuple[Text, ...]:
         if marks is None:
             return ()
-        from ..check.report import stage_mark
+        from ..judge.report import stage_mark
 
         return (stage_mark(marks.get(stage_id, []), ascii_only=self._ascii), Text(" "))
 
@@ -294,6 +308,8 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
         assert trace is not None
         layer = self._layer if layer is None else layer
         stage = trace.stages[index]
+        if self._hidden(stage.id):  # quiz mode: code and question only, never cached
+            return self._strips(self._hidden_screen(trace, index), width)
         explain = self._explains(partial(stage_box, stage), (layer, index), width)
         opts = replace(self._window_options(width), explain=explain)
         if self.cursor is not None and index == self.stage_index and stage.tensors:
@@ -308,7 +324,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
                 screen = stage_screen(trace, stage, opts)
                 marks = self._check_rows()
                 if marks is not None:  # --check: the judgement above the stage
-                    from ..check.report import stage_judgement
+                    from ..judge.report import stage_judgement
 
                     said = stage_judgement(self.verdict, marks.get(stage.id, []),  # type: ignore[arg-type]
                                            ascii_only=self._ascii)
@@ -326,6 +342,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, App[None]):
             if self.cursor is not None:
                 self._cursor_in_view(view)
             self._show_why()
+            self._show_quiz()
         else:
             message = (Text(f"Could not run the module: {self.load_error}", style="bold red")
                        if self.load_error else self._waiting())

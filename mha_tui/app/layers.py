@@ -59,6 +59,7 @@ class LayerSwitch:
         self._layer = layer
         self.trace = trace
         self.config = trace.config
+        self._new_quiz(trace)
         if not same_rail:
             rail = self.query_one(StageRail)
             rail.clear_options()

@@ -23,7 +23,7 @@ from ..render.text import printable
 from .widgets import SentenceScreen, StageRail
 
 if TYPE_CHECKING:
-    from ..check import Verdict
+    from ..judge import Verdict
     from ..load.modules import Loaded
     from ..load.numpy_modules import LoadedNumpy
 
@@ -122,6 +122,7 @@ class Loading:
         assert trace is not None
         old_id = self.stage_ids[self.stage_index]
         self.config, self.trace, self.verdict = config, trace, verdict
+        self._new_quiz(trace)
         self._cache.clear()
         with self._cache.lock:
             self._box_heights.clear()
@@ -164,6 +165,7 @@ class Loading:
 
     def _loaded(self, trace: Trace) -> None:
         self.trace = trace
+        self._new_quiz(trace)
         self.query_one("#header", Static).update(self._header())
         rail = self.query_one(StageRail)
         rail.clear_options()

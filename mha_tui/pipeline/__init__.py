@@ -21,9 +21,9 @@ from ..config import Config
 from ..records import ModuleInfo, Recorded, Trace
 
 if TYPE_CHECKING:
-    from ..check import Verdict
-    from ..check.compare import Comparison
     from ..config import Source
+    from ..judge import Verdict
+    from ..judge.compare import Comparison
     from ..load.modules import Loaded
     from ..load.numpy_modules import LoadedNumpy
     from ..records import Stage
@@ -177,7 +177,7 @@ def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], o
     """judge a torch module's trace: what needs running again (a second forward, the
     reference with its weights copied in), then the verdict. `mha-tui check` and the
     notebook's `mha_tui.check` both come here."""
-    from ..check import Facts, judge
+    from ..judge import Facts, judge
     from ..tracing.rerun import parameter_shapes, reference_output, second_recording
 
     facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
@@ -205,8 +205,8 @@ def judge_numpy(trace: Trace, module: object, args: Sequence[object], kwargs: Ma
     the blueprint's computation in NumPy as the end-to-end reference."""
     import numpy as np
 
-    from ..check import Facts, judge
-    from ..check.numpy_reference import reference_output
+    from ..judge import Facts, judge
+    from ..judge.numpy_reference import reference_output
     from ..tracing.numpy_ops import module_arrays, record
 
     with np.errstate(all="ignore"):
@@ -232,14 +232,14 @@ def compared(config: Config, source: Source, against: Source, *,
              loaded: Loaded | None = None) -> Comparison:
     """`explain --against`: the learner's module and a reference on the same x, the
     learner's weights copied into the reference by role (as `check` finds them), their
-    stages paired by kind (`check.compare`).
+    stages paired by kind (`judge.compare`).
 
-    Raises LoadError when a module cannot be built, `check.roles.RoleCopyError` when the
+    Raises LoadError when a module cannot be built, `judge.roles.RoleCopyError` when the
     weights cannot be copied by role (both one line). The learner's trace may have failed
     (its forward raised): the comparison then holds its stages up to the error.
     """
-    from ..check.compare import compare
-    from ..check.roles import RoleCopyError, copy_by_role, roles_of
+    from ..judge.compare import compare
+    from ..judge.roles import RoleCopyError, copy_by_role, roles_of
     from ..load.learner import LoadError
     from ..load.modules import load
     from ..tracing.rerun import parameter_values, set_parameters

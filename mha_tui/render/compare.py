@@ -3,7 +3,7 @@ renderables shared by the transcript (and the app).
 
 Every tensor shown is a module's own, drawn by `render` exactly as the walk-through draws it;
 the differences between them (|yours - reference's|, which cells are beyond the tolerance,
-the largest) are computed by mha-tui (`check.compare`) and say so wherever they appear.
+the largest) are computed by mha-tui (`judge.compare`) and say so wherever they appear.
 User text (file names, source lines, tokens) enters as Text after `printable`.
 Never import torch, textual or typer here.
 """
@@ -15,7 +15,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..check.compare import TOLERANCE, Comparison, Mismatch, StagePair, TensorPair
+from ..judge.compare import TOLERANCE, Comparison, Mismatch, StagePair, TensorPair
 from ..records import Stage, TensorRecord
 from .header import display_path
 from .matrix import MARK

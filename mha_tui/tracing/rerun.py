@@ -7,7 +7,7 @@
   run on the same x. The judge compares it with the module's own output.
 * `parameter_shapes`: every parameter's name and shape (a declared but unused W_O).
 
-Only plain values cross to the check room (NumPy arrays, recordings, tuples): the judge
+Only plain values cross to the judge room (NumPy arrays, recordings, tuples): the judge
 never imports torch. Never import rich, textual or typer here.
 """
 

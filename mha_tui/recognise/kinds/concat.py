@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import ATOL, RTOL, close, einsum_spec, f64
+from ...judge.numeric import ATOL, RTOL, close, einsum_spec, f64
 from ...records import Check, OpRecord, Stage, Trace
 from ...stages import stage_info
 from ..builder import BHTD, BTC, BTHD, yes
@@ -22,7 +22,7 @@ from ..sizes import Sizes
 from ..vocab import SHAPE_OPS
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 
 KIND = "concat"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...check.numeric import ATOL, f64, max_diff
+from ...judge.numeric import ATOL, f64, max_diff
 from ...records import Check, OpRecord, Stage
 from ..builder import BHTT, BTC
 from ..graph import Graph
@@ -17,7 +17,7 @@ from ..sizes import Sizes
 from ..vocab import DROPOUTS
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 
 KIND = "dropout"

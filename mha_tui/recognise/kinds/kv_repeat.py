@@ -27,7 +27,7 @@ from ..quizzing import Question
 from ..sizes import Sizes
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 KIND = "kv_repeat"
 _REPEATS = {"getitem", "unsqueeze", "expand", "expand_as", "reshape", "view", "flatten",

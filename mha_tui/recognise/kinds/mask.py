@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal_set, f64, max_diff
+from ...judge.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal_set, f64, max_diff
 from ...records import Check, OpRecord, Source, Stage, Trace
 from ...stages import NO_MASK, NO_MASK_ARGUMENT
 from ..builder import BHTT, Builder
@@ -26,7 +26,7 @@ from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
 from .scores import scaled_inside
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 
 KIND = "mask"

@@ -21,7 +21,7 @@ from ..maker import StageMaker
 from ..sizes import Sizes
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 KIND = "norm"
 _NORMS = {"layer_norm", "rms_norm"}

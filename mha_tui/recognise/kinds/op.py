@@ -13,7 +13,7 @@ from ..grouping import Unit
 from ..maker import StageMaker, public_name
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 
 KIND = "op"

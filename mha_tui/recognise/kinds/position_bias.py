@@ -29,7 +29,7 @@ from ..sizes import Sizes
 from ..vocab import very_negative
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 KIND = "pos_bias"  # short: the app's rail is narrow
 
@@ -184,7 +184,7 @@ def judge(j: Judge) -> list[Row]:
     ALiBi's m_h (j - i) with the fixed slopes (numpy_reference.alibi_slopes), compared on
     the entries softmax sees, each row from its diagonal (a constant per row changes
     nothing after softmax)."""
-    from ...check.numpy_reference import alibi_slopes
+    from ...judge.numpy_reference import alibi_slopes
 
     rows = []
     for stage in (s for s in j.trace.stages if s.kind == KIND):

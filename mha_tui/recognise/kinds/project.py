@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import close, f64, linear_parts
+from ...judge.numeric import close, f64, linear_parts
 from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ..builder import BTC, Builder
 from ..cell import Cell, Why, linear
@@ -24,7 +24,7 @@ from ..sizes import Sizes
 from ..vocab import PRODUCTS, PROJECTIONS, SHAPE_OPS, SPLITS
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 
 KIND = "project"

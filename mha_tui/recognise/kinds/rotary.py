@@ -32,7 +32,7 @@ from ..quizzing import Question, number_text
 from ..sizes import Sizes
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 KIND = "rotary"
 TITLE = "Rotary positions: turn Q and K by each token's position"

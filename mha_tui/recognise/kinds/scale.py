@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import f64, ratio
+from ...judge.numeric import f64, ratio
 from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BHTD, BHTT, yes
 from ..cell import Cell, Term, Why, where
@@ -22,7 +22,7 @@ from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, SCALE_OPS, SHAPE_OPS
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 
 KIND = "scale"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import products_agree, recomputed_agrees
+from ...judge.numeric import products_agree, recomputed_agrees
 from ...records import Check, OpRecord, Snapshot, Stage, Trace
 from ..builder import BHTD, BHTT
 from ..cell import Cell, Why, dot, where
@@ -23,7 +23,7 @@ from ..sizes import Sizes
 from ..vocab import MATMULS
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 
 KIND = "scores"

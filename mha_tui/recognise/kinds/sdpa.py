@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import blocked_set, close, f64
+from ...judge.numeric import blocked_set, close, f64
 from ...records import Check, OpRecord, Stage, TensorRecord
 from ..builder import BHTD, BHTT
 from ..graph import Graph
@@ -22,7 +22,7 @@ from .scale import scale_diagnosis
 from .softmax import softmax_checks
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 
 KIND = "sdpa"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import ATOL, RTOL, close, f64
+from ...judge.numeric import ATOL, RTOL, close, f64
 from ...records import Check, OpRecord, Ref, Stage, Trace
 from ..builder import BHTT, plural, yes
 from ..cell import Cell, Term, Why, where
@@ -22,7 +22,7 @@ from ..vocab import SOFTMAXES
 from ..vocab import softmax as softmax_of
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 
 KIND = "softmax"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...check.numeric import ATOL, RTOL, close, f64, max_diff
+from ...judge.numeric import ATOL, RTOL, close, f64, max_diff
 from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BTC, BTHD, yes
 from ..cell import Cell, Why, moved
@@ -22,7 +22,7 @@ from ..sizes import Sizes
 from ..vocab import SHAPE_OPS
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 
 KIND = "view"

@@ -19,7 +19,7 @@ from ..sizes import Sizes
 from .project import build_projection, linear_row, weight_product
 
 if TYPE_CHECKING:
-    from ...check.judging import Judge, Row
+    from ...judge.judging import Judge, Row
 
 
 KIND = "w_o"

@@ -28,7 +28,7 @@ from typing import Literal
 
 import numpy as np
 
-# The kind modules import check.numeric, which imports the recogniser's graph: the
+# The kind modules import judge.numeric, which imports the recogniser's graph: the
 # recogniser is loaded first, as verdict.py's first import does.
 from ..recognise import registry as _registry  # noqa: F401
 from ..records import Stage, TensorRecord, Trace

@@ -1,4 +1,5 @@
-"""The check room: judge a traced forward stage by stage and write the verdict.
+"""The judge room: judge a traced forward stage by stage and write the verdict (`mha-tui
+check`; `mha_tui.check(module)` in a notebook, which is why this package is not called check).
 
 `judge(trace, facts)` reads only records: it never imports torch, so a NumPy module's
 recording can be judged the same way. Each stage kind judges itself (`judge(j)` in its
@@ -12,8 +13,6 @@ writes it as JSON for graders. Never import textual or typer here.
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import TYPE_CHECKING
 
 from .results import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict, failed_to_load
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
 
 def judge(trace: Trace, facts: Facts, label: str = "") -> Verdict:
     """Judge every stage of a traced forward (see verdict.py)."""
-    # Imported here, not above: the kind modules that verdict.py reads import check.numeric,
+    # Imported here, not above: the kind modules that verdict.py reads import judge.numeric,
     # so importing them while this package initialises would go round in a circle.
     from .verdict import judge as judge_trace
 
@@ -33,19 +32,3 @@ def judge(trace: Trace, facts: Facts, label: str = "") -> Verdict:
 
 __all__ = ["Diagnosis", "Facts", "RoleWeights", "StageVerdict", "Verdict", "failed_to_load",
            "judge"]
-
-
-class _CheckPackage(types.ModuleType):
-    """`mha_tui.check(module)` is the notebook's verdict (`mha_tui.notebook.check`), while
-    `mha_tui.check` is also this package: importing a submodule binds the package's name on
-    its parent, replacing any function of that name, so the package itself is made callable
-    (a module's `__class__` may be set to a ModuleType subclass; Python's data model)."""
-
-    def __call__(self, module: object, x: object = None, tokens: object = None,
-                 **options: object) -> object:
-        from ..notebook import check
-
-        return check(module, x, tokens, **options)  # type: ignore[arg-type]
-
-
-sys.modules[__name__].__class__ = _CheckPackage
