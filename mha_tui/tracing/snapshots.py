@@ -139,7 +139,7 @@ class Snapshots:
         exposing = name in _EXPOSING
         if not exposing and not writes(name, args, kwargs):
             return
-        for t in _tensors((args, tuple(kwargs.values()))):
+        for t in tensors_in((args, tuple(kwargs.values()))):
             key = storage_key(t)
             if exposing:
                 self.exposed.add(key)
@@ -200,9 +200,10 @@ def _baseline() -> int:
     return 0
 
 
-def _tensors(value: object) -> list[torch.Tensor]:
+def tensors_in(value: object) -> list[torch.Tensor]:
+    """Every tensor in value, through nested lists and tuples, in order."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, list | tuple):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_in(v)]
     return []

@@ -49,7 +49,7 @@ from ..records import (
     Source,
 )
 from .args import recorded_arguments
-from .snapshots import Pending, Snapshots, snapshot
+from .snapshots import Pending, Snapshots, snapshot, tensors_in
 from .source import source_at  # the module's own line: shared with the NumPy adapter
 
 __all__ = ["RecordResult", "Recorder", "op_name", "record", "snapshot", "source_at"]
@@ -170,14 +170,6 @@ class _Session:
         )
 
 
-def _tensors(value: object) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, list | tuple):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
 class _Mode(TorchFunctionMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
@@ -192,7 +184,7 @@ class _Mode(TorchFunctionMode):
         if session is None:
             result = func(*args, **kwargs)
             if snaps.pending:
-                snaps.outside(_tensors(result))
+                snaps.outside(tensors_in(result))
             return result
         if func is _MHA_FORWARD:
             return self.recorder.expand(self, func, args, kwargs)
@@ -259,7 +251,7 @@ class Recorder:
             except (TypeError, ValueError):
                 named = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
             for arg_name, value in named:
-                for i, t in enumerate(_tensors(value)):
+                for i, t in enumerate(tensors_in(value)):
                     label = arg_name if i == 0 else f"{arg_name}[{i}]"
                     if id(t) in session.input_refs:  # the same x passed as query, key, value
                         continue
@@ -279,7 +271,7 @@ class Recorder:
                 return
             session.done = True
             self.active_stack.pop()
-            out = _tensors(output)
+            out = tensors_in(output)
             if out:
                 session.output = session.ref(out[0])
 
@@ -329,7 +321,7 @@ class Recorder:
            kwargs: dict[str, object], result: object) -> None:
         name, qualname = op_name(func)
         in_place = (name.endswith("_") and not name.startswith("_")) or name == "setitem"
-        outputs = _tensors(result)
+        outputs = tensors_in(result)
         if name == "setitem" and args and isinstance(args[0], torch.Tensor):
             outputs = [args[0]]
         if not outputs:
