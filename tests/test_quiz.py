@@ -101,7 +101,18 @@ def test_every_question_kind_is_asked_and_each_kind_has_its_generator_in_its_mod
     seen |= set(by_asks(mechanism_trace("llama_rotary.py:LlamaAttention")))
     seen |= set(by_asks(mechanism_trace("alibi.py:BloomAttention")))
     assert seen == {"lookup", "shape", "strides", "value", "divisor", "blocked", "row_sum",
-                    "most_attended", "angle", "kv_head"}
+                    "most_attended", "angle", "kv_head", "channel"}
+
+
+def test_a_fused_split_asks_where_a_head_starts_and_a_residual_its_shape() -> None:
+    """BLOOM keeps (h, 3, d_h) per head in its fused output: v's head 1 starts at
+    1 · 3 · 4 + 2 · 4 = 20 (C 16, 4 heads); BERT's post-norm output is (1, T, C)."""
+    split = [q for q in questions(mechanism_trace("alibi.py:BloomAttention")) if q.asks == "channel"]
+    assert [(q.stage, q.expected) for q in split] == [("qkv_split", 20)]
+    assert "V head 1 start" in split[0].text
+    residual = [q for q in questions(mechanism_trace("post_norm.py:BertAttention"))
+                if q.stage == "residual"]
+    assert [(q.asks, q.expected) for q in residual] == [("shape", (1, 6, 16))]
 
 
 def test_mechanism_answers_match_an_independent_computation() -> None:

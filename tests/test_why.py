@@ -67,7 +67,8 @@ def test_every_cell_of_every_kind_matches_an_independent_computation(
         model: str, embed_dim: int, heads: int) -> None:
     trace = trace_of(model, embed_dim, heads)
     expected = independent(trace)
-    assert set(expected) | {"rotary", "kv_repeat", "pos_bias"} == set(KINDS)  # those: below
+    assert set(expected) | {"rotary", "kv_repeat", "pos_bias", "qkv_split", "residual"} == \
+        set(KINDS)  # those: below
     for stage in trace.stages:
         record = main_tensor(stage)
         want = expected[stage.kind]
@@ -213,6 +214,101 @@ def test_a_bias_added_after_scaling_is_score_plus_bias() -> None:
         assert cell.computed == pytest.approx(cell.terms[0].value + bias[index], rel=1e-12)
 
 
+def _fused_channel(style: str, role: int, head: int, d: int, C: int, d_h: int) -> int:
+    """Where a style's checkpoint keeps role (0 q, 1 k, 2 v) of head at d, from the styles'
+    own code, not from mha-tui: timm (3, h, d_h), NeoX and BLOOM (h, 3, d_h) per head,
+    Falcon's multi-query layer C queries then one key and one value of d_h each."""
+    if style == "timm":
+        return role * C + head * d_h + d
+    if style == "falcon":
+        return C + (role - 1) * d_h + d if role else head * d_h + d
+    return head * 3 * d_h + role * d_h + d
+
+
+@pytest.mark.parametrize(("source", "style"), [
+    (("timm_fused.py:Attention", (("dim", 16),)), "timm"),
+    (("neox_rotary.py:GPTNeoXAttention", ()), "neox"),
+    (("alibi.py:BloomAttention", ()), "bloom"),
+    ("falcon", "falcon"),
+], ids=["timm", "neox", "bloom", "falcon-hf"])
+def test_qkv_split_cells_are_read_from_their_fused_channel(source: object, style: str) -> None:
+    """Every cell of the split's result (v) is the fused projection's output at the channel
+    the style's own layout puts it, read unchanged, and equal to the module's number."""
+    if style == "falcon":
+        from .test_families import hf_trace
+
+        trace = hf_trace("falcon", 0)
+    else:
+        trace = mechanism_trace(*source)  # type: ignore[misc]
+    fused = trace.stage("project").tensors[-1].values  # the fused layer's output, (1, T, W)
+    stage = trace.stage("qkv_split")
+    record = main_tensor(stage)
+    C = trace.config.embed_dim
+    d_h = C // trace.config.num_heads
+    axes = [record.dims.index(a) for a in ("B", "T", "h", "d_h")]
+    for index in itertools.product(*map(range, record.values.shape)):
+        b, t, head, d = (index[a] for a in axes)
+        channel = _fused_channel(style, 2, head, d, C, d_h)
+        cell = why(trace, "qkv_split", index)
+        assert cell.computed == fused[b, t, channel] and cell.agrees, index
+        assert f"channel {channel} = block {channel // d_h}" in cell.formula, cell.formula
+        assert f"is v{head}" in cell.formula and "read unchanged, not computed" in cell.notes
+
+
+def _layer_norm(rows: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
+    mean = rows.mean(axis=-1, keepdims=True)
+    var = ((rows - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (rows - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def test_residual_cells_are_input_plus_w_o_then_the_modules_layer_norm() -> None:
+    """BERT's post-norm: LayerNorm(x + W_O's output), with a LayerNorm whose weight and bias
+    are not 1 and 0 (set here), computed in NumPy from the module's x, W_O's recorded output
+    and the module's own parameters."""
+    import torch
+
+    from mha_tui.load.modules import load
+    from mha_tui.pipeline import trace as trace_module
+
+    config = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
+    loaded = load(config, Source(module=str(MECHANISMS / "post_norm.py:BertAttention")))
+    norm = loaded.module.output.LayerNorm
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(16, generator=generator) + 0.5)
+        norm.bias.copy_(torch.randn(16, generator=generator))
+    trace = trace_module(loaded.module, loaded.x, list(config.tokens))
+    x = loaded.x.detach().numpy().astype(np.float64)
+    summed = x + trace.stage("w_o").tensors[-1].values.astype(np.float64)
+    gamma, beta = (p.detach().numpy().astype(np.float64) for p in (norm.weight, norm.bias))
+    expected = _layer_norm(summed, gamma, beta, 1e-12)
+    record = main_tensor(trace.stage("residual"))
+    assert record.values.shape == expected.shape
+    for index in itertools.product(*map(range, record.values.shape)):
+        cell = why(trace, "residual", index)
+        assert cell.computed == pytest.approx(expected[index], rel=1e-5, abs=1e-5), index
+        assert cell.agrees, (index, cell.computed, cell.recorded)
+        assert cell.terms[2].value == pytest.approx(summed[index], rel=1e-12)
+        assert cell.terms[-1].parts[2] == pytest.approx(gamma[index[-1]], rel=1e-6)
+        assert cell.terms[-1].parts[4] == pytest.approx(beta[index[-1]], rel=1e-6)
+    assert "eps = 1e-12" in why(trace, "residual", (0, 1, 2)).terms[5].label
+
+
+def test_residual_without_a_norm_is_the_input_plus_w_o() -> None:
+    """BLOOM's `residual + dropout(dense(h))`: the input cell + W_O's cell, nothing after."""
+    from .test_families import hf_trace
+
+    trace = hf_trace("bloom", 0)
+    stage = trace.stage("residual")
+    w_o = trace.stage("w_o").tensors[-1].values.astype(np.float64)
+    expected = stage.tensors[0].values.astype(np.float64) + w_o
+    record = main_tensor(stage)
+    for index in itertools.product(*map(range, record.values.shape)):
+        cell = why(trace, "residual", index)
+        assert cell.computed == pytest.approx(expected[index], rel=1e-12) and cell.agrees, index
+        assert [t.label for t in cell.terms][-1] == "sum"
+
+
 def test_a_large_d_h_shows_the_largest_products_and_sums_the_rest() -> None:
     trace = trace_of("mygpt", 32, 2)  # d_h = 16
     cell = why(trace, "scores", (0, 1, 3, 2))
@@ -277,6 +373,11 @@ LLAMA = ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
     ("kv_repeat[0, 3, 2, 1]", LLAMA, "kv_repeat"),
     ("pos_bias[0, 3, 2, 1]", ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
                               "tests/fixtures/mechanisms/alibi.py:BloomAttention"), "pos_bias"),
+    ("residual[0, 1, 2]", ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
+                           "tests/fixtures/mechanisms/post_norm.py:BertAttention"), "residual"),
+    ("qkv_split[0, 1, 2, 3]", ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
+                               "tests/fixtures/mechanisms/timm_fused.py:Attention", "--init",
+                               "dim=16"), "qkv_split"),
 ])
 def test_why_from_the_command_line_is_the_golden_text(cell: str, args: tuple[str, ...],
                                                       name: str) -> None:

@@ -41,7 +41,8 @@ class Question:
     """One question about a stage of this very trace, with the answer its records give.
 
     stage: the stage's id; asks: what kind of question it is ("shape", "strides", "blocked",
-    "row_sum", "most_attended", "value", "divisor", "lookup", "kv_head", "angle"); text: the
+    "row_sum", "most_attended", "value", "divisor", "lookup", "kv_head", "angle",
+    "channel"); text: the
     question; answer: how the answer is typed; expected: the right answer (a tuple of ints,
     an int, a float; for a token, the positions that are right: several for a tie); shown:
     the right answer as the key prints it; source: where the answer comes from in the records."""

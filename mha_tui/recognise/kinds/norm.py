@@ -37,6 +37,13 @@ def normalises(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
 RULES = (normalises,)
 
 
+def eps_of(op: OpRecord) -> float:
+    """The eps a layer_norm / rms_norm op was called with (1e-5, torch's default, if none)."""
+    eps_kwarg = op.kwarg("eps")  # nn.LayerNorm passes eps by keyword
+    return float(eps_kwarg) if isinstance(eps_kwarg, float) else \
+        next((float(a) for a in op.scalars() if isinstance(a, float)), 1e-5)
+
+
 def normalised(g: Graph, op: OpRecord) -> tuple[np.ndarray, np.ndarray, float]:
     """What a layer_norm / rms_norm op should make from its recorded input and the module's
     own weight and bias (NumPy, float64): (its input, the expected output, eps)."""
@@ -45,9 +52,7 @@ def normalised(g: Graph, op: OpRecord) -> tuple[np.ndarray, np.ndarray, float]:
     weight = next((g.snap(r).values for r in params if g.snap(r).ndim == 1), None)
     bias = next((g.snap(r).values for r in params[1:] if g.snap(r).ndim == 1), None)
     x = before.values.astype(np.float64)
-    eps_kwarg = op.kwarg("eps")  # nn.LayerNorm passes eps by keyword
-    eps = float(eps_kwarg) if isinstance(eps_kwarg, float) else \
-        next((float(a) for a in op.scalars() if isinstance(a, float)), 1e-5)
+    eps = eps_of(op)
     centred = x if op.name == "rms_norm" else x - x.mean(axis=-1, keepdims=True)
     normed = centred / np.sqrt((centred ** 2).mean(axis=-1, keepdims=True) + eps)
     expected = normed * (weight if weight is not None else 1.0) + (bias if bias is not None else 0.0)

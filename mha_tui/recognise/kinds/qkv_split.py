@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord
+from ...records import Check, OpRecord, Snapshot, Stage, TensorRecord, Trace
 from ..builder import BTC
+from ..cell import Cell, Term, Why, WhyError, reindex, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
+from ..quizzing import Question
 from ..sizes import Sizes
 from ..vocab import PROJECTIONS, SHAPE_OPS, SPLITS
 
@@ -234,3 +236,96 @@ def _span(blocks: list[int | None]) -> str:
     if len(values) > 1 and values == list(range(values[0], values[0] + len(values))):
         return f"{values[0]}..{values[-1]}"
     return ", ".join(map(str, values))
+
+
+# ---------------------------------------------------------------------- why this number
+
+
+_HEAD_AXES = ("B", "T", "h", "d_h")
+
+
+def _heads_of(record: TensorRecord) -> np.ndarray | None:
+    """A part as (B, T, n, d_h), read from its named axes (None when they are not those)."""
+    if sorted(record.dims) != sorted(_HEAD_AXES):
+        return None
+    return np.transpose(record.values, [record.dims.index(a) for a in _HEAD_AXES])
+
+
+def _role(stage: Stage, record: TensorRecord) -> str:
+    """Q, K or V: the part's place among three, else the role its caption names."""
+    parts = stage.tensors[1:]
+    k = next((k for k, t in enumerate(parts) if t is record), None)
+    if len(parts) == 3 and k is not None:
+        return "QKV"[k]
+    return record.caption.split(":")[0] or record.name
+
+
+def why(cell: Cell) -> Why:
+    """A cell of q, k or v after the fused split: the channel of the fused projection's
+    output it was read from (its block of d_h channels found by comparing the values, never
+    from names), the number read unchanged."""
+    stage = cell.stage
+    fused = stage.tensors[0]
+    heads = _heads_of(cell.record)
+    if heads is None or fused.values.ndim < 3 or len(stage.tensors) < 2:
+        raise WhyError(f"cannot read {cell.name} as (B, T, heads, d_h) against the fused output")
+    b, t, head, d = (cell.index[cell.record.dims.index(a)] for a in _HEAD_AXES)
+    d_h = heads.shape[-1]
+    flat = fused.values.reshape(fused.values.shape[0], fused.values.shape[1], -1)
+    block = _blocks(flat, heads, d_h)[head]
+    role = _role(stage, cell.record)
+    if block is None:
+        raise WhyError(f"head {head} of {cell.record.name} is not an exact copy of any block of "
+                       f"{d_h} channels of the fused output: mha-tui cannot tell where it was read")
+    channel = block * d_h + d
+    at = reindex((b, t, channel), flat.shape, fused.values.shape)
+    computed = float(fused.values[at])
+    spot = ", ".join(map(str, at))
+    roles = []
+    for part in stage.tensors[1:]:
+        values = _heads_of(part)
+        roles.append((_role(stage, part), _blocks(flat, values, d_h) if values is not None else []))
+    n_blocks = flat.shape[-1] // d_h
+    layout = layout_text(roles, n_blocks) if all(blocks and None not in blocks
+                                                 for _, blocks in roles) else ""
+    name = f"{role.lower()}{head}"
+    held = (f" (held as {tuple(fused.values.shape)}: channel {channel} of token {t} is "
+            f"[{spot}] there)" if fused.values.ndim != 3 else "")
+    return Why(stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = {fused.name}[{spot}]  (channel {channel} = block {block} × d_h "
+               f"{d_h} + d{d}; block {block} is {name})",
+               (Term(f"{fused.name}[{spot}]: token {cell.token(t)}, channel {channel}", (),
+                     computed),),
+               (f"the fused projection's {flat.shape[-1]} channels per token are {n_blocks} "
+                f"blocks of d_h = {d_h}" + (f", in this order: {layout}" if layout else "")
+                + held,
+                f"block {block} (channels {block * d_h}..{block * d_h + d_h - 1}) is {role} head "
+                f"{head}: found by mha-tui comparing head {head} of {cell.record.name} with "
+                "every block, value for value",
+                "read unchanged, not computed"),
+               computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """Where in the fused output a head of the split's last part (v) starts: its layout,
+    found from the values."""
+    if len(stage.tensors) < 2 or stage.tensors[0].values.ndim < 3:
+        return ()
+    fused, last = stage.tensors[0], stage.tensors[-1]
+    heads = _heads_of(last)
+    if heads is None:
+        return ()
+    flat = fused.values.reshape(fused.values.shape[0], fused.values.shape[1], -1)
+    d_h = heads.shape[-1]
+    head = min(1, heads.shape[2] - 1)
+    block = _blocks(flat, heads, d_h)[head]
+    if block is None:
+        return ()
+    role = _role(stage, last)
+    channel = block * d_h
+    return (Question(stage.id, "channel", f"{fused.name} holds q, k and v side by side, "
+                     f"{flat.shape[-1]} channels per token. At which of its channels (from 0) "
+                     f"does {role} head {head} start?", "integer", channel, str(channel),
+                     f"block {block} of d_h = {d_h} channels is {role.lower()}{head} "
+                     f"(channel {block} × {d_h} = {channel}): found by comparing the recorded "
+                     "values"),)

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...records import Check, OpRecord, Ref, Stage
+from ...records import Check, OpRecord, Ref, Stage, TensorArg, Trace
 from ..builder import BTC
+from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
+from ..quizzing import Question, shape_question
 from ..sizes import Sizes
-from .norm import recomputed
+from .norm import eps_of, recomputed
 
 KIND = "residual"
 _ADDS = {"add", "add_"}
@@ -97,3 +99,89 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=attention.shape,
                    shape_out=last.values.shape, dims_in=tensors[1].dims, dims_out=last.dims,
                    title=title, explanation=explanation)
+
+
+# ---------------------------------------------------------------------- why this number
+
+
+def _param(cell: Cell, op: OpRecord, position: int, name: str, c: int, default: float) -> float:
+    """A norm's weight or bias at channel c: torch's `layer_norm(input, normalized_shape,
+    weight, bias, eps)` / `rms_norm(input, normalized_shape, weight, eps)`, positional or by
+    keyword; None (no affine) is the default."""
+    arg = op.args[position] if len(op.args) > position else op.kwarg(name)
+    if not isinstance(arg, TensorArg):
+        return default
+    return float(cell.operand(op, arg.index)[c])
+
+
+def why(cell: Cell) -> Why:
+    """The module's input + the attention output at this token and channel; after a
+    post-norm, that token's sums normalised: (sum - mean) / √(variance + eps) × gamma + beta, with
+    the row the LayerNorm received and its own weight and bias."""
+    tensors = cell.stage.tensors
+    if len(tensors) < 3:
+        raise WhyError(f"stage {cell.stage.id} holds no residual add to explain {cell.name} by")
+    residual, attention = tensors[0], tensors[1]
+    x_name = residual.name.split(" (")[0]
+    spot = ", ".join(map(str, cell.index))
+    x, a = float(residual.values[cell.index]), float(attention.values[cell.index])
+    total = x + a
+    terms = [Term(f"{x_name}[{spot}] (the module's input, recorded)", (), x),
+             Term(f"+ attention output[{spot}] (after W_O, recorded)", (), a)]
+    sum_text = f"{x_name}[{spot}] + attention output[{spot}]"
+    norm = next((op for op in cell.stage.ops if op.name in _NORMS), None)
+    if norm is None:
+        terms.append(Term("sum", (x, "+", a), total))
+        return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+                   f"{cell.name} = {sum_text}", tuple(terms),
+                   ("the residual (skip) connection: the token keeps what it had, attention adds "
+                    "a change to it",), total, cell.recorded)
+    *lead, t, c = cell.index
+    rms = norm.name == "rms_norm"
+    what = "RMSNorm" if rms else "LayerNorm"
+    received = cell.operand(norm, 0)  # the sums the norm received: the module's own add
+    row = received[(*lead, t)].astype(np.float64)
+    size = row.shape[-1]
+    gamma = _param(cell, norm, 2, "weight", c, 1.0)
+    beta = 0.0 if rms else _param(cell, norm, 3, "bias", c, 0.0)
+    eps = eps_of(norm)
+    s = float(row[c])
+    terms.append(Term(f"{x_name} + attention output (mha-tui)", (x, "+", a), total))
+    if rms:
+        mean = 0.0
+        var = float((row ** 2).mean())
+        terms.append(Term(f"mean of the token's {size} sums squared", (), var))
+    else:
+        mean = float(row.mean())
+        var = float(((row - mean) ** 2).mean())
+        terms += [Term(f"mean of the token's {size} sums", (), mean),
+                  Term(f"variance: mean of (sum - mean)^2 over the {size}", (), var)]
+    std = float(np.sqrt(var + eps))
+    normed = (s - mean) / std
+    computed = normed * gamma + beta
+    terms += [Term(f"√({'mean square' if rms else 'variance'} + eps), eps = {eps:g}", (), std),
+              *(() if rms else (Term("sum - mean", (s, "-", mean), s - mean),)),
+              Term("sum / √(...)" if rms else "(sum - mean) / √(...)",
+                   (s if rms else s - mean, "/", std), normed),
+              Term(f"× gamma[{c}]" + ("" if rms else f" + beta[{c}]"),
+                   (normed, "×", gamma) if rms else (normed, "×", gamma, "+", beta), computed)]
+    close = abs(total - s) <= 1e-5 * max(1.0, abs(s))
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = {what}({sum_text}) = "
+               + ("sum / √(mean square + eps) × gamma" if rms else
+                  "(sum - mean) / √(variance + eps) × gamma + beta"),
+               tuple(terms),
+               (f"the {what} normalises each token over its {size} sums, as the module's add "
+                f"made them (recorded); variance without Bessel's correction, as {what} does"
+                if not rms else f"the {what} divides each token's {size} sums, as the module's "
+                "add made them (recorded), by their root mean square",
+                f"gamma{'' if rms else ' and beta'}: the {what}'s own weight"
+                + ("" if rms else " and bias") + f", at channel {c}",
+                f"mha-tui's {x_name} + attention output {'equals' if close else 'differs from'} the "
+                f"module's sum {s:.6g}" + ("" if close else f" by {abs(total - s):.3g}")),
+               computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """The shape once the input is added back (and normalised): the module's output."""
+    return (shape_question(stage, stage.tensors[-1], "the residual add"),) if stage.tensors else ()
