@@ -67,7 +67,8 @@ def test_every_cell_of_every_kind_matches_an_independent_computation(
         model: str, embed_dim: int, heads: int) -> None:
     trace = trace_of(model, embed_dim, heads)
     expected = independent(trace)
-    assert set(expected) | {"rotary", "kv_repeat", "pos_bias", "qkv_split", "residual"} == \
+    assert set(expected) | {"rotary", "kv_repeat", "pos_bias", "qkv_split", "residual", "norm",
+                                     "dropout"} == \
         set(KINDS)  # those: below
     for stage in trace.stages:
         record = main_tensor(stage)
@@ -294,6 +295,67 @@ def test_residual_cells_are_input_plus_w_o_then_the_modules_layer_norm() -> None
     assert "eps = 1e-12" in why(trace, "residual", (0, 1, 2)).terms[5].label
 
 
+@pytest.mark.parametrize("rms", [False, True])
+def test_norm_cells_are_the_modules_own_layer_norm_of_x(rms: bool) -> None:
+    """A pre-LayerNorm inside the module (prenorm.py), with a weight and bias that are not 1 and
+    0 (set here), and the same module with torch's RMSNorm in its place: every cell equals a
+    NumPy normalisation of the module's x with its own parameters."""
+    import torch
+
+    from mha_tui.load.modules import load
+    from mha_tui.pipeline import trace as trace_module
+
+    config = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
+    loaded = load(config, Source(module=str(MECHANISMS / "prenorm.py:PreNormAttention")))
+    if rms:
+        loaded.module.norm = torch.nn.RMSNorm(16, eps=1e-6)
+    norm = loaded.module.norm
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(16, generator=generator) + 0.5)
+        if not rms:
+            norm.bias.copy_(torch.randn(16, generator=generator))
+    trace = trace_module(loaded.module, loaded.x, list(config.tokens))
+    x = loaded.x.detach().numpy().astype(np.float64)
+    gamma = norm.weight.detach().numpy().astype(np.float64)
+    if rms:
+        expected = x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + 1e-6) * gamma
+    else:
+        expected = _layer_norm(x, gamma, norm.bias.detach().numpy().astype(np.float64), 1e-5)
+    record = main_tensor(trace.stage("norm"))
+    assert record.values.shape == expected.shape
+    for index in itertools.product(*map(range, record.values.shape)):
+        cell = why(trace, "norm", index)
+        assert cell.computed == pytest.approx(expected[index], rel=1e-5, abs=1e-5), index
+        assert cell.agrees, (index, cell.computed, cell.recorded)
+    labels = [term.label for term in why(trace, "norm", (0, 1, 2)).terms]
+    assert any(f"eps = {1e-6 if rms else 1e-5:g}" in label for label in labels), labels
+
+
+def test_dropout_cells_are_zero_or_the_number_before_over_1_minus_p() -> None:
+    """dropout_active.py's F.dropout(weights, p=0.1), on in eval mode: every cell is 0 where
+    the mask dropped it, else the softmax's number / 0.9, computed from the recorded weights."""
+    from mha_tui.load.modules import load
+    from mha_tui.pipeline import trace as trace_module
+
+    config = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
+    fixture = Path(ROOT) / "tests" / "fixtures" / "mistakes" / "dropout_active.py"
+    loaded = load(config, Source(module=f"{fixture}:MultiHeadAttention"))
+    trace = trace_module(loaded.module, loaded.x, list(config.tokens))
+    before = trace.stage("softmax").tensors[-1].values.astype(np.float64)
+    record = main_tensor(trace.stage("dropout"))
+    dropped = 0
+    for index in itertools.product(*map(range, record.values.shape)):
+        cell = why(trace, "dropout", index)
+        if record.values[index] == 0 and before[index] != 0:
+            dropped += 1
+            assert cell.computed == 0
+        else:
+            assert cell.computed == pytest.approx(before[index] / 0.9, rel=1e-6, abs=1e-9)
+        assert cell.agrees, (index, cell.computed, cell.recorded)
+    assert dropped > 0
+
+
 def test_residual_without_a_norm_is_the_input_plus_w_o() -> None:
     """BLOOM's `residual + dropout(dense(h))`: the input cell + W_O's cell, nothing after."""
     from .test_families import hf_trace
@@ -378,6 +440,8 @@ LLAMA = ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
     ("qkv_split[0, 1, 2, 3]", ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
                                "tests/fixtures/mechanisms/timm_fused.py:Attention", "--init",
                                "dim=16"), "qkv_split"),
+    ("norm[0, 1, 2]", ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
+                       "tests/fixtures/mechanisms/prenorm.py:PreNormAttention"), "norm"),
 ])
 def test_why_from_the_command_line_is_the_golden_text(cell: str, args: tuple[str, ...],
                                                       name: str) -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ...judge.numeric import ATOL, f64, max_diff
 from ...records import Check, OpRecord, Stage
 from ..builder import BHTT, BTC
+from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
@@ -38,6 +39,39 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     checks = [Check(f"dropout zeroed {zeros} entries and scaled the rest by 1/(1-p)", None)]
     return m.stage(unit, stage_id, "dropout", [rec], checks, shape_in=src.shape,
                       shape_out=op.out.shape, dims_in=rec.dims, dims_out=rec.dims)
+
+
+# ---------------------------------------------------------------- why this number
+
+
+def why(cell: Cell) -> Why:
+    """A number after dropout: the number before it (recorded), dropped to 0 or kept and
+    scaled by 1/(1-p). Which entries are dropped is random: mha-tui reads it from the module's
+    output, it cannot recompute it."""
+    op = next((o for o in cell.stage.ops if o.name in DROPOUTS), None)
+    if op is None:
+        raise WhyError(f"stage {cell.stage.id} holds no dropout to explain {cell.name} by")
+    before = float(cell.operand(op, 0)[cell.index])
+    p = op.kwarg("p", next((a for a in op.scalars() if isinstance(a, float)), None))
+    training = op.kwarg("training", next((a for a in op.scalars() if isinstance(a, bool)), None))
+    terms = [Term("before dropout (recorded)", (), before)]
+    notes = ["which entries dropout drops is random: mha-tui reads whether this one was dropped "
+             "from the module's output (0 where the number before was not)"]
+    if training is False or not isinstance(p, float) or p <= 0:
+        computed = before
+        terms.append(Term("dropout is off (training=False or p = 0): passed unchanged", (),
+                          computed))
+        notes = []
+    elif cell.recorded == 0 and before != 0:
+        computed = 0.0
+        terms.append(Term(f"dropped (probability p = {p:g}): written 0", (), computed))
+    else:
+        scale = 1 / (1 - p)
+        computed = before * scale
+        terms.append(Term(f"kept, × 1/(1-p), p = {p:g}", (before, "×", scale), computed))
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = dropout(the number before it)", tuple(terms), tuple(notes),
+               computed, cell.recorded)
 
 
 # ---------------------------------------------------------------------- judging

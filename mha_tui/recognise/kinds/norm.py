@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...records import Check, OpRecord, Stage
+from ...records import Check, OpRecord, Stage, TensorArg
 from ..builder import BTC
+from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
@@ -103,6 +104,79 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=before.shape,
                    shape_out=after.shape, dims_in=dims, dims_out=tensors[-1].dims, title=title,
                    explanation=explanation)
+
+
+# ---------------------------------------------------------------- why this number
+
+
+def param_at(cell: Cell, op: OpRecord, position: int, name: str, c: int, default: float) -> float:
+    """A norm's weight or bias at channel c: torch's `layer_norm(input, normalized_shape,
+    weight, bias, eps)` / `rms_norm(input, normalized_shape, weight, eps)`, positional or by
+    keyword; None (no affine) is the default."""
+    arg = op.args[position] if len(op.args) > position else op.kwarg(name)
+    if not isinstance(arg, TensorArg):
+        return default
+    return float(cell.operand(op, arg.index)[c])
+
+
+def norm_terms(cell: Cell, op: OpRecord, row: np.ndarray, c: int, word: str
+               ) -> tuple[list[Term], float]:
+    """Channel c of one token's row (float64) through a layer_norm / rms_norm op, step by
+    step, with the module's own weight and bias and eps: the terms and the result."""
+    rms = op.name == "rms_norm"
+    size = row.shape[-1]
+    gamma = param_at(cell, op, 2, "weight", c, 1.0)
+    beta = 0.0 if rms else param_at(cell, op, 3, "bias", c, 0.0)
+    eps = eps_of(op)
+    s = float(row[c])
+    terms = []
+    if rms:
+        mean = 0.0
+        var = float((row ** 2).mean())
+        terms.append(Term(f"mean of the token's {size} {word} squared", (), var))
+    else:
+        mean = float(row.mean())
+        var = float(((row - mean) ** 2).mean())
+        terms += [Term(f"mean of the token's {size} {word}", (), mean),
+                  Term(f"variance: mean of ({word[:-1]} - mean)^2 over the {size}", (), var)]
+    std = float(np.sqrt(var + eps))
+    normed = (s - mean) / std
+    computed = normed * gamma + beta
+    one = word[:-1]
+    terms += [Term(f"√({'mean square' if rms else 'variance'} + eps), eps = {eps:g}", (), std),
+              *(() if rms else (Term(f"{one} - mean", (s, "-", mean), s - mean),)),
+              Term(f"{one} / √(...)" if rms else f"({one} - mean) / √(...)",
+                   (s if rms else s - mean, "/", std), normed),
+              Term(f"× gamma[{c}]" + ("" if rms else f" + beta[{c}]"),
+                   (normed, "×", gamma) if rms else (normed, "×", gamma, "+", beta), computed)]
+    return terms, computed
+
+
+def why(cell: Cell) -> Why:
+    """A normalised number: its token's row as the module received it (recorded), minus the
+    row's mean, divided by √(variance + eps), times the module's weight plus its bias (or, for
+    RMSNorm, divided by the row's root mean square, times the weight)."""
+    op = next((o for o in cell.stage.ops if o.name in _NORMS), None)
+    if op is None:
+        raise WhyError(f"stage {cell.stage.id} holds no layer_norm or rms_norm to explain "
+                       f"{cell.name} by")
+    *lead, t, c = cell.index
+    row = cell.operand(op, 0)[(*lead, t)].astype(np.float64)
+    rms = op.name == "rms_norm"
+    what = "RMSNorm" if rms else "LayerNorm"
+    terms, computed = norm_terms(cell, op, row, c, "numbers")
+    spot = ", ".join(map(str, (*lead, t)))
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = {what}(the token's row [{spot}, :])[{c}] = "
+               + ("number / √(mean square + eps) × gamma" if rms else
+                  "(number - mean) / √(variance + eps) × gamma + beta"),
+               tuple(terms),
+               (f"the row: the {row.shape[-1]} numbers the module's {what} received for this "
+                "token (recorded)" + ("" if rms else "; variance without Bessel's correction, "
+                                                     f"as {what} does"),
+                f"gamma{'' if rms else ' and beta'}: the {what}'s own weight"
+                + ("" if rms else " and bias") + f", at channel {c}"),
+               computed, cell.recorded)
 
 
 # ---------------------------------------------------------------------- judging

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...records import Check, OpRecord, Ref, Stage, TensorArg, Trace
+from ...records import Check, OpRecord, Ref, Stage, Trace
 from ..builder import BTC
 from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph
@@ -20,7 +20,7 @@ from ..grouping import Unit
 from ..maker import StageMaker
 from ..quizzing import Question, shape_question
 from ..sizes import Sizes
-from .norm import eps_of, recomputed
+from .norm import norm_terms, recomputed
 
 KIND = "residual"
 _ADDS = {"add", "add_"}
@@ -104,16 +104,6 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
 # ---------------------------------------------------------------------- why this number
 
 
-def _param(cell: Cell, op: OpRecord, position: int, name: str, c: int, default: float) -> float:
-    """A norm's weight or bias at channel c: torch's `layer_norm(input, normalized_shape,
-    weight, bias, eps)` / `rms_norm(input, normalized_shape, weight, eps)`, positional or by
-    keyword; None (no affine) is the default."""
-    arg = op.args[position] if len(op.args) > position else op.kwarg(name)
-    if not isinstance(arg, TensorArg):
-        return default
-    return float(cell.operand(op, arg.index)[c])
-
-
 def why(cell: Cell) -> Why:
     """The module's input + the attention output at this token and channel; after a
     post-norm, that token's sums normalised: (sum - mean) / √(variance + eps) × gamma + beta, with
@@ -142,29 +132,10 @@ def why(cell: Cell) -> Why:
     received = cell.operand(norm, 0)  # the sums the norm received: the module's own add
     row = received[(*lead, t)].astype(np.float64)
     size = row.shape[-1]
-    gamma = _param(cell, norm, 2, "weight", c, 1.0)
-    beta = 0.0 if rms else _param(cell, norm, 3, "bias", c, 0.0)
-    eps = eps_of(norm)
     s = float(row[c])
     terms.append(Term(f"{x_name} + attention output (mha-tui)", (x, "+", a), total))
-    if rms:
-        mean = 0.0
-        var = float((row ** 2).mean())
-        terms.append(Term(f"mean of the token's {size} sums squared", (), var))
-    else:
-        mean = float(row.mean())
-        var = float(((row - mean) ** 2).mean())
-        terms += [Term(f"mean of the token's {size} sums", (), mean),
-                  Term(f"variance: mean of (sum - mean)^2 over the {size}", (), var)]
-    std = float(np.sqrt(var + eps))
-    normed = (s - mean) / std
-    computed = normed * gamma + beta
-    terms += [Term(f"√({'mean square' if rms else 'variance'} + eps), eps = {eps:g}", (), std),
-              *(() if rms else (Term("sum - mean", (s, "-", mean), s - mean),)),
-              Term("sum / √(...)" if rms else "(sum - mean) / √(...)",
-                   (s if rms else s - mean, "/", std), normed),
-              Term(f"× gamma[{c}]" + ("" if rms else f" + beta[{c}]"),
-                   (normed, "×", gamma) if rms else (normed, "×", gamma, "+", beta), computed)]
+    steps, computed = norm_terms(cell, norm, row, c, "sums")
+    terms += steps
     close = abs(total - s) <= 1e-5 * max(1.0, abs(s))
     return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
                f"{cell.name} = {what}({sum_text}) = "
