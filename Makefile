@@ -48,6 +48,7 @@ golden: $(STAMP)
 	$(BIN)/mha-tui explain "the cat sat on the mat" -C 16 -H 4 --module tests/fixtures/mechanisms/llama_rotary.py:LlamaAttention --quiz --dump tests/golden/quiz-llama.txt
 	$(BIN)/mha-tui explain "I love AI !" --module tests/fixtures/mistakes/no_scale.py:MultiHeadAttention --against mygpt --dump tests/golden/against-no-scale.txt
 	$(BIN)/mha-tui explain "I love AI !" --against many-eyes --ascii --dump tests/golden/against-many-eyes-ascii.txt
+	$(BIN)/mha-tui explain "I love AI !" --module tests/fixtures/mistakes/softmax_axis.py:MultiHeadAttention --against mygpt --width 80 --dump tests/golden/against-softmax-axis-80.txt
 
 screenshots: $(STAMP)
 	$(BIN)/python -m mha_tui.screenshots screenshots
