@@ -340,3 +340,38 @@ def test_the_quiz_on_the_expansion_answers_from_its_numbers_and_says_they_are_mh
             assert q.expected == tuple(np.flatnonzero(np.isclose(row, row.max(), rtol=1e-6)))
         if q.asks == "shape":
             assert q.expected == expected["attend"].shape
+
+
+def unboxed(panel: str) -> str:
+    """The panel's text without its box, its lines joined by one space."""
+    return " ".join(" ".join(line.strip(" │╭╮╰╯─").split()) for line in panel.splitlines())
+
+
+@pytest.mark.parametrize("size", [(100, 32), (80, 24)])
+async def test_enter_on_the_expansions_softmax_shows_the_why_panel(size: tuple[int, int]) -> None:
+    """In the app, `enter` on the expanded softmax stage puts the cursor on its weights, and
+    the panel shows the computation, says the numbers are mha-tui's expansion and marks it ✓;
+    on attend, the fused op's own output is the second ✓."""
+    from mha_tui.app.explain import ExplainApp
+
+    from .test_app import why_panel
+
+    trace = trace_of("is_causal")
+    app = ExplainApp(trace.config, trace=trace, start="softmax")
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("enter", "down", "down", "right")
+        await pilot.pause()
+        assert app.cursor == (0, 2, 1)
+        shown = unboxed(why_panel(app))
+        assert "why attn_weight[0, 0, 2, 1]" in shown, shown
+        assert "exp(s[2, 1] - max)" in shown and "Σ over the row" in shown
+        assert f"{BY} attn_weight[0, 0, 2, 1]" in shown and "not by the module" in shown
+        assert "✓ equal" in shown and "holds no op" not in shown
+        await pilot.press("escape", "right")  # the next stage: attend
+        await pilot.pause()
+        await pilot.press("enter", "tab", "down")
+        await pilot.pause()
+        assert app.cursor == (1, 1, 0)
+        flat = unboxed(why_panel(app))
+        assert f"{BY} attn_weight @ v[0, 1, 1, 0]" in flat, flat
+        assert "the module's own y[0, 1, 1, 0]" in flat and flat.count("✓ equal") == 2, flat
