@@ -48,6 +48,9 @@ CASES: dict[str, tuple[str, int, int, bool, str, tuple, dict]] = {
                     (("dim", 8),), {}),
     "inverted bool mask": ("I love AI !", 4, 2, True, "unsound/sdpa_inverted.py:MultiHeadAttention",
                            (), {"mask": "triu"}),
+    # nn.MultiheadAttention(need_weights=False) calls the fused op, its bool mask made float
+    "nn.MultiheadAttention": ("I love AI !", 4, 2, True, "sdpa_variants.py:TorchMHANoWeights", (),
+                              {"mask": "future"}),
 }
 
 
@@ -78,6 +81,9 @@ def the_mask(how: str, L: int) -> torch.Tensor:
         return torch.ones(L, L, dtype=torch.bool).tril()
     if how == "triu":
         return torch.ones(L, L, dtype=torch.bool).triu(1)
+    if how == "future":  # nn.MultiheadAttention's True (may not attend) as -inf
+        return torch.zeros(L, L, dtype=torch.float64).masked_fill(
+            torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
     distance = (position[:, None] - position[None, :]).double()
     return (-0.5 * distance).masked_fill(distance < 0, float("-inf"))
 
@@ -109,8 +115,9 @@ def torch_fused(case: str) -> np.ndarray:
     """torch's own fused op on the recorded q, k, v, called the way the fixture calls it."""
     how = CASES[case][-1]
     q, k, v = qkv(trace_of(case))
-    mask = the_mask(how["mask"], q.shape[-2]).to(q.dtype if how["mask"] == "distance" else
-                                                 torch.bool) if "mask" in how else None
+    mask = the_mask(how["mask"], q.shape[-2]) if "mask" in how else None
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                           is_causal=bool(how.get("causal")),
                                           scale=how.get("scale"),
