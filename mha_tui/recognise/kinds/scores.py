@@ -220,15 +220,23 @@ def why(cell: Cell) -> Why:
     op, index = cell.per_head(cell.ops("matmul"))
     queries, keys_t = cell.operand(op, 0), cell.operand(op, 1)
     *lead, i, j = index
-    row, col = queries[(*lead, i)], keys_t[(*lead, slice(None), j)]
     head = ", ".join(map(str, cell.index[:-2]))
-    terms, notes, total = dot(cell, row, col, [f"d{k}: Q[{i}, {k}] × K[{j}, {k}]"
-                                                for k in range(len(row))], "products")
+    return score_why(cell, queries[(*lead, i)], keys_t[(*lead, slice(None), j)],
+                     f"Q[{head}, {i}, :]", f"K[{head}, {j}, :]",
+                     ("Q and K are the matmul's recorded inputs (K as K^T: its column "
+                      f"{j})",))
+
+
+def score_why(cell: Cell, query: np.ndarray, key: np.ndarray, q_name: str, k_name: str,
+              notes: tuple[str, ...]) -> Why:
+    """The arithmetic of one score, whoever computed its inputs: query · key, the d_h
+    products and their sum (a matmul's scores; sdpa's expansion)."""
+    *_, i, j = cell.index
+    terms, many, total = dot(cell, query, key, [f"d{k}: Q[{i}, {k}] × K[{j}, {k}]"
+                                                for k in range(len(query))], "products")
     return Why(cell.stage.id, "scores", cell.record.name, cell.index, where(cell),
-               f"{cell.name} = Q[{head}, {i}, :] · K[{head}, {j}, :]  "
-               f"(a dot product over d_h = {len(row)})",
-               terms, ("Q and K are the matmul's recorded inputs (K as K^T: its column "
-                       f"{j})", *notes), total, cell.recorded)
+               f"{cell.name} = {q_name} · {k_name}  (a dot product over d_h = {len(query)})",
+               terms, (*notes, *many), total, cell.recorded)
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:

@@ -171,21 +171,8 @@ def why(cell: Cell) -> Why:
     """A weight: exp(s_ij - max) / Σ_k exp(s_ik - max), with the row's numbers."""
     op, index = cell.per_head(cell.ops("softmax", "_softmax"))
     scores = cell.operand(op, 0)
-    *lead, i, j = index
-    row = scores[(*lead, i)].astype(np.float64)
-    top = float(np.max(row))
-    with np.errstate(invalid="ignore"):
-        exps = np.exp(row - top)
-    total = float(exps.sum())
-    computed = float(exps[j] / total)
-    terms = [Term(f"key {cell.token(k)}: exp(s[{i}, {k}] - max)", (float(row[k]), "-", top),
-                  float(exps[k])) for k in range(len(row))]
-    terms.append(Term("Σ over the row", (), total))
-    terms.append(Term(f"exp(s[{i}, {j}] - max) / Σ", (float(exps[j]), "/", total), computed))
-    notes = [f"the row's largest score, max = {top:.6g}, is subtracted first (the result is "
-             "the same; exp cannot overflow)"]
-    if np.isneginf(row).any():
-        notes.append("a blocked (-inf) score gives exp(-inf) = 0: no weight")
+    *lead, i, _ = index
+    notes = []
     dropouts = cell.ops("dropout", "dropout_")
     if dropouts:
         p = dropouts[0].kwarg("p", dropouts[0].args[1] if len(dropouts[0].args) > 1 else None)
@@ -193,9 +180,34 @@ def why(cell: Cell) -> Why:
         notes.append(f"then dropout (p={p}, training={training}): "
                      + ("it changes nothing here" if training is False or p == 0
                         else "it can zero or rescale this weight"))
+    return softmax_why(cell, scores[(*lead, i)], tuple(notes))
+
+
+def softmax_why(cell: Cell, scores: np.ndarray, notes: tuple[str, ...] = ()) -> Why:
+    """The arithmetic of one weight, whoever computed the row of scores: exp(s_ij - max) /
+    Σ_k exp(s_ik - max), a term per key."""
+    *_, i, j = cell.index
+    row = scores.astype(np.float64)
+    top = float(np.max(row))
+    with np.errstate(invalid="ignore"):
+        exps = np.exp(row - top)
+    total = float(exps.sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        computed = float(exps[j] / total)
+    terms = [Term(f"key {cell.token(k)}: exp(s[{i}, {k}] - max)", (float(row[k]), "-", top),
+                  float(exps[k])) for k in range(len(row))]
+    terms.append(Term("Σ over the row", (), total))
+    terms.append(Term(f"exp(s[{i}, {j}] - max) / Σ", (float(exps[j]), "/", total), computed))
+    said = [f"the row's largest score, max = {top:.6g}, is subtracted first (the result is "
+            "the same; exp cannot overflow)"]
+    if np.isneginf(row).all():
+        said = ["every key of this row is blocked (-inf): exp(-inf - (-inf)) is undefined, "
+                "so the whole row is NaN; no key is left to attend to"]
+    elif np.isneginf(row).any():
+        said.append("a blocked (-inf) score gives exp(-inf) = 0: no weight")
     return Why(cell.stage.id, "softmax", cell.record.name, cell.index, where(cell),
                f"{cell.name} = exp(s[{i}, {j}] - max_k s[{i}, k]) / Σ_k exp(s[{i}, k] - max)",
-               tuple(terms), tuple(notes), computed, cell.recorded)
+               tuple(terms), (*said, *notes), computed, cell.recorded)
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
