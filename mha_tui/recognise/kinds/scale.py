@@ -13,11 +13,11 @@ import numpy as np
 from ...judge.numeric import f64, ratio
 from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BHTD, BHTT, yes
-from ..cell import Cell, Term, Why, where
+from ..cell import Cell, Term, Why, expanded_from, where
 from ..graph import Graph, scalar_operand
 from ..grouping import Unit
 from ..maker import StageMaker
-from ..quizzing import Question, number_text
+from ..quizzing import EXPANDED, Question, number_text
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, SCALE_OPS, SHAPE_OPS
 
@@ -316,9 +316,10 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
                                                      a.shape))
     divisor = float(b[index] / a[index])
     spot = ", ".join(map(str, index))
+    origin = f"both mha-tui's expansion, {EXPANDED}" if expanded_from(stage) else "both recorded"
     return (Question(stage.id, "divisor", "By what number are the scores divided here?",
                      "number", divisor, number_text(divisor),
                      f"{before.name}[{spot}] at {trace.stages[at - 1].id} / {after.name}[{spot}] "
-                     f"at {stage.id}, both recorded: "
+                     f"at {stage.id}, {origin}: "
                      f"{b[index]:.6g} / {a[index]:.6g} = {divisor:.6g} (sqrt(d_h) = "
                      f"{math.sqrt(trace.config.head_dim):.6g}; computed by mha-tui)"),)
