@@ -515,7 +515,14 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False) -> None:
     """--hf: load the model (refusals here, before any app), then the app or a transcript."""
-    from .load.hf import HfError, check_layer, load
+    from .load.hf_error import HfError
+    from .load.hf_files import refuse_early
+
+    try:  # what the checkpoint's files refuse, before torch and transformers are imported
+        refuse_early(source, sentence, layer)
+    except HfError as error:
+        fail(str(error))
+    from .load.hf import check_layer, load
     from .pipeline.hf import Session
 
     try:

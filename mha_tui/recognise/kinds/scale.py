@@ -13,11 +13,11 @@ import numpy as np
 from ...judge.numeric import f64, ratio
 from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BHTD, BHTT, yes
-from ..cell import Cell, Term, Why, where
+from ..cell import Cell, Term, Why, expanded_from, where
 from ..graph import Graph, scalar_operand
 from ..grouping import Unit
 from ..maker import StageMaker
-from ..quizzing import Question, number_text
+from ..quizzing import EXPANDED, Question, number_text
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, SCALE_OPS, SHAPE_OPS
 
@@ -288,19 +288,25 @@ def scale_diagnosis(j: Judge, total: float) -> tuple[str, str]:
 def why(cell: Cell) -> Why:
     """A scaled score: the division (or product) and the d_h it comes from."""
     op, index = cell.per_head(cell.ops("div", "mul", "true_divide", "multiply"))
-    before = float(cell.operand(op, 0)[index])
-    number = cell.scalar(op)
-    d_h = cell.trace.config.head_dim
-    divides = op.name in ("div", "true_divide")
+    return scaled_why(cell, float(cell.operand(op, 0)[index]), cell.scalar(op),
+                      op.name in ("div", "true_divide"), cell.trace.config.head_dim)
+
+
+def scaled_why(cell: Cell, before: float, number: float, divides: bool, d_h: int,
+               origin: str = "") -> Why:
+    """The arithmetic of one scaled score, whoever computed its inputs: before / number or
+    before × number, and whether the number is √d_h (1/√d_h); `origin` says where the number
+    came from when it is not an operand of the module's own op (sdpa's `scale=`)."""
     computed = before / number if divides else before * number
-    notes = []
+    notes = [origin] if origin else []
     if divides and math.isclose(number, math.sqrt(d_h), rel_tol=1e-6):
         notes.append(f"the divisor is √d_h: d_h = {d_h}, √{d_h} = {number:.6g}")
     elif not divides and math.isclose(number, 1 / math.sqrt(d_h), rel_tol=1e-6):
         notes.append(f"the factor is 1/√d_h: d_h = {d_h}, 1/√{d_h} = {number:.6g}")
     else:
         notes.append(f"d_h = {d_h}; this {'divisor' if divides else 'factor'} is not "
-                     f"{'√d_h' if divides else '1/√d_h'} ({math.sqrt(d_h):.6g})")
+                     f"{'√d_h' if divides else '1/√d_h'} "
+                     f"({math.sqrt(d_h) if divides else 1 / math.sqrt(d_h):.6g})")
     terms = (Term("before", (), before),
              Term("÷ divisor" if divides else "× factor",
                   (before, "/" if divides else "×", number), computed))
@@ -328,9 +334,10 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
                                                      a.shape))
     divisor = float(b[index] / a[index])
     spot = ", ".join(map(str, index))
+    origin = f"both mha-tui's expansion, {EXPANDED}" if expanded_from(stage) else "both recorded"
     return (Question(stage.id, "divisor", "By what number are the scores divided here?",
                      "number", divisor, number_text(divisor),
                      f"{before.name}[{spot}] at {trace.stages[at - 1].id} / {after.name}[{spot}] "
-                     f"at {stage.id}, both recorded: "
+                     f"at {stage.id}, {origin}: "
                      f"{b[index]:.6g} / {a[index]:.6g} = {divisor:.6g} (sqrt(d_h) = "
                      f"{math.sqrt(trace.config.head_dim):.6g}; computed by mha-tui)"),)
