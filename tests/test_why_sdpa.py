@@ -304,3 +304,39 @@ def test_why_on_the_expansion_from_the_command_line_is_the_golden_text(
     assert result.returncode == 0, result.stderr
     golden = Path(ROOT) / "tests" / "golden" / f"why-sdpa-{name}.txt"
     assert result.stdout.decode("utf-8") == golden.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("case", ["is_causal", "enable_gqa", "scale=", "timm public"])
+def test_the_quiz_on_the_expansion_answers_from_its_numbers_and_says_they_are_mha_tuis(
+        case: str) -> None:
+    """--quiz asks about the expanded stages too: each answer equals the reference computed
+    here, is marked right when typed as shown, and its source says the numbers are mha-tui's
+    expansion, never the module's own or recorded."""
+    from mha_tui.quiz import questions
+    from mha_tui.recognise.quizzing import mark
+
+    trace = trace_of(case)
+    expected = reference(case)
+    expanded = {s.id for s in trace.stages if fused_op(trace) in s.ops}
+    asked = [q for q in questions(trace) if q.stage in expanded]
+    assert {q.stage for q in asked} == expanded
+    for q in asked:
+        assert "mha-tui's expansion" in q.source, q
+        assert "the module's own" not in q.source and "recorded at" not in q.source, q
+        assert "both recorded" not in q.source and "the recorded" not in q.source, q
+        typed = str(q.expected[0]) if q.answer == "token" else q.shown  # type: ignore[index]
+        assert mark(q, typed, trace.config.tokens).outcome == "right", q
+        if q.asks == "value":  # head 1's last query against the first key
+            assert q.expected == pytest.approx(float(expected["scores"][0, 1, -1, 0]), rel=1e-5)
+        if q.asks == "divisor":
+            factor = CASES[case][-1].get("scale", 1 / math.sqrt(trace.config.head_dim))
+            assert q.expected == pytest.approx(1 / factor, rel=1e-4)
+        if q.asks == "blocked":
+            assert q.expected == int(np.isneginf(expected["mask"][0, 0]).sum())
+        if q.asks == "row_sum":
+            assert q.expected == pytest.approx(1.0, abs=1e-6)
+        if q.asks == "most_attended":
+            row = expected["softmax"][0, 1, -1]
+            assert q.expected == tuple(np.flatnonzero(np.isclose(row, row.max(), rtol=1e-6)))
+        if q.asks == "shape":
+            assert q.expected == expected["attend"].shape

@@ -20,7 +20,7 @@ from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, possessive
-from ..quizzing import Question, head_of_interest
+from ..quizzing import Question, head_of_interest, recorded
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
 from .scores import scaled_inside
@@ -531,6 +531,7 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     T = grid.shape[-1]
     return (Question(stage.id, "blocked", f"How many of the {grid.size} entries of head {head}'s "
                      f"{grid.shape[0]} x {T} scores does the mask block?", "integer", count,
-                     str(count), f"the entries of the recorded {record.name}[{', '.join(map(str, index))}] "
+                     str(count), f"the entries of "
+                     f"{recorded(stage, record.name)}[{', '.join(map(str, index))}] "
                      f"that hold a mask value (-inf, or -1e4 and below) after this stage: {count} "
                      f"(counted by mha-tui)"),)

@@ -14,11 +14,11 @@ import numpy as np
 from ...judge.numeric import products_agree, recomputed_agrees
 from ...records import Check, OpRecord, Snapshot, Stage, Trace
 from ..builder import BHTD, BHTT
-from ..cell import Cell, Why, dot, where
+from ..cell import Cell, Why, dot, expanded_from, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, broadcast_heads, synthetic, words
-from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
+from ..quizzing import EXPANDED, Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import MATMULS
 
@@ -252,5 +252,7 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     return (Question(stage.id, "value", f"In head {head}, what is the score of query "
                      f"{token_name(trace, i)} (row {i}) against key {token_name(trace, 0)} "
                      f"(column 0), {spot}? Q's row dotted with K's row.", "number", value,
-                     number_text(value), f"the module's own {spot}, recorded (Q[{head}, {i}, :] "
-                     f"· K[{head}, 0, :])"),)
+                     number_text(value),
+                     f"mha-tui's expansion's {spot} (Q[{head}, {i}, :] · K[{head}, 0, :]), "
+                     f"{EXPANDED}" if expanded_from(stage) else
+                     f"the module's own {spot}, recorded (Q[{head}, {i}, :] · K[{head}, 0, :])"),)

@@ -16,7 +16,7 @@ from ..cell import Cell, Term, Why, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, words
-from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
+from ..quizzing import Question, cell_index, head_of_interest, number_text, recorded, token_name
 from ..sizes import Sizes
 from ..vocab import SOFTMAXES
 from ..vocab import softmax as softmax_of
@@ -223,15 +223,15 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     spot = ", ".join(map(str, row_index))
     questions = [Question(stage.id, "row_sum", f"What does row {i} of head {head}'s weights "
                           f"(query {token_name(trace, i)}) sum to?", "number", total,
-                          number_text(total), f"Σ_j {record.name}[{spot}, j] over the recorded "
-                          f"row = {total:.6g} (summed by mha-tui): softmax makes every row sum "
-                          "to 1")]
+                          number_text(total), f"Σ_j {record.name}[{spot}, j] over "
+                          f"{recorded(stage, 'row')} = {total:.6g} (summed by mha-tui): softmax "
+                          "makes every row sum to 1")]
     if np.isfinite(row).all() and row.size > 1:
         top = tuple(int(j) for j in np.flatnonzero(row == row.max()))  # a tie: any of them
         questions.append(Question(
             stage.id, "most_attended", f"In head {head}, which token does query "
             f"{token_name(trace, i)} (row {i}) attend to most?", "token", top,
             " or ".join(f"{token_name(trace, j)} (position {j})" for j in top),
-            f"the largest weight in the recorded row {record.name}[{spot}, :] is "
+            f"the largest weight in {recorded(stage, 'row')} {record.name}[{spot}, :] is "
             f"{row[top[0]]:.4f}, at key {' and '.join(map(str, top))}"))
     return tuple(questions)
