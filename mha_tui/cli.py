@@ -800,7 +800,8 @@ def check(
             verdict = check_source(config, _check_source(one.model, one.module, init or [],
                                                          weights), wanted)
         except LoadError as error:
-            fail(str(error).removeprefix("--module "))  # here the module is an argument
+            # here the module is an argument, not --module
+            fail(str(error).removeprefix("--module: ").removeprefix("--module "))
         reports = [verdict_json(verdict)]
     _write_verdicts(reports, verdict, fmt, width=width, ascii_only=ascii_only)
     raise typer.Exit(EXIT_CODES[worst(report["verdict"] for report in reports)])

@@ -39,12 +39,30 @@ def scale(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
         # knows (Gemma 2's tanh soft-capping: / cap, tanh, * cap), is not "the" scale.
         # (OPT's `scores * 1.0` after q was scaled is still the scale stage: q's scale came
         # before the scores.)
-        return None if g.op_derives(op, {"op"}) or _scores_scaled_before(g, op) else "scale"
+        return None if _op_after_scores(g, op) or _scores_scaled_before(g, op) else "scale"
     if g.op_derives(op, {"transpose", "view"}):  # q scaled before q @ k^T (torch's own MHA)
         return "scale"
     if g.op_derives(op, {"project", "rotary"}) and _head_scale(scalar_operand(g, op), op, sizes):
         return "scale"  # OPT, BART: q_proj(x) * d_h ** -0.5, before the heads are split
     return None
+
+
+def _op_after_scores(g: Graph, op: OpRecord) -> bool:
+    """An op no rule knows lies between the scores and this op. One before the scores (Meta's
+    KV cache written with `cache_k[:, :T] = xk` and read back) says nothing about the scale."""
+    seen: set[int] = set()
+    todo = list(g.x_inputs(op))
+    while todo:
+        source = g.producer(todo.pop())
+        if source is None or source.index in seen:
+            continue
+        seen.add(source.index)
+        kind = g.kind.get(source.index)
+        if kind == "op":
+            return True
+        if kind != "scores":  # the scores are where the walk stops
+            todo.extend(g.x_inputs(source))
+    return False
 
 
 def _scores_scaled_before(g: Graph, op: OpRecord) -> bool:
