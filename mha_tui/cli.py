@@ -403,11 +403,11 @@ def _dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str
         fail("--only writes the one stage --stage names: give --stage ID and --dump PATH")
     if fmt is not None:
         return fmt
-    if dump is None:  # the app: no need to import the picture writers (~70 ms) to know it
-        return Format.text
+    suffix = Path(dump or "").suffix.lower()
+    if dump is None or not suffix:  # the app, or text: no need to import the picture writers
+        return Format.text  # (~40 ms; an --hf refusal needs nothing else of drawing)
     from .pictures import EXTENSIONS
 
-    suffix = Path(dump or "").suffix.lower()
     return Format.json if suffix == ".json" else Format(EXTENSIONS.get(suffix, "text"))
 
 
