@@ -48,6 +48,9 @@ CASES: dict[str, tuple[str, int, int, bool, str, tuple, dict]] = {
                     (("dim", 8),), {}),
     "inverted bool mask": ("I love AI !", 4, 2, True, "unsound/sdpa_inverted.py:MultiHeadAttention",
                            (), {"mask": "triu"}),
+    # nn.MultiheadAttention(need_weights=False) calls the fused op, its bool mask made float
+    "nn.MultiheadAttention": ("I love AI !", 4, 2, True, "sdpa_variants.py:TorchMHANoWeights", (),
+                              {"mask": "future"}),
 }
 
 
@@ -78,6 +81,9 @@ def the_mask(how: str, L: int) -> torch.Tensor:
         return torch.ones(L, L, dtype=torch.bool).tril()
     if how == "triu":
         return torch.ones(L, L, dtype=torch.bool).triu(1)
+    if how == "future":  # nn.MultiheadAttention's True (may not attend) as -inf
+        return torch.zeros(L, L, dtype=torch.float64).masked_fill(
+            torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
     distance = (position[:, None] - position[None, :]).double()
     return (-0.5 * distance).masked_fill(distance < 0, float("-inf"))
 
@@ -109,8 +115,9 @@ def torch_fused(case: str) -> np.ndarray:
     """torch's own fused op on the recorded q, k, v, called the way the fixture calls it."""
     how = CASES[case][-1]
     q, k, v = qkv(trace_of(case))
-    mask = the_mask(how["mask"], q.shape[-2]).to(q.dtype if how["mask"] == "distance" else
-                                                 torch.bool) if "mask" in how else None
+    mask = the_mask(how["mask"], q.shape[-2]) if "mask" in how else None
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                           is_causal=bool(how.get("causal")),
                                           scale=how.get("scale"),
@@ -340,3 +347,38 @@ def test_the_quiz_on_the_expansion_answers_from_its_numbers_and_says_they_are_mh
             assert q.expected == tuple(np.flatnonzero(np.isclose(row, row.max(), rtol=1e-6)))
         if q.asks == "shape":
             assert q.expected == expected["attend"].shape
+
+
+def unboxed(panel: str) -> str:
+    """The panel's text without its box, its lines joined by one space."""
+    return " ".join(" ".join(line.strip(" │╭╮╰╯─").split()) for line in panel.splitlines())
+
+
+@pytest.mark.parametrize("size", [(100, 32), (80, 24)])
+async def test_enter_on_the_expansions_softmax_shows_the_why_panel(size: tuple[int, int]) -> None:
+    """In the app, `enter` on the expanded softmax stage puts the cursor on its weights, and
+    the panel shows the computation, says the numbers are mha-tui's expansion and marks it ✓;
+    on attend, the fused op's own output is the second ✓."""
+    from mha_tui.app.explain import ExplainApp
+
+    from .test_app import why_panel
+
+    trace = trace_of("is_causal")
+    app = ExplainApp(trace.config, trace=trace, start="softmax")
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("enter", "down", "down", "right")
+        await pilot.pause()
+        assert app.cursor == (0, 2, 1)
+        shown = unboxed(why_panel(app))
+        assert "why attn_weight[0, 0, 2, 1]" in shown, shown
+        assert "exp(s[2, 1] - max)" in shown and "Σ over the row" in shown
+        assert f"{BY} attn_weight[0, 0, 2, 1]" in shown and "not by the module" in shown
+        assert "✓ equal" in shown and "holds no op" not in shown
+        await pilot.press("escape", "right")  # the next stage: attend
+        await pilot.pause()
+        await pilot.press("enter", "tab", "down")
+        await pilot.pause()
+        assert app.cursor == (1, 1, 0)
+        flat = unboxed(why_panel(app))
+        assert f"{BY} attn_weight @ v[0, 1, 1, 0]" in flat, flat
+        assert "the module's own y[0, 1, 1, 0]" in flat and flat.count("✓ equal") == 2, flat
