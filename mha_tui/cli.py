@@ -515,7 +515,14 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False) -> None:
     """--hf: load the model (refusals here, before any app), then the app or a transcript."""
-    from .load.hf import HfError, check_layer, load
+    from .load.hf_error import HfError
+    from .load.hf_files import refuse_early
+
+    try:  # what the checkpoint's files refuse, before torch and transformers are imported
+        refuse_early(source, sentence, layer)
+    except HfError as error:
+        fail(str(error))
+    from .load.hf import check_layer, load
     from .pipeline.hf import Session
 
     try:
@@ -792,7 +799,8 @@ def check(
             verdict = check_source(config, _check_source(one.model, one.module, init or [],
                                                          weights), wanted)
         except LoadError as error:
-            fail(str(error).removeprefix("--module "))  # here the module is an argument
+            # here the module is an argument, not --module
+            fail(str(error).removeprefix("--module: ").removeprefix("--module "))
         reports = [verdict_json(verdict)]
     _write_verdicts(reports, verdict, fmt, width=width, ascii_only=ascii_only)
     raise typer.Exit(EXIT_CODES[worst(report["verdict"] for report in reports)])

@@ -51,22 +51,64 @@ class Why:
     terms: tuple[Term, ...]
     notes: tuple[str, ...]
     computed: float  # by mha-tui, in float64, from the recorded inputs
-    recorded: float  # the module's own number
+    recorded: float  # the module's own number (or, with `recorded_by`, whose it is)
+    basis: str = ""
+    """What mha-tui computed from, when not only the recorded tensors (an expansion's)."""
+    recorded_by: str = ""
+    """Whose number `recorded` is, when not the module's: "mha-tui's expansion's" for a stage
+    mha-tui computed itself from a fused op's inputs (kinds/sdpa.py)."""
+    witness: Witness | None = None
+    """The module's own number, when `recorded` is not: checked against `computed` too."""
 
     @property
     def difference(self) -> float:
-        if math.isnan(self.computed) and math.isnan(self.recorded):
-            return 0.0
-        if math.isinf(self.computed) and self.computed == self.recorded:
-            return 0.0
-        return abs(self.computed - self.recorded)
+        return difference(self.computed, self.recorded)
 
     @property
     def agrees(self) -> bool:
         """Equal to the module's number up to float32 rounding (the module sums in float32,
         in its own order; mha-tui in float64)."""
-        scale = max(1.0, abs(self.recorded)) if math.isfinite(self.recorded) else 1.0
-        return self.difference <= 1e-5 * scale
+        return agrees(self.computed, self.recorded)
+
+    def compared(self, number: float) -> tuple[float, bool]:
+        """mha-tui's number against another (the witness's): the difference, and whether
+        they agree up to float32 rounding."""
+        return difference(self.computed, number), agrees(self.computed, number)
+
+
+@dataclass(frozen=True)
+class Witness:
+    """A number of the module's own set beside mha-tui's computation: what it is, its value
+    (attend of an expansion: the fused op's output at the cell), and anything that explains
+    why the two may differ."""
+
+    label: str  # "y[0, 1, 2, 1] (what F.scaled_dot_product_attention returned)"
+    value: float
+    caveat: str = ""
+
+
+def difference(computed: float, recorded: float) -> float:
+    if math.isnan(computed) and math.isnan(recorded):
+        return 0.0
+    if math.isinf(computed) and computed == recorded:
+        return 0.0
+    return abs(computed - recorded)
+
+
+def agrees(computed: float, recorded: float) -> bool:
+    """Equal up to float32 rounding."""
+    scale = max(1.0, abs(recorded)) if math.isfinite(recorded) else 1.0
+    return difference(computed, recorded) <= 1e-5 * scale
+
+
+FUSED_ATTENTION = "scaled_dot_product_attention"
+
+
+def expanded_from(stage: Stage) -> OpRecord | None:
+    """The F.scaled_dot_product_attention op a stage is mha-tui's expansion of (kinds/sdpa.py),
+    or None. Such a stage's numbers are computed by mha-tui from that op's q, k and v; the
+    module ran the fused op and recorded only its output."""
+    return next((op for op in stage.ops if op.name == FUSED_ATTENTION), None)
 
 
 def main_tensor(stage: Stage) -> TensorRecord:

@@ -20,7 +20,7 @@ from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, possessive
-from ..quizzing import Question, head_of_interest
+from ..quizzing import Question, head_of_interest, recorded
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
 from .scores import scaled_inside
@@ -483,21 +483,35 @@ def why(cell: Cell) -> Why:
         blocked = bool(mask[index])
         fill = cell.scalar(op)
         computed = fill if blocked else before
-        entry = f"the mask's entry [{i}, {j}] is {blocked}"
         terms = (Term("score before the mask", (), before),
                  Term(f"mask[{i}, {j}] = {blocked}: "
                       + ("written over with the fill value" if blocked else "kept"), (), computed))
-    elif op.name.startswith(("add", "sub")):
-        mask_values = np.broadcast_to(cell.operand(op, 1), out_shape)
-        added = float(mask_values[index])
-        computed = before + added if op.name.startswith("add") else before - added
-        blocked = math.isinf(computed) or added <= -1e9
-        entry = f"the mask's entry [{i}, {j}] is {added:g}"
-        terms = (Term("score before the mask", (), before),
-                 Term(f"{'+' if op.name.startswith('add') else '-'} mask[{i}, {j}]",
-                      (before, "+" if op.name.startswith("add") else "-", added), computed))
-    else:
-        raise WhyError(f"stage {cell.stage.id}: a {op.name} mask is not explained yet")
+        return masked_why(cell, terms, computed, blocked, f"the mask's entry [{i}, {j}] is {blocked}")
+    if op.name.startswith(("add", "sub")):
+        added = float(np.broadcast_to(cell.operand(op, 1), out_shape)[index])
+        return added_why(cell, before, added, adds=op.name.startswith("add"))
+    raise WhyError(f"stage {cell.stage.id}: a {op.name} mask is not explained yet")
+
+
+def added_why(cell: Cell, before: float, added: float, adds: bool = True, name: str = "mask",
+              notes: tuple[str, ...] = ()) -> Why:
+    """The arithmetic of an additive mask, whoever computed its inputs: the score plus (or
+    minus) the mask's entry, blocked where that is -inf (or -1e9 and below)."""
+    *_, i, j = cell.index
+    computed = before + added if adds else before - added
+    blocked = math.isinf(computed) or added <= -1e9
+    terms = (Term("score before the mask", (), before),
+             Term(f"{'+' if adds else '-'} {name}[{i}, {j}]",
+                  (before, "+" if adds else "-", added), computed))
+    entry = (f"the mask's entry [{i}, {j}] is {added:g}" if name == "mask"
+             else f"{name}[{i}, {j}] is {added:g}")
+    return masked_why(cell, terms, computed, blocked, entry, notes)
+
+
+def masked_why(cell: Cell, terms: tuple[Term, ...], computed: float, blocked: bool, entry: str,
+               notes: tuple[str, ...] = ()) -> Why:
+    """Kept or blocked, and why: a causal rule (j > i) or another."""
+    *_, i, j = cell.index
     if blocked:
         reason = (f"key {cell.token(j)} (position {j}) comes after query {cell.token(i)} "
                   f"(position {i}): j > i, and a causal mask hides the future"
@@ -506,7 +520,7 @@ def why(cell: Cell) -> Why:
         reason = (f"key position {j} <= query position {i}: the query may look at it"
                   if j <= i else f"kept although j > i ({entry}): this mask is not causal")
     return Why(cell.stage.id, "mask", cell.record.name, cell.index, where(cell),
-               f"{cell.name}: {'blocked' if blocked else 'kept'}", terms, (reason, entry),
+               f"{cell.name}: {'blocked' if blocked else 'kept'}", terms, (reason, entry, *notes),
                computed, cell.recorded)
 
 
@@ -524,6 +538,7 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     T = grid.shape[-1]
     return (Question(stage.id, "blocked", f"How many of the {grid.size} entries of head {head}'s "
                      f"{grid.shape[0]} x {T} scores does the mask block?", "integer", count,
-                     str(count), f"the entries of the recorded {record.name}[{', '.join(map(str, index))}] "
+                     str(count), f"the entries of "
+                     f"{recorded(stage, record.name)}[{', '.join(map(str, index))}] "
                      f"that hold a mask value (-inf, or -1e4 and below) after this stage: {count} "
                      f"(counted by mha-tui)"),)
