@@ -127,11 +127,36 @@ def test_what_tokenizer_config_says_is_counted(tokenizers_dir: Path, tmp_path: P
         assert _ours(directory, sentence) == _theirs(directory, sentence), (changes, sentence)
 
 
+@pytest.mark.parametrize(("name", "legacy"), [
+    ("roberta", "no tokenizer_config.json"),  # roberta-base on the hub: by model type
+    ("bert", "no tokenizer_config.json"),
+    ("bert", "special_tokens_map.json"),
+    ("gpt-neo", "special_tokens_map.json"),
+    ("llama", "added_tokens.json"),
+])
+def test_legacy_files_are_read_as_transformers_reads_them(tokenizers_dir: Path, tmp_path: Path,
+                                                          name: str, legacy: str) -> None:
+    directory = _variant(tokenizers_dir / name, tmp_path / name, added_tokens_decoder=None)
+    if legacy == "no tokenizer_config.json":
+        (directory / "tokenizer_config.json").unlink()
+    elif legacy == "special_tokens_map.json":
+        (directory / legacy).write_text(json.dumps(
+            {"unk_token": {"content": "[UNK]" if name == "bert" else EOS, "lstrip": False,
+                           "normalized": False, "rstrip": False, "single_word": False},
+             "extra_special_tokens": ["<extra>"]}))
+    else:
+        (directory / legacy).write_text(json.dumps({"<extra>": 300}))
+    for sentence in SENTENCES:
+        assert _ours(directory, sentence) == _theirs(directory, sentence), sentence
+    if legacy != "no tokenizer_config.json":
+        assert _ours(directory, "an <EXTRA> token") is None
+
+
 @pytest.mark.parametrize(("name", "change"), [
     ("gpt-neo", "no tokenizer.json"),  # a slow-only tokenizer: vocab.json and merges.txt
     ("gpt-neo", "remote code"),
     ("gpt-neo", "another class"),
-    ("bert", "special_tokens_map.json"),
+    ("bert", "unreadable special_tokens_map.json"),
     ("gpt-neo", "split special tokens"),
     ("llama", "LlamaTokenizer"),
     ("llama", "add_bos_token"),
@@ -149,8 +174,8 @@ def test_files_that_do_not_decide_leave_it_to_transformers(tokenizers_dir: Path,
     }.get(change, {}))
     if change == "no tokenizer.json":
         (directory / "tokenizer.json").unlink()
-    if change == "special_tokens_map.json":
-        (directory / change).write_text(json.dumps({"unk_token": "[UNK]"}))
+    if change == "unreadable special_tokens_map.json":
+        (directory / "special_tokens_map.json").write_text("{")
     assert _ours(directory, "The cat sat on the mat.") is None
 
 

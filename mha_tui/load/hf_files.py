@@ -216,7 +216,7 @@ def token_count(path: Path, config: dict[str, Any], sentence: str) -> int | None
     """len(tokenizer(sentence, add_special_tokens=True)["input_ids"]) of the tokenizer
     transformers loads from path, computed from tokenizer.json; None where the files do
     not decide it."""
-    settings = _json(path / "tokenizer_config.json")
+    settings = _settings(path)
     if settings is None or not (path / "tokenizer.json").is_file():
         return None
     kind = tokenizer_class(path, config, settings)
@@ -224,9 +224,6 @@ def token_count(path: Path, config: dict[str, Any], sentence: str) -> int | None
         return None
     if "add_bos_token" in settings or "add_eos_token" in settings:
         return None  # whether transformers 5 then keeps tokenizer.json's template varies
-    for extra in ("special_tokens_map.json", "added_tokens.json"):
-        if (path / extra).exists():
-            return None  # more special tokens than tokenizer_config.json names
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -244,6 +241,32 @@ def token_count(path: Path, config: dict[str, Any], sentence: str) -> int | None
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return len(tokenizer.encode(sentence, add_special_tokens=True).ids)
+
+
+def _settings(path: Path) -> dict[str, Any] | None:
+    """The tokenizer's init arguments as transformers 5 gathers them: tokenizer_config.json
+    (none: {}), and where it has no added_tokens_decoder, the legacy special_tokens_map.json
+    over it and added_tokens.json's tokens (under the key `_added_tokens`, only to be named);
+    None when a file is there but unreadable."""
+    settings: dict[str, Any] | None = {}
+    if (path / "tokenizer_config.json").exists():
+        settings = _json(path / "tokenizer_config.json")
+    if settings is None or "added_tokens_decoder" in settings:
+        return settings
+    if (path / "special_tokens_map.json").exists():
+        special = _json(path / "special_tokens_map.json")
+        if special is None:
+            return None
+        named = settings.get("extra_special_tokens")
+        settings.update(special)
+        if named is not None:
+            settings["_extra_special_tokens"] = named  # merged by transformers: still named
+    if (path / "added_tokens.json").exists():
+        added = _json(path / "added_tokens.json")
+        if added is None:
+            return None
+        settings["_added_tokens"] = list(added)
+    return settings
 
 
 def tokenizer_class(path: Path, config: dict[str, Any], settings: dict[str, Any]) -> str | None:
