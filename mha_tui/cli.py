@@ -343,7 +343,7 @@ def _write_comparison(config: Config, source: Source, against: Source,
     except TranscriptError as error:
         fail(f"{error}. Nothing written to {_where(destination)}", 1)
     except BrokenPipeError:
-        os._exit(0)
+        _exit_now(0)
     except OSError as error:
         fail(f"could not write the transcript to {_where(destination)}: "
              f"{error.strerror or error}", 1)
@@ -612,7 +612,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
     except TranscriptError as error:
         fail(f"{error}. Nothing written to {_where(destination)}", 1)
     except BrokenPipeError:  # the reader left early (| head): nothing more to deliver
-        os._exit(0)
+        _exit_now(0)
     except OSError as error:
         fail(f"could not write the transcript to {_where(destination)}: "
              f"{error.strerror or error}", 1)
@@ -884,8 +884,12 @@ def _exit_now(code: int = 0) -> NoReturn:
     """Done and flushed: skip the interpreter's teardown of torch (about 0.5 s here).
 
     Everything the run promised is on disk or in the pipe; teardown would only free memory
-    the process is about to give back anyway.
+    the process is about to give back anyway. Only the command itself (`main`) ends this way:
+    called in-process (Typer's CliRunner, a notebook), the run ends as a Typer command does,
+    and the caller goes on.
     """
+    if not _STANDALONE:
+        raise typer.Exit(code)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -895,6 +899,7 @@ def _exit_now(code: int = 0) -> NoReturn:
 
 
 _STDOUT_CLOSED = False
+_STANDALONE = False  # True once main() runs: the process is the mha-tui command, nothing else
 
 
 def _guard_standard_streams() -> None:
@@ -918,6 +923,15 @@ def _guard_standard_streams() -> None:
 
 def main() -> None:
     """Console-script entry point: usage errors become one line, never a traceback."""
+    global _STANDALONE
+    _STANDALONE = True
+    try:
+        _main()
+    finally:  # a test that calls main() leaves the process as it found it
+        _STANDALONE = False
+
+
+def _main() -> None:
     _guard_standard_streams()
     try:
         code = app(standalone_mode=False)

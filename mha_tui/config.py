@@ -225,5 +225,6 @@ def config_for(module: object, shape: tuple[int, ...], tokens: Sequence[str] | N
         if isinstance(value, int) and value > 0 and C % value == 0:
             heads = value
             break
-    return Config(" ".join(w if w.strip() and not any(c.isspace() for c in w) else "_" for w in words),
+    # w.split() == [w]: w is not empty and holds no whitespace (str.isspace's, as strip's)
+    return Config(" ".join(w if w.split() == [w] else "_" for w in words),
                   embed_dim=C, num_heads=heads, max_seq_len=max(64, T))

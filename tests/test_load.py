@@ -390,6 +390,25 @@ def test_a_builtin_model_with_its_own_mask_refuses_no_causal() -> None:
         load(Config("a b", causal=False), Source(model="raschka"))
 
 
+def test_the_refusal_of_no_causal_names_every_model_that_takes_it() -> None:
+    """The models it names (the NumPy blueprint's too) do run with --no-causal, and every
+    other --model refuses it."""
+    from typer.testing import CliRunner
+
+    from mha_tui.cli import app
+    from mha_tui.config import MODEL_NAMES, NUMPY_MODEL_NAMES
+
+    with pytest.raises(LoadError) as raised:
+        load(Config("a b", causal=False), Source(model="raschka"))
+    named = str(raised.value).split("--no-causal works with ")[1].removesuffix(" and --module")
+    named = named.split(", ")
+    assert {"mygpt", "course", "blueprint", "blueprint-einsum"} <= set(named)
+    for model in MODEL_NAMES + NUMPY_MODEL_NAMES:
+        result = CliRunner().invoke(app, ["explain", "a b", "--model", model, "--no-causal",
+                                          "--dump", "-"])
+        assert result.exit_code == (0 if model in named else 2), (model, result.output)
+
+
 def test_init_reaches_a_builtin_model() -> None:
     loaded = load(CONFIG, Source(model="raschka", init=(("qkv_bias", True),)))
     assert loaded.module.W_query.bias is not None

@@ -382,3 +382,19 @@ async def test_enter_on_the_expansions_softmax_shows_the_why_panel(size: tuple[i
         flat = unboxed(why_panel(app))
         assert f"{BY} attn_weight @ v[0, 1, 1, 0]" in flat, flat
         assert "the module's own y[0, 1, 1, 0]" in flat and flat.count("✓ equal") == 2, flat
+
+
+@pytest.mark.parametrize("case", ["dropout_p", "inverted bool mask", "is_causal"])
+def test_concat_after_the_fused_op_reads_its_output_not_the_expansion(case: str) -> None:
+    """concat joins what the fused op returned: where the expansion differs from it (dropout
+    inside the op, a row with no key), concat's cells still equal the module's (✓), and each
+    is the fused output at its head and channel."""
+    trace = trace_of(case)
+    fused = fused_op(trace).out.values
+    record = main_tensor(trace.stage("concat"))
+    d_h = fused.shape[-1]
+    for index in itertools.product(*map(range, record.values.shape)):
+        w = why(trace, "concat", index)
+        _, t, c = index
+        assert w.agrees and w.computed == float(fused[0, c // d_h, t, c % d_h]), index
+        assert any("not from mha-tui's expansion" in n for n in w.notes)

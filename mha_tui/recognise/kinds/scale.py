@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...judge.numeric import f64, ratio
+from ...judge.numeric import f64, finite_std, ratio
 from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BHTD, BHTT, yes
 from ..cell import Cell, Term, Why, expanded_from, where
@@ -127,12 +127,12 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         before_values = m.b.out_4d([before_ref.op], BHTT)[0] if before_ref.op is not None \
             else before.values
     checks = []
-    raw_f, new_f = _finite_f64(before_values), _finite_f64(values)
-    if raw_f.size > 1 and new_f.size > 1:
-        checks.append(Check(f"spread (std) of the scores: {raw_f.std(ddof=1):.4f} raw -> "
-                            f"{new_f.std(ddof=1):.4f} scaled" if not on_q else
-                            f"spread (std) of {rec.name}: {raw_f.std(ddof=1):.4f} -> "
-                            f"{new_f.std(ddof=1):.4f}", None))
+    raw_std, new_std = finite_std(before_values), finite_std(values)
+    if raw_std is not None and new_std is not None:
+        checks.append(Check(f"spread (std) of the scores: {raw_std:.4f} raw -> "
+                            f"{new_std:.4f} scaled" if not on_q else
+                            f"spread (std) of {rec.name}: {raw_std:.4f} -> "
+                            f"{new_std:.4f}", None))
     else:
         checks.append(Check("a single score: nothing to spread", None))
     if factor is not None:
@@ -160,13 +160,6 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, "scale", [rec], checks, shape_in=before_values.shape,
                       shape_out=values.shape if m.b.per_head else snap.shape, dims_in=rec.dims,
                       dims_out=rec.dims, note=note, title=title, explanation=explanation)
-
-
-def _finite_f64(values: np.ndarray) -> np.ndarray:
-    """The finite values, in order, as one float64 row (a boolean index copies twice when
-    every value is finite, as most scores are)."""
-    finite = np.isfinite(values)
-    return (values.reshape(-1) if finite.all() else values[finite]).astype(np.float64)
 
 
 # ---------------------------------------------------------------------- judging

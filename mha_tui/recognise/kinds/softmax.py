@@ -118,10 +118,10 @@ def softmax_checks(weights: np.ndarray, before: np.ndarray) -> list[Check]:
     deviation = float(np.abs(weights.sum(axis=-1, dtype=weights.dtype) - 1).max()) if weights.size else 0.0
     checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e})", deviation < 1e-5)]
     if before.shape == weights.shape:
-        blocked = np.isneginf(before)
-        n_blocked = int(blocked.sum())
+        blocked = before == -np.inf if before.dtype.kind == "f" else np.isneginf(before)
+        n_blocked = int(np.count_nonzero(blocked))
         if n_blocked:
-            n_zero = int((weights[blocked] == 0).sum())
+            n_zero = int(np.count_nonzero((weights == 0) & blocked))  # without indexing
             checks.append(Check(f"{n_zero} of {n_blocked} masked entries are exactly 0",
                                 n_zero == n_blocked))
     return checks
