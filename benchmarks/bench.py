@@ -347,6 +347,11 @@ def main() -> int:
         args.no_readme = True
     n = args.runs
     started = time.time()
+    # mha-tui's modules from bytecode, as after `pip install` (which compiles them) or a first
+    # run: with PYTHONDONTWRITEBYTECODE set (as on the development machine) an editable
+    # install compiles every module from source again in every measured process, while the
+    # floor's torch is read from its .pyc files.
+    subprocess.run([PYTHON, "-m", "compileall", "-q", str(ROOT / "mha_tui")], check=True)
     load_before = os.getloadavg()
 
     # Round-robin: every round runs the floor and each command once, so that a noisy
