@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...judge.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal_set, f64, max_diff
-from ...records import Check, OpRecord, Source, Stage, Trace
+from ...records import Check, OpRecord, Source, Stage, TensorArg, Trace
 from ...stages import NO_MASK, NO_MASK_ARGUMENT
 from ..builder import BHTT, Builder
 from ..cell import Cell, Term, Why, WhyError, where
@@ -23,7 +23,7 @@ from ..maker import StageMaker, possessive
 from ..quizzing import Question, head_of_interest, recorded
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
-from .scores import scaled_inside
+from .scores import baddbmm_factors, scaled_inside
 
 if TYPE_CHECKING:
     from ...judge.judging import Judge, Row
@@ -473,8 +473,14 @@ def _mask_after_softmax(j: Judge, soft: OpRecord, expected: np.ndarray
 
 def why(cell: Cell) -> Why:
     """A masked score: kept or blocked, why, and the value written."""
-    op, index = cell.per_head(cell.ops("masked_fill", "masked_fill_", "add", "add_",
-                                       "where", "sub"))
+    # baddbmm(mask, q, k^T): the masked scores themselves (the masked_fill_ before it
+    # only builds the mask)
+    op, index = cell.per_head(cell.ops("baddbmm") or cell.ops(
+        "masked_fill", "masked_fill_", "add", "add_", "where", "sub"))
+    if op.name == "baddbmm":
+        return _baddbmm_why(cell, op, index)
+    if op.name == "where":
+        return _where_why(cell, op, index)
     before = float(cell.operand(op, 0)[index])
     out_shape = op.out.shape
     *_, i, j = index
@@ -491,6 +497,55 @@ def why(cell: Cell) -> Why:
         added = float(np.broadcast_to(cell.operand(op, 1), out_shape)[index])
         return added_why(cell, before, added, adds=op.name.startswith("add"))
     raise WhyError(f"stage {cell.stage.id}: a {op.name} mask is not explained yet")
+
+
+def _where_why(cell: Cell, op: OpRecord, index: tuple[int, ...]) -> Why:
+    """torch.where(mask, scores, fill) keeps the score where the mask is True and writes the
+    fill elsewhere; torch.where(mask, fill, scores) the other way round."""
+    shape = op.out.shape
+
+    def at(arg: object) -> float | None:
+        """The argument's number at the cell (a tensor broadcast, or a plain number)."""
+        if isinstance(arg, TensorArg):
+            return float(np.broadcast_to(cell.operand(op, arg.index), shape)[index])
+        return float(arg) if isinstance(arg, int | float) else None
+
+    def many(arg: object) -> bool:
+        return isinstance(arg, TensorArg) and cell.operand(op, arg.index).size > 1
+
+    if len(op.args) < 3 or many(op.args[1]) == many(op.args[2]):
+        raise WhyError(f"stage {cell.stage.id}: cannot tell the scores from the fill value in "
+                       f"its torch.where")
+    keep_when = many(op.args[1])  # where(mask, scores, fill): True keeps the score
+    before, fill = (at(op.args[1]), at(op.args[2])) if keep_when else (at(op.args[2]),
+                                                                         at(op.args[1]))
+    if before is None or fill is None:
+        raise WhyError(f"stage {cell.stage.id}: cannot read its torch.where's arguments")
+    condition = bool(np.broadcast_to(cell.operand(op, 0), shape)[index])
+    blocked = condition != keep_when
+    computed = fill if blocked else before
+    *_, i, j = index
+    terms = (Term("score before the mask", (), before),
+             Term(f"mask[{i}, {j}] = {condition}: "
+                  + ("replaced by the fill value" if blocked else "kept"), (), computed))
+    return masked_why(cell, terms, computed, blocked,
+                      f"the mask's entry [{i}, {j}] is {condition} (torch.where keeps the score "
+                      f"where it is {keep_when})")
+
+
+def _baddbmm_why(cell: Cell, op: OpRecord, index: tuple[int, ...]) -> Why:
+    """torch.baddbmm(mask, q, k^T) (nn.MultiheadAttention): the product and the mask in one
+    call; the score before the mask is computed by mha-tui from the call's q and k^T."""
+    *lead, i, j = index
+    alpha, beta = baddbmm_factors(op)
+    q, k_t = cell.operand(op, 1), cell.operand(op, 2)
+    before = alpha * float(np.dot(q[(*lead, i)].astype(np.float64),
+                                  k_t[(*lead, slice(None), j)].astype(np.float64)))
+    added = beta * float(np.broadcast_to(cell.operand(op, 0), op.out.shape)[index])
+    return added_why(cell, before, added, notes=(
+        "torch.baddbmm(mask, q, k^T) adds the mask to q @ k^T in one call: the score before "
+        "the mask is computed by mha-tui from the call's q and k^T (the scores stage above, "
+        "mha-tui's expansion); the result is the module's own",))
 
 
 def added_why(cell: Cell, before: float, added: float, adds: bool = True, name: str = "mask",
