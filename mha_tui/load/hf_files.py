@@ -232,15 +232,18 @@ def token_count(path: Path, config: dict[str, Any], sentence: str) -> int | None
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     except Exception:  # tokenizers raises its own kinds; transformers will say what is wrong
         return None
-    if tokenizer.get_vocab_size(with_added_tokens=True) > _PATCHED_VOCAB:
+    try:
+        if tokenizer.get_vocab_size(with_added_tokens=True) > _PATCHED_VOCAB:
+            return None
+        if not _rebuild(tokenizer, kind, settings):
+            return None
+        if _holds_a_special_token(tokenizer, kind, settings, sentence):
+            return None
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        return len(tokenizer.encode(sentence, add_special_tokens=True).ids)
+    except Exception:  # a pipeline tokenizers cannot rebuild or run: transformers decides
         return None
-    if not _rebuild(tokenizer, kind, settings):
-        return None
-    if _holds_a_special_token(tokenizer, kind, settings, sentence):
-        return None
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return len(tokenizer.encode(sentence, add_special_tokens=True).ids)
 
 
 def _settings(path: Path) -> dict[str, Any] | None:
