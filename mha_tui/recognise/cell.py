@@ -232,9 +232,15 @@ def linear(cell: Cell, role: str) -> Why:
     op = next((o for o in ops if np.array_equal(o.out.values, cell.record.values)), None)
     *lead, t, o = cell.index
     own = None  # (head, its channel): the heads ran as modules of their own (a ModuleList)
+    part = None  # (the block's first channel, its width): a part of one fused layer's output
     if op is None:
-        op, own = _own_layer(cell, ops)
-        o = own[1]
+        part_of = _fused_part(cell, ops)
+        if part_of is not None:
+            op, part = part_of
+            o += part[0]
+        else:
+            op, own = _own_layer(cell, ops)
+            o = own[1]
     x, weight = cell.operand(op, 0), cell.operand(op, 1)
     row = x[(*lead, t)]
     col = weight[o] if weight.shape[0] == op.out.shape[-1] else weight[:, o]
@@ -253,6 +259,12 @@ def linear(cell: Cell, role: str) -> Why:
     if dropouts:
         extra.append(f"then dropout (training={dropouts[0].kwarg('training', None)}): it "
                      "changes nothing in eval mode")
+    if part is not None:
+        first, width = part
+        extra.insert(0, f"{cell.record.name} is channels {first}-{first + width - 1} of one fused "
+                        f"layer's output ({op.out.shape[-1]} channels, cut by split or chunk): "
+                        f"its channel {cell.index[-1]} is the layer's channel {o}, row {o} of "
+                        "its weight")
     if own is not None:
         name = f"head {own[0]}'s W"
         extra.insert(0, f"the heads ran as modules of their own: channel {cell.index[-1]} of "
@@ -266,6 +278,22 @@ def linear(cell: Cell, role: str) -> Why:
                         f"h·{d_h} to h·{d_h}+{d_h - 1}" if role == "W_O" else
                         "one row of the weight, dotted with the token's x"), *notes, *extra),
                total, cell.recorded)
+
+
+def _fused_part(cell: Cell, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, int]] | None:
+    """The linear op whose output holds the cell's tensor as one block of its channels (q, k
+    and v split from one fused layer), and where that block starts. Found by the values,
+    never by the module's names."""
+    values = cell.record.values
+    width = values.shape[-1] if values.ndim else 0
+    for op in ops:
+        out = op.out.values
+        if not width or out.shape[:-1] != values.shape[:-1] or out.shape[-1] <= width:
+            continue
+        for first in range(out.shape[-1] - width + 1):
+            if np.array_equal(out[..., first:first + width], values):
+                return op, (first, width)
+    return None
 
 
 def _own_layer(cell: Cell, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, int]]:
