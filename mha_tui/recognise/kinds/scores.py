@@ -14,11 +14,11 @@ import numpy as np
 from ...judge.numeric import products_agree, recomputed_agrees
 from ...records import Check, OpRecord, Snapshot, Stage, Trace
 from ..builder import BHTD, BHTT
-from ..cell import Cell, Why, dot, where
+from ..cell import Cell, Why, dot, expanded_from, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, broadcast_heads, synthetic, words
-from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
+from ..quizzing import EXPANDED, Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import MATMULS
 
@@ -220,15 +220,23 @@ def why(cell: Cell) -> Why:
     op, index = cell.per_head(cell.ops("matmul"))
     queries, keys_t = cell.operand(op, 0), cell.operand(op, 1)
     *lead, i, j = index
-    row, col = queries[(*lead, i)], keys_t[(*lead, slice(None), j)]
     head = ", ".join(map(str, cell.index[:-2]))
-    terms, notes, total = dot(cell, row, col, [f"d{k}: Q[{i}, {k}] × K[{j}, {k}]"
-                                                for k in range(len(row))], "products")
+    return score_why(cell, queries[(*lead, i)], keys_t[(*lead, slice(None), j)],
+                     f"Q[{head}, {i}, :]", f"K[{head}, {j}, :]",
+                     ("Q and K are the matmul's recorded inputs (K as K^T: its column "
+                      f"{j})",))
+
+
+def score_why(cell: Cell, query: np.ndarray, key: np.ndarray, q_name: str, k_name: str,
+              notes: tuple[str, ...]) -> Why:
+    """The arithmetic of one score, whoever computed its inputs: query · key, the d_h
+    products and their sum (a matmul's scores; sdpa's expansion)."""
+    *_, i, j = cell.index
+    terms, many, total = dot(cell, query, key, [f"d{k}: Q[{i}, {k}] × K[{j}, {k}]"
+                                                for k in range(len(query))], "products")
     return Why(cell.stage.id, "scores", cell.record.name, cell.index, where(cell),
-               f"{cell.name} = Q[{head}, {i}, :] · K[{head}, {j}, :]  "
-               f"(a dot product over d_h = {len(row)})",
-               terms, ("Q and K are the matmul's recorded inputs (K as K^T: its column "
-                       f"{j})", *notes), total, cell.recorded)
+               f"{cell.name} = {q_name} · {k_name}  (a dot product over d_h = {len(query)})",
+               terms, (*notes, *many), total, cell.recorded)
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
@@ -244,5 +252,7 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     return (Question(stage.id, "value", f"In head {head}, what is the score of query "
                      f"{token_name(trace, i)} (row {i}) against key {token_name(trace, 0)} "
                      f"(column 0), {spot}? Q's row dotted with K's row.", "number", value,
-                     number_text(value), f"the module's own {spot}, recorded (Q[{head}, {i}, :] "
-                     f"· K[{head}, 0, :])"),)
+                     number_text(value),
+                     f"mha-tui's expansion's {spot} (Q[{head}, {i}, :] · K[{head}, 0, :]), "
+                     f"{EXPANDED}" if expanded_from(stage) else
+                     f"the module's own {spot}, recorded (Q[{head}, {i}, :] · K[{head}, 0, :])"),)
