@@ -56,8 +56,15 @@ def _theirs(directory: Path, sentence: str) -> int:
 
 
 def _ours(directory: Path, sentence: str) -> int | None:
+    """The count from the files, checked against its bound read without the vocabulary."""
     config = json.loads((directory / "config.json").read_text())
-    return hf_files.token_count(directory, config, sentence)
+    count = hf_files.token_count(directory, config, sentence)
+    bound = hf_files.token_bound(directory, config, sentence)
+    if count is None:
+        assert bound is None
+    elif bound is not None:
+        assert bound >= count and (bound == 0) == (count == 0), (sentence, bound, count)
+    return count
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -77,6 +84,11 @@ def test_the_count_is_the_transformers_tokenizers(tokenizers_dir: Path, name: st
         theirs = len(tokenizer(sentence, add_special_tokens=True)["input_ids"])
         assert _ours(directory, sentence) == theirs, (name, sentence)
         counts.append(theirs)
+        # The bound read without the vocabulary: never below the count, 0 only where it is 0.
+        bound = hf_files.token_bound(directory, config, sentence)
+        assert bound is not None or name == "mistral"
+        assert bound is None or (bound >= theirs and (bound == 0) == (theirs == 0)), (
+            name, sentence, bound, theirs)
     assert counts[SENTENCES.index(" ".join(["the cat sat on the log"] * 40))] > 64
     # The family's own special tokens are counted: BERT's [CLS] and [SEP], RoBERTa's <s> and
     # </s>, Llama's <s>, T5's </s>, none for GPT-2's kind.
