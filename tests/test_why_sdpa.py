@@ -398,3 +398,26 @@ def test_concat_after_the_fused_op_reads_its_output_not_the_expansion(case: str)
         _, t, c = index
         assert w.agrees and w.computed == float(fused[0, c // d_h, t, c % d_h]), index
         assert any("not from mha-tui's expansion" in n for n in w.notes)
+
+
+@pytest.mark.parametrize("case", ["is_causal", "nanogpt public", "enable_gqa"])
+def test_a_projection_split_from_one_fused_layer_is_its_block_of_channels(case: str) -> None:
+    """q, k, v = c_attn(x).split(...): the project stage's v is the last block of the fused
+    layer's output; each cell is x · W[first + c] (+ bias), computed here from the stage's
+    recorded weight and the embedding's x."""
+    trace = trace_of(case)
+    project = trace.stage("project")
+    x = trace.stage("embed").tensor("x").values.astype(np.float64)
+    weight = next(r for r in project.tensors if r.dims == ("C_out", "C_in")).values
+    bias = next((r.values for r in project.tensors if r.dims == ("C",)), None)
+    record = main_tensor(project)
+    width = record.values.shape[-1]
+    first = weight.shape[0] - width  # v: the last block
+    expected = x @ weight[first:].astype(np.float64).T + (0 if bias is None else bias[first:])
+    for index in itertools.product(*map(range, record.values.shape)):
+        w = why(trace, "project", index)
+        assert w.agrees and w.computed == pytest.approx(float(expected[index]), rel=1e-5,
+                                                        abs=1e-6), index
+    notes = why(trace, "project", (0, 1, width - 1)).notes
+    assert any(n.startswith(f"{record.name} is channels {first}-{weight.shape[0] - 1} of one "
+                            f"fused layer's output") for n in notes), notes
