@@ -56,8 +56,15 @@ def _theirs(directory: Path, sentence: str) -> int:
 
 
 def _ours(directory: Path, sentence: str) -> int | None:
+    """The count from the files, checked against its bound read without the vocabulary."""
     config = json.loads((directory / "config.json").read_text())
-    return hf_files.token_count(directory, config, sentence)
+    count = hf_files.token_count(directory, config, sentence)
+    bound = hf_files.token_bound(directory, config, sentence)
+    if count is None:
+        assert bound is None
+    elif bound is not None:
+        assert bound >= count and (bound == 0) == (count == 0), (sentence, bound, count)
+    return count
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -77,6 +84,11 @@ def test_the_count_is_the_transformers_tokenizers(tokenizers_dir: Path, name: st
         theirs = len(tokenizer(sentence, add_special_tokens=True)["input_ids"])
         assert _ours(directory, sentence) == theirs, (name, sentence)
         counts.append(theirs)
+        # The bound read without the vocabulary: never below the count, 0 only where it is 0.
+        bound = hf_files.token_bound(directory, config, sentence)
+        assert bound is not None or name == "mistral"
+        assert bound is None or (bound >= theirs and (bound == 0) == (theirs == 0)), (
+            name, sentence, bound, theirs)
     assert counts[SENTENCES.index(" ".join(["the cat sat on the log"] * 40))] > 64
     # The family's own special tokens are counted: BERT's [CLS] and [SEP], RoBERTa's <s> and
     # </s>, Llama's <s>, T5's </s>, none for GPT-2's kind.
@@ -127,11 +139,38 @@ def test_what_tokenizer_config_says_is_counted(tokenizers_dir: Path, tmp_path: P
         assert _ours(directory, sentence) == _theirs(directory, sentence), (changes, sentence)
 
 
+@pytest.mark.parametrize(("name", "legacy"), [
+    ("roberta", "no tokenizer_config.json"),  # roberta-base on the hub: by model type
+    ("bert", "no tokenizer_config.json"),
+    ("bert", "special_tokens_map.json"),
+    ("gpt-neo", "special_tokens_map.json"),
+    ("llama", "added_tokens.json"),
+])
+def test_legacy_files_are_read_as_transformers_reads_them(tokenizers_dir: Path, tmp_path: Path,
+                                                          name: str, legacy: str) -> None:
+    directory = _variant(tokenizers_dir / name, tmp_path / name, added_tokens_decoder=None)
+    if legacy == "no tokenizer_config.json":
+        (directory / "tokenizer_config.json").unlink()
+    elif legacy == "special_tokens_map.json":
+        (directory / legacy).write_text(json.dumps(
+            {"unk_token": {"content": "[UNK]" if name == "bert" else EOS, "lstrip": False,
+                           "normalized": False, "rstrip": False, "single_word": False},
+             "extra_special_tokens": ["<extra>"]}))
+    else:
+        (directory / legacy).write_text(json.dumps({"<extra>": 300}))
+    for sentence in SENTENCES:
+        assert _ours(directory, sentence) == _theirs(directory, sentence), sentence
+    if legacy != "no tokenizer_config.json":
+        assert _ours(directory, "an <EXTRA> token") is None
+
+
 @pytest.mark.parametrize(("name", "change"), [
     ("gpt-neo", "no tokenizer.json"),  # a slow-only tokenizer: vocab.json and merges.txt
+    ("gpt-neo", "broken tokenizer.json"),
+    ("bert", "a model tokenizers does not know"),
     ("gpt-neo", "remote code"),
     ("gpt-neo", "another class"),
-    ("bert", "special_tokens_map.json"),
+    ("bert", "unreadable special_tokens_map.json"),
     ("gpt-neo", "split special tokens"),
     ("llama", "LlamaTokenizer"),
     ("llama", "add_bos_token"),
@@ -149,8 +188,14 @@ def test_files_that_do_not_decide_leave_it_to_transformers(tokenizers_dir: Path,
     }.get(change, {}))
     if change == "no tokenizer.json":
         (directory / "tokenizer.json").unlink()
-    if change == "special_tokens_map.json":
-        (directory / change).write_text(json.dumps({"unk_token": "[UNK]"}))
+    if change == "broken tokenizer.json":
+        (directory / "tokenizer.json").write_text("{")
+    if change == "a model tokenizers does not know":
+        document = json.loads((directory / "tokenizer.json").read_text())
+        document["model"]["type"] = "Byte"
+        (directory / "tokenizer.json").write_text(json.dumps(document))
+    if change == "unreadable special_tokens_map.json":
+        (directory / "special_tokens_map.json").write_text("{")
     assert _ours(directory, "The cat sat on the mat.") is None
 
 
@@ -242,3 +287,18 @@ def test_undecided_files_go_on_to_transformers(tiny_dir: Path, tmp_path: Path) -
     long = " ".join(["cat"] * 80)
     hf_files.refuse_early(str(slow), long, 0)  # not decided here: no refusal
     assert _full_path(str(slow), long, 0) == f"the sentence has 80 tokens but {slow} reads at most 64"
+
+
+def test_a_model_type_not_in_the_table_goes_on_to_transformers(tiny_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """An unknown model type is transformers' to refuse (in its own words), and one the table
+    does not list is not refused here even when the sentence is too long for it."""
+    long = " ".join(["cat"] * 80)
+    for model_type in ("not-a-model", "gpt_bigcode"):
+        directory = tmp_path / model_type
+        shutil.copytree(tiny_dir, directory)
+        config = json.loads((directory / "config.json").read_text())
+        config["model_type"] = model_type
+        (directory / "config.json").write_text(json.dumps(config))
+        hf_files.refuse_early(str(directory), long, 7)  # undecided: no refusal here
+    assert "does not recognize this architecture" in _full_path(str(tmp_path / "not-a-model"), long, 0)

@@ -390,6 +390,25 @@ def test_a_builtin_model_with_its_own_mask_refuses_no_causal() -> None:
         load(Config("a b", causal=False), Source(model="raschka"))
 
 
+def test_the_refusal_of_no_causal_names_every_model_that_takes_it() -> None:
+    """The models it names (the NumPy blueprint's too) do run with --no-causal, and every
+    other --model refuses it."""
+    from typer.testing import CliRunner
+
+    from mha_tui.cli import app
+    from mha_tui.config import MODEL_NAMES, NUMPY_MODEL_NAMES
+
+    with pytest.raises(LoadError) as raised:
+        load(Config("a b", causal=False), Source(model="raschka"))
+    named = str(raised.value).split("--no-causal works with ")[1].removesuffix(" and --module")
+    named = named.split(", ")
+    assert {"mygpt", "course", "blueprint", "blueprint-einsum"} <= set(named)
+    for model in MODEL_NAMES + NUMPY_MODEL_NAMES:
+        result = CliRunner().invoke(app, ["explain", "a b", "--model", model, "--no-causal",
+                                          "--dump", "-"])
+        assert result.exit_code == (0 if model in named else 2), (model, result.output)
+
+
 def test_init_reaches_a_builtin_model() -> None:
     loaded = load(CONFIG, Source(model="raschka", init=(("qkv_bias", True),)))
     assert loaded.module.W_query.bias is not None
@@ -510,3 +529,17 @@ def test_a_learner_forward_that_raises_is_left_for_the_trace(tmp_path: Path) -> 
     loaded = load(CONFIG, Source(module=f"{path}:Attn"))
     with pytest.raises(RuntimeError), torch.no_grad():
         loaded.forward()
+
+
+def test_init_of_a_head_count_must_agree_with_heads() -> None:
+    """--init num_heads=4 beside --heads 2 would draw a header and head labels of 2 heads over
+    a module of 4: refused, saying which flag to use; the same number is fine."""
+    class Heads(nn.Module):
+        def __init__(self, embed_dim, num_heads=1, n_heads=1, n_head=1):
+            super().__init__()
+
+    for name in ("num_heads", "n_heads", "n_head"):
+        with pytest.raises(LoadError, match=rf"^--init {name}=4 disagrees with --heads 2: give "
+                                            r"--heads 4 instead$"):
+            constructor_arguments(Heads, CONFIG, {name: 4})
+    assert constructor_arguments(Heads, CONFIG, {"num_heads": 2})["num_heads"] == 2

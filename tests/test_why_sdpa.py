@@ -48,6 +48,9 @@ CASES: dict[str, tuple[str, int, int, bool, str, tuple, dict]] = {
                     (("dim", 8),), {}),
     "inverted bool mask": ("I love AI !", 4, 2, True, "unsound/sdpa_inverted.py:MultiHeadAttention",
                            (), {"mask": "triu"}),
+    # nn.MultiheadAttention(need_weights=False) calls the fused op, its bool mask made float
+    "nn.MultiheadAttention": ("I love AI !", 4, 2, True, "sdpa_variants.py:TorchMHANoWeights", (),
+                              {"mask": "future"}),
 }
 
 
@@ -78,6 +81,9 @@ def the_mask(how: str, L: int) -> torch.Tensor:
         return torch.ones(L, L, dtype=torch.bool).tril()
     if how == "triu":
         return torch.ones(L, L, dtype=torch.bool).triu(1)
+    if how == "future":  # nn.MultiheadAttention's True (may not attend) as -inf
+        return torch.zeros(L, L, dtype=torch.float64).masked_fill(
+            torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
     distance = (position[:, None] - position[None, :]).double()
     return (-0.5 * distance).masked_fill(distance < 0, float("-inf"))
 
@@ -109,8 +115,9 @@ def torch_fused(case: str) -> np.ndarray:
     """torch's own fused op on the recorded q, k, v, called the way the fixture calls it."""
     how = CASES[case][-1]
     q, k, v = qkv(trace_of(case))
-    mask = the_mask(how["mask"], q.shape[-2]).to(q.dtype if how["mask"] == "distance" else
-                                                 torch.bool) if "mask" in how else None
+    mask = the_mask(how["mask"], q.shape[-2]) if "mask" in how else None
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                           is_causal=bool(how.get("causal")),
                                           scale=how.get("scale"),
@@ -340,3 +347,126 @@ def test_the_quiz_on_the_expansion_answers_from_its_numbers_and_says_they_are_mh
             assert q.expected == tuple(np.flatnonzero(np.isclose(row, row.max(), rtol=1e-6)))
         if q.asks == "shape":
             assert q.expected == expected["attend"].shape
+
+
+def unboxed(panel: str) -> str:
+    """The panel's text without its box, its lines joined by one space."""
+    return " ".join(" ".join(line.strip(" │╭╮╰╯─").split()) for line in panel.splitlines())
+
+
+@pytest.mark.parametrize("size", [(100, 32), (80, 24)])
+async def test_enter_on_the_expansions_softmax_shows_the_why_panel(size: tuple[int, int]) -> None:
+    """In the app, `enter` on the expanded softmax stage puts the cursor on its weights, and
+    the panel shows the computation, says the numbers are mha-tui's expansion and marks it ✓;
+    on attend, the fused op's own output is the second ✓."""
+    from mha_tui.app.explain import ExplainApp
+
+    from .test_app import why_panel
+
+    trace = trace_of("is_causal")
+    app = ExplainApp(trace.config, trace=trace, start="softmax")
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("enter", "down", "down", "right")
+        await pilot.pause()
+        assert app.cursor == (0, 2, 1)
+        shown = unboxed(why_panel(app))
+        assert "why attn_weight[0, 0, 2, 1]" in shown, shown
+        assert "exp(s[2, 1] - max)" in shown and "Σ over the row" in shown
+        assert f"{BY} attn_weight[0, 0, 2, 1]" in shown and "not by the module" in shown
+        assert "✓ equal" in shown and "holds no op" not in shown
+        await pilot.press("escape", "right")  # the next stage: attend
+        await pilot.pause()
+        await pilot.press("enter", "tab", "down")
+        await pilot.pause()
+        assert app.cursor == (1, 1, 0)
+        flat = unboxed(why_panel(app))
+        assert f"{BY} attn_weight @ v[0, 1, 1, 0]" in flat, flat
+        assert "the module's own y[0, 1, 1, 0]" in flat and flat.count("✓ equal") == 2, flat
+
+
+@pytest.mark.parametrize("case", ["dropout_p", "inverted bool mask", "is_causal"])
+def test_concat_after_the_fused_op_reads_its_output_not_the_expansion(case: str) -> None:
+    """concat joins what the fused op returned: where the expansion differs from it (dropout
+    inside the op, a row with no key), concat's cells still equal the module's (✓), and each
+    is the fused output at its head and channel."""
+    trace = trace_of(case)
+    fused = fused_op(trace).out.values
+    record = main_tensor(trace.stage("concat"))
+    d_h = fused.shape[-1]
+    for index in itertools.product(*map(range, record.values.shape)):
+        w = why(trace, "concat", index)
+        _, t, c = index
+        assert w.agrees and w.computed == float(fused[0, c // d_h, t, c % d_h]), index
+        assert any("not from mha-tui's expansion" in n for n in w.notes)
+
+
+@pytest.mark.parametrize("case", ["is_causal", "nanogpt public", "enable_gqa"])
+def test_a_projection_split_from_one_fused_layer_is_its_block_of_channels(case: str) -> None:
+    """q, k, v = c_attn(x).split(...): the project stage's v is the last block of the fused
+    layer's output; each cell is x · W[first + c] (+ bias), computed here from the stage's
+    recorded weight and the embedding's x."""
+    trace = trace_of(case)
+    project = trace.stage("project")
+    x = trace.stage("embed").tensor("x").values.astype(np.float64)
+    weight = next(r for r in project.tensors if r.dims == ("C_out", "C_in")).values
+    bias = next((r.values for r in project.tensors if r.dims == ("C",)), None)
+    record = main_tensor(project)
+    width = record.values.shape[-1]
+    first = weight.shape[0] - width  # v: the last block
+    expected = x @ weight[first:].astype(np.float64).T + (0 if bias is None else bias[first:])
+    for index in itertools.product(*map(range, record.values.shape)):
+        w = why(trace, "project", index)
+        assert w.agrees and w.computed == pytest.approx(float(expected[index]), rel=1e-5,
+                                                        abs=1e-6), index
+    notes = why(trace, "project", (0, 1, width - 1)).notes
+    assert any(n.startswith(f"{record.name} is channels {first}-{weight.shape[0] - 1} of one "
+                            f"fused layer's output") for n in notes), notes
+
+
+async def test_the_quiz_in_the_app_walks_the_expansion_and_then_its_why_works() -> None:
+    """--quiz in the app on a module whose attention is one fused op: each expanded stage is
+    hidden until its question is answered, a right answer marks ✓ and reveals it, a wrong one
+    gives the answer and says it is mha-tui's expansion; once revealed, enter drills in."""
+    from textual.widgets import Input
+
+    from mha_tui.app.explain import ExplainApp
+
+    from .test_app import text_of, why_panel
+
+    trace = trace_of("is_causal")
+    app = ExplainApp(trace.config, trace=trace, quiz=True)
+    expanded = [s.id for s in trace.stages if fused_op(trace) in s.ops]
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause()
+        wrong_once, seen = False, set()
+        while app.quiz.current is not None:
+            question = app.quiz.current
+            if question.stage in expanded:
+                seen.add(question.stage)
+                assert app.stage_ids[app.stage_index] == question.stage
+                assert "Its numbers stay hidden" in text_of(app)
+            typed = (str(question.expected[0]) if question.answer == "token"  # type: ignore[index]
+                     else question.shown)
+            if question.stage == "scores" and not wrong_once:
+                typed, wrong_once = "123", True
+            line = app.query_one("#quiz-answer", Input)
+            line.value = typed
+            line.focus()
+            await pilot.press("enter")
+            await pilot.pause()
+            mark = " ".join(text_of(app, "#quiz-mark").split())
+            if typed == "123":
+                assert "✗" in mark and "mha-tui's expansion's" in mark, mark
+            else:
+                assert "✓" in mark, mark
+            if app.quiz.current is not None and app.quiz.current.stage != question.stage:
+                await pilot.press("escape")
+                await pilot.pause()
+                app.stage_index = app.stage_ids.index(app.quiz.current.stage)
+                await pilot.pause()
+        assert app.quiz.current is None and seen == set(expanded) and wrong_once
+        app.stage_index = app.stage_ids.index("softmax")
+        await pilot.pause()
+        await pilot.press("escape", "enter")
+        await pilot.pause()
+        assert app.cursor is not None and "mha-tui's expansion's" in unboxed(why_panel(app))

@@ -4,7 +4,8 @@ Everything here is read from files, without torch or transformers (a `--hf` refu
 the files decide costs a fraction of the torch import): the model directory (a path, or its
 snapshot in the local Hugging Face cache, found the way the hub lays the cache out),
 config.json (json), and the sentence's token count from tokenizer.json with the `tokenizers`
-package, counted as the transformers tokenizer `--hf` runs with counts it.
+package, counted as the transformers tokenizer `--hf` runs with counts it (or, for a sentence
+that surely fits, only an upper bound read without the vocabulary).
 
 That count is given only where the files decide it: the tokenizer class transformers 5's
 AutoTokenizer picks for the checkpoint is one of the few whose pipeline is rebuilt here from
@@ -88,6 +89,17 @@ _DEFAULT_SPECIALS = {
 _DEFAULT_SPECIALS["DistilBertTokenizer"] = _DEFAULT_SPECIALS["BertTokenizer"]
 # transformers patches the pre-tokenizer of tokenizers this large (Mistral's regex).
 _PATCHED_VOCAB = 100_000
+# tokenizer.json's top-level "model" (serialized last, after the normalizer, pre-tokenizer
+# and post-processor, its "type" first), and a model of each type without a vocabulary, to
+# read the rest of the pipeline without the vocabulary.
+_MODEL_KEY = re.compile(r'(,)\s*"model"\s*:\s*\{\s*"type"\s*:\s*"(\w+)"')
+_STUB_MODELS: dict[str, dict[str, Any]] = {
+    "BPE": {"type": "BPE", "vocab": {}, "merges": []},
+    "WordPiece": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": 100, "vocab": {"[UNK]": 0}},
+    "Unigram": {"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0]]},
+    "WordLevel": {"type": "WordLevel", "unk_token": "<unk>", "vocab": {"<unk>": 0}},
+}
 
 
 # ---------------------------------------------------------------- where the model is
@@ -167,14 +179,20 @@ def refuse_early(source: str, sentence: str, layer: int) -> None:
     fields = _LAYERS_AND_POSITIONS.get(str(config.get("model_type"))) if config else None
     if config is None or fields is None:
         return
-    n = token_count(path, config, sentence)
-    if n is None:
-        return
     layers_key, positions_key = fields
     limit = config.get(positions_key) if positions_key else None
     if positions_key is not None and not isinstance(limit, int):
         return  # the field is missing: transformers' default applies
-    if limit is not None and n > limit:
+    # A sentence that surely fits is not tokenized here (reading the vocabulary costs more
+    # than the rest of this check): only its token count's upper bound is.
+    bound = token_bound(path, config, sentence)
+    if bound is not None and (limit is None or bound <= limit):
+        n: int | None = bound if bound == 0 else None  # a bound of 0 is the count
+    else:
+        n = token_count(path, config, sentence)
+        if n is None:
+            return
+    if limit is not None and n is not None and n > limit:
         raise HfError(f"the sentence has {n} tokens but {source} reads at most {limit}")
     n_layers = config.get(layers_key)
     if not isinstance(n_layers, int) or n_layers <= 0:
@@ -182,7 +200,7 @@ def refuse_early(source: str, sentence: str, layer: int) -> None:
     if not 0 <= layer < n_layers:
         raise HfError(f"--layer {layer} is out of range: {source} has {n_layers} layers, "
                       f"0 to {n_layers - 1}")
-    if n == 0:
+    if n == 0:  # (a sentence that gives no tokens yet has a bound above 0: transformers says it)
         raise HfError("the sentence gives no tokens; give at least one word, e.g. \"The cat sat\"")
 
 
@@ -216,7 +234,69 @@ def token_count(path: Path, config: dict[str, Any], sentence: str) -> int | None
     """len(tokenizer(sentence, add_special_tokens=True)["input_ids"]) of the tokenizer
     transformers loads from path, computed from tokenizer.json; None where the files do
     not decide it."""
-    settings = _json(path / "tokenizer_config.json")
+    prepared = _prepared(path, config)
+    if prepared is None:
+        return None
+    kind, settings, text = prepared
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_str(text)
+        if tokenizer.get_vocab_size(with_added_tokens=True) > _PATCHED_VOCAB:
+            return None
+        if not _rebuild(tokenizer, kind, settings):
+            return None
+        if _holds_a_special_token(tokenizer, kind, settings, sentence):
+            return None
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        return len(tokenizer.encode(sentence, add_special_tokens=True).ids)
+    except Exception:  # a pipeline tokenizers cannot build, rebuild or run: transformers decides
+        return None
+
+
+def token_bound(path: Path, config: dict[str, Any], sentence: str) -> int | None:
+    """At least token_count (and 0 only where it is 0), from tokenizer.json without its
+    vocabulary (most of the file, and most of the time to read it): the special tokens the
+    pipeline adds, and for every piece the normalizer and pre-tokenizer cut the sentence
+    into, its UTF-8 bytes (a model gives at most a token per byte of a piece, its byte
+    fallback included; one for an empty piece). None where not known."""
+    prepared = _prepared(path, config)
+    if prepared is None or config.get("model_type") == "mistral":
+        return None  # (transformers may patch a large Mistral vocabulary's pre-tokenizer)
+    kind, settings, text = prepared
+    match = _MODEL_KEY.search(text)
+    if match is None or match.group(2) not in _STUB_MODELS:
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        head = json.loads(text[:match.start(1)] + "}")
+        if not {"normalizer", "pre_tokenizer", "post_processor"} <= set(head):
+            return None
+        tokenizer = Tokenizer.from_str(json.dumps({**head, "model": _STUB_MODELS[match.group(2)]}))
+        if not _rebuild(tokenizer, kind, settings):
+            return None
+        if _holds_a_special_token(tokenizer, kind, settings, sentence):
+            return None
+        text = sentence
+        if tokenizer.normalizer is not None:
+            text = tokenizer.normalizer.normalize_str(text)
+        pieces = [] if not text else [text] if tokenizer.pre_tokenizer is None else \
+            [piece for piece, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+        specials = (tokenizer.post_processor.num_special_tokens_to_add(False)
+                    if tokenizer.post_processor is not None else 0)
+        return specials + sum(max(1, len(piece.encode("utf-8"))) for piece in pieces if piece) \
+            + sum(1 for piece in pieces if not piece)
+    except Exception:
+        return None
+
+
+def _prepared(path: Path, config: dict[str, Any]) -> tuple[str, dict[str, Any], str] | None:
+    """The tokenizer class, its init arguments and tokenizer.json's text, where the count can
+    be decided from them (a class rebuilt here, nothing that makes transformers choose
+    otherwise, tokenizers installed); None otherwise."""
+    settings = _settings(path)
     if settings is None or not (path / "tokenizer.json").is_file():
         return None
     kind = tokenizer_class(path, config, settings)
@@ -224,26 +304,38 @@ def token_count(path: Path, config: dict[str, Any], sentence: str) -> int | None
         return None
     if "add_bos_token" in settings or "add_eos_token" in settings:
         return None  # whether transformers 5 then keeps tokenizer.json's template varies
-    for extra in ("special_tokens_map.json", "added_tokens.json"):
-        if (path / extra).exists():
-            return None  # more special tokens than tokenizer_config.json names
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
+    if find_spec("tokenizers") is None:
         return None
     try:
-        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-    except Exception:  # tokenizers raises its own kinds; transformers will say what is wrong
+        return kind, settings, (path / "tokenizer.json").read_text(encoding="utf-8")
+    except (OSError, ValueError):
         return None
-    if tokenizer.get_vocab_size(with_added_tokens=True) > _PATCHED_VOCAB:
-        return None
-    if not _rebuild(tokenizer, kind, settings):
-        return None
-    if _holds_a_special_token(tokenizer, kind, settings, sentence):
-        return None
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return len(tokenizer.encode(sentence, add_special_tokens=True).ids)
+
+
+def _settings(path: Path) -> dict[str, Any] | None:
+    """The tokenizer's init arguments as transformers 5 gathers them: tokenizer_config.json
+    (none: {}), and where it has no added_tokens_decoder, the legacy special_tokens_map.json
+    over it and added_tokens.json's tokens (under the key `_added_tokens`, only to be named);
+    None when a file is there but unreadable."""
+    settings: dict[str, Any] | None = {}
+    if (path / "tokenizer_config.json").exists():
+        settings = _json(path / "tokenizer_config.json")
+    if settings is None or "added_tokens_decoder" in settings:
+        return settings
+    if (path / "special_tokens_map.json").exists():
+        special = _json(path / "special_tokens_map.json")
+        if special is None:
+            return None
+        named = settings.get("extra_special_tokens")
+        settings.update(special)
+        if named is not None:
+            settings["_extra_special_tokens"] = named  # merged by transformers: still named
+    if (path / "added_tokens.json").exists():
+        added = _json(path / "added_tokens.json")
+        if added is None:
+            return None
+        settings["_added_tokens"] = list(added)
+    return settings
 
 
 def tokenizer_class(path: Path, config: dict[str, Any], settings: dict[str, Any]) -> str | None:

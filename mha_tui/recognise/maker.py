@@ -206,6 +206,9 @@ class StageMaker:
             written = _as_written(op.source.text, method, args) if not kwargs else None
             if written is not None:
                 return written
+            if method == "__setitem__" and len(args) == 3:  # cache[:b, s:s + T] = xk
+                index = args[1][1:-1] if args[1].startswith("(") else args[1]
+                return _assignment(op.source.text) or f"{args[0]}[{index}] = {args[2]}"
             if method == "__getitem__" and len(args) == 2:
                 index = args[1][1:-1] if args[1].startswith("(") else args[1]
                 return f"{args[0]}[{index}]"
@@ -261,6 +264,13 @@ def api_name(op: OpRecord) -> str:
     if owner.startswith("Tensor"):
         return f"torch.Tensor.{method}"
     return op.qualname or op.name
+
+
+def _assignment(text: str) -> str | None:
+    """`self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk`: an indexed assignment as
+    its one-line statement writes it (its comment dropped), or None."""
+    found = re.fullmatch(r"\s*([A-Za-z_][\w.]*\[[^\n]+\]\s*=(?!=)[^\n#]+?)\s*(#[^\n]*)?", text)
+    return found.group(1) if found else None
 
 
 _SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "matmul": "@", "pow": "**"}
