@@ -21,7 +21,7 @@ from ..maker import StageMaker, synthetic, words
 from ..sizes import Sizes
 from ..vocab import softmax
 from .attend import weighted_sum_why
-from .mask import added_why
+from .mask_why import added_why
 from .scale import scale_diagnosis, scaled_why
 from .scores import score_why
 from .softmax import softmax_checks, softmax_why
