@@ -126,6 +126,17 @@ def _variant(source: Path, target: Path, **changes: object) -> Path:
     ("gpt-neo", {"add_prefix_space": True}),
     ("llama", {"tokenizer_class": "PreTrainedTokenizerFast"}),  # Llama 3, BLOOM, Falcon
     ("llama", {"bos_token": None}),
+    # transformers 5 drops add_bos_token and add_eos_token when there is a tokenizer.json
+    ("gpt-neo", {"add_bos_token": True}),
+    ("gpt-neo", {"add_bos_token": True, "add_eos_token": True, "bos_token": None}),
+    ("llama", {"add_bos_token": False}),
+    ("llama", {"add_eos_token": True}),
+    # Pythia's and MPT's GPT-NeoX tokenizer: NFC, then byte-level
+    ("gpt-neox", {"tokenizer_class": "GPTNeoXTokenizerFast", "add_bos_token": False,
+                  "add_eos_token": False}),
+    ("gpt-neox", {"tokenizer_class": "GPTNeoXTokenizer", "add_bos_token": True,
+                  "add_prefix_space": True}),
+    ("mpt", {"tokenizer_class": None}),
     ("bert", {"do_lower_case": False}),
     ("bert", {"strip_accents": False, "tokenize_chinese_chars": False}),
     ("bert", {"tokenizer_class": None}),
@@ -173,8 +184,6 @@ def test_legacy_files_are_read_as_transformers_reads_them(tokenizers_dir: Path, 
     ("bert", "unreadable special_tokens_map.json"),
     ("gpt-neo", "split special tokens"),
     ("llama", "LlamaTokenizer"),
-    ("llama", "add_bos_token"),
-    ("gpt-neo", "add_eos_token"),
 ])
 def test_files_that_do_not_decide_leave_it_to_transformers(tokenizers_dir: Path, tmp_path: Path,
                                                           name: str, change: str) -> None:
@@ -183,8 +192,6 @@ def test_files_that_do_not_decide_leave_it_to_transformers(tokenizers_dir: Path,
         "another class": {"tokenizer_class": "CodeGenTokenizer"},
         "split special tokens": {"split_special_tokens": True},
         "LlamaTokenizer": {"tokenizer_class": "LlamaTokenizer"},
-        "add_bos_token": {"add_bos_token": False},  # transformers 5 may keep the file's <s>
-        "add_eos_token": {"add_eos_token": True},
     }.get(change, {}))
     if change == "no tokenizer.json":
         (directory / "tokenizer.json").unlink()

@@ -9,8 +9,8 @@ that surely fits, only an upper bound read without the vocabulary).
 
 That count is given only where the files decide it: the tokenizer class transformers 5's
 AutoTokenizer picks for the checkpoint is one of the few whose pipeline is rebuilt here from
-tokenizer.json the way its `__init__` builds it (the GPT-2, RoBERTa and BERT tokenizers, and
-TokenizersBackend, which loads tokenizer.json as it is), and the sentence holds none of the
+tokenizer.json the way its `__init__` builds it (the GPT-2, GPT-NeoX, RoBERTa and BERT
+tokenizers, and TokenizersBackend, which loads tokenizer.json as it is), and the sentence holds none of the
 tokenizer's added or special tokens. Anything else (no tokenizer.json, a slow-only
 tokenizer, another class, remote code, a config field missing, another transformers major
 version) returns None, and `load.hf.load` decides with transformers itself, as before:
@@ -83,6 +83,8 @@ _DEFAULT_SPECIALS = {
     "RobertaTokenizer": {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>",
                          "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>",
                          "mask_token": "<mask>"},
+    "GPTNeoXTokenizer": {"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>",
+                         "eos_token": "<|endoftext|>", "pad_token": "<|padding|>"},
     "BertTokenizer": {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
                       "cls_token": "[CLS]", "mask_token": "[MASK]"},
 }
@@ -302,8 +304,8 @@ def _prepared(path: Path, config: dict[str, Any]) -> tuple[str, dict[str, Any], 
     kind = tokenizer_class(path, config, settings)
     if kind is None or settings.get("split_special_tokens"):
         return None
-    if "add_bos_token" in settings or "add_eos_token" in settings:
-        return None  # whether transformers 5 then keeps tokenizer.json's template varies
+    # (add_bos_token and add_eos_token change nothing: transformers 5 drops them from the
+    # settings when there is a tokenizer.json.)
     if find_spec("tokenizers") is None:
         return None
     try:
@@ -377,7 +379,7 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
     model_kind = type(model).__name__
     specials = {**_DEFAULT_SPECIALS[kind], **{key: _content(value) for key, value in settings.items()
                                              if key.endswith("_token")}}
-    if kind in ("GPT2Tokenizer", "RobertaTokenizer"):
+    if kind in ("GPT2Tokenizer", "RobertaTokenizer", "GPTNeoXTokenizer"):
         if model_kind != "BPE":
             return False
         add_prefix_space = bool(settings.get("add_prefix_space", False))
@@ -388,7 +390,7 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
         model.fuse_unk = False
         model.byte_fallback = False
         model.ignore_merges = False
-        tokenizer.normalizer = None
+        tokenizer.normalizer = normalizers.NFC() if kind == "GPTNeoXTokenizer" else None
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
     elif kind in ("BertTokenizer", "DistilBertTokenizer"):
         if model_kind != "WordPiece" or specials.get("unk_token") is None:
@@ -402,9 +404,13 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
             strip_accents=None if strip_accents is None else bool(strip_accents),
             lowercase=bool(settings.get("do_lower_case", True)))
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    # The post-processor: BERT's and RoBERTa's __init__ set their own; the others keep
-    # tokenizer.json's (or none: then transformers' template adds nothing either).
-    if kind in ("BertTokenizer", "DistilBertTokenizer"):
+    # The post-processor: BERT's and RoBERTa's __init__ set their own, GPT-NeoX's the template
+    # of add_bos_token and add_eos_token (False: transformers drops both settings when there
+    # is a tokenizer.json); the others keep tokenizer.json's (or none: then transformers'
+    # template adds nothing either).
+    if kind == "GPTNeoXTokenizer":
+        tokenizer.post_processor = _template(tokenizer, [], [])
+    elif kind in ("BertTokenizer", "DistilBertTokenizer"):
         tokenizer.post_processor = _template(tokenizer, [specials.get("cls_token")],
                                              [specials.get("sep_token")])
     elif kind == "RobertaTokenizer":
