@@ -327,7 +327,12 @@ def test_the_quiz_on_the_expansion_answers_from_its_numbers_and_says_they_are_mh
     expanded = {s.id for s in trace.stages if fused_op(trace) in s.ops}
     asked = [q for q in questions(trace) if q.stage in expanded]
     assert {q.stage for q in asked} == expanded
+    assert ("kv_head" in {q.asks for q in asked}) == (case == "enable_gqa")
     for q in asked:
+        if q.asks == "kv_head":  # from the recorded shapes of q and k, not the expansion
+            assert q.stage == "scores" and q.expected == 3 // 2 and "j // 2" in q.source
+            assert mark(q, "1", trace.config.tokens).outcome == "right"
+            continue
         assert "mha-tui's expansion" in q.source, q
         assert "the module's own" not in q.source and "recorded at" not in q.source, q
         assert "both recorded" not in q.source and "the recorded" not in q.source, q
