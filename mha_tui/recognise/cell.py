@@ -52,6 +52,7 @@ class Why:
     notes: tuple[str, ...]
     computed: float  # by mha-tui, in float64, from the recorded inputs
     recorded: float  # the module's own number
+    recomputed: bool = True  # False: an op mha-tui cannot recompute; computed is not shown
 
     @property
     def difference(self) -> float:
@@ -65,6 +66,8 @@ class Why:
     def agrees(self) -> bool:
         """Equal to the module's number up to float32 rounding (the module sums in float32,
         in its own order; mha-tui in float64)."""
+        if not self.recomputed:
+            return False
         scale = max(1.0, abs(self.recorded)) if math.isfinite(self.recorded) else 1.0
         return self.difference <= 1e-5 * scale
 

@@ -5,6 +5,7 @@ numbers, and the module's own number beside mha-tui's. Shared by the app's side 
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -52,6 +53,7 @@ def why_view(why: Why, opts: RenderOptions) -> Group:
     steps.add_column(justify="right", no_wrap=True)
     for term in why.terms:
         parts = " ".join(say(p) if isinstance(p, str) else _why_number(p, d) for p in term.parts)
+        parts = re.sub(r"\( | (?=[),])", lambda m: m.group(0).strip(), parts)  # max(+1.0, 0)
         steps.add_row(Text(say(term.label)), Text(parts, style="dim"),
                       "=" if term.value is not None else "",
                       Text(_why_number(term.value, d) if term.value is not None else "",
@@ -59,7 +61,9 @@ def why_view(why: Why, opts: RenderOptions) -> Group:
     verdict = Text.assemble(
         ("the module's own ", "dim"), say(f"{why.tensor}[{', '.join(map(str, why.index))}]"),
         ": ", (_why_number(why.recorded, d), "bold"), "  ")
-    if why.agrees:
+    if not why.recomputed:
+        verdict.append_text(Text("not recomputed: mha-tui does not know this op", style="yellow"))
+    elif why.agrees:
         rounding = f" (difference {why.difference:.1e}: float32 rounding)" if why.difference else ""
         verdict.append_text(Text.assemble((ok, "green"), " equal" + rounding))
     else:
@@ -68,7 +72,8 @@ def why_view(why: Why, opts: RenderOptions) -> Group:
     return Group(
         head,
         Text(say(why.formula)),
-        Text("computed by mha-tui from the recorded tensors:", style="italic dim"),
+        Text("computed by mha-tui from the recorded tensors:" if why.recomputed else
+             "what the op was given (recorded):", style="italic dim"),
         Padding(steps, (0, 0, 0, 2)),
         verdict,
         *(Text(say(note), style="dim") for note in why.notes),
