@@ -284,7 +284,14 @@ def main() -> int:
                         help="the README whose Performance table is replaced (default: the "
                              "repository's)")
     parser.add_argument("--no-readme", action="store_true", help="print the table only")
+    parser.add_argument("--only", metavar="NAME,...", default=None,
+                        help="run only these whole-process rows beside the floor (version, help, "
+                             "completion, dump, raschka, module, numpy, full, json_gpt2, hf, "
+                             "hf_refuse) and print their table; the README is left as it is")
     args = parser.parse_args()
+    only = None if args.only is None else set(args.only.split(","))
+    if only is not None:
+        args.no_readme = True
     n = args.runs
     started = time.time()
     load_before = os.getloadavg()
@@ -326,6 +333,12 @@ def main() -> int:
         # More tokens than the model's 1,024 positions: refused before any weight loads.
         commands["hf_refuse"] = ([*MHA, "explain", sentences["too_long"], "--hf", str(big),
                                   "--dump", "-"], None, 2)
+    if only is not None:
+        unknown = only - set(commands)
+        if unknown:
+            raise SystemExit(f"bench: --only: no such row {', '.join(sorted(unknown))}")
+        commands = {name: command for name, command in commands.items()
+                    if name in only or name == "floor"}
     samples: dict[str, list[Run]] = {name: [] for name in commands}
     apps: list[tuple[float, float, int]] = []
     numpy_apps: list[tuple[float, float, int]] = []
@@ -333,13 +346,15 @@ def main() -> int:
     for _ in range(n):
         for name, (argv, env, expect) in commands.items():
             samples[name].append(run_process(argv, env, expect))
+        if only is not None:
+            continue
         apps.append(app_in_pty())
         big_apps.append(app_in_pty(*BIG, sentence=BIG_SENTENCE))
         numpy_apps.append(app_in_pty("--model", "blueprint"))
     result = {name: Run(statistics.median(r.seconds for r in runs),
                         int(statistics.median(r.max_rss_kib for r in runs)))
               for name, runs in samples.items()}
-    floor, dump = result["floor"], result["dump"]
+    floor = result["floor"]
     f = floor.seconds
     rows: list[Row] = [Row('python -c "import torch" (the floor)', f"{f:.3f} s", 1.0, "", None),
                        Row("peak memory, the floor", f"{floor.max_rss_kib / 1024:.0f} MiB", None,
@@ -355,13 +370,20 @@ def main() -> int:
                               ("full", "C=768 h=12 --full --dump - (2.4 M numbers)", 3.0),
                               ("json_gpt2", "JSON, C=768 h=12 T=512 (21.5 M values, 227 MB)",
                                2.00)]:
-        rows.append(_ratio_row(what, result[name].seconds, f, limit))
+        if name in result:
+            rows.append(_ratio_row(what, result[name].seconds, f, limit))
     if "hf" in result:
         rows.append(_ratio_row(f'explain "{HF_SENTENCE}" --hf (tiny GPT-2) --dump -',
                                result["hf"].seconds, f, None))
     if "hf_refuse" in result:
         rows.append(_ratio_row("--hf, 1,100 tokens for 1,024 positions: refused",
                                result["hf_refuse"].seconds, f, 0.30))
+    if only is not None:
+        for name in sorted(only & set(result)):
+            rows.append(Row(f"peak memory, {name}", f"{result[name].max_rss_kib / 1024:.0f} MiB",
+                            None, "", None))
+        hf_dir.cleanup()
+        return _report(rows, started, load_before, n, args)
 
     paint = statistics.median(a[0] for a in apps)
     values = statistics.median(a[1] for a in apps)
@@ -412,7 +434,7 @@ def main() -> int:
                     f"{ours_keys * 1000:.1f} ms", None, "<= 25 ms", ours_keys <= 0.025))
     rows.append(Row("  same, a bare Textual app", f"{bare_keys * 1000:.1f} ms", None, "", None))
 
-    for what, rss, limit in [("peak memory, dump", dump.max_rss_kib, 60),
+    for what, rss, limit in [("peak memory, dump", result["dump"].max_rss_kib, 60),
                              ("peak memory, app", app_rss, 60),
                              ("peak memory, JSON C=768 h=12 T=512",
                               result["json_gpt2"].max_rss_kib, 250)]:
@@ -431,7 +453,12 @@ def main() -> int:
                         "output_attentions)", ours_hf.max_rss_kib <= own.max_rss_kib + 300 * 1024))
     hf_dir.cleanup()
     Path(JSON_OUT).unlink(missing_ok=True)
+    return _report(rows, started, load_before, n, args)
 
+
+def _report(rows: list[Row], started: float, load_before: tuple[float, float, float], n: int,
+            args: argparse.Namespace) -> int:
+    """Print the table (and write it into the README unless told not to)."""
     load_after = os.getloadavg()
     commit = _git("rev-parse", "--short", "HEAD") or "unknown"
     if _git("status", "--porcelain", "--untracked-files=no"):

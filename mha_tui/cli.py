@@ -126,7 +126,7 @@ def explain(
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Apply the causal mask.")] = True,
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help=f"Longest sentence the module accepts (at most {MAX_SEQ_LEN}).")] = 64,
     dump: Annotated[str | None, typer.Option("--dump", metavar="PATH", help="Write the transcript to PATH ('-' for stdout) instead of opening the app. Devices, FIFOs and /dev/fd/N are written through; a file is replaced only once the transcript is complete.")] = None,
-    fmt: Annotated[Format | None, typer.Option("--format", help="Transcript format; default: from --dump's extension (.svg, .html, .md), else text.", case_sensitive=False, show_default=False)] = None,
+    fmt: Annotated[Format | None, typer.Option("--format", help="Transcript format; default: from --dump's extension (.json, .svg, .html, .md), else text.", case_sensitive=False, show_default=False)] = None,
     width: Annotated[int | None, typer.Option("--width", help="Text transcript width in columns (40 to 400, default 100); JSON has no width.")] = None,
     full: Annotated[bool, typer.Option("--full", help="Never elide rows, columns or heads in the text transcript.")] = False,
     color: Annotated[bool, typer.Option("--color", help="Keep colours (ANSI codes) in the text transcript.")] = False,
@@ -176,7 +176,7 @@ def explain(
             fail("--quiz and --against both say what to write; give one of them")
         _check_quiz(dump=dump, fmt=fmt, why=cell is not None, check=check_stages, only=only)
     if color and fmt in (Format.svg, Format.html, Format.md):
-        _say(f"mha-tui: note: with --format {fmt.value}, --color changes nothing (SVG and HTML "
+        _say(f"mha-tui: note: in {fmt.value}, --color changes nothing (SVG and HTML "
              "are always in the app's colours; Markdown is plain text)")
     if fmt is Format.json:
         _note_unused_for_json(width=width, full=full, color=color)
@@ -257,7 +257,7 @@ def _check_quiz(*, dump: str | None, fmt: Format, why: bool, check: bool, only: 
     if _interactive(dump):
         return  # the app asks, stage by stage
     if fmt not in (Format.text, Format.json):
-        fail(f"--quiz writes a worksheet as text or JSON; --format {fmt.value} does not apply")
+        fail(f"--quiz writes a worksheet as text or JSON, not {fmt.value}")
     if only:
         fail("--quiz writes the questions of every stage; --only does not apply")
 
@@ -276,7 +276,7 @@ def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: 
     if model is not None and model.value in NUMPY_MODEL_NAMES:
         fail(f"--against compares torch modules; --model {model.value} is NumPy code")
     if not _interactive(dump) and fmt not in (Format.text, Format.json):
-        fail(f"--against writes text or JSON; --format {fmt.value} does not apply")
+        fail(f"--against writes text or JSON, not {fmt.value}")
     if text in NUMPY_MODEL_NAMES:
         fail(f"--against compares torch modules; {text} is NumPy code")
     if text in MODEL_NAMES:
@@ -343,7 +343,7 @@ def _write_comparison(config: Config, source: Source, against: Source,
     except TranscriptError as error:
         fail(f"{error}. Nothing written to {_where(destination)}", 1)
     except BrokenPipeError:
-        os._exit(0)
+        _exit_now(0)
     except OSError as error:
         fail(f"could not write the transcript to {_where(destination)}: "
              f"{error.strerror or error}", 1)
@@ -361,7 +361,7 @@ def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
     if _interactive(dump):
         fail("--why prints how one number was made: give --dump - (or --dump PATH)")
     if fmt is not Format.text:
-        fail(f"--why writes text; --format {fmt.value} does not apply")
+        fail(f"--why writes text, not {fmt.value}")
     if hf:
         fail("--why does not apply with --hf yet")
     try:
@@ -397,16 +397,18 @@ def _whose_forward(source: Source) -> str:
 
 
 def _dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str | None) -> Format:
-    """--format, else --dump's extension (.svg, .html, .md), else text; --only needs --stage."""
+    """--format, else --dump's extension (.json, .svg, .html, .md), else text; --only needs
+    --stage."""
     if only and (stage is None or dump is None):
         fail("--only writes the one stage --stage names: give --stage ID and --dump PATH")
     if fmt is not None:
         return fmt
-    if dump is None:  # the app: no need to import the picture writers (~70 ms) to know it
-        return Format.text
+    suffix = Path(dump or "").suffix.lower()
+    if dump is None or not suffix:  # the app, or text: no need to import the picture writers
+        return Format.text  # (~40 ms; an --hf refusal needs nothing else of drawing)
     from .pictures import EXTENSIONS
 
-    return Format(EXTENSIONS.get(Path(dump or "").suffix.lower(), "text"))
+    return Format.json if suffix == ".json" else Format(EXTENSIONS.get(suffix, "text"))
 
 
 def _source(model: Model | None, module: str | None, init: list[str], weights: Path | None) -> Source:
@@ -515,7 +517,14 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False) -> None:
     """--hf: load the model (refusals here, before any app), then the app or a transcript."""
-    from .load.hf import HfError, check_layer, load
+    from .load.hf_error import HfError
+    from .load.hf_files import refuse_early
+
+    try:  # what the checkpoint's files refuse, before torch and transformers are imported
+        refuse_early(source, sentence, layer)
+    except HfError as error:
+        fail(str(error))
+    from .load.hf import check_layer, load
     from .pipeline.hf import Session
 
     try:
@@ -603,7 +612,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
     except TranscriptError as error:
         fail(f"{error}. Nothing written to {_where(destination)}", 1)
     except BrokenPipeError:  # the reader left early (| head): nothing more to deliver
-        os._exit(0)
+        _exit_now(0)
     except OSError as error:
         fail(f"could not write the transcript to {_where(destination)}: "
              f"{error.strerror or error}", 1)
@@ -792,7 +801,8 @@ def check(
             verdict = check_source(config, _check_source(one.model, one.module, init or [],
                                                          weights), wanted)
         except LoadError as error:
-            fail(str(error).removeprefix("--module "))  # here the module is an argument
+            # here the module is an argument, not --module
+            fail(str(error).removeprefix("--module: ").removeprefix("--module "))
         reports = [verdict_json(verdict)]
     _write_verdicts(reports, verdict, fmt, width=width, ascii_only=ascii_only)
     raise typer.Exit(EXIT_CODES[worst(report["verdict"] for report in reports)])
@@ -874,8 +884,12 @@ def _exit_now(code: int = 0) -> NoReturn:
     """Done and flushed: skip the interpreter's teardown of torch (about 0.5 s here).
 
     Everything the run promised is on disk or in the pipe; teardown would only free memory
-    the process is about to give back anyway.
+    the process is about to give back anyway. Only the command itself (`main`) ends this way:
+    called in-process (Typer's CliRunner, a notebook), the run ends as a Typer command does,
+    and the caller goes on.
     """
+    if not _STANDALONE:
+        raise typer.Exit(code)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -885,6 +899,7 @@ def _exit_now(code: int = 0) -> NoReturn:
 
 
 _STDOUT_CLOSED = False
+_STANDALONE = False  # True once main() runs: the process is the mha-tui command, nothing else
 
 
 def _guard_standard_streams() -> None:
@@ -908,6 +923,15 @@ def _guard_standard_streams() -> None:
 
 def main() -> None:
     """Console-script entry point: usage errors become one line, never a traceback."""
+    global _STANDALONE
+    _STANDALONE = True
+    try:
+        _main()
+    finally:  # a test that calls main() leaves the process as it found it
+        _STANDALONE = False
+
+
+def _main() -> None:
     _guard_standard_streams()
     try:
         code = app(standalone_mode=False)

@@ -214,16 +214,26 @@ class Source:
                 and self.weights is None)
 
 
+def check_token_count(words: Sequence[str], shape: tuple[int, ...]) -> None:
+    """The Python API's tokens label the T axis of x, shape[-2]: one per position."""
+    if len(words) != int(shape[-2]):
+        raise ConfigError(f"{len(words)} tokens for the {int(shape[-2])} positions of x, shape "
+                          f"{tuple(shape)} (T is the second-to-last axis): give one token per "
+                          "position")
+
+
 def config_for(module: object, shape: tuple[int, ...], tokens: Sequence[str] | None) -> Config:
     """The configuration of a run the caller did not describe (the Python API): T and C from
     x's shape, h from the module's own head-count attribute (else 1), tokens t0, t1, ..."""
     T, C = int(shape[-2]), int(shape[-1])
     words = list(tokens) if tokens is not None else [f"t{i}" for i in range(T)]
+    check_token_count(words, shape)
     heads = 1
     for attribute in ("num_heads", "n_head", "n_heads", "nhead", "h"):
         value = getattr(module, attribute, None)
         if isinstance(value, int) and value > 0 and C % value == 0:
             heads = value
             break
-    return Config(" ".join(w if w.strip() and not any(c.isspace() for c in w) else "_" for w in words),
+    # w.split() == [w]: w is not empty and holds no whitespace (str.isspace's, as strip's)
+    return Config(" ".join(w if w.split() == [w] else "_" for w in words),
                   embed_dim=C, num_heads=heads, max_seq_len=max(64, T))

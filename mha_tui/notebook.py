@@ -284,6 +284,18 @@ def _config(x: Any, labels: Sequence[str] | None, heads: int | None, seed: int) 
     return Config(sentence, embed_dim=C, num_heads=heads, seed=seed, max_seq_len=max(64, T))
 
 
+def _labels(words: list[str], tokens: Sequence[str] | None, x: Any) -> list[str] | None:
+    """The T axis's labels: the tokens given (one per position of x, else refused), or the
+    sentence's words when they fit x, else t0, t1, ..."""
+    if len(words) == x.shape[-2]:
+        return words
+    if tokens is not None:
+        from .config import check_token_count
+
+        check_token_count(words, tuple(x.shape))  # raises ConfigError: they do not fit
+    return None
+
+
 def _is_torch_module(module: Any) -> bool:
     import sys
 
@@ -314,7 +326,7 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
     def call(m: Any, inp: Any) -> Any:  # x once, or as query, key and value
         return m(*(inp,) * len(args), **kwargs)
 
-    labels = words if len(words) == x.shape[-2] else None
+    labels = _labels(words, tokens, x)
     traced = trace_of(module, x, labels, call=call, embedding=embedding, ids=ids,
                    config=_config(x, labels, heads, seed))
     return Checked(judge_torch(traced, module, x, call, causal=causal, heads=traced.config.num_heads,
@@ -336,7 +348,7 @@ def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
         table, ids = embedding_table(config), np.array(config.ids)  # as the blueprint builds x
         x = table[ids]  # (T, C)
     args, kwargs = forward_inputs(module, x, causal=causal)
-    labels = words if len(words) == x.shape[-2] else None
+    labels = _labels(words, tokens, x)
     traced = trace_of(module, x, labels, args=args, kwargs=kwargs, table=table, ids=ids,
                    config=_config(x, labels, heads, seed))
     return Checked(judge_numpy(traced, module, args, kwargs, causal=causal,

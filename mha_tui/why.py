@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from .recognise.cell import Cell, Term, Why, WhyError, main_tensor
-from .recognise.kinds import embed, error
+from .recognise.cell import Cell, Term, Why, WhyError, expanded_from, main_tensor
+from .recognise.kinds import embed, error, sdpa
 from .recognise.registry import BUILDERS
 from .records import Trace
 
@@ -48,7 +48,9 @@ def why(trace: Trace, stage_id: str, index: tuple[int, ...]) -> Why:
         raise WhyError(f"{stage.id}[{', '.join(map(str, index))}] is outside {record.name}, "
                        f"shape ({', '.join(map(str, shape))}): give {len(shape)} indices, each "
                        "from 0 to its size - 1")
-    explain = KINDS.get(stage.kind)
+    # scores ... attend expanded from one fused F.scaled_dot_product_attention: sdpa explains
+    # them, with the same arithmetic as the kinds' own why
+    explain = sdpa.expansion_why if expanded_from(stage) is not None else KINDS.get(stage.kind)
     if explain is None:
         raise WhyError(f"mha-tui does not explain the cells of a {stage.kind!r} stage yet; it "
                        f"does for: {', '.join(KINDS)}")

@@ -32,6 +32,8 @@ MODULES = {
                    ["-H", "2", "-C", "8", "--init", "dim=8", "--no-causal"]),
     "timm manual": ("timm_attention.py", "ManualAttention",
                     ["-H", "2", "-C", "8", "--init", "dim=8", "--no-causal"]),
+    # timm's own class, its `dim` filled with C by name as embed_dim is: no --init needed.
+    "timm as written": ("timm_attention.py", "Attention", ["-H", "2", "-C", "8", "--no-causal"]),
     "hf llama": ("hf_llama.py", "HFLlamaAttention", ["-H", "4", "-C", "16", "--expect", "rotary"]),
     "hf mistral": ("hf_mistral.py", "HFMistralAttention",
                    ["-H", "4", "-C", "16", "--expect", "rotary", "--window", "2"]),
@@ -111,6 +113,28 @@ def test_a_wrong_rotary_base_in_meta_llama_is_named() -> None:
     assert code == 1
     assert data["diagnosis"]["kind"] == "rotary_base"
     assert data["diagnosis"]["message"].startswith("rotary base 10000 where 500 was expected")
+
+
+def test_meta_llamas_division_by_sqrt_d_h_is_the_scale_stage(tmp_path: Path) -> None:
+    """Meta's KV cache is written with `cache_k[:bsz, ...] = xk` (ops no rule places) before
+    the scores; that is no reason to call `scores / math.sqrt(self.head_dim)` an unknown op:
+    it is the scale, judged, and a wrong one is caught at its line."""
+    file, cls, options = MODULES["meta llama"]
+    _, data = check(PUBLIC / file, cls, options)
+    kinds = [s["kind"] for s in data["stages"]]
+    assert kinds[kinds.index("scores") + 1] == "scale", kinds
+    (scale,) = [s for s in data["stages"] if s["kind"] == "scale"]
+    assert scale["ok"] is True and "1/sqrt(d_h)" in scale["checked"]
+    text = (PUBLIC / file).read_text()
+    old = "/ math.sqrt(self.head_dim)"
+    assert text.count(old) == 1
+    path = tmp_path / file
+    path.write_text(text.replace(old, "* math.sqrt(self.head_dim)"))
+    code, data = check(path, cls, options)
+    assert code == 1
+    assert data["diagnosis"]["kind"] == "scale_inverted", data["diagnosis"]
+    (at,) = [i + 1 for i, line in enumerate(text.splitlines()) if old in line]
+    assert data["diagnosis"]["line"] == at
 
 
 def test_every_copy_says_where_it_comes_from_and_its_licence() -> None:

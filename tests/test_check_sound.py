@@ -80,6 +80,12 @@ def test_no_attention_found(name: str) -> None:
     assert not any(d.startswith("Different but equivalent") for d in verdict.differences)
 
 
+def test_what_a_forward_without_attention_computes_is_named_as_torch_documents_it() -> None:
+    """One nn.Linear: the diagnosis lists `F.linear`, not the recorder's internal op name."""
+    message = judged(spec("single_linear")).diagnosis.message
+    assert message.endswith("(it computes only: F.linear)"), message
+
+
 def test_a_wrong_output_shape_is_named_with_both_shapes() -> None:
     path = UNSOUND / "wrong_shape.py"
     verdict = judged(spec("wrong_shape"))  # T = 4 tokens, C = 4

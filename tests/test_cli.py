@@ -253,3 +253,23 @@ def test_an_address_space_limit_too_small_is_refused_before_the_run(tmp_path: Pa
     assert result.returncode == 2, err
     assert "needs about" in err and "ulimit -v" in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_finished_run_called_in_process_returns_to_its_caller(tmp_path: Path) -> None:
+    """The command skips torch's teardown with os._exit, but only as the command itself: a
+    finished `explain --dump` or `check` run through Typer's CliRunner (a test, a notebook)
+    returns its exit code, and the caller goes on. Run in a child, since the old behaviour
+    ended the calling process with status 0 (a pytest run would stop silently, green)."""
+    out = tmp_path / "t.json"
+    script = (
+        "from typer.testing import CliRunner\n"
+        "from mha_tui.cli import app\n"
+        f"for args in (['explain', 'I love AI !', '--dump', {str(out)!r}, '--format', 'json'],\n"
+        f"             ['explain', 'I love AI !', '--quiz', '--dump', {str(out)!r} + '.txt'],\n"
+        "             ['check', '--model', 'mygpt', '--format', 'csv']):\n"
+        "    print('returned', CliRunner().invoke(app, args).exit_code, flush=True)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, cwd=ROOT,
+                            timeout=300, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("returned 0") == 3, result.stdout + result.stderr
+    assert out.read_text().startswith("{")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from functools import cache
 from pathlib import Path
 
@@ -38,6 +39,37 @@ def against(mine: str, reference: str = "mygpt", *, module: bool = True) -> Comp
     source = Source(module=mine) if module else Source(model=mine)
     ref = Source(module=reference) if ":" in reference else Source(model=reference)
     return compared(CONFIG, source, ref)
+
+
+RULE = re.compile(r"[─-]{5,}")
+HEAD = re.compile(r"head \d+")
+
+
+def unequal_sides(text: str) -> list[str]:
+    """Where yours and the reference's matrices, drawn side by side, do not line up. A pair
+    starts at its `yours ... reference` line (the reference's side starts at that column)
+    and ends at mha-tui's difference; in it, a line with a rule on each side is the two
+    matrices' rule: the column headers just above must name the same columns (the same
+    elided, `+N`), and a head's title above one side must stand above the other."""
+    lines = text.splitlines()
+    problems = []
+    split = None
+    for i, line in enumerate(lines):
+        if re.fullmatch(r"yours +reference", line.strip()):
+            split = line.index("reference")
+            continue
+        if "difference, computed by mha-tui" in line:
+            split = None
+        runs = [m.start() for m in RULE.finditer(line)]
+        if split is None or len(runs) != 2 or runs[1] != split or i < 2:
+            continue
+        header = lines[i - 1]
+        if header[:split].split() != header[split:].split():
+            problems.append(f"columns: {header.strip()!r}")
+        for above in lines[max(0, i - 3):i]:
+            if HEAD.findall(above[:split]) != HEAD.findall(above[split:]):
+                problems.append(f"heads: {above.strip()!r}")
+    return problems
 
 
 def record(values: np.ndarray, dims: tuple[str, ...] = ("B", "h", "T", "T")) -> TensorRecord:
@@ -228,6 +260,33 @@ def test_text_comparison_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None
     assert text == (GOLDEN / "against-no-scale.txt").read_text("utf-8")
     assert "they part at 6/11 scale: only in the reference" in text
     assert "difference, computed by mha-tui" in text
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+@pytest.mark.parametrize("name", ["correct", "no_scale", "mask_reversed", "softmax_axis",
+                                  "dropout_active"])
+def test_both_sides_show_the_same_columns_and_heads_at_any_width(name: str, width: int) -> None:
+    """The dump at --width 80, 100 and 120: each side half the width, the two matrices of a
+    pair elided alike (the columns the wider numbers leave room for), heads level."""
+    from mha_tui.dump import comparison_text
+    from mha_tui.render.options import RenderOptions
+
+    for decimals in (2, 4, 6):
+        text = comparison_text(against(spec(name)), RenderOptions(decimals=decimals), width=width)
+        assert text.count("head 0") >= 2
+        assert unequal_sides(text) == [], (decimals, unequal_sides(text)[:3])
+
+
+def test_the_comparison_at_80_columns_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--dump - --width 80`: both sides elide the same column of a 4-wide matrix.
+    Regenerate with `make golden` only after reading the diff."""
+    monkeypatch.chdir(ROOT)
+    done = run_cli("explain", "I love AI !", "--module",
+                   "tests/fixtures/mistakes/softmax_axis.py:MultiHeadAttention", "--against",
+                   "mygpt", "--width", "80", "--dump", "-")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode("utf-8") == (GOLDEN / "against-softmax-axis-80.txt").read_text("utf-8")
+    assert unequal_sides(done.stdout.decode("utf-8")) == []
 
 
 def test_a_correct_module_against_per_head_modules_matches_golden() -> None:

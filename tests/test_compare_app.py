@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from mha_tui.app.compare import CompareApp, row_ids
 from mha_tui.app.stage_view import StageView
 from mha_tui.app.widgets import StageRail
 from mha_tui.config import Config, Source
 from mha_tui.judge.roles import RoleCopyError
 from mha_tui.pipeline import compared
+
+from .test_compare import unequal_sides
 
 MISTAKES = Path(__file__).parent / "fixtures" / "mistakes"
 CONFIG = Config("I love AI !")
@@ -109,3 +113,24 @@ async def test_weights_that_cannot_be_copied_end_the_app_with_one_line() -> None
         await app.workers.wait_for_complete()  # nothing is rendered: no other worker
         await pilot.pause()
     assert app.return_code == 2 and "has a bias" in app.refusal
+
+
+@pytest.mark.parametrize("size", [(100, 32), (80, 24)])
+@pytest.mark.parametrize("name", ["softmax_axis", "mask_reversed"])
+async def test_both_sides_show_the_same_columns_on_every_row(name: str, size: tuple[int, int]
+                                                             ) -> None:
+    """At 100x32 and 80x24 each side of a row gets half the stage's width, and the two
+    matrices of a pair leave out the same columns (before, the side with the narrower
+    numbers kept a column the other had dropped); heads stand level. At 4 and 6 decimals."""
+    app = CompareApp(CONFIG, comparison=comparison(name))
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        for presses in ([], ["plus", "plus"]):
+            await pilot.press(*presses)
+            for index in range(len(app.stage_ids)):
+                app.stage_index = index
+                await pilot.pause()
+                text = app.query_one(StageView).plain
+                if "yours " in text and "reference" in text and "head 0" in text:
+                    assert text.count("head 0") >= 2, app.stage_ids[index]
+                assert unequal_sides(text) == [], (app.stage_ids[index], presses)

@@ -452,3 +452,20 @@ def test_float_text_falls_back_to_numpy_when_orjson_cannot_be_mapped(monkeypatch
     out = io.BytesIO()
     write_values(values, out)
     assert out.getvalue().decode("ascii") == _reference_values(values)
+
+
+def test_a_json_extension_chooses_json_and_a_refused_format_names_the_format(tmp_path: Path
+                                                                            ) -> None:
+    """`--dump notes.json` writes JSON (as .svg writes SVG); where a format cannot be written,
+    the refusal names the format, whether --format or the extension chose it."""
+    target = tmp_path / "notes.json"
+    result = run_cli("explain", "I love AI !", "--dump", str(target))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(target.read_text())["stages"][0]["id"] == "embed"
+    for extra in (["--quiz", "--dump", str(tmp_path / "q.svg")],
+                  ["--quiz", "--dump", "-", "--format", "svg"]):
+        refused = run_cli("explain", "I love AI !", *extra)
+        assert refused.returncode == 2
+        assert refused.stderr.decode() == ("mha-tui: error: --quiz writes a worksheet as text or "
+                                           "JSON, not svg\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.json"]

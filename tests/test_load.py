@@ -106,13 +106,13 @@ def test_constructor_arguments_are_filled_by_name(tmp_path: Path) -> None:
 
 def test_every_listed_name_gets_its_value() -> None:
     class Everything(nn.Module):
-        def __init__(self, embed_dim, d_model, d_in, d_out, n_embd, num_heads, n_heads, n_head,
+        def __init__(self, embed_dim, d_model, d_in, d_out, n_embd, dim, num_heads, n_heads, n_head,
                      max_seq_len, context_length, block_size, dropout=0.5, batch_first=False,
                      causal=True):
             super().__init__()
 
     kwargs = constructor_arguments(Everything, CONFIG, {})
-    assert kwargs == {**dict.fromkeys(("embed_dim", "d_model", "d_in", "d_out", "n_embd"), 8),
+    assert kwargs == {**dict.fromkeys(("embed_dim", "d_model", "d_in", "d_out", "n_embd", "dim"), 8),
                       **dict.fromkeys(("num_heads", "n_heads", "n_head"), 2),
                       **dict.fromkeys(("max_seq_len", "context_length", "block_size"), 32),
                       "dropout": 0.0, "batch_first": True, "causal": True}
@@ -329,13 +329,84 @@ def test_missing_file_and_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                         r"environment$"):
         load(CONFIG, Source(module="nope_pkg:MHA"))
     write(tmp_path, "mine.py", PLAIN)
-    with pytest.raises(LoadError, match=r"did you mean --module mine\.py:\.\.\.\?$"):
+    with pytest.raises(LoadError, match=r"did you mean mine\.py:\.\.\.\?$"):
         load(CONFIG, Source(module="mine:Attn"))
+
+
+def test_a_missing_module_for_check_names_no_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`check` takes the module as its argument: its refusals suggest no `--module`."""
+    from typer.testing import CliRunner
+
+    from mha_tui.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "mine.py", PLAIN)
+    for ref, said in (("nope.py:MHA", "nope.py does not exist; give a .py file and a class, "
+                                      "e.g. my_attn.py:MultiHeadAttention"),
+                      ("mine:Attn", "no module named 'mine' in this Python environment; did you "
+                                    "mean mine.py:...?")):
+        result = CliRunner().invoke(app, ["check", ref])
+        assert result.exit_code == 2
+        assert result.stderr == f"mha-tui: error: {said}\n"
+
+
+def test_timms_dim_is_filled_with_c() -> None:
+    """timm's Attention(dim, num_heads=8), Meta's ModelArgs(dim=...): `dim` is C by name."""
+    class Timm(nn.Module):
+        def __init__(self, dim, num_heads=8, qkv_bias=False):
+            super().__init__()
+
+    assert constructor_arguments(Timm, CONFIG, {}) == {"dim": 8, "num_heads": 2}
+
+
+@pytest.mark.parametrize("signature", ["config", "args", "settings: Cfg"])
+def test_a_config_object_parameter_gets_a_hint_that_works(signature: str) -> None:
+    """nanoGPT's CausalSelfAttention(config), Meta's Attention(args: ModelArgs): --init takes
+    literals only, so the refusal says to build the object in a subclass instead."""
+    namespace: dict[str, object] = {"nn": nn, "Cfg": type("Cfg", (), {})}
+    exec(f"class Block(nn.Module):\n    def __init__(self, {signature}):\n        super().__init__()",
+         namespace)
+    name = signature.split(":")[0]
+    with pytest.raises(LoadError) as raised:
+        constructor_arguments(namespace["Block"], CONFIG, {})
+    assert str(raised.value) == (
+        f"Block() needs {name!r}, an object --init cannot give (it takes Python literals): run a "
+        f"subclass whose __init__(self, embed_dim, num_heads) builds the {name} and calls "
+        f"super().__init__({name})")
+
+
+def test_a_required_literal_parameter_still_asks_for_init() -> None:
+    class Needs(nn.Module):
+        def __init__(self, d_model, rank: int):
+            super().__init__()
+
+    with pytest.raises(LoadError, match=r"^Needs\(\) needs a value for 'rank', which mha-tui "
+                                        r"cannot guess; give it with --init rank=VALUE$"):
+        constructor_arguments(Needs, CONFIG, {})
 
 
 def test_a_builtin_model_with_its_own_mask_refuses_no_causal() -> None:
     with pytest.raises(LoadError, match=r"^--model raschka always applies its own causal mask"):
         load(Config("a b", causal=False), Source(model="raschka"))
+
+
+def test_the_refusal_of_no_causal_names_every_model_that_takes_it() -> None:
+    """The models it names (the NumPy blueprint's too) do run with --no-causal, and every
+    other --model refuses it."""
+    from typer.testing import CliRunner
+
+    from mha_tui.cli import app
+    from mha_tui.config import MODEL_NAMES, NUMPY_MODEL_NAMES
+
+    with pytest.raises(LoadError) as raised:
+        load(Config("a b", causal=False), Source(model="raschka"))
+    named = str(raised.value).split("--no-causal works with ")[1].removesuffix(" and --module")
+    named = named.split(", ")
+    assert {"mygpt", "course", "blueprint", "blueprint-einsum"} <= set(named)
+    for model in MODEL_NAMES + NUMPY_MODEL_NAMES:
+        result = CliRunner().invoke(app, ["explain", "a b", "--model", model, "--no-causal",
+                                          "--dump", "-"])
+        assert result.exit_code == (0 if model in named else 2), (model, result.output)
 
 
 def test_init_reaches_a_builtin_model() -> None:
@@ -458,3 +529,17 @@ def test_a_learner_forward_that_raises_is_left_for_the_trace(tmp_path: Path) -> 
     loaded = load(CONFIG, Source(module=f"{path}:Attn"))
     with pytest.raises(RuntimeError), torch.no_grad():
         loaded.forward()
+
+
+def test_init_of_a_head_count_must_agree_with_heads() -> None:
+    """--init num_heads=4 beside --heads 2 would draw a header and head labels of 2 heads over
+    a module of 4: refused, saying which flag to use; the same number is fine."""
+    class Heads(nn.Module):
+        def __init__(self, embed_dim, num_heads=1, n_heads=1, n_head=1):
+            super().__init__()
+
+    for name in ("num_heads", "n_heads", "n_head"):
+        with pytest.raises(LoadError, match=rf"^--init {name}=4 disagrees with --heads 2: give "
+                                            r"--heads 4 instead$"):
+            constructor_arguments(Heads, CONFIG, {name: 4})
+    assert constructor_arguments(Heads, CONFIG, {"num_heads": 2})["num_heads"] == 2

@@ -201,3 +201,20 @@ def test_the_walkthrough_notebook_runs() -> None:
     assert shown(stage_out["text/html"]).sections == ["softmax"]
     assert "equivalent to multi-head attention" in "".join(shown(check_out["text/html"]).parts)
     assert "equivalent to multi-head attention" in "".join(shown(numpy_out["text/html"]).parts)
+
+
+def test_tokens_that_do_not_fit_x_are_refused_in_words() -> None:
+    """Two labels for five positions: one clear error at the call, not an IndexError from
+    deep inside the renderer when the notebook displays the trace (torch and NumPy alike);
+    check(x=None, tokens) still builds x from the tokens."""
+    said = (r"^2 tokens for the 5 positions of x, shape \(1, 5, 4\) \(T is the second-to-last "
+            r"axis\): give one token per position$")
+    x = torch.randn(1, 5, 4)
+    for call in (lambda: mha_tui.trace(_module(), x, ["a", "b"]),
+                 lambda: mha_tui.check(_module(), x, ["a", "b"]),
+                 lambda: mha_tui.check(_module(), x, ["a", "b"], heads=2)):
+        with pytest.raises(ValueError, match=said):
+            call()
+    with pytest.raises(ValueError, match=r"^2 tokens for the 5 positions of x, shape \(5, 8\)"):
+        mha_tui.trace(Blueprint(8, 2, seed=0), np.ones((5, 8), dtype=np.float32), ["a", "b"])
+    assert mha_tui.check(_module(), None, ["a", "b"]).verdict.equivalent

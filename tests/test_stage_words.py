@@ -63,6 +63,17 @@ def test_op_stage_titles_read_like_the_code() -> None:
         assert "_VariableFunctionsClass" not in title and "TensorArg" not in title, title
 
 
+def test_an_indexed_assignment_is_titled_as_its_line_writes_it() -> None:
+    """Meta's KV-cache write is `self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk`,
+    not `to.setitem((:1, 0:6), out)` (the cache named by the op that made it)."""
+    config = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
+    spec = f"{FIXTURES / 'public' / 'meta_llama.py'}:MetaLlamaAttention"
+    run, _ = checked(config, Source(module=spec))
+    titles = [stage.title for stage in run(config).stages if stage.kind == "op"]
+    assert titles[:2] == ["self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk",
+                          "self.cache_v[:bsz, start_pos : start_pos + seqlen] = xv"], titles
+
+
 def test_the_error_stage_claims_no_shape_and_no_name_it_has_not() -> None:
     """The forward stopped: no `-> ()` output shape, and the last tensor it recorded (made
     by `torch.ones(4, 2)` on the failing line) is not called `bad`, which was never

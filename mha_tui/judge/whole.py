@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..recognise.graph import value_inputs
+from ..recognise.maker import api_name
 from ..records import OpRecord, Recording, Ref, Source
 
 SOFTMAXES = {"softmax", "_softmax", "softmax_", "log_softmax"}
@@ -73,7 +74,7 @@ def no_attention(rec: Recording, x_names: set[str], parameters: tuple[tuple[str,
         return Finding("no_attention", where, "no attention found: the forward returns its input "
                                               "x unchanged")
     if not attends:
-        used = sorted({op.name for op in rec.ops if from_x[op.index]})
+        used = sorted({api_name(op) for op in rec.ops if from_x[op.index]})
         did = f" (it computes only: {', '.join(used)})" if used else ""
         return Finding("no_attention", where,
                        "no attention found: no softmax turns token-to-token scores into weights"

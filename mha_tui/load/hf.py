@@ -10,14 +10,14 @@ Must never download: `local_files_only=True` everywhere, and the hub's offline s
 set before `transformers` is imported. Must never load weights in a way that can execute
 code: safetensors, or `torch.load(weights_only=True)`, and never a model's own remote code.
 Imported only for `--hf`; `transformers` is the optional extra `mha-tui[hf]`. The only
-module of mha-tui that imports transformers or tokenizers.
+module of mha-tui that imports transformers; `hf_files` (the refusals the checkpoint's files
+decide, before torch) is the only other one that imports tokenizers.
 Never import rich, textual or typer here, nor the tracer or the recogniser.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +27,11 @@ import torch
 from torch import nn
 
 from .hf_error import HfError
+from .hf_files import checked_directory, hub_cache, locate
 
-__all__ = ["HfError"]  # raised here, defined where the tracer can raise it too (hf_error.py)
+# HfError is raised here, defined where the tracer can raise it too (hf_error.py); where the
+# model is, and the files it needs, are hf_files' (read without torch, before this module).
+__all__ = ["HfError", "hub_cache", "locate"]
 
 INSTALL_HINT = 'pip install "mha-tui[hf]"'
 # Where a block keeps its self-attention, across the families transformers ships
@@ -46,9 +49,6 @@ ALL_LAYERS_BUDGET = 256 * 2**20
 # float32 each.
 MAPS_PER_LAYER = 7
 CHANNEL_TENSORS_PER_LAYER = 24
-_WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
-_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt")
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
 def _offline() -> None:
@@ -71,54 +71,6 @@ def _transformers() -> Any:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     return transformers
-
-
-# ---------------------------------------------------------------- where the model is
-
-
-def hub_cache() -> Path:
-    """The hub's cache folder, read from the environment now, in the hub's documented order."""
-    env = os.environ
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if env.get(name):
-            return Path(os.path.expandvars(env[name])).expanduser()
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
-    return Path(os.path.expandvars(home)).expanduser() / "hub"
-
-
-def _cached_snapshot(cache: Path, repo_id: str) -> Path | None:
-    """snapshots/<refs/main> of one cached model repo, as the hub lays it out, if complete."""
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    ref = repo / "refs" / "main"
-    if not ref.is_file():
-        return None
-    snapshot = repo / "snapshots" / ref.read_text(encoding="utf-8").strip()
-    return snapshot if (snapshot / "config.json").is_file() else None
-
-
-def locate(source: str) -> Path:
-    """A model directory: source itself, or its snapshot in the local Hugging Face cache."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise HfError(f"--hf {source} is a file; give a model directory (with config.json) "
-                      f"or a model name from the Hugging Face cache, e.g. gpt2")
-    cache = hub_cache()
-    if _REPO_ID.match(source):
-        found = _cached_snapshot(cache, source)
-        if found is None and "/" not in source and cache.is_dir():
-            # `gpt2` is cached as openai-community/gpt2 when fetched under its current name.
-            owners = sorted(cache.glob(f"models--*--{source}"))
-            snapshots = [s for s in (_cached_snapshot(cache, o.name[len("models--"):].replace("--", "/"))
-                                     for o in owners) if s is not None]
-            found = snapshots[0] if len(snapshots) == 1 else None
-        if found is not None:
-            return found
-    fetch = source if _REPO_ID.match(source) else "ORG/NAME"
-    raise HfError(f"--hf {source}: no such directory and not in the Hugging Face cache at {cache}; "
-                  f"mha-tui never downloads: fetch it once with `hf download {fetch}` "
-                  f"(or pass a directory made by save_pretrained)")
 
 
 # ---------------------------------------------------------------- the loaded model
@@ -229,16 +181,7 @@ def load(source: str, sentence: str | None = None) -> Loaded:
     model's config.json says the model reads, before any weight is loaded.
     """
     transformers = _transformers()
-    path = locate(source)
-    if not (path / "config.json").is_file():
-        raise HfError(f"--hf {source}: {path} has no config.json; give a directory made by "
-                      f"save_pretrained (or `hf download`)")
-    if not any(next(path.glob(pattern), None) for pattern in _TOKENIZER_FILES):
-        raise HfError(f"--hf {source}: {path} has no tokenizer (tokenizer.json, or vocab.json and "
-                      f"merges.txt); save it beside the model with tokenizer.save_pretrained")
-    if not any(next(path.glob(pattern), None) for pattern in _WEIGHT_FILES):
-        raise HfError(f"--hf {source}: {path} has no weights (model.safetensors or "
-                      f"pytorch_model.bin)")
+    path = checked_directory(source)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(
             path, local_files_only=True, trust_remote_code=False)

@@ -35,10 +35,14 @@ class LoadError(ValueError):
 
 # Constructor parameters filled by name (whatever default they have); every other
 # parameter keeps its default or needs --init NAME=VALUE.
-EMBED_NAMES = ("embed_dim", "d_model", "d_in", "d_out", "n_embd")
+EMBED_NAMES = ("embed_dim", "d_model", "d_in", "d_out", "n_embd", "dim")
 HEAD_NAMES = ("num_heads", "n_heads", "n_head")
 LENGTH_NAMES = ("max_seq_len", "context_length", "block_size")
 MASK_NAMES = ("mask", "attn_mask")
+# A parameter that holds a whole configuration (nanoGPT's `config`, Meta's `args`): --init
+# gives Python literals only, so the way in is a subclass that builds that object.
+CONFIG_NAMES = ("config", "cfg", "conf", "args", "model_args", "params")
+_LITERAL_TYPES = (int, float, complex, bool, str, bytes, tuple, list, dict, set, type(None))
 
 
 def filled_by_name(config: Config) -> dict[str, object]:
@@ -85,7 +89,7 @@ def import_file(where: str) -> ModuleType:
     if not path.is_file():
         reason = "is a folder" if path.is_dir() else "does not exist"
         raise LoadError(f"--module {safe(shown)} {reason}; give a .py file and a class, "
-                        "e.g. --module my_attn.py:MultiHeadAttention")
+                        "e.g. my_attn.py:MultiHeadAttention")
     path = path.resolve()
     if str(path) in _IMPORTED:  # already run once in this process: never run it twice
         return _IMPORTED[str(path)]
@@ -119,7 +123,7 @@ def import_name(where: str) -> ModuleType:
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        hint = f"; did you mean --module {where}.py:...?" if Path(f"{where}.py").is_file() else ""
+        hint = f"; did you mean {where}.py:...?" if Path(f"{where}.py").is_file() else ""
         raise LoadError(f"--module: no module named {where!r} in this Python environment{hint}")
     with learner_code(f"importing {where}", spec.origin or where):
         return importlib.import_module(where)
@@ -195,17 +199,40 @@ def constructor_arguments(cls: type, config: Config, init: Mapping[str, object])
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         if name in init:
+            if name in HEAD_NAMES and init[name] != config.num_heads:
+                # The header, the stages' head labels and check's reference count --heads.
+                raise LoadError(f"--init {name}={init[name]!r} disagrees with --heads "
+                                f"{config.num_heads}: give --heads {init[name]!r} instead")
             kwargs[name] = init[name]
         elif name in by_name:
             kwargs[name] = by_name[name]
         elif param.default is param.empty:
-            raise LoadError(f"{cls.__name__}() needs a value for {name!r}, which mha-tui cannot "
-                            f"guess; give it with --init {name}=VALUE")
+            raise LoadError(_needs_a_value(cls, name, param))
         if param.kind is param.POSITIONAL_ONLY and name in kwargs:
             raise LoadError(f"{cls.__name__}() takes {name!r} as positional-only; mha-tui "
                             "passes constructor arguments by name")
     kwargs.update((k, v) for k, v in init.items() if k not in kwargs)  # into **kwargs
     return kwargs
+
+
+def _needs_a_value(cls: type, name: str, param: inspect.Parameter) -> str:
+    """The refusal for a required parameter no rule fills, with a way out that works."""
+    cls_name = cls.__name__
+    annotation = param.annotation
+    if isinstance(annotation, str):  # `from __future__ import annotations` in the learner's file
+        try:
+            annotation = inspect.signature(cls, eval_str=True).parameters[name].annotation
+        except Exception:  # an annotation that does not evaluate: no type known
+            annotation = param.empty
+    is_object = name in CONFIG_NAMES or (
+        isinstance(annotation, type) and annotation is not param.empty
+        and annotation not in _LITERAL_TYPES)
+    if not is_object:
+        return (f"{cls_name}() needs a value for {name!r}, which mha-tui cannot guess; give it "
+                f"with --init {name}=VALUE")
+    return (f"{cls_name}() needs {name!r}, an object --init cannot give (it takes Python "
+            f"literals): run a subclass whose __init__(self, embed_dim, num_heads) builds the "
+            f"{name} and calls super().__init__({name})")
 
 
 def forward_of(module: object) -> Callable[..., object]:

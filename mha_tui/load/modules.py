@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import Config, Source, parse_module_ref
+from ..config import NUMPY_MODEL_NAMES, Config, Source, parse_module_ref
 from .learner import (  # the torch-free half of the load room, shared with numpy_modules
     MASK_NAMES,
     LoadError,
@@ -117,8 +117,10 @@ def load(config: Config, source: Source | None = None) -> Loaded:
         cls = getattr(importlib.import_module(example.module), example.cls)
         label = source.model
         if example.own_mask and not config.causal:
+            switchable = [name for name, e in EXAMPLES.items() if not e.own_mask]
             raise LoadError(f"--model {source.model} always applies its own causal mask (a buffer "
-                            "in the module); --no-causal works with mygpt, course and --module")
+                            f"in the module); --no-causal works with "
+                            f"{', '.join([*switchable, *NUMPY_MODEL_NAMES])} and --module")
     fixed = example.fixed(config) if example else {}
     kwargs = constructor_arguments(cls, config, {**fixed, **dict(source.init)})
 

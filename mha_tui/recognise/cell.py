@@ -51,25 +51,67 @@ class Why:
     terms: tuple[Term, ...]
     notes: tuple[str, ...]
     computed: float  # by mha-tui, in float64, from the recorded inputs
-    recorded: float  # the module's own number
-    recomputed: bool = True  # False: an op mha-tui cannot recompute; computed is not shown
+    recorded: float  # the module's own number (or, with `recorded_by`, whose it is)
+    basis: str = ""
+    """What mha-tui computed from, when not only the recorded tensors (an expansion's)."""
+    recorded_by: str = ""
+    """Whose number `recorded` is, when not the module's: "mha-tui's expansion's" for a stage
+    mha-tui computed itself from a fused op's inputs (kinds/sdpa.py)."""
+    witness: Witness | None = None
+    """The module's own number, when `recorded` is not: checked against `computed` too."""
+    recomputed: bool = True
+    """False: an op mha-tui does not recompute (op_cell.unknown); `computed` is then only the
+    recorded number again, and is never called equal."""
 
     @property
     def difference(self) -> float:
-        if math.isnan(self.computed) and math.isnan(self.recorded):
-            return 0.0
-        if math.isinf(self.computed) and self.computed == self.recorded:
-            return 0.0
-        return abs(self.computed - self.recorded)
+        return difference(self.computed, self.recorded)
 
     @property
     def agrees(self) -> bool:
         """Equal to the module's number up to float32 rounding (the module sums in float32,
         in its own order; mha-tui in float64)."""
-        if not self.recomputed:
-            return False
-        scale = max(1.0, abs(self.recorded)) if math.isfinite(self.recorded) else 1.0
-        return self.difference <= 1e-5 * scale
+        return self.recomputed and agrees(self.computed, self.recorded)
+
+    def compared(self, number: float) -> tuple[float, bool]:
+        """mha-tui's number against another (the witness's): the difference, and whether
+        they agree up to float32 rounding."""
+        return difference(self.computed, number), agrees(self.computed, number)
+
+
+@dataclass(frozen=True)
+class Witness:
+    """A number of the module's own set beside mha-tui's computation: what it is, its value
+    (attend of an expansion: the fused op's output at the cell), and anything that explains
+    why the two may differ."""
+
+    label: str  # "y[0, 1, 2, 1] (what F.scaled_dot_product_attention returned)"
+    value: float
+    caveat: str = ""
+
+
+def difference(computed: float, recorded: float) -> float:
+    if math.isnan(computed) and math.isnan(recorded):
+        return 0.0
+    if math.isinf(computed) and computed == recorded:
+        return 0.0
+    return abs(computed - recorded)
+
+
+def agrees(computed: float, recorded: float) -> bool:
+    """Equal up to float32 rounding."""
+    scale = max(1.0, abs(recorded)) if math.isfinite(recorded) else 1.0
+    return difference(computed, recorded) <= 1e-5 * scale
+
+
+FUSED_ATTENTION = "scaled_dot_product_attention"
+
+
+def expanded_from(stage: Stage) -> OpRecord | None:
+    """The F.scaled_dot_product_attention op a stage is mha-tui's expansion of (kinds/sdpa.py),
+    or None. Such a stage's numbers are computed by mha-tui from that op's q, k and v; the
+    module ran the fused op and recorded only its output."""
+    return next((op for op in stage.ops if op.name == FUSED_ATTENTION), None)
 
 
 def main_tensor(stage: Stage) -> TensorRecord:
@@ -116,6 +158,12 @@ class Cell:
             return ops[-1], self.index
         head_axis = self.record.dims.index("h") if "h" in self.record.dims else None
         if head_axis is None or out_ndim != len(self.index) - 1 or len(ops) <= self.index[head_axis]:
+            # one op for every head with B and h as one axis (B*h, T, T): the same numbers
+            # in the same reading order (nn.MultiheadAttention's bmm and softmax)
+            values, out = self.record.values, ops[-1].out.values
+            if out.size == values.size and np.array_equal(out.reshape(values.shape), values,
+                                                          equal_nan=True):
+                return ops[-1], reindex(self.index, values.shape, out.shape)
             raise WhyError(f"cannot tell which op of stage {self.stage.id} made {self.name}")
         head = self.index[head_axis]
         return ops[head], self.index[:head_axis] + self.index[head_axis + 1:]
@@ -191,11 +239,24 @@ def linear(cell: Cell, role: str) -> Why:
     if not ops:
         raise WhyError(f"stage {cell.stage.id} holds no linear op")
     op = next((o for o in ops if np.array_equal(o.out.values, cell.record.values)), None)
-    *lead, t, o = cell.index
+    index = cell.index
+    if op is None:  # the same numbers in another shape: (T*B, C) viewed as (B, T, C), B = 1
+        values = cell.record.values
+        op = next((o for o in ops if o.out.values.size == values.size and o.out.values.ndim >= 2
+                   and np.array_equal(o.out.values.reshape(values.shape), values)), None)
+        if op is not None:
+            index = reindex(index, values.shape, op.out.shape)
+    *lead, t, o = index
     own = None  # (head, its channel): the heads ran as modules of their own (a ModuleList)
+    part = None  # (the block's first channel, its width): a part of one fused layer's output
     if op is None:
-        op, own = _own_layer(cell, ops)
-        o = own[1]
+        part_of = _fused_part(cell, ops)
+        if part_of is not None:
+            op, part = part_of
+            o += part[0]
+        else:
+            op, own = _own_layer(cell, ops)
+            o = own[1]
     x, weight = cell.operand(op, 0), cell.operand(op, 1)
     row = x[(*lead, t)]
     col = weight[o] if weight.shape[0] == op.out.shape[-1] else weight[:, o]
@@ -214,6 +275,12 @@ def linear(cell: Cell, role: str) -> Why:
     if dropouts:
         extra.append(f"then dropout (training={dropouts[0].kwarg('training', None)}): it "
                      "changes nothing in eval mode")
+    if part is not None:
+        first, width = part
+        extra.insert(0, f"{cell.record.name} is channels {first}-{first + width - 1} of one fused "
+                        f"layer's output ({op.out.shape[-1]} channels, cut by split or chunk): "
+                        f"its channel {cell.index[-1]} is the layer's channel {o}, row {o} of "
+                        "its weight")
     if own is not None:
         name = f"head {own[0]}'s W"
         extra.insert(0, f"the heads ran as modules of their own: channel {cell.index[-1]} of "
@@ -227,6 +294,22 @@ def linear(cell: Cell, role: str) -> Why:
                         f"h·{d_h} to h·{d_h}+{d_h - 1}" if role == "W_O" else
                         "one row of the weight, dotted with the token's x"), *notes, *extra),
                total, cell.recorded)
+
+
+def _fused_part(cell: Cell, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, int]] | None:
+    """The linear op whose output holds the cell's tensor as one block of its channels (q, k
+    and v split from one fused layer), and where that block starts. Found by the values,
+    never by the module's names."""
+    values = cell.record.values
+    width = values.shape[-1] if values.ndim else 0
+    for op in ops:
+        out = op.out.values
+        if not width or out.shape[:-1] != values.shape[:-1] or out.shape[-1] <= width:
+            continue
+        for first in range(out.shape[-1] - width + 1):
+            if np.array_equal(out[..., first:first + width], values):
+                return op, (first, width)
+    return None
 
 
 def _own_layer(cell: Cell, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, int]]:

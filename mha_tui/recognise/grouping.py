@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from ..judge.numeric import equal
 from .graph import Graph
 
 
@@ -38,7 +37,7 @@ def group(g: Graph) -> list[Unit]:
             source = g.producer(g.x_inputs(op)[0])
             while source is not None and source.index not in owner and g.x_inputs(source):
                 source = g.producer(g.x_inputs(source)[0])  # back through plumbing (.type())
-            same = np.array_equal(op.out.values, g.snap(g.x_inputs(op)[0]).values, equal_nan=True)
+            same = equal(op.out.values, g.snap(g.x_inputs(op)[0]).values)
             if same and source is not None and source.index in owner:
                 owner[source.index].folded.append(op.index)
                 owner[op.index] = owner[source.index]

@@ -206,19 +206,14 @@ class StageMaker:
             written = _as_written(op.source.text, method, args) if not kwargs else None
             if written is not None:
                 return written
+            if method == "__setitem__" and len(args) == 3:  # cache[:b, s:s + T] = xk
+                index = args[1][1:-1] if args[1].startswith("(") else args[1]
+                return _assignment(op.source.text) or f"{args[0]}[{index}] = {args[2]}"
             if method == "__getitem__" and len(args) == 2:
                 index = args[1][1:-1] if args[1].startswith("(") else args[1]
                 return f"{args[0]}[{index}]"
             return f"{args[0]}.{method.strip('_')}({', '.join(args[1:] + kwargs)})"
-        if owner in ("torch._VariableFunctionsClass", "torch._C._VariableFunctions", "torch"):
-            name = f"torch.{method}"
-        elif owner.startswith(("torch.nn.functional", "torch._C._nn")):
-            name = f"F.{method}"
-        elif owner in _PUBLIC_NAMESPACES:  # torch._C._fft.fft_fftn is torch.fft.fftn
-            name = f"{_PUBLIC_NAMESPACES[owner]}.{public_name(op)}"
-        else:
-            name = qualname
-        return f"{name}({', '.join(args + kwargs)})"
+        return f"{api_name(op)}({', '.join(args + kwargs)})"
 
     def batched(self, values: np.ndarray) -> np.ndarray:
         """The values with a batch axis of 1 in front when the module has none (NumPy)."""
@@ -254,6 +249,28 @@ def public_name(op: OpRecord) -> str:
     owner, _, method = (op.qualname or op.name).rpartition(".")
     public = _PUBLIC_NAMESPACES.get(owner)
     return method.removeprefix(public.rsplit(".", 1)[-1] + "_") if public else op.name
+
+
+def api_name(op: OpRecord) -> str:
+    """The op as torch's documentation names it: `torch.fft.fftn` for torch._C._fft.fft_fftn,
+    `F.linear`, `torch.zeros`, `torch.Tensor.real` for a method or attribute of a tensor."""
+    owner, _, method = (op.qualname or op.name).rpartition(".")
+    if owner in ("torch._VariableFunctionsClass", "torch._C._VariableFunctions", "torch"):
+        return f"torch.{method}"
+    if owner.startswith(("torch.nn.functional", "torch._C._nn")):
+        return f"F.{method}"
+    if owner in _PUBLIC_NAMESPACES:  # torch._C._fft.fft_fftn is torch.fft.fftn
+        return f"{_PUBLIC_NAMESPACES[owner]}.{public_name(op)}"
+    if owner.startswith("Tensor"):
+        return f"torch.Tensor.{method}"
+    return op.qualname or op.name
+
+
+def _assignment(text: str) -> str | None:
+    """`self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk`: an indexed assignment as
+    its one-line statement writes it (its comment dropped), or None."""
+    found = re.fullmatch(r"\s*([A-Za-z_][\w.]*\[[^\n]+\]\s*=(?!=)[^\n#]+?)\s*(#[^\n]*)?", text)
+    return found.group(1) if found else None
 
 
 _SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "matmul": "@", "pow": "**"}

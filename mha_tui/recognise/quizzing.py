@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..records import Stage, TensorRecord, Trace
+from .cell import expanded_from
 
 Answer = Literal["shape", "integer", "number", "token"]
 Outcome = Literal["right", "wrong", "unreadable"]
@@ -110,11 +111,22 @@ def token_name(trace: Trace, t: int) -> str:
     return f"{word}·{t}" if tokens.count(word) > 1 else word
 
 
+EXPANDED = ("computed by mha-tui from the q, k, v the module gave F.scaled_dot_product_attention "
+            "(the module ran it as one fused op and recorded only its output)")
+
+
+def recorded(stage: Stage, what: str) -> str:
+    """How an answer's source names a tensor of the stage: the recorded one, or mha-tui's
+    expansion's for a stage mha-tui computed from a fused op's inputs (kinds/sdpa.py)."""
+    return f"mha-tui's expansion's {what}" if expanded_from(stage) else f"the recorded {what}"
+
+
 def shape_question(stage: Stage, record: TensorRecord, what: str) -> Question:
+    made = (f"in mha-tui's expansion at {stage.id} ({EXPANDED})" if expanded_from(stage) else
+            f"as the module made it, recorded at {stage.id}")
     return Question(stage.id, "shape", f"What shape does {what} give {record.name}?", "shape",
                     record.shape, shape_text(record.shape),
-                    f"the shape of {record.name} as the module made it, recorded at "
-                    f"{stage.id}: dims ({', '.join(record.dims)})")
+                    f"the shape of {record.name} {made}: dims ({', '.join(record.dims)})")
 
 
 # ---------------------------------------------------------------- reading an answer

@@ -11,14 +11,14 @@ Never import torch, textual or typer here.
 from __future__ import annotations
 
 from rich.columns import Columns
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
 from ..judge.compare import TOLERANCE, Comparison, Mismatch, StagePair, TensorPair
 from ..records import Stage, TensorRecord
 from .header import display_path
-from .matrix import MARK
+from .matrix import MARK, Matrix, share_columns
 from .options import RenderOptions
 from .stage import HeadingRule
 from .tensor import TensorView, mark_cells, tensor_matrices, tensor_meta
@@ -179,12 +179,32 @@ def _difference_record(pair: TensorPair) -> TensorRecord:
                         head_split=pair.mine.head_split)
 
 
-def _sides(c: Comparison, pair: TensorPair, opts: RenderOptions) -> Table:
-    """Yours and the reference's in one table, part beside part (title, metadata, caption,
-    then each head's matrix), so that a line that wraps on one side moves both."""
-    sides = Table.grid(expand=True, padding=(0, 3))
-    sides.add_column(ratio=1)
-    sides.add_column(ratio=1)
+class SideBySide:
+    """Two columns of parts, part beside part, each column half the width whatever it holds:
+    a line that wraps on one side moves both, and two matrices beside each other show the
+    same columns (`share_columns`: the width the wider numbers leave), so heads, rows and
+    columns line up."""
+
+    GAP = 3
+
+    def __init__(self, rows: list[tuple[RenderableType, RenderableType]]) -> None:
+        self.rows = rows
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        half = max(1, (options.max_width - self.GAP) // 2)
+        grid = Table.grid(padding=(0, self.GAP))
+        grid.add_column(width=half)
+        grid.add_column(width=half)
+        for left, right in self.rows:
+            if isinstance(left, Matrix) and isinstance(right, Matrix):
+                share_columns([left, right], half)
+            grid.add_row(left, right)
+        yield grid
+
+
+def _sides(c: Comparison, pair: TensorPair, opts: RenderOptions) -> SideBySide:
+    """Yours and the reference's, part beside part (title, metadata, caption, then each
+    head's matrix)."""
     columns: list[list[RenderableType]] = []
     for who, record, config in (("yours", pair.mine, c.mine.config),
                                 ("reference", pair.theirs, c.theirs.config)):
@@ -209,10 +229,9 @@ def _sides(c: Comparison, pair: TensorPair, opts: RenderOptions) -> Table:
     elif pair.theirs is not None and pair.mine is not None and pair.theirs.caption and \
             not pair.mine.caption:
         mine.insert(2, Text(""))
-    for k in range(max(len(mine), len(theirs))):
-        sides.add_row(mine[k] if k < len(mine) else Text(""),
-                      theirs[k] if k < len(theirs) else Text(""))
-    return sides
+    blank = Text("")
+    return SideBySide([(mine[k] if k < len(mine) else blank, theirs[k] if k < len(theirs) else blank)
+                       for k in range(max(len(mine), len(theirs)))])
 
 
 def pair_view(c: Comparison, pair: TensorPair, opts: RenderOptions) -> Group:

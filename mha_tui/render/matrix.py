@@ -120,6 +120,17 @@ class Matrix:
         # Cells (row, column) marked with MARK before them (`explain --against`: the cells
         # that differ from the other module's); set by the caller before drawing.
         self.marked: frozenset[tuple[int, int]] = frozenset()
+        # At most this many columns drawn (in full mode: per block); None: what the width
+        # holds. Set with limit_columns() (`explain --against`: both sides the same columns).
+        self.column_limit: int | None = None
+
+    def limit_columns(self, limit: int | None) -> None:
+        """Draw at most `limit` columns (both ends of the axis, as the width would choose
+        them), or per block with `full`; None: as many as the width holds."""
+        if limit != self.column_limit:
+            self.column_limit = limit
+            self._layouts.clear()
+            self._drawn.clear()
 
     def drill_at(self, cursor: tuple[int, int] | None, number: int) -> None:
         """Put the drill-down's cursor on (row, column) (None: on another matrix); an
@@ -251,7 +262,7 @@ class Matrix:
             blocks, block, used = [], [], 0
             for j in range(n):
                 need = _GAP + self._width(j, False)
-                if block and used + need > room:
+                if block and (used + need > room or len(block) == self.column_limit):
                     blocks.append(block)
                     block, used = [], 0
                 block.append(j)
@@ -280,10 +291,12 @@ class Matrix:
                                   for hidden in _gaps(cols, n))
                         + sum(_GAP + self._width(j, True) for j in chosen))
 
-            for k in range(1, len(candidates) + 1):
+            most = len(candidates) if self.column_limit is None else \
+                max(1, min(len(candidates), self.column_limit))
+            for k in range(1, most + 1):
                 cols, used = window(k)
                 if used > room and k > 1:
-                    if k < n == len(candidates):
+                    if k < n == most:
                         every, used = window(n)
                         if used <= room:
                             best = every
@@ -423,6 +436,41 @@ class Matrix:
                            width)
         elif len(self._layout(width)) > 1:
             yield newline  # column blocks: a blank line before the next head's title
+
+
+def share_columns(matrices: Sequence[Matrix], width: int) -> None:
+    """Draw the same columns in matrices of one shape side by side, each `width` wide: as many
+    as the one with the widest numbers shows (`explain --against`: yours and the reference's
+    elided alike, so that a column left out on one side is left out on the other). With
+    `full`, the same blocks of columns."""
+    if len(matrices) < 2 or len({m.values.shape[1] for m in matrices}) != 1:
+        return
+    for matrix in matrices:
+        matrix.limit_columns(None)
+    if any(m.opts.full for m in matrices):
+        def blocks() -> list[list[int]]:
+            """Each matrix's block lengths but its last (a last block may be short)."""
+            return [[len(b) for b in m._layout(width)[:-1]] for m in matrices]
+
+        lengths = [k for each in blocks() for k in each]
+        if not lengths:  # one block each: every column in one table
+            return
+        limit = min(lengths)
+        while limit > 1:
+            for matrix in matrices:
+                matrix.limit_columns(limit)
+            if all(k == limit for each in blocks() for k in each):
+                return
+            limit -= 1
+        for matrix in matrices:
+            matrix.limit_columns(1)
+        return
+    shown = [m.shown(width)[1] for m in matrices]
+    while len(set(shown)) > 1:
+        limit = min(shown)
+        for matrix in matrices:
+            matrix.limit_columns(limit)
+        shown = [m.shown(width)[1] for m in matrices]  # each at most limit
 
 
 def _summary(values: np.ndarray, record: TensorRecord, n_rows: int, n_cols: int,

@@ -5,6 +5,7 @@ numbers, and the module's own number beside mha-tui's. Shared by the app's side 
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING
 
@@ -58,23 +59,33 @@ def why_view(why: Why, opts: RenderOptions) -> Group:
                       "=" if term.value is not None else "",
                       Text(_why_number(term.value, d) if term.value is not None else "",
                            style="bold" if term.label == "sum" else ""))
-    verdict = Text.assemble(
-        ("the module's own ", "dim"), say(f"{why.tensor}[{', '.join(map(str, why.index))}]"),
-        ": ", (_why_number(why.recorded, d), "bold"), "  ")
-    if not why.recomputed:
-        verdict.append_text(Text("not recomputed: mha-tui does not know this op", style="yellow"))
-    elif why.agrees:
-        rounding = f" (difference {why.difference:.1e}: float32 rounding)" if why.difference else ""
-        verdict.append_text(Text.assemble((ok, "green"), " equal" + rounding))
-    else:
-        verdict.append_text(Text.assemble((bad, "bold red"), f" differs from mha-tui's "
-                                          f"{_why_number(why.computed, d)} by {why.difference:.3g}"))
+    def verdict(owner: str, what: str, recorded: float) -> Text:
+        line = Text.assemble((owner + " ", "dim"), say(what), ": ",
+                             (_why_number(recorded, d), "bold"), "  ")
+        difference, agrees = why.compared(recorded)
+        if not why.recomputed:
+            line.append_text(Text("not recomputed: mha-tui does not know this op", style="yellow"))
+        elif agrees:
+            rounding = f" (difference {difference:.1e}: float32 rounding)" if difference else ""
+            line.append_text(Text.assemble((ok, "green"), " equal" + rounding))
+        else:
+            by = "" if math.isnan(difference) else f" by {difference:.3g}"
+            line.append_text(Text.assemble((bad, "bold red"), f" differs from mha-tui's "
+                                           f"{_why_number(why.computed, d)}{by}"))
+        return line
+
+    checks = [verdict(why.recorded_by or "the module's own",
+                      f"{why.tensor}[{', '.join(map(str, why.index))}]", why.recorded)]
+    if why.witness is not None:  # the module's own number, when `recorded` is mha-tui's
+        checks.append(verdict("the module's own", why.witness.label, why.witness.value))
+        if why.witness.caveat:
+            checks.append(Text(say(why.witness.caveat), style="dim"))
     return Group(
         head,
         Text(say(why.formula)),
-        Text("computed by mha-tui from the recorded tensors:" if why.recomputed else
-             "what the op was given (recorded):", style="italic dim"),
+        Text(f"computed by mha-tui from {say(why.basis) if why.basis else 'the recorded tensors'}:"
+             if why.recomputed else "what the op was given (recorded):", style="italic dim"),
         Padding(steps, (0, 0, 0, 2)),
-        verdict,
+        *checks,
         *(Text(say(note), style="dim") for note in why.notes),
     )

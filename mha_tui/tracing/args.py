@@ -16,19 +16,28 @@ def recorded_arguments(args: Iterable[object], kwargs: Iterable[tuple[str, objec
                        plain: Callable[[object], object]
                        ) -> tuple[list[Ref], tuple[object, ...], tuple[tuple[str, object], ...]]:
     """(inputs, args, kwargs): every array argument once, in order, and where it came from."""
-    inputs: list[Ref] = []
-    seen: dict[int, int] = {}
+    found = _Found(is_array, ref, plain)
+    converted = tuple(found.convert(a) for a in args)
+    return found.inputs, converted, tuple((k, found.convert(v)) for k, v in kwargs)
 
-    def convert(value: object) -> object:
-        if is_array(value):
+
+class _Found:
+    """The arrays among one op's arguments. A class, not a closure that calls itself: that
+    would be a reference cycle holding the recording until the garbage collector ran."""
+
+    def __init__(self, is_array: Callable[[object], bool], ref: Callable[[object], Ref],
+                 plain: Callable[[object], object]) -> None:
+        self.is_array, self.ref, self.plain = is_array, ref, plain
+        self.inputs: list[Ref] = []
+        self.seen: dict[int, int] = {}
+
+    def convert(self, value: object) -> object:
+        if self.is_array(value):
             key = id(value)
-            if key not in seen:
-                seen[key] = len(inputs)
-                inputs.append(ref(value))
-            return TensorArg(seen[key])
-        if isinstance(value, list | tuple) and any(is_array(v) for v in value):
-            return tuple(convert(v) for v in value)
-        return plain(value)
-
-    converted = tuple(convert(a) for a in args)
-    return inputs, converted, tuple((k, convert(v)) for k, v in kwargs)
+            if key not in self.seen:
+                self.seen[key] = len(self.inputs)
+                self.inputs.append(self.ref(value))
+            return TensorArg(self.seen[key])
+        if isinstance(value, list | tuple) and any(self.is_array(v) for v in value):
+            return tuple(self.convert(v) for v in value)
+        return self.plain(value)

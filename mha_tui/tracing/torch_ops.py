@@ -211,7 +211,6 @@ class Recorder:
         self.roots = dict(roots)
         self.sessions: dict[str, _Session] = {}
         self.active_stack: list[_Session] = []
-        self.mode = _Mode(self)
         self.snaps = Snapshots(lazy)
 
     @property
@@ -416,7 +415,9 @@ def _record(run: Callable[[], object], roots: Mapping[str, nn.Module], lazy: boo
     value: object = None
     error: BaseException | None = None
     try:
-        with recorder.mode:
+        # The mode is not kept on the recorder: no reference cycle, so the recording is
+        # freed as soon as the last reference to it goes, without the garbage collector.
+        with _Mode(recorder):
             value = run()
     except Exception as exc:
         error = exc

@@ -87,16 +87,23 @@ def judge(j: Judge) -> list[Row]:
 
 def why(cell: Cell) -> Why:
     """A context value: V's rows weighted by the softmax row, one term per key token."""
-    op, index = cell.per_head(cell.ops("matmul"))
+    op, index = cell.per_head(cell.ops("matmul", "bmm"))
     weights, values = cell.operand(op, 0), cell.operand(op, 1)
     *lead, i, c = index
-    row, col = weights[(*lead, i)], values[(*lead, slice(None), c)]
-    labels = [f"key {cell.token(k)}: w[{i}, {k}] × V[{k}, {c}]" for k in range(len(row))]
-    terms, notes, total = dot(cell, row, col, labels, "weighted values")
+    return weighted_sum_why(cell, weights[(*lead, i)], values[(*lead, slice(None), c)])
+
+
+def weighted_sum_why(cell: Cell, weights: np.ndarray, values: np.ndarray,
+                     v_column: str = "", notes: tuple[str, ...] = ()) -> Why:
+    """The arithmetic of one context value, whoever computed its inputs: Σ_k w[i, k] ×
+    V[k, c], one term per key token (`v_column`: how V's column is written, V[k, c])."""
+    *_, i, c = cell.index
+    labels = [f"key {cell.token(k)}: w[{i}, {k}] × V[{k}, {c}]" for k in range(len(weights))]
+    terms, many, total = dot(cell, weights, values, labels, "weighted values")
     return Why(cell.stage.id, "attend", cell.record.name, cell.index,
-               where(cell), f"{cell.name} = Σ_k weights[{i}, k] × V[k, {c}]  (one term per "
-               "key token: V's rows weighted by the softmax row)", terms,
-               (f"column {c} of V, weighted by row {i} of the attention weights", *notes),
+               where(cell), f"{cell.name} = Σ_k weights[{i}, k] × {v_column or f'V[k, {c}]'}  (one term "
+               "per key token: V's rows weighted by the softmax row)", terms,
+               (f"column {c} of V, weighted by row {i} of the attention weights", *notes, *many),
                total, cell.recorded)
 
 

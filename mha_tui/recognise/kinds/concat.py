@@ -13,7 +13,7 @@ from ...judge.numeric import ATOL, RTOL, close, einsum_spec, f64
 from ...records import Check, OpRecord, Stage, Trace
 from ...stages import stage_info
 from ..builder import BHTD, BTC, BTHD, yes
-from ..cell import Cell, Term, Why, main_tensor, previous, where
+from ..cell import Cell, Term, Why, expanded_from, main_tensor, previous, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, single_axes
@@ -204,16 +204,24 @@ def why(cell: Cell) -> Why:
     *_, t, c = cell.index
     attend = previous(cell, "attend")
     heads = main_tensor(attend)
+    fused = expanded_from(attend)
+    notes: tuple[str, ...] = ()
+    if fused is not None:  # concat joins what the fused op returned, not mha-tui's expansion
+        heads = next((t for t in attend.tensors if t.values.shape == fused.out.values.shape
+                      and np.array_equal(t.values, fused.out.values, equal_nan=True)), heads)
+        notes = ("read from what F.scaled_dot_product_attention returned (the module's own "
+                 "output), not from mha-tui's expansion of it",)
     d_h = heads.values.shape[-1]
     head, channel = divmod(c, d_h)
     computed = float(heads.values[0, head, t, channel])
+    name = heads.name.split(" (fused")[0]  # sdpa's "y (fused, from the module)": y
     return Why(cell.stage.id, "concat", cell.record.name, cell.index, where(cell),
-               f"{cell.name} = {heads.name}[0, {head}, {t}, {channel}]  (column {c} = head "
+               f"{cell.name} = {name}[0, {head}, {t}, {channel}]  (column {c} = head "
                f"{head} × d_h {d_h} + channel {channel})",
                (Term(f"head {head}, channel {channel}, token {cell.token(t)} (attend)", (),
                      computed),),
                (f"concat lays the heads side by side: columns {head * d_h}-{head * d_h + d_h - 1} "
-                f"hold head {head}", "the value is copied, not computed"),
+                f"hold head {head}", "the value is copied, not computed", *notes),
                computed, cell.recorded)
 
 

@@ -6,7 +6,6 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -16,13 +15,13 @@ from ...judge.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal
 from ...records import Check, OpRecord, Source, Stage, Trace
 from ...stages import NO_MASK, NO_MASK_ARGUMENT
 from ..builder import BHTT, Builder
-from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, possessive
-from ..quizzing import Question, head_of_interest
+from ..quizzing import Question, head_of_interest, recorded
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
+from .mask_why import why  # noqa: F401  (the kind's why, in mask_why.py: why.py reads mask.why)
 from .scores import scaled_inside
 
 if TYPE_CHECKING:
@@ -113,23 +112,24 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     stage_name = "scale" if g.op_derives(first, {"scale"}) else "scores"
     tensors.append(m.b.record(name, snap, BHTT if values.ndim == 4 else None, values=values,
                                  share=(f"{possessive(stage_name)} {before_name}", m.snap(before_ref))))
-    blocked = values <= -1e4 if values.dtype.kind == "f" else np.zeros(values.shape, bool)
-    newly = blocked & ~(before_values <= -1e4) if before_values.shape == values.shape else blocked
-    n_blocked = int(newly.sum())
+    floats = values.dtype.kind == "f"
+    blocked = values <= -1e4 if floats else np.zeros(values.shape, bool)
+    n_total = int(np.count_nonzero(blocked))  # counted once, read below
     T = values.shape[-1]
     above = np.triu(np.ones((values.shape[-2], T), dtype=bool), 1)
     causal = values.ndim >= 2 and bool(np.array_equal(np.broadcast_to(above, values.shape), blocked))
-    n_inf = int(np.isneginf(values[blocked]).sum()) if blocked.any() else 0
+    # -inf <= -1e4: every -inf is a blocked entry, so they are counted without indexing
+    n_inf = int(np.count_nonzero(values == -np.inf)) if floats and n_total else 0
     # values[~blocked] == before_values[~blocked], without copying either out
     kept = bool(((values == before_values) | blocked).all()) \
         if before_values.shape == values.shape else True
     where = "above the diagonal" if causal else "the mask blocks"
     checks = [
-        Check(f"{n_inf} of {int(blocked.sum())} entries {where} are exactly -inf"
-              if n_inf == int(blocked.sum()) or n_inf else
-              f"{int(blocked.sum())} entries {where} hold a large negative number "
-              f"({float(values[blocked].max()) if blocked.any() else 0:.3g})",
-              bool(blocked.any()) or n_blocked == 0),
+        Check(f"{n_inf} of {n_total} entries {where} are exactly -inf"
+              if n_inf == n_total or n_inf else
+              f"{n_total} entries {where} hold a large negative number "
+              f"({float(values[blocked].max()) if n_total else 0:.3g})",
+              n_total > 0 or _newly_blocked(blocked, before_values) == 0),
         Check(f"entries {'on and below the diagonal' if causal else 'the mask lets through'} "
               f"are unchanged", kept),
     ]
@@ -152,7 +152,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     elif how == "where":
         explanation = ("torch.where keeps a score where the condition allows it and puts a "
                        "large negative number elsewhere; softmax turns those into (almost) 0.")
-    if blocked.any() and n_inf < int(blocked.sum()):
+    if n_total and n_inf < n_total:
         # The words follow the recorded values: -1e9 or finfo.min is not -inf.
         fill = float(values[blocked].max())
         explanation = ("A token may only attend to itself and earlier tokens. The scores it "
@@ -162,13 +162,19 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                        "batch and head.")
     title = None
     shape = mask_shape(blocked)
-    if shape.kind != "causal" and blocked.any():
+    if shape.kind != "causal" and n_total:
         title, explanation = shape.title, shape.explanation
-        checks[0] = Check(f"{int(blocked.sum())} entries blocked: {shape.what}", True)
+        checks[0] = Check(f"{n_total} entries blocked: {shape.what}", True)
         checks[1] = Check("entries the mask lets through are unchanged", kept)
     return m.stage(unit, stage_id, "mask", tensors, checks, shape_in=before_values.shape,
                       shape_out=values.shape, dims_in=tensors[-1].dims, dims_out=tensors[-1].dims,
                       note=note, explanation=explanation, title=title)
+
+
+def _newly_blocked(blocked: np.ndarray, before_values: np.ndarray) -> int:
+    """How many entries the mask blocked that were not blocked before it."""
+    newly = blocked & ~(before_values <= -1e4) if before_values.shape == blocked.shape else blocked
+    return int(np.count_nonzero(newly))
 
 
 @dataclass(frozen=True)
@@ -189,17 +195,17 @@ def mask_shape(blocked: np.ndarray) -> MaskShape:
         return MaskShape("other", title="Mask", what="a mask of another shape")
     flat = blocked.reshape(-1, *blocked.shape[-2:])
     pattern = flat[0]
-    if not all(np.array_equal(p, pattern) for p in flat[1:]):
+    if not bool((flat[1:] == pattern).all()):  # every head and batch row alike
         return MaskShape("other", title="Mask: a different pattern per head or batch row",
                          what="entries that differ between heads or batch rows")
     T = pattern.shape[-1]
-    rows, cols = np.indices((T, T))
-    ahead = cols > rows
+    ahead = np.triu(np.ones((T, T), dtype=bool), 1)  # key after the query
     if not pattern.any():
         return MaskShape("none", title="Mask that blocks nothing",
                          what="none: every token sees every token")
     if np.array_equal(pattern, ahead):
         return MaskShape("causal")
+    rows, cols = np.indices((T, T))
     for w in range(1, T):
         if np.array_equal(pattern, ahead | (rows - cols >= w)):
             return MaskShape(
@@ -464,45 +470,6 @@ def _mask_after_softmax(j: Judge, soft: OpRecord, expected: np.ndarray
     return None
 
 
-def why(cell: Cell) -> Why:
-    """A masked score: kept or blocked, why, and the value written."""
-    op, index = cell.per_head(cell.ops("masked_fill", "masked_fill_", "add", "add_",
-                                       "where", "sub"))
-    before = float(cell.operand(op, 0)[index])
-    out_shape = op.out.shape
-    *_, i, j = index
-    if op.name.startswith("masked_fill"):
-        mask = np.broadcast_to(cell.operand(op, 1), out_shape)
-        blocked = bool(mask[index])
-        fill = cell.scalar(op)
-        computed = fill if blocked else before
-        entry = f"the mask's entry [{i}, {j}] is {blocked}"
-        terms = (Term("score before the mask", (), before),
-                 Term(f"mask[{i}, {j}] = {blocked}: "
-                      + ("written over with the fill value" if blocked else "kept"), (), computed))
-    elif op.name.startswith(("add", "sub")):
-        mask_values = np.broadcast_to(cell.operand(op, 1), out_shape)
-        added = float(mask_values[index])
-        computed = before + added if op.name.startswith("add") else before - added
-        blocked = math.isinf(computed) or added <= -1e9
-        entry = f"the mask's entry [{i}, {j}] is {added:g}"
-        terms = (Term("score before the mask", (), before),
-                 Term(f"{'+' if op.name.startswith('add') else '-'} mask[{i}, {j}]",
-                      (before, "+" if op.name.startswith("add") else "-", added), computed))
-    else:
-        raise WhyError(f"stage {cell.stage.id}: a {op.name} mask is not explained yet")
-    if blocked:
-        reason = (f"key {cell.token(j)} (position {j}) comes after query {cell.token(i)} "
-                  f"(position {i}): j > i, and a causal mask hides the future"
-                  if j > i else f"blocked although j <= i ({entry}): not a causal rule")
-    else:
-        reason = (f"key position {j} <= query position {i}: the query may look at it"
-                  if j <= i else f"kept although j > i ({entry}): this mask is not causal")
-    return Why(cell.stage.id, "mask", cell.record.name, cell.index, where(cell),
-               f"{cell.name}: {'blocked' if blocked else 'kept'}", terms, (reason, entry),
-               computed, cell.recorded)
-
-
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     """How many entries of one head's T x T scores the mask blocks."""
     if not stage.tensors or len(stage.tensors[-1].shape) < 2:
@@ -517,6 +484,7 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     T = grid.shape[-1]
     return (Question(stage.id, "blocked", f"How many of the {grid.size} entries of head {head}'s "
                      f"{grid.shape[0]} x {T} scores does the mask block?", "integer", count,
-                     str(count), f"the entries of the recorded {record.name}[{', '.join(map(str, index))}] "
+                     str(count), f"the entries of "
+                     f"{recorded(stage, record.name)}[{', '.join(map(str, index))}] "
                      f"that hold a mask value (-inf, or -1e4 and below) after this stage: {count} "
                      f"(counted by mha-tui)"),)

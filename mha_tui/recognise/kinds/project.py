@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...judge.numeric import close, f64, linear_parts
+from ...judge.numeric import allclose, close, f64, linear_parts
 from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ..builder import BTC, Builder
 from ..cell import Cell, Why, linear
@@ -144,8 +144,8 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
                 if bias_refs:
                     product = product + m.snap(bias_refs[0]).values
                     has_bias = True
-                ok_all &= bool(np.allclose(product.reshape(last.values.shape), last.values,
-                                           atol=1e-5, rtol=1e-4, equal_nan=True))
+                ok_all &= allclose(product.reshape(last.values.shape), last.values,
+                                   atol=1e-5, rtol=1e-4)
             weights.append((w_ref, w, stored_out_in))
             biases.extend((r.name, m.snap(r)) for r in bias_refs)
             outs.append((op, last))

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...judge.numeric import f64, ratio
+from ...judge.numeric import f64, finite_std, ratio
 from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BHTD, BHTT, yes
-from ..cell import Cell, Term, Why, where
+from ..cell import Cell, Term, Why, expanded_from, where
 from ..graph import Graph, scalar_operand
 from ..grouping import Unit
 from ..maker import StageMaker
-from ..quizzing import Question, number_text
+from ..quizzing import EXPANDED, Question, number_text
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, SCALE_OPS, SHAPE_OPS
 
@@ -39,12 +39,30 @@ def scale(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
         # knows (Gemma 2's tanh soft-capping: / cap, tanh, * cap), is not "the" scale.
         # (OPT's `scores * 1.0` after q was scaled is still the scale stage: q's scale came
         # before the scores.)
-        return None if g.op_derives(op, {"op"}) or _scores_scaled_before(g, op) else "scale"
+        return None if _op_after_scores(g, op) or _scores_scaled_before(g, op) else "scale"
     if g.op_derives(op, {"transpose", "view"}):  # q scaled before q @ k^T (torch's own MHA)
         return "scale"
     if g.op_derives(op, {"project", "rotary"}) and _head_scale(scalar_operand(g, op), op, sizes):
         return "scale"  # OPT, BART: q_proj(x) * d_h ** -0.5, before the heads are split
     return None
+
+
+def _op_after_scores(g: Graph, op: OpRecord) -> bool:
+    """An op no rule knows lies between the scores and this op. One before the scores (Meta's
+    KV cache written with `cache_k[:, :T] = xk` and read back) says nothing about the scale."""
+    seen: set[int] = set()
+    todo = list(g.x_inputs(op))
+    while todo:
+        source = g.producer(todo.pop())
+        if source is None or source.index in seen:
+            continue
+        seen.add(source.index)
+        kind = g.kind.get(source.index)
+        if kind == "op":
+            return True
+        if kind != "scores":  # the scores are where the walk stops
+            todo.extend(g.x_inputs(source))
+    return False
 
 
 def _scores_scaled_before(g: Graph, op: OpRecord) -> bool:
@@ -109,12 +127,12 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         before_values = m.b.out_4d([before_ref.op], BHTT)[0] if before_ref.op is not None \
             else before.values
     checks = []
-    raw_f, new_f = _finite_f64(before_values), _finite_f64(values)
-    if raw_f.size > 1 and new_f.size > 1:
-        checks.append(Check(f"spread (std) of the scores: {raw_f.std(ddof=1):.4f} raw -> "
-                            f"{new_f.std(ddof=1):.4f} scaled" if not on_q else
-                            f"spread (std) of {rec.name}: {raw_f.std(ddof=1):.4f} -> "
-                            f"{new_f.std(ddof=1):.4f}", None))
+    raw_std, new_std = finite_std(before_values), finite_std(values)
+    if raw_std is not None and new_std is not None:
+        checks.append(Check(f"spread (std) of the scores: {raw_std:.4f} raw -> "
+                            f"{new_std:.4f} scaled" if not on_q else
+                            f"spread (std) of {rec.name}: {raw_std:.4f} -> "
+                            f"{new_std:.4f}", None))
     else:
         checks.append(Check("a single score: nothing to spread", None))
     if factor is not None:
@@ -142,13 +160,6 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, "scale", [rec], checks, shape_in=before_values.shape,
                       shape_out=values.shape if m.b.per_head else snap.shape, dims_in=rec.dims,
                       dims_out=rec.dims, note=note, title=title, explanation=explanation)
-
-
-def _finite_f64(values: np.ndarray) -> np.ndarray:
-    """The finite values, in order, as one float64 row (a boolean index copies twice when
-    every value is finite, as most scores are)."""
-    finite = np.isfinite(values)
-    return (values.reshape(-1) if finite.all() else values[finite]).astype(np.float64)
 
 
 # ---------------------------------------------------------------------- judging
@@ -270,19 +281,25 @@ def scale_diagnosis(j: Judge, total: float) -> tuple[str, str]:
 def why(cell: Cell) -> Why:
     """A scaled score: the division (or product) and the d_h it comes from."""
     op, index = cell.per_head(cell.ops("div", "mul", "true_divide", "multiply"))
-    before = float(cell.operand(op, 0)[index])
-    number = cell.scalar(op)
-    d_h = cell.trace.config.head_dim
-    divides = op.name in ("div", "true_divide")
+    return scaled_why(cell, float(cell.operand(op, 0)[index]), cell.scalar(op),
+                      op.name in ("div", "true_divide"), cell.trace.config.head_dim)
+
+
+def scaled_why(cell: Cell, before: float, number: float, divides: bool, d_h: int,
+               origin: str = "") -> Why:
+    """The arithmetic of one scaled score, whoever computed its inputs: before / number or
+    before × number, and whether the number is √d_h (1/√d_h); `origin` says where the number
+    came from when it is not an operand of the module's own op (sdpa's `scale=`)."""
     computed = before / number if divides else before * number
-    notes = []
+    notes = [origin] if origin else []
     if divides and math.isclose(number, math.sqrt(d_h), rel_tol=1e-6):
         notes.append(f"the divisor is √d_h: d_h = {d_h}, √{d_h} = {number:.6g}")
     elif not divides and math.isclose(number, 1 / math.sqrt(d_h), rel_tol=1e-6):
         notes.append(f"the factor is 1/√d_h: d_h = {d_h}, 1/√{d_h} = {number:.6g}")
     else:
         notes.append(f"d_h = {d_h}; this {'divisor' if divides else 'factor'} is not "
-                     f"{'√d_h' if divides else '1/√d_h'} ({math.sqrt(d_h):.6g})")
+                     f"{'√d_h' if divides else '1/√d_h'} "
+                     f"({math.sqrt(d_h) if divides else 1 / math.sqrt(d_h):.6g})")
     terms = (Term("before", (), before),
              Term("÷ divisor" if divides else "× factor",
                   (before, "/" if divides else "×", number), computed))
@@ -310,9 +327,10 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
                                                      a.shape))
     divisor = float(b[index] / a[index])
     spot = ", ".join(map(str, index))
+    origin = f"both mha-tui's expansion, {EXPANDED}" if expanded_from(stage) else "both recorded"
     return (Question(stage.id, "divisor", "By what number are the scores divided here?",
                      "number", divisor, number_text(divisor),
                      f"{before.name}[{spot}] at {trace.stages[at - 1].id} / {after.name}[{spot}] "
-                     f"at {stage.id}, both recorded: "
+                     f"at {stage.id}, {origin}: "
                      f"{b[index]:.6g} / {a[index]:.6g} = {divisor:.6g} (sqrt(d_h) = "
                      f"{math.sqrt(trace.config.head_dim):.6g}; computed by mha-tui)"),)

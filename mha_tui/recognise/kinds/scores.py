@@ -7,6 +7,7 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -14,11 +15,11 @@ import numpy as np
 from ...judge.numeric import products_agree, recomputed_agrees
 from ...records import Check, OpRecord, Snapshot, Stage, Trace
 from ..builder import BHTD, BHTT
-from ..cell import Cell, Why, dot, where
+from ..cell import Cell, Term, Why, WhyError, dot, expanded_from, reindex, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, broadcast_heads, synthetic, words
-from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
+from ..quizzing import EXPANDED, Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import MATMULS
 
@@ -217,18 +218,63 @@ def judge(j: Judge) -> list[Row]:
 
 def why(cell: Cell) -> Why:
     """A score: Q's row dotted with K's row, the d_h products and their sum."""
-    op, index = cell.per_head(cell.ops("matmul"))
+    if not cell.ops("matmul", "bmm") and cell.ops("baddbmm"):
+        return _baddbmm_why(cell)
+    op, index = cell.per_head(cell.ops("matmul", "bmm"))
     queries, keys_t = cell.operand(op, 0), cell.operand(op, 1)
     *lead, i, j = index
-    row, col = queries[(*lead, i)], keys_t[(*lead, slice(None), j)]
     head = ", ".join(map(str, cell.index[:-2]))
-    terms, notes, total = dot(cell, row, col, [f"d{k}: Q[{i}, {k}] × K[{j}, {k}]"
-                                                for k in range(len(row))], "products")
+    return score_why(cell, queries[(*lead, i)], keys_t[(*lead, slice(None), j)],
+                     f"Q[{head}, {i}, :]", f"K[{head}, {j}, :]",
+                     ("Q and K are the matmul's recorded inputs (K as K^T: its column "
+                      f"{j})",))
+
+
+def _baddbmm_why(cell: Cell) -> Why:
+    """torch.baddbmm(input, q, k^T, beta=, alpha=) = beta · input + alpha · (q @ k^T) in one
+    call. The stage holds the module's own output (GPT-NeoX: scaled inside), or mha-tui's
+    expansion of its product (nn.MultiheadAttention, BLOOM: the input is added next stage)."""
+    op = cell.ops("baddbmm")[-1]
+    values = cell.record.values
+    if op.out.values.size != values.size:
+        raise WhyError(f"cannot tell which op of stage {cell.stage.id} made {cell.name}")
+    *lead, i, j = reindex(cell.index, values.shape, op.out.shape)
+    alpha, beta = baddbmm_factors(op)
+    head = ", ".join(map(str, cell.index[:-2]))
+    made = score_why(cell, cell.operand(op, 1)[(*lead, i)],
+                     cell.operand(op, 2)[(*lead, slice(None), j)], f"q[{head}, {i}, :]",
+                     f"k[{head}, {j}, :]", ("q and k^T are torch.baddbmm's recorded inputs (K as "
+                                            f"K^T: its column {j})",))
+    own = np.array_equal(op.out.values.reshape(values.shape), values, equal_nan=True)
+    terms, total = list(made.terms), made.computed
+    if alpha != 1.0:
+        terms.append(Term(f"× alpha = {alpha:.6g}", (total, "×", alpha), alpha * total))
+        total *= alpha
+    if own and beta != 0.0:
+        added = beta * float(np.broadcast_to(cell.operand(op, 0), op.out.shape)[(*lead, i, j)])
+        terms.append(Term("+ beta × input", (total, "+", added), total + added))
+        total += added
+    made = replace(made, terms=tuple(terms), computed=total,
+                   formula=made.formula + (f" × {alpha:.6g}" if alpha != 1.0 else ""))
+    if own:
+        return made
+    return replace(made, recorded_by="mha-tui's expansion's", notes=(
+        *made.notes, f"torch.baddbmm(input, q, k^T) computes beta · input + alpha · (q @ k^T) in "
+        "one call and records only that: this stage's numbers are mha-tui's expansion of its "
+        f"product{' times alpha' if alpha != 1.0 else ''}, computed by mha-tui from its inputs, "
+        "not by the module; the next stage adds the input and shows torch's own result"))
+
+
+def score_why(cell: Cell, query: np.ndarray, key: np.ndarray, q_name: str, k_name: str,
+              notes: tuple[str, ...]) -> Why:
+    """The arithmetic of one score, whoever computed its inputs: query · key, the d_h
+    products and their sum (a matmul's scores; sdpa's expansion)."""
+    *_, i, j = cell.index
+    terms, many, total = dot(cell, query, key, [f"d{k}: Q[{i}, {k}] × K[{j}, {k}]"
+                                                for k in range(len(query))], "products")
     return Why(cell.stage.id, "scores", cell.record.name, cell.index, where(cell),
-               f"{cell.name} = Q[{head}, {i}, :] · K[{head}, {j}, :]  "
-               f"(a dot product over d_h = {len(row)})",
-               terms, ("Q and K are the matmul's recorded inputs (K as K^T: its column "
-                       f"{j})", *notes), total, cell.recorded)
+               f"{cell.name} = {q_name} · {k_name}  (a dot product over d_h = {len(query)})",
+               terms, (*notes, *many), total, cell.recorded)
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
@@ -244,5 +290,7 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     return (Question(stage.id, "value", f"In head {head}, what is the score of query "
                      f"{token_name(trace, i)} (row {i}) against key {token_name(trace, 0)} "
                      f"(column 0), {spot}? Q's row dotted with K's row.", "number", value,
-                     number_text(value), f"the module's own {spot}, recorded (Q[{head}, {i}, :] "
-                     f"· K[{head}, 0, :])"),)
+                     number_text(value),
+                     f"mha-tui's expansion's {spot} (Q[{head}, {i}, :] · K[{head}, 0, :]), "
+                     f"{EXPANDED}" if expanded_from(stage) else
+                     f"the module's own {spot}, recorded (Q[{head}, {i}, :] · K[{head}, 0, :])"),)

@@ -16,7 +16,7 @@ from ..cell import Cell, Term, Why, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, words
-from ..quizzing import Question, cell_index, head_of_interest, number_text, token_name
+from ..quizzing import Question, cell_index, head_of_interest, number_text, recorded, token_name
 from ..sizes import Sizes
 from ..vocab import SOFTMAXES
 from ..vocab import softmax as softmax_of
@@ -118,10 +118,10 @@ def softmax_checks(weights: np.ndarray, before: np.ndarray) -> list[Check]:
     deviation = float(np.abs(weights.sum(axis=-1, dtype=weights.dtype) - 1).max()) if weights.size else 0.0
     checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e})", deviation < 1e-5)]
     if before.shape == weights.shape:
-        blocked = np.isneginf(before)
-        n_blocked = int(blocked.sum())
+        blocked = before == -np.inf if before.dtype.kind == "f" else np.isneginf(before)
+        n_blocked = int(np.count_nonzero(blocked))
         if n_blocked:
-            n_zero = int((weights[blocked] == 0).sum())
+            n_zero = int(np.count_nonzero((weights == 0) & blocked))  # without indexing
             checks.append(Check(f"{n_zero} of {n_blocked} masked entries are exactly 0",
                                 n_zero == n_blocked))
     return checks
@@ -171,21 +171,8 @@ def why(cell: Cell) -> Why:
     """A weight: exp(s_ij - max) / Σ_k exp(s_ik - max), with the row's numbers."""
     op, index = cell.per_head(cell.ops("softmax", "_softmax"))
     scores = cell.operand(op, 0)
-    *lead, i, j = index
-    row = scores[(*lead, i)].astype(np.float64)
-    top = float(np.max(row))
-    with np.errstate(invalid="ignore"):
-        exps = np.exp(row - top)
-    total = float(exps.sum())
-    computed = float(exps[j] / total)
-    terms = [Term(f"key {cell.token(k)}: exp(s[{i}, {k}] - max)", (float(row[k]), "-", top),
-                  float(exps[k])) for k in range(len(row))]
-    terms.append(Term("Σ over the row", (), total))
-    terms.append(Term(f"exp(s[{i}, {j}] - max) / Σ", (float(exps[j]), "/", total), computed))
-    notes = [f"the row's largest score, max = {top:.6g}, is subtracted first (the result is "
-             "the same; exp cannot overflow)"]
-    if np.isneginf(row).any():
-        notes.append("a blocked (-inf) score gives exp(-inf) = 0: no weight")
+    *lead, i, _ = index
+    notes = []
     dropouts = cell.ops("dropout", "dropout_")
     if dropouts:
         p = dropouts[0].kwarg("p", dropouts[0].args[1] if len(dropouts[0].args) > 1 else None)
@@ -193,9 +180,34 @@ def why(cell: Cell) -> Why:
         notes.append(f"then dropout (p={p}, training={training}): "
                      + ("it changes nothing here" if training is False or p == 0
                         else "it can zero or rescale this weight"))
+    return softmax_why(cell, scores[(*lead, i)], tuple(notes))
+
+
+def softmax_why(cell: Cell, scores: np.ndarray, notes: tuple[str, ...] = ()) -> Why:
+    """The arithmetic of one weight, whoever computed the row of scores: exp(s_ij - max) /
+    Σ_k exp(s_ik - max), a term per key."""
+    *_, i, j = cell.index
+    row = scores.astype(np.float64)
+    top = float(np.max(row))
+    with np.errstate(invalid="ignore"):
+        exps = np.exp(row - top)
+    total = float(exps.sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        computed = float(exps[j] / total)
+    terms = [Term(f"key {cell.token(k)}: exp(s[{i}, {k}] - max)", (float(row[k]), "-", top),
+                  float(exps[k])) for k in range(len(row))]
+    terms.append(Term("Σ over the row", (), total))
+    terms.append(Term(f"exp(s[{i}, {j}] - max) / Σ", (float(exps[j]), "/", total), computed))
+    said = [f"the row's largest score, max = {top:.6g}, is subtracted first (the result is "
+            "the same; exp cannot overflow)"]
+    if np.isneginf(row).all():
+        said = ["every key of this row is blocked (-inf): exp(-inf - (-inf)) is undefined, "
+                "so the whole row is NaN; no key is left to attend to"]
+    elif np.isneginf(row).any():
+        said.append("a blocked (-inf) score gives exp(-inf) = 0: no weight")
     return Why(cell.stage.id, "softmax", cell.record.name, cell.index, where(cell),
                f"{cell.name} = exp(s[{i}, {j}] - max_k s[{i}, k]) / Σ_k exp(s[{i}, k] - max)",
-               tuple(terms), tuple(notes), computed, cell.recorded)
+               tuple(terms), (*said, *notes), computed, cell.recorded)
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
@@ -211,15 +223,15 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     spot = ", ".join(map(str, row_index))
     questions = [Question(stage.id, "row_sum", f"What does row {i} of head {head}'s weights "
                           f"(query {token_name(trace, i)}) sum to?", "number", total,
-                          number_text(total), f"Σ_j {record.name}[{spot}, j] over the recorded "
-                          f"row = {total:.6g} (summed by mha-tui): softmax makes every row sum "
-                          "to 1")]
+                          number_text(total), f"Σ_j {record.name}[{spot}, j] over "
+                          f"{recorded(stage, 'row')} = {total:.6g} (summed by mha-tui): softmax "
+                          "makes every row sum to 1")]
     if np.isfinite(row).all() and row.size > 1:
         top = tuple(int(j) for j in np.flatnonzero(row == row.max()))  # a tie: any of them
         questions.append(Question(
             stage.id, "most_attended", f"In head {head}, which token does query "
             f"{token_name(trace, i)} (row {i}) attend to most?", "token", top,
             " or ".join(f"{token_name(trace, j)} (position {j})" for j in top),
-            f"the largest weight in the recorded row {record.name}[{spot}, :] is "
+            f"the largest weight in {recorded(stage, 'row')} {record.name}[{spot}, :] is "
             f"{row[top[0]]:.4f}, at key {' and '.join(map(str, top))}"))
     return tuple(questions)

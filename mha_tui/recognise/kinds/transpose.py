@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 
+from ...judge.numeric import equal
 from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ...stages import stage_info
 from ..builder import BHTD, BTHD, yes
@@ -70,15 +71,13 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         if from_projection is not None and moved.ndim == 4 and from_projection.ndim == 4:
             split_parts = True  # a fused split's part, heads already cut: (B, T, h, d_h)
             for i in range(moved.shape[1]):
-                blocks &= bool(np.array_equal(moved[:, i], from_projection[:, :, i], equal_nan=True))
+                blocks &= equal(moved[:, i], from_projection[:, :, i])
         elif from_projection is not None and moved.ndim == 4 and from_projection.ndim == 3:
             first_projected = first_projected or projected
             if _role_of_chain(m, op) == "Q":
                 q_projected = projected
             for i in range(s.h):
-                blocks &= bool(np.array_equal(moved[:, i],
-                                              from_projection[:, :, i * s.d_h:(i + 1) * s.d_h],
-                                              equal_nan=True))
+                blocks &= equal(moved[:, i], from_projection[:, :, i * s.d_h:(i + 1) * s.d_h])
     out = ops[0].out
     checks = [
         Check(f"head i holds channels i*{s.d_h}..(i+1)*{s.d_h}-1 of every token", blocks)
@@ -150,9 +149,11 @@ def _wrong_view(m: StageMaker, q: Snapshot, name: str, differs: bool) -> TensorR
         # A repeated token is told apart by its position ("the·0·h1"), as on token axes.
         return f"{tokens[t]}·{t}" if counts[tokens[t]] > 1 else tokens[t]
 
-    tags = tuple(tuple(f"{word(int(token_of[0, i, r]))}·h{int(head_of[0, i, r])}" for r in range(T))
-                 for i in range(s.h))
-    tag_heads = tuple(tuple(int(head_of[0, i, r]) for r in range(T)) for i in range(s.h))
+    words = [word(t) for t in range(T)]  # once per token, not once per (head, row)
+    token_rows, head_rows = token_of[0].tolist(), head_of[0].tolist()
+    tags = tuple(tuple(f"{words[t]}·h{head}" for t, head in zip(tokens_i, heads_i, strict=True))
+                 for tokens_i, heads_i in zip(token_rows, head_rows, strict=True))
+    tag_heads = tuple(tuple(row) for row in head_rows)
     caption = (f"WRONG: one {_wrong_call(m)} reads memory in the old order; each row is "
                "labelled with the token and head block it really holds" if differs else
                f"the same numbers as the right {name} here, because {single_axes(T, s.h)}; "

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...judge.numeric import ATOL, RTOL, close, f64, max_diff
+from ...judge.numeric import ATOL, RTOL, close, equal, f64, max_diff
 from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BTC, BTHD, yes
 from ..cell import Cell, Why, moved
@@ -57,8 +57,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         tensors.append(b.record(m.tensor_name(op), op.out, m.dims(op.out.shape, BTHD),
                                 share=(source_name, src)))
         shared &= op.out.storage == src.storage
-        same &= bool(np.array_equal(op.out.values.reshape(-1), src.values.reshape(-1),
-                                    equal_nan=True))
+        same &= equal(op.out.values.reshape(-1), src.values.reshape(-1))
     names = ", ".join(t.name for t in tensors)
     first = ops[0]
     checks = [
