@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
@@ -109,7 +109,10 @@ def run_trace(config: Config, source: Source | None = None, *,
     with contextlib.redirect_stdout(sys.stderr):
         recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
                                   embedding=loaded.embedding, ids=loaded.ids, config=config)
-    return recognised(recorded)
+    trace = recognised(recorded)
+    if loaded.weights and trace.module is not None:  # the header says whose numbers these are
+        trace = replace(trace, module=replace(trace.module, weights=loaded.weights))
+    return trace
 
 
 def numpy_runner(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
