@@ -56,8 +56,15 @@ def _theirs(directory: Path, sentence: str) -> int:
 
 
 def _ours(directory: Path, sentence: str) -> int | None:
+    """The count from the files, checked against its bound read without the vocabulary."""
     config = json.loads((directory / "config.json").read_text())
-    return hf_files.token_count(directory, config, sentence)
+    count = hf_files.token_count(directory, config, sentence)
+    bound = hf_files.token_bound(directory, config, sentence)
+    if count is None:
+        assert bound is None
+    elif bound is not None:
+        assert bound >= count and (bound == 0) == (count == 0), (sentence, bound, count)
+    return count
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -77,6 +84,11 @@ def test_the_count_is_the_transformers_tokenizers(tokenizers_dir: Path, name: st
         theirs = len(tokenizer(sentence, add_special_tokens=True)["input_ids"])
         assert _ours(directory, sentence) == theirs, (name, sentence)
         counts.append(theirs)
+        # The bound read without the vocabulary: never below the count, 0 only where it is 0.
+        bound = hf_files.token_bound(directory, config, sentence)
+        assert bound is not None or name == "mistral"
+        assert bound is None or (bound >= theirs and (bound == 0) == (theirs == 0)), (
+            name, sentence, bound, theirs)
     assert counts[SENTENCES.index(" ".join(["the cat sat on the log"] * 40))] > 64
     # The family's own special tokens are counted: BERT's [CLS] and [SEP], RoBERTa's <s> and
     # </s>, Llama's <s>, T5's </s>, none for GPT-2's kind.
@@ -114,6 +126,17 @@ def _variant(source: Path, target: Path, **changes: object) -> Path:
     ("gpt-neo", {"add_prefix_space": True}),
     ("llama", {"tokenizer_class": "PreTrainedTokenizerFast"}),  # Llama 3, BLOOM, Falcon
     ("llama", {"bos_token": None}),
+    # transformers 5 drops add_bos_token and add_eos_token when there is a tokenizer.json
+    ("gpt-neo", {"add_bos_token": True}),
+    ("gpt-neo", {"add_bos_token": True, "add_eos_token": True, "bos_token": None}),
+    ("llama", {"add_bos_token": False}),
+    ("llama", {"add_eos_token": True}),
+    # Pythia's and MPT's GPT-NeoX tokenizer: NFC, then byte-level
+    ("gpt-neox", {"tokenizer_class": "GPTNeoXTokenizerFast", "add_bos_token": False,
+                  "add_eos_token": False}),
+    ("gpt-neox", {"tokenizer_class": "GPTNeoXTokenizer", "add_bos_token": True,
+                  "add_prefix_space": True}),
+    ("mpt", {"tokenizer_class": None}),
     ("bert", {"do_lower_case": False}),
     ("bert", {"strip_accents": False, "tokenize_chinese_chars": False}),
     ("bert", {"tokenizer_class": None}),
@@ -161,8 +184,6 @@ def test_legacy_files_are_read_as_transformers_reads_them(tokenizers_dir: Path, 
     ("bert", "unreadable special_tokens_map.json"),
     ("gpt-neo", "split special tokens"),
     ("llama", "LlamaTokenizer"),
-    ("llama", "add_bos_token"),
-    ("gpt-neo", "add_eos_token"),
 ])
 def test_files_that_do_not_decide_leave_it_to_transformers(tokenizers_dir: Path, tmp_path: Path,
                                                           name: str, change: str) -> None:
@@ -171,8 +192,6 @@ def test_files_that_do_not_decide_leave_it_to_transformers(tokenizers_dir: Path,
         "another class": {"tokenizer_class": "CodeGenTokenizer"},
         "split special tokens": {"split_special_tokens": True},
         "LlamaTokenizer": {"tokenizer_class": "LlamaTokenizer"},
-        "add_bos_token": {"add_bos_token": False},  # transformers 5 may keep the file's <s>
-        "add_eos_token": {"add_eos_token": True},
     }.get(change, {}))
     if change == "no tokenizer.json":
         (directory / "tokenizer.json").unlink()

@@ -529,3 +529,17 @@ def test_a_learner_forward_that_raises_is_left_for_the_trace(tmp_path: Path) -> 
     loaded = load(CONFIG, Source(module=f"{path}:Attn"))
     with pytest.raises(RuntimeError), torch.no_grad():
         loaded.forward()
+
+
+def test_init_of_a_head_count_must_agree_with_heads() -> None:
+    """--init num_heads=4 beside --heads 2 would draw a header and head labels of 2 heads over
+    a module of 4: refused, saying which flag to use; the same number is fine."""
+    class Heads(nn.Module):
+        def __init__(self, embed_dim, num_heads=1, n_heads=1, n_head=1):
+            super().__init__()
+
+    for name in ("num_heads", "n_heads", "n_head"):
+        with pytest.raises(LoadError, match=rf"^--init {name}=4 disagrees with --heads 2: give "
+                                            r"--heads 4 instead$"):
+            constructor_arguments(Heads, CONFIG, {name: 4})
+    assert constructor_arguments(Heads, CONFIG, {"num_heads": 2})["num_heads"] == 2

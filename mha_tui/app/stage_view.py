@@ -84,7 +84,19 @@ class StageView(ScrollView, can_focus=False):
     def show(self, lines: list[Strip], *, home: bool = False) -> None:
         self.lines = lines
         width = max((strip.cell_length for strip in lines), default=0)
-        self.virtual_size = Size(width, len(lines))
+        new = Size(width, len(lines))
+        old = self.virtual_size
+        height = self.scrollable_content_region.height
+        if (new != old and new.width == old.width and self.show_vertical_scrollbar
+                and old.height > height and new.height > height):
+            # Both taller than the pane: the scrollbar stays, only its thumb changes. Setting
+            # virtual_size would ask for a layout of the whole screen (~6 ms here), whose
+            # scrollbar update then repaints the bar once more in a second frame, 17-33 ms
+            # after the first: the stage's new length goes to the bar directly instead.
+            self.set_reactive(StageView.virtual_size, new)
+            self.vertical_scrollbar.window_virtual_size = new.height
+        else:  # the scrollbar comes or goes (or the width changed): a layout places it
+            self.virtual_size = new
         if home:
             self.scroll_to(0, 0, animate=False, immediate=True)
         self.refresh()

@@ -47,9 +47,34 @@ class KeyFooter(Footer):
                 widget.add_class("-lesser")
             yield widget
 
+    def on_mount(self) -> None:
+        # Runs before Footer.on_mount (handlers run subclass first), which subscribes
+        # bindings_changed to run on the footer's next idle; the change is made after it.
+        self.call_next(self._subscribe_immediately)
+
+    def _subscribe_immediately(self) -> None:
+        """Grey keys in the same frame as the change that greyed them.
+
+        Footer's subscription runs bindings_changed on the footer's next idle: after the
+        key's own repaint has reached the screen, so a greyed key cost a second frame, one
+        to two frame periods (17-33 ms) after the first. Here the keys are greyed when the
+        bindings change; a recompose still goes through the footer's own queue, as before
+        (composing needs the footer's context)."""
+        signal = self.screen.bindings_updated_signal
+        signal.unsubscribe(self)
+        signal.subscribe(self, self._bindings_now, immediate=True)
+
+    def _bindings_now(self, screen: Screen) -> None:
+        if not self._grey_in_place(screen):
+            self.call_next(self.bindings_changed, screen)
+
     def bindings_changed(self, screen: Screen) -> None:
+        if not self._grey_in_place(screen):
+            super().bindings_changed(screen)
+
+    def _grey_in_place(self, screen: Screen) -> bool:
         """Grey keys in place when only which keys are enabled changed (a step between
-        stages, the usual case).
+        stages, the usual case); False when the footer must recompose.
 
         Footer recomposes on every change of the bindings: it mounts every key again, a
         layout and a style pass over each key, the largest cost of a step. When the keys to
@@ -68,14 +93,14 @@ class KeyFooter(Footer):
             list(keys.items())
         if not (same and shown and screen.app.app_focus and self.is_attached
                 and screen is self.screen):
-            super().bindings_changed(screen)
-            return
+            return False
         for key in shown:
             off = not enabled[key.action]  # type: ignore[attr-defined]
             key.set_class(off, "-disabled")
             # FooterKey rings the bell on a click from this attribute, which Footer sets when
             # it builds the key; there is no public setter (Footer rebuilds its keys instead).
             key._disabled = off  # type: ignore[attr-defined]
+        return True
 
 
 class HelpScreen(ModalScreen[None]):

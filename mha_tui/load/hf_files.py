@@ -4,12 +4,13 @@ Everything here is read from files, without torch or transformers (a `--hf` refu
 the files decide costs a fraction of the torch import): the model directory (a path, or its
 snapshot in the local Hugging Face cache, found the way the hub lays the cache out),
 config.json (json), and the sentence's token count from tokenizer.json with the `tokenizers`
-package, counted as the transformers tokenizer `--hf` runs with counts it.
+package, counted as the transformers tokenizer `--hf` runs with counts it (or, for a sentence
+that surely fits, only an upper bound read without the vocabulary).
 
 That count is given only where the files decide it: the tokenizer class transformers 5's
 AutoTokenizer picks for the checkpoint is one of the few whose pipeline is rebuilt here from
-tokenizer.json the way its `__init__` builds it (the GPT-2, RoBERTa and BERT tokenizers, and
-TokenizersBackend, which loads tokenizer.json as it is), and the sentence holds none of the
+tokenizer.json the way its `__init__` builds it (the GPT-2, GPT-NeoX, RoBERTa and BERT
+tokenizers, and TokenizersBackend, which loads tokenizer.json as it is), and the sentence holds none of the
 tokenizer's added or special tokens. Anything else (no tokenizer.json, a slow-only
 tokenizer, another class, remote code, a config field missing, another transformers major
 version) returns None, and `load.hf.load` decides with transformers itself, as before:
@@ -82,12 +83,25 @@ _DEFAULT_SPECIALS = {
     "RobertaTokenizer": {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>",
                          "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>",
                          "mask_token": "<mask>"},
+    "GPTNeoXTokenizer": {"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>",
+                         "eos_token": "<|endoftext|>", "pad_token": "<|padding|>"},
     "BertTokenizer": {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
                       "cls_token": "[CLS]", "mask_token": "[MASK]"},
 }
 _DEFAULT_SPECIALS["DistilBertTokenizer"] = _DEFAULT_SPECIALS["BertTokenizer"]
 # transformers patches the pre-tokenizer of tokenizers this large (Mistral's regex).
 _PATCHED_VOCAB = 100_000
+# tokenizer.json's top-level "model" (serialized last, after the normalizer, pre-tokenizer
+# and post-processor, its "type" first), and a model of each type without a vocabulary, to
+# read the rest of the pipeline without the vocabulary.
+_MODEL_KEY = re.compile(r'(,)\s*"model"\s*:\s*\{\s*"type"\s*:\s*"(\w+)"')
+_STUB_MODELS: dict[str, dict[str, Any]] = {
+    "BPE": {"type": "BPE", "vocab": {}, "merges": []},
+    "WordPiece": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": 100, "vocab": {"[UNK]": 0}},
+    "Unigram": {"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0]]},
+    "WordLevel": {"type": "WordLevel", "unk_token": "<unk>", "vocab": {"<unk>": 0}},
+}
 
 
 # ---------------------------------------------------------------- where the model is
@@ -167,14 +181,20 @@ def refuse_early(source: str, sentence: str, layer: int) -> None:
     fields = _LAYERS_AND_POSITIONS.get(str(config.get("model_type"))) if config else None
     if config is None or fields is None:
         return
-    n = token_count(path, config, sentence)
-    if n is None:
-        return
     layers_key, positions_key = fields
     limit = config.get(positions_key) if positions_key else None
     if positions_key is not None and not isinstance(limit, int):
         return  # the field is missing: transformers' default applies
-    if limit is not None and n > limit:
+    # A sentence that surely fits is not tokenized here (reading the vocabulary costs more
+    # than the rest of this check): only its token count's upper bound is.
+    bound = token_bound(path, config, sentence)
+    if bound is not None and (limit is None or bound <= limit):
+        n: int | None = bound if bound == 0 else None  # a bound of 0 is the count
+    else:
+        n = token_count(path, config, sentence)
+        if n is None:
+            return
+    if limit is not None and n is not None and n > limit:
         raise HfError(f"the sentence has {n} tokens but {source} reads at most {limit}")
     n_layers = config.get(layers_key)
     if not isinstance(n_layers, int) or n_layers <= 0:
@@ -182,7 +202,7 @@ def refuse_early(source: str, sentence: str, layer: int) -> None:
     if not 0 <= layer < n_layers:
         raise HfError(f"--layer {layer} is out of range: {source} has {n_layers} layers, "
                       f"0 to {n_layers - 1}")
-    if n == 0:
+    if n == 0:  # (a sentence that gives no tokens yet has a bound above 0: transformers says it)
         raise HfError("the sentence gives no tokens; give at least one word, e.g. \"The cat sat\"")
 
 
@@ -216,23 +236,14 @@ def token_count(path: Path, config: dict[str, Any], sentence: str) -> int | None
     """len(tokenizer(sentence, add_special_tokens=True)["input_ids"]) of the tokenizer
     transformers loads from path, computed from tokenizer.json; None where the files do
     not decide it."""
-    settings = _settings(path)
-    if settings is None or not (path / "tokenizer.json").is_file():
+    prepared = _prepared(path, config)
+    if prepared is None:
         return None
-    kind = tokenizer_class(path, config, settings)
-    if kind is None or settings.get("split_special_tokens"):
-        return None
-    if "add_bos_token" in settings or "add_eos_token" in settings:
-        return None  # whether transformers 5 then keeps tokenizer.json's template varies
+    kind, settings, text = prepared
+    from tokenizers import Tokenizer
+
     try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        return None
-    try:
-        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-    except Exception:  # tokenizers raises its own kinds; transformers will say what is wrong
-        return None
-    try:
+        tokenizer = Tokenizer.from_str(text)
         if tokenizer.get_vocab_size(with_added_tokens=True) > _PATCHED_VOCAB:
             return None
         if not _rebuild(tokenizer, kind, settings):
@@ -242,7 +253,64 @@ def token_count(path: Path, config: dict[str, Any], sentence: str) -> int | None
         tokenizer.no_truncation()
         tokenizer.no_padding()
         return len(tokenizer.encode(sentence, add_special_tokens=True).ids)
-    except Exception:  # a pipeline tokenizers cannot rebuild or run: transformers decides
+    except Exception:  # a pipeline tokenizers cannot build, rebuild or run: transformers decides
+        return None
+
+
+def token_bound(path: Path, config: dict[str, Any], sentence: str) -> int | None:
+    """At least token_count (and 0 only where it is 0), from tokenizer.json without its
+    vocabulary (most of the file, and most of the time to read it): the special tokens the
+    pipeline adds, and for every piece the normalizer and pre-tokenizer cut the sentence
+    into, its UTF-8 bytes (a model gives at most a token per byte of a piece, its byte
+    fallback included; one for an empty piece). None where not known."""
+    prepared = _prepared(path, config)
+    if prepared is None or config.get("model_type") == "mistral":
+        return None  # (transformers may patch a large Mistral vocabulary's pre-tokenizer)
+    kind, settings, text = prepared
+    match = _MODEL_KEY.search(text)
+    if match is None or match.group(2) not in _STUB_MODELS:
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        head = json.loads(text[:match.start(1)] + "}")
+        if not {"normalizer", "pre_tokenizer", "post_processor"} <= set(head):
+            return None
+        tokenizer = Tokenizer.from_str(json.dumps({**head, "model": _STUB_MODELS[match.group(2)]}))
+        if not _rebuild(tokenizer, kind, settings):
+            return None
+        if _holds_a_special_token(tokenizer, kind, settings, sentence):
+            return None
+        text = sentence
+        if tokenizer.normalizer is not None:
+            text = tokenizer.normalizer.normalize_str(text)
+        pieces = [] if not text else [text] if tokenizer.pre_tokenizer is None else \
+            [piece for piece, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+        specials = (tokenizer.post_processor.num_special_tokens_to_add(False)
+                    if tokenizer.post_processor is not None else 0)
+        return specials + sum(max(1, len(piece.encode("utf-8"))) for piece in pieces if piece) \
+            + sum(1 for piece in pieces if not piece)
+    except Exception:
+        return None
+
+
+def _prepared(path: Path, config: dict[str, Any]) -> tuple[str, dict[str, Any], str] | None:
+    """The tokenizer class, its init arguments and tokenizer.json's text, where the count can
+    be decided from them (a class rebuilt here, nothing that makes transformers choose
+    otherwise, tokenizers installed); None otherwise."""
+    settings = _settings(path)
+    if settings is None or not (path / "tokenizer.json").is_file():
+        return None
+    kind = tokenizer_class(path, config, settings)
+    if kind is None or settings.get("split_special_tokens"):
+        return None
+    # (add_bos_token and add_eos_token change nothing: transformers 5 drops them from the
+    # settings when there is a tokenizer.json.)
+    if find_spec("tokenizers") is None:
+        return None
+    try:
+        return kind, settings, (path / "tokenizer.json").read_text(encoding="utf-8")
+    except (OSError, ValueError):
         return None
 
 
@@ -311,7 +379,7 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
     model_kind = type(model).__name__
     specials = {**_DEFAULT_SPECIALS[kind], **{key: _content(value) for key, value in settings.items()
                                              if key.endswith("_token")}}
-    if kind in ("GPT2Tokenizer", "RobertaTokenizer"):
+    if kind in ("GPT2Tokenizer", "RobertaTokenizer", "GPTNeoXTokenizer"):
         if model_kind != "BPE":
             return False
         add_prefix_space = bool(settings.get("add_prefix_space", False))
@@ -322,7 +390,7 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
         model.fuse_unk = False
         model.byte_fallback = False
         model.ignore_merges = False
-        tokenizer.normalizer = None
+        tokenizer.normalizer = normalizers.NFC() if kind == "GPTNeoXTokenizer" else None
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
     elif kind in ("BertTokenizer", "DistilBertTokenizer"):
         if model_kind != "WordPiece" or specials.get("unk_token") is None:
@@ -336,9 +404,13 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
             strip_accents=None if strip_accents is None else bool(strip_accents),
             lowercase=bool(settings.get("do_lower_case", True)))
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    # The post-processor: BERT's and RoBERTa's __init__ set their own; the others keep
-    # tokenizer.json's (or none: then transformers' template adds nothing either).
-    if kind in ("BertTokenizer", "DistilBertTokenizer"):
+    # The post-processor: BERT's and RoBERTa's __init__ set their own, GPT-NeoX's the template
+    # of add_bos_token and add_eos_token (False: transformers drops both settings when there
+    # is a tokenizer.json); the others keep tokenizer.json's (or none: then transformers'
+    # template adds nothing either).
+    if kind == "GPTNeoXTokenizer":
+        tokenizer.post_processor = _template(tokenizer, [], [])
+    elif kind in ("BertTokenizer", "DistilBertTokenizer"):
         tokenizer.post_processor = _template(tokenizer, [specials.get("cls_token")],
                                              [specials.get("sep_token")])
     elif kind == "RobertaTokenizer":
