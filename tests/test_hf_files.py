@@ -28,15 +28,15 @@ SENTENCES = [
     "", " ", "\t\n",  # nothing to read, or only spaces
     "The cat sat on the mat.",
     "THE Cat sAt",
+    "It's 2024: we'LL see 12345 cats!!\r\n\r\n  ok...",  # contractions, digits, CR LF
     "Café, naïve, 😀, ß, ﬁ, Ångström, 中文字, عربى, ÅÅ\u0301",  # accents, ligature, CJK, RTL
     "  leading and trailing spaces\tand a tab\n",
     "a control \x1b[31m byte and a NUL \x00",
     " ".join(["the cat sat on the log"] * 40),  # 240 words: more than the families' 64 positions
     "x" * 300,  # one word longer than WordPiece's 100 characters
 ]
-# Families whose tokenizer class is not rebuilt here: transformers decides (qwen2: its
-# Qwen2Tokenizer, and a real Qwen vocabulary is past the 100,000 where transformers patches it).
-UNDECIDED = {"qwen2"}
+# Families whose tokenizer class is not rebuilt here: transformers decides (none now).
+UNDECIDED: set[str] = set()
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_the_count_is_the_transformers_tokenizers(tokenizers_dir: Path, name: st
         counts.append(theirs)
         # The bound read without the vocabulary: never below the count, 0 only where it is 0.
         bound = hf_tokens.token_bound(directory, config, sentence)
-        assert bound is not None or name == "mistral"
+        assert bound is not None
         assert bound is None or (bound >= theirs and (bound == 0) == (theirs == 0)), (
             name, sentence, bound, theirs)
     assert counts[SENTENCES.index(" ".join(["the cat sat on the log"] * 40))] > 64
@@ -198,6 +198,7 @@ def test_legacy_files_are_read_as_transformers_reads_them(tokenizers_dir: Path, 
     ("gpt-neo", "another class"),
     ("bert", "unreadable special_tokens_map.json"),
     ("gpt-neo", "split special tokens"),
+    ("mistral", "fix_mistral_regex"),
 ])
 def test_files_that_do_not_decide_leave_it_to_transformers(tokenizers_dir: Path, tmp_path: Path,
                                                           name: str, change: str) -> None:
@@ -205,6 +206,7 @@ def test_files_that_do_not_decide_leave_it_to_transformers(tokenizers_dir: Path,
         "remote code": {"auto_map": {"AutoTokenizer": ["x.Tok", None]}},
         "another class": {"tokenizer_class": "CodeGenTokenizer"},
         "split special tokens": {"split_special_tokens": True},
+        "fix_mistral_regex": {"fix_mistral_regex": True},
     }.get(change, {}))
     if change == "no tokenizer.json":
         (directory / "tokenizer.json").unlink()

@@ -22,7 +22,7 @@ import re
 import sys
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -142,6 +142,17 @@ def load(config: Config, source: Source | None = None) -> Loaded:
     if source.module is not None:
         _probe(loaded)
     return loaded
+
+
+def on_table(loaded: Loaded, table: object) -> Loaded:
+    """The same built module, its x looked up in another embedding table (V, C) for the same
+    ids (`explain --against` with a NumPy module: the torch reference reads the NumPy x)."""
+    with torch.no_grad():
+        weight = torch.tensor(table, dtype=torch.float32)  # (V, C)
+        embedding = nn.Embedding.from_pretrained(weight, freeze=True)
+        embedding.eval()
+        x = embedding(loaded.ids)  # (B, T, C)
+    return replace(loaded, embedding=embedding, x=x, args=(x,) * len(loaded.args))
 
 
 def _probe(loaded: Loaded) -> None:
