@@ -169,7 +169,7 @@ def explain(
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
     fmt = _dump_format(fmt, dump, only=only, stage=stage)
     reference = _against(against, dump=dump, fmt=fmt, hf=hf_source is not None, why=why_cell,
-                         check=check_stages, stage=stage, model=model)
+                         check=check_stages, stage=stage)
     cell = _why_cell(why_cell, dump=dump, fmt=fmt, hf=hf_source is not None)
     if quiz:
         if reference is not None:
@@ -263,7 +263,7 @@ def _check_quiz(*, dump: str | None, fmt: Format, why: bool, check: bool, only: 
 
 
 def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: str | None,
-             check: bool, stage: str | None, model: Model | None) -> Source | None:
+             check: bool, stage: str | None) -> Source | None:
     """--against MODEL or FILE.py:Class, checked before anything heavy runs."""
     if text is None:
         return None
@@ -273,12 +273,11 @@ def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: 
     for flag, given in (("--why", why is not None), ("--check", check), ("--stage", stage)):
         if given:
             fail(f"--against does not take {flag} yet")
-    if model is not None and model.value in NUMPY_MODEL_NAMES:
-        fail(f"--against compares torch modules; --model {model.value} is NumPy code")
     if not _interactive(dump) and fmt not in (Format.text, Format.json):
         fail(f"--against writes text or JSON, not {fmt.value}")
     if text in NUMPY_MODEL_NAMES:
-        fail(f"--against compares torch modules; {text} is NumPy code")
+        fail(f"--against {text}: the reference must be a torch module (your weights are "
+             "copied into its parameters); give your NumPy module as --module or --model")
     if text in MODEL_NAMES:
         return _check_source(text, None, [], None)
     if ":" not in text:

@@ -54,4 +54,12 @@ def why(trace: Trace, stage_id: str, index: tuple[int, ...]) -> Why:
     if explain is None:
         raise WhyError(f"mha-tui does not explain the cells of a {stage.kind!r} stage yet; it "
                        f"does for: {', '.join(KINDS)}")
-    return explain(Cell(trace, stage, record, index))
+    try:
+        return explain(Cell(trace, stage, record, index))
+    except WhyError:
+        raise
+    except (IndexError, KeyError, TypeError, ValueError) as error:
+        # a layout no kind's why expected (a stage whose ops hold its numbers in another
+        # order): one line in the panel and on stderr, never a traceback or a crashed app
+        raise WhyError(f"mha-tui cannot explain {record.name}[{', '.join(map(str, index))}] "
+                       f"of stage {stage.id} yet ({type(error).__name__}: {error})") from error

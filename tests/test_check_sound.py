@@ -77,6 +77,7 @@ def test_no_attention_found(name: str) -> None:
     assert not verdict.equivalent
     assert verdict.diagnosis is not None and verdict.diagnosis.kind == "no_attention"
     assert "no attention found" in verdict.diagnosis.message
+    assert verdict.diagnosis.stage == ""  # about the whole forward, no stage of it
     assert not any(d.startswith("Different but equivalent") for d in verdict.differences)
 
 

@@ -114,6 +114,16 @@ def expanded_from(stage: Stage) -> OpRecord | None:
     return next((op for op in stage.ops if op.name == FUSED_ATTENTION), None)
 
 
+_POSITIONS = {"attn_mask": 3, "dropout_p": 4, "is_causal": 5, "scale": 6, "enable_gqa": 7}
+
+
+def fused_argument(op: OpRecord, name: str, default: object = None) -> object:
+    """An argument of F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+    is_causal, scale, enable_gqa), given by position or by keyword."""
+    position = _POSITIONS[name]
+    return op.args[position] if len(op.args) > position else op.kwarg(name, default)
+
+
 def main_tensor(stage: Stage) -> TensorRecord:
     """The tensor the cursor moves on: the stage's result, its last tensor."""
     if not stage.tensors:
