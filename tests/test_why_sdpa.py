@@ -327,7 +327,12 @@ def test_the_quiz_on_the_expansion_answers_from_its_numbers_and_says_they_are_mh
     expanded = {s.id for s in trace.stages if fused_op(trace) in s.ops}
     asked = [q for q in questions(trace) if q.stage in expanded]
     assert {q.stage for q in asked} == expanded
+    assert ("kv_head" in {q.asks for q in asked}) == (case == "enable_gqa")
     for q in asked:
+        if q.asks == "kv_head":  # from the recorded shapes of q and k, not the expansion
+            assert q.stage == "scores" and q.expected == 3 // 2 and "j // 2" in q.source
+            assert mark(q, "1", trace.config.tokens).outcome == "right"
+            continue
         assert "mha-tui's expansion" in q.source, q
         assert "the module's own" not in q.source and "recorded at" not in q.source, q
         assert "both recorded" not in q.source and "the recorded" not in q.source, q
@@ -470,3 +475,19 @@ async def test_the_quiz_in_the_app_walks_the_expansion_and_then_its_why_works() 
         await pilot.press("escape", "enter")
         await pilot.pause()
         assert app.cursor is not None and "mha-tui's expansion's" in unboxed(why_panel(app))
+
+
+def test_an_unexpected_layout_is_one_line_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kind's why that meets a layout it did not expect (here: made to raise IndexError)
+    gives a WhyError, which the CLI prints as one line and the app's panel shows."""
+    from mha_tui.recognise.kinds import softmax
+    from mha_tui.why import KINDS, WhyError
+
+    def broken(cell: object) -> Why:
+        raise IndexError("index 2 is out of bounds for axis 1 with size 2")
+
+    monkeypatch.setitem(KINDS, "softmax", broken)
+    assert softmax.why is not broken
+    with pytest.raises(WhyError, match=r"cannot explain weights\[0, 1, 2, 1\] of stage softmax "
+                                       r"yet \(IndexError: index 2 is out of bounds"):
+        why(run_trace(Config("I love AI !"), Source()), "softmax", (0, 1, 2, 1))

@@ -59,6 +59,9 @@ class Why:
     mha-tui computed itself from a fused op's inputs (kinds/sdpa.py)."""
     witness: Witness | None = None
     """The module's own number, when `recorded` is not: checked against `computed` too."""
+    recomputed: bool = True
+    """False: an op mha-tui does not recompute (op_cell.unknown); `computed` is then only the
+    recorded number again, and is never called equal."""
 
     @property
     def difference(self) -> float:
@@ -68,7 +71,7 @@ class Why:
     def agrees(self) -> bool:
         """Equal to the module's number up to float32 rounding (the module sums in float32,
         in its own order; mha-tui in float64)."""
-        return agrees(self.computed, self.recorded)
+        return self.recomputed and agrees(self.computed, self.recorded)
 
     def compared(self, number: float) -> tuple[float, bool]:
         """mha-tui's number against another (the witness's): the difference, and whether
@@ -109,6 +112,16 @@ def expanded_from(stage: Stage) -> OpRecord | None:
     or None. Such a stage's numbers are computed by mha-tui from that op's q, k and v; the
     module ran the fused op and recorded only its output."""
     return next((op for op in stage.ops if op.name == FUSED_ATTENTION), None)
+
+
+_POSITIONS = {"attn_mask": 3, "dropout_p": 4, "is_causal": 5, "scale": 6, "enable_gqa": 7}
+
+
+def fused_argument(op: OpRecord, name: str, default: object = None) -> object:
+    """An argument of F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+    is_causal, scale, enable_gqa), given by position or by keyword."""
+    position = _POSITIONS[name]
+    return op.args[position] if len(op.args) > position else op.kwarg(name, default)
 
 
 def main_tensor(stage: Stage) -> TensorRecord:

@@ -113,6 +113,9 @@ def mark_cells(matrices: list[Matrix], record: TensorRecord, cells: np.ndarray) 
     layout matrix_cell does not know)."""
     import numpy as np
 
+    if record.dims in _UNBATCHED and cells.ndim == len(record.dims):  # drawn as batch 0
+        record = replace(record, values=record.values[None], dims=("B", *record.dims))
+        cells = cells[None]
     by_head: dict[int, set[tuple[int, int]]] = {}
     placed = 0
     for index in zip(*np.nonzero(cells), strict=True):

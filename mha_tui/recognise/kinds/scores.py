@@ -15,7 +15,7 @@ import numpy as np
 from ...judge.numeric import products_agree, recomputed_agrees
 from ...records import Check, OpRecord, Snapshot, Stage, Trace
 from ..builder import BHTD, BHTT
-from ..cell import Cell, Term, Why, WhyError, dot, expanded_from, reindex, where
+from ..cell import Cell, Term, Why, WhyError, dot, expanded_from, fused_argument, reindex, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, broadcast_heads, synthetic, words
@@ -278,7 +278,8 @@ def score_why(cell: Cell, query: np.ndarray, key: np.ndarray, q_name: str, k_nam
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
-    """One score: head 1's last query against the first key."""
+    """One score: head 1's last query against the first key; with F.scaled_dot_product_attention
+    sharing K/V heads itself (enable_gqa=True), which K/V head the last query head reads."""
     if not stage.tensors or len(stage.tensors[-1].shape) < 2:
         return ()
     record = stage.tensors[-1]
@@ -287,10 +288,34 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     index = cell_index(record, head=head, row=i, col=0)
     value = float(record.values[index])
     spot = f"{record.name}[{', '.join(map(str, index))}]"
-    return (Question(stage.id, "value", f"In head {head}, what is the score of query "
-                     f"{token_name(trace, i)} (row {i}) against key {token_name(trace, 0)} "
-                     f"(column 0), {spot}? Q's row dotted with K's row.", "number", value,
-                     number_text(value),
-                     f"mha-tui's expansion's {spot} (Q[{head}, {i}, :] · K[{head}, 0, :]), "
-                     f"{EXPANDED}" if expanded_from(stage) else
-                     f"the module's own {spot}, recorded (Q[{head}, {i}, :] · K[{head}, 0, :])"),)
+    per_kv, h_kv = _shared_by(stage, trace)
+    kv = head // per_kv
+    questions = [Question(
+        stage.id, "value", f"In head {head}, what is the score of query "
+        f"{token_name(trace, i)} (row {i}) against key {token_name(trace, 0)} "
+        f"(column 0), {spot}? Q's row dotted with K's row.", "number", value, number_text(value),
+        f"mha-tui's expansion's {spot} (Q[{head}, {i}, :] · K[{kv}, 0, :]), {EXPANDED}"
+        if expanded_from(stage) else
+        f"the module's own {spot}, recorded (Q[{head}, {i}, :] · K[{head}, 0, :])")]
+    if per_kv > 1 and "h" in record.dims:
+        last = record.shape[record.dims.index("h")] - 1
+        questions.append(Question(
+            stage.id, "kv_head", f"Which K/V head does query head {last} read?", "integer",
+            last // per_kv, str(last // per_kv),
+            f"enable_gqa=True: F.scaled_dot_product_attention shares each of K's {h_kv} heads "
+            f"between {per_kv} query heads (the recorded q has {h_kv * per_kv} heads, k "
+            f"{h_kv}): query head j reads K/V head j // {per_kv}, here {last} // {per_kv} = "
+            f"{last // per_kv}"))
+    return tuple(questions)
+
+
+def _shared_by(stage: Stage, trace: Trace) -> tuple[int, int]:
+    """Query heads per K/V head, and the K/V heads, when the stage is the expansion of an
+    F.scaled_dot_product_attention that shares K/V heads itself (enable_gqa=True); else 1."""
+    op = expanded_from(stage)
+    if op is None or fused_argument(op, "enable_gqa") is not True or trace.recording is None:
+        return 1, 0
+    q, k = (trace.recording.snapshot(r).shape for r in op.inputs[:2])
+    if len(q) < 3 or len(k) != len(q) or not k[-3] or q[-3] % k[-3] or q[-3] == k[-3]:
+        return 1, 0
+    return q[-3] // k[-3], k[-3]
