@@ -165,11 +165,12 @@ def explain(
         except ConfigError as error:
             fail(str(error))
         source = _source(model, module, init or [], weights)
-        if stage is not None and stage not in STAGE_IDS:
-            fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
+        if stage is not None and stage not in STAGE_IDS and not _a_stage_kind(stage):
+            fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)} (or "
+                 "one of a module's own: rotary, qkv_split, kv_repeat, op-2 ...)")
     fmt = _dump_format(fmt, dump, only=only, stage=stage)
     reference = _against(against, dump=dump, fmt=fmt, hf=hf_source is not None, why=why_cell,
-                         check=check_stages, stage=stage, model=model)
+                         check=check_stages, stage=stage)
     cell = _why_cell(why_cell, dump=dump, fmt=fmt, hf=hf_source is not None)
     if quiz:
         if reference is not None:
@@ -263,7 +264,7 @@ def _check_quiz(*, dump: str | None, fmt: Format, why: bool, check: bool, only: 
 
 
 def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: str | None,
-             check: bool, stage: str | None, model: Model | None) -> Source | None:
+             check: bool, stage: str | None) -> Source | None:
     """--against MODEL or FILE.py:Class, checked before anything heavy runs."""
     if text is None:
         return None
@@ -273,12 +274,11 @@ def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: 
     for flag, given in (("--why", why is not None), ("--check", check), ("--stage", stage)):
         if given:
             fail(f"--against does not take {flag} yet")
-    if model is not None and model.value in NUMPY_MODEL_NAMES:
-        fail(f"--against compares torch modules; --model {model.value} is NumPy code")
     if not _interactive(dump) and fmt not in (Format.text, Format.json):
         fail(f"--against writes text or JSON, not {fmt.value}")
     if text in NUMPY_MODEL_NAMES:
-        fail(f"--against compares torch modules; {text} is NumPy code")
+        fail(f"--against {text}: the reference must be a torch module (your weights are "
+             "copied into its parameters); give your NumPy module as --module or --model")
     if text in MODEL_NAMES:
         return _check_source(text, None, [], None)
     if ":" not in text:
@@ -637,6 +637,14 @@ def _forward_error(trace: Trace) -> str:
         where = f" at {Path(error.source.file).name} line {error.source.line}"
     raised = error.title.removeprefix("The forward raised").strip()
     return f"the module's forward raised {raised}{where}: {error.explanation}"
+
+
+def _a_stage_kind(stage: str) -> bool:
+    """A stage only some modules have (rotary, qkv_split, op-7 ...): known once it ran, so it
+    is looked for then. Imported only here: the recogniser loads NumPy, the app must not."""
+    from .recognise.registry import BUILDERS
+
+    return stage.split("-")[0] in (*BUILDERS, "embed", "error")
 
 
 def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:

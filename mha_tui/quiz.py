@@ -86,3 +86,13 @@ class Quiz:
 
     def asked_at(self, stage_id: str) -> tuple[Question, ...]:
         return tuple(q for q in self.questions if q.stage == stage_id)
+
+    def stage_state(self, stage_id: str) -> str | None:
+        """How the stage's questions stand (the app's rail marks it): "wrong" once one of
+        them is answered wrong, else "open" while one waits, else "right"; None for a stage
+        with no question."""
+        outcomes = [self.marks[k].outcome if k < len(self.marks) else "open"
+                    for k, q in enumerate(self.questions) if q.stage == stage_id]
+        if not outcomes:
+            return None
+        return "wrong" if "wrong" in outcomes else "open" if "open" in outcomes else "right"

@@ -40,19 +40,54 @@ def answer_text(question: Question) -> Text:
                          (printable(question.source), "dim"))
 
 
+GIVEN_CELLS = 40
+"""A wrong answer is repeated in its mark up to this long."""
+
+
 def mark_text(marked: Marked, ascii_only: bool = False) -> Text:
     """✓ right, ✗ wrong with the right answer and its source, or what to type."""
     right, wrong = ("[ok]", "[X]") if ascii_only else ("✓", "✗")
     if marked.outcome == "right":
         return Text.assemble((f"{right} ", "bold green"), printable(marked.message))
     if marked.outcome == "wrong":
-        return Text.assemble((f"{wrong} ", "bold red"), printable(marked.message))
+        given = " ".join(marked.given.split())
+        given = given if len(given) <= GIVEN_CELLS else given[:GIVEN_CELLS - 1] + "…"
+        return Text.assemble((f"{wrong} ", "bold red"), "you answered ",
+                             (printable(given), "bold"), "; ", printable(marked.message))
     return Text(printable(marked.message), style="yellow")
 
 
-def score_text(quiz: Quiz) -> Text:
+RAIL_MARKS = {"right": ("✓", "green"), "wrong": ("✗", "bold red"), "open": ("?", "yellow")}
+ASCII_RAIL_MARKS = {"right": ("+", "green"), "wrong": ("x", "bold red"), "open": ("?", "yellow")}
+
+
+def rail_mark(state: str | None, ascii_only: bool = False) -> Text:
+    """A stage's mark on the rail (`Quiz.stage_state`): ✓ every question about it right,
+    ✗ one wrong, ? one still open; a blank for a stage with no question."""
+    if state is None:
+        return Text(" ")
+    symbol, style = (ASCII_RAIL_MARKS if ascii_only else RAIL_MARKS)[state]
+    return Text(symbol, style=style)
+
+
+def counts_text(quiz: Quiz, ascii_only: bool = False) -> Text:
+    """How many questions are right, wrong and open, with the marks the rail gives them."""
+    marks = ASCII_RAIL_MARKS if ascii_only else RAIL_MARKS
+    counts = {"right": quiz.right, "wrong": len(quiz.marks) - quiz.right,
+              "open": len(quiz.questions) - len(quiz.marks)}
+    text = Text()
+    for k, (state, count) in enumerate(counts.items()):
+        symbol, style = marks[state]
+        text.append(("  " if k else "") + symbol, style=style)
+        text.append(f" {count} {state}")
+    return text
+
+
+def score_text(quiz: Quiz, ascii_only: bool = False) -> Text:
+    """The score, then the counts behind the rail's marks."""
     done = "quiz done: " if quiz.done else f"{len(quiz.marks)} answered, "
-    return Text.assemble((done, "dim"), (quiz.score, "bold"))
+    return Text.assemble((done, "dim"), (quiz.score, "bold"), ("   ", "dim"),
+                         counts_text(quiz, ascii_only))
 
 
 def hidden_stage(trace: Trace, stage: Stage, waiting: Question | None, opts: RenderOptions

@@ -9,6 +9,7 @@ import asyncio
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .app.explain import ExplainApp
 from .config import Config, Source
@@ -52,6 +53,34 @@ class Against:
     reference: str = "mygpt"
 
 
+@dataclass(frozen=True)
+class Quizzed:
+    """A shot of `explain --quiz` (mygpt): the first `answered` questions answered on their
+    stage with the answer key's own answer, or with the text `wrong` gives for them."""
+
+    answered: int = 0
+    wrong: tuple[tuple[int, str], ...] = ()
+    size: tuple[int, int] = (80, 32)  # two side by side in the README: 80 wide reads well
+
+
+async def _answer(pilot: Any, shot: Quizzed) -> None:
+    """Type the shot's answers as a learner would: on the question's stage, then enter."""
+    app = pilot.app
+    await pilot.pause()
+    answer_line = app.query_one("#quiz-answer")
+    answer_line.cursor_blink = False  # a blink is a timing
+    wrong = dict(shot.wrong)
+    for number in range(shot.answered):
+        question = app.quiz.current
+        app.stage_index = app.stage_ids.index(question.stage)
+        await pilot.pause()
+        key = question.shown.split(" (")[0] if question.answer == "token" else question.shown
+        answer_line.value = wrong.get(number, key)
+        answer_line.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+
+
 SIZE = (100, 32)
 # A module written in a public model's style (issue 17's mechanisms), run the way
 # `--module FILE:Class` runs it, on a sentence and sizes where its mechanism shows.
@@ -59,7 +88,7 @@ MECHANISMS = "tests/fixtures/mechanisms/"
 MECHANISM_CONFIG = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
 # (file name, key presses from the first stage[, --model NAME or --module FILE:Class]); the
 # default model is mygpt
-SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str | Against | TinyHf]] = [
+SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str | Against | TinyHf | Quizzed]] = [
     ("01-embed.svg", []),
     ("02-project.svg", ["2"]),
     ("03-view.svg", ["3"]),
@@ -79,6 +108,9 @@ SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str | Against | TinyHf
     ("32-against-no-scale-mask.svg", ["right"],
      Against("tests/fixtures/mistakes/no_scale.py:MultiHeadAttention")),
     ("33-encoder-softmax.svg", ["7", "e"], TINY_BERT),
+    # six answers (project's wrong), mask's question asked; then answered wrong: revealed
+    ("14-quiz-asked.svg", ["right"], Quizzed(6, ((1, "4, 4"),))),
+    ("15-quiz-answered.svg", [], Quizzed(7, ((1, "4, 4"), (6, "10")))),
 ]
 
 
@@ -88,7 +120,10 @@ async def shoot(directory: Path) -> list[Path]:
     for name, keys, *model in SHOTS:
         which = model[0] if model else "mygpt"
         app: ExplainApp
-        if isinstance(which, TinyHf):
+        if isinstance(which, Quizzed):
+            trace = traces.setdefault("mygpt", run_trace(Config("I love AI !"), Source(model="mygpt")))
+            app = ExplainApp(trace.config, trace=trace, quiz=True)
+        elif isinstance(which, TinyHf):
             app = _hf_app(which)
         elif isinstance(which, Against):  # opens at the row where the two part
             from .app.compare import CompareApp
@@ -103,7 +138,9 @@ async def shoot(directory: Path) -> list[Path]:
                                  else run_trace(Config("I love AI !"), Source(model=which)))
             trace = traces[which]
             app = ExplainApp(trace.config, trace=trace)
-        async with app.run_test(size=SIZE) as pilot:
+        async with app.run_test(size=which.size if isinstance(which, Quizzed) else SIZE) as pilot:
+            if isinstance(which, Quizzed):
+                await _answer(pilot, which)
             await pilot.press(*keys)
             # Settle: background rendering done, then the frames it asked for (the footer
             # recomposes once the keys' enabled states are known).

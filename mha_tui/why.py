@@ -15,14 +15,14 @@ import re
 from collections.abc import Callable
 
 from .recognise.cell import Cell, Term, Why, WhyError, expanded_from, main_tensor
-from .recognise.kinds import embed, sdpa
+from .recognise.kinds import embed, error, sdpa
 from .recognise.registry import BUILDERS
 from .records import Trace
 
 __all__ = ["KINDS", "Term", "Why", "WhyError", "main_tensor", "parse_cell", "why"]
 
 KINDS: dict[str, Callable[[Cell], Why]] = {
-    module.KIND: module.why for module in (embed, *BUILDERS.values()) if hasattr(module, "why")
+    module.KIND: module.why for module in (embed, *BUILDERS.values(), error) if hasattr(module, "why")
 }
 """Stage kind -> its module's why: the kinds whose cells mha-tui explains."""
 
@@ -54,4 +54,12 @@ def why(trace: Trace, stage_id: str, index: tuple[int, ...]) -> Why:
     if explain is None:
         raise WhyError(f"mha-tui does not explain the cells of a {stage.kind!r} stage yet; it "
                        f"does for: {', '.join(KINDS)}")
-    return explain(Cell(trace, stage, record, index))
+    try:
+        return explain(Cell(trace, stage, record, index))
+    except WhyError:
+        raise
+    except (IndexError, KeyError, TypeError, ValueError) as error:
+        # a layout no kind's why expected (a stage whose ops hold its numbers in another
+        # order): one line in the panel and on stderr, never a traceback or a crashed app
+        raise WhyError(f"mha-tui cannot explain {record.name}[{', '.join(map(str, index))}] "
+                       f"of stage {stage.id} yet ({type(error).__name__}: {error})") from error

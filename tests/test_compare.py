@@ -245,6 +245,70 @@ def test_where_values_say_otherwise_than_check() -> None:
     assert [r.status for r in unused.rows if r.kind == "w_o"] == ["reference"]
 
 
+# ---------------------------------------------------------------- a NumPy module
+
+NUMPY = FIXTURES / "numpy_attn.py"
+
+
+@pytest.mark.parametrize("mine", [Source(model="blueprint"), Source(model="blueprint-einsum"),
+                                  Source(module=f"{NUMPY}:NumpyAttention"),
+                                  Source(module=f"{NUMPY}:PerHeadWeights")],
+                         ids=["blueprint", "blueprint-einsum", "numpy", "per-head"])
+@pytest.mark.parametrize("reference", ["mygpt", "many-eyes"])
+def test_a_numpy_module_against_a_torch_reference(mine: Source, reference: str) -> None:
+    """A NumPy module (x is (T, C), its own embedding table) beside a torch reference: the
+    reference reads the same x, gets the learner's weights by role, and its output is the
+    NumPy blueprint's computation with those weights (an independent float64 run); a
+    correct module never parts."""
+    from mha_tui.judge.numpy_reference import reference_output
+
+    c = compared(CONFIG, mine, Source(model=reference))
+    assert not c.mine.batched and c.theirs.batched
+    x_mine = dict(c.mine.recording.inputs)["x"].values
+    x_ref = dict(c.theirs.recording.inputs)["x"].values
+    assert x_mine.shape == (4, 4) and np.array_equal(x_ref[0], x_mine)
+    assert any("your Q rows" in line for line in c.weights)
+    got = c.theirs.recording.snapshot(c.theirs.recording.output).values[0]
+    expected = reference_output(x_mine, roles_of(c.mine, 2), 2, True)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert c.parting is None
+    assert all(row.status in ("agree", "mine", "reference") for row in c.rows), \
+        [(row.kind, row.status) for row in c.rows]
+
+
+def test_a_numpy_module_parts_where_check_finds_its_first_wrong_line() -> None:
+    """ScaledBySqrtC divides by sqrt(C): they part at scale, check's first wrong stage and
+    line; the differing cells are marked on both sides (yours drawn without its batch axis)
+    and in mha-tui's difference."""
+    from mha_tui.dump import comparison_text
+    from mha_tui.render.options import RenderOptions
+
+    source = Source(module=f"{NUMPY}:ScaledBySqrtC")
+    verdict = check_source(CONFIG, source)
+    first_wrong = next(row for row in verdict.stages if row.ok is False)
+    c = compared(CONFIG, source, Source(model="mygpt"))
+    assert c.parting is not None and c.parted is not None
+    assert c.parted.kind == first_wrong.kind == "scale"
+    assert c.parted.mine is not None and c.parted.mine.source.line == first_wrong.line
+    text = comparison_text(c, RenderOptions(), width=100)
+    scale = text[text.index("\n6/11 scale"):text.index("\n7/11 mask")]
+    half = next(line.index("reference") for line in scale.splitlines()
+                if line.startswith("yours ") and line.rstrip().endswith("reference"))
+    rows = [line for line in scale.splitlines() if re.match(r"\s*(I|love) +\*?-?\d", line)]
+    assert rows and all("*" in line[:half] and "*" in line[half:] for line in rows[:4])
+    assert unequal_sides(text) == []
+
+
+def test_the_cli_compares_a_numpy_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    done = run_cli("explain", "I love AI !", "--model", "blueprint", "--against", "mygpt",
+                   "--dump", "-")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.decode("utf-8")
+    assert "yours      blueprint" in text and "they never part" in text
+    assert "T=4 C=4" in text and "B=1" not in text  # yours has no batch axis
+
+
 # ---------------------------------------------------------------- --dump
 
 
@@ -322,7 +386,9 @@ def test_the_cli_writes_the_comparison_as_json(tmp_path: Path) -> None:
     (["--model", "course", "--against", "mygpt"], "has a bias"),
     (["--against", "mygpt", "--format", "svg"], "text or JSON"),
     (["--against", "mygpt", "--hf", "gpt2"], "does not apply with --hf"),
-    (["--against", "blueprint"], "NumPy"),
+    (["--against", "blueprint"], "the reference must be a torch module"),
+    (["--against", "tests/fixtures/numpy_attn.py:NumpyAttention"],
+     "NumpyAttention is NumPy code: the reference must be a torch module"),
     (["--against", "missing_file.py:Attention"], "--against: missing_file.py"),
     (["--against", "tests/fixtures/numpy_attn.py:MultiHeadAttention"], "no nn.Module class"),
 ])

@@ -134,3 +134,18 @@ async def test_both_sides_show_the_same_columns_on_every_row(name: str, size: tu
                 if "yours " in text and "reference" in text and "head 0" in text:
                     assert text.count("head 0") >= 2, app.stage_ids[index]
                 assert unequal_sides(text) == [], (app.stage_ids[index], presses)
+
+
+async def test_a_numpy_module_beside_a_torch_reference() -> None:
+    """NumPy code as yours: the app opens where the two part (ScaledBySqrtC: scale), yours
+    drawn in its own (h, T, T) layout beside the reference's (B, h, T, T), both marked."""
+    c = compared(CONFIG, Source(module=f"{MISTAKES.parent / 'numpy_attn.py'}:ScaledBySqrtC"),
+                 Source(model="mygpt"))
+    app = CompareApp(CONFIG, comparison=c)
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause()
+        assert row_ids(c)[app.stage_index] == "scale"
+        assert "◀" in rail(app)[app.stage_index]
+        text = app.query_one(StageView).plain
+        assert "dims (h, T, T)" in text and "dims (B," in text
+        assert "*" in text and unequal_sides(text) == []

@@ -441,6 +441,33 @@ def test_weights_replace_the_modules_tensors(tmp_path: Path, attn_file: str, fmt
     assert torch.equal(loaded.x, plain.x)  # the embedding still comes from the seed
 
 
+def test_the_header_and_the_json_say_which_weights_file_the_numbers_come_from(
+        tmp_path: Path, attn_file: str) -> None:
+    """Two transcripts of one module, one with --weights: the header (every format, the
+    app's too) and JSON's "module" name the file, so the different numbers are explained."""
+    import io
+    import json
+
+    from mha_tui.dump import to_text, write_json
+    from mha_tui.pipeline import run_trace
+    from mha_tui.render.options import RenderOptions
+
+    path = tmp_path / "trained.pt"
+    torch.save(_trained(attn_file), path)
+    with_weights = run_trace(CONFIG, Source(module=attn_file, weights=str(path)))
+    plain = run_trace(CONFIG, Source(module=attn_file))
+    assert with_weights.module.weights == str(path) and plain.module.weights == ""
+    module_line = to_text(with_weights, RenderOptions(), width=200).splitlines()[1]
+    assert module_line.endswith(f"  weights {path}"), module_line
+    assert "weights" not in to_text(plain, RenderOptions(), width=200).splitlines()[1]
+    out = io.BytesIO()
+    write_json(with_weights, out)
+    assert json.loads(out.getvalue())["module"]["weights"] == str(path)
+    out = io.BytesIO()
+    write_json(plain, out)
+    assert "weights" not in json.loads(out.getvalue())["module"]
+
+
 def _evil_payload(marker: Path) -> object:
     class Evil:
         def __reduce__(self):  # what an attacker's file asks the unpickler to call
@@ -529,3 +556,17 @@ def test_a_learner_forward_that_raises_is_left_for_the_trace(tmp_path: Path) -> 
     loaded = load(CONFIG, Source(module=f"{path}:Attn"))
     with pytest.raises(RuntimeError), torch.no_grad():
         loaded.forward()
+
+
+def test_init_of_a_head_count_must_agree_with_heads() -> None:
+    """--init num_heads=4 beside --heads 2 would draw a header and head labels of 2 heads over
+    a module of 4: refused, saying which flag to use; the same number is fine."""
+    class Heads(nn.Module):
+        def __init__(self, embed_dim, num_heads=1, n_heads=1, n_head=1):
+            super().__init__()
+
+    for name in ("num_heads", "n_heads", "n_head"):
+        with pytest.raises(LoadError, match=rf"^--init {name}=4 disagrees with --heads 2: give "
+                                            r"--heads 4 instead$"):
+            constructor_arguments(Heads, CONFIG, {name: 4})
+    assert constructor_arguments(Heads, CONFIG, {"num_heads": 2})["num_heads"] == 2

@@ -387,3 +387,46 @@ def test_the_cursor_is_drawn_where_the_matrix_would_elide_its_row_or_column(row:
     assert sum(gaps) + len(shown) == 20
     head0 = lines[next(k for k, line in enumerate(lines) if line.startswith("head 0")):]
     assert "w10·10" not in [line.split()[0] for line in head0[3:12] if line.strip()]
+
+
+FOUR_HEADS = '''
+import math
+import torch.nn as nn
+
+
+class FourHeads(nn.Module):
+    """Its head count is its own (4), whatever --heads says."""
+
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        self.h, self.d = 4, embed_dim // 4
+        self.q, self.k = nn.Linear(embed_dim, embed_dim), nn.Linear(embed_dim, embed_dim)
+        self.v, self.o = nn.Linear(embed_dim, embed_dim), nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q = self.q(x).view(B, T, self.h, self.d).transpose(1, 2)
+        k = self.k(x).view(B, T, self.h, self.d).transpose(1, 2)
+        v = self.v(x).view(B, T, self.h, self.d).transpose(1, 2)
+        w = (q @ k.transpose(-2, -1) / math.sqrt(self.d)).softmax(dim=-1)
+        return self.o((w @ v).transpose(1, 2).contiguous().view(B, T, C))
+'''
+
+
+def test_a_module_whose_head_count_is_not_heads_is_drawn_as_it_is(tmp_path) -> None:
+    """A learner's module with 4 heads hard-coded, run with --heads 2: the view stage's
+    (B, T, h, d_h) tensor is drawn with its own 4 heads of 2 (it was a ValueError from a
+    reshape to the configured h * d_h, a traceback instead of a transcript)."""
+    from mha_tui.config import Source
+
+    path = tmp_path / "four.py"
+    path.write_text(FOUR_HEADS)
+    trace = run_trace(Config("I love AI !", embed_dim=8, num_heads=2),
+                      Source(module=f"{path}:FourHeads"))
+    to_text(trace, RenderOptions(), width=100)  # every stage draws
+    (view,) = [s for s in trace.stages if s.kind == "view"]
+    q = view.tensors[0]
+    assert q.dims == ("B", "T", "h", "d_h") and q.values.shape == (1, 4, 4, 2)
+    text = draw(stage_view(trace, view, RenderOptions()))
+    heads_row = next(line for line in text.splitlines() if line.strip().startswith("h0"))
+    assert heads_row.split() == ["h0", "h0", "h1", "h1", "h2", "h2", "h3", "h3"]

@@ -327,7 +327,12 @@ def test_the_quiz_on_the_expansion_answers_from_its_numbers_and_says_they_are_mh
     expanded = {s.id for s in trace.stages if fused_op(trace) in s.ops}
     asked = [q for q in questions(trace) if q.stage in expanded]
     assert {q.stage for q in asked} == expanded
+    assert ("kv_head" in {q.asks for q in asked}) == (case == "enable_gqa")
     for q in asked:
+        if q.asks == "kv_head":  # from the recorded shapes of q and k, not the expansion
+            assert q.stage == "scores" and q.expected == 3 // 2 and "j // 2" in q.source
+            assert mark(q, "1", trace.config.tokens).outcome == "right"
+            continue
         assert "mha-tui's expansion" in q.source, q
         assert "the module's own" not in q.source and "recorded at" not in q.source, q
         assert "both recorded" not in q.source and "the recorded" not in q.source, q
@@ -421,3 +426,68 @@ def test_a_projection_split_from_one_fused_layer_is_its_block_of_channels(case: 
     notes = why(trace, "project", (0, 1, width - 1)).notes
     assert any(n.startswith(f"{record.name} is channels {first}-{weight.shape[0] - 1} of one "
                             f"fused layer's output") for n in notes), notes
+
+
+async def test_the_quiz_in_the_app_walks_the_expansion_and_then_its_why_works() -> None:
+    """--quiz in the app on a module whose attention is one fused op: each expanded stage is
+    hidden until its question is answered, a right answer marks ✓ and reveals it, a wrong one
+    gives the answer and says it is mha-tui's expansion; once revealed, enter drills in."""
+    from textual.widgets import Input
+
+    from mha_tui.app.explain import ExplainApp
+
+    from .test_app import text_of, why_panel
+
+    trace = trace_of("is_causal")
+    app = ExplainApp(trace.config, trace=trace, quiz=True)
+    expanded = [s.id for s in trace.stages if fused_op(trace) in s.ops]
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause()
+        wrong_once, seen = False, set()
+        while app.quiz.current is not None:
+            question = app.quiz.current
+            if question.stage in expanded:
+                seen.add(question.stage)
+                assert app.stage_ids[app.stage_index] == question.stage
+                assert "Its numbers stay hidden" in text_of(app)
+            typed = (str(question.expected[0]) if question.answer == "token"  # type: ignore[index]
+                     else question.shown)
+            if question.stage == "scores" and not wrong_once:
+                typed, wrong_once = "123", True
+            line = app.query_one("#quiz-answer", Input)
+            line.value = typed
+            line.focus()
+            await pilot.press("enter")
+            await pilot.pause()
+            mark = " ".join(text_of(app, "#quiz-mark").split())
+            if typed == "123":
+                assert "✗" in mark and "mha-tui's expansion's" in mark, mark
+            else:
+                assert "✓" in mark, mark
+            if app.quiz.current is not None and app.quiz.current.stage != question.stage:
+                await pilot.press("escape")
+                await pilot.pause()
+                app.stage_index = app.stage_ids.index(app.quiz.current.stage)
+                await pilot.pause()
+        assert app.quiz.current is None and seen == set(expanded) and wrong_once
+        app.stage_index = app.stage_ids.index("softmax")
+        await pilot.pause()
+        await pilot.press("escape", "enter")
+        await pilot.pause()
+        assert app.cursor is not None and "mha-tui's expansion's" in unboxed(why_panel(app))
+
+
+def test_an_unexpected_layout_is_one_line_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kind's why that meets a layout it did not expect (here: made to raise IndexError)
+    gives a WhyError, which the CLI prints as one line and the app's panel shows."""
+    from mha_tui.recognise.kinds import softmax
+    from mha_tui.why import KINDS, WhyError
+
+    def broken(cell: object) -> Why:
+        raise IndexError("index 2 is out of bounds for axis 1 with size 2")
+
+    monkeypatch.setitem(KINDS, "softmax", broken)
+    assert softmax.why is not broken
+    with pytest.raises(WhyError, match=r"cannot explain weights\[0, 1, 2, 1\] of stage softmax "
+                                       r"yet \(IndexError: index 2 is out of bounds"):
+        why(run_trace(Config("I love AI !"), Source()), "softmax", (0, 1, 2, 1))

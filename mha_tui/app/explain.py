@@ -58,7 +58,7 @@ from .widgets import KeyFooter, StageRail, TooSmall, ascii_strips, use_ascii_scr
 
 if TYPE_CHECKING:
     from ..judge import Verdict
-    from ..quiz import Marked, Quiz
+    from ..quiz import Marked, Question, Quiz
 
 
 class MainScreen(Screen[None], inherit_bindings=False):
@@ -114,6 +114,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         # `--quiz`: each trace this app shows gets its questions (the `quiz` reactive).
         self._quizzing = quiz
         self._last_mark: Marked | None = None
+        self._last_asked: Question | None = None  # the question _last_mark marks
         self._asked_on: str | None = None  # the stage whose question took the focus
         # False for a NumPy module (x is (T, C)): the header leaves out B from the first frame.
         self._batched = batched
@@ -237,8 +238,8 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
                                             for s in self.trace.stages])
 
     def _rail_mark(self, marks: dict[str, list] | None, stage_id: str) -> tuple[Text, ...]:
-        if marks is None:
-            return ()
+        if marks is None:  # --quiz: how the stage's questions stand (quiz.py)
+            return self._quiz_rail_mark(stage_id)
         from ..judge.report import stage_mark
 
         return (stage_mark(marks.get(stage_id, []), ascii_only=self._ascii), Text(" "))

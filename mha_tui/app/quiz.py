@@ -21,6 +21,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Input, Static
 
+from .widgets import StageRail
+
 if TYPE_CHECKING:
     from ..records import Trace
 
@@ -75,15 +77,34 @@ class Quizzing:
             from ..quiz import Quiz
 
             self._last_mark = None
+            self._last_asked = None
             self._asked_on = None
             self.set_class(True, "-quizzing")
             self.set_reactive(type(self).quiz, Quiz.of(trace))
+            self._mark_rail()
+
+    def _quiz_rail_mark(self, stage_id: str) -> tuple[Text, ...]:
+        """Quiz mode: the stage's mark on the rail (right, wrong, open, or a blank)."""
+        if self.quiz is None:
+            return ()
+        from ..quiz_view import rail_mark
+
+        return (rail_mark(self.quiz.stage_state(stage_id), self._ascii), Text(" "))
+
+    def _mark_rail(self) -> None:
+        """The rail again, with each stage's quiz mark (a mark given)."""
+        if self.trace is None:
+            return
+        rail = self.query_one(StageRail)
+        rail.set_options(self._rail_options())
+        rail.highlighted = self.stage_index
 
     def _hidden(self, stage_id: str) -> bool:
         """Quiz mode: the stage's numbers wait for an answer."""
         return self.quiz is not None and not self.quiz.revealed(stage_id)
 
     def watch_quiz(self) -> None:
+        self._mark_rail()
         self._show()
 
     def _hidden_screen(self, trace: Trace, index: int) -> RenderableType:
@@ -107,8 +128,12 @@ class Quizzing:
         elif current is not None:
             question = Text.assemble(("next question: at ", "dim"), (current.stage, "bold"))
         bar = self.query_one(QuizBar)
-        mark = None if self._last_mark is None else mark_text(self._last_mark, self._ascii)
-        bar.show(question, mark, score_text(self.quiz), asking=asking)
+        mark = None
+        if self._last_mark is not None and self._last_asked is not None:
+            # Which question it marks: after a mark, the screen is often at the next one.
+            mark = Text.assemble((f"[{self._last_asked.stage}] ", "dim"),
+                                 mark_text(self._last_mark, self._ascii))
+        bar.show(question, mark, score_text(self.quiz, self._ascii), asking=asking)
         if asking and self._asked_on != stage_id:
             self._asked_on = stage_id
             self.call_after_refresh(bar.query_one("#quiz-answer", Input).focus)
@@ -119,6 +144,7 @@ class Quizzing:
         """An answer typed: marked against the current question (mha_tui.quiz)."""
         if self.quiz is None or self.quiz.current is None:
             return
+        self._last_asked = self.quiz.current
         quiz, self._last_mark = self.quiz.answer(message.text)
         if quiz is self.quiz:  # unreadable: no mark, the same question
             self._show_quiz()

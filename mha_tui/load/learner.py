@@ -199,6 +199,10 @@ def constructor_arguments(cls: type, config: Config, init: Mapping[str, object])
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         if name in init:
+            if name in HEAD_NAMES and init[name] != config.num_heads:
+                # The header, the stages' head labels and check's reference count --heads.
+                raise LoadError(f"--init {name}={init[name]!r} disagrees with --heads "
+                                f"{config.num_heads}: give --heads {init[name]!r} instead")
             kwargs[name] = init[name]
         elif name in by_name:
             kwargs[name] = by_name[name]

@@ -22,7 +22,7 @@ import re
 import sys
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -81,6 +81,7 @@ class Loaded:
     label: str = ""  # "raschka", "my_attn.py:MultiHeadAttention"
     file: str = ""  # the file the module's class is defined in
     construction: str = ""  # the constructor call made, e.g. "MultiHeadAttention(embed_dim=4, ...)"
+    weights: str = ""  # --weights: the file the module's tensors were replaced from
 
     def call(self, module: nn.Module, x: torch.Tensor) -> object:
         """How the tracer calls the module: x once or three times, and the mask by name."""
@@ -137,10 +138,21 @@ def load(config: Config, source: Source | None = None) -> Loaded:
     args, forward_kwargs = forward_inputs(module, x, causal=config.causal)
     loaded = Loaded(module=module, embedding=embedding, ids=ids, x=x, args=args,
                     kwargs=forward_kwargs, label=label, file=class_file(cls),
-                    construction=_call_text(cls, kwargs))
+                    construction=_call_text(cls, kwargs), weights=source.weights or "")
     if source.module is not None:
         _probe(loaded)
     return loaded
+
+
+def on_table(loaded: Loaded, table: object) -> Loaded:
+    """The same built module, its x looked up in another embedding table (V, C) for the same
+    ids (`explain --against` with a NumPy module: the torch reference reads the NumPy x)."""
+    with torch.no_grad():
+        weight = torch.tensor(table, dtype=torch.float32)  # (V, C)
+        embedding = nn.Embedding.from_pretrained(weight, freeze=True)
+        embedding.eval()
+        x = embedding(loaded.ids)  # (B, T, C)
+    return replace(loaded, embedding=embedding, x=x, args=(x,) * len(loaded.args))
 
 
 def _probe(loaded: Loaded) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
@@ -32,9 +32,11 @@ if TYPE_CHECKING:
 def stages_of(recorded: Recorded) -> tuple[Stage, ...]:
     """recognise: the stages of one recorded forward."""
     from ..recognise import recognise
+    from .threads import one_blas_thread
 
-    return recognise(recorded.recording, recorded.config, embedded=recorded.embedded,
-                     forward_equal=recorded.forward_equal, n_params=recorded.n_params)
+    with one_blas_thread():  # the recomputed products beside torch's threads (threads.py)
+        return recognise(recorded.recording, recorded.config, embedded=recorded.embedded,
+                         forward_equal=recorded.forward_equal, n_params=recorded.n_params)
 
 
 def recognised(recorded: Recorded) -> Trace:
@@ -109,7 +111,10 @@ def run_trace(config: Config, source: Source | None = None, *,
     with contextlib.redirect_stdout(sys.stderr):
         recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
                                   embedding=loaded.embedding, ids=loaded.ids, config=config)
-    return recognised(recorded)
+    trace = recognised(recorded)
+    if loaded.weights and trace.module is not None:  # the header says whose numbers these are
+        trace = replace(trace, module=replace(trace.module, weights=loaded.weights))
+    return trace
 
 
 def numpy_runner(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
@@ -179,11 +184,13 @@ def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], o
     notebook's `mha_tui.check` both come here."""
     from ..judge import Facts, judge
     from ..tracing.rerun import parameter_shapes, reference_output, second_recording
+    from .threads import one_blas_thread
 
     facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
                   second=second_recording(module, x, call), reference=reference_output,
                   training=module.training, **(expect or Expect()).facts())
-    return judge(traced, facts, label)
+    with one_blas_thread():  # its float64 products beside torch's threads (threads.py)
+        return judge(traced, facts, label)
 
 
 def _checked_numpy(config: Config, loaded: LoadedNumpy, expect: Expect
@@ -241,14 +248,22 @@ def compared(config: Config, source: Source, against: Source, *,
     from ..judge.compare import compare
     from ..judge.roles import RoleCopyError, copy_by_role, roles_of
     from ..load.learner import LoadError
-    from ..load.modules import load
+    from ..load.modules import load, on_table
+    from ..load.numpy_modules import load as load_numpy
     from ..tracing.rerun import parameter_values, set_parameters
 
-    mine_loaded = loaded or load(config, source)
+    mine_loaded = loaded or load_numpy(config, source) or load(config, source)
     try:
+        if against.module is not None and _is_numpy(against.module):
+            raise LoadError(f"--module {against.module} is NumPy code: the reference must be "
+                            "a torch module (your weights are copied into its parameters)")
         reference = load(config, against)
     except LoadError as error:  # the loader names --module; here it is the reference
         raise LoadError(f"--against: {str(error).removeprefix('--module ')}") from None
+    if getattr(mine_loaded, "library", "torch") == "numpy":
+        # NumPy code looks x up in its own table (load.numpy_modules): the reference, a
+        # torch module, reads the same rows, so that both run on the same x.
+        reference = on_table(reference, mine_loaded.table)  # type: ignore[union-attr]
     shown = f"--against {against.module or against.model}"
     if not _same_input(mine_loaded.x, reference.x):  # both built from --seed: never expected
         raise RoleCopyError(f"{shown} was given a different x than your module")
@@ -276,5 +291,21 @@ def compared(config: Config, source: Source, against: Source, *,
                    weights=how)
 
 
+def _is_numpy(module: str) -> bool:
+    """Whether FILE.py:Class names NumPy code (a file that does not load: the torch loader
+    says why, naming its nn.Module classes)."""
+    from ..load.learner import LoadError
+    from ..load.numpy_modules import numpy_class
+
+    try:
+        return numpy_class(module) is not None
+    except LoadError:
+        return False
+
+
 def _same_input(a: Any, b: Any) -> bool:
-    return tuple(a.shape) == tuple(b.shape) and bool((a == b).all())
+    """The same numbers in the same order; a NumPy module's x (T, C) has no batch axis."""
+    import numpy as np
+
+    a, b = (np.asarray(t.detach() if hasattr(t, "detach") else t) for t in (a, b))
+    return a.squeeze().shape == b.squeeze().shape and bool((a.squeeze() == b.squeeze()).all())

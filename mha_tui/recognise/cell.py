@@ -59,6 +59,9 @@ class Why:
     mha-tui computed itself from a fused op's inputs (kinds/sdpa.py)."""
     witness: Witness | None = None
     """The module's own number, when `recorded` is not: checked against `computed` too."""
+    recomputed: bool = True
+    """False: an op mha-tui does not recompute (op_cell.unknown); `computed` is then only the
+    recorded number again, and is never called equal."""
 
     @property
     def difference(self) -> float:
@@ -68,7 +71,7 @@ class Why:
     def agrees(self) -> bool:
         """Equal to the module's number up to float32 rounding (the module sums in float32,
         in its own order; mha-tui in float64)."""
-        return agrees(self.computed, self.recorded)
+        return self.recomputed and agrees(self.computed, self.recorded)
 
     def compared(self, number: float) -> tuple[float, bool]:
         """mha-tui's number against another (the witness's): the difference, and whether
@@ -109,6 +112,16 @@ def expanded_from(stage: Stage) -> OpRecord | None:
     or None. Such a stage's numbers are computed by mha-tui from that op's q, k and v; the
     module ran the fused op and recorded only its output."""
     return next((op for op in stage.ops if op.name == FUSED_ATTENTION), None)
+
+
+_POSITIONS = {"attn_mask": 3, "dropout_p": 4, "is_causal": 5, "scale": 6, "enable_gqa": 7}
+
+
+def fused_argument(op: OpRecord, name: str, default: object = None) -> object:
+    """An argument of F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+    is_causal, scale, enable_gqa), given by position or by keyword."""
+    position = _POSITIONS[name]
+    return op.args[position] if len(op.args) > position else op.kwarg(name, default)
 
 
 def main_tensor(stage: Stage) -> TensorRecord:
@@ -155,6 +168,12 @@ class Cell:
             return ops[-1], self.index
         head_axis = self.record.dims.index("h") if "h" in self.record.dims else None
         if head_axis is None or out_ndim != len(self.index) - 1 or len(ops) <= self.index[head_axis]:
+            # one op for every head with B and h as one axis (B*h, T, T): the same numbers
+            # in the same reading order (nn.MultiheadAttention's bmm and softmax)
+            values, out = self.record.values, ops[-1].out.values
+            if out.size == values.size and np.array_equal(out.reshape(values.shape), values,
+                                                          equal_nan=True):
+                return ops[-1], reindex(self.index, values.shape, out.shape)
             raise WhyError(f"cannot tell which op of stage {self.stage.id} made {self.name}")
         head = self.index[head_axis]
         return ops[head], self.index[:head_axis] + self.index[head_axis + 1:]
@@ -230,7 +249,14 @@ def linear(cell: Cell, role: str) -> Why:
     if not ops:
         raise WhyError(f"stage {cell.stage.id} holds no linear op")
     op = next((o for o in ops if np.array_equal(o.out.values, cell.record.values)), None)
-    *lead, t, o = cell.index
+    index = cell.index
+    if op is None:  # the same numbers in another shape: (T*B, C) viewed as (B, T, C), B = 1
+        values = cell.record.values
+        op = next((o for o in ops if o.out.values.size == values.size and o.out.values.ndim >= 2
+                   and np.array_equal(o.out.values.reshape(values.shape), values)), None)
+        if op is not None:
+            index = reindex(index, values.shape, op.out.shape)
+    *lead, t, o = index
     own = None  # (head, its channel): the heads ran as modules of their own (a ModuleList)
     part = None  # (the block's first channel, its width): a part of one fused layer's output
     if op is None:

@@ -113,6 +113,9 @@ def mark_cells(matrices: list[Matrix], record: TensorRecord, cells: np.ndarray) 
     layout matrix_cell does not know)."""
     import numpy as np
 
+    if record.dims in _UNBATCHED and cells.ndim == len(record.dims):  # drawn as batch 0
+        record = replace(record, values=record.values[None], dims=("B", *record.dims))
+        cells = cells[None]
     by_head: dict[int, set[tuple[int, int]]] = {}
     placed = 0
     for index in zip(*np.nonzero(cells), strict=True):
@@ -155,7 +158,9 @@ def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
     if dims == ("T", "T"):
         return [Matrix(v, record, _token_axis(config), _token_axis(config), None, opts)]
     if dims == ("B", "T", "h", "d_h"):
-        h = v.shape[2]
+        # The tensor's own h and d_h (as matrix_cell reads them): a module whose head count
+        # is not --heads (hard-coded, or --init num_heads=...) is drawn as it is.
+        h, d_h = v.shape[2], v.shape[3]
         flat = v[0].reshape(v.shape[1], h * d_h)  # memory order: head-major within a token
         heads = [c // d_h for c in range(h * d_h)]
         cols = Axis([f"h{c // d_h}" for c in range(h * d_h)], heads=heads,

@@ -87,7 +87,7 @@ def judge(j: Judge) -> list[Row]:
 
 def why(cell: Cell) -> Why:
     """A context value: V's rows weighted by the softmax row, one term per key token."""
-    op, index = cell.per_head(cell.ops("matmul"))
+    op, index = cell.per_head(cell.ops("matmul", "bmm"))
     weights, values = cell.operand(op, 0), cell.operand(op, 1)
     *lead, i, c = index
     return weighted_sum_why(cell, weights[(*lead, i)], values[(*lead, slice(None), c)])

@@ -6,7 +6,6 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -16,13 +15,13 @@ from ...judge.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal
 from ...records import Check, OpRecord, Source, Stage, Trace
 from ...stages import NO_MASK, NO_MASK_ARGUMENT
 from ..builder import BHTT, Builder
-from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, possessive
 from ..quizzing import Question, head_of_interest, recorded
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
+from .mask_why import why  # noqa: F401  (the kind's why, in mask_why.py: why.py reads mask.why)
 from .scores import scaled_inside
 
 if TYPE_CHECKING:
@@ -469,59 +468,6 @@ def _mask_after_softmax(j: Judge, soft: OpRecord, expected: np.ndarray
         if all(np.array_equal(f & ~expected, np.zeros_like(f)) for f in flat) and changed.any():
             return op, max_diff(after, before)
     return None
-
-
-def why(cell: Cell) -> Why:
-    """A masked score: kept or blocked, why, and the value written."""
-    op, index = cell.per_head(cell.ops("masked_fill", "masked_fill_", "add", "add_",
-                                       "where", "sub"))
-    before = float(cell.operand(op, 0)[index])
-    out_shape = op.out.shape
-    *_, i, j = index
-    if op.name.startswith("masked_fill"):
-        mask = np.broadcast_to(cell.operand(op, 1), out_shape)
-        blocked = bool(mask[index])
-        fill = cell.scalar(op)
-        computed = fill if blocked else before
-        terms = (Term("score before the mask", (), before),
-                 Term(f"mask[{i}, {j}] = {blocked}: "
-                      + ("written over with the fill value" if blocked else "kept"), (), computed))
-        return masked_why(cell, terms, computed, blocked, f"the mask's entry [{i}, {j}] is {blocked}")
-    if op.name.startswith(("add", "sub")):
-        added = float(np.broadcast_to(cell.operand(op, 1), out_shape)[index])
-        return added_why(cell, before, added, adds=op.name.startswith("add"))
-    raise WhyError(f"stage {cell.stage.id}: a {op.name} mask is not explained yet")
-
-
-def added_why(cell: Cell, before: float, added: float, adds: bool = True, name: str = "mask",
-              notes: tuple[str, ...] = ()) -> Why:
-    """The arithmetic of an additive mask, whoever computed its inputs: the score plus (or
-    minus) the mask's entry, blocked where that is -inf (or -1e9 and below)."""
-    *_, i, j = cell.index
-    computed = before + added if adds else before - added
-    blocked = math.isinf(computed) or added <= -1e9
-    terms = (Term("score before the mask", (), before),
-             Term(f"{'+' if adds else '-'} {name}[{i}, {j}]",
-                  (before, "+" if adds else "-", added), computed))
-    entry = (f"the mask's entry [{i}, {j}] is {added:g}" if name == "mask"
-             else f"{name}[{i}, {j}] is {added:g}")
-    return masked_why(cell, terms, computed, blocked, entry, notes)
-
-
-def masked_why(cell: Cell, terms: tuple[Term, ...], computed: float, blocked: bool, entry: str,
-               notes: tuple[str, ...] = ()) -> Why:
-    """Kept or blocked, and why: a causal rule (j > i) or another."""
-    *_, i, j = cell.index
-    if blocked:
-        reason = (f"key {cell.token(j)} (position {j}) comes after query {cell.token(i)} "
-                  f"(position {i}): j > i, and a causal mask hides the future"
-                  if j > i else f"blocked although j <= i ({entry}): not a causal rule")
-    else:
-        reason = (f"key position {j} <= query position {i}: the query may look at it"
-                  if j <= i else f"kept although j > i ({entry}): this mask is not causal")
-    return Why(cell.stage.id, "mask", cell.record.name, cell.index, where(cell),
-               f"{cell.name}: {'blocked' if blocked else 'kept'}", terms, (reason, entry, *notes),
-               computed, cell.recorded)
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:

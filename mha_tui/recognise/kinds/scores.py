@@ -7,6 +7,7 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 from ...judge.numeric import products_agree, recomputed_agrees
 from ...records import Check, OpRecord, Snapshot, Stage, Trace
 from ..builder import BHTD, BHTT
-from ..cell import Cell, Why, dot, expanded_from, where
+from ..cell import Cell, Term, Why, WhyError, dot, expanded_from, fused_argument, reindex, where
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, broadcast_heads, synthetic, words
@@ -217,7 +218,9 @@ def judge(j: Judge) -> list[Row]:
 
 def why(cell: Cell) -> Why:
     """A score: Q's row dotted with K's row, the d_h products and their sum."""
-    op, index = cell.per_head(cell.ops("matmul"))
+    if not cell.ops("matmul", "bmm") and cell.ops("baddbmm"):
+        return _baddbmm_why(cell)
+    op, index = cell.per_head(cell.ops("matmul", "bmm"))
     queries, keys_t = cell.operand(op, 0), cell.operand(op, 1)
     *lead, i, j = index
     head = ", ".join(map(str, cell.index[:-2]))
@@ -225,6 +228,41 @@ def why(cell: Cell) -> Why:
                      f"Q[{head}, {i}, :]", f"K[{head}, {j}, :]",
                      ("Q and K are the matmul's recorded inputs (K as K^T: its column "
                       f"{j})",))
+
+
+def _baddbmm_why(cell: Cell) -> Why:
+    """torch.baddbmm(input, q, k^T, beta=, alpha=) = beta · input + alpha · (q @ k^T) in one
+    call. The stage holds the module's own output (GPT-NeoX: scaled inside), or mha-tui's
+    expansion of its product (nn.MultiheadAttention, BLOOM: the input is added next stage)."""
+    op = cell.ops("baddbmm")[-1]
+    values = cell.record.values
+    if op.out.values.size != values.size:
+        raise WhyError(f"cannot tell which op of stage {cell.stage.id} made {cell.name}")
+    *lead, i, j = reindex(cell.index, values.shape, op.out.shape)
+    alpha, beta = baddbmm_factors(op)
+    head = ", ".join(map(str, cell.index[:-2]))
+    made = score_why(cell, cell.operand(op, 1)[(*lead, i)],
+                     cell.operand(op, 2)[(*lead, slice(None), j)], f"q[{head}, {i}, :]",
+                     f"k[{head}, {j}, :]", ("q and k^T are torch.baddbmm's recorded inputs (K as "
+                                            f"K^T: its column {j})",))
+    own = np.array_equal(op.out.values.reshape(values.shape), values, equal_nan=True)
+    terms, total = list(made.terms), made.computed
+    if alpha != 1.0:
+        terms.append(Term(f"× alpha = {alpha:.6g}", (total, "×", alpha), alpha * total))
+        total *= alpha
+    if own and beta != 0.0:
+        added = beta * float(np.broadcast_to(cell.operand(op, 0), op.out.shape)[(*lead, i, j)])
+        terms.append(Term("+ beta × input", (total, "+", added), total + added))
+        total += added
+    made = replace(made, terms=tuple(terms), computed=total,
+                   formula=made.formula + (f" × {alpha:.6g}" if alpha != 1.0 else ""))
+    if own:
+        return made
+    return replace(made, recorded_by="mha-tui's expansion's", notes=(
+        *made.notes, f"torch.baddbmm(input, q, k^T) computes beta · input + alpha · (q @ k^T) in "
+        "one call and records only that: this stage's numbers are mha-tui's expansion of its "
+        f"product{' times alpha' if alpha != 1.0 else ''}, computed by mha-tui from its inputs, "
+        "not by the module; the next stage adds the input and shows torch's own result"))
 
 
 def score_why(cell: Cell, query: np.ndarray, key: np.ndarray, q_name: str, k_name: str,
@@ -240,7 +278,8 @@ def score_why(cell: Cell, query: np.ndarray, key: np.ndarray, q_name: str, k_nam
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
-    """One score: head 1's last query against the first key."""
+    """One score: head 1's last query against the first key; with F.scaled_dot_product_attention
+    sharing K/V heads itself (enable_gqa=True), which K/V head the last query head reads."""
     if not stage.tensors or len(stage.tensors[-1].shape) < 2:
         return ()
     record = stage.tensors[-1]
@@ -249,10 +288,34 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     index = cell_index(record, head=head, row=i, col=0)
     value = float(record.values[index])
     spot = f"{record.name}[{', '.join(map(str, index))}]"
-    return (Question(stage.id, "value", f"In head {head}, what is the score of query "
-                     f"{token_name(trace, i)} (row {i}) against key {token_name(trace, 0)} "
-                     f"(column 0), {spot}? Q's row dotted with K's row.", "number", value,
-                     number_text(value),
-                     f"mha-tui's expansion's {spot} (Q[{head}, {i}, :] · K[{head}, 0, :]), "
-                     f"{EXPANDED}" if expanded_from(stage) else
-                     f"the module's own {spot}, recorded (Q[{head}, {i}, :] · K[{head}, 0, :])"),)
+    per_kv, h_kv = _shared_by(stage, trace)
+    kv = head // per_kv
+    questions = [Question(
+        stage.id, "value", f"In head {head}, what is the score of query "
+        f"{token_name(trace, i)} (row {i}) against key {token_name(trace, 0)} "
+        f"(column 0), {spot}? Q's row dotted with K's row.", "number", value, number_text(value),
+        f"mha-tui's expansion's {spot} (Q[{head}, {i}, :] · K[{kv}, 0, :]), {EXPANDED}"
+        if expanded_from(stage) else
+        f"the module's own {spot}, recorded (Q[{head}, {i}, :] · K[{head}, 0, :])")]
+    if per_kv > 1 and "h" in record.dims:
+        last = record.shape[record.dims.index("h")] - 1
+        questions.append(Question(
+            stage.id, "kv_head", f"Which K/V head does query head {last} read?", "integer",
+            last // per_kv, str(last // per_kv),
+            f"enable_gqa=True: F.scaled_dot_product_attention shares each of K's {h_kv} heads "
+            f"between {per_kv} query heads (the recorded q has {h_kv * per_kv} heads, k "
+            f"{h_kv}): query head j reads K/V head j // {per_kv}, here {last} // {per_kv} = "
+            f"{last // per_kv}"))
+    return tuple(questions)
+
+
+def _shared_by(stage: Stage, trace: Trace) -> tuple[int, int]:
+    """Query heads per K/V head, and the K/V heads, when the stage is the expansion of an
+    F.scaled_dot_product_attention that shares K/V heads itself (enable_gqa=True); else 1."""
+    op = expanded_from(stage)
+    if op is None or fused_argument(op, "enable_gqa") is not True or trace.recording is None:
+        return 1, 0
+    q, k = (trace.recording.snapshot(r).shape for r in op.inputs[:2])
+    if len(q) < 3 or len(k) != len(q) or not k[-3] or q[-3] % k[-3] or q[-3] == k[-3]:
+        return 1, 0
+    return q[-3] // k[-3], k[-3]

@@ -15,13 +15,14 @@ from ...judge.numeric import blocked_set, close, f64
 from ...records import Check, OpRecord, Ref, Stage, TensorArg, TensorRecord
 from ..builder import BHTD, BHTT
 from ..cell import Cell, Term, Why, WhyError, Witness, expanded_from
+from ..cell import fused_argument as argument
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, synthetic, words
 from ..sizes import Sizes
 from ..vocab import softmax
 from .attend import weighted_sum_why
-from .mask import added_why
+from .mask_why import added_why
 from .scale import scale_diagnosis, scaled_why
 from .scores import score_why
 from .softmax import softmax_checks, softmax_why
@@ -41,16 +42,6 @@ def fused_attention(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
 RULES = (fused_attention,)
 
 SDPA_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
-
-_POSITIONS = {"attn_mask": 3, "dropout_p": 4, "is_causal": 5, "scale": 6, "enable_gqa": 7}
-
-
-def argument(op: OpRecord, name: str, default: object = None) -> object:
-    """An argument of F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
-    is_causal, scale, enable_gqa), given by position or by keyword."""
-    position = _POSITIONS[name]
-    return op.args[position] if len(op.args) > position else op.kwarg(name, default)
-
 
 def mask_ref(op: OpRecord) -> Ref | None:
     """The attn_mask tensor given to the op, if one was."""
