@@ -61,6 +61,9 @@ _DEFAULT_SPECIALS = {
                       "cls_token": "[CLS]", "mask_token": "[MASK]"},
 }
 _DEFAULT_SPECIALS["DistilBertTokenizer"] = _DEFAULT_SPECIALS["BertTokenizer"]
+# CodeGen's tokenizer (Phi-1, Phi-2) builds GPT-2's pipeline; its own byte-level
+# post-processor is replaced by tokenizer.json's, as GPT-2's is.
+_DEFAULT_SPECIALS["CodeGenTokenizer"] = _DEFAULT_SPECIALS["GPT2Tokenizer"]
 # tokenizer.json's top-level "model" (serialized last, after the normalizer, pre-tokenizer
 # and post-processor, its "type" first), and a model of each type without a vocabulary, to
 # read the rest of the pipeline without the vocabulary.
@@ -221,7 +224,8 @@ def tokenizer_class(path: Path, config: dict[str, Any], settings: dict[str, Any]
             chosen = registered if model_type in _REGISTERED_OVERRIDES else declared
     else:
         chosen = declared or registered
-    if chosen in ("PreTrainedTokenizerFast", "PreTrainedTokenizer", "PythonBackend"):
+    if chosen in ("PreTrainedTokenizerFast", "PreTrainedTokenizer", "PythonBackend",
+                  "BloomTokenizer", "BloomTokenizerFast"):  # (BLOOM's classes are gone in 5)
         chosen = "TokenizersBackend"
     chosen = chosen.removesuffix("Fast") if chosen else None
     return chosen if chosen in _DEFAULT_SPECIALS else None
@@ -236,7 +240,8 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
     model_kind = type(model).__name__
     specials = {**_DEFAULT_SPECIALS[kind], **{key: _content(value) for key, value in settings.items()
                                              if key.endswith("_token")}}
-    if kind in ("GPT2Tokenizer", "RobertaTokenizer", "GPTNeoXTokenizer", "Qwen2Tokenizer"):
+    if kind in ("GPT2Tokenizer", "CodeGenTokenizer", "RobertaTokenizer", "GPTNeoXTokenizer",
+                "Qwen2Tokenizer"):
         if model_kind != "BPE":
             return False
         add_prefix_space = bool(settings.get("add_prefix_space", False))
