@@ -144,6 +144,8 @@ def _variant(source: Path, target: Path, **changes: object) -> Path:
     ("llama", {"tokenizer_class": "LlamaTokenizer", "legacy": False, "add_prefix_space": False}),
     ("mistral", {"tokenizer_class": "LlamaTokenizer"}),
     ("gemma", {"tokenizer_class": "LlamaTokenizerFast", "legacy": None}),
+    ("gemma", {"tokenizer_class": "GemmaTokenizer"}),  # Gemma's own: spaces become ▁ first
+    ("gemma", {"tokenizer_class": None}),
     ("gpt-neo", {"tokenizer_class": "LlamaTokenizer"}),  # byte-level: TokenizersBackend
     ("falcon", {"tokenizer_class": "LlamaTokenizerFast"}),  # byte-level: TokenizersBackend
     ("bert", {"do_lower_case": False}),

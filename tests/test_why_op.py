@@ -221,6 +221,9 @@ def test_a_cat_along_dim_1_says_which_input_the_cell_comes_from() -> None:
     assert why(traced, stage_id, (0, 2, 5)).formula.endswith("= x[0, 2, 5]")
     last = why(traced, stage_id, (0, 4, 5))  # row 4: the appended first row
     assert last.formula.endswith("[0, 0, 5]") and "x[0, 4" not in last.formula, last.formula
+    assert "joined along dim 1: positions 0 to 3 are x; position 2 is its 2" in \
+        why(traced, stage_id, (0, 2, 5)).notes
+    assert any(n.startswith("joined along dim 1: positions 4 to 4 are ") for n in last.notes)
 
 
 def test_long_sums_show_the_largest_products_and_the_rest_summed() -> None:
@@ -361,6 +364,7 @@ def test_the_error_stage_explains_its_cells_and_quotes_the_exception() -> None:
     notes = cells[-1].notes
     assert f"the forward raised RuntimeError at line 23: {message}" in notes
     assert "view size is not compatible" in message
+    assert notes[0].startswith("the forward raised")  # first: a short panel still shows it
     assert any("matmul read transpose's v: shape (1, 2, 4, 2)" in n and "not contiguous" in n
                for n in notes), notes
     assert any(n.startswith("transpose made this tensor") and n.endswith("not contiguous")

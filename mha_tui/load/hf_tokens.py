@@ -5,9 +5,9 @@ transformers 5's AutoTokenizer picks a class for the checkpoint (`tokenizer_clas
 checkpoint's declared class, the one registered for its model type, and its own exceptions,
 mirrored here for the model types of tests/hf_families.py and GPT-2). Some classes load
 tokenizer.json as it is (TokenizersBackend); others rebuild its pipeline in their
-`__init__` from its vocabulary (the GPT-2, GPT-NeoX, Qwen2, Llama, RoBERTa and BERT tokenizers:
-their own normalizer, pre-tokenizer, model options and post-processor), and `_rebuild` does
-the same here. Anything else (another class, remote code, a sentence holding one of the
+`__init__` from its vocabulary (the GPT-2, GPT-NeoX, Qwen2, Llama, Gemma, RoBERTa and BERT
+tokenizers: their own normalizer, pre-tokenizer, model options and post-processor), and
+`_rebuild` does the same here. Anything else (another class, remote code, a sentence holding one of the
 tokenizer's added or special tokens, fix_mistral_regex)
 gives None: not decided here. tests/test_hf_files.py proves the count, and the class,
 equal to transformers' over every family and variants of their settings.
@@ -51,6 +51,8 @@ _DEFAULT_SPECIALS = {
                          "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>",
                          "mask_token": "<mask>"},
     "LlamaTokenizer": {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"},
+    "GemmaTokenizer": {"unk_token": "<unk>", "bos_token": "<bos>", "eos_token": "<eos>",
+                       "pad_token": "<pad>", "mask_token": "<mask>"},
     "Qwen2Tokenizer": {"unk_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
                        "pad_token": "<|endoftext|>"},
     "GPTNeoXTokenizer": {"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>",
@@ -268,6 +270,19 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
                   else "always" if settings.get("legacy", False) else "first")
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581",
                                                            prepend_scheme=scheme, split=False)
+    elif kind == "GemmaTokenizer":
+        if model_kind != "BPE" or specials.get("unk_token") is None:
+            return False
+        model.dropout = None
+        model.unk_token = specials["unk_token"]
+        model.continuing_subword_prefix = None
+        model.end_of_word_suffix = None
+        model.fuse_unk = True
+        model.byte_fallback = True
+        model.ignore_merges = False
+        tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous",
+                                                       invert=False)
     elif kind in ("BertTokenizer", "DistilBertTokenizer"):
         if model_kind != "WordPiece" or specials.get("unk_token") is None:
             return False

@@ -69,7 +69,7 @@ def why(cell: Cell) -> Why:
         notes.append("no op of the failing line finished before it raised; this is the last "
                      f"tensor recorded before it (by {recording.ops[-1].name} at line "
                      f"{recording.ops[-1].source.line}): {_layout(recording.ops[-1], 0)}")
-    return replace(explained, notes=(*explained.notes, *notes))
+    return replace(explained, notes=(*notes, *explained.notes))  # what raised first: the panel may cut
 
 
 def _made_on(index: int | None, on_line: list[OpRecord]) -> bool:

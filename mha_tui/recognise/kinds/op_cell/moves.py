@@ -117,8 +117,27 @@ def moved(c: OpCell) -> Why:
     return c.why(f"{c.cell.name} = {name}{bracket(at)}",
                  [Term(f"{name}{bracket(at)}", (), float(np.real(value)))],
                  [f"{c.display} moves numbers and computes none: this one is copied from "
-                  f"{name}{bracket(at)}", f"found by mha-tui running the same {c.op.name} on "
-                  "the positions of the input's elements"], float(np.real(value)))
+                  f"{name}{bracket(at)} (found by mha-tui running the same {c.op.name} on the "
+                  "input's element positions)", *_how(c, k, at)], float(np.real(value)))
+
+
+def _how(c: OpCell, k: int, at: tuple[int, ...]) -> list[str]:
+    """Which input a joined tensor's cell comes from: cat, stack."""
+    if c.base not in ("cat", "concat", "concatenate", "stack"):
+        return []
+    dim = _dim(c, 1) % len(c.shape)
+    parts = [a for a in c.op.args[0] if isinstance(a, TensorArg)]  # type: ignore[union-attr]
+    if c.base == "stack":
+        return [f"stacked along dim {dim}: index {c.index[dim]} is input {parts.index(TensorArg(k))}"]
+    start = 0
+    for part in parts:
+        size = np.shape(c.cell.operand(c.op, part.index))
+        width = size[dim] if len(size) > dim else 0
+        if part.index == k and start <= c.index[dim] < start + width:
+            return [f"joined along dim {dim}: positions {start} to {start + width - 1} are "
+                    f"{c.name(part)}; position {c.index[dim]} is its {at[dim]}"]
+        start += width
+    return []
 
 
 def triangle(c: OpCell) -> Why:
