@@ -875,17 +875,24 @@ def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckForm
         writer.writeheader()
         writer.writerows(csv_rows(reports))
         return
+    import io
+
     from rich.console import Console
 
     tty = sys.stdout.isatty()
-    console = Console(file=sys.stdout, width=None if tty else width, highlight=False,
-                      soft_wrap=False, no_color=not tty or None, emoji=False, markup=False,
-                      force_terminal=tty or None)
+    # Not a terminal (a file, a pipe, course notes): drawn into a buffer first, so that the
+    # table's padding leaves no trailing spaces on its lines, as the transcripts have none.
+    console = Console(file=sys.stdout if tty else io.StringIO(), width=None if tty else width,
+                      highlight=False, soft_wrap=False, no_color=not tty or None, emoji=False,
+                      markup=False, force_terminal=tty or None)
     if verdict is not None:
         console.print(verdict_renderable(verdict, ascii_only=ascii_only))
     else:
         console.print(summary_table(reports, ascii_only=ascii_only))
         console.print(tally(reports))
+    if not tty:
+        drawn = console.file.getvalue()  # type: ignore[attr-defined]
+        sys.stdout.write("".join(line.rstrip() + "\n" for line in drawn.splitlines()))
 
 
 def _exit_now(code: int = 0) -> NoReturn:
