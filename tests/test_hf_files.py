@@ -140,6 +140,8 @@ def _variant(source: Path, target: Path, **changes: object) -> Path:
     ("mpt", {"tokenizer_class": None}),
     ("bloom", {"tokenizer_class": "BloomTokenizerFast"}),  # bigscience/bloom-560m
     ("phi", {"tokenizer_class": "CodeGenTokenizer"}),  # microsoft/phi-2
+    ("t5", {"tokenizer_class": None}),  # t5-small names none: T5Tokenizer by model type
+    ("t5", {"tokenizer_class": "T5TokenizerFast", "extra_ids": 0}),
     # Llama 2, TinyLlama, Mistral 7B name LlamaTokenizer: its own Metaspace, no normalizer
     ("llama", {"tokenizer_class": "LlamaTokenizerFast"}),
     ("llama", {"tokenizer_class": "LlamaTokenizer", "legacy": True}),
