@@ -70,8 +70,8 @@ How these are reached:
   tokenizer, a sentence longer than the model's positions, no tokens, `--layer` out of
   range, from config.json and a token count read from tokenizer.json with `tokenizers`,
   counted as the transformers tokenizer `--hf` runs with counts it (its class rebuilt from
-  the file: GPT-2's, GPT-NeoX's, Llama's, Qwen2's, Gemma's, RoBERTa's, BERT's, or
-  tokenizer.json as it is; a test proves the count equal over every family of
+  the file: GPT-2's, GPT-NeoX's, Llama's, Qwen2's, Gemma's, T5's, RoBERTa's, BERT's,
+  or tokenizer.json as it is; a test proves the count equal over every family of
   `tests/hf_families.py`). A sentence that surely fits is only bounded, from tokenizer.json
   without its vocabulary.
   Where the files do not decide it (another tokenizer class, a slow-only tokenizer, a field
