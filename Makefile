@@ -45,6 +45,7 @@ golden: $(STAMP)
 	$(BIN)/mha-tui explain "the cat sat on the mat" -C 16 -H 4 --module tests/fixtures/mechanisms/gqa_sdpa.py:GQAAttention --dump tests/golden/why-sdpa-attend-gqa.txt --why "attend[0, 3, 5, 2]"
 	$(BIN)/mha-tui explain "I love AI !" --module tests/fixtures/sdpa_variants.py:FloatMask --dump tests/golden/why-sdpa-mask-float.txt --why "mask[0, 1, 3, 0]"
 	$(BIN)/mha-tui explain "I love AI !" --quiz --dump tests/golden/quiz-default.txt
+	$(BIN)/mha-tui explain "I love AI !" --quiz --dump tests/golden/quiz-default.md
 	$(BIN)/mha-tui explain "the cat sat on the mat" -C 16 -H 4 --module tests/fixtures/mechanisms/llama_rotary.py:LlamaAttention --quiz --dump tests/golden/quiz-llama.txt
 	$(BIN)/mha-tui explain "I love AI !" --module tests/fixtures/mistakes/no_scale.py:MultiHeadAttention --against mygpt --dump tests/golden/against-no-scale.txt
 	$(BIN)/mha-tui explain "I love AI !" --against many-eyes --ascii --dump tests/golden/against-many-eyes-ascii.txt
