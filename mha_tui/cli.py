@@ -165,8 +165,9 @@ def explain(
         except ConfigError as error:
             fail(str(error))
         source = _source(model, module, init or [], weights)
-        if stage is not None and stage not in STAGE_IDS:
-            fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
+        if stage is not None and stage not in STAGE_IDS and not _a_stage_kind(stage):
+            fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)} (or "
+                 "one of a module's own: rotary, qkv_split, kv_repeat, op-2 ...)")
     fmt = _dump_format(fmt, dump, only=only, stage=stage)
     reference = _against(against, dump=dump, fmt=fmt, hf=hf_source is not None, why=why_cell,
                          check=check_stages, stage=stage)
@@ -641,6 +642,14 @@ def _forward_error(trace: Trace) -> str:
         where = f" at {Path(error.source.file).name} line {error.source.line}"
     raised = error.title.removeprefix("The forward raised").strip()
     return f"the module's forward raised {raised}{where}: {error.explanation}"
+
+
+def _a_stage_kind(stage: str) -> bool:
+    """A stage only some modules have (rotary, qkv_split, op-7 ...): known once it ran, so it
+    is looked for then. Imported only here: the recogniser loads NumPy, the app must not."""
+    from .recognise.registry import BUILDERS
+
+    return stage.split("-")[0] in (*BUILDERS, "embed", "error")
 
 
 def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:

@@ -253,7 +253,8 @@ def _document(trace: Trace, first: int, tensors: list[np.ndarray], nonce: str) -
         "config": trace.config.as_dict(),
         "module": None if trace.module is None else {
             "class": trace.module.class_name, "file": display_path(trace.module.file),
-            "per_head_modules": trace.module.per_head_modules},
+            "per_head_modules": trace.module.per_head_modules,
+            **({"weights": display_path(trace.module.weights)} if trace.module.weights else {})},
         "stages": [
             {
                 "id": stage.id,

@@ -347,6 +347,7 @@ class ModuleInfo:
     class_name: str
     file: str
     per_head_modules: bool = False
+    weights: str = ""  # --weights: the file its parameters and buffers were replaced from
 
 
 @dataclass(frozen=True, eq=False)

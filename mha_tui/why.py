@@ -15,14 +15,14 @@ import re
 from collections.abc import Callable
 
 from .recognise.cell import Cell, Term, Why, WhyError, expanded_from, main_tensor
-from .recognise.kinds import embed, sdpa
+from .recognise.kinds import embed, error, sdpa
 from .recognise.registry import BUILDERS
 from .records import Trace
 
 __all__ = ["KINDS", "Term", "Why", "WhyError", "main_tensor", "parse_cell", "why"]
 
 KINDS: dict[str, Callable[[Cell], Why]] = {
-    module.KIND: module.why for module in (embed, *BUILDERS.values()) if hasattr(module, "why")
+    module.KIND: module.why for module in (embed, *BUILDERS.values(), error) if hasattr(module, "why")
 }
 """Stage kind -> its module's why: the kinds whose cells mha-tui explains."""
 

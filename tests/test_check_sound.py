@@ -77,6 +77,7 @@ def test_no_attention_found(name: str) -> None:
     assert not verdict.equivalent
     assert verdict.diagnosis is not None and verdict.diagnosis.kind == "no_attention"
     assert "no attention found" in verdict.diagnosis.message
+    assert verdict.diagnosis.stage == ""  # about the whole forward, no stage of it
     assert not any(d.startswith("Different but equivalent") for d in verdict.differences)
 
 
@@ -84,6 +85,19 @@ def test_what_a_forward_without_attention_computes_is_named_as_torch_documents_i
     """One nn.Linear: the diagnosis lists `F.linear`, not the recorder's internal op name."""
     message = judged(spec("single_linear")).diagnosis.message
     assert message.endswith("(it computes only: F.linear)"), message
+
+
+def test_a_head_count_of_its_own_is_named_at_the_split() -> None:
+    """`self.h = 4` whatever num_heads says: not "a permutation", but 4 heads where the
+    module was built with 2, at the line that splits Q."""
+    path = UNSOUND / "head_count.py"
+    verdict = judged(spec("head_count"))  # C = 4, --heads 2
+    assert not verdict.equivalent
+    assert verdict.diagnosis.kind == "head_count", verdict.diagnosis
+    assert verdict.diagnosis.message.startswith("the queries are split into 4 heads of 1 "
+                                                "channel where the module was built with 2 "
+                                                "heads of 2 (--heads 2)")
+    assert verdict.diagnosis.line == marked(path)
 
 
 def test_a_wrong_output_shape_is_named_with_both_shapes() -> None:

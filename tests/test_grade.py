@@ -166,8 +166,13 @@ def test_finding_submissions(tmp_path: Path) -> None:
         find_submissions([str(_empty(tmp_path))], "M")
     with pytest.raises(GradeError, match=r"no \.py file matches"):
         find_submissions([f"{tmp_path}/*.pyx"], "M")
-    with pytest.raises(GradeError, match="--class"):
-        find_submissions([str(tmp_path)], None)
+    with pytest.raises(GradeError, match=r"is a folder: give --class CLASS, the class to look "
+                                         r"for in each of its \.py files$"):
+        find_submissions([str(tmp_path)], None)  # not one of its files named as the culprit
+    with pytest.raises(GradeError, match=r"is a pattern: give --class CLASS"):
+        find_submissions([f"{tmp_path}/*.py"], None)
+    with pytest.raises(GradeError, match=r"a\.py': name the class, as FILE\.py:Class"):
+        find_submissions([f"{tmp_path}/a.py"], None)
 
 
 def _empty(tmp_path: Path) -> Path:

@@ -1,7 +1,7 @@
-"""`--hf` refusals from the checkpoint's files (load/hf_files.py): the token count equals the
-transformers tokenizer's for every family and kind of sentence, or is left undecided; the
-refusals it makes are word for word the full path's, and they import neither torch nor
-transformers."""
+"""`--hf` refusals from the checkpoint's files (load/hf_files.py, load/hf_tokens.py): the
+token count equals the transformers tokenizer's for every family and kind of sentence, or is
+left undecided; the refusals they make are word for word the full path's, and they import
+neither torch nor transformers."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 from transformers import AutoConfig, AutoTokenizer
 
-from mha_tui.load import hf, hf_files
+from mha_tui.load import hf, hf_files, hf_tokens
 from mha_tui.pipeline.hf import Session
 
 from .conftest import ROOT
@@ -28,15 +28,15 @@ SENTENCES = [
     "", " ", "\t\n",  # nothing to read, or only spaces
     "The cat sat on the mat.",
     "THE Cat sAt",
+    "It's 2024: we'LL see 12345 cats!!\r\n\r\n  ok...",  # contractions, digits, CR LF
     "Café, naïve, 😀, ß, ﬁ, Ångström, 中文字, عربى, ÅÅ\u0301",  # accents, ligature, CJK, RTL
     "  leading and trailing spaces\tand a tab\n",
     "a control \x1b[31m byte and a NUL \x00",
     " ".join(["the cat sat on the log"] * 40),  # 240 words: more than the families' 64 positions
     "x" * 300,  # one word longer than WordPiece's 100 characters
 ]
-# Families whose tokenizer class is not rebuilt here: transformers decides (qwen2: its
-# Qwen2Tokenizer, and a real Qwen vocabulary is past the 100,000 where transformers patches it).
-UNDECIDED = {"qwen2"}
+# Families whose tokenizer class is not rebuilt here: transformers decides (none now).
+UNDECIDED: set[str] = set()
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +58,8 @@ def _theirs(directory: Path, sentence: str) -> int:
 def _ours(directory: Path, sentence: str) -> int | None:
     """The count from the files, checked against its bound read without the vocabulary."""
     config = json.loads((directory / "config.json").read_text())
-    count = hf_files.token_count(directory, config, sentence)
-    bound = hf_files.token_bound(directory, config, sentence)
+    count = hf_tokens.token_count(directory, config, sentence)
+    bound = hf_tokens.token_bound(directory, config, sentence)
     if count is None:
         assert bound is None
     elif bound is not None:
@@ -73,7 +73,8 @@ def test_the_count_is_the_transformers_tokenizers(tokenizers_dir: Path, name: st
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     config = json.loads((directory / "config.json").read_text())
     settings = json.loads((directory / "tokenizer_config.json").read_text())
-    kind = hf_files.tokenizer_class(directory, config, settings)
+    kind = hf_tokens.tokenizer_class(directory, config, settings,
+                                    (directory / "tokenizer.json").read_text())
     if name in UNDECIDED:
         assert kind is None
         assert all(_ours(directory, sentence) is None for sentence in SENTENCES)
@@ -85,8 +86,8 @@ def test_the_count_is_the_transformers_tokenizers(tokenizers_dir: Path, name: st
         assert _ours(directory, sentence) == theirs, (name, sentence)
         counts.append(theirs)
         # The bound read without the vocabulary: never below the count, 0 only where it is 0.
-        bound = hf_files.token_bound(directory, config, sentence)
-        assert bound is not None or name == "mistral"
+        bound = hf_tokens.token_bound(directory, config, sentence)
+        assert bound is not None
         assert bound is None or (bound >= theirs and (bound == 0) == (theirs == 0)), (
             name, sentence, bound, theirs)
     assert counts[SENTENCES.index(" ".join(["the cat sat on the log"] * 40))] > 64
@@ -137,6 +138,16 @@ def _variant(source: Path, target: Path, **changes: object) -> Path:
     ("gpt-neox", {"tokenizer_class": "GPTNeoXTokenizer", "add_bos_token": True,
                   "add_prefix_space": True}),
     ("mpt", {"tokenizer_class": None}),
+    # Llama 2, TinyLlama, Mistral 7B name LlamaTokenizer: its own Metaspace, no normalizer
+    ("llama", {"tokenizer_class": "LlamaTokenizerFast"}),
+    ("llama", {"tokenizer_class": "LlamaTokenizer", "legacy": True}),
+    ("llama", {"tokenizer_class": "LlamaTokenizer", "legacy": False, "add_prefix_space": False}),
+    ("mistral", {"tokenizer_class": "LlamaTokenizer"}),
+    ("gemma", {"tokenizer_class": "LlamaTokenizerFast", "legacy": None}),
+    ("gemma", {"tokenizer_class": "GemmaTokenizer"}),  # Gemma's own: spaces become ▁ first
+    ("gemma", {"tokenizer_class": None}),
+    ("gpt-neo", {"tokenizer_class": "LlamaTokenizer"}),  # byte-level: TokenizersBackend
+    ("falcon", {"tokenizer_class": "LlamaTokenizerFast"}),  # byte-level: TokenizersBackend
     ("bert", {"do_lower_case": False}),
     ("bert", {"strip_accents": False, "tokenize_chinese_chars": False}),
     ("bert", {"tokenizer_class": None}),
@@ -146,6 +157,12 @@ def _variant(source: Path, target: Path, **changes: object) -> Path:
 def test_what_tokenizer_config_says_is_counted(tokenizers_dir: Path, tmp_path: Path, name: str,
                                               changes: dict[str, object]) -> None:
     directory = _variant(tokenizers_dir / name, tmp_path / name, **changes)
+    config = json.loads((directory / "config.json").read_text())
+    settings = hf_tokens._settings(directory)
+    assert settings is not None
+    kind = hf_tokens.tokenizer_class(directory, config, settings,
+                                    (directory / "tokenizer.json").read_text())
+    assert kind == type(AutoTokenizer.from_pretrained(directory, local_files_only=True)).__name__
     for sentence in SENTENCES:
         assert _ours(directory, sentence) == _theirs(directory, sentence), (changes, sentence)
 
@@ -183,7 +200,7 @@ def test_legacy_files_are_read_as_transformers_reads_them(tokenizers_dir: Path, 
     ("gpt-neo", "another class"),
     ("bert", "unreadable special_tokens_map.json"),
     ("gpt-neo", "split special tokens"),
-    ("llama", "LlamaTokenizer"),
+    ("mistral", "fix_mistral_regex"),
 ])
 def test_files_that_do_not_decide_leave_it_to_transformers(tokenizers_dir: Path, tmp_path: Path,
                                                           name: str, change: str) -> None:
@@ -191,7 +208,7 @@ def test_files_that_do_not_decide_leave_it_to_transformers(tokenizers_dir: Path,
         "remote code": {"auto_map": {"AutoTokenizer": ["x.Tok", None]}},
         "another class": {"tokenizer_class": "CodeGenTokenizer"},
         "split special tokens": {"split_special_tokens": True},
-        "LlamaTokenizer": {"tokenizer_class": "LlamaTokenizer"},
+        "fix_mistral_regex": {"fix_mistral_regex": True},
     }.get(change, {}))
     if change == "no tokenizer.json":
         (directory / "tokenizer.json").unlink()

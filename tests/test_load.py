@@ -441,6 +441,33 @@ def test_weights_replace_the_modules_tensors(tmp_path: Path, attn_file: str, fmt
     assert torch.equal(loaded.x, plain.x)  # the embedding still comes from the seed
 
 
+def test_the_header_and_the_json_say_which_weights_file_the_numbers_come_from(
+        tmp_path: Path, attn_file: str) -> None:
+    """Two transcripts of one module, one with --weights: the header (every format, the
+    app's too) and JSON's "module" name the file, so the different numbers are explained."""
+    import io
+    import json
+
+    from mha_tui.dump import to_text, write_json
+    from mha_tui.pipeline import run_trace
+    from mha_tui.render.options import RenderOptions
+
+    path = tmp_path / "trained.pt"
+    torch.save(_trained(attn_file), path)
+    with_weights = run_trace(CONFIG, Source(module=attn_file, weights=str(path)))
+    plain = run_trace(CONFIG, Source(module=attn_file))
+    assert with_weights.module.weights == str(path) and plain.module.weights == ""
+    module_line = to_text(with_weights, RenderOptions(), width=200).splitlines()[1]
+    assert module_line.endswith(f"  weights {path}"), module_line
+    assert "weights" not in to_text(plain, RenderOptions(), width=200).splitlines()[1]
+    out = io.BytesIO()
+    write_json(with_weights, out)
+    assert json.loads(out.getvalue())["module"]["weights"] == str(path)
+    out = io.BytesIO()
+    write_json(plain, out)
+    assert "weights" not in json.loads(out.getvalue())["module"]
+
+
 def _evil_payload(marker: Path) -> object:
     class Evil:
         def __reduce__(self):  # what an attacker's file asks the unpickler to call

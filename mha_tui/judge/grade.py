@@ -123,6 +123,9 @@ def find_submissions(specs: Sequence[str], class_name: str | None) -> list[Submi
                 raise GradeError(f"{spec!r}: no .py file matches this pattern")
         else:
             files = [where]
+        if not cls and where != files[0]:  # a folder or a pattern: one class for all its files
+            raise GradeError(f"{spec!r} is a {'folder' if Path(where).is_dir() else 'pattern'}: "
+                             "give --class CLASS, the class to look for in each of its .py files")
         for file in files:
             if not cls:
                 raise GradeError(f"{file!r}: name the class, as FILE.py:Class, or give "

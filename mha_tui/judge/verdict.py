@@ -118,9 +118,10 @@ def _whole(j: Judge, diagnosis: Diagnosis | None) -> tuple[StageVerdict, Diagnos
 
 
 def _diagnosis(found: Finding, stage: str = "", file: str = "") -> Diagnosis:
+    """A finding about the whole forward (no attention, the output's shape) has no stage."""
     file = found.source.file if found.source is not None else file
     line = found.source.line if found.source is not None else 0
-    return Diagnosis(found.kind, file, line, found.message, stage or found.kind)
+    return Diagnosis(found.kind, file, line, found.message, stage)
 
 
 def _grows(j: Judge, weights: RoleWeights) -> bool:

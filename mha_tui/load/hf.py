@@ -10,8 +10,8 @@ Must never download: `local_files_only=True` everywhere, and the hub's offline s
 set before `transformers` is imported. Must never load weights in a way that can execute
 code: safetensors, or `torch.load(weights_only=True)`, and never a model's own remote code.
 Imported only for `--hf`; `transformers` is the optional extra `mha-tui[hf]`. The only
-module of mha-tui that imports transformers; `hf_files` (the refusals the checkpoint's files
-decide, before torch) is the only other one that imports tokenizers.
+module of mha-tui that imports transformers; `hf_tokens` (the token count from tokenizer.json,
+for the refusals `hf_files` makes before torch) is the only other one that imports tokenizers.
 Never import rich, textual or typer here, nor the tracer or the recogniser.
 """
 

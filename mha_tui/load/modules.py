@@ -81,6 +81,7 @@ class Loaded:
     label: str = ""  # "raschka", "my_attn.py:MultiHeadAttention"
     file: str = ""  # the file the module's class is defined in
     construction: str = ""  # the constructor call made, e.g. "MultiHeadAttention(embed_dim=4, ...)"
+    weights: str = ""  # --weights: the file the module's tensors were replaced from
 
     def call(self, module: nn.Module, x: torch.Tensor) -> object:
         """How the tracer calls the module: x once or three times, and the mask by name."""
@@ -137,7 +138,7 @@ def load(config: Config, source: Source | None = None) -> Loaded:
     args, forward_kwargs = forward_inputs(module, x, causal=config.causal)
     loaded = Loaded(module=module, embedding=embedding, ids=ids, x=x, args=args,
                     kwargs=forward_kwargs, label=label, file=class_file(cls),
-                    construction=_call_text(cls, kwargs))
+                    construction=_call_text(cls, kwargs), weights=source.weights or "")
     if source.module is not None:
         _probe(loaded)
     return loaded

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
@@ -32,9 +32,11 @@ if TYPE_CHECKING:
 def stages_of(recorded: Recorded) -> tuple[Stage, ...]:
     """recognise: the stages of one recorded forward."""
     from ..recognise import recognise
+    from .threads import one_blas_thread
 
-    return recognise(recorded.recording, recorded.config, embedded=recorded.embedded,
-                     forward_equal=recorded.forward_equal, n_params=recorded.n_params)
+    with one_blas_thread():  # the recomputed products beside torch's threads (threads.py)
+        return recognise(recorded.recording, recorded.config, embedded=recorded.embedded,
+                         forward_equal=recorded.forward_equal, n_params=recorded.n_params)
 
 
 def recognised(recorded: Recorded) -> Trace:
@@ -109,7 +111,10 @@ def run_trace(config: Config, source: Source | None = None, *,
     with contextlib.redirect_stdout(sys.stderr):
         recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
                                   embedding=loaded.embedding, ids=loaded.ids, config=config)
-    return recognised(recorded)
+    trace = recognised(recorded)
+    if loaded.weights and trace.module is not None:  # the header says whose numbers these are
+        trace = replace(trace, module=replace(trace.module, weights=loaded.weights))
+    return trace
 
 
 def numpy_runner(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
@@ -179,11 +184,13 @@ def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], o
     notebook's `mha_tui.check` both come here."""
     from ..judge import Facts, judge
     from ..tracing.rerun import parameter_shapes, reference_output, second_recording
+    from .threads import one_blas_thread
 
     facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
                   second=second_recording(module, x, call), reference=reference_output,
                   training=module.training, **(expect or Expect()).facts())
-    return judge(traced, facts, label)
+    with one_blas_thread():  # its float64 products beside torch's threads (threads.py)
+        return judge(traced, facts, label)
 
 
 def _checked_numpy(config: Config, loaded: LoadedNumpy, expect: Expect

@@ -59,6 +59,9 @@ class Why:
     mha-tui computed itself from a fused op's inputs (kinds/sdpa.py)."""
     witness: Witness | None = None
     """The module's own number, when `recorded` is not: checked against `computed` too."""
+    recomputed: bool = True
+    """False: an op mha-tui does not recompute (op_cell.unknown); `computed` is then only the
+    recorded number again, and is never called equal."""
 
     @property
     def difference(self) -> float:
@@ -68,7 +71,7 @@ class Why:
     def agrees(self) -> bool:
         """Equal to the module's number up to float32 rounding (the module sums in float32,
         in its own order; mha-tui in float64)."""
-        return agrees(self.computed, self.recorded)
+        return self.recomputed and agrees(self.computed, self.recorded)
 
     def compared(self, number: float) -> tuple[float, bool]:
         """mha-tui's number against another (the witness's): the difference, and whether

@@ -176,4 +176,7 @@ def module_line(info: ModuleInfo, opts: RenderOptions) -> Text:
     text.append_text(label(display_path(info.file), max_cells=200, ascii_only=opts.ascii))
     if info.per_head_modules:
         text.append("  (each head ran as its own module)", style="dim")
+    if info.weights:
+        text.append("  weights ", style="dim")
+        text.append_text(label(display_path(info.weights), max_cells=200, ascii_only=opts.ascii))
     return text

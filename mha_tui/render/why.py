@@ -6,6 +6,7 @@ numbers, and the module's own number beside mha-tui's. Shared by the app's side 
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -53,6 +54,7 @@ def why_view(why: Why, opts: RenderOptions) -> Group:
     steps.add_column(justify="right", no_wrap=True)
     for term in why.terms:
         parts = " ".join(say(p) if isinstance(p, str) else _why_number(p, d) for p in term.parts)
+        parts = re.sub(r"\( | (?=[),])", lambda m: m.group(0).strip(), parts)  # max(+1.0, 0)
         steps.add_row(Text(say(term.label)), Text(parts, style="dim"),
                       "=" if term.value is not None else "",
                       Text(_why_number(term.value, d) if term.value is not None else "",
@@ -61,7 +63,9 @@ def why_view(why: Why, opts: RenderOptions) -> Group:
         line = Text.assemble((owner + " ", "dim"), say(what), ": ",
                              (_why_number(recorded, d), "bold"), "  ")
         difference, agrees = why.compared(recorded)
-        if agrees:
+        if not why.recomputed:
+            line.append_text(Text("not recomputed: mha-tui does not know this op", style="yellow"))
+        elif agrees:
             rounding = f" (difference {difference:.1e}: float32 rounding)" if difference else ""
             line.append_text(Text.assemble((ok, "green"), " equal" + rounding))
         else:
@@ -79,8 +83,8 @@ def why_view(why: Why, opts: RenderOptions) -> Group:
     return Group(
         head,
         Text(say(why.formula)),
-        Text(f"computed by mha-tui from {say(why.basis) if why.basis else 'the recorded tensors'}:",
-             style="italic dim"),
+        Text(f"computed by mha-tui from {say(why.basis) if why.basis else 'the recorded tensors'}:"
+             if why.recomputed else "what the op was given (recorded):", style="italic dim"),
         Padding(steps, (0, 0, 0, 2)),
         *checks,
         *(Text(say(note), style="dim") for note in why.notes),

@@ -1,5 +1,6 @@
 """op: an x-dependent op no rule claimed, shown as it ran (its line, inputs, outputs); never
-dropped. Also the fallback when a kind's builder fails.
+dropped. Also the fallback when a kind's builder fails. Its cells are explained by the op that
+made them, from its recorded inputs (op_cell: the generic op arithmetic).
 
 Never import torch, rich, textual or typer here.
 """
@@ -9,8 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...records import Stage
+from ..cell import Cell, Why
 from ..grouping import Unit
 from ..maker import StageMaker, public_name
+from .op_cell import explain, locate
 
 if TYPE_CHECKING:
     from ...judge.judging import Judge, Row
@@ -48,3 +51,8 @@ def judge(j: Judge) -> list[Row]:
     return [j.row(s, "op", None, None, "an op no rule of mha-tui recognises: not judged "
                                           "on its own") for s in j.trace.stages
             if s.kind == "op"]
+
+
+def why(cell: Cell) -> Why:
+    """The op that made the cell, recomputed from its recorded inputs (or said not to be)."""
+    return explain(cell, *locate(cell, cell.stage.ops))
