@@ -138,6 +138,10 @@ def _variant(source: Path, target: Path, **changes: object) -> Path:
     ("gpt-neox", {"tokenizer_class": "GPTNeoXTokenizer", "add_bos_token": True,
                   "add_prefix_space": True}),
     ("mpt", {"tokenizer_class": None}),
+    ("bloom", {"tokenizer_class": "BloomTokenizerFast"}),  # bigscience/bloom-560m
+    ("phi", {"tokenizer_class": "CodeGenTokenizer"}),  # microsoft/phi-2
+    ("t5", {"tokenizer_class": None}),  # t5-small names none: T5Tokenizer by model type
+    ("t5", {"tokenizer_class": "T5TokenizerFast", "extra_ids": 0}),
     # Llama 2, TinyLlama, Mistral 7B name LlamaTokenizer: its own Metaspace, no normalizer
     ("llama", {"tokenizer_class": "LlamaTokenizerFast"}),
     ("llama", {"tokenizer_class": "LlamaTokenizer", "legacy": True}),
@@ -206,7 +210,7 @@ def test_files_that_do_not_decide_leave_it_to_transformers(tokenizers_dir: Path,
                                                           name: str, change: str) -> None:
     directory = _variant(tokenizers_dir / name, tmp_path / name, **{
         "remote code": {"auto_map": {"AutoTokenizer": ["x.Tok", None]}},
-        "another class": {"tokenizer_class": "CodeGenTokenizer"},
+        "another class": {"tokenizer_class": "XLNetTokenizer"},
         "split special tokens": {"split_special_tokens": True},
         "fix_mistral_regex": {"fix_mistral_regex": True},
     }.get(change, {}))

@@ -5,11 +5,11 @@ transformers 5's AutoTokenizer picks a class for the checkpoint (`tokenizer_clas
 checkpoint's declared class, the one registered for its model type, and its own exceptions,
 mirrored here for the model types of tests/hf_families.py and GPT-2). Some classes load
 tokenizer.json as it is (TokenizersBackend); others rebuild its pipeline in their
-`__init__` from its vocabulary (the GPT-2, GPT-NeoX, Qwen2, Llama, Gemma, RoBERTa and BERT
-tokenizers: their own normalizer, pre-tokenizer, model options and post-processor), and
-`_rebuild` does the same here. Anything else (another class, remote code, a sentence holding one of the
-tokenizer's added or special tokens, fix_mistral_regex)
-gives None: not decided here. tests/test_hf_files.py proves the count, and the class,
+`__init__` from its vocabulary (the GPT-2, GPT-NeoX, Qwen2, Llama, Gemma, T5, RoBERTa and
+BERT tokenizers: their own normalizer, pre-tokenizer, model options and post-processor), and
+`_rebuild` does the same here. Anything else (another class, remote code, a sentence
+holding one of the tokenizer's added or special tokens, fix_mistral_regex) gives None: not
+decided here. tests/test_hf_files.py proves the count, and the class,
 equal to transformers' over every family and variants of their settings.
 
 `token_bound` is an upper bound read without the vocabulary (most of the file), enough to
@@ -51,6 +51,10 @@ _DEFAULT_SPECIALS = {
                          "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>",
                          "mask_token": "<mask>"},
     "LlamaTokenizer": {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"},
+    # (and <extra_id_0> ... <extra_id_99>, added as special tokens: a sentence holding
+    # "<extra_id_" is left to transformers)
+    "T5Tokenizer": {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+                    "extra_ids": "<extra_id_"},
     "GemmaTokenizer": {"unk_token": "<unk>", "bos_token": "<bos>", "eos_token": "<eos>",
                        "pad_token": "<pad>", "mask_token": "<mask>"},
     "Qwen2Tokenizer": {"unk_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
@@ -61,6 +65,9 @@ _DEFAULT_SPECIALS = {
                       "cls_token": "[CLS]", "mask_token": "[MASK]"},
 }
 _DEFAULT_SPECIALS["DistilBertTokenizer"] = _DEFAULT_SPECIALS["BertTokenizer"]
+# CodeGen's tokenizer (Phi-1, Phi-2) builds GPT-2's pipeline; its own byte-level
+# post-processor is replaced by tokenizer.json's, as GPT-2's is.
+_DEFAULT_SPECIALS["CodeGenTokenizer"] = _DEFAULT_SPECIALS["GPT2Tokenizer"]
 # tokenizer.json's top-level "model" (serialized last, after the normalizer, pre-tokenizer
 # and post-processor, its "type" first), and a model of each type without a vocabulary, to
 # read the rest of the pipeline without the vocabulary.
@@ -129,7 +136,7 @@ def token_bound(path: Path, config: dict[str, Any], sentence: str) -> int | None
         if not {"normalizer", "pre_tokenizer", "post_processor"} <= set(head):
             return None
         tokenizer = Tokenizer.from_str(json.dumps({**head, "model": _STUB_MODELS[match.group(2)]}))
-        if not _rebuild(tokenizer, kind, settings):
+        if not _rebuild(tokenizer, kind, settings, stub=True):
             return None
         if _holds_a_special_token(tokenizer, kind, settings, sentence):
             return None
@@ -221,22 +228,25 @@ def tokenizer_class(path: Path, config: dict[str, Any], settings: dict[str, Any]
             chosen = registered if model_type in _REGISTERED_OVERRIDES else declared
     else:
         chosen = declared or registered
-    if chosen in ("PreTrainedTokenizerFast", "PreTrainedTokenizer", "PythonBackend"):
+    if chosen in ("PreTrainedTokenizerFast", "PreTrainedTokenizer", "PythonBackend",
+                  "BloomTokenizer", "BloomTokenizerFast"):  # (BLOOM's classes are gone in 5)
         chosen = "TokenizersBackend"
     chosen = chosen.removesuffix("Fast") if chosen else None
     return chosen if chosen in _DEFAULT_SPECIALS else None
 
 
-def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
+def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any], *, stub: bool = False) -> bool:
     """Make tokenizer.json's pipeline the one kind's `__init__` builds from it (its own
-    normalizer, pre-tokenizer, model options and post-processor); False where unsure."""
+    normalizer, pre-tokenizer, model options and post-processor); False where unsure.
+    stub: the model is a stand-in without the vocabulary (its options do not matter)."""
     from tokenizers import Regex, normalizers, pre_tokenizers, processors
 
     model = tokenizer.model
     model_kind = type(model).__name__
     specials = {**_DEFAULT_SPECIALS[kind], **{key: _content(value) for key, value in settings.items()
                                              if key.endswith("_token")}}
-    if kind in ("GPT2Tokenizer", "RobertaTokenizer", "GPTNeoXTokenizer", "Qwen2Tokenizer"):
+    if kind in ("GPT2Tokenizer", "CodeGenTokenizer", "RobertaTokenizer", "GPTNeoXTokenizer",
+                "Qwen2Tokenizer"):
         if model_kind != "BPE":
             return False
         add_prefix_space = bool(settings.get("add_prefix_space", False))
@@ -283,6 +293,21 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
         tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
         tokenizer.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous",
                                                        invert=False)
+    elif kind == "T5Tokenizer":
+        # A Unigram model with <unk> at id 2 and no byte fallback, the file's SentencePiece
+        # character map as the only normalizer (transformers keeps the first Precompiled one),
+        # words split on whitespace, then ▁ before each.
+        if model_kind != "Unigram" or not (
+                tokenizer.normalizer is None
+                or isinstance(tokenizer.normalizer, normalizers.Precompiled)):
+            return False
+        if not stub:
+            state = json.loads(model.__getstate__())
+            if state.get("unk_id") != 2 or state.get("byte_fallback"):
+                return False
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)])
     elif kind in ("BertTokenizer", "DistilBertTokenizer"):
         if model_kind != "WordPiece" or specials.get("unk_token") is None:
             return False
@@ -301,6 +326,8 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
     # template adds nothing either).
     if kind == "GPTNeoXTokenizer":
         tokenizer.post_processor = _template(tokenizer, [], [])
+    elif kind == "T5Tokenizer":
+        tokenizer.post_processor = _template(tokenizer, [], ["</s>"])
     elif kind in ("BertTokenizer", "DistilBertTokenizer"):
         tokenizer.post_processor = _template(tokenizer, [specials.get("cls_token")],
                                              [specials.get("sep_token")])
