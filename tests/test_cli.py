@@ -291,3 +291,11 @@ def test_stage_takes_a_modules_own_stages(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["explain", "I love AI !", "--stage", "bogus", "--dump", "-"])
     assert result.exit_code == 2
     assert "--stage 'bogus' is not a stage" in result.stderr
+
+
+def test_the_help_of_hf_says_encoders_too() -> None:
+    """--hf explains BERT, RoBERTa, DistilBERT and T5's encoder as well as causal LMs; its
+    help must not say "causal LM" alone."""
+    result = CliRunner().invoke(app, ["explain", "--help"], terminal_width=200)
+    help_text = " ".join(result.output.split())
+    assert "Hugging Face model (a causal LM, or an encoder such as BERT or T5)" in help_text
