@@ -171,9 +171,11 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         return MainScreen(id="_default")
 
     def compose(self) -> ComposeResult:
-        yield Static(id="header")
+        # Header and rail filled here, not at mount: each change after mount cost a layout
+        # pass and a frame before the first paint.
+        yield Static(self._header(), id="header")
         with Horizontal(id="body"):
-            yield StageRail(id="rail")
+            yield StageRail(*self._rail_options(), id="rail")
             with Container(id="stage-area"):
                 yield StageView(id="main")
                 with VerticalScroll(id="why", can_focus=False):
@@ -192,8 +194,6 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
             ascii=self._ascii, color=not no_color))
         self._height = self.size.height
         self.set_reactive(ExplainApp.stage_index, self._start)
-        self.query_one("#header", Static).update(self._header())
-        self.query_one(StageRail).add_options(self._rail_options())
         stage_view = self.query_one(StageView)
         if self._ascii:
             use_ascii_scrollbars(stage_view)
