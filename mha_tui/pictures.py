@@ -272,7 +272,7 @@ def worksheet_markdown(trace: Trace, questions: Sequence[Question], opts: Render
     parts = ["# mha-tui quiz",
              "Questions about this forward pass, answered from its own recorded numbers.",
              fenced(plain_text(head, opts, width), "text"), "## Questions"]
-    parts.append("\n".join(item(n, f"{code_span(q.stage)} {inline(q.text)}", f"*answer: {inline(q.how)}*")
+    parts.append("\n".join(item(n, f"{code_span(q.stage)} {inline(q.text)}", f"*answer with {inline(q.how)}*")
                            for n, q in enumerate(questions, 1))
                  or "(no stage of this trace has a question yet)")
     parts.append("## Answer key")
