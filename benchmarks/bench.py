@@ -47,6 +47,8 @@ LAUNCH = [PYTHON, "-I", "-S", str(Path(__file__).with_name("launch.py"))]
 # machine when it is quiet (a round is ~35 s; the once-only rows ~2 min) and under 12 at a
 # load of 4; --runs changes it.
 RUNS = 5
+# `--only` names of the app's rows (beside the whole-process commands' names).
+APP_ROWS = ("app", "app_big", "app_numpy", "repaint", "keys")
 # The app at GPT-2 small's sizes with 128 tokens.
 BIG_SENTENCE = " ".join(f"w{i}" for i in range(128))
 BIG = ["--embed-dim", "768", "--heads", "12", "--max-seq-len", "128"]
@@ -257,6 +259,56 @@ def _ratio_row(what: str, seconds: float, floor: float, limit: float | None) -> 
                None if limit is None else ratio <= limit)
 
 
+def _app_rows(rows: list[Row], f: float, apps: list[tuple[float, float, int]],
+              big_apps: list[tuple[float, float, int]],
+              numpy_apps: list[tuple[float, float, int]]) -> None:
+    """The app's first paint and first values (the rows whose runs were made)."""
+    values = None
+    if apps:
+        paint = statistics.median(a[0] for a in apps)
+        values = statistics.median(a[1] for a in apps)
+        rows.append(_ratio_row("app: first paint (header, rail, loading)", paint, f, 0.20))
+        rows.append(_ratio_row("app: first stage's values on screen", values, f, 1.05))
+    if big_apps:
+        big_values = statistics.median(a[1] for a in big_apps)
+        rows.append(_ratio_row("  same, C=768 h=12 T=128", big_values, f, 1.30))
+    if numpy_apps:
+        numpy_values = statistics.median(a[1] for a in numpy_apps)
+        rows.append(Row("app, --model blueprint (NumPy): first values", f"{numpy_values:.3f} s",
+                        numpy_values / f, "< the torch module's",
+                        None if values is None else numpy_values < values))
+
+
+def _key_rows(rows: list[Row], n: int, repaint: bool, keys: bool) -> None:
+    """Key -> repaint inside the app (repaint) and written to a pseudo-terminal (keys)."""
+    default = {"sentence": SENTENCE}
+    gpt2 = {"sentence": " ".join(f"w{i}" for i in range(128)), "embed_dim": 768,
+            "num_heads": 12, "max_seq_len": 128}
+    for label, cfg, limit, cold_limit in [("C=4 h=2 T=4", default, 12.0, 20.0),
+                                          ("C=768 h=12 T=128", gpt2, 50.0, None)]:
+        if not repaint:
+            break
+        warm = repaint_ms(cfg, warm=True)
+        cold = repaint_ms(cfg, warm=False)
+        rows.append(Row(f"key -> repaint, {label} (median)", f"{warm:.1f} ms", None,
+                        f"<= {limit:.0f} ms", warm <= limit))
+        rows.append(Row("  same, first visit, cache cold", f"{cold:.1f} ms", None,
+                        "" if cold_limit is None else f"<= {cold_limit:.0f} ms",
+                        None if cold_limit is None else cold <= cold_limit))
+    if not keys:
+        return
+    # Key -> the repaint written to a pseudo-terminal, whole process, beside a bare Textual app.
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as bare:
+        bare.write(BARE_APP)
+    presses = 10 * max(2, n)
+    ours_keys = statistics.median(keys_in_pty([*MHA, "explain", SENTENCE], presses, marks=True))
+    bare_keys = statistics.median(keys_in_pty([PYTHON, bare.name], presses, marks=False))
+    os.unlink(bare.name)
+    rows.append(Row("key -> repaint written to the terminal (pty, median)",
+                    f"{ours_keys * 1000:.1f} ms", None, "<= 25 ms", ours_keys <= 0.025))
+    rows.append(Row("  same, a bare Textual app", f"{bare_keys * 1000:.1f} ms", None, "", None))
+
+
 def _overhead(n: int, *, cpu: bool) -> list[dict]:
     """benchmarks/trace_overhead.py in a process of its own: wall clock with torch's and
     NumPy's default threads, or CPU time with one thread each (steadier on a loaded machine)."""
@@ -285,15 +337,21 @@ def main() -> int:
                              "repository's)")
     parser.add_argument("--no-readme", action="store_true", help="print the table only")
     parser.add_argument("--only", metavar="NAME,...", default=None,
-                        help="run only these whole-process rows beside the floor (version, help, "
-                             "completion, dump, raschka, module, numpy, full, json_gpt2, hf, "
-                             "hf_refuse) and print their table; the README is left as it is")
+                        help="run only these rows beside the floor (whole processes: version, "
+                             "help, completion, dump, raschka, module, numpy, full, json_gpt2, "
+                             "hf, hf_refuse; the app: " + ", ".join(APP_ROWS) + ") and print "
+                             "their table; the README is left as it is")
     args = parser.parse_args()
     only = None if args.only is None else set(args.only.split(","))
     if only is not None:
         args.no_readme = True
     n = args.runs
     started = time.time()
+    # mha-tui's modules from bytecode, as after `pip install` (which compiles them) or a first
+    # run: with PYTHONDONTWRITEBYTECODE set (as on the development machine) an editable
+    # install compiles every module from source again in every measured process, while the
+    # floor's torch is read from its .pyc files.
+    subprocess.run([PYTHON, "-m", "compileall", "-q", str(ROOT / "mha_tui")], check=True)
     load_before = os.getloadavg()
 
     # Round-robin: every round runs the floor and each command once, so that a noisy
@@ -334,7 +392,7 @@ def main() -> int:
         commands["hf_refuse"] = ([*MHA, "explain", sentences["too_long"], "--hf", str(big),
                                   "--dump", "-"], None, 2)
     if only is not None:
-        unknown = only - set(commands)
+        unknown = only - set(commands) - set(APP_ROWS)
         if unknown:
             raise SystemExit(f"bench: --only: no such row {', '.join(sorted(unknown))}")
         commands = {name: command for name, command in commands.items()
@@ -346,11 +404,12 @@ def main() -> int:
     for _ in range(n):
         for name, (argv, env, expect) in commands.items():
             samples[name].append(run_process(argv, env, expect))
-        if only is not None:
-            continue
-        apps.append(app_in_pty())
-        big_apps.append(app_in_pty(*BIG, sentence=BIG_SENTENCE))
-        numpy_apps.append(app_in_pty("--model", "blueprint"))
+        if only is None or "app" in only:
+            apps.append(app_in_pty())
+        if only is None or "app_big" in only:
+            big_apps.append(app_in_pty(*BIG, sentence=BIG_SENTENCE))
+        if only is None or "app_numpy" in only:
+            numpy_apps.append(app_in_pty("--model", "blueprint"))
     result = {name: Run(statistics.median(r.seconds for r in runs),
                         int(statistics.median(r.max_rss_kib for r in runs)))
               for name, runs in samples.items()}
@@ -382,19 +441,17 @@ def main() -> int:
         for name in sorted(only & set(result)):
             rows.append(Row(f"peak memory, {name}", f"{result[name].max_rss_kib / 1024:.0f} MiB",
                             None, "", None))
+        _app_rows(rows, f, apps, big_apps, numpy_apps)
+        if apps:
+            rows.append(Row("peak memory, app",
+                            f"{statistics.median(a[2] for a in apps) / 1024:.0f} MiB", None, "",
+                            None))
+        _key_rows(rows, n, "repaint" in only, "keys" in only)
         hf_dir.cleanup()
         return _report(rows, started, load_before, n, args)
 
-    paint = statistics.median(a[0] for a in apps)
-    values = statistics.median(a[1] for a in apps)
+    _app_rows(rows, f, apps, big_apps, numpy_apps)
     app_rss = int(statistics.median(a[2] for a in apps))
-    rows.append(_ratio_row("app: first paint (header, rail, loading)", paint, f, 0.20))
-    rows.append(_ratio_row("app: first stage's values on screen", values, f, 1.05))
-    big_values = statistics.median(a[1] for a in big_apps)
-    rows.append(_ratio_row("  same, C=768 h=12 T=128", big_values, f, 1.30))
-    numpy_values = statistics.median(a[1] for a in numpy_apps)
-    rows.append(Row("app, --model blueprint (NumPy): first values", f"{numpy_values:.3f} s",
-                    numpy_values / f, "< the torch module's", numpy_values < values))
 
     # Tracing overhead at GPT-2 small's sizes, in one process: ratios over the plain forward,
     # by the wall clock (default threads) and in CPU time (one thread).
@@ -411,28 +468,7 @@ def main() -> int:
             rows.append(Row("  same, TorchLens's trace", "not installed (.[bench])"
                             if theirs is None else f"{theirs:.1f} x", None, "", None))
 
-    default = {"sentence": SENTENCE}
-    gpt2 = {"sentence": " ".join(f"w{i}" for i in range(128)), "embed_dim": 768,
-            "num_heads": 12, "max_seq_len": 128}
-    for label, cfg, limit, cold_limit in [("C=4 h=2 T=4", default, 12.0, 20.0),
-                                          ("C=768 h=12 T=128", gpt2, 50.0, None)]:
-        warm = repaint_ms(cfg, warm=True)
-        cold = repaint_ms(cfg, warm=False)
-        rows.append(Row(f"key -> repaint, {label} (median)", f"{warm:.1f} ms", None,
-                        f"<= {limit:.0f} ms", warm <= limit))
-        rows.append(Row("  same, first visit, cache cold", f"{cold:.1f} ms", None,
-                        "" if cold_limit is None else f"<= {cold_limit:.0f} ms",
-                        None if cold_limit is None else cold <= cold_limit))
-    # Key -> the repaint written to a pseudo-terminal, whole process, beside a bare Textual app.
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as bare:
-        bare.write(BARE_APP)
-    presses = 10 * max(2, n)
-    ours_keys = statistics.median(keys_in_pty([*MHA, "explain", SENTENCE], presses, marks=True))
-    bare_keys = statistics.median(keys_in_pty([PYTHON, bare.name], presses, marks=False))
-    os.unlink(bare.name)
-    rows.append(Row("key -> repaint written to the terminal (pty, median)",
-                    f"{ours_keys * 1000:.1f} ms", None, "<= 25 ms", ours_keys <= 0.025))
-    rows.append(Row("  same, a bare Textual app", f"{bare_keys * 1000:.1f} ms", None, "", None))
+    _key_rows(rows, n, True, True)
 
     for what, rss, limit in [("peak memory, dump", result["dump"].max_rss_kib, 60),
                              ("peak memory, app", app_rss, 60),

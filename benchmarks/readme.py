@@ -21,9 +21,11 @@ and reports its first paint and first values through marks it writes when `MHA_T
 is set; "key -> repaint" is timed inside the app (from the key's handler to the end of the
 next screen refresh), "written to the terminal" from writing the key to the pseudo-terminal
 to the end of the output it causes, beside a bare Textual app in the same harness. The
-tracing rows come from `benchmarks/trace_overhead.py` (the mygpt module at GPT-2 small's
-sizes, in one process, over the plain forward; TorchLens's `trace` beside it when the
-`[bench]` extra is installed), by the wall clock and in CPU time with one thread; on a
+bench byte-compiles mha-tui's modules first, as `pip install` does (the floor's torch is
+read from its own `.pyc` files). The tracing rows come from `benchmarks/trace_overhead.py`
+(the mygpt module at GPT-2 small's sizes, in one process, over the plain forward;
+TorchLens's `trace` beside it when the `[bench]` extra is installed), by the wall clock
+and in CPU time with one thread; on a
 machine others are using, the CPU-time rows are the ones to compare. The `--hf` rows use
 a GPT-2 with GPT-2 small's shapes and random weights, built offline by
 `benchmarks/hf_rows.py`. Peak memory is each process's own `ru_maxrss`.
@@ -36,31 +38,56 @@ How these are reached:
   below the release that pulls in pydantic; a finished transcript exits with `os._exit` after
   flushing, skipping torch's interpreter teardown; the plain transcript never loads Pygments.
 - The app imports no torch, NumPy or Pygments before its first frame and loads the trace in
-  a worker thread; each (stage, view, width) is rendered once into lines, cached, and
-  pre-rendered in the background, so a step only repaints the visible lines.
+  a worker thread, started once the waiting screen is painted (Python runs one thread at a
+  time: the import started earlier delayed the first frames more than it brought the values
+  forward); each (stage, view, width) is rendered once into lines, cached, and pre-rendered
+  in a thread started after the next frame, so a step only repaints the visible lines.
+- A step is one frame on the terminal: the footer greys its keys in the step's own frame
+  (Footer's own update waits for the footer's next idle and came in a second frame, 17-33 ms
+  later at Textual's 60 frames a second), and a stage as tall as the pane's overflow hands
+  its length to the scrollbar without a layout pass of the whole screen.
 - Tracing (`tracing/torch_ops.py`) runs every op unchanged and keeps its output copy-on-write
   (`tracing/snapshots.py`): a tensor is copied only before an op may write into it or hand
   it outside torch, or when something outside the recording can still reach it; the rest of
   the recording are read-only views of the module's own tensors. The forward runs once: a
   second call (the "out equals the module's own forward" check) happens only when the first
-  drew random numbers or wrote into its parameters, buffers or input.
+  drew random numbers or wrote into its parameters, buffers or input. No reference cycle
+  is made while recording, so a recording is freed by its reference count, not by the
+  garbage collector.
 - The recogniser's checks recompute each product at the operands' own precision (float32)
   and only a product that misses the tolerance again in float64, so every check still
-  means what it says.
+  means what it says; counts and comparisons take one pass each, and the scores' spread is
+  NumPy's float64 std bit for bit without a float64 copy of the scores (`judge/numeric.py`).
+- While the recogniser and the judge recompute products, NumPy's BLAS runs on the calling
+  thread alone (`pipeline/threads.py`, threadpoolctl): torch's OpenMP threads and
+  OpenBLAS's are two pools that keep spinning after each call, and on two cores they took
+  turns at the same cores (a trace burned several times the CPU time it needs).
 - The JSON transcript is streamed into its temporary file tensor by tensor; its float32
   text comes from orjson, with NumPy's own spelling put back by position for the values the
   two write differently (`floats.py`), so the bytes are NumPy's `astype(str)`.
-- `--hf` refuses a sentence longer than the model's positions after tokenizing, before any
-  weight is loaded, and records every layer only while they fit in memory (see `--hf`).
+- `--hf` refuses what the checkpoint's own files decide before importing torch or
+  transformers (`load/hf_files.py`, `load/hf_tokens.py`): a missing model, config.json or
+  tokenizer, a sentence longer than the model's positions, no tokens, `--layer` out of
+  range, from config.json and a token count read from tokenizer.json with `tokenizers`,
+  counted as the transformers tokenizer `--hf` runs with counts it (its class rebuilt from
+  the file: GPT-2's, GPT-NeoX's, Llama's, Qwen2's, Gemma's, T5's, RoBERTa's, BERT's,
+  or tokenizer.json as it is; a test proves the count equal over every family of
+  `tests/hf_families.py`). A sentence that surely fits is only bounded, from tokenizer.json
+  without its vocabulary.
+  Where the files do not decide it (another tokenizer class, a slow-only tokenizer, a field
+  missing, a special token in the sentence, another transformers major version, an unknown
+  model type), transformers decides after its import, as before. It records every layer
+  only while they fit in memory (see `--hf`).
 
 What limits the rows that are hard to meet (profiles, 2026-11-23):
 - First values in the app and every transcript start with `import torch` (the floor) and
   then build, trace and draw; the tracing rows above are what mha-tui adds to the forward.
-- The `--hf` refusal tokenizes with transformers' tokenizer (the one `--hf` runs with), so
-  it pays for importing transformers and torch, though no weight loads.
 - Key -> repaint: with the lines cached, the app's own work per step is about 1 ms; the
-  rest is Textual's layout pass (the stage's height changes the scrollable area) and its
-  compositor, and on a terminal its frame pacing."""
+  rest is Textual's compositor: every visible line of the stage and the rail goes through
+  its style pipeline again (~300 `Strip`s a frame), then about 12 KB are written.
+- First paint: importing Textual (its `textual.app` alone brings the command palette's
+  module) and Typer is most of it; then four layout passes before the stage pane has its
+  width and the waiting line."""
 
 
 def section(header: str, table: list[str], missed: list[str]) -> str:

@@ -138,7 +138,7 @@ def explain(
     init: Annotated[list[str] | None, typer.Option("--init", metavar="NAME=VALUE", help="A constructor argument, VALUE a Python literal; repeatable.")] = None,
     weights: Annotated[Path | None, typer.Option("--weights", metavar="FILE", help="Load the module's tensors from a state dict (.pt via torch.load(weights_only=True), or .safetensors).")] = None,
     check_stages: Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")] = False,
-    hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Explain one attention layer of a Hugging Face causal LM: a local directory, or a name in the local Hugging Face cache (gpt2). Never downloads. Needs pip install "mha-tui[hf]".')] = None,
+    hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Explain one attention layer of a Hugging Face model (a causal LM, or an encoder such as BERT or T5): a local directory, or a name in the local Hugging Face cache (gpt2). Never downloads. Needs pip install "mha-tui[hf]".')] = None,
     layer: Annotated[int | None, typer.Option("--layer", help="With --hf: the layer to explain, from 0; in the app [ and ] move between layers.")] = None,
     quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text or JSON).")] = False,
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
@@ -165,8 +165,9 @@ def explain(
         except ConfigError as error:
             fail(str(error))
         source = _source(model, module, init or [], weights)
-        if stage is not None and stage not in STAGE_IDS:
-            fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)}")
+        if stage is not None and stage not in STAGE_IDS and not _a_stage_kind(stage):
+            fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)} (or "
+                 "one of a module's own: rotary, qkv_split, kv_repeat, op-2 ...)")
     fmt = _dump_format(fmt, dump, only=only, stage=stage)
     reference = _against(against, dump=dump, fmt=fmt, hf=hf_source is not None, why=why_cell,
                          check=check_stages, stage=stage)
@@ -638,6 +639,14 @@ def _forward_error(trace: Trace) -> str:
     return f"the module's forward raised {raised}{where}: {error.explanation}"
 
 
+def _a_stage_kind(stage: str) -> bool:
+    """A stage only some modules have (rotary, qkv_split, op-7 ...): known once it ran, so it
+    is looked for then. Imported only here: the recogniser loads NumPy, the app must not."""
+    from .recognise.registry import BUILDERS
+
+    return stage.split("-")[0] in (*BUILDERS, "embed", "error")
+
+
 def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
     """Where a transcript with --stage starts: the first stage of that kind in this trace."""
     if stage is None:
@@ -866,17 +875,24 @@ def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckForm
         writer.writeheader()
         writer.writerows(csv_rows(reports))
         return
+    import io
+
     from rich.console import Console
 
     tty = sys.stdout.isatty()
-    console = Console(file=sys.stdout, width=None if tty else width, highlight=False,
-                      soft_wrap=False, no_color=not tty or None, emoji=False, markup=False,
-                      force_terminal=tty or None)
+    # Not a terminal (a file, a pipe, course notes): drawn into a buffer first, so that the
+    # table's padding leaves no trailing spaces on its lines, as the transcripts have none.
+    console = Console(file=sys.stdout if tty else io.StringIO(), width=None if tty else width,
+                      highlight=False, soft_wrap=False, no_color=not tty or None, emoji=False,
+                      markup=False, force_terminal=tty or None)
     if verdict is not None:
         console.print(verdict_renderable(verdict, ascii_only=ascii_only))
     else:
         console.print(summary_table(reports, ascii_only=ascii_only))
         console.print(tally(reports))
+    if not tty:
+        drawn = console.file.getvalue()  # type: ignore[attr-defined]
+        sys.stdout.write("".join(line.rstrip() + "\n" for line in drawn.splitlines()))
 
 
 def _exit_now(code: int = 0) -> NoReturn:

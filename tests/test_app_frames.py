@@ -11,6 +11,8 @@ import pytest
 
 from mha_tui.app.explain import ExplainApp
 from mha_tui.app.stage_view import StageView
+from mha_tui.config import Config
+from mha_tui.records import Trace
 
 from .conftest import default_trace
 
@@ -73,3 +75,32 @@ async def test_the_scrollbar_follows_each_stage_at_once(size: tuple[int, int]) -
             fits.append(len(view.lines) <= height)
         if size[1] == 60:
             assert any(fits) and not all(fits)  # both cases were crossed
+
+
+@pytest.mark.parametrize("size", [(100, 32), (40, 10)])
+async def test_the_forward_starts_after_the_waiting_screen_is_painted(
+        size: tuple[int, int], tmp_path, monkeypatch) -> None:
+    """The loading thread's `import torch` holds the GIL the first frames need: it starts
+    once the waiting line is on screen (the app's "paint" mark written); in a terminal too
+    small for the app it starts all the same."""
+    marks = tmp_path / "marks"
+    monkeypatch.setenv("MHA_TUI_MARKS", str(marks))
+    trace = default_trace()
+    seen_at_start: list[tuple[str, str]] = []
+
+    def loader(config: Config) -> Trace:
+        seen_at_start.append((marks.read_text() if marks.exists() else "",
+                              app.query_one(StageView).plain))
+        return trace
+
+    app = ExplainApp(trace.config, loader=loader)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.trace is trace
+        assert len(seen_at_start) == 1
+        marked, shown = seen_at_start[0]
+        if size == (100, 32):
+            assert marked.startswith("paint ")
+            assert "loading torch and running" in shown

@@ -413,3 +413,15 @@ def test_check_says_it_does_not_take_hf() -> None:
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("mha-tui: error: check does not take --hf")
     assert "explain --hf" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_the_text_report_has_no_trailing_spaces_when_not_a_terminal() -> None:
+    """Piped or written to a file (course notes, a diff), the table's padding is not kept:
+    no line ends in a space, as none of the transcripts' do."""
+    for args in (["check", f"{MISTAKES / 'softmax_axis.py'}:MultiHeadAttention"],
+                 ["check", "--model", "mygpt", "--model", "course"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code in (0, 1), result.output
+        lines = result.stdout.splitlines()
+        assert any(line.lstrip().startswith(("stage", "submission")) for line in lines[:2])
+        assert [line for line in lines if line != line.rstrip()] == []

@@ -87,6 +87,19 @@ def test_what_a_forward_without_attention_computes_is_named_as_torch_documents_i
     assert message.endswith("(it computes only: F.linear)"), message
 
 
+def test_a_head_count_of_its_own_is_named_at_the_split() -> None:
+    """`self.h = 4` whatever num_heads says: not "a permutation", but 4 heads where the
+    module was built with 2, at the line that splits Q."""
+    path = UNSOUND / "head_count.py"
+    verdict = judged(spec("head_count"))  # C = 4, --heads 2
+    assert not verdict.equivalent
+    assert verdict.diagnosis.kind == "head_count", verdict.diagnosis
+    assert verdict.diagnosis.message.startswith("the queries are split into 4 heads of 1 "
+                                                "channel where the module was built with 2 "
+                                                "heads of 2 (--heads 2)")
+    assert verdict.diagnosis.line == marked(path)
+
+
 def test_a_wrong_output_shape_is_named_with_both_shapes() -> None:
     path = UNSOUND / "wrong_shape.py"
     verdict = judged(spec("wrong_shape"))  # T = 4 tokens, C = 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -273,3 +274,28 @@ def test_a_finished_run_called_in_process_returns_to_its_caller(tmp_path: Path) 
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("returned 0") == 3, result.stdout + result.stderr
     assert out.read_text().startswith("{")
+
+
+def test_stage_takes_a_modules_own_stages(tmp_path: Path) -> None:
+    """--stage/--only make a slide of any stage a module has (timm's qkv_split, an op stage),
+    not only the eleven of plain attention; a name that is no stage of any kind is refused
+    before the run."""
+    timm = Path(ROOT) / "tests" / "fixtures" / "public" / "timm_attention.py"
+    out = tmp_path / "slide.txt"
+    result = CliRunner().invoke(app, ["explain", "I love AI !", "-C", "8", "--module",
+                                      f"{timm}:Attention", "--no-causal", "--stage", "qkv_split",
+                                      "--only", "--dump", str(out)])
+    assert result.exit_code == 0, result.output
+    headings = [line for line in out.read_text().splitlines() if re.match(r"\d+/\d+ ", line)]
+    assert len(headings) == 1 and headings[0].startswith("3/9 qkv_split")
+    result = CliRunner().invoke(app, ["explain", "I love AI !", "--stage", "bogus", "--dump", "-"])
+    assert result.exit_code == 2
+    assert "--stage 'bogus' is not a stage" in result.stderr
+
+
+def test_the_help_of_hf_says_encoders_too() -> None:
+    """--hf explains BERT, RoBERTa, DistilBERT and T5's encoder as well as causal LMs; its
+    help must not say "causal LM" alone."""
+    result = CliRunner().invoke(app, ["explain", "--help"], terminal_width=200)
+    help_text = " ".join(result.output.split())
+    assert "Hugging Face model (a causal LM, or an encoder such as BERT or T5)" in help_text

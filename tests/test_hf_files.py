@@ -28,15 +28,15 @@ SENTENCES = [
     "", " ", "\t\n",  # nothing to read, or only spaces
     "The cat sat on the mat.",
     "THE Cat sAt",
+    "It's 2024: we'LL see 12345 cats!!\r\n\r\n  ok...",  # contractions, digits, CR LF
     "Café, naïve, 😀, ß, ﬁ, Ångström, 中文字, عربى, ÅÅ\u0301",  # accents, ligature, CJK, RTL
     "  leading and trailing spaces\tand a tab\n",
     "a control \x1b[31m byte and a NUL \x00",
     " ".join(["the cat sat on the log"] * 40),  # 240 words: more than the families' 64 positions
     "x" * 300,  # one word longer than WordPiece's 100 characters
 ]
-# Families whose tokenizer class is not rebuilt here: transformers decides (qwen2: its
-# Qwen2Tokenizer, and a real Qwen vocabulary is past the 100,000 where transformers patches it).
-UNDECIDED = {"qwen2"}
+# Families whose tokenizer class is not rebuilt here: transformers decides (none now).
+UNDECIDED: set[str] = set()
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_the_count_is_the_transformers_tokenizers(tokenizers_dir: Path, name: st
         counts.append(theirs)
         # The bound read without the vocabulary: never below the count, 0 only where it is 0.
         bound = hf_tokens.token_bound(directory, config, sentence)
-        assert bound is not None or name == "mistral"
+        assert bound is not None
         assert bound is None or (bound >= theirs and (bound == 0) == (theirs == 0)), (
             name, sentence, bound, theirs)
     assert counts[SENTENCES.index(" ".join(["the cat sat on the log"] * 40))] > 64
@@ -138,12 +138,18 @@ def _variant(source: Path, target: Path, **changes: object) -> Path:
     ("gpt-neox", {"tokenizer_class": "GPTNeoXTokenizer", "add_bos_token": True,
                   "add_prefix_space": True}),
     ("mpt", {"tokenizer_class": None}),
+    ("bloom", {"tokenizer_class": "BloomTokenizerFast"}),  # bigscience/bloom-560m
+    ("phi", {"tokenizer_class": "CodeGenTokenizer"}),  # microsoft/phi-2
+    ("t5", {"tokenizer_class": None}),  # t5-small names none: T5Tokenizer by model type
+    ("t5", {"tokenizer_class": "T5TokenizerFast", "extra_ids": 0}),
     # Llama 2, TinyLlama, Mistral 7B name LlamaTokenizer: its own Metaspace, no normalizer
     ("llama", {"tokenizer_class": "LlamaTokenizerFast"}),
     ("llama", {"tokenizer_class": "LlamaTokenizer", "legacy": True}),
     ("llama", {"tokenizer_class": "LlamaTokenizer", "legacy": False, "add_prefix_space": False}),
     ("mistral", {"tokenizer_class": "LlamaTokenizer"}),
     ("gemma", {"tokenizer_class": "LlamaTokenizerFast", "legacy": None}),
+    ("gemma", {"tokenizer_class": "GemmaTokenizer"}),  # Gemma's own: spaces become ▁ first
+    ("gemma", {"tokenizer_class": None}),
     ("gpt-neo", {"tokenizer_class": "LlamaTokenizer"}),  # byte-level: TokenizersBackend
     ("falcon", {"tokenizer_class": "LlamaTokenizerFast"}),  # byte-level: TokenizersBackend
     ("bert", {"do_lower_case": False}),
@@ -198,13 +204,15 @@ def test_legacy_files_are_read_as_transformers_reads_them(tokenizers_dir: Path, 
     ("gpt-neo", "another class"),
     ("bert", "unreadable special_tokens_map.json"),
     ("gpt-neo", "split special tokens"),
+    ("mistral", "fix_mistral_regex"),
 ])
 def test_files_that_do_not_decide_leave_it_to_transformers(tokenizers_dir: Path, tmp_path: Path,
                                                           name: str, change: str) -> None:
     directory = _variant(tokenizers_dir / name, tmp_path / name, **{
         "remote code": {"auto_map": {"AutoTokenizer": ["x.Tok", None]}},
-        "another class": {"tokenizer_class": "CodeGenTokenizer"},
+        "another class": {"tokenizer_class": "XLNetTokenizer"},
         "split special tokens": {"split_special_tokens": True},
+        "fix_mistral_regex": {"fix_mistral_regex": True},
     }.get(change, {}))
     if change == "no tokenizer.json":
         (directory / "tokenizer.json").unlink()

@@ -71,3 +71,19 @@ def test_a_trace_leaves_no_reference_cycle() -> None:
     finally:
         if enabled:
             gc.enable()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("decimals", [0, 2, 4, 6])
+def test_format_column_writes_each_value_as_format_value(dtype: type, decimals: int) -> None:
+    from mha_tui.render.values import format_column, format_value
+
+    rng = np.random.default_rng(decimals)
+    tricky = [0.0, -0.0, -1e-9, -0.00004, -0.00005, -0.00006, -0.4999, -0.5, -0.9999, -1.0,
+              -1.00001, 0.5, 1e6, -1e6, 999999.9, -3.4e38, 3.4e38, np.inf, -np.inf, np.nan,
+              -np.nan, 1e-3, -1e-3, -0.005, -0.0049]
+    with np.errstate(over="ignore"):  # 3.4e38 is inf in float16: inf is a case too
+        values = np.concatenate([np.array(tricky), rng.standard_normal(2000) * 10.0 ** rng.integers(
+            -8, 8, 2000)]).astype(dtype)
+    assert format_column(values, "float", decimals) == \
+        [format_value(v, "float", decimals) for v in values.tolist()]

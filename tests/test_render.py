@@ -430,3 +430,27 @@ def test_a_module_whose_head_count_is_not_heads_is_drawn_as_it_is(tmp_path) -> N
     text = draw(stage_view(trace, view, RenderOptions()))
     heads_row = next(line for line in text.splitlines() if line.strip().startswith("h0"))
     assert heads_row.split() == ["h0", "h0", "h1", "h1", "h2", "h2", "h3", "h3"]
+
+
+def test_a_forward_that_returns_a_scalar_is_drawn(tmp_path) -> None:
+    """`return x.sum()`: a 0-d tensor had no dims to name (IndexError in the recogniser's
+    record, then in the generic table); now an op stage with one cell, in text and JSON."""
+    import io
+    import json
+
+    from mha_tui.config import Source
+    from mha_tui.dump import write_json
+
+    path = tmp_path / "scalar.py"
+    path.write_text("import torch.nn as nn\n\n\nclass Sum(nn.Module):\n"
+                    "    def __init__(self, embed_dim, num_heads):\n        super().__init__()\n\n"
+                    "    def forward(self, x):\n        return x.sum()\n")
+    trace = run_trace(Config("I love AI !"), Source(module=f"{path}:Sum"))
+    last = trace.stages[-1]
+    assert last.kind == "op" and last.tensors[-1].values.shape == ()
+    text = to_text(trace, RenderOptions(), width=100)
+    total = float(trace.stages[0].tensors[-1].values.sum())
+    assert f"{total:.4f}" in text.split("sum  shape ()")[1]
+    out = io.BytesIO()
+    write_json(trace, out)
+    assert json.loads(out.getvalue())["stages"][-1]["tensors"]["sum"]["shape"] == []

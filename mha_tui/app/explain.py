@@ -138,6 +138,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         self._refusals = refusals
         self.refusal: str | None = None
         self._rerunning: Config | None = None  # the input a second forward is running on
+        self._loading = False  # the first forward has started (Loading._start_loading)
         # Timing hooks for the benchmark: set MHA_TUI_MARKS=FILE to get "paint" and
         # "values" wall-clock marks; repaint_seconds collects key-to-repaint durations.
         self._marks_path = os.environ.get("MHA_TUI_MARKS")
@@ -170,9 +171,11 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         return MainScreen(id="_default")
 
     def compose(self) -> ComposeResult:
-        yield Static(id="header")
+        # Header and rail filled here, not at mount: each change after mount cost a layout
+        # pass and a frame before the first paint.
+        yield Static(self._header(), id="header")
         with Horizontal(id="body"):
-            yield StageRail(id="rail")
+            yield StageRail(*self._rail_options(), id="rail")
             with Container(id="stage-area"):
                 yield StageView(id="main")
                 with VerticalScroll(id="why", can_focus=False):
@@ -191,8 +194,6 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
             ascii=self._ascii, color=not no_color))
         self._height = self.size.height
         self.set_reactive(ExplainApp.stage_index, self._start)
-        self.query_one("#header", Static).update(self._header())
-        self.query_one(StageRail).add_options(self._rail_options())
         stage_view = self.query_one(StageView)
         if self._ascii:
             use_ascii_scrollbars(stage_view)
@@ -201,12 +202,12 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         if self.trace is not None:
             self._new_quiz(self.trace)
         if self.trace is None:
-            # After the first frame, not at mount: importing torch in the loading thread
-            # holds the GIL the first frame needs (measured 2026-11-23 at load 4-5: first
-            # paint 0.88 s at mount, 0.50 s after it; first values 3.19 s and 3.14 s).
+            # The forward starts once the waiting screen is painted (_painted), not at mount:
+            # importing torch in the loading thread holds the GIL the first frames need
+            # (Loading._start_loading). A stage pane hidden by a terminal too small is never
+            # painted: then after the first frame.
             self._load_started = time.monotonic()
-            self.call_after_refresh(
-                lambda: self.run_worker(self._load(), exclusive=True, name="trace"))
+            self.call_after_refresh(self._load_if_hidden)
             self._elapsed = self.set_interval(1, self._tick, name="elapsed")
 
     def _header(self) -> RenderableType:
@@ -288,7 +289,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         self._show()
         self._warm()
         if first:
-            self.call_after_refresh(self._mark, "paint")
+            self.call_after_refresh(self._painted)
 
     def _window_options(self, width: int) -> RenderOptions:
         """Elide tensors to what the pane can show: cost follows the screen.
@@ -356,7 +357,13 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         self._sync_keys()
 
     def _warm(self) -> None:
-        """Render the other stages in the background so that every step is a cache hit."""
+        """Render the other stages in the background so that every step is a cache hit.
+
+        After the next frame: the warming thread holds the GIL much of the time, and started
+        before the frame it made that frame (the first values, a new view) wait for it."""
+        self.call_after_refresh(self._warm_now)
+
+    def _warm_now(self) -> None:
         if self.trace is not None and not self._cache_disabled:
             self.run_worker(self._warm_all, thread=True, exclusive=True, group="warm",
                             name="warm cache")

@@ -20,6 +20,7 @@ from textual.widgets import Static
 from ..config import Config, ConfigError, divisors
 from ..records import Trace
 from ..render.text import printable
+from .stage_view import StageView
 from .widgets import SentenceScreen, StageRail
 
 if TYPE_CHECKING:
@@ -73,6 +74,31 @@ class Loading:
 
         threading.Thread(target=work, name="mha-tui forward", daemon=True).start()
         return await done
+
+    def _start_loading(self) -> None:
+        """Start the first forward, once.
+
+        After the waiting screen is painted: the loading thread's `import torch` holds the
+        GIL that the first frames' layout and render need, and started at the first frame
+        it delayed the waiting screen by more than it brought the values forward (Python
+        runs one thread at a time either way)."""
+        if self._loading:
+            return
+        self._loading = True
+        self._load_started = time.monotonic()
+        self.run_worker(self._load(), exclusive=True, name="trace")
+
+    def _painted(self) -> None:
+        """The first frame with the stage pane drawn is on the terminal."""
+        self._mark("paint")
+        if self.trace is None:
+            self._start_loading()
+
+    def _load_if_hidden(self) -> None:
+        """After the first frame: a stage pane with no size (the terminal too small for the
+        app) will not be painted, so the forward starts now rather than when it is."""
+        if not self.query_one(StageView).size:
+            self._start_loading()
 
     async def _load(self) -> None:
         trace, verdict, error = await self._run_forward(self.config)

@@ -5,11 +5,11 @@ transformers 5's AutoTokenizer picks a class for the checkpoint (`tokenizer_clas
 checkpoint's declared class, the one registered for its model type, and its own exceptions,
 mirrored here for the model types of tests/hf_families.py and GPT-2). Some classes load
 tokenizer.json as it is (TokenizersBackend); others rebuild its pipeline in their
-`__init__` from its vocabulary (the GPT-2, GPT-NeoX, Llama, RoBERTa and BERT tokenizers:
-their own normalizer, pre-tokenizer, model options and post-processor), and `_rebuild` does
-the same here. Anything else (another class, remote code, a sentence holding one of the
-tokenizer's added or special tokens, a vocabulary past the size transformers patches)
-gives None: not decided here. tests/test_hf_files.py proves the count, and the class,
+`__init__` from its vocabulary (the GPT-2, GPT-NeoX, Qwen2, Llama, Gemma, T5, RoBERTa and
+BERT tokenizers: their own normalizer, pre-tokenizer, model options and post-processor), and
+`_rebuild` does the same here. Anything else (another class, remote code, a sentence
+holding one of the tokenizer's added or special tokens, fix_mistral_regex) gives None: not
+decided here. tests/test_hf_files.py proves the count, and the class,
 equal to transformers' over every family and variants of their settings.
 
 `token_bound` is an upper bound read without the vocabulary (most of the file), enough to
@@ -51,17 +51,29 @@ _DEFAULT_SPECIALS = {
                          "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>",
                          "mask_token": "<mask>"},
     "LlamaTokenizer": {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"},
+    # (and <extra_id_0> ... <extra_id_99>, added as special tokens: a sentence holding
+    # "<extra_id_" is left to transformers)
+    "T5Tokenizer": {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+                    "extra_ids": "<extra_id_"},
+    "GemmaTokenizer": {"unk_token": "<unk>", "bos_token": "<bos>", "eos_token": "<eos>",
+                       "pad_token": "<pad>", "mask_token": "<mask>"},
+    "Qwen2Tokenizer": {"unk_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                       "pad_token": "<|endoftext|>"},
     "GPTNeoXTokenizer": {"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>",
                          "eos_token": "<|endoftext|>", "pad_token": "<|padding|>"},
     "BertTokenizer": {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
                       "cls_token": "[CLS]", "mask_token": "[MASK]"},
 }
 _DEFAULT_SPECIALS["DistilBertTokenizer"] = _DEFAULT_SPECIALS["BertTokenizer"]
-# transformers patches the pre-tokenizer of tokenizers this large (Mistral's regex).
-_PATCHED_VOCAB = 100_000
+# CodeGen's tokenizer (Phi-1, Phi-2) builds GPT-2's pipeline; its own byte-level
+# post-processor is replaced by tokenizer.json's, as GPT-2's is.
+_DEFAULT_SPECIALS["CodeGenTokenizer"] = _DEFAULT_SPECIALS["GPT2Tokenizer"]
 # tokenizer.json's top-level "model" (serialized last, after the normalizer, pre-tokenizer
 # and post-processor, its "type" first), and a model of each type without a vocabulary, to
 # read the rest of the pipeline without the vocabulary.
+# Qwen2Tokenizer's pre-tokenizer split (transformers' PRETOKENIZE_REGEX for Qwen2).
+_QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 _MODEL_KEY = re.compile(r'(,)\s*"model"\s*:\s*\{\s*"type"\s*:\s*"(\w+)"')
 _STUB_MODELS: dict[str, dict[str, Any]] = {
     "BPE": {"type": "BPE", "vocab": {}, "merges": []},
@@ -93,8 +105,6 @@ def token_count(path: Path, config: dict[str, Any], sentence: str) -> int | None
 
     try:
         tokenizer = Tokenizer.from_str(text)
-        if tokenizer.get_vocab_size(with_added_tokens=True) > _PATCHED_VOCAB:
-            return None
         if not _rebuild(tokenizer, kind, settings):
             return None
         if _holds_a_special_token(tokenizer, kind, settings, sentence):
@@ -113,8 +123,8 @@ def token_bound(path: Path, config: dict[str, Any], sentence: str) -> int | None
     into, its UTF-8 bytes (a model gives at most a token per byte of a piece, its byte
     fallback included; one for an empty piece). None where not known."""
     prepared = _prepared(path, config)
-    if prepared is None or config.get("model_type") == "mistral":
-        return None  # (transformers may patch a large Mistral vocabulary's pre-tokenizer)
+    if prepared is None:
+        return None
     kind, settings, text = prepared
     match = _MODEL_KEY.search(text)
     if match is None or match.group(2) not in _STUB_MODELS:
@@ -126,7 +136,7 @@ def token_bound(path: Path, config: dict[str, Any], sentence: str) -> int | None
         if not {"normalizer", "pre_tokenizer", "post_processor"} <= set(head):
             return None
         tokenizer = Tokenizer.from_str(json.dumps({**head, "model": _STUB_MODELS[match.group(2)]}))
-        if not _rebuild(tokenizer, kind, settings):
+        if not _rebuild(tokenizer, kind, settings, stub=True):
             return None
         if _holds_a_special_token(tokenizer, kind, settings, sentence):
             return None
@@ -155,8 +165,8 @@ def _prepared(path: Path, config: dict[str, Any]) -> tuple[str, dict[str, Any], 
     except (OSError, ValueError):
         return None
     kind = tokenizer_class(path, config, settings, text)
-    if kind is None or settings.get("split_special_tokens"):
-        return None
+    if kind is None or settings.get("split_special_tokens") or settings.get("fix_mistral_regex"):
+        return None  # (fix_mistral_regex: transformers replaces a large vocabulary's regex)
     # (add_bos_token and add_eos_token change nothing: transformers 5 drops them from the
     # settings when there is a tokenizer.json.)
     if find_spec("tokenizers") is None:
@@ -218,22 +228,25 @@ def tokenizer_class(path: Path, config: dict[str, Any], settings: dict[str, Any]
             chosen = registered if model_type in _REGISTERED_OVERRIDES else declared
     else:
         chosen = declared or registered
-    if chosen in ("PreTrainedTokenizerFast", "PreTrainedTokenizer", "PythonBackend"):
+    if chosen in ("PreTrainedTokenizerFast", "PreTrainedTokenizer", "PythonBackend",
+                  "BloomTokenizer", "BloomTokenizerFast"):  # (BLOOM's classes are gone in 5)
         chosen = "TokenizersBackend"
     chosen = chosen.removesuffix("Fast") if chosen else None
     return chosen if chosen in _DEFAULT_SPECIALS else None
 
 
-def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
+def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any], *, stub: bool = False) -> bool:
     """Make tokenizer.json's pipeline the one kind's `__init__` builds from it (its own
-    normalizer, pre-tokenizer, model options and post-processor); False where unsure."""
-    from tokenizers import normalizers, pre_tokenizers, processors
+    normalizer, pre-tokenizer, model options and post-processor); False where unsure.
+    stub: the model is a stand-in without the vocabulary (its options do not matter)."""
+    from tokenizers import Regex, normalizers, pre_tokenizers, processors
 
     model = tokenizer.model
     model_kind = type(model).__name__
     specials = {**_DEFAULT_SPECIALS[kind], **{key: _content(value) for key, value in settings.items()
                                              if key.endswith("_token")}}
-    if kind in ("GPT2Tokenizer", "RobertaTokenizer", "GPTNeoXTokenizer"):
+    if kind in ("GPT2Tokenizer", "CodeGenTokenizer", "RobertaTokenizer", "GPTNeoXTokenizer",
+                "Qwen2Tokenizer"):
         if model_kind != "BPE":
             return False
         add_prefix_space = bool(settings.get("add_prefix_space", False))
@@ -244,8 +257,13 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
         model.fuse_unk = False
         model.byte_fallback = False
         model.ignore_merges = False
-        tokenizer.normalizer = normalizers.NFC() if kind == "GPTNeoXTokenizer" else None
+        tokenizer.normalizer = normalizers.NFC() if kind in ("GPTNeoXTokenizer",
+                                                             "Qwen2Tokenizer") else None
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+        if kind == "Qwen2Tokenizer":
+            tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, use_regex=False)])
     elif kind == "LlamaTokenizer":
         if model_kind != "BPE":
             return False
@@ -262,6 +280,34 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
                   else "always" if settings.get("legacy", False) else "first")
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581",
                                                            prepend_scheme=scheme, split=False)
+    elif kind == "GemmaTokenizer":
+        if model_kind != "BPE" or specials.get("unk_token") is None:
+            return False
+        model.dropout = None
+        model.unk_token = specials["unk_token"]
+        model.continuing_subword_prefix = None
+        model.end_of_word_suffix = None
+        model.fuse_unk = True
+        model.byte_fallback = True
+        model.ignore_merges = False
+        tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous",
+                                                       invert=False)
+    elif kind == "T5Tokenizer":
+        # A Unigram model with <unk> at id 2 and no byte fallback, the file's SentencePiece
+        # character map as the only normalizer (transformers keeps the first Precompiled one),
+        # words split on whitespace, then ▁ before each.
+        if model_kind != "Unigram" or not (
+                tokenizer.normalizer is None
+                or isinstance(tokenizer.normalizer, normalizers.Precompiled)):
+            return False
+        if not stub:
+            state = json.loads(model.__getstate__())
+            if state.get("unk_id") != 2 or state.get("byte_fallback"):
+                return False
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)])
     elif kind in ("BertTokenizer", "DistilBertTokenizer"):
         if model_kind != "WordPiece" or specials.get("unk_token") is None:
             return False
@@ -280,6 +326,8 @@ def _rebuild(tokenizer: Any, kind: str, settings: dict[str, Any]) -> bool:
     # template adds nothing either).
     if kind == "GPTNeoXTokenizer":
         tokenizer.post_processor = _template(tokenizer, [], [])
+    elif kind == "T5Tokenizer":
+        tokenizer.post_processor = _template(tokenizer, [], ["</s>"])
     elif kind in ("BertTokenizer", "DistilBertTokenizer"):
         tokenizer.post_processor = _template(tokenizer, [specials.get("cls_token")],
                                              [specials.get("sep_token")])

@@ -32,9 +32,11 @@ if TYPE_CHECKING:
 def stages_of(recorded: Recorded) -> tuple[Stage, ...]:
     """recognise: the stages of one recorded forward."""
     from ..recognise import recognise
+    from .threads import one_blas_thread
 
-    return recognise(recorded.recording, recorded.config, embedded=recorded.embedded,
-                     forward_equal=recorded.forward_equal, n_params=recorded.n_params)
+    with one_blas_thread():  # the recomputed products beside torch's threads (threads.py)
+        return recognise(recorded.recording, recorded.config, embedded=recorded.embedded,
+                         forward_equal=recorded.forward_equal, n_params=recorded.n_params)
 
 
 def recognised(recorded: Recorded) -> Trace:
@@ -182,11 +184,13 @@ def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], o
     notebook's `mha_tui.check` both come here."""
     from ..judge import Facts, judge
     from ..tracing.rerun import parameter_shapes, reference_output, second_recording
+    from .threads import one_blas_thread
 
     facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
                   second=second_recording(module, x, call), reference=reference_output,
                   training=module.training, **(expect or Expect()).facts())
-    return judge(traced, facts, label)
+    with one_blas_thread():  # its float64 products beside torch's threads (threads.py)
+        return judge(traced, facts, label)
 
 
 def _checked_numpy(config: Config, loaded: LoadedNumpy, expect: Expect

@@ -122,7 +122,7 @@ class Builder:
                **extra: object) -> TensorRecord:
         values = snap.values if values is None else values
         caption = str(extra.pop("caption", ""))
-        if dims is None or dims[0].startswith("d0"):
+        if dims is None or (dims and dims[0].startswith("d0")):  # () for a 0-d tensor
             dims = self.dims(values.shape)
         if len(dims) == values.ndim + 1:
             dims = self.unbatched(dims, dims)

@@ -339,15 +339,21 @@ class Matrix:
                 out.append(" " * label_width + "".join(
                     sep + " " * (w - c.cells) + c.text for w, c in zip(widths, cells, strict=True)))
             out.append(rule)
+            # No marked cell: each column right-aligned once, then the rows joined
+            # (--full writes millions of cells; blanks + text is text.rjust(_GAP + w)).
+            rows = None if self.marked else list(map("".join, zip(*(
+                [t.rjust(_GAP + w) for t in col] for w, col in zip(widths, texts, strict=True)),
+                strict=True)))
             r = 0
             for i in self.row_idx:
                 if i is None:
                     out.append(vgap.rjust(label_width) + "".join(sep + vgap.rjust(w) for w in widths))
                     continue
                 cell = labels[r]
-                out.append(" " * (label_width - cell.cells) + cell.text + "".join(
-                    self._gap(i, j, w, col[r]) + col[r] for j, w, col in
-                    zip(block, widths, texts, strict=True)))
+                out.append(" " * (label_width - cell.cells) + cell.text + (
+                    rows[r] if rows is not None else "".join(
+                        self._gap(i, j, w, col[r]) + col[r] for j, w, col in
+                        zip(block, widths, texts, strict=True))))
                 r += 1
             return out
         styles = [[DIM_STYLE] * len(labels) if j is None else self._styles(j) for j in block]

@@ -185,8 +185,8 @@ def _generic_matrices(record: TensorRecord, opts: RenderOptions) -> list[Matrix]
     import numpy as np
 
     v = record.values
-    if v.ndim == 0:
-        v = v.reshape(1, 1)
+    if v.ndim == 0:  # a scalar (x.sum(), a loss): one cell, its axes have no names
+        return [Matrix(v.reshape(1, 1), record, Axis([""]), Axis(["value"]), None, opts)]
     if v.ndim == 1:
         return [Matrix(v.reshape(1, -1), record, Axis([""]),
                        Axis([f"{record.dims[0] if record.dims else 'c'}{c}" for c in range(v.shape[0])]),

@@ -82,8 +82,24 @@ def format_column(values: np.ndarray, kind: str, decimals: int) -> list[str]:
     if kind == "int":
         return [str(int(v)) for v in values.tolist()]
     spec = f".{decimals}f"
-    out = [format(v, ".2e" if LARGE <= abs(v) < float("inf") else spec) for v in values.tolist()]
-    for i, text in enumerate(out):
+    if values.dtype.kind != "f":  # complex, object: value by value
+        out = [format(v, ".2e" if LARGE <= abs(v) < float("inf") else spec) for v in values.tolist()]
+        for i, text in enumerate(out):
+            if text[0] == "-" and not text.strip("-0."):
+                out[i] = text[1:]
+        return out
+    # Floats, as format_value writes them, with NumPy finding the few values that need more
+    # than the plain format (--full writes millions): the large ones, and the negative ones
+    # above -1 (and -0.0), the only ones that can print as a signed zero.
+    import numpy as np  # here, not at the top: the app's first frame does not wait for it
+
+    numbers = values.tolist()
+    out = list(map(f"{{:{spec}}}".format, numbers))
+    large = np.isfinite(values) & (np.abs(values) >= np.float64(LARGE))
+    for i in np.flatnonzero(large).tolist():
+        out[i] = format(numbers[i], ".2e")
+    for i in np.flatnonzero(np.signbit(values) & (values > -1)).tolist():
+        text = out[i]
         if text[0] == "-" and not text.strip("-0."):
             out[i] = text[1:]
     return out

@@ -194,8 +194,8 @@ def softmax_why(cell: Cell, scores: np.ndarray, notes: tuple[str, ...] = ()) -> 
     total = float(exps.sum())
     with np.errstate(invalid="ignore", divide="ignore"):
         computed = float(exps[j] / total)
-    terms = [Term(f"key {cell.token(k)}: exp(s[{i}, {k}] - max)", (float(row[k]), "-", top),
-                  float(exps[k])) for k in range(len(row))]
+    terms = [Term(f"key {cell.token(k)}: exp(s[{i}, {k}] - max)",
+                  ("exp(", float(row[k]), "-", top, ")"), float(exps[k])) for k in range(len(row))]
     terms.append(Term("Σ over the row", (), total))
     terms.append(Term(f"exp(s[{i}, {j}] - max) / Σ", (float(exps[j]), "/", total), computed))
     said = [f"the row's largest score, max = {top:.6g}, is subtracted first (the result is "

@@ -103,7 +103,8 @@ def judge(j: Judge) -> list[Row]:
                 got4 = got.reshape(expected.shape) if got.ndim != 4 else got
                 good, d = close(got4, expected)
                 if not good and diagnosis is None:
-                    diagnosis = _split_diagnosis(j, got4, projected * factor, role)
+                    diagnosis = _head_count_diagnosis(j, got, projected * factor, role) \
+                        or _split_diagnosis(j, got4, projected * factor, role)
                     culprit = passed[0] if passed else proj_op
             worst = max(worst, d)
             ok &= good
@@ -151,6 +152,23 @@ def same_numbers(j: Judge, stage: Stage) -> tuple[bool, float]:
                     else 0.0 if np.isin(after, before).all() else math.inf
             worst = max(worst, d)
     return worst <= ATOL, worst
+
+
+def _head_count_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role: str
+                          ) -> tuple[str, str] | None:
+    """A right split into another number of heads than --heads: (B, h', T, C/h')."""
+    if got.ndim != 4 or got.shape[1] in (j.h, 0) or got.shape[1] * got.shape[3] != j.C:
+        return None
+    h, d = got.shape[1], got.shape[3]
+    split = projected.reshape(j.B, j.T, h, d).transpose(0, 2, 1, 3)
+    if split.shape != got.shape or not np.allclose(got, split, atol=ATOL, rtol=RTOL):
+        return None
+    name = {"Q": "queries", "K": "keys", "V": "values"}[role]
+    return ("head_count",
+            f"the {name} are split into {h} heads of {d} channel{'s' * (d != 1)} where the "
+            f"module was built with {j.h} heads of {j.d_h} (--heads {j.h}): split into the "
+            f"number of heads "
+            f"it is given")
 
 
 def _split_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role: str) -> tuple[str, str]:
