@@ -1,6 +1,7 @@
 """mha-tui's speed, as ratios against `python -c "import torch"` measured in the same run.
 
     make bench                # or: .venv/bin/python benchmarks/bench.py [--runs N] [--check]
+    .venv/bin/python benchmarks/bench.py --only hf,hf_refuse   # some rows, README untouched
 
 Startup figures are whole processes (median of N runs); the app's first paint and first
 values come from marks the app writes when MHA_TUI_MARKS is set, while it runs in a

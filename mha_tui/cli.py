@@ -140,7 +140,7 @@ def explain(
     check_stages: Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")] = False,
     hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Explain one attention layer of a Hugging Face model (a causal LM, or an encoder such as BERT or T5): a local directory, or a name in the local Hugging Face cache (gpt2). Never downloads. Needs pip install "mha-tui[hf]".')] = None,
     layer: Annotated[int | None, typer.Option("--layer", help="With --hf: the layer to explain, from 0; in the app [ and ] move between layers.")] = None,
-    quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text or JSON).")] = False,
+    quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text, JSON or Markdown).")] = False,
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
     why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
 ) -> None:
@@ -250,15 +250,15 @@ def explain(
 
 
 def _check_quiz(*, dump: str | None, fmt: Format, why: bool, check: bool, only: bool) -> None:
-    """--quiz: the app asks; with --dump, a worksheet in text or JSON."""
+    """--quiz: the app asks; with --dump, a worksheet in text, JSON or Markdown."""
     if why:
         fail("--quiz and --why both say what to write; give one of them")
     if check:
         fail("--quiz hides the numbers that --check judges; give one of them")
     if _interactive(dump):
         return  # the app asks, stage by stage
-    if fmt not in (Format.text, Format.json):
-        fail(f"--quiz writes a worksheet as text or JSON, not {fmt.value}")
+    if fmt not in (Format.text, Format.json, Format.md):
+        fail(f"--quiz writes a worksheet as text, JSON or Markdown, not {fmt.value}")
     if only:
         fail("--quiz writes the questions of every stage; --only does not apply")
 
@@ -577,8 +577,13 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
             from .quiz import questions
 
             asked = questions(trace)
-            text = (worksheet_json(trace, asked, ascii_only) if fmt is Format.json else
-                    worksheet_text(trace, asked, RenderOptions(ascii=ascii_only), width=width))
+            if fmt is Format.md:
+                from .pictures import worksheet_markdown
+
+                text = worksheet_markdown(trace, asked, RenderOptions(ascii=ascii_only), width)
+            else:
+                text = (worksheet_json(trace, asked, ascii_only) if fmt is Format.json else
+                        worksheet_text(trace, asked, RenderOptions(ascii=ascii_only), width=width))
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
             _exit_now(0)

@@ -22,12 +22,16 @@ import io
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.console import CONSOLE_SVG_FORMAT, Console, RenderableType
 from rich.terminal_theme import MONOKAI, TerminalTheme
 from rich.text import Text
 
 from .records import Stage, Trace
+
+if TYPE_CHECKING:
+    from .quiz import Question
 from .render.header import header, module_line
 from .render.options import ASCII_GLYPHS, RenderOptions
 from .render.stage import check_lines, replace_tensors, stage_heading, stage_tensors, stage_view
@@ -244,6 +248,36 @@ def to_markdown(trace: Trace, opts: RenderOptions, width: int = 100,
     """Course notes: the header in a fenced block, then one `##` section per selected stage."""
     parts = ["# mha-tui transcript", fenced(plain_text(_head(trace, opts)[:-1], opts, width), "text")]
     parts += [stage_markdown(trace, stage, opts, width) for stage in selection.stages(trace)]
+    return "\n\n".join(parts) + "\n"
+
+
+def worksheet_markdown(trace: Trace, questions: Sequence[Question], opts: RenderOptions,
+                       width: int = 100) -> str:
+    """`explain --quiz --dump worksheet.md`: for course notes, the run's header in a fenced
+    block, the questions as a numbered list (the stage each is about, what to type), then
+    the answer key with where each answer comes from in the records."""
+    def item(number: int, first: str, *more: str) -> str:
+        pad = " " * (len(str(number)) + 2)
+        return f"{number}. {first}" + "".join(f"  \n{pad}{line}" for line in more)
+
+    def text(line: str) -> str:  # a line of its own (a continuation line of an item)
+        return md_escape(_ascii(line, opts))
+
+    def inline(words: str) -> str:  # after the item's number: only inline markup escaped
+        return _MD_INLINE.sub(r"\\\1", printable(_ascii(words, opts)))
+
+    head: list[RenderableType] = [header(trace.config, opts, batched=trace.batched)]
+    if trace.module is not None:
+        head.append(module_line(trace.module, opts))
+    parts = ["# mha-tui quiz",
+             "Questions about this forward pass, answered from its own recorded numbers.",
+             fenced(plain_text(head, opts, width), "text"), "## Questions"]
+    parts.append("\n".join(item(n, f"{code_span(q.stage)} {inline(q.text)}", f"*answer with {inline(q.how)}*")
+                           for n, q in enumerate(questions, 1))
+                 or "(no stage of this trace has a question yet)")
+    parts.append("## Answer key")
+    parts.append("\n".join(item(n, f"**{inline(q.shown)}**", text(q.source))
+                           for n, q in enumerate(questions, 1)) or "(none)")
     return "\n\n".join(parts) + "\n"
 
 

@@ -31,7 +31,7 @@ def question_text(question: Question) -> Text:
 
 
 def how_text(question: Question) -> Text:
-    return Text(f"answer: {question.how}", style="dim")
+    return Text(f"answer with {question.how}", style="dim")
 
 
 def answer_text(question: Question) -> Text:

@@ -808,7 +808,10 @@ async def test_a_sentence_the_cli_would_refuse_is_refused_with_its_message(
         app.screen.query_one("#sentence-input").value = sentence
         await pilot.press("enter")
         await _settle(app, pilot)
-        assert [n.message for n in app._notifications] == [str(cli.value)]
+        (said,) = [n.message for n in app._notifications]
+        assert said.startswith(str(cli.value))  # the CLI's words, and for a flag the way out
+        assert said.endswith("quit with q and run it again with it; the app cannot change "
+                             "it)") == ("--" in message)
         assert app.config.sentence == "I love AI !" and app.trace is default_trace()
 
 

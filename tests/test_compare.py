@@ -341,6 +341,23 @@ def test_both_sides_show_the_same_columns_and_heads_at_any_width(name: str, widt
         assert unequal_sides(text) == [], (decimals, unequal_sides(text)[:3])
 
 
+def test_each_sides_line_names_its_file_or_mha_tuis_lookup_and_wraps_under_its_code() -> None:
+    """The embed row's line is mha-tui's own lookup (the same x for both), never a file of
+    mha-tui's named like the learner's; a code line too long for the width goes on under
+    the code, not under `yours`."""
+    from mha_tui.dump import comparison_text
+    from mha_tui.render.options import RenderOptions
+
+    text = comparison_text(against(spec("no_scale")), RenderOptions(), width=80)
+    embed = text[text.index("\n1/11 embed"):text.index("\n2/11 project")]
+    assert "yours      mha-tui's lookup: x = embedding(ids)" in embed
+    assert "reference  mha-tui's lookup: x = embedding(ids)" in embed
+    assert "__init__.py" not in text
+    lines = text.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith("yours      no_scale.py"))
+    assert lines[start + 1].startswith(" " * 11) and lines[start + 1].strip()
+
+
 def test_the_comparison_at_80_columns_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None:
     """`--dump - --width 80`: both sides elide the same column of a 4-wide matrix.
     Regenerate with `make golden` only after reading the diff."""

@@ -466,6 +466,6 @@ def test_a_json_extension_chooses_json_and_a_refused_format_names_the_format(tmp
                   ["--quiz", "--dump", "-", "--format", "svg"]):
         refused = run_cli("explain", "I love AI !", *extra)
         assert refused.returncode == 2
-        assert refused.stderr.decode() == ("mha-tui: error: --quiz writes a worksheet as text or "
-                                           "JSON, not svg\n")
+        assert refused.stderr.decode() == ("mha-tui: error: --quiz writes a worksheet as text, "
+                                           "JSON or Markdown, not svg\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.json"]

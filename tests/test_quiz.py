@@ -260,6 +260,44 @@ def test_hostile_tokens_stay_literal_in_the_worksheet() -> None:
     assert "[bold]x[/bold]" in out and "\x1b" not in out and "\u241b[31mred" in out
 
 
+def test_the_markdown_worksheet_is_a_numbered_list_of_questions_then_the_key(tmp_path: Path
+                                                                           ) -> None:
+    """`--quiz --dump sheet.md` for course notes: CommonMark with one list item per question
+    (its stage, its text, what to type) and one per answer (the answer, its source), the
+    same questions and answers as the text worksheet; the golden file is `make golden`'s."""
+    from markdown_it import MarkdownIt
+
+    out = tmp_path / "sheet.md"
+    result = run_cli("explain", "I love AI !", "--quiz", "--dump", str(out))
+    assert result.returncode == 0, result.stderr
+    text = out.read_text(encoding="utf-8")
+    assert text == (Path(ROOT) / "tests" / "golden" / "quiz-default.md").read_text("utf-8")
+    asked = questions(trace_of())
+    tokens = MarkdownIt("commonmark").parse(text)
+    lists = [t for t in tokens if t.type == "ordered_list_open"]
+    items = [t for t in tokens if t.type == "list_item_open"]
+    assert len(lists) == 2 and len(items) == 2 * len(asked)
+    html = MarkdownIt("commonmark").render(text)
+    for q in asked:
+        assert f"<code>{q.stage}</code>" in html and f"<strong>{q.shown}</strong>" in html
+    assert html.index("<h2>Questions</h2>") < html.index("<h2>Answer key</h2>")
+
+
+def test_hostile_tokens_stay_literal_in_the_markdown_worksheet(tmp_path: Path) -> None:
+    """Markdown, HTML and control characters in the sentence: shown as text in the rendered
+    worksheet, never a link, a tag or emphasis."""
+    from markdown_it import MarkdownIt
+
+    out = tmp_path / "sheet.md"
+    result = run_cli("explain", "<b>x</b> [a](b) *c* `d` \x1b[31mq", "--quiz", "--dump", str(out))
+    assert result.returncode == 0, result.stderr
+    text = out.read_text(encoding="utf-8")
+    assert "\x1b" not in text
+    html = MarkdownIt("commonmark").render(text)
+    assert "<b>" not in html and "<a " not in html and "<em>c</em>" not in html
+    assert "&lt;b&gt;x&lt;/b&gt;" in html and "[a](b)" in html and "*c*" in html
+
+
 def test_a_numpy_worksheet_never_imports_torch() -> None:
     from .test_numpy import _explain_without_torch
 
@@ -287,7 +325,7 @@ def test_an_hf_worksheet_asks_about_the_models_own_layer(tmp_path_factory) -> No
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--why", "softmax[0, 1, 2, 1]"), "--quiz and --why both say what to write"),
-    (("--format", "svg"), "--quiz writes a worksheet as text or JSON"),
+    (("--format", "svg"), "--quiz writes a worksheet as text, JSON or Markdown, not svg"),
     (("--stage", "softmax", "--only"), "--only does not apply"),
     (("--check",), "--quiz hides the numbers that --check judges"),
 ])

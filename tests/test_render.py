@@ -454,3 +454,22 @@ def test_a_forward_that_returns_a_scalar_is_drawn(tmp_path) -> None:
     out = io.BytesIO()
     write_json(trace, out)
     assert json.loads(out.getvalue())["stages"][-1]["tensors"]["sum"]["shape"] == []
+
+
+def test_a_boolean_result_is_drawn_as_ones_and_zeros_not_as_floats(tmp_path) -> None:
+    """`return self.l(x) > 0`: the text table wrote 1.0000 / 0.0000 for True / False; now 1
+    and 0, said to be booleans, and the cells are the module's own comparison."""
+    from mha_tui.config import Source
+
+    path = tmp_path / "boolean.py"
+    path.write_text("import torch.nn as nn\n\n\nclass Bool(nn.Module):\n"
+                    "    def __init__(self, embed_dim, num_heads):\n        super().__init__()\n"
+                    "        self.l = nn.Linear(embed_dim, embed_dim)\n\n"
+                    "    def forward(self, x):\n        return self.l(x) > 0\n")
+    trace = run_trace(Config("I love AI !"), Source(module=f"{path}:Bool"))
+    result = trace.stages[-1].tensors[-1]
+    assert result.values.dtype == bool and result.kind == "int"
+    table = to_text(trace, RenderOptions(), width=100).split("gt  shape (1, 4, 4)")[1]
+    assert "bool: 1 is True, 0 is False" in table and "1.0000" not in table
+    rows = [line.split()[1:] for line in table.splitlines()[5:9]]
+    assert rows == [[str(int(v)) for v in row] for row in result.values[0]]

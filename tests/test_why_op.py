@@ -493,3 +493,24 @@ async def test_enter_on_the_error_stage_shows_the_exception() -> None:
         await pilot.pause()
         shown = " ".join(text_of(app, "#why-body").split())
         assert "✓ equal" in shown and "view size is not compatible" in shown, shown
+
+
+def test_baddbmm_with_keyword_batches_and_a_complex_product() -> None:
+    """BLOOM's alibi.baddbmm(batch1=q, batch2=k, beta, alpha), and Meta Llama's complex
+    xq_ * freqs_cis (the real part shown): recomputed and equal, cell by cell."""
+    bloom = traced(f"{FIXTURES / 'mechanisms' / 'alibi.py'}:BloomAttention")
+    op = next(o for o in bloom.recording.ops if o.name == "baddbmm")
+    snap = bloom.recording.snapshot
+    bias, q, k = (snap(r).values.astype(np.float64) for r in op.inputs)
+    want = op.kwarg("beta") * bias + op.kwarg("alpha") * (q @ k)
+    trace, stage_id = as_op_stage(bloom, op)
+    for cell in every_cell(trace, stage_id):
+        assert cell.computed == pytest.approx(want[cell.index], rel=1e-9, abs=1e-12) and cell.agrees
+    llama = traced(f"{FIXTURES / 'mechanisms' / 'meta_llama.py'}:Attention")
+    op = next(o for o in llama.recording.ops if o.name == "mul" and
+              np.iscomplexobj(o.out.values))
+    a, b = (llama.recording.snapshot(r).values.astype(np.complex128) for r in op.inputs)
+    want = (a * b).real
+    trace, stage_id = as_op_stage(llama, op)
+    for cell in every_cell(trace, stage_id):
+        assert cell.computed == pytest.approx(want[cell.index], abs=1e-6) and cell.agrees

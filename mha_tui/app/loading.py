@@ -123,8 +123,10 @@ class Loading:
                   "causal": current.causal, "max_seq_len": current.max_seq_len, **changes}
         try:
             config = Config(**fields)
-        except ConfigError as error:
-            self.notify(str(error), title="refused", severity="error", timeout=8)
+        except ConfigError as error:  # the CLI's words; a flag it names is not the app's
+            said = str(error) + (" (a flag of the command: quit with q and run it again with "
+                                 "it; the app cannot change it)" if " --" in str(error) else "")
+            self.notify(said, title="refused", severity="error", timeout=8)
             return
         self._rerunning = config
         self.set_class(True, "-rerunning")

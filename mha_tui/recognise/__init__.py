@@ -21,8 +21,23 @@ typer here (an import-linter contract checks it).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .graph import Graph
-from .run import recognise
 from .sizes import Sizes
 
+if TYPE_CHECKING:
+    from .run import recognise
+
 __all__ = ["Graph", "Sizes", "recognise"]
+
+
+def __getattr__(name: str) -> object:
+    """`recognise` is imported on first use: the kinds import judge.numeric, which imports
+    this package's graph, so importing run here would go round in a circle whenever
+    judge.numeric is the first module imported."""
+    if name == "recognise":
+        from .run import recognise
+
+        return recognise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

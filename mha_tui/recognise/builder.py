@@ -188,6 +188,10 @@ class Builder:
                     f"mha-tui along h; strides are each head's: {own}")
             caption = f"{caption}; {note}" if caption else note
         extra["caption"] = caption
+        if values.dtype.kind in "biu":  # True/False and whole numbers: never "1.0000"
+            extra.setdefault("kind", "int")
+            if values.dtype.kind == "b" and not caption:
+                extra["caption"] = "bool: 1 is True, 0 is False"
         return TensorRecord(
             name=name, dims=dims, values=values, strides=snap.strides, contiguous=snap.contiguous,
             stride_unit=snap.stride_unit,

@@ -10,6 +10,8 @@ Never import torch, textual or typer here.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.columns import Columns
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
@@ -143,9 +145,19 @@ def row_heading(c: Comparison, k: int, opts: RenderOptions) -> Text:
     return text
 
 
+PACKAGE = Path(__file__).resolve().parents[1]
+"""mha-tui's own code (the lookup that makes x, the same for both sides), the tutorials'
+modules in examples/ aside."""
+
+
 def _where(stage: Stage) -> str:
     source = stage.source
-    return f"{display_path(source.file).rsplit('/', 1)[-1]} line {source.line}" if source else ""
+    if source is None:
+        return ""
+    path = Path(source.file).resolve()
+    if path.is_relative_to(PACKAGE) and not path.is_relative_to(PACKAGE / "examples"):
+        return "mha-tui's lookup" if stage.kind == "embed" else "mha-tui's code"
+    return f"{display_path(source.file).rsplit('/', 1)[-1]} line {source.line}"
 
 
 def _missing(c: Comparison, k: int) -> str:
@@ -160,15 +172,21 @@ def _missing(c: Comparison, k: int) -> str:
             f"{'between your ' if len(places) == 2 else 'next to your '}{where}")
 
 
-def _line(who: str, stage: Stage | None, other: str, opts: RenderOptions) -> Text:
+def _line(who: str, stage: Stage | None, other: str, opts: RenderOptions) -> Table:
+    """`yours      mask.py line 33: scores = ...`, a long line wrapped under its code."""
+    line = Table.grid(padding=(0, 1))
+    line.add_column(no_wrap=True, width=10)  # as the header's `yours      ` and `reference  `
+    line.add_column(ratio=1, overflow="fold")
     if stage is None:
-        return Text.assemble((f"{who:<10} ", "dim"), (other, "italic"))
+        line.add_row(Text(who, style="dim"), Text(other, style="italic"))
+        return line
     where = f"{_where(stage)}: " if stage.source else ""
     code = stage.code.splitlines()[0] if stage.code else ""
-    text = Text.assemble((f"{who:<10} ", "dim"))
+    text = Text()  # label()'s Text does not wrap: the code after it must
     text.append_text(label(where, max_cells=200, ascii_only=opts.ascii))
     text.append(printable(code))
-    return text
+    line.add_row(Text(who, style="dim"), text)
+    return line
 
 
 def _difference_record(pair: TensorPair) -> TensorRecord:

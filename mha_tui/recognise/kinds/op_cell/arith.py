@@ -104,7 +104,7 @@ def _compute(c: OpCell, formula: str, n: dict[str, np.ndarray]) -> np.ndarray:
             return np.maximum(a, bounds[0]) if formula.startswith("max") else np.minimum(a, bounds[0])
         if c.base in UNARY:
             return UNARY[c.base][1](a)
-        b = np.asarray(n["b"], dtype=np.float64)
+        b = n["b"] if np.iscomplexobj(n["b"]) else np.asarray(n["b"], dtype=np.float64)
         alpha = float(c.op.kwarg("alpha", 1))  # type: ignore[arg-type]
         if c.base == "div" and c.op.kwarg("rounding_mode") in ("trunc", "floor"):
             return (np.trunc if c.op.kwarg("rounding_mode") == "trunc" else np.floor)(a / b)
@@ -138,8 +138,10 @@ def products(c: OpCell) -> Why:
             extra.append(Term(f"+ {c.name(bias)}[{o}]", (), value))
             formula += f" + {c.name(bias)}[{o}]"
     else:
-        first, second = (1, 2) if b in ("addmm", "baddbmm") else (0, 1)
-        ka, kb = args[first], args[second]
+        if b in ("addmm", "baddbmm"):  # addmm(input, mat1, mat2), baddbmm(input, batch1, batch2)
+            ka, kb = c.arg(1, "mat1", "batch1"), c.arg(2, "mat2", "batch2")
+        else:
+            ka, kb = c.arg(0, "input", "x1"), c.arg(1, "other", "x2")
         if b == "rmatmul":
             ka, kb = kb, ka
         a, m = c.array(ka), c.array(kb)
@@ -160,14 +162,15 @@ def products(c: OpCell) -> Why:
         formula = f"{an}{bracket((*shown_a, ':'))} · {mn}{bracket((*shown_m[:-1], ':', *shown_m[-1:]))}"
         if b in ("addmm", "baddbmm"):
             beta, alpha = float(c.op.kwarg("beta", 1)), float(c.op.kwarg("alpha", 1))  # type: ignore[arg-type]
-            base = c.array(args[0])
+            bias = c.arg(0, "input")
+            base = c.array(bias)
             value = float(base[read_at(base, i)])
-            formula = f"{beta:g} × {c.name(args[0])}{bracket(read_at(base, i))} + {alpha:g} × ({formula})"
+            formula = f"{beta:g} × {c.name(bias)}{bracket(read_at(base, i))} + {alpha:g} × ({formula})"
             terms, more, total = dot(c.cell, row, col, labels, "products")
             total = beta * value + alpha * total
             terms = (*terms[:-1], Term(f"{alpha:g} × the sum", (alpha, "×", terms[-1].value or 0.0),
                                        alpha * (terms[-1].value or 0.0)),
-                     Term(f"+ {beta:g} × {c.name(args[0])}{bracket(read_at(base, i))}", (beta, "×", value),
+                     Term(f"+ {beta:g} × {c.name(bias)}{bracket(read_at(base, i))}", (beta, "×", value),
                           beta * value), Term("sum", (), total))
             return c.why(f"{c.cell.name} = {formula}", list(terms), [*notes, *more], total)
     terms, more, total = dot(c.cell, row, col, labels, "products")

@@ -125,7 +125,8 @@ class OpCell:
     def why(self, formula: str, terms: list[Term], notes: list[str], computed: float) -> Why:
         c = self.cell
         return Why(c.stage.id, c.stage.kind, c.record.name, c.index, where(c), formula,
-                   tuple(terms), tuple(notes), float(computed), c.recorded)
+                   tuple(terms), tuple(notes), float(np.real(computed)),
+                   float(np.real(c.record.values[c.index])))
 
 
 def tensor_name(cell: Cell, op: OpRecord, k: int) -> str:
