@@ -80,7 +80,7 @@ def matrix_cell(record: TensorRecord, index: tuple[int, ...]) -> tuple[int, int,
         return None
     if dims in (("B", "h", "T", "d_h"), ("B", "h", "T", "T")):
         return index[1], index[2], index[3]
-    if dims == ("B", "T", "C"):
+    if dims in (("B", "T", "C"), ("B", "T", "T")):
         return 0, index[1], index[2]
     if dims == ("B", "T", "h", "d_h"):
         return 0, index[1], index[2] * record.values.shape[3] + index[3]
@@ -90,7 +90,7 @@ def matrix_cell(record: TensorRecord, index: tuple[int, ...]) -> tuple[int, int,
 def tensor_index(record: TensorRecord, head: int, row: int, col: int) -> tuple[int, ...]:
     """The tensor index drawn at (head's matrix, row, column): matrix_cell's inverse."""
     dims = record.dims
-    if dims == ("B", "T", "C"):
+    if dims in (("B", "T", "C"), ("B", "T", "T")):
         return 0, row, col
     if dims == ("B", "T", "h", "d_h"):
         return (0, row, *divmod(col, record.values.shape[3]))
@@ -157,6 +157,8 @@ def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
                        opts)]
     if dims == ("T", "T"):
         return [Matrix(v, record, _token_axis(config), _token_axis(config), None, opts)]
+    if dims == ("B", "T", "T"):  # head-averaged weights, a (1, T, T) mask: query x key
+        return [Matrix(v[0], record, _token_axis(config), _token_axis(config), None, opts)]
     if dims == ("B", "T", "h", "d_h"):
         # The tensor's own h and d_h (as matrix_cell reads them): a module whose head count
         # is not --heads (hard-coded, or --init num_heads=...) is drawn as it is.
