@@ -198,7 +198,7 @@ def explain(
         _explain_hf(sentence, hf_source, layer or 0, destination=destination,
                     interactive=_interactive(dump), fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
-                    quiz=quiz)
+                    quiz=quiz, why=cell)
         return
     _check_budget(config, destination, fmt)
 
@@ -362,8 +362,6 @@ def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
         fail("--why prints how one number was made: give --dump - (or --dump PATH)")
     if fmt is not Format.text:
         fail(f"--why writes text, not {fmt.value}")
-    if hf:
-        fail("--why does not apply with --hf yet")
     try:
         cell = parse_cell(text)
     except WhyError as error:
@@ -515,8 +513,10 @@ def _out_of_memory(error: BaseException) -> bool:
 
 def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destination | None,
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
-                ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False) -> None:
-    """--hf: load the model (refusals here, before any app), then the app or a transcript."""
+                ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
+                why: tuple[str, tuple[int, ...]] | None = None) -> None:
+    """--hf: load the model (refusals here, before any app), then the app, a transcript or
+    --why's cell of the layer shown."""
     from .load.hf_error import HfError
     from .load.hf_files import refuse_early
 
@@ -546,7 +546,8 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
     except HfError as error:
         fail(str(error))
     _write_transcript(trace.config, destination, fmt, width=width, full=full, color=color,
-                      ascii_only=ascii_only, stage=stage, trace=trace, only=only, quiz=quiz)
+                      ascii_only=ascii_only, stage=stage, trace=trace, only=only, quiz=quiz,
+                      why=why)
 
 
 def _write_transcript(config: Config, destination: Destination | None, fmt: Format, *, width: int,

@@ -488,3 +488,27 @@ async def test_gpt2_shapes_step_through_the_app(gpt2_shaped: Path) -> None:
         assert app.trace.stages[app.stage_index].kind == "softmax"
         shown = app.query_one(StageView).plain
         assert "head 0" in shown and "head 1" not in shown  # the focused head alone
+
+
+def test_why_explains_a_cell_of_the_layer_shown(tiny: hf.Loaded, tiny_dir: Path) -> None:
+    """--why with --hf: the cell of the layer --layer shows, recomputed and set beside the
+    layer's own number (it was refused: "--why does not apply with --hf yet")."""
+    session = Session(tiny, SENTENCE)
+    shown = []
+    for layer in (0, 1):
+        result = run_cli("explain", SENTENCE, "--hf", str(tiny_dir), "--layer", str(layer),
+                         "--dump", "-", "--why", "softmax[0, 1, 2, 1]")
+        assert result.returncode == 0, result.stderr.decode()
+        text = result.stdout.decode()
+        assert text.startswith("why attn_weights[0, 1, 2, 1]  head 1, query ␣sat (row 2), "
+                               "key ␣cat (column 1)"), text
+        weights = _stage_of(session.trace(layer), "softmax").tensors[-1].values
+        own = next(line for line in text.splitlines() if line.startswith("the module's own"))
+        assert own.startswith(f"the module's own attn_weights[0, 1, 2, 1]: "
+                              f"{float(weights[0, 1, 2, 1]):.4f}  ✓ equal"), own
+        shown.append(own)
+    assert shown[0] != shown[1]  # each layer's own number
+    bad = run_cli("explain", SENTENCE, "--hf", str(tiny_dir), "--dump", "-", "--why",
+                  "softmax[9, 9, 9, 9]")
+    assert bad.returncode == 2 and bad.stdout == b""
+    assert bad.stderr.decode().count("\n") == 1 and "outside attn_weights" in bad.stderr.decode()

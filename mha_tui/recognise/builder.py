@@ -22,6 +22,15 @@ BTC = ("B", "T", "C")
 BTHD = ("B", "T", "h", "d_h")
 BHTD = ("B", "h", "T", "d_h")
 BHTT = ("B", "h", "T", "T")
+# The same tensor as torch's own MHA lays it out, or as one head's own module or loop holds
+# its part.
+_TORCH_LAYOUTS = {BHTD: (("B*h", "T", "d_h"), ("B", "T", "d_h"), ("T", "d_h")),
+                  BHTT: (("B*h", "T", "T"), ("B", "T", "T"), ("T", "T")),
+                  BTHD: (("T", "B*h", "d_h"), ("T", "B", "h", "d_h")), BTC: (("T", "B", "C"),)}
+# Label sets tried by size alone, when the caller knows nothing of a tensor.
+_BY_SIZE = (BTC, BHTD, BTHD, BHTT, ("T", "T"), ("B", "T", "d_h"), ("B", "T", "T"),
+            ("T", "B", "C"), ("T", "B*h", "d_h"), ("B*h", "T", "d_h"), ("B*h", "T", "T"),
+            ("T", "B", "h", "d_h"))
 
 
 def yes(flag: bool) -> str:
@@ -44,6 +53,8 @@ class Builder:
         # Tensors mha-tui stacked from the heads' own (id of the stacked array -> each
         # head's strides), so that their record says so instead of showing one head's.
         self.stacked_strides: dict[int, list[tuple[int, ...]]] = {}
+        # Dims a stage gave a recorded tensor (id of its Snapshot -> the snapshot, its dims).
+        self.known: dict[int, tuple[Snapshot, tuple[str, ...]]] = {}
 
     # ------------------------------------------------------------ naming
 
@@ -102,14 +113,42 @@ class Builder:
             ("B*h", "T", "T"): (s.B * s.h, s.T, s.T),
             ("T", "B", "h", "d_h"): (s.T, s.B, s.h, s.d_h),  # ... its sdpa path's permute back
         }
-        # Later entries only name what the earlier cannot: (B, T, C) before (B, T, d_h)
-        # when one head is the whole width.
-        for dims in [*prefer, BTC, BHTD, BTHD, BHTT, ("T", "T"), ("B", "T", "d_h"),
-                     ("B", "T", "T"), ("T", "B", "C"), ("T", "B*h", "d_h"), ("B*h", "T", "d_h"),
-                     ("B*h", "T", "T"), ("T", "B", "h", "d_h")]:
-            if dims in table and tuple(shape) == self.unbatched(table[dims], dims):
+        def fits(dims: tuple[str, ...]) -> bool:
+            return dims in table and tuple(shape) == self.unbatched(table[dims], dims)
+
+        # What the caller knows the tensor is (its stage's dims) wins, in its own layout,
+        # torch's MHA's (batch and heads merged, tokens first) or one head's.
+        for dims in [p for known in prefer for p in (known, *_TORCH_LAYOUTS.get(known, ()))]:
+            if fits(dims):
                 return self.unbatched(dims, dims)
+        # Otherwise sizes alone: when two label sets fit and name an axis differently (T and
+        # d_h when T == d_h), the sizes cannot tell which it is: neutral d0, d1, ... rather
+        # than the first guess. (B, T, C) and (B, T, d_h) when one head is the whole width
+        # name the same axes.
+        found = [self.unbatched(dims, dims) for dims in _BY_SIZE if fits(dims)]
+        if found and all(self._same_axes(found[0], other) for other in found[1:]):
+            return found[0]
         return tuple(f"d{i}" for i in range(len(shape)))
+
+    def _same_axes(self, a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+        """Two label sets naming the same axes: equal, or C and d_h with one head, B*h and
+        B with one head, B*h and h with a batch of one."""
+        s = self.sizes
+        same = [{"C", "d_h"}] if s.h == 1 else []
+        same += [{"B", "B*h"}] if s.h == 1 else []
+        same += [{"h", "B*h"}] if s.B == 1 else []
+        return len(a) == len(b) and all(x == y or {x, y} in same for x, y in zip(a, b, strict=True))
+
+    def remember(self, snap: Snapshot, dims: tuple[str, ...]) -> None:
+        """A stage's own dims for a recorded tensor, so that a later op stage reading it says
+        the same instead of guessing from sizes."""
+        if len(dims) == len(snap.shape) and not (dims and dims[0] == "d0"):
+            self.known[id(snap)] = (snap, dims)
+
+    def known_dims(self, snap: Snapshot) -> tuple[str, ...] | None:
+        """The dims the stage that made this tensor gave it, if one did."""
+        found = self.known.get(id(snap))
+        return found[1] if found is not None and found[0] is snap else None
 
     def unbatched(self, values: tuple, dims: tuple[str, ...]) -> tuple:
         """Without a batch axis (NumPy's (T, C)), every label and size loses its B."""
@@ -130,10 +169,15 @@ class Builder:
             regrouped = self.regroup(values)
             if regrouped is not None:
                 values, dims, held = regrouped
+                self.remember(snap, tuple(d.replace(" ", "") for d in held[1:-1].split(", ")))
                 note = f"torch holds it as {held}; shown as ({', '.join(dims)})"
                 caption = f"{caption}; {note}" if caption else note
         if len(dims) != values.ndim:
             dims = tuple(f"d{i}" for i in range(values.ndim))
+        if values is snap.values:
+            self.remember(snap, dims)
+        elif dims[:2] == ("B", "h") and len(snap.shape) == len(dims) - 1 and not self.per_head:
+            self.remember(snap, ("B*h", *dims[2:]))  # torch's (B * h, T, .), shown regrouped
         if self.per_head and snap.strides and len(snap.strides) == values.ndim - 1 and "h" in dims:
             # The heads made h separate tensors (a loop, or one module each); mha-tui stacked
             # them along h to show them side by side. Strides are each head's own.

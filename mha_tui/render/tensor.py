@@ -90,7 +90,7 @@ def _head_cell(record: TensorRecord, index: tuple[int, ...]) -> tuple[int, int, 
         return None
     if dims in _HEADS:
         return index[1], index[2], index[3]
-    if dims == ("B", "T", "C"):
+    if dims in (("B", "T", "C"), ("B", "T", "T")):
         return 0, index[1], index[2]
     if dims == ("B", "T", "h", "d_h"):
         return 0, index[1], index[2] * record.values.shape[3] + index[3]
@@ -131,7 +131,7 @@ def matrix_bounds(record: TensorRecord) -> tuple[int, int, int]:
     shape, dims = record.values.shape, record.dims
     if dims in _HEADS:
         return shape[1], shape[2], shape[3]
-    if dims == ("B", "T", "C"):
+    if dims in (("B", "T", "C"), ("B", "T", "T")):
         return 1, shape[1], shape[2]
     if dims == ("B", "T", "h", "d_h"):
         return 1, shape[1], shape[2] * shape[3]
@@ -160,7 +160,7 @@ def tensor_index(record: TensorRecord, head: int, row: int, col: int) -> tuple[i
     shape, dims = record.values.shape, record.dims
     if dims in _HEADS:
         index: tuple[int, ...] = (0, head, row, col)
-    elif dims == ("B", "T", "C"):
+    elif dims in (("B", "T", "C"), ("B", "T", "T")):
         index = (0, row, col)
     elif dims == ("B", "T", "h", "d_h"):
         index = (0, row, *divmod(col, shape[3]))
@@ -239,6 +239,8 @@ def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
                        opts)]
     if dims == ("T", "T"):
         return [Matrix(v, record, _token_axis(config), _token_axis(config), None, opts)]
+    if dims == ("B", "T", "T"):  # head-averaged weights, a (1, T, T) mask: query x key
+        return [Matrix(v[0], record, _token_axis(config), _token_axis(config), None, opts)]
     if dims == ("B", "T", "h", "d_h"):
         # The tensor's own h and d_h (as matrix_cell reads them): a module whose head count
         # is not --heads (hard-coded, or --init num_heads=...) is drawn as it is.

@@ -103,7 +103,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
             elif given.dtype != "bool" and np.isneginf(mask_values[above]).all() and \
                     (mask_values[~above] == 0).all():
                 caption = "0 on and below the diagonal, -inf above"
-        tensors.append(m.b.record(m.spelled(mask_ref, first), given, m.dims(given.shape, ("T", "T")),
+        tensors.append(m.b.record(m.spelled(mask_ref, first), given,
+                                     m.dims(given.shape, ("T", "T"), ("B", "T", "T")),
                                      values=mask_values, caption=caption,
                                      kind="int" if given.dtype == "bool" else "signed"))
     name = m.tensor_name(first, fallback="scores")

@@ -107,14 +107,21 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> list[Stage]:
     code, source = m.code([*unit.ops, *unit.helpers])
     ops = tuple(m.op(i) for i in sorted({*unit.ops, *unit.helpers}))
 
+    # Each step's input is the step before's output (q for scores); the expansion knows
+    # what each is: (B, h, T, T) scores and weights, (B, h, T, d_h) q and attend's output.
+    before = [(q.shape, m.dims(q.shape, BHTD))]
+
     def make(kind: str, name: str, values: np.ndarray, checks: list[Check], caption: str,
              value_kind: str = "signed", extra: tuple[TensorRecord, ...] = ()) -> Stage:
         title, explanation = words(kind)
-        rec = m.b.record(name, synthetic(values), m.dims(values.shape, BHTT, BHTD),
+        rec = m.b.record(name, synthetic(values),
+                            m.dims(values.shape, BHTD if kind == "attend" else BHTT),
                             kind=value_kind, caption=caption)  # type: ignore[arg-type]
+        shape_in, dims_in = before[-1]
+        before.append((values.shape, rec.dims))
         return Stage(id=kind, title=title + " (mha-tui's expansion)", code=code,
-                     explanation=explanation, shape_in=q.shape, shape_out=values.shape,
-                     dims_in=m.dims(q.shape, BHTD), dims_out=rec.dims,
+                     explanation=explanation, shape_in=shape_in, shape_out=values.shape,
+                     dims_in=dims_in, dims_out=rec.dims,
                      tensors=(*extra, rec), checks=tuple(checks), note=label, kind=kind,
                      source=source, ops=ops)
 

@@ -1,0 +1,90 @@
+"""Axis labels when two sizes coincide (trial findings 11, 24, 25): T == d_h or T == C.
+
+A stage that knows what a tensor is says so (the sdpa expansion's attend output is
+(B, h, T, d_h)); an op stage takes its input's dims from the stage that made it and keeps
+them through the op where it can (a mean over heads drops h); where only sizes are known
+and two label sets fit, no guess is picked silently (neutral d0, d1, ...).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mha_tui.config import Config, Source
+from mha_tui.pipeline import checked
+from mha_tui.recognise.builder import BHTD, BHTT, Builder
+from mha_tui.recognise.sizes import Sizes
+
+from .conftest import run_cli
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SENTENCE = "I love AI !"  # T = 4
+
+
+def traced(spec: str, **config: object):
+    cfg = Config(SENTENCE, **config)  # type: ignore[arg-type]
+    run, _ = checked(cfg, Source(module=spec))
+    return run(cfg)
+
+
+def stage(trace, stage_id: str):
+    return next(s for s in trace.stages if s.id == stage_id)
+
+
+def test_the_sdpa_expansion_labels_attends_output_d_h_when_t_equals_d_h() -> None:
+    """timm's Attention at C = 8, 2 heads: T = 4 = d_h. attend's output was (B, h, T, T)
+    with token names as its columns, and softmax's input q's (B, h, T, d_h)."""
+    trace = traced(f"{FIXTURES / 'public' / 'timm_attention.py'}:Attention", embed_dim=8,
+                   causal=False)
+    attend = stage(trace, "attend")
+    assert attend.tensors[-1].name == "attn_weight @ v"
+    assert attend.tensors[-1].dims == BHTD
+    assert attend.dims_transition == "(B, h, T, T) -> (B, h, T, d_h)"
+    for kind in ("scale", "softmax"):  # each step's input is the step before's output
+        assert stage(trace, kind).dims_transition == "(B, h, T, T) -> (B, h, T, T)", kind
+    assert stage(trace, "scores").dims_transition == "(B, h, T, d_h) -> (B, h, T, T)"
+
+
+def test_sizes_alone_never_pick_one_of_two_label_sets_that_fit() -> None:
+    """(1, 2, 4, 4) with T == d_h: (B, h, T, d_h) and (B, h, T, T) both fit; without a
+    caller's word, neither is chosen. The caller's word (or the layout torch's MHA or one
+    head's module holds it in) wins."""
+    b = Builder.__new__(Builder)
+    b.sizes = Sizes(B=1, T=4, C=8, h=2, d_h=4)
+    assert b.dims((1, 2, 4, 4)) == ("d0", "d1", "d2", "d3")
+    assert b.dims((1, 2, 4, 4), [BHTT]) == BHTT
+    assert b.dims((1, 2, 4, 4), [BHTD]) == BHTD
+    assert b.dims((2, 4, 4), [BHTT]) == ("B*h", "T", "T")
+    assert b.dims((1, 4, 8)) == ("B", "T", "C")  # only one fits: named
+    one_head = Builder.__new__(Builder)
+    one_head.sizes = Sizes(B=1, T=4, C=4, h=1, d_h=4)
+    assert one_head.dims((1, 4, 4)) == ("d0", "d1", "d2")  # (B, T, C) or (B, T, T)
+    one_head.sizes = Sizes(B=1, T=3, C=4, h=1, d_h=4)
+    assert one_head.dims((1, 3, 4)) == ("B", "T", "C")  # (B, T, d_h) is the same axes
+
+
+def test_an_op_stage_takes_its_inputs_dims_from_the_stage_that_made_it() -> None:
+    """nn.MultiheadAttention's head-averaged weights, C = 8 (T = d_h = 4): the view of
+    softmax's (B * h, T, T) weights is (B, h, T, T), not (B, h, T, d_h), and its mean over
+    the heads is (B, T, T)."""
+    op = traced("torch.nn:MultiheadAttention", embed_dim=8).stages[-1]
+    assert op.kind == "op" and "mean(dim=1)" in op.title
+    assert op.dims_transition == "(B, h, T, T) -> (B, T, T)"
+    assert [r.dims for r in op.tensors] == [BHTT, ("B", "T", "T")]
+
+
+def test_the_head_averaged_weights_are_not_called_b_t_c_when_t_equals_c() -> None:
+    op = traced("torch.nn:MultiheadAttention").stages[-1]  # C = 4 = T
+    assert op.dims_transition == "(B, h, T, T) -> (B, T, T)"
+    mask = stage(traced("torch.nn:MultiheadAttention"), "mask")
+    assert mask.tensors[0].dims == ("B", "T", "T"), mask.tensors[0]
+
+
+def test_why_on_the_head_averaged_weights_names_a_key_column() -> None:
+    """Trial finding 25: column 2 is key AI, not channel 2."""
+    result = run_cli("explain", SENTENCE, "--module", "torch.nn:MultiheadAttention",
+                     "--why", "op[0,1,2]", "--dump", "-")
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.decode().splitlines()[0]
+    assert "query love (row 1), key AI (column 2)" in first, first
+    assert "channel" not in first
