@@ -104,3 +104,24 @@ async def test_a_stage_without_a_cursor_says_so_in_the_panel(monkeypatch) -> Non
         await pilot.pause()
         assert app.stage_index == trace.stages.index(trace.stage("op")) + 1
         assert not app.query_one("#why").display
+
+
+async def test_the_cursor_takes_the_one_cell_of_a_scalar(tmp_path) -> None:
+    """`return x.sum()`: the 0-d result is drawn as one cell; enter puts the cursor on it and
+    the panel explains it (index (): no indices)."""
+    path = tmp_path / "scalar.py"
+    path.write_text("import torch.nn as nn\n\n\nclass Sum(nn.Module):\n"
+                    "    def __init__(self, embed_dim, num_heads):\n        super().__init__()\n\n"
+                    "    def forward(self, x):\n        return x.sum()\n")
+    trace = _trace(Source(module=f"{path}:Sum"))
+    stage = trace.stages[-1]
+    assert stage.tensors[-1].values.shape == ()
+    app = ExplainApp(trace.config, trace=trace, start=stage.id)
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.pause()
+        await pilot.press("enter", "down", "right", "tab")
+        await pilot.pause()
+        assert app.cursor == (0, 0, 0) and app._bounds() == (1, 1, 1)
+        assert _reversed(app) == [f"{float(stage.tensors[-1].values):.4f}"]
+        shown = text_of(app, "#why-body")
+        assert "why sum[]" in shown and "✓ equal" in shown, shown
