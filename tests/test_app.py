@@ -606,6 +606,10 @@ async def test_a_forward_that_never_returns_shows_the_app_and_quits(
                              shown), shown
             await pilot.press("right")
             assert stage_id(app) == "project" and app.trace is None
+            for _ in range(400):  # a guard, not an assertion: the forward starts once the
+                if _forward_thread() is not None:  # waiting screen is painted (slow under load)
+                    break
+                await pilot.pause(0.025)
             await pilot.press(quit_key)
             await pilot.pause()
             assert not app.is_running
