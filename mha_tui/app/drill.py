@@ -13,7 +13,7 @@ from rich.console import RenderableType
 from rich.text import Text
 from textual.widgets import Static
 
-from ..render.tensor import matrix_cell, tensor_index
+from ..render.tensor import heads_in_columns, matrix_bounds, matrix_cell, tensor_index
 from .stage_view import StageView
 from .widgets import AsciiOnly
 
@@ -30,18 +30,16 @@ class DrillDown:
 
         stage = self.trace.stages[self.stage_index]
         return (stage.kind in KINDS and bool(stage.tensors)
-                and matrix_cell(stage.tensors[-1], (0,) * len(stage.tensors[-1].dims)) is not None)
+                and matrix_cell(stage.tensors[-1], (0,) * stage.tensors[-1].values.ndim) is not None)
 
     def _bounds(self) -> tuple[int, int, int]:
         """Heads, rows and columns of the current stage's result as drawn."""
         assert self.trace is not None
-        record = self.trace.stages[self.stage_index].tensors[-1]
-        shape = record.values.shape
-        if record.dims == ("B", "T", "C"):
-            return 1, shape[1], shape[2]
-        if record.dims == ("B", "T", "h", "d_h"):
-            return 1, shape[1], shape[2] * shape[3]
-        return shape[1], shape[2], shape[3]
+        return matrix_bounds(self.trace.stages[self.stage_index].tensors[-1])
+
+    def _heads_in_columns(self) -> bool:
+        assert self.trace is not None
+        return heads_in_columns(self.trace.stages[self.stage_index].tensors[-1])
 
     def _clamped(self, cell: tuple[int, int, int]) -> tuple[int, int, int] | None:
         if not self._drillable():
@@ -57,8 +55,6 @@ class DrillDown:
         """The panel: how the number under the cursor was made (computed by mha_tui.why)."""
         if self.cursor is None or self.trace is None:
             return
-        from rich.panel import Panel
-
         from ..render.why import why_view
         from ..why import WhyError, why
 
@@ -69,8 +65,13 @@ class DrillDown:
                                                 tensor_index(record, *self.cursor)), self.view)
         except WhyError as error:
             body = Text(str(error), style="yellow")
-        panel = Panel(body, title="why this number", title_align="left",
-                      subtitle="computed by mha-tui · esc leaves", subtitle_align="right",
+        self._why_panel(body)
+
+    def _why_panel(self, body: RenderableType, title: str = "why this number",
+                   subtitle: str = "computed by mha-tui · esc leaves") -> None:
+        from rich.panel import Panel
+
+        panel = Panel(body, title=title, title_align="left", subtitle=subtitle, subtitle_align="right",
                       box=box.ASCII if self._ascii else box.ROUNDED)
         self.query_one("#why-body", Static).update(AsciiOnly(panel) if self._ascii else panel)
 
@@ -84,13 +85,40 @@ class DrillDown:
                     view.scroll_to(y=max(0, y - height // 2), animate=False, immediate=True)
                 return
 
+    def _no_cursor(self) -> str | None:
+        """Why the current stage cannot take the cursor, in words (None: it can, or quiz mode
+        hides its numbers)."""
+        if self.trace is None or self._hidden(self.stage_ids[self.stage_index]) or self._drillable():
+            return None
+        from ..why import KINDS
+
+        stage = self.trace.stages[self.stage_index]
+        if not stage.tensors:
+            return f"Stage {stage.id} draws no tensor to put a cursor on."
+        if stage.kind not in KINDS:
+            return f"mha-tui does not explain the cells of a {stage.kind!r} stage yet."
+        record = stage.tensors[-1]
+        return (f"{record.name}, shape ({', '.join(map(str, record.values.shape))}), has no cell "
+                "to put a cursor on.")
+
     def action_drill(self) -> None:
-        """`enter`: a cursor on the stage's result, at the focused head's first cell."""
-        if self.cursor is None and self._drillable():
+        """`enter`: a cursor on the stage's result, at the focused head's first cell; on a
+        stage that cannot take one, the panel says why not."""
+        if self.cursor is not None:
+            return
+        if self._drillable():
             self.cursor = self._clamped((self.view.focus or 0, 0, 0))
+            return
+        reason = self._no_cursor()
+        if reason is not None:
+            self._why_panel(Text(reason, style="yellow"), "no cursor here", "esc leaves")
+            self.set_class(True, "-drilling")
+            self.refresh_bindings()
 
     def action_leave(self) -> None:
         self.cursor = None
+        self.set_class(False, "-drilling")  # also the panel that said why there is no cursor
+        self.refresh_bindings()
 
     def action_cursor_to(self, head: int, row: int, col: int) -> None:
         """A click on a cell of the stage's result: the cursor goes there."""

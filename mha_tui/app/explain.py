@@ -254,6 +254,8 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         if self.cursor is not None:  # the same cell on the new stage, where it still exists
             self.set_reactive(ExplainApp.cursor, self._clamped(self.cursor))
             self.set_class(self.cursor is not None, "-drilling")
+        else:  # the panel that said the last stage takes no cursor
+            self.set_class(False, "-drilling")
         self._show(home=True)
         self.call_after_refresh(lambda: self.repaint_seconds.append(time.perf_counter() - started))
 

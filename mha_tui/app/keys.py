@@ -145,9 +145,9 @@ class Keys:
                 return False  # a pretrained model brings its own sizes and mask
             return True if self.trace is not None and self._rerunning is None else None
         if action == "drill":
-            return True if self.cursor is None and self._drillable() else None
+            return True if self.cursor is None and (self._drillable() or self._no_cursor()) else None
         if action == "leave":
-            return True if self.cursor is not None else False
+            return True if self.cursor is not None or self.has_class("-drilling") else False
         if self.cursor is not None and action in ("step", "scroll"):
             return True
         if action == "step":
@@ -210,10 +210,12 @@ class Keys:
             if heads > 1:
                 focus = (head + delta) % heads
                 self.cursor = (focus, row, col)
-            else:  # (B, T, C): the same channel of the next head's block of d_h
+            elif self._heads_in_columns():  # (B, T, C): the same channel, one block of d_h over
                 d_h = self.config.head_dim
                 self.cursor = (0, row, (col + delta * d_h) % cols)
                 focus = self.cursor[2] // d_h % h
+            else:  # one matrix with no heads in it (an op's (3, 3)): the cursor stays
+                return
             self.view = replace(self.view, focus=focus)
             return
         focus = (0 if delta > 0 else h - 1) if current is None else (current + delta) % h

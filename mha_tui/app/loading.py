@@ -164,6 +164,8 @@ class Loading:
         if self.cursor is not None:  # the same cell, where it still exists
             self.set_reactive(type(self).cursor, self._clamped(self.cursor))
             self.set_class(self.cursor is not None, "-drilling")
+        else:  # a panel that said the stage takes no cursor
+            self.set_class(False, "-drilling")
         self.refresh_bindings()
         self._show()
         self._warm()

@@ -64,21 +64,31 @@ def _heads_shown(h: int, opts: RenderOptions) -> list[int]:
 def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -> list[Matrix]:
     """The 2-D slices a learner reads for this tensor, labelled by what its axes mean."""
     if record.dims in _UNBATCHED and record.values.ndim == len(record.dims):
-        batched = replace(record, values=record.values[None], dims=("B", *record.dims))
-        return _tensor_matrices(batched, config, opts, batched=False)
-    matrices = _tensor_matrices(record, config, opts)
+        matrices = _tensor_matrices(_as_drawn(record), config, opts, batched=False)
+    else:
+        matrices = _tensor_matrices(record, config, opts)
     if opts.cursor is not None and opts.cursor[0] == record.name:
         _place_cursor(matrices, record, opts.cursor[1])
     return matrices
 
 
-def matrix_cell(record: TensorRecord, index: tuple[int, ...]) -> tuple[int, int, int] | None:
-    """Where a tensor index is drawn: (the head's matrix or 0, row, column), or None for a
-    layout without a drill-down. The inverse is tensor_index."""
+def _as_drawn(record: TensorRecord) -> TensorRecord:
+    """The record as tensor_matrices draws it: a tensor without a batch axis as batch 0."""
+    if record.dims in _UNBATCHED and record.values.ndim == len(record.dims):
+        return replace(record, values=record.values[None], dims=("B", *record.dims))
+    return record
+
+
+_HEADS = (("B", "h", "T", "d_h"), ("B", "h", "T", "T"))
+_ONE_MATRIX = (("vocab", "C"), ("C_out", "C_in"), ("C_in", "C_out"), ("T", "T"))
+
+
+def _head_cell(record: TensorRecord, index: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """matrix_cell for the layouts of the attention's own tensors (what mark_cells marks)."""
     dims = record.dims
     if len(index) != len(dims):
         return None
-    if dims in (("B", "h", "T", "d_h"), ("B", "h", "T", "T")):
+    if dims in _HEADS:
         return index[1], index[2], index[3]
     if dims in (("B", "T", "C"), ("B", "T", "T")):
         return 0, index[1], index[2]
@@ -87,14 +97,86 @@ def matrix_cell(record: TensorRecord, index: tuple[int, ...]) -> tuple[int, int,
     return None
 
 
+def matrix_cell(record: TensorRecord, index: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """Where a tensor index is drawn: (the head's matrix or 0, row, column), as
+    _tensor_matrices draws it, or None for an index that does not fit the tensor. The
+    inverse is tensor_index."""
+    unbatched = record.dims in _UNBATCHED and record.values.ndim == len(record.dims)
+    record = _as_drawn(record)
+    index = (0, *index) if unbatched else index
+    shape = record.values.shape
+    if len(index) != len(shape) or not all(0 <= i < n for i, n in zip(index, shape, strict=True)):
+        return None
+    dims = record.dims
+    place = _head_cell(record, index)
+    if place is not None:
+        return place
+    if dims in _ONE_MATRIX or dims == ("B", "T"):
+        return 0, index[0], index[1]
+    if dims == ("C",) or len(shape) == 1:  # one row
+        return 0, 0, index[0]
+    if not shape:  # a scalar: its one cell
+        return 0, 0, 0
+    # any other tensor: every leading index one row (C order), its last axis the columns
+    row = 0
+    for i, n in zip(index[:-1], shape[:-1], strict=True):
+        row = row * n + i
+    return 0, row, index[-1]
+
+
+def matrix_bounds(record: TensorRecord) -> tuple[int, int, int]:
+    """Heads (matrices the cursor's tab moves between), rows and columns of the tensor as
+    drawn: the ranges of matrix_cell's answers."""
+    record = _as_drawn(record)
+    shape, dims = record.values.shape, record.dims
+    if dims in _HEADS:
+        return shape[1], shape[2], shape[3]
+    if dims in (("B", "T", "C"), ("B", "T", "T")):
+        return 1, shape[1], shape[2]
+    if dims == ("B", "T", "h", "d_h"):
+        return 1, shape[1], shape[2] * shape[3]
+    if dims in _ONE_MATRIX or dims == ("B", "T"):
+        return 1, shape[0], shape[1]
+    if dims == ("C",) or len(shape) == 1:
+        return 1, 1, shape[0]
+    if not shape:
+        return 1, 1, 1
+    rows = 1
+    for n in shape[:-1]:
+        rows *= n
+    return 1, rows, shape[-1]
+
+
+def heads_in_columns(record: TensorRecord) -> bool:
+    """Whether the drawn matrix holds the heads side by side in its columns ((B, T, C),
+    (B, T, h, d_h)): tab then moves the cursor one head's block of d_h columns over."""
+    return _as_drawn(record).dims in (("B", "T", "C"), ("B", "T", "h", "d_h"))
+
+
 def tensor_index(record: TensorRecord, head: int, row: int, col: int) -> tuple[int, ...]:
     """The tensor index drawn at (head's matrix, row, column): matrix_cell's inverse."""
-    dims = record.dims
-    if dims in (("B", "T", "C"), ("B", "T", "T")):
-        return 0, row, col
-    if dims == ("B", "T", "h", "d_h"):
-        return (0, row, *divmod(col, record.values.shape[3]))
-    return 0, head, row, col
+    unbatched = record.dims in _UNBATCHED and record.values.ndim == len(record.dims)
+    record = _as_drawn(record)
+    shape, dims = record.values.shape, record.dims
+    if dims in _HEADS:
+        index: tuple[int, ...] = (0, head, row, col)
+    elif dims in (("B", "T", "C"), ("B", "T", "T")):
+        index = (0, row, col)
+    elif dims == ("B", "T", "h", "d_h"):
+        index = (0, row, *divmod(col, shape[3]))
+    elif dims in _ONE_MATRIX or dims == ("B", "T"):
+        index = (row, col)
+    elif dims == ("C",) or len(shape) == 1:
+        index = (col,)
+    elif not shape:
+        index = ()
+    else:
+        leading: list[int] = []
+        for n in reversed(shape[:-1]):
+            row, i = divmod(row, n)
+            leading.insert(0, i)
+        index = (*leading, col)
+    return index[1:] if unbatched else index
 
 
 def _place_cursor(matrices: list[Matrix], record: TensorRecord, index: tuple[int, ...]) -> None:
@@ -119,8 +201,8 @@ def mark_cells(matrices: list[Matrix], record: TensorRecord, cells: np.ndarray) 
     by_head: dict[int, set[tuple[int, int]]] = {}
     placed = 0
     for index in zip(*np.nonzero(cells), strict=True):
-        place = matrix_cell(record, tuple(int(i) for i in index))
-        if place is None:
+        place = _head_cell(record, tuple(int(i) for i in index))
+        if place is None:  # (the attention's own layouts only, as before)
             return 0
         head, row, col = place
         by_head.setdefault(head, set()).add((row, col))
