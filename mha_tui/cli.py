@@ -636,13 +636,8 @@ def _where(destination: Destination) -> str:
 
 
 def _forward_error(trace: Trace) -> str:
-    """`the forward raised RuntimeError at crash_attn.py line 23: view size is ...`."""
-    error = trace.stages[-1]
-    where = ""
-    if error.source is not None:
-        where = f" at {Path(error.source.file).name} line {error.source.line}"
-    raised = error.title.removeprefix("The forward raised").strip()
-    return f"the module's forward raised {raised}{where}: {error.explanation}"
+    """`the module's forward raised RuntimeError at crash_attn.py line 23: view size is ...`."""
+    return f"the module's forward raised {trace.raised}"
 
 
 def _a_stage_kind(stage: str) -> bool:

@@ -29,6 +29,7 @@ paints its first frame before NumPy is imported).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Literal
 
 from .config import Config
@@ -375,6 +376,19 @@ class Trace:
     def failed(self) -> bool:
         """The forward raised: the last stage is the `error` stage."""
         return bool(self.stages) and self.stages[-1].kind == "error"
+
+    @property
+    def raised(self) -> str:
+        """What the forward raised, where, and torch's words: `RuntimeError at crash_attn.py
+        line 23: view size is ...` ("" when it did not raise)."""
+        if not self.failed:
+            return ""
+        error = self.stages[-1]
+        where = ""
+        if error.source is not None:
+            where = f" at {PurePath(error.source.file).name} line {error.source.line}"
+        return f"{error.title.removeprefix('The forward raised').strip()}{where}: " \
+               f"{error.explanation}"
 
 
 def _shape(shape: tuple[int, ...]) -> str:

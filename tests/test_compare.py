@@ -453,3 +453,24 @@ def test_marked_cells_keep_every_column_where_it_was() -> None:
     odd = TensorRecord("y", ("a", "b"), np.zeros((2, 2), dtype=np.float32), (2, 1), True)
     assert mark_cells(tensor_matrices(odd, CONFIG, RenderOptions()), odd,
                       np.ones((2, 2), dtype=bool)) == 0
+
+
+def test_a_forward_that_raises_is_named_with_torchs_words_on_either_side(tmp_path: Path) -> None:
+    """Yours raises: its error row says what raised, in torch's words. The reference raises:
+    the refusal gives the error, the file and the line, not "The forward raised RuntimeError"
+    alone."""
+    from mha_tui.dump import comparison_text
+    from mha_tui.render.options import RenderOptions
+
+    path = tmp_path / "raises.py"
+    path.write_text("import torch.nn as nn\n\n\nclass MultiHeadAttention(nn.Module):\n"
+                    "    def __init__(self, embed_dim, num_heads):\n        super().__init__()\n"
+                    "        self.W = nn.Linear(3, 4)\n\n"
+                    "    def forward(self, x):\n        return self.W(x)\n")
+    words = "mat1 and mat2 shapes cannot be multiplied (4x4 and 3x4)"
+    text = comparison_text(against(f"{path}:MultiHeadAttention"), RenderOptions())
+    assert f"your module's forward raised RuntimeError: {words}" in text
+    with pytest.raises(RoleCopyError) as refused:
+        compared(CONFIG, Source(model="mygpt"), Source(module=f"{path}:MultiHeadAttention"))
+    assert str(refused.value) == (f"--against {path}:MultiHeadAttention's own forward raised "
+                                  f"RuntimeError at raises.py line 10: {words}")

@@ -270,7 +270,7 @@ def compared(config: Config, source: Source, against: Source, *,
     mine = run_trace(config, loaded=mine_loaded)
     theirs = run_trace(config, loaded=reference)
     if theirs.failed:
-        raise RoleCopyError(f"{shown}'s own forward raised: {theirs.stages[-1].title}")
+        raise RoleCopyError(f"{shown}'s own forward raised {theirs.raised}")
     heads = config.num_heads
     their_roles = roles_of(theirs, heads)
     if their_roles is None:

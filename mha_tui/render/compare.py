@@ -304,8 +304,13 @@ def row_view(c: Comparison, k: int, opts: RenderOptions) -> Group:
         stage = row.mine or row.theirs
         assert stage is not None
         who = "your module's" if row.mine is not None else "the reference's"
-        parts.append(Text(f"{who} own tensors:", style="dim"))
-        parts += [TensorView(t, c.mine.config, opts) for t in stage.tensors[-1:]]
+        if stage.kind == "error":  # what raised, in torch's words (user text: never markup)
+            raised = stage.title.removeprefix("The forward raised").strip()
+            parts.append(Text(f"{who} forward raised {raised}: {printable(stage.explanation)}",
+                              style="bold red"))
+        if stage.tensors:
+            parts.append(Text(f"{who} own tensors:", style="dim"))
+            parts += [TensorView(t, c.mine.config, opts) for t in stage.tensors[-1:]]
         parts.append(Text(""))
         return Group(*parts)
     for pair in row.tensors:
