@@ -514,3 +514,17 @@ def test_baddbmm_with_keyword_batches_and_a_complex_product() -> None:
     trace, stage_id = as_op_stage(llama, op)
     for cell in every_cell(trace, stage_id):
         assert cell.computed == pytest.approx(want[cell.index], abs=1e-6) and cell.agrees
+
+
+def test_a_softmax_ops_exp_lines_read_as_exp_of_the_difference() -> None:
+    """Each exp line reads `exp(v - max) = e`, not `v - max = e` (a subtraction that is
+    not equal to its right-hand side), as in the softmax stage's own why."""
+    trace, results, _ = everything()
+    traced, stage_id = as_op_stage(trace, *op_making(trace, "softmax", results["softmax"]))
+    cell = why(traced, stage_id, (0, 1, 2))
+    exps = [t for t in cell.terms if t.label.endswith(" - max)")]
+    assert exps and all(t.parts[0] == "exp(" and t.parts[-1] == ")" for t in exps)
+    line = next(line for line in rendered(cell).splitlines()
+                if line.strip().startswith("exp(x[0, 1, 2] - max)"))
+    value, top = exps[[t.label for t in exps].index("exp(x[0, 1, 2] - max)")].parts[1:4:2]
+    assert f"exp({value:.4f} - {top:.4f}) = " in line, line

@@ -124,7 +124,7 @@ def _reduce(c: OpCell, b: str, values: np.ndarray, labels: list[str], shown: str
         exps = np.exp(values - top)
         total = float(exps.sum())
         mine = labels.index(f"{shown.split('[')[0]}{bracket(c.index)}") if b != "logsumexp" else 0
-        terms = [Term(f"exp({t} - max)", (float(v), "-", top), float(e))
+        terms = [Term(f"exp({t} - max)", ("exp(", float(v), "-", top, ")"), float(e))
                  for t, v, e in zip(labels, values, exps, strict=True)]
         if n > MANY_TERMS:
             keep = sorted({mine, *np.argsort(-exps)[:SHOWN_TERMS - 1].tolist()})
