@@ -149,3 +149,20 @@ async def test_a_numpy_module_beside_a_torch_reference() -> None:
         text = app.query_one(StageView).plain
         assert "dims (h, T, T)" in text and "dims (B," in text
         assert "*" in text and unequal_sides(text) == []
+
+
+async def test_the_help_lists_only_the_keys_that_act_in_a_comparison() -> None:
+    """`?` in the comparison: stepping, heads, decimals, quit; not the drill-down, the
+    re-runs (s, H, c), the wrong view or layers, which do nothing here."""
+    from mha_tui.app.widgets import HelpScreen
+
+    app = CompareApp(CONFIG, comparison=comparison("correct"))
+    async with app.run_test(size=(100, 32)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        said = [what for _, what in app.help_rows()]
+        assert "next / previous stage" in said and "quit" in said and "this help" in said
+        for idle in ("type another sentence", "run again with", "a cursor on the stage's",
+                     "the wrong view", "with --hf"):
+            assert not any(what.startswith(idle) for what in said), (idle, said)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from textual.binding import Binding
 from textual.strip import Strip
 from textual.widgets.option_list import Option
 
@@ -94,6 +95,10 @@ class CompareApp(ExplainApp):
         if action in NOT_HERE:
             return False
         return super().check_action(action, parameters)
+
+    def _in_help(self, bindings: list[Binding]) -> bool:
+        """The walk-through's help without the keys that do nothing here."""
+        return super()._in_help(bindings) and any(b.action not in NOT_HERE for b in bindings)
 
     def _lines(self, index: int, width: int, trace: Trace | None = None,
                layer: int | None = None) -> list[Strip]:

@@ -261,13 +261,17 @@ class Keys:
 
         rows = []
         for ids, description in self.HELP:
-            if ids[0].startswith("layer.") and self._layers is None:
-                continue  # layers exist only for a pretrained model (--hf)
+            if not self._in_help([by_id[i] for i in ids if i in by_id]):
+                continue
             if ids[0].startswith("stage.jump"):
                 rows.append(("1-9, 0", description))
             else:
                 rows.append((" / ".join(keys(binding_id) for binding_id in ids), description))
         return rows
+
+    def _in_help(self, bindings: list[Binding]) -> bool:
+        """Whether the help lists these keys: layers exist only for a pretrained model (--hf)."""
+        return not (bindings[0].id or "").startswith("layer.") or self._layers is not None
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.help_rows(), ascii_only=self._ascii))
