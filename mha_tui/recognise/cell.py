@@ -244,10 +244,29 @@ def previous(cell: Cell, kind: str) -> Stage:
     raise WhyError(f"no {kind} stage before {cell.stage.id}")
 
 
+def _matmul_linear(cell: Cell, role: str) -> Why:
+    """A NumPy projection `x @ W` (no batch axis): the token's row of x dotted with column o
+    of W, W as the matmul's recorded second input."""
+    op = next((o for o in cell.ops("matmul") if len(o.out.shape) == 2
+               and np.array_equal(o.out.values, cell.record.values, equal_nan=True)), None)
+    if op is None:
+        raise WhyError(f"stage {cell.stage.id} holds no linear op")
+    t, o = cell.index
+    x, weight = cell.operand(op, 0), cell.operand(op, 1)
+    name = next((r.name for r in cell.stage.tensors if r.dims == ("C_in", "C_out")
+                 and np.array_equal(r.values, weight)), "W")
+    labels = [f"in {k}: x[{t}, {k}] × {name}[{k}, {o}]" for k in range(x.shape[-1])]
+    terms, notes, total = dot(cell, x[t], weight[:, o], labels, "products")
+    return Why(cell.stage.id, cell.stage.kind, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = Σ_k x[{t}, k] × {name}[k, {o}]", terms,
+               ("x @ W: x and W are the matmul's recorded inputs; column "
+                f"{o} of {name} makes channel {o}", *notes), total, cell.recorded)
+
+
 def linear(cell: Cell, role: str) -> Why:
     ops = cell.ops("linear")
     if not ops:
-        raise WhyError(f"stage {cell.stage.id} holds no linear op")
+        return _matmul_linear(cell, role)
     op = next((o for o in ops if np.array_equal(o.out.values, cell.record.values)), None)
     index = cell.index
     if op is None:  # the same numbers in another shape: (T*B, C) viewed as (B, T, C), B = 1

@@ -169,7 +169,12 @@ def _softmax_diagnosis(j: Judge, logits: np.ndarray, got: np.ndarray) -> tuple[s
 
 def why(cell: Cell) -> Why:
     """A weight: exp(s_ij - max) / Σ_k exp(s_ik - max), with the row's numbers."""
-    op, index = cell.per_head(cell.ops("softmax", "_softmax"))
+    ops = cell.ops("softmax", "_softmax")
+    if not ops and cell.ops("exp"):  # NumPy: exp(s - max(s)) / sum, the row's max op first
+        ops = cell.ops("max", "amax")
+    op, index = cell.per_head(ops)
+    if op.name in ("max", "amax"):  # its output is (T, 1): the cell's row, not its column
+        index = (*index[:-1], 0)
     scores = cell.operand(op, 0)
     *lead, i, _ = index
     notes = []
