@@ -54,3 +54,16 @@ def test_projection_of_the_numpy_blueprint(stage: str, name: str, x_of: tuple[st
         assert made.recorded == float(main.values[index])
         assert made.computed == pytest.approx(made.recorded, rel=1e-5)
         assert f"{weight}[" in made.terms[0].label
+
+
+def test_embed_and_concat_of_the_numpy_blueprint() -> None:
+    """Lookups and copies with no batch axis: ids (T,), context (h, T, d_h)."""
+    ids = _tensor("embed", "ids").astype(int)
+    table, x = _tensor("embed", "table"), _tensor("embed", "x")
+    context, out = _tensor("attend", "context"), _tensor("concat", "out")
+    joined = context.transpose(1, 0, 2).reshape(out.shape)  # heads side by side, by NumPy
+    for t, c in [(3, 3), (0, 1), (2, 2)]:
+        made = why(blueprint(), "embed", (t, c))
+        assert made.computed == table[ids[t], c] == made.recorded == x[t, c]
+        made = why(blueprint(), "concat", (t, c))
+        assert made.computed == joined[t, c] == made.recorded == out[t, c]

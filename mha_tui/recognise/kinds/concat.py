@@ -213,10 +213,11 @@ def why(cell: Cell) -> Why:
                  "output), not from mha-tui's expansion of it",)
     d_h = heads.values.shape[-1]
     head, channel = divmod(c, d_h)
-    computed = float(heads.values[0, head, t, channel])
+    at = (head, t, channel) if heads.values.ndim == 3 else (0, head, t, channel)  # NumPy: no B
+    computed = float(heads.values[at])
     name = heads.name.split(" (fused")[0]  # sdpa's "y (fused, from the module)": y
     return Why(cell.stage.id, "concat", cell.record.name, cell.index, where(cell),
-               f"{cell.name} = {name}[0, {head}, {t}, {channel}]  (column {c} = head "
+               f"{cell.name} = {name}[{', '.join(map(str, at))}]  (column {c} = head "
                f"{head} × d_h {d_h} + channel {channel})",
                (Term(f"head {head}, channel {channel}, token {cell.token(t)} (attend)", (),
                      computed),),

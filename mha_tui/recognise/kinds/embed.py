@@ -44,7 +44,7 @@ def why(cell: Cell) -> Why:
     *_, t, c = cell.index
     ids = cell.stage.tensor("ids").values
     table = next(r for r in cell.stage.tensors if r.dims == ("vocab", "C"))
-    token_id = int(ids[0, t])
+    token_id = int(ids[t] if ids.ndim == 1 else ids[0, t])  # NumPy: ids (T,), no batch axis
     computed = float(table.values[token_id, c])
     return Why(cell.stage.id, "embed", cell.record.name, cell.index, where(cell),
                f"{cell.name} = {table.name}[{token_id}, {c}]  (token {cell.token(t)} has id "
