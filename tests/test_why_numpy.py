@@ -67,3 +67,12 @@ def test_embed_and_concat_of_the_numpy_blueprint() -> None:
         assert made.computed == table[ids[t], c] == made.recorded == x[t, c]
         made = why(blueprint(), "concat", (t, c))
         assert made.computed == joined[t, c] == made.recorded == out[t, c]
+
+
+def test_transpose_of_the_numpy_blueprint() -> None:
+    """NumPy's transpose(1, 0, 2): all three axes, (T, h, d_h) -> (h, T, d_h)."""
+    before, after = _tensor("view", "V"), _tensor("transpose", "V")
+    for h, t, d in [(1, 3, 1), (0, 2, 0), (1, 0, 1)]:
+        made = why(blueprint(), "transpose", (h, t, d))
+        assert made.computed == before[t, h, d] == made.recorded == after[h, t, d]
+        assert f"[{t}, {h}, {d}]" in made.terms[0].label

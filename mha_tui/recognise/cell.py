@@ -374,8 +374,8 @@ def moved(cell: Cell) -> Why:
         if op.name == "transpose" and len(axes) == 2:
             a, b = (x % len(order) for x in axes)
             order[a], order[b] = order[b], order[a]
-        elif op.name == "permute":
-            order = [int(a) for a in axes]
+        elif op.name == "permute" or (op.name == "transpose" and len(axes) == len(order)):
+            order = [int(a) for a in axes]  # NumPy's transpose(1, 0, 2) is a permutation
         at = tuple(cell.index[order.index(k)] for k in range(len(order)))
         how = f"axes {axes} swapped: the index read in the other order"
     computed = float(source[at])
