@@ -51,7 +51,7 @@ from .layout import (
     RAIL_MIN_WIDTH,
     SIDE_PANEL_MIN_WIDTH,
 )
-from .loading import Loading, load_trace
+from .loading import START_LOADING_AFTER, Loading, load_trace
 from .quiz import QuizBar, Quizzing
 from .stage_view import LineCache, StageView, render_strips
 from .widgets import KeyFooter, StageRail, TooSmall, ascii_strips, use_ascii_scrollbars
@@ -208,6 +208,9 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
             # painted: then after the first frame.
             self._load_started = time.monotonic()
             self.call_after_refresh(self._load_if_hidden)
+            # ... and at the latest after a moment, whatever was painted: a forward that
+            # never starts would leave the waiting line up for good.
+            self.set_timer(START_LOADING_AFTER, self._start_loading, name="start loading")
             self._elapsed = self.set_interval(1, self._tick, name="elapsed")
 
     def _header(self) -> RenderableType:

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 SHOW_ELAPSED_AFTER = 3
 """Seconds a forward may take before the waiting line shows how long it has been running."""
+START_LOADING_AFTER = 0.5
+"""Seconds after mount by which the first forward starts even if the waiting screen's paint
+was never seen (it normally starts at that paint, well before)."""
 
 
 def load_trace(config: Config, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
