@@ -263,3 +263,21 @@ def test_a_finite_mask_value_is_not_called_minus_inf() -> None:
     mask = trace.stage("mask")
     assert "-3.4e+38" in mask.explanation and "not -inf" in mask.explanation
     assert "writes -inf" not in mask.explanation
+
+
+def test_an_einsum_that_writes_heads_first_is_shown_as_it_is() -> None:
+    """`einsum("bqhd,bkhd->bhqk", q, k)` already gives (B, h, T, T): its scores are the op's
+    own numbers, not swapped as if it wrote (B, T, h, T) (they were drawn (1, 4, 2, 4),
+    head and query axes exchanged); `einsum("bhqk,bkhd->bqhd")` is still turned heads first."""
+    from mha_tui.config import Config, Source
+    from mha_tui.pipeline import run_trace
+
+    trace = run_trace(Config("I love AI !"),
+                      Source(module="tests/fixtures/einsum_attn.py:EinsumAttention"))
+    scores = trace.stage("scores")
+    (op,) = [op for op in scores.ops if op.name == "einsum"]
+    assert scores.tensors[-1].values.shape == (1, 2, 4, 4)
+    assert np.array_equal(scores.tensors[-1].values, op.outputs[0].values)
+    attend = trace.stage("attend")
+    (op,) = [op for op in attend.ops if op.name == "einsum"]  # (B, T, h, d_h) as written
+    assert np.array_equal(attend.tensors[-1].values, op.outputs[0].values.transpose(0, 2, 1, 3))

@@ -264,10 +264,15 @@ def _einsum_heads_first(op: OpRecord, values: np.ndarray) -> np.ndarray:
     first = inputs.split(",")[0]
     if len(first) != 4 or len(output) != 4:
         return values
-    head, query = first[1], first[2]  # scores and weights are (b, h, q, k)
-    if head in output and query in output and output.index(head) > output.index(query):
-        return np.swapaxes(values, output.index(head), output.index(query))
-    return values
+    second = inputs.split(",")[1] if "," in inputs else ""
+    # the head: kept by both operands and the output ("h" of "bqhd,bkhd->bhqk"); the query:
+    # the first operand's own letter the output keeps ("q"), whichever order they are in
+    heads = [c for c in output[1:] if c in first and c in second]
+    queries = [c for c in first if c in output and c not in second]
+    if len(heads) != 1 or len(queries) != 1:
+        return values
+    head, query = output.index(heads[0]), output.index(queries[0])
+    return np.swapaxes(values, head, query) if head > query else values
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
