@@ -402,11 +402,13 @@ def _dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str
     if fmt is not None:
         return fmt
     suffix = Path(dump or "").suffix.lower()
+    if suffix == ".json":
+        return Format.json
     if dump is None or not suffix:  # the app, or text: no need to import the picture writers
         return Format.text  # (~40 ms; an --hf refusal needs nothing else of drawing)
     from .pictures import EXTENSIONS
 
-    return Format.json if suffix == ".json" else Format(EXTENSIONS.get(suffix, "text"))
+    return Format(EXTENSIONS.get(suffix, "text"))
 
 
 def _source(model: Model | None, module: str | None, init: list[str], weights: Path | None) -> Source:

@@ -378,6 +378,12 @@ class Trace:
         return bool(self.stages) and self.stages[-1].kind == "error"
 
     @property
+    def error_type(self) -> str:
+        """The exception the forward raised (`RuntimeError`), "" when it did not raise."""
+        return self.stages[-1].title.removeprefix("The forward raised").strip() \
+            if self.failed else ""
+
+    @property
     def raised(self) -> str:
         """What the forward raised, where, and torch's words: `RuntimeError at crash_attn.py
         line 23: view size is ...` ("" when it did not raise)."""
@@ -387,8 +393,7 @@ class Trace:
         where = ""
         if error.source is not None:
             where = f" at {PurePath(error.source.file).name} line {error.source.line}"
-        return f"{error.title.removeprefix('The forward raised').strip()}{where}: " \
-               f"{error.explanation}"
+        return f"{self.error_type}{where}: {error.explanation}"
 
 
 def _shape(shape: tuple[int, ...]) -> str:

@@ -169,8 +169,9 @@ class Builder:
             regrouped = self.regroup(values)
             if regrouped is not None:
                 values, dims, held = regrouped
-                self.remember(snap, tuple(d.replace(" ", "") for d in held[1:-1].split(", ")))
-                note = f"torch holds it as {held}; shown as ({', '.join(dims)})"
+                self.remember(snap, held)
+                shown = ", ".join(d.replace("*", " * ") for d in held)
+                note = f"torch holds it as ({shown}); shown as ({', '.join(dims)})"
                 caption = f"{caption}; {note}" if caption else note
         if len(dims) != values.ndim:
             dims = tuple(f"d{i}" for i in range(values.ndim))
@@ -199,23 +200,25 @@ class Builder:
             shares_with=share[0] if share else "", **extra,  # type: ignore[arg-type]
         )
 
-    def regroup(self, values: np.ndarray) -> tuple[np.ndarray, tuple[str, ...], str] | None:
+    def regroup(self, values: np.ndarray
+                ) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]] | None:
         """torch's own MHA keeps tokens first and batch and heads merged: (T, B, C),
-        (T * B, C), (T, B * h, d_h), (B * h, T, .). Regroup those for display only."""
+        (T * B, C), (T, B * h, d_h), (B * h, T, .). Regroup those for display only: the
+        values, the dims shown, the dims torch holds them in."""
         s = self.sizes
         shape = tuple(values.shape)
         if s.h * s.d_h != s.C or not s.batched:
             return None
         if shape == (s.T, s.B, s.C) and s.T != s.B:
-            return np.swapaxes(values, 0, 1), BTC, "(T, B, C)"
+            return np.swapaxes(values, 0, 1), BTC, ("T", "B", "C")
         if shape == (s.T * s.B, s.C) and len(shape) == 2:
-            return np.swapaxes(values.reshape(s.T, s.B, s.C), 0, 1), BTC, "(T * B, C)"
+            return np.swapaxes(values.reshape(s.T, s.B, s.C), 0, 1), BTC, ("T*B", "C")
         if shape == (s.T, s.B * s.h, s.d_h):
-            return np.swapaxes(values.reshape(s.T, s.B, s.h, s.d_h), 0, 1), BTHD, "(T, B * h, d_h)"
+            return np.swapaxes(values.reshape(s.T, s.B, s.h, s.d_h), 0, 1), BTHD, ("T", "B*h", "d_h")
         if shape == (s.B * s.h, s.T, s.d_h):
-            return values.reshape(s.B, s.h, s.T, s.d_h), BHTD, "(B * h, T, d_h)"
+            return values.reshape(s.B, s.h, s.T, s.d_h), BHTD, ("B*h", "T", "d_h")
         if shape == (s.B * s.h, s.T, s.T):
-            return values.reshape(s.B, s.h, s.T, s.T), BHTT, "(B * h, T, T)"
+            return values.reshape(s.B, s.h, s.T, s.T), BHTT, ("B*h", "T", "T")
         return None
 
     @property

@@ -305,7 +305,7 @@ def row_view(c: Comparison, k: int, opts: RenderOptions) -> Group:
         assert stage is not None
         who = "your module's" if row.mine is not None else "the reference's"
         if stage.kind == "error":  # what raised, in torch's words (user text: never markup)
-            raised = stage.title.removeprefix("The forward raised").strip()
+            raised = (c.mine if row.mine is not None else c.theirs).error_type
             parts.append(Text(f"{who} forward raised {raised}: {printable(stage.explanation)}",
                               style="bold red"))
         if stage.tensors:

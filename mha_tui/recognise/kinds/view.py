@@ -167,8 +167,7 @@ def _head_count_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role
     return ("head_count",
             f"the {name} are split into {h} heads of {d} channel{'s' * (d != 1)} where the "
             f"module was built with {j.h} heads of {j.d_h} (--heads {j.h}): split into the "
-            f"number of heads "
-            f"it is given")
+            "number of heads it is given")
 
 
 def _split_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role: str) -> tuple[str, str]:
