@@ -84,8 +84,6 @@ MODULES: list[tuple[str, str, tuple[tuple[str, object], ...], bool]] = [
 XFAIL = {
     "model-blueprint-einsum": EINSUM,
     # found by this sweep, being fixed (issue 20)
-    "public-timm-manual-causal": "w_o: a NaN row hides which linear op made the output",
-    "unsound-fully_masked_row": "w_o: a NaN row hides which linear op made the output",
     "mistakes-crash": "concat: a (B, T, h, d_h) result read as (B, T, C)",
     "fixtures-crash_attn-CrashingAttention": "concat: a (B, T, h, d_h) result read as (B, T, C)",
     "mistakes-merge_no_transpose": "concat: assumes the heads were transposed back",
@@ -179,7 +177,6 @@ HF = [("gpt2", 0), *((name, 0) for name in FAMILIES), ("gpt-neo", 1)]
 HF_XFAIL: dict[str, str] = {  # found by this sweep, being fixed (issue 20)
     name: "the layer's input stage (embed) has no token ids: KeyError 'ids'"
     for name in ["gpt2", *FAMILIES]}
-HF_XFAIL["gpt2"] += "; Conv1D's addmm: project and w_o hold no linear op"
 HF_XFAIL["falcon"] += ("; FalconLinear's x @ W.T: no linear op; multi-query K/V of one head; "
                        "its scale")
 
