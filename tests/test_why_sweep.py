@@ -87,7 +87,6 @@ XFAIL = {
     "mistakes-crash": "concat: a (B, T, h, d_h) result read as (B, T, C)",
     "fixtures-crash_attn-CrashingAttention": "concat: a (B, T, h, d_h) result read as (B, T, C)",
     "mistakes-merge_no_transpose": "concat: assumes the heads were transposed back",
-    "mistakes-mask_reversed": "concat: a NaN row",
     "mistakes-softmax_axis": "softmax: recomputed over the last axis, not the op's dim",
     "fixtures-numpy_attn-SoftmaxOverQueries": "softmax: recomputed over the last axis, not the "
                                               "op's dim",
