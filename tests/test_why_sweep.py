@@ -83,13 +83,6 @@ MODULES: list[tuple[str, str, tuple[tuple[str, object], ...], bool]] = [
 
 XFAIL = {
     "model-blueprint-einsum": EINSUM,
-    # found by this sweep, being fixed (issue 20)
-    "mistakes-crash": "concat: a (B, T, h, d_h) result read as (B, T, C)",
-    "fixtures-crash_attn-CrashingAttention": "concat: a (B, T, h, d_h) result read as (B, T, C)",
-    "mistakes-merge_no_transpose": "concat: assumes the heads were transposed back",
-    "mistakes-softmax_axis": "softmax: recomputed over the last axis, not the op's dim",
-    "fixtures-numpy_attn-SoftmaxOverQueries": "softmax: recomputed over the last axis, not the "
-                                              "op's dim",
 }
 
 
