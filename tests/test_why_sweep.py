@@ -10,10 +10,6 @@ explain the cell: mha-tui's computation equal to the module's own number (✓), 
 mha-tui does not recompute, the module's own number said to be so; a witness (the fused op's
 own output) that differs must say why. Never a refusal ("holds no linear op"), never an
 exception. One stage's first cell is also drawn as `--why` prints it.
-
-Left out, for engineer "mech" (einsum / raw-weight modules, being fixed now): the einsum
-fixture tests/fixtures/einsum_attn.py and `--model blueprint-einsum`; they are listed below,
-marked `xfail(strict=True)`, so that the mark has to go when they are explained.
 """
 
 from __future__ import annotations
@@ -36,7 +32,6 @@ from .test_families import _families_root  # noqa: F401  (the session's checkpoi
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SENTENCE = "the cat sat on the mat"
-EINSUM = "einsum / raw-weight module: engineer mech is explaining these (issue 20)"
 
 
 def _classes(path: Path) -> list[str]:
@@ -74,23 +69,14 @@ MODULES: list[tuple[str, str, tuple[tuple[str, object], ...], bool]] = [
                  "Gemma2Attention")),
     *((f"fixtures-{path.stem}-{cls}", f"{path.name}:{cls}", (), True)
       for path in sorted(FIXTURES.glob("[!_]*.py"))
-      if path.stem not in ("endless", "einsum_attn")  # endless: a forward that never returns
+      if path.stem != "endless"  # a forward that never returns
       for cls in _classes(path)),
     *((f"{folder}-{path.stem}", f"{folder}/{path.name}:{cls}", (), True)
       for folder in ("mistakes", "unsound") for path in sorted((FIXTURES / folder).glob("[!_]*.py"))
       for cls in _classes(path)[-1:]),
 ]
 
-XFAIL = {
-    "model-blueprint-einsum": EINSUM,
-    # found by this sweep, being fixed (issue 20)
-    "mistakes-crash": "concat: a (B, T, h, d_h) result read as (B, T, C)",
-    "fixtures-crash_attn-CrashingAttention": "concat: a (B, T, h, d_h) result read as (B, T, C)",
-    "mistakes-merge_no_transpose": "concat: assumes the heads were transposed back",
-    "mistakes-softmax_axis": "softmax: recomputed over the last axis, not the op's dim",
-    "fixtures-numpy_attn-SoftmaxOverQueries": "softmax: recomputed over the last axis, not the "
-                                              "op's dim",
-}
+XFAIL: dict[str, str] = {}  # id -> why a module's cells are not all explained yet
 
 
 @cache
