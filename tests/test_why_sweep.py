@@ -76,15 +76,7 @@ MODULES: list[tuple[str, str, tuple[tuple[str, object], ...], bool]] = [
       for cls in _classes(path)[-1:]),
 ]
 
-XFAIL = {
-    # found by this sweep, being fixed (issue 20)
-    "mistakes-crash": "concat: a (B, T, h, d_h) result read as (B, T, C)",
-    "fixtures-crash_attn-CrashingAttention": "concat: a (B, T, h, d_h) result read as (B, T, C)",
-    "mistakes-merge_no_transpose": "concat: assumes the heads were transposed back",
-    "mistakes-softmax_axis": "softmax: recomputed over the last axis, not the op's dim",
-    "fixtures-numpy_attn-SoftmaxOverQueries": "softmax: recomputed over the last axis, not the "
-                                              "op's dim",
-}
+XFAIL: dict[str, str] = {}  # id -> why a module's cells are not all explained yet
 
 
 @cache
