@@ -271,3 +271,31 @@ async def test_the_apps_panel_explains_the_cell_under_the_cursor(stage: str) -> 
     index = (0, 0, 1, 1) if record.values.ndim == 4 else (0, 1, 1)
     assert f"why {record.name}[{', '.join(map(str, index))}]" in shown, shown
     assert "✓ equal" in shown and "holds no" not in shown, shown
+
+
+@pytest.mark.parametrize("model", ["blueprint", "blueprint-einsum"])
+def test_numpy_labels_carry_the_head_index(model: str) -> None:
+    """NumPy's Q is (h, T, d_h): a label Q[2, 0] would read as head 2's token 0. Scores and
+    attend of head 1 label each factor with the head: Q[1, 2, k], K[1, 0, k], w[1, 2, k],
+    V[1, k, 0], and the numbers are Q's and V's at those indices; scores and attend equal
+    Q·K and Σ w·V computed here in float64 from the transpose stage's Q, K, V."""
+    from mha_tui.load.numpy_modules import load
+    from mha_tui.pipeline import numpy_runner
+
+    config = Config(SHORT, embed_dim=4, num_heads=2)
+    trace = numpy_runner(load(config, Source(model=model)))(config)
+    Q, K, V = (trace.stage("transpose").tensor(n).values.astype(np.float64) for n in "QKV")
+    scores = why(trace, "scores", (1, 2, 0))
+    assert [t.label for t in scores.terms[:-1]] == ["d0: Q[1, 2, 0] × K[1, 0, 0]",
+                                                    "d1: Q[1, 2, 1] × K[1, 0, 1]"]
+    assert [t.parts[0] for t in scores.terms[:-1]] == list(Q[1, 2])
+    assert [t.parts[2] for t in scores.terms[:-1]] == list(K[1, 0])
+    assert scores.computed == pytest.approx(float(Q[1, 2] @ K[1, 0]), rel=1e-6) and scores.agrees
+    weights = main_tensor(trace.stage("softmax")).values.astype(np.float64)
+    attend = why(trace, "attend", (1, 2, 0))
+    assert "weights[1, 2, k]" in attend.formula
+    assert [t.label for t in attend.terms[:-1]] == [
+        f"key {w}: w[1, 2, {k}] × V[1, {k}, 0]" for k, w in enumerate(SHORT.split())]
+    assert [t.parts[2] for t in attend.terms[:-1]] == list(V[1, :, 0])
+    assert attend.computed == pytest.approx(float(weights[1, 2] @ V[1, :, 0]), rel=1e-6)
+    assert attend.agrees

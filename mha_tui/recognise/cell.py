@@ -217,6 +217,14 @@ def where(cell: Cell, row_axis: str = "query", col_axis: str = "key") -> str:
     return ", ".join(parts)
 
 
+def head_prefix(cell: Cell) -> str:
+    """"1, " for head 1 of a tensor whose first axis is the head (NumPy's (h, T, .), no batch):
+    a label Q[2, 0] would read as head 2's first row there. "" where a batch axis comes first
+    (torch's (B, h, T, .): the formula line gives the lead indices)."""
+    dims = cell.record.dims
+    return f"{cell.head}, " if dims[:1] == ("h",) and cell.head is not None else ""
+
+
 def dot(cell: Cell, row: np.ndarray, col: np.ndarray, labels: list[str], what: str
          ) -> tuple[tuple[Term, ...], tuple[str, ...], float]:
     """Σ row[k] * col[k], in float64: a term per k, or the largest and the rest summed."""

@@ -24,6 +24,7 @@ from ..cell import (
     dot,
     expanded_from,
     fused_argument,
+    head_prefix,
     reindex,
     shared_note,
     where,
@@ -302,7 +303,8 @@ def score_why(cell: Cell, query: np.ndarray, key: np.ndarray, q_name: str, k_nam
     """The arithmetic of one score, whoever computed its inputs: query · key, the d_h
     products and their sum (a matmul's scores; sdpa's expansion)."""
     *_, i, j = cell.index
-    terms, many, total = dot(cell, query, key, [f"d{k}: Q[{i}, {k}] × K[{j}, {k}]"
+    h = head_prefix(cell)
+    terms, many, total = dot(cell, query, key, [f"d{k}: Q[{h}{i}, {k}] × K[{h}{j}, {k}]"
                                                 for k in range(len(query))], "products")
     return Why(cell.stage.id, "scores", cell.record.name, cell.index, where(cell),
                f"{cell.name} = {q_name} · {k_name}  (a dot product over d_h = {len(query)})",

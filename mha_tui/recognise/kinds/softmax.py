@@ -18,7 +18,7 @@ from ..grouping import Unit
 from ..maker import StageMaker, words
 from ..quizzing import Question, cell_index, head_of_interest, number_text, recorded, token_name
 from ..sizes import Sizes
-from ..vocab import SOFTMAXES
+from ..vocab import LARGE_NEGATIVE, SOFTMAXES
 from ..vocab import softmax as softmax_of
 
 if TYPE_CHECKING:
@@ -118,7 +118,9 @@ def softmax_checks(weights: np.ndarray, before: np.ndarray) -> list[Check]:
     deviation = float(np.abs(weights.sum(axis=-1, dtype=weights.dtype) - 1).max()) if weights.size else 0.0
     checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e})", deviation < 1e-5)]
     if before.shape == weights.shape:
-        blocked = before == -np.inf if before.dtype.kind == "f" else np.isneginf(before)
+        # the entries the mask stage counts as blocked: -inf or a large negative such as
+        # finfo.min or -1e9 (a mask that fills -3.4e38 blocks as surely as -inf)
+        blocked = before <= LARGE_NEGATIVE if before.dtype.kind == "f" else np.isneginf(before)
         n_blocked = int(np.count_nonzero(blocked))
         if n_blocked:
             n_zero = int(np.count_nonzero((weights == 0) & blocked))  # without indexing
