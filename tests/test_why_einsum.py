@@ -124,6 +124,18 @@ def batched_heads(x: torch.Tensor, p: dict[str, torch.Tensor], h: int) -> dict[s
             "w_o": concat @ p["W_o"].T}
 
 
+def in_out_einsum(x: torch.Tensor, p: dict[str, torch.Tensor], h: int) -> dict[str, torch.Tensor]:
+    """einsum_styles.py:InOutEinsum: weights stored (in, out), "bti,io->bto"."""
+    B, T, C = x.shape
+    d = C // h
+    q, k, v = (x @ p[f"W_qkv.{n}"] for n in range(3))
+    qh, kh, vh = (t.reshape(B, T, h, d).permute(0, 2, 1, 3) for t in (q, k, v))
+    scores = qh @ kh.transpose(-2, -1)
+    weights = (scores * d ** -0.5).masked_fill(causal(T), float("-inf")).softmax(dim=-1)
+    concat = (weights @ vh).permute(0, 2, 1, 3).reshape(B, T, C)
+    return {"project": v, "scores": scores, "attend": weights @ vh, "w_o": concat @ p["W_out"]}
+
+
 Reference = Callable[[torch.Tensor, dict[str, torch.Tensor], int], dict[str, torch.Tensor]]
 CASES: dict[str, tuple[str, Reference, str, int, int]] = {
     "x @ W, einsum bqhd": ("einsum_attn.py:EinsumAttention", einsum_attention, SHORT, 4, 2),
@@ -133,6 +145,7 @@ CASES: dict[str, tuple[str, Reference, str, int, int]] = {
     "per-head weights": ("einsum_styles.py:PerHeadWeights", per_head, SHORT, 4, 2),
     "torch.matmul, F.linear": ("einsum_styles.py:MatmulParameters", matmul_parameters, SHORT, 4, 2),
     "bmm, x @ W.T": ("einsum_styles.py:BatchedHeads", batched_heads, SHORT, 8, 2),
+    "einsum (in, out)": ("einsum_styles.py:InOutEinsum", in_out_einsum, SHORT, 4, 2),
 }
 
 
@@ -271,3 +284,54 @@ async def test_the_apps_panel_explains_the_cell_under_the_cursor(stage: str) -> 
     index = (0, 0, 1, 1) if record.values.ndim == 4 else (0, 1, 1)
     assert f"why {record.name}[{', '.join(map(str, index))}]" in shown, shown
     assert "✓ equal" in shown and "holds no" not in shown, shown
+
+
+@pytest.mark.parametrize("model", ["blueprint", "blueprint-einsum"])
+def test_numpy_labels_carry_the_head_index(model: str) -> None:
+    """NumPy's Q is (h, T, d_h): a label Q[2, 0] would read as head 2's token 0. Scores and
+    attend of head 1 label each factor with the head: Q[1, 2, k], K[1, 0, k], w[1, 2, k],
+    V[1, k, 0], and the numbers are Q's and V's at those indices; scores and attend equal
+    Q·K and Σ w·V computed here in float64 from the transpose stage's Q, K, V."""
+    from mha_tui.load.numpy_modules import load
+    from mha_tui.pipeline import numpy_runner
+
+    config = Config(SHORT, embed_dim=4, num_heads=2)
+    trace = numpy_runner(load(config, Source(model=model)))(config)
+    Q, K, V = (trace.stage("transpose").tensor(n).values.astype(np.float64) for n in "QKV")
+    scores = why(trace, "scores", (1, 2, 0))
+    assert [t.label for t in scores.terms[:-1]] == ["d0: Q[1, 2, 0] × K[1, 0, 0]",
+                                                    "d1: Q[1, 2, 1] × K[1, 0, 1]"]
+    assert [t.parts[0] for t in scores.terms[:-1]] == list(Q[1, 2])
+    assert [t.parts[2] for t in scores.terms[:-1]] == list(K[1, 0])
+    assert scores.computed == pytest.approx(float(Q[1, 2] @ K[1, 0]), rel=1e-6) and scores.agrees
+    weights = main_tensor(trace.stage("softmax")).values.astype(np.float64)
+    attend = why(trace, "attend", (1, 2, 0))
+    assert "weights[1, 2, k]" in attend.formula
+    assert [t.label for t in attend.terms[:-1]] == [
+        f"key {w}: w[1, 2, {k}] × V[1, {k}, 0]" for k, w in enumerate(SHORT.split())]
+    assert [t.parts[2] for t in attend.terms[:-1]] == list(V[1, :, 0])
+    assert attend.computed == pytest.approx(float(weights[1, 2] @ V[1, :, 0]), rel=1e-6)
+    assert attend.agrees
+
+
+
+
+@pytest.mark.parametrize(("module", "stage", "stored", "dims"), [
+    ("einsum_styles.py:HeadsFirstEinsum", "project", "(out, in)", ("C_out", "C_in")),
+    ("einsum_styles.py:HeadsFirstEinsum", "w_o", "(out, in)", ("C_out", "C_in")),
+    ("einsum_styles.py:InOutEinsum", "project", "(in, out)", ("C_in", "C_out")),
+    ("einsum_styles.py:InOutEinsum", "w_o", "(in, out)", ("C_in", "C_out")),
+])
+def test_an_einsum_projection_shows_its_weight_as_the_subscripts_read_it(
+        module: str, stage: str, stored: str, dims: tuple[str, str]) -> None:
+    """"btc,oc->bto" reads W as (out, in), like nn.Linear; "bti,io->bto" as (in, out). The
+    stage draws the weight that way, says so, and its product check is computed (the einsum
+    redone from its recorded operands), where before it was never computed for an einsum and
+    "btc,oc" was drawn as (in, out) with "columns feed one head"."""
+    found = trace_of(module).stage(stage)
+    weight = found.tensors[0]
+    assert weight.dims == dims and f"stored as {stored}" in weight.caption
+    assert f"stored as {stored}" in found.explanation
+    product = next(c for c in found.checks if "(einsum, no bias)" in c.label)
+    assert product.ok is True
+    assert ("x @ W.T" in product.label) == (stored == "(out, in)")

@@ -76,9 +76,10 @@ def read(c: OpCell) -> Factors:
 
 
 def called(c: OpCell) -> str:
-    """The op as the code calls it: torch.einsum('bqhd,bkhd->bhqk'), Tensor.matmul (`@`)."""
+    """The op as the code calls it: torch.einsum('bqhd,bkhd->bhqk'), np.einsum('htd,hsd->hts'),
+    Tensor.matmul (`@`)."""
     if c.op.name == "einsum":
-        return f"torch.einsum({str(c.op.args[0]).replace(' ', '')!r})"
+        return f"{'np' if c.numpy else 'torch'}.einsum({str(c.op.args[0]).replace(' ', '')!r})"
     return c.display
 
 
