@@ -55,3 +55,16 @@ def test_each_family_mask_is_titled_by_its_shape(name: str, layer: int, title: s
     weights = _attentions(name)[layer][0].numpy()
     blocked = stage.tensors[-1].values[0] <= -1e4
     assert np.array_equal(weights == 0, blocked)  # what the title says is what the model did
+
+
+@pytest.mark.parametrize("name,layer", [("gpt-neo", 1), ("llama", 0), ("gpt-neo", 0)])
+def test_softmax_counts_every_entry_the_mask_blocked(name: str, layer: int) -> None:
+    """softmax's "N of N masked entries are exactly 0" counts the entries the mask stage
+    blocked, -3.4e38 (finfo.min) as well as -inf: GPT-Neo's local layer fills its window with
+    finfo.min over a -inf causal mask, Llama fills finfo.min only."""
+    from .test_families import hf_trace
+
+    trace = hf_trace(name, layer)
+    n_blocked = int(np.count_nonzero(trace.stage("mask").tensors[-1].values <= -1e4))
+    line = next(c for c in trace.stage("softmax").checks if "masked entries" in c.label)
+    assert line.label == f"{n_blocked} of {n_blocked} masked entries are exactly 0" and line.ok

@@ -15,13 +15,15 @@ import numpy as np
 from ...judge.numeric import allclose, close, f64, linear_parts
 from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ..builder import BTC, Builder
-from ..cell import Cell, Why, linear
+from ..cell import Cell, Why, WhyError, linear
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
 from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from ..vocab import PRODUCTS, PROJECTIONS, SHAPE_OPS, SPLITS
+from .product_cell import PRODUCTS as PRODUCT_OPS
+from .product_cell import weight_row_why
 
 if TYPE_CHECKING:
     from ...judge.judging import Judge, Row
@@ -332,7 +334,14 @@ def judge(j: Judge) -> list[Row]:
 
 
 def why(cell: Cell) -> Why:
-    """A channel of Q, K or V: the token's x dotted with one row of the weight."""
+    """A channel of Q, K or V: the token's x dotted with one row of the weight (nn.Linear,
+    F.linear, NumPy's x @ W), or with the column or row of a raw weight parameter the product
+    reads (x @ W, torch.matmul, x @ W.T, einsum: product_cell)."""
+    if not cell.ops("linear") and cell.ops(*PRODUCT_OPS):
+        try:
+            return linear(cell, "W")  # NumPy's 2-d x @ W
+        except WhyError:
+            return weight_row_why(cell, "W")
     return linear(cell, "W")
 
 
