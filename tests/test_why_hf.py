@@ -21,6 +21,7 @@ from mha_tui.why import main_tensor, why
 
 from .conftest import run_cli
 from .hf_models import tiny_gpt2, tiny_tokenizer
+from .test_families import _families_root  # noqa: F401  (the session's checkpoint folder)
 
 SENTENCE = "The cat sat on the mat."
 
@@ -123,3 +124,94 @@ def test_a_why_refused_by_a_stage_is_one_line_and_exit_2(
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("mha-tui: error: --why: mha-tui does not "
                                                    "explain the cells of a 'softmax' stage"), lines
+
+
+# ---------------------------------------------------------------- the tiny families
+
+
+def test_falcon_multi_query_cells_read_the_one_shared_k_v_head() -> None:
+    """Falcon's multi-query layer: K and V have one head, broadcast by the matmul to the four
+    query heads (each cell was an IndexError). Every attend cell equals Falcon's own attention
+    weights (output_attentions) times V taken from the checkpoint's fused weight (channels
+    C + d_h to C + 2 d_h of x @ W^T); every scale cell is its scores cell / √d_h, and the
+    scores, scaled and causally masked, softmax to Falcon's own weights."""
+    from .test_families import hf_trace, own_run
+
+    trace = hf_trace("falcon", 0)
+    model, _, result, _ = own_run("falcon")
+    weights = result.attentions[0][0].double().numpy()  # (h, T, T), Falcon's own
+    x = main_tensor(trace.stage("embed")).values.astype(np.float64)[0]  # (T, C)
+    fused = model.transformer.h[0].self_attention.query_key_value.weight.detach().double().numpy()
+    C = x.shape[-1]
+    h, T, _ = weights.shape
+    d_h = C // h
+    v = x @ fused[C + d_h:C + 2 * d_h].T  # (T, d_h): the one value head
+    _check_every(trace, "attend", (weights @ v)[None])
+    scores = np.zeros((1, h, T, T))
+    for index in itertools.product(*map(range, scores.shape)):
+        cell = why(trace, "scores", index)
+        assert cell.agrees, index
+        scores[index] = cell.computed
+        if index[1] == 3 and index[2:] == (4, 2):
+            assert "K[0, 0, 2, :]" in cell.formula and any(
+                "K has one head, shared by every query head" in note for note in cell.notes)
+    _check_every(trace, "scale", scores / np.sqrt(d_h))
+    masked = np.where(np.tril(np.ones((T, T), dtype=bool)), scores / np.sqrt(d_h), -np.inf)
+    softmaxed = np.exp(masked - masked.max(-1, keepdims=True))
+    softmaxed /= softmaxed.sum(-1, keepdims=True)
+    np.testing.assert_allclose(softmaxed[0], weights, rtol=1e-4, atol=1e-6)
+
+
+def _check_every(trace: Trace, stage_id: str, expected: np.ndarray) -> None:
+    record = main_tensor(trace.stage(stage_id))
+    assert record.values.shape == expected.shape
+    for index in itertools.product(*map(range, record.values.shape)):
+        cell = why(trace, stage_id, index)
+        assert cell.computed == pytest.approx(expected[index], rel=1e-5, abs=1e-6), (
+            stage_id, index)
+        assert cell.agrees, (stage_id, index, cell.computed, cell.recorded)
+
+
+@pytest.mark.parametrize(("name", "layer"), [("gpt-neo", 1), ("bert", 0)])
+def test_an_hf_layers_input_is_explained_step_by_step(name: str, layer: int) -> None:
+    """The layer's input stage (it had no token ids: KeyError 'ids'): the token's id and its
+    numbers at each recorded step, the block's input equal to the model's own hidden state
+    (output_hidden_states); x read unchanged (BERT: no norm before attention) is checked ✓,
+    x = ln_1(...) (GPT-Neo) is the model's own number, said to be not recomputed."""
+    import torch
+
+    from .test_families import hf_trace, own_run
+
+    trace = hf_trace(name, layer)
+    model, ids, _, _ = own_run(name)
+    with torch.no_grad():
+        hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states[layer]
+    hidden = hidden.double().numpy()  # the block's input, as the model hands it on
+    norm = model.transformer.h[layer].ln_1 if name == "gpt-neo" else None
+    with torch.no_grad():
+        x = (norm(torch.from_numpy(hidden).float()).double().numpy() if norm is not None
+             else hidden)
+    record = main_tensor(trace.stage("embed"))
+    assert record.values.shape == x.shape
+    for index in itertools.product(*map(range, record.values.shape)):
+        cell = why(trace, "embed", index)
+        assert cell.recorded == pytest.approx(x[index], rel=1e-5, abs=1e-6), index
+        block = next(t for t in cell.terms if t.label.endswith(
+            f".{layer} input[{', '.join(map(str, index))}]"))
+        assert block.value == pytest.approx(hidden[index], rel=1e-5, abs=1e-6), index
+        assert cell.terms[0].label == (f"token {trace.config.tokens[index[1]]} (position "
+                                       f"{index[1]}) has id {ids[index[1]]}")
+        if norm is None:
+            assert cell.recomputed and cell.agrees and cell.computed == block.value, index
+        else:
+            assert not cell.recomputed and not cell.agrees
+            assert any("the model's own" in note for note in cell.notes)
+    text = _drawn(trace, (0, 1, 2))
+    assert ("not recomputed: the model's layer norm" in text) == (norm is not None), text
+
+
+def _drawn(trace: Trace, index: tuple[int, ...]) -> str:
+    from mha_tui.dump import why_text
+    from mha_tui.render.options import RenderOptions
+
+    return why_text(why(trace, "embed", index), RenderOptions(), width=100)

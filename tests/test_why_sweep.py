@@ -159,11 +159,7 @@ def test_every_stage_of_a_module_explains_its_cells(ref: str, init: tuple, causa
 # --hf: every family's tiny random checkpoint (and GPT-2's, tests/hf_models.py), layer 0;
 # GPT-Neo's layer 1 too (its local, windowed layer)
 HF = [("gpt2", 0), *((name, 0) for name in FAMILIES), ("gpt-neo", 1)]
-HF_XFAIL: dict[str, str] = {  # found by this sweep, being fixed (issue 20)
-    name: "the layer's input stage (embed) has no token ids: KeyError 'ids'"
-    for name in ["gpt2", *FAMILIES]}
-HF_XFAIL["falcon"] += ("; FalconLinear's x @ W.T: no linear op; multi-query K/V of one head; "
-                       "its scale")
+HF_XFAIL: dict[str, str] = {}  # name -> why its cells are not all explained yet
 
 
 @cache

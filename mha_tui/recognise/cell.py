@@ -53,7 +53,8 @@ class Why:
     computed: float  # by mha-tui, in float64, from the recorded inputs
     recorded: float  # the module's own number (or, with `recorded_by`, whose it is)
     basis: str = ""
-    """What mha-tui computed from, when not only the recorded tensors (an expansion's)."""
+    """What mha-tui computed from, when not only the recorded tensors (an expansion's); not
+    recomputed: what the recorded steps are (default: what the op was given)."""
     recorded_by: str = ""
     """Whose number `recorded` is, when not the module's: "mha-tui's expansion's" for a stage
     mha-tui computed itself from a fused op's inputs (kinds/sdpa.py)."""
@@ -62,6 +63,8 @@ class Why:
     recomputed: bool = True
     """False: an op mha-tui does not recompute (op_cell.unknown); `computed` is then only the
     recorded number again, and is never called equal."""
+    reason: str = ""
+    """Why `recomputed` is False, when not an op mha-tui does not know (the verdict line)."""
 
     @property
     def difference(self) -> float:
@@ -298,7 +301,7 @@ def linear(cell: Cell, role: str) -> Why:
     own = None  # (head, its channel): the heads ran as modules of their own (a ModuleList)
     part = None  # (the block's first channel, its width): a part of one fused layer's output
     if op is None:
-        part_of = _fused_part(cell, ops)
+        part_of = fused_part(cell, ops)
         if part_of is not None:
             op, part = part_of
             o += part[0]
@@ -354,7 +357,7 @@ def linear(cell: Cell, role: str) -> Why:
                total, cell.recorded)
 
 
-def _fused_part(cell: Cell, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, int]] | None:
+def fused_part(cell: Cell, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, int]] | None:
     """The linear op whose output holds the cell's tensor as one block of its channels (q, k
     and v split from one fused layer), and where that block starts. Found by the values,
     never by the module's names."""
@@ -430,6 +433,23 @@ def maker(cell: Cell, names: set[str] | None = None) -> tuple[OpRecord, tuple[in
     if found is None:
         raise WhyError(f"cannot tell which op of stage {cell.stage.id} made {cell.name}")
     return found, reindex(cell.index, values.shape, found.out.shape)
+
+
+def broadcast_lead(operand: np.ndarray, lead: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """The operand's own index for the output's leading index `lead` of a matmul (the last
+    two axes are the matrices): torch and NumPy broadcast the leading axes, so an axis of size
+    1 is read at 0 (one K/V head shared by every query head) and a missing axis is dropped."""
+    n = operand.ndim - 2
+    own = list(lead)[len(lead) - n:] if n > 0 else []
+    return tuple(0 if size == 1 else k for k, size in zip(own, operand.shape[:n], strict=True))
+
+
+def shared_note(own: tuple[int, ...], lead: tuple[int, ...] | list[int], what: str) -> tuple[str, ...]:
+    """A note when the matmul broadcast an operand (read at another leading index)."""
+    if own == tuple(lead):
+        return ()
+    return (f"{what} has one head, shared by every query head (multi-query): the matmul "
+            f"broadcasts it, so it is read at [{', '.join(map(str, own))}]",)
 
 
 def reindex(index: tuple[int, ...], shape: tuple[int, ...], other: tuple[int, ...]

@@ -12,7 +12,7 @@ import numpy as np
 from ...judge.numeric import products_agree, recomputed_agrees
 from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BHTD, BHTT
-from ..cell import Cell, Why, dot, head_prefix, where
+from ..cell import Cell, Why, broadcast_lead, dot, head_prefix, shared_note, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, broadcast_heads
@@ -94,7 +94,9 @@ def why(cell: Cell) -> Why:
     op, index = cell.per_head(cell.ops("matmul", "bmm"))
     weights, values = cell.operand(op, 0), cell.operand(op, 1)
     *lead, i, c = index
-    return weighted_sum_why(cell, weights[(*lead, i)], values[(*lead, slice(None), c)])
+    at_w, at_v = broadcast_lead(weights, lead), broadcast_lead(values, lead)
+    return weighted_sum_why(cell, weights[(*at_w, i)], values[(*at_v, slice(None), c)],
+                            notes=shared_note(at_v, lead, "V"))
 
 
 def _einsum_why(cell: Cell) -> Why:

@@ -15,7 +15,20 @@ import numpy as np
 from ...judge.numeric import products_agree, recomputed_agrees
 from ...records import Check, OpRecord, Snapshot, Stage, Trace
 from ..builder import BHTD, BHTT
-from ..cell import Cell, Term, Why, WhyError, dot, expanded_from, fused_argument, head_prefix, reindex, where
+from ..cell import (
+    Cell,
+    Term,
+    Why,
+    WhyError,
+    broadcast_lead,
+    dot,
+    expanded_from,
+    fused_argument,
+    head_prefix,
+    reindex,
+    shared_note,
+    where,
+)
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, broadcast_heads, synthetic, words
@@ -228,11 +241,13 @@ def why(cell: Cell) -> Why:
     op, index = cell.per_head(cell.ops("matmul", "bmm"))
     queries, keys_t = cell.operand(op, 0), cell.operand(op, 1)
     *lead, i, j = index
+    at_q, at_k = broadcast_lead(queries, lead), broadcast_lead(keys_t, lead)
     head = ", ".join(map(str, cell.index[:-2]))
-    return score_why(cell, queries[(*lead, i)], keys_t[(*lead, slice(None), j)],
-                     f"Q[{head}, {i}, :]", f"K[{head}, {j}, :]",
+    k_head = head if at_k == tuple(lead) else ", ".join(map(str, at_k))
+    return score_why(cell, queries[(*at_q, i)], keys_t[(*at_k, slice(None), j)],
+                     f"Q[{head}, {i}, :]", f"K[{k_head}, {j}, :]",
                      ("Q and K are the matmul's recorded inputs (K as K^T: its column "
-                      f"{j})",))
+                      f"{j})", *shared_note(at_k, lead, "K")))
 
 
 def _einsum_why(cell: Cell) -> Why:
