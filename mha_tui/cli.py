@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import unicodedata
 from collections.abc import Callable
 from dataclasses import replace
 from enum import StrEnum
@@ -96,8 +97,13 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def _say(line: str) -> None:
+    """One line on stderr; the user's text in it (a path, a name) can hold any character,
+    so every control, format or lone-surrogate character is written as its escape
+    (`\\x07`, `\\u202e`), whichever message carried it (ZWJ and ZWNJ of emoji are kept)."""
+    line = "".join(repr(ch)[1:-1] if unicodedata.category(ch) in ("Cc", "Cf", "Cs")
+                   and ch not in "\u200c\u200d" else ch for ch in line.replace("\n", " "))
     try:
-        sys.stderr.write(line.replace("\n", " ") + "\n")
+        sys.stderr.write(line + "\n")
         sys.stderr.flush()
     except (AttributeError, OSError):  # stderr closed: the exit code is all we can give
         pass
