@@ -260,22 +260,32 @@ class Builder:
 
 def _einsum_heads_first(op: OpRecord, values: np.ndarray) -> np.ndarray:
     """An einsum whose output keeps tokens before heads ("...->bqhd") shown as (B, h, T, .)."""
+    axes = einsum_swapped(op)
+    return np.swapaxes(values, *axes) if axes is not None else values
+
+
+def einsum_swapped(op: OpRecord) -> tuple[int, int] | None:
+    """The two axes of a 4-d einsum's output that are exchanged to show it heads first
+    (its query and head axes, "...->bqhd"), or None when it is shown as it is."""
     equation = next((a for a in op.args if isinstance(a, str)), "")
     if "->" not in equation:
-        return values
+        return None
     inputs, output = equation.replace(" ", "").split("->")
     first = inputs.split(",")[0]
     if len(first) != 4 or len(output) != 4:
-        return values
+        return None
     second = inputs.split(",")[1] if "," in inputs else ""
     # the head: kept by both operands and the output ("h" of "bqhd,bkhd->bhqk"); the query:
-    # the first operand's own letter the output keeps ("q"), whichever order they are in
+    # the letter before it ("bqhd", "bkhd,bhqk->bqhd" too), else the first operand's own letter
+    # the output keeps ("q")
     heads = [c for c in output[1:] if c in first and c in second]
+    if len(heads) == 1 and output.index(heads[0]) == 2:  # "...->bqhd", whichever operand is first
+        return 2, 1
     queries = [c for c in first if c in output and c not in second]
     if len(heads) != 1 or len(queries) != 1:
-        return values
+        return None
     head, query = output.index(heads[0]), output.index(queries[0])
-    return np.swapaxes(values, head, query) if head > query else values
+    return (head, query) if head > query else None
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
