@@ -22,6 +22,7 @@ from ..mask_shape import MaskShape, mask_shape  # noqa: F401  (MaskShape: the ki
 from ..quizzing import Question, head_of_interest, recorded
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
+from .mask_fill import fill_check, fill_value
 from .mask_why import why  # noqa: F401  (the kind's why, in mask_why.py: why.py reads mask.why)
 from .scores import scaled_inside
 
@@ -40,7 +41,7 @@ def mask(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     if op.name in {"add", "add_", "sub", "sub_"}:
         return "mask" if others and masks_somewhere(g, others[0]) else None
     if op.name in {"masked_fill", "masked_fill_"}:
-        value = _fill_value(op)
+        value = fill_value(op)
         if value is not None and value <= LARGE_NEGATIVE:
             return "mask"
         fills = [r for r in others if g.snap(r).values.size == 1]
@@ -52,14 +53,6 @@ def mask(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
         return "mask" if any(very_negative(g.snap(r).values) for r in others
                              if g.snap(r).dtype != "bool") else None
     return None
-
-
-def _fill_value(op: OpRecord) -> float | None:
-    value = op.kwarg("value")
-    if value is None:
-        numbers = [a for a in op.scalars() if isinstance(a, int | float) and not isinstance(a, bool)]
-        value = numbers[0] if numbers else None
-    return float(value) if isinstance(value, int | float) else None
 
 
 RULES = (mask,)
@@ -126,12 +119,9 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     kept = bool(((values == before_values) | blocked).all()) \
         if before_values.shape == values.shape else True
     where = "above the diagonal" if causal else "the mask blocks"
+    shape = mask_shape(blocked)
     checks = [
-        Check(f"{n_inf} of {n_total} entries {where} are exactly -inf"
-              if n_inf == n_total or n_inf else
-              f"{n_total} entries {where} hold a large negative number "
-              f"({float(values[blocked].max()) if n_total else 0:.3g})",
-              n_total > 0 or _newly_blocked(blocked, before_values) == 0),
+        fill_check(m, groups, values, before_values, blocked, n_total, n_inf, where),
         Check(f"entries {'on and below the diagonal' if causal else 'the mask lets through'} "
               f"are unchanged", kept),
     ]
@@ -164,20 +154,12 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                        "(their exp underflows). The same (T, T) mask broadcasts over every "
                        "batch and head.")
     title = None
-    shape = mask_shape(blocked)
     if shape.kind != "causal" and n_total:
         title, explanation = shape.title, shape.explanation
-        checks[0] = Check(f"{n_total} entries blocked: {shape.what}", True)
-        checks[1] = Check("entries the mask lets through are unchanged", kept)
+        checks.insert(0, Check(f"{n_total} entries blocked: {shape.what}", None))
     return m.stage(unit, stage_id, "mask", tensors, checks, shape_in=before_values.shape,
                       shape_out=values.shape, dims_in=tensors[-1].dims, dims_out=tensors[-1].dims,
                       note=note, explanation=explanation, title=title)
-
-
-def _newly_blocked(blocked: np.ndarray, before_values: np.ndarray) -> int:
-    """How many entries the mask blocked that were not blocked before it."""
-    newly = blocked & ~(before_values <= -1e4) if before_values.shape == blocked.shape else blocked
-    return int(np.count_nonzero(newly))
 
 
 def _where_keeps(op: OpRecord) -> bool:
