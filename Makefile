@@ -46,6 +46,7 @@ golden: $(STAMP)
 	$(BIN)/mha-tui explain "I love AI !" --module tests/fixtures/sdpa_variants.py:FloatMask --dump tests/golden/why-sdpa-mask-float.txt --why "mask[0, 1, 3, 0]"
 	$(BIN)/mha-tui explain "the cat sat on the mat" -C 16 -H 4 --module tests/fixtures/mechanisms/softcap.py:Gemma2Attention --dump tests/golden/why-op-softcap.txt --why "op-2[0, 1, 2, 1]"
 	$(BIN)/mha-tui explain "the cat sat on the mat" -C 16 -H 4 --module tests/fixtures/mechanisms/fnet_fourier.py:FNetBasicFourierTransform --dump tests/golden/why-op-fnet.txt --why "op[0, 2, 3]"
+	$(BIN)/mha-tui explain "I love AI !" --heads 2 --module tests/fixtures/einsum_attn.py:EinsumAttention --dump tests/golden/why-einsum-attend.txt --why "attend[0, 1, 2, 1]"
 	$(BIN)/mha-tui explain "I love AI !" --quiz --dump tests/golden/quiz-default.txt
 	$(BIN)/mha-tui explain "I love AI !" --quiz --dump tests/golden/quiz-default.md
 	$(BIN)/mha-tui explain "the cat sat on the mat" -C 16 -H 4 --module tests/fixtures/mechanisms/llama_rotary.py:LlamaAttention --quiz --dump tests/golden/quiz-llama.txt

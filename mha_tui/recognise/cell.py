@@ -53,7 +53,8 @@ class Why:
     computed: float  # by mha-tui, in float64, from the recorded inputs
     recorded: float  # the module's own number (or, with `recorded_by`, whose it is)
     basis: str = ""
-    """What mha-tui computed from, when not only the recorded tensors (an expansion's)."""
+    """What mha-tui computed from, when not only the recorded tensors (an expansion's); not
+    recomputed: what the recorded steps are (default: what the op was given)."""
     recorded_by: str = ""
     """Whose number `recorded` is, when not the module's: "mha-tui's expansion's" for a stage
     mha-tui computed itself from a fused op's inputs (kinds/sdpa.py)."""
@@ -62,6 +63,8 @@ class Why:
     recomputed: bool = True
     """False: an op mha-tui does not recompute (op_cell.unknown); `computed` is then only the
     recorded number again, and is never called equal."""
+    reason: str = ""
+    """Why `recomputed` is False, when not an op mha-tui does not know (the verdict line)."""
 
     @property
     def difference(self) -> float:
@@ -214,6 +217,14 @@ def where(cell: Cell, row_axis: str = "query", col_axis: str = "key") -> str:
     return ", ".join(parts)
 
 
+def head_prefix(cell: Cell) -> str:
+    """"1, " for head 1 of a tensor whose first axis is the head (NumPy's (h, T, .), no batch):
+    a label Q[2, 0] would read as head 2's first row there. "" where a batch axis comes first
+    (torch's (B, h, T, .): the formula line gives the lead indices)."""
+    dims = cell.record.dims
+    return f"{cell.head}, " if dims[:1] == ("h",) and cell.head is not None else ""
+
+
 def dot(cell: Cell, row: np.ndarray, col: np.ndarray, labels: list[str], what: str
          ) -> tuple[tuple[Term, ...], tuple[str, ...], float]:
     """Σ row[k] * col[k], in float64: a term per k, or the largest and the rest summed."""
@@ -263,40 +274,54 @@ def _matmul_linear(cell: Cell, role: str) -> Why:
                 f"{o} of {name} makes channel {o}", *notes), total, cell.recorded)
 
 
+_ADDMM = "addmm"
+"""GPT-2's Conv1D: torch.addmm(bias, x, W) = bias + x @ W, W stored (in, out)."""
+
+
+def _addmm_plain(op: OpRecord) -> bool:
+    """addmm(bias, x, W) with beta = alpha = 1: bias + x @ W, nothing scaled."""
+    return op.name != _ADDMM or (len(op.inputs) == 3 and op.kwarg("beta", 1) == 1
+                                 and op.kwarg("alpha", 1) == 1)
+
+
 def linear(cell: Cell, role: str) -> Why:
-    ops = cell.ops("linear")
+    ops = [op for op in cell.ops("linear", _ADDMM) if _addmm_plain(op)]
     if not ops:
         return _matmul_linear(cell, role)
-    op = next((o for o in ops if np.array_equal(o.out.values, cell.record.values)), None)
+    values = cell.record.values
+    op = next((o for o in ops if np.array_equal(o.out.values, values, equal_nan=True)), None)
     index = cell.index
     if op is None:  # the same numbers in another shape: (T*B, C) viewed as (B, T, C), B = 1
-        values = cell.record.values
         op = next((o for o in ops if o.out.values.size == values.size and o.out.values.ndim >= 2
-                   and np.array_equal(o.out.values.reshape(values.shape), values)), None)
+                   and np.array_equal(o.out.values.reshape(values.shape), values,
+                                      equal_nan=True)), None)
         if op is not None:
             index = reindex(index, values.shape, op.out.shape)
     *lead, t, o = index
     own = None  # (head, its channel): the heads ran as modules of their own (a ModuleList)
     part = None  # (the block's first channel, its width): a part of one fused layer's output
     if op is None:
-        part_of = _fused_part(cell, ops)
+        part_of = fused_part(cell, ops)
         if part_of is not None:
             op, part = part_of
             o += part[0]
+            *lead, t = reindex(index[:-1], values.shape[:-1], op.out.shape[:-1])
         else:
             op, own = _own_layer(cell, ops)
             o = own[1]
-    x, weight = cell.operand(op, 0), cell.operand(op, 1)
+    conv1d = op.name == _ADDMM  # (in, out): column o makes channel o
+    x, weight = cell.operand(op, 1 if conv1d else 0), cell.operand(op, 2 if conv1d else 1)
     row = x[(*lead, t)]
-    col = weight[o] if weight.shape[0] == op.out.shape[-1] else weight[:, o]
+    col = weight[:, o] if conv1d or weight.shape[0] != op.out.shape[-1] else weight[o]
     d_h = cell.trace.config.head_dim
     name = cell.stage.tensors[0].name if role == "W_O" else "W"
     labels = [f"in {k}" + (f" (head {k // d_h}, d{k % d_h})" if role == "W_O" else "")
-              + f": x[{t}, {k}] × {name}[{o}, {k}]" for k in range(len(row))]
+              + f": x[{t}, {k}] × {name}[{f'{k}, {o}' if conv1d else f'{o}, {k}'}]"
+              for k in range(len(row))]
     terms, notes, total = dot(cell, row, col, labels, "products")
     bias = None
     if len(op.inputs) > 2:
-        bias = float(cell.operand(op, 2)[o])
+        bias = float(cell.operand(op, 0 if conv1d else 2)[o])
         total += bias
         terms = (*terms[:-1], Term(f"+ bias[{o}]", (), bias), Term("sum", (), total))
     extra = []
@@ -308,8 +333,8 @@ def linear(cell: Cell, role: str) -> Why:
         first, width = part
         extra.insert(0, f"{cell.record.name} is channels {first}-{first + width - 1} of one fused "
                         f"layer's output ({op.out.shape[-1]} channels, cut by split or chunk): "
-                        f"its channel {cell.index[-1]} is the layer's channel {o}, row {o} of "
-                        "its weight")
+                        f"its channel {cell.index[-1]} is the layer's channel {o}, "
+                        f"{'column' if conv1d else 'row'} {o} of its weight")
     if own is not None:
         name = f"head {own[0]}'s W"
         extra.insert(0, f"the heads ran as modules of their own: channel {cell.index[-1]} of "
@@ -317,15 +342,22 @@ def linear(cell: Cell, role: str) -> Why:
                         f"{op.out.shape[-1]} channels each, side by side), its row {o}")
         terms = tuple(replace(term, label=term.label.replace(f"W[{o}, ", f"{name}[{o}, "))
                       for term in terms)
+    if conv1d:
+        stored = cell.operand(op, 2).shape
+        extra.insert(0, f"torch.addmm(bias, x, W) = bias + x @ W (GPT-2's Conv1D): W is stored "
+                        f"(in, out) = ({stored[0]}, {stored[1]}), the transpose of nn.Linear's "
+                        f"(out, in), so column {o} of W makes channel {o}")
     return Why(cell.stage.id, cell.stage.kind, cell.record.name, cell.index, where(cell),
-               f"{cell.name} = x[{t}, :] · {name}[{o}, :]" + (" + bias" if bias is not None else ""),
+               f"{cell.name} = x[{t}, :] · {name}[{f':, {o}' if conv1d else f'{o}, :'}]"
+               + (" + bias" if bias is not None else ""),
                terms, ((f"every output channel mixes all heads: in-channels of head h are "
                         f"h·{d_h} to h·{d_h}+{d_h - 1}" if role == "W_O" else
-                        "one row of the weight, dotted with the token's x"), *notes, *extra),
+                        f"one {'column' if conv1d else 'row'} of the weight, dotted with the "
+                        "token's x"), *notes, *extra),
                total, cell.recorded)
 
 
-def _fused_part(cell: Cell, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, int]] | None:
+def fused_part(cell: Cell, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, int]] | None:
     """The linear op whose output holds the cell's tensor as one block of its channels (q, k
     and v split from one fused layer), and where that block starts. Found by the values,
     never by the module's names."""
@@ -333,10 +365,12 @@ def _fused_part(cell: Cell, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, i
     width = values.shape[-1] if values.ndim else 0
     for op in ops:
         out = op.out.values
-        if not width or out.shape[:-1] != values.shape[:-1] or out.shape[-1] <= width:
-            continue
+        if not width or out.ndim < 2 or out.shape[-1] <= width or \
+                math.prod(out.shape[:-1]) != math.prod(values.shape[:-1]):
+            continue  # the leading axes: the same, or flattened ((B*T, out): addmm's)
+        out = out.reshape((*values.shape[:-1], out.shape[-1]))
         for first in range(out.shape[-1] - width + 1):
-            if np.array_equal(out[..., first:first + width], values):
+            if np.array_equal(out[..., first:first + width], values, equal_nan=True):
                 return op, (first, width)
     return None
 
@@ -399,6 +433,23 @@ def maker(cell: Cell, names: set[str] | None = None) -> tuple[OpRecord, tuple[in
     if found is None:
         raise WhyError(f"cannot tell which op of stage {cell.stage.id} made {cell.name}")
     return found, reindex(cell.index, values.shape, found.out.shape)
+
+
+def broadcast_lead(operand: np.ndarray, lead: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """The operand's own index for the output's leading index `lead` of a matmul (the last
+    two axes are the matrices): torch and NumPy broadcast the leading axes, so an axis of size
+    1 is read at 0 (one K/V head shared by every query head) and a missing axis is dropped."""
+    n = operand.ndim - 2
+    own = list(lead)[len(lead) - n:] if n > 0 else []
+    return tuple(0 if size == 1 else k for k, size in zip(own, operand.shape[:n], strict=True))
+
+
+def shared_note(own: tuple[int, ...], lead: tuple[int, ...] | list[int], what: str) -> tuple[str, ...]:
+    """A note when the matmul broadcast an operand (read at another leading index)."""
+    if own == tuple(lead):
+        return ()
+    return (f"{what} has one head, shared by every query head (multi-query): the matmul "
+            f"broadcasts it, so it is read at [{', '.join(map(str, own))}]",)
 
 
 def reindex(index: tuple[int, ...], shape: tuple[int, ...], other: tuple[int, ...]

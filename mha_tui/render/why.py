@@ -64,7 +64,8 @@ def why_view(why: Why, opts: RenderOptions) -> Group:
                              (_why_number(recorded, d), "bold"), "  ")
         difference, agrees = why.compared(recorded)
         if not why.recomputed:
-            line.append_text(Text("not recomputed: mha-tui does not know this op", style="yellow"))
+            line.append_text(Text(f"not recomputed: {say(why.reason or 'mha-tui does not know this op')}",
+                                  style="yellow"))
         elif agrees:
             rounding = f" (difference {difference:.1e}: float32 rounding)" if difference else ""
             line.append_text(Text.assemble((ok, "green"), " equal" + rounding))
@@ -84,7 +85,8 @@ def why_view(why: Why, opts: RenderOptions) -> Group:
         head,
         Text(say(why.formula)),
         Text(f"computed by mha-tui from {say(why.basis) if why.basis else 'the recorded tensors'}:"
-             if why.recomputed else "what the op was given (recorded):", style="italic dim"),
+             if why.recomputed else f"{say(why.basis or 'what the op was given')} (recorded):",
+             style="italic dim"),
         Padding(steps, (0, 0, 0, 2)),
         *checks,
         *(Text(say(note), style="dim") for note in why.notes),

@@ -12,13 +12,15 @@ import numpy as np
 from ...judge.numeric import products_agree, recomputed_agrees
 from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BHTD, BHTT
-from ..cell import Cell, Why, dot, where
+from ..cell import Cell, Why, broadcast_lead, dot, head_prefix, shared_note, where
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, broadcast_heads
 from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from ..vocab import MATMULS
+from .op_cell.reading import bracket
+from .product_cell import by_rows, called, generic, summed_over
 
 if TYPE_CHECKING:
     from ...judge.judging import Judge, Row
@@ -87,10 +89,27 @@ def judge(j: Judge) -> list[Row]:
 
 def why(cell: Cell) -> Why:
     """A context value: V's rows weighted by the softmax row, one term per key token."""
+    if not cell.ops("matmul", "bmm") and cell.ops("einsum"):
+        return _einsum_why(cell)
     op, index = cell.per_head(cell.ops("matmul", "bmm"))
     weights, values = cell.operand(op, 0), cell.operand(op, 1)
     *lead, i, c = index
-    return weighted_sum_why(cell, weights[(*lead, i)], values[(*lead, slice(None), c)])
+    at_w, at_v = broadcast_lead(weights, lead), broadcast_lead(values, lead)
+    return weighted_sum_why(cell, weights[(*at_w, i)], values[(*at_v, slice(None), c)],
+                            notes=shared_note(at_v, lead, "V"))
+
+
+def _einsum_why(cell: Cell) -> Why:
+    """torch.einsum("bhqk,bkhd->bqhd", weights, v), or any subscripts: the weights' row and
+    V's column, read from the einsum's recorded inputs."""
+    c, f = by_rows(cell)
+    if len(f.summed) != 1:
+        return generic(c, f"{called(c)} sums over {', '.join(f.summed)}: not one term per key "
+                          "token")
+    column = tuple("k" if k == ":" else k for k in f.at[1])
+    return weighted_sum_why(cell, f.a, f.b, f"{f.names[1]}{bracket(column)}", (
+        f"the weights and V are {called(c)}'s recorded inputs, {f.names[0]} and {f.names[1]}; "
+        f"{summed_over(f)}, the key token",))
 
 
 def weighted_sum_why(cell: Cell, weights: np.ndarray, values: np.ndarray,
@@ -98,10 +117,12 @@ def weighted_sum_why(cell: Cell, weights: np.ndarray, values: np.ndarray,
     """The arithmetic of one context value, whoever computed its inputs: Σ_k w[i, k] ×
     V[k, c], one term per key token (`v_column`: how V's column is written, V[k, c])."""
     *_, i, c = cell.index
-    labels = [f"key {cell.token(k)}: w[{i}, {k}] × V[{k}, {c}]" for k in range(len(weights))]
+    h = head_prefix(cell)
+    labels = [f"key {cell.token(k)}: w[{h}{i}, {k}] × V[{h}{k}, {c}]" for k in range(len(weights))]
     terms, many, total = dot(cell, weights, values, labels, "weighted values")
+    column = v_column or f"V[{h}k, {c}]"
     return Why(cell.stage.id, "attend", cell.record.name, cell.index,
-               where(cell), f"{cell.name} = Σ_k weights[{i}, k] × {v_column or f'V[k, {c}]'}  (one term "
+               where(cell), f"{cell.name} = Σ_k weights[{h}{i}, k] × {column}  (one term "
                "per key token: V's rows weighted by the softmax row)", terms,
                (f"column {c} of V, weighted by row {i} of the attention weights", *notes, *many),
                total, cell.recorded)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...judge.numeric import ATOL, RTOL, close, einsum_spec, f64
-from ...records import Check, OpRecord, Stage, Trace
+from ...records import Check, OpRecord, Stage, TensorRecord, Trace
 from ...stages import stage_info
 from ..builder import BHTD, BTC, BTHD, yes
 from ..cell import Cell, Term, Why, expanded_from, main_tensor, previous, where
@@ -107,12 +107,12 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     elif moved is None and final.name in ("cat", "concat", "concatenate"):
         explanation = _joined_explanation(
             "np.concatenate" if final.name == "concatenate" else "torch.cat", s.batched)
-    return m.stage(unit, stage_id, "concat", tensors, checks,
-                      shape_in=m.snap(m.x_in(ops[0])).shape if not m.b.per_head
-                      else b.unbatched((s.B, s.h, s.T, s.d_h), BHTD) if attend_values is not None
-                      else src_shape,
+    src_in = m.snap(m.x_in(ops[0])).shape if not m.b.per_head \
+        else b.unbatched((s.B, s.h, s.T, s.d_h), BHTD) if attend_values is not None else src_shape
+    # dims_in as the attend op holds it: (B, h, T, d_h), or torch's MHA's (B * h, T, d_h)
+    return m.stage(unit, stage_id, "concat", tensors, checks, shape_in=src_in,
                       shape_out=final.out.shape, explanation=explanation,
-                      dims_in=BHTD, dims_out=m.dims(final.out.shape, BTC))
+                      dims_in=m.dims(src_in, BHTD), dims_out=m.dims(final.out.shape, BTC))
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -201,7 +201,6 @@ def judge(j: Judge) -> list[Row]:
 
 def why(cell: Cell) -> Why:
     """A concatenated channel: which head and channel of attend's output it holds."""
-    *_, t, c = cell.index
     attend = previous(cell, "attend")
     heads = main_tensor(attend)
     fused = expanded_from(attend)
@@ -212,10 +211,14 @@ def why(cell: Cell) -> Why:
         notes = ("read from what F.scaled_dot_product_attention returned (the module's own "
                  "output), not from mha-tui's expansion of it",)
     d_h = heads.values.shape[-1]
+    replayed = _replayed(cell, heads.values)
+    *_, t, c = cell.index
     head, channel = divmod(c, d_h)
     at = (head, t, channel) if heads.values.ndim == 3 else (0, head, t, channel)  # NumPy: no B
-    computed = float(heads.values[at])
     name = heads.name.split(" (fused")[0]  # sdpa's "y (fused, from the module)": y
+    if replayed is not None and (replayed != at or cell.record.values.ndim != len(at) - 1):
+        return _moved(cell, name, heads, replayed, notes)
+    computed = float(heads.values[at])
     return Why(cell.stage.id, "concat", cell.record.name, cell.index, where(cell),
                f"{cell.name} = {name}[{', '.join(map(str, at))}]  (column {c} = head "
                f"{head} × d_h {d_h} + channel {channel})",
@@ -224,6 +227,66 @@ def why(cell: Cell) -> Why:
                (f"concat lays the heads side by side: columns {head * d_h}-{head * d_h + d_h - 1} "
                 f"hold head {head}", "the value is copied, not computed", *notes),
                computed, cell.recorded)
+
+
+_REPLAYED = {"transpose", "permute", "view", "reshape", "contiguous"}
+
+
+def _replayed(cell: Cell, heads: np.ndarray) -> tuple[int, ...] | None:
+    """Where in attend's result the cell's number was copied from, found by running the
+    stage's own ops (transpose, permute, view, reshape) on element numbers; None when the
+    stage starts from something else (the heads' own outputs, cat, stack) or holds another op."""
+    ops = cell.stage.ops
+    if not ops or any(op.name not in _REPLAYED for op in ops) or not np.array_equal(
+            cell.operand(ops[0], 0), heads, equal_nan=True):
+        return None
+    ids = np.arange(heads.size).reshape(heads.shape)
+    for op in ops:
+        axes = tuple(a for a in op.args[1:] if isinstance(a, int))
+        if len(op.args) == 2 and isinstance(op.args[1], tuple):
+            axes = tuple(op.args[1])  # permute((0, 2, 1, 3)), view((B, T, C))
+        if op.name == "transpose" and len(axes) == 2:
+            ids = np.swapaxes(ids, *axes)
+        elif op.name in ("permute", "transpose") and sorted(axes) == list(range(ids.ndim)):
+            ids = ids.transpose(axes)  # NumPy's transpose(1, 0, 2) is a permutation
+        elif op.name in ("view", "reshape"):
+            ids = ids.reshape(op.out.shape)
+        elif op.name != "contiguous":
+            return None
+        if ids.shape != tuple(op.out.shape):
+            return None
+        if ids.shape == cell.record.values.shape and np.array_equal(
+                op.out.values, cell.record.values, equal_nan=True):
+            return tuple(int(k) for k in np.unravel_index(int(ids[cell.index]), heads.shape))
+    return None
+
+
+def _moved(cell: Cell, name: str, heads: TensorRecord, at: tuple[int, ...],
+           notes: tuple[str, ...]) -> Why:
+    """A cell the stage's ops took from attend's result at `at`: a tensor not yet merged into
+    (B, T, C), or heads merged in another order (a view without the transpose)."""
+    head, t, channel = at[-3:]
+    computed = float(heads.values[at])
+    ops = ", ".join(dict.fromkeys(op.name for op in cell.stage.ops))
+    said = [f"the stage's ops ({ops}), replayed by mha-tui on element numbers, copy "
+            f"{name}[{', '.join(map(str, at))}] here"]
+    *_, t_here, c = cell.index
+    if cell.record.dims[-1] == "C":
+        expected = divmod(c, heads.values.shape[-1])
+        if (t, (head, channel)) != (t_here, expected):
+            said.append(f"so column {c} of token {cell.token(t_here)} holds head {head}'s channel "
+                        f"{channel} of token {cell.token(t)}, not head {expected[0]}'s channel "
+                        f"{expected[1]} of token {cell.token(t_here)}: the heads were not moved "
+                        "back next to each other before the merge")
+    elif cell.record.dims[-2:] == ("h", "d_h"):
+        said.append("the heads are not merged into C columns in this tensor: each token still "
+                    "holds h rows of d_h")
+    return Why(cell.stage.id, "concat", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = {name}[{', '.join(map(str, at))}]  (head {head}, token "
+               f"{cell.token(t)}, channel {channel})",
+               (Term(f"head {head}, channel {channel}, token {cell.token(t)} (attend)", (),
+                     computed),),
+               (*said, "the value is copied, not computed", *notes), computed, cell.recorded)
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:

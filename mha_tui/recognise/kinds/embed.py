@@ -5,6 +5,8 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...records import Check, Embedded, Stage, Trace
 from ..builder import BTC
 from ..cell import Cell, Term, Why, where
@@ -41,6 +43,8 @@ def _all(n: int, noun: str) -> str:
 
 def why(cell: Cell) -> Why:
     """An embedding value: the token's row of the table (looked up, not computed)."""
+    if not any(r.name == "ids" for r in cell.stage.tensors):
+        return _layer_input(cell)
     *_, t, c = cell.index
     ids = cell.stage.tensor("ids").values
     table = next(r for r in cell.stage.tensors if r.dims == ("vocab", "C"))
@@ -50,6 +54,41 @@ def why(cell: Cell) -> Why:
                f"{cell.name} = {table.name}[{token_id}, {c}]  (token {cell.token(t)} has id "
                f"{token_id})", (Term(f"row {token_id} of the table, column {c}", (), computed),),
                ("looked up, not computed",), computed, cell.recorded)
+
+
+def _layer_input(cell: Cell) -> Why:
+    """A Hugging Face layer's input (pipeline/hf_input.py: the model's embeddings, its
+    residual stream, the layer norm before attention): the recorded numbers of this token and
+    channel, step by step. x read unchanged from the step before is checked; a layer norm in
+    between is the model's own number (its weights are not recorded here)."""
+    *_, t, c = cell.index
+    ids = next((r for r in cell.stage.tensors if r.kind == "int"), None)
+    steps = [r for r in cell.stage.tensors[:-1] if r.values.shape == cell.record.values.shape]
+    terms = []
+    if ids is not None and ids.values.size:
+        token_id = int(ids.values.reshape(-1)[t])
+        terms.append(Term(f"token {cell.token(t)} (position {t}) has id {token_id}"))
+    terms += [Term(f"{r.name}[{', '.join(map(str, cell.index))}]", (), float(r.values[cell.index]))
+              for r in steps]
+    checked = next((check.label for check in cell.stage.checks if check.label.startswith("x is")), "")
+    last = steps[-1] if steps else None
+    if last is not None and np.array_equal(last.values, cell.record.values, equal_nan=True):
+        computed = float(last.values[cell.index])
+        return Why(cell.stage.id, "embed", cell.record.name, cell.index, where(cell),
+                   f"{cell.name} = {last.name}[{', '.join(map(str, cell.index))}]", tuple(terms),
+                   (f"{cell.record.name} is {last.name} itself: the same number, read, not "
+                    "computed", *([f"the stage's check: {checked}"] if checked else [])),
+                   computed, cell.recorded, basis="the layer's input, as the model made it")
+    made = f"the model's layer norm of {last.name}" if last is not None else "the model's own"
+    return Why(cell.stage.id, "embed", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = {made}, channel {c}", tuple(terms),
+               (f"{cell.record.name} is what the model computed before its attention layer: "
+                "this number is the model's own, read from the recording; mha-tui does not "
+                "recompute the layer norm here (its weights are not part of this stage)",
+                *([f"the stage's check: {checked} (the whole tensor, recomputed in torch)"]
+                  if checked else [])),
+               cell.recorded, cell.recorded, basis="how the model made the layer's input",
+               recomputed=False, reason="the model's layer norm, computed before this layer")
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:

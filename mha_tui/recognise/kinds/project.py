@@ -12,16 +12,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...judge.numeric import allclose, close, f64, linear_parts
+from ...judge.numeric import allclose, close, einsum_spec, f64, linear_parts
 from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ..builder import BTC, Builder
-from ..cell import Cell, Why, linear
+from ..cell import Cell, Why, WhyError, linear
 from ..graph import Graph
 from ..grouping import Unit
-from ..maker import StageMaker
+from ..maker import StageMaker, api_name
 from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from ..vocab import PRODUCTS, PROJECTIONS, SHAPE_OPS, SPLITS
+from .product_cell import PRODUCTS as PRODUCT_OPS
+from .product_cell import weight_row_why
 
 if TYPE_CHECKING:
     from ...judge.judging import Judge, Row
@@ -93,6 +95,14 @@ MATMUL_PROJECT = (
     "x times a (C, C) weight stored as (in, out): output channel j is column j of the weight "
     "(nn.Linear stores the transpose). Output channels 0..d_h-1 will become head 0, the next "
     "d_h head 1, and so on.")
+EINSUM_ROWS_PROJECT = (
+    "x times a (C, C) weight stored as (out, in), as nn.Linear stores it: the einsum sums over "
+    "the weight's second axis, so output channel j is row j of the weight (x @ W.T). Output "
+    "channels 0..d_h-1 will become head 0, the next d_h head 1, and so on.")
+EINSUM_ROWS_W_O = (
+    "A final C x C projection mixes the heads: the einsum reads W stored as (out, in), as "
+    "nn.Linear stores it (x @ W.T), so every output channel is a weighted sum over all C input "
+    "channels, so over every head.")
 MATMUL_W_O = (
     "A final C x C projection, x @ W with W stored as (in, out), mixes the heads: every output "
     "channel is a weighted sum over all C input channels, so over every head.")
@@ -116,6 +126,7 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
     ok_all = True
     has_bias = False
     any_transposed = False  # x @ W.T written out (Falcon), not nn.Linear
+    einsum_rows = False  # einsum("btc,oc->bto", x, W): W read as (out, in)
     by_role: dict[str, list[OpRecord]] = {}
     for op in products:
         by_role.setdefault(b.role(op) if kind == "project" else "O", []).append(op)
@@ -136,9 +147,14 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
             precision = np.promote_types(np.promote_types(xin.dtype, w.values.dtype), np.float32)
             xin = xin.astype(precision, copy=False)
             wv = w.values.astype(precision, copy=False)
-            # nn.Linear stores (out, in) and computes x @ W.T; addmm / x @ W use (in, out)
-            stored_out_in = op.name == "linear" or transposed
-            product = xin @ (wv.T if stored_out_in else wv) if op.name != "einsum" else None
+            # nn.Linear stores (out, in) and computes x @ W.T; addmm / x @ W use (in, out);
+            # an einsum reads W as its subscripts say ("btc,oc->bto": (out, in))
+            read_out_in = op.name == "einsum" and _einsum_reads_rows(g, op, w_ref)
+            stored_out_in = op.name == "linear" or transposed or read_out_in
+            any_transposed |= read_out_in
+            einsum_rows |= read_out_in
+            product = xin @ (wv.T if stored_out_in else wv) if op.name != "einsum" else \
+                _einsum_product(g, op, m, precision)
             last = _result_of(m, op, unit)
             if product is not None:
                 if bias_refs:
@@ -180,18 +196,39 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
         elif fused:
             explanation = FUSED_WHOLE.format(W=products[0].out.shape[-1])
         elif layer != "nn.Linear":
-            explanation = MATMUL_PROJECT
+            explanation = EINSUM_ROWS_PROJECT if einsum_rows else MATMUL_PROJECT
         widths = {role: ops[0].out.shape[-1] for role, ops in by_role.items() if ops}
         if not m.b.per_head and not splits and not fused and any(w != s.C for w in widths.values()):
             explanation = _narrow_explanation(widths, s.C, s.d_h)
     elif layer != "nn.Linear":
-        explanation = MATMUL_W_O
+        explanation = EINSUM_ROWS_W_O if einsum_rows else MATMUL_W_O
     stage = m.stage(unit, stage_id, kind, tensors + outputs, checks, explanation=explanation,
                        title=title,
                        shape_in=x_snap.shape, shape_out=shape_out,
                        dims_in=m.dims(x_snap.shape, BTC),
                        dims_out=out_snap.dims if out_snap else BTC)
     return stage
+
+def _einsum_reads_rows(g: Graph, op: OpRecord, w_ref: Ref) -> bool:
+    """einsum("btc,oc->bto", x, W): W's second letter is the one summed, so the einsum reads
+    W as (out, in), as nn.Linear stores it (x @ W.T); "btc,cd->btd" reads it as (in, out)."""
+    spec, operands = einsum_spec(op), g.tensor_operands(op)
+    if spec is None or w_ref not in operands or len(operands) != 2:
+        return False
+    ins, out = spec
+    letters = ins[operands.index(w_ref)]
+    return len(letters) == 2 and letters[0] in out and letters[1] not in out
+
+
+def _einsum_product(g: Graph, op: OpRecord, m: StageMaker, precision: np.dtype) -> np.ndarray | None:
+    """The einsum recomputed from its recorded operands, at the module's precision."""
+    spec, operands = einsum_spec(op), g.tensor_operands(op)
+    if spec is None or len(spec[0]) != len(operands):
+        return None
+    ins, out = spec
+    return np.einsum(f"{','.join(ins)}->{out}",
+                     *(m.snap(r).values.astype(precision, copy=False) for r in operands))
+
 
 def _narrow_explanation(widths: dict[str, int], C: int, d_h: int) -> str:
     """The words when the projections are not all C x C (shared K/V heads): their true shapes."""
@@ -298,7 +335,7 @@ def add_param_check(stages: list[Stage], n_params: int, b: Builder) -> None:
             four = n_params == 4 * C * C
             label = (f"the module has {n_params} parameters = 4 * C^2 = 4 * {C}^2, whatever h is"
                      if four else f"the module has {n_params} parameters")
-            stages[i] = replace(stage, checks=(*stage.checks, Check(label, True if four else None)))
+            stages[i] = replace(stage, checks=(*stage.checks, Check(label, None)))
             return
 
 
@@ -327,12 +364,66 @@ def linear_row(j: Judge, stage: Stage, kind: str) -> Row:
 
 
 def judge(j: Judge) -> list[Row]:
-    """Each projection stage: Q, K, V are linear maps of x."""
-    return [linear_row(j, s, "project") for s in j.trace.stages if s.kind == "project"]
+    """Each projection stage: Q, K, V are linear maps of x, each role from its own."""
+    rows = [linear_row(j, s, "project") for s in j.trace.stages if s.kind == "project"]
+    return rows + own_projections(j)
+
+
+def own_projections(j: Judge) -> list[Row]:
+    """Q, K and V each cut from a projection of their own. `context = weights @ q` or
+    `scores = q @ q.T` reads one projection in two roles; copied in by role, the reference
+    would get that projection's weights twice and agree, so it is judged here: the role that
+    took another's projection is wrong at the line that used it, and a projection whose
+    output reaches nothing is named."""
+    taken: list[tuple[str, OpRecord, np.ndarray]] = []  # role, projection product, its part
+    for role, entries in j.head_operands().items():
+        for _, ref, consumer in entries:
+            part, _, product, _ = j.chain_to_projection(ref, through=True)
+            if part is None or product is None:
+                continue
+            first = next((other for other, op, values in taken if other != role
+                          and op.index == product.index and values.shape == part.shape
+                          and np.array_equal(values, part, equal_nan=True)), None)
+            if first is None:
+                taken.append((role, product, part))
+                continue
+            line = j.where(product.source)[1]
+            words = (f"{role} is cut from the projection that made {first} (line {line}): "
+                     f"multi-head attention gives Q, K and V a projection each")
+            unused = [op for op in _unused_projections(j) if op.index != product.index]
+            if unused:
+                words += "; " + ", ".join(
+                    f"{op.module or api_name(op)}'s output (line {j.where(op.source)[1]})"
+                    for op in unused) + " never reaches the output"
+            stage = next((s for s in j.trace.stages
+                          if any(op.index == consumer.index for op in s.ops)), None)
+            kind = stage.kind if stage is not None else "project"
+            return [j.row(stage, kind, False, None,
+                          f"{role} comes from its own projection",
+                          source=consumer.source, diagnosis=("role_shared", words))]
+    return []
+
+
+def _unused_projections(j: Judge) -> list[OpRecord]:
+    """The linear maps of x whose output reaches nothing the forward returned."""
+    output = j.g.rec.output
+    reaches = {output.op} if output is not None and output.op is not None else set()
+    for op in reversed(j.g.ops):
+        if op.index in reaches:
+            reaches.update(ref.op for ref in op.inputs if ref.kind == "op")
+    return [op for op in j.g.ops if j.g.from_x[op.index] and op.index not in reaches
+            and op.name in PRODUCTS and linear_parts(j.g, op) is not None]
 
 
 def why(cell: Cell) -> Why:
-    """A channel of Q, K or V: the token's x dotted with one row of the weight."""
+    """A channel of Q, K or V: the token's x dotted with one row of the weight (nn.Linear,
+    F.linear, NumPy's x @ W), or with the column or row of a raw weight parameter the product
+    reads (x @ W, torch.matmul, x @ W.T, einsum: product_cell)."""
+    if not cell.ops("linear") and cell.ops(*PRODUCT_OPS):
+        try:
+            return linear(cell, "W")  # NumPy's 2-d x @ W
+        except WhyError:
+            return weight_row_why(cell, "W")
     return linear(cell, "W")
 
 

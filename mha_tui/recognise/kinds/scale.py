@@ -248,7 +248,7 @@ def judge(j: Judge) -> list[Row]:
     for stage in stages:
         final = stage is stages[-1]
         src = last_op.source if final and last_op is not None else None
-        rows.append(j.row(stage, "scale", ok if final else True, diff if final else None,
+        rows.append(j.row(stage, "scale", ok if final else None, diff if final else None,
                              checked if final else "part of the scaling, judged with the last",
                              source=src, note=note if final else "",
                              diagnosis=diagnosis if final else None))
@@ -280,9 +280,9 @@ def scale_diagnosis(j: Judge, total: float) -> tuple[str, str]:
 
 def why(cell: Cell) -> Why:
     """A scaled score: the division (or product) and the d_h it comes from."""
-    op, index = cell.per_head(cell.ops("div", "mul", "true_divide", "multiply"))
+    op, index = cell.per_head(cell.ops("div", "mul", "true_divide", "multiply", "div_", "mul_"))
     return scaled_why(cell, float(cell.operand(op, 0)[index]), cell.scalar(op),
-                      op.name in ("div", "true_divide"), cell.trace.config.head_dim)
+                      op.name in ("div", "true_divide", "div_"), cell.trace.config.head_dim)
 
 
 def scaled_why(cell: Cell, before: float, number: float, divides: bool, d_h: int,

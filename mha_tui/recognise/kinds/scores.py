@@ -15,13 +15,29 @@ import numpy as np
 from ...judge.numeric import products_agree, recomputed_agrees
 from ...records import Check, OpRecord, Snapshot, Stage, Trace
 from ..builder import BHTD, BHTT
-from ..cell import Cell, Term, Why, WhyError, dot, expanded_from, fused_argument, reindex, where
+from ..cell import (
+    Cell,
+    Term,
+    Why,
+    WhyError,
+    broadcast_lead,
+    dot,
+    expanded_from,
+    fused_argument,
+    head_prefix,
+    reindex,
+    shared_note,
+    where,
+)
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, broadcast_heads, synthetic, words
+from ..mask_shape import mask_shape
 from ..quizzing import EXPANDED, Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import MATMULS
+from .op_cell.reading import bracket
+from .product_cell import by_rows, called, generic, summed_over
 
 if TYPE_CHECKING:
     from ...judge.judging import Judge, Row
@@ -125,9 +141,13 @@ def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
         if raw4.shape == values.shape else True
     n_inf = int(np.isneginf(values).sum())
     bias = m.snap(bias_ref)
+    title, explanation = words("mask")
+    shape = mask_shape(blocked)  # what the mask blocks, read from the entries (padding ...)
+    if shape.kind != "causal" and blocked.any():
+        title, explanation = shape.title, shape.explanation
     mask = Stage(
-        id="mask", title=words("mask")[0], code=scores.code,
-        explanation=words("mask")[1], shape_in=snap.shape, shape_out=snap.shape,
+        id="mask", title=title, code=scores.code,
+        explanation=explanation, shape_in=snap.shape, shape_out=snap.shape,
         dims_in=BHTT, dims_out=BHTT,
         tensors=(m.b.record(m.spelled(bias_ref, op), bias,
                                m.dims(bias.shape, ("T", "T"), ("B", "T", "T")),
@@ -221,14 +241,31 @@ def why(cell: Cell) -> Why:
     """A score: Q's row dotted with K's row, the d_h products and their sum."""
     if not cell.ops("matmul", "bmm") and cell.ops("baddbmm"):
         return _baddbmm_why(cell)
+    if not cell.ops("matmul", "bmm") and cell.ops("einsum"):
+        return _einsum_why(cell)
     op, index = cell.per_head(cell.ops("matmul", "bmm"))
     queries, keys_t = cell.operand(op, 0), cell.operand(op, 1)
     *lead, i, j = index
+    at_q, at_k = broadcast_lead(queries, lead), broadcast_lead(keys_t, lead)
     head = ", ".join(map(str, cell.index[:-2]))
-    return score_why(cell, queries[(*lead, i)], keys_t[(*lead, slice(None), j)],
-                     f"Q[{head}, {i}, :]", f"K[{head}, {j}, :]",
+    k_head = head if at_k == tuple(lead) else ", ".join(map(str, at_k))
+    return score_why(cell, queries[(*at_q, i)], keys_t[(*at_k, slice(None), j)],
+                     f"Q[{head}, {i}, :]", f"K[{k_head}, {j}, :]",
                      ("Q and K are the matmul's recorded inputs (K as K^T: its column "
-                      f"{j})",))
+                      f"{j})", *shared_note(at_k, lead, "K")))
+
+
+def _einsum_why(cell: Cell) -> Why:
+    """torch.einsum("bqhd,bkhd->bhqk", q, k), or any subscripts: the query's row dotted with
+    the key's, read from the einsum's recorded inputs."""
+    c, f = by_rows(cell)
+    if len(f.summed) != 1:
+        return generic(c, f"{called(c)} sums over {', '.join(f.summed)}: not one dot product "
+                          "of a query and a key")
+    q_name, k_name = (f"{name}{bracket(at)}" for name, at in zip(f.names, f.at, strict=True))
+    return score_why(cell, f.a, f.b, q_name, k_name,
+                     (f"Q and K are {called(c)}'s recorded inputs, {f.names[0]} and "
+                      f"{f.names[1]}; {summed_over(f)}",))
 
 
 def _baddbmm_why(cell: Cell) -> Why:
@@ -271,7 +308,8 @@ def score_why(cell: Cell, query: np.ndarray, key: np.ndarray, q_name: str, k_nam
     """The arithmetic of one score, whoever computed its inputs: query · key, the d_h
     products and their sum (a matmul's scores; sdpa's expansion)."""
     *_, i, j = cell.index
-    terms, many, total = dot(cell, query, key, [f"d{k}: Q[{i}, {k}] × K[{j}, {k}]"
+    h = head_prefix(cell)
+    terms, many, total = dot(cell, query, key, [f"d{k}: Q[{h}{i}, {k}] × K[{h}{j}, {k}]"
                                                 for k in range(len(query))], "products")
     return Why(cell.stage.id, "scores", cell.record.name, cell.index, where(cell),
                f"{cell.name} = {q_name} · {k_name}  (a dot product over d_h = {len(query)})",

@@ -5,6 +5,7 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,8 +19,9 @@ from ..grouping import Unit
 from ..maker import StageMaker, words
 from ..quizzing import Question, cell_index, head_of_interest, number_text, recorded, token_name
 from ..sizes import Sizes
-from ..vocab import SOFTMAXES
+from ..vocab import LARGE_NEGATIVE, SOFTMAXES
 from ..vocab import softmax as softmax_of
+from .scores import scaled_inside
 
 if TYPE_CHECKING:
     from ...judge.judging import Judge, Row
@@ -96,6 +98,10 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     note = "" if "mask" in m.made else (
         "No mask was applied: every token sees every token, later ones included "
         "(bidirectional attention, as in an encoder such as BERT).")
+    if "scale" not in m.made and scaled_inside(m.g) is None and m.s.d_h:
+        note = " ".join(filter(None, [note, (
+            f"Nothing scaled these scores: softmax takes Q·Kᵀ as it is, not divided by "
+            f"√d_h = {math.sqrt(m.s.d_h):.4g} (d_h = {m.s.d_h}).")]))
     explanation = None
     if by_hand:
         stable = any(op.name == "sub" for op in ops)
@@ -118,7 +124,9 @@ def softmax_checks(weights: np.ndarray, before: np.ndarray) -> list[Check]:
     deviation = float(np.abs(weights.sum(axis=-1, dtype=weights.dtype) - 1).max()) if weights.size else 0.0
     checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e})", deviation < 1e-5)]
     if before.shape == weights.shape:
-        blocked = before == -np.inf if before.dtype.kind == "f" else np.isneginf(before)
+        # the entries the mask stage counts as blocked: -inf or a large negative such as
+        # finfo.min or -1e9 (a mask that fills -3.4e38 blocks as surely as -inf)
+        blocked = before <= LARGE_NEGATIVE if before.dtype.kind == "f" else np.isneginf(before)
         n_blocked = int(np.count_nonzero(blocked))
         if n_blocked:
             n_zero = int(np.count_nonzero((weights == 0) & blocked))  # without indexing
@@ -173,9 +181,11 @@ def why(cell: Cell) -> Why:
     if not ops and cell.ops("exp"):  # NumPy: exp(s - max(s)) / sum, the row's max op first
         ops = cell.ops("max", "amax")
     op, index = cell.per_head(ops)
+    scores = cell.operand(op, 0)
+    axis = _axis(op, scores.ndim)
+    cell_at = index  # the cell in the scores' coordinates
     if op.name in ("max", "amax"):  # its output is (T, 1): the cell's row, not its column
         index = (*index[:-1], 0)
-    scores = cell.operand(op, 0)
     *lead, i, _ = index
     notes = []
     dropouts = cell.ops("dropout", "dropout_")
@@ -185,7 +195,51 @@ def why(cell: Cell) -> Why:
         notes.append(f"then dropout (p={p}, training={training}): "
                      + ("it changes nothing here" if training is False or p == 0
                         else "it can zero or rescale this weight"))
+    if axis != scores.ndim - 1:  # a softmax over another axis (dim=-2: down a column)
+        return _across(cell, scores, cell_at, axis, tuple(notes))
     return softmax_why(cell, scores[(*lead, i)], tuple(notes))
+
+
+def _axis(op: OpRecord, ndim: int) -> int:
+    """The axis the softmax (or NumPy's row max before exp) normalises over, from 0."""
+    if op.name in ("max", "amax"):
+        axis = op.kwarg("axis", op.args[1] if len(op.args) > 1 else -1)
+    else:
+        axis = op.kwarg("dim", op.args[1] if len(op.args) > 1 else -1)
+    return int(axis) % ndim if isinstance(axis, int) and ndim else max(ndim - 1, 0)
+
+
+def _across(cell: Cell, scores: np.ndarray, index: tuple[int, ...], axis: int,
+            notes: tuple[str, ...]) -> Why:
+    """A weight of a softmax over another axis than the keys: exp(s - max) / Σ exp(s - max)
+    along that axis (the query axis: down the cell's column), a term per position on it."""
+    values = scores[(*index[:axis], slice(None), *index[axis + 1:])].astype(np.float64)
+    p = index[axis]
+    queries = axis == scores.ndim - 2
+    what = "query axis" if queries else f"axis {axis}"
+    j = cell.index[-1]
+    at = (lambda k: f"s[{k}, {j}]") if queries else (lambda k: f"s[{axis}={k}]")
+    top = float(np.max(values))
+    with np.errstate(invalid="ignore"):
+        exps = np.exp(values - top)
+    total = float(exps.sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        computed = float(exps[p] / total)
+    terms = [Term(f"{'query ' + cell.token(k) if queries else f'position {k}'}: exp({at(k)} - "
+                  "max)", ("exp(", float(values[k]), "-", top, ")"), float(exps[k]))
+             for k in range(len(values))]
+    terms.append(Term(f"Σ over the {'column' if queries else what}", (), total))
+    terms.append(Term(f"exp({at(p)} - max) / Σ", (float(exps[p]), "/", total), computed))
+    said = [f"this softmax runs over the {what} (dim {axis - scores.ndim}), not over the keys: "
+            + (f"down column {j}, a term per query, so each column of weights sums to 1, not "
+               f"each row" if queries else f"a term per position along axis {axis}"),
+            f"the largest of these scores, max = {top:.6g}, is subtracted first (the result is "
+            "the same; exp cannot overflow)"]
+    if np.isneginf(values).all():
+        said[1] = "every score here is blocked (-inf): exp(-inf - (-inf)) is undefined: NaN"
+    return Why(cell.stage.id, "softmax", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = exp({at(p)} - max_k {at('k')}) / Σ_k exp({at('k')} - max)",
+               tuple(terms), (*said, *notes), computed, cell.recorded)
 
 
 def softmax_why(cell: Cell, scores: np.ndarray, notes: tuple[str, ...] = ()) -> Why:

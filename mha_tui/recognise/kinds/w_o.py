@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 
 from ...records import Check, OpRecord, Stage, Trace
 from ..builder import BTC
-from ..cell import Cell, Why, linear
+from ..cell import Cell, Why, WhyError, linear
 from ..graph import Graph
 from ..grouping import Unit
 from ..maker import StageMaker
 from ..quizzing import Question, shape_question
 from ..sizes import Sizes
+from .product_cell import PRODUCTS as PRODUCT_OPS
+from .product_cell import weight_row_why
 from .project import build_projection, linear_row, weight_product
 
 if TYPE_CHECKING:
@@ -93,7 +95,13 @@ def judge(j: Judge) -> list[Row]:
 
 
 def why(cell: Cell) -> Why:
-    """An output channel: the concatenated heads' row dotted with one row of W_O."""
+    """An output channel: the concatenated heads' row dotted with one row of W_O (or the
+    column or row of a raw W_O parameter the product reads: product_cell)."""
+    if not cell.ops("linear") and cell.ops(*PRODUCT_OPS):
+        try:
+            return linear(cell, "W_O")  # NumPy's 2-d x @ W
+        except WhyError:
+            return weight_row_why(cell, "W_O")
     return linear(cell, "W_O")
 
 

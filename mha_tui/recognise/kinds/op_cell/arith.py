@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from itertools import product
 
 import numpy as np
@@ -118,69 +119,113 @@ def _compute(c: OpCell, formula: str, n: dict[str, np.ndarray]) -> np.ndarray:
 # ---------------------------------------------------------------------- products
 
 
+@dataclass(frozen=True)
+class Factors:
+    """A product's output cell as a dot product of two recorded operands: the numbers each
+    gives, one label per product, the formula's right-hand side. Kinds whose stage is a
+    product (scores, attend, project, w_o) read it to explain their cells in their own words.
+
+    at: each operand's index, ":" on the axes summed over; letters: each operand's einsum
+    subscripts and the output's (None for matmul, mm, bmm, linear); positions: for each
+    product, the values of the summed letters (einsum) or of the one summed axis."""
+
+    a: np.ndarray
+    b: np.ndarray
+    labels: list[str]
+    formula: str
+    names: tuple[str, str]
+    at: tuple[tuple[int | str, ...], tuple[int | str, ...]]
+    letters: tuple[str, str, str] | None = None
+    summed: tuple[str, ...] = ()
+    positions: tuple[tuple[int, ...], ...] = ()
+    extra: tuple[Term, ...] = ()
+
+
 def products(c: OpCell) -> Why:
-    b, args, i = c.base, c.op.args, c.index
+    b = c.base
     notes = [f"{c.display}: the products and their sum computed by mha-tui from the "
              "recorded inputs, in float64"]
-    extra: list[Term] = []
-    if b == "einsum":
+    if b == "einsum" and _operand_count(c) != 2:
         return einsum(c, notes)
+    if b in ("addmm", "baddbmm"):  # addmm(input, mat1, mat2), baddbmm(input, batch1, batch2)
+        f, i = factors(c), c.index
+        beta, alpha = float(c.op.kwarg("beta", 1)), float(c.op.kwarg("alpha", 1))  # type: ignore[arg-type]
+        bias = c.arg(0, "input")
+        base = c.array(bias)
+        value = float(base[read_at(base, i)])
+        formula = f"{beta:g} × {c.name(bias)}{bracket(read_at(base, i))} + {alpha:g} × ({f.formula})"
+        terms, more, total = dot(c.cell, f.a, f.b, f.labels, "products")
+        total = beta * value + alpha * total
+        terms = (*terms[:-1], Term(f"{alpha:g} × the sum", (alpha, "×", terms[-1].value or 0.0),
+                                   alpha * (terms[-1].value or 0.0)),
+                 Term(f"+ {beta:g} × {c.name(bias)}{bracket(read_at(base, i))}", (beta, "×", value),
+                      beta * value), Term("sum", (), total))
+        return c.why(f"{c.cell.name} = {formula}", list(terms), [*notes, *more], total)
+    f = factors(c)
+    terms, more, total = dot(c.cell, f.a, f.b, f.labels, "products")
+    if f.extra:
+        total += sum(t.value or 0.0 for t in f.extra)
+        terms = (*terms[:-1], *f.extra, Term("sum", (), total))
+    return c.why(f"{c.cell.name} = {f.formula}", list(terms), [*notes, *more], total)
+
+
+def _operand_count(c: OpCell) -> int:
+    return len([a for a in c.op.args[1:] for a in (a if isinstance(a, tuple) else (a,))])
+
+
+def factors(c: OpCell, names: tuple[str, str] | None = None) -> Factors:
+    """The two factors whose products sum to the cell of a product op (matmul, mm, bmm,
+    linear, addmm's and baddbmm's product, a two-operand einsum), read from the op's recorded
+    inputs; `names`: how to call the two operands instead of by where they came from."""
+    b, args, i = c.base, c.op.args, c.index
+    if b == "einsum":
+        return _einsum_factors(c, names)
+    extra: tuple[Term, ...] = ()
     if b == "linear":
         x, w = c.array(args[0]), c.array(c.arg(1, "weight"))
-        xn, wn = c.name(args[0]), c.name(c.arg(1, "weight"))
+        xn, wn = names or (c.name(args[0]), c.name(c.arg(1, "weight")))
         lead, o = i[:-1], i[-1]
+        at_x = (*read_at(x[..., 0], lead), ":")
         row, col = x[read_at(x[..., 0], lead)], w[o]
         labels = [f"{xn}{bracket((*lead, k))} × {wn}{bracket((o, k))}" for k in range(len(row))]
         formula = f"{xn}{bracket((*lead, ':'))} · {wn}{bracket((o, ':'))}"
         bias = c.arg(2, "bias")
         if isinstance(bias, TensorArg):
             value = float(c.array(bias)[o])
-            extra.append(Term(f"+ {c.name(bias)}[{o}]", (), value))
+            extra = (Term(f"+ {c.name(bias)}[{o}]", (), value),)
             formula += f" + {c.name(bias)}[{o}]"
+        return Factors(row, col, labels, formula, (xn, wn), (at_x, (o, ":")),
+                       positions=tuple((k,) for k in range(len(row))), extra=extra)
+    if b in ("addmm", "baddbmm"):  # addmm(input, mat1, mat2), baddbmm(input, batch1, batch2)
+        ka, kb = c.arg(1, "mat1", "batch1"), c.arg(2, "mat2", "batch2")
     else:
-        if b in ("addmm", "baddbmm"):  # addmm(input, mat1, mat2), baddbmm(input, batch1, batch2)
-            ka, kb = c.arg(1, "mat1", "batch1"), c.arg(2, "mat2", "batch2")
-        else:
-            ka, kb = c.arg(0, "input", "x1"), c.arg(1, "other", "x2")
-        if b == "rmatmul":
-            ka, kb = kb, ka
-        a, m = c.array(ka), c.array(kb)
-        an, mn = c.name(ka), c.name(kb)
-        a2, m2 = a.reshape(1, -1) if a.ndim == 1 else a, m.reshape(-1, 1) if m.ndim == 1 else m
-        full = (*i[:-1], 0) if m.ndim == 1 else i  # a 1-d side gave no axis in the output
-        full = (*full[:-1], 0, full[-1]) if a.ndim == 1 else full
-        if a.ndim == 1 and m.ndim == 1:
-            full = (0, 0)
-        batch, r, col_k = full[:-2], full[-2], full[-1]
-        at_a = (*read_at(a2[..., 0, 0], batch), r) if a2.ndim > 2 else (r,)
-        at_m = (*read_at(m2[..., 0, 0], batch), slice(None), col_k) if m2.ndim > 2 else (slice(None), col_k)
-        row, col = a2[at_a], m2[at_m]
-        shown_a = at_a if a.ndim > 1 else ()
-        shown_m = tuple(k for k in at_m if not isinstance(k, slice)) if m.ndim > 1 else ()
-        labels = [f"{an}{bracket((*shown_a, k))} × {mn}{bracket((*shown_m[:-1], k, *shown_m[-1:]))}"
-                  for k in range(len(row))]
-        formula = f"{an}{bracket((*shown_a, ':'))} · {mn}{bracket((*shown_m[:-1], ':', *shown_m[-1:]))}"
-        if b in ("addmm", "baddbmm"):
-            beta, alpha = float(c.op.kwarg("beta", 1)), float(c.op.kwarg("alpha", 1))  # type: ignore[arg-type]
-            bias = c.arg(0, "input")
-            base = c.array(bias)
-            value = float(base[read_at(base, i)])
-            formula = f"{beta:g} × {c.name(bias)}{bracket(read_at(base, i))} + {alpha:g} × ({formula})"
-            terms, more, total = dot(c.cell, row, col, labels, "products")
-            total = beta * value + alpha * total
-            terms = (*terms[:-1], Term(f"{alpha:g} × the sum", (alpha, "×", terms[-1].value or 0.0),
-                                       alpha * (terms[-1].value or 0.0)),
-                     Term(f"+ {beta:g} × {c.name(bias)}{bracket(read_at(base, i))}", (beta, "×", value),
-                          beta * value), Term("sum", (), total))
-            return c.why(f"{c.cell.name} = {formula}", list(terms), [*notes, *more], total)
-    terms, more, total = dot(c.cell, row, col, labels, "products")
-    if extra:
-        total += sum(t.value or 0.0 for t in extra)
-        terms = (*terms[:-1], *extra, Term("sum", (), total))
-    return c.why(f"{c.cell.name} = {formula}", list(terms), [*notes, *more], total)
+        ka, kb = c.arg(0, "input", "x1"), c.arg(1, "other", "x2")
+    if b == "rmatmul":
+        ka, kb = kb, ka
+    a, m = c.array(ka), c.array(kb)
+    an, mn = names or (c.name(ka), c.name(kb))
+    a2, m2 = a.reshape(1, -1) if a.ndim == 1 else a, m.reshape(-1, 1) if m.ndim == 1 else m
+    full = (*i[:-1], 0) if m.ndim == 1 else i  # a 1-d side gave no axis in the output
+    full = (*full[:-1], 0, full[-1]) if a.ndim == 1 else full
+    if a.ndim == 1 and m.ndim == 1:
+        full = (0, 0)
+    batch, r, col_k = full[:-2], full[-2], full[-1]
+    at_a = (*read_at(a2[..., 0, 0], batch), r) if a2.ndim > 2 else (r,)
+    at_m = (*read_at(m2[..., 0, 0], batch), slice(None), col_k) if m2.ndim > 2 else (slice(None), col_k)
+    row, col = a2[at_a], m2[at_m]
+    shown_a = at_a if a.ndim > 1 else ()
+    shown_m = tuple(k for k in at_m if not isinstance(k, slice)) if m.ndim > 1 else ()
+    labels = [f"{an}{bracket((*shown_a, k))} × {mn}{bracket((*shown_m[:-1], k, *shown_m[-1:]))}"
+              for k in range(len(row))]
+    formula = f"{an}{bracket((*shown_a, ':'))} · {mn}{bracket((*shown_m[:-1], ':', *shown_m[-1:]))}"
+    return Factors(row, col, labels, formula, (an, mn),
+                   ((*shown_a, ":"), (*shown_m[:-1], ":", *shown_m[-1:])),
+                   positions=tuple((k,) for k in range(len(row))))
 
 
-def einsum(c: OpCell, notes: list[str]) -> Why:
+def _einsum_sum(c: OpCell, names: list[str] | None = None) -> _EinsumSum:
+    """Each product of an einsum's sum at the cell: its factors, its label, the summed
+    letters' values; `names`: how to call the operands instead of by where they came from."""
     equation = str(c.op.args[0]).replace(" ", "")
     refs = [a for a in c.op.args[1:] for a in (a if isinstance(a, tuple) else (a,))]
     arrays = [c.array(r) for r in refs]
@@ -194,21 +239,47 @@ def einsum(c: OpCell, notes: list[str]) -> Why:
     sizes = {ch: n for term, a in zip(terms_in, arrays, strict=True)
              for ch, n in zip(term, a.shape, strict=True)}
     summed = sorted({ch for ch in ins if ch not in fixed and ch != ","})
-    factors, labels = [], []
-    names = [c.name(r) for r in refs]
+    names = names or [c.name(r) for r in refs]
+    factors_, labels, positions = [], [], []
     for combo in product(*(range(sizes[ch]) for ch in summed)):
         where_ = {**fixed, **dict(zip(summed, combo, strict=True))}
         at = [tuple(where_[ch] for ch in term) for term in terms_in]
-        factors.append([float(a[k]) for a, k in zip(arrays, at, strict=True)])
+        factors_.append([float(a[k]) for a, k in zip(arrays, at, strict=True)])
         labels.append(" × ".join(f"{n}{bracket(k)}" for n, k in zip(names, at, strict=True)))
-    f = np.array(factors, dtype=np.float64).reshape(len(factors), len(arrays))
-    formula = (f"{c.cell.name} = Σ over {', '.join(summed) or 'nothing'} of "
+        positions.append(combo)
+    f = np.array(factors_, dtype=np.float64).reshape(len(factors_), len(arrays))
+    formula = (f"Σ over {', '.join(summed) or 'nothing'} of "
                + " × ".join(f"{n}[{','.join(t)}]" for n, t in zip(names, terms_in, strict=True))
                + f"  (einsum {equation!r})")
-    if len(arrays) == 2:
-        terms, more, total = dot(c.cell, f[:, 0], f[:, 1], labels, "products")
-        return c.why(formula, list(terms), [*notes, *more], total)
-    terms, more, total = listed(np.prod(f, axis=1), labels, "products", "sum")
-    return c.why(formula, terms, [*notes, *more], total)
+    at_summed = tuple(tuple(":" if ch in summed else fixed[ch] for ch in term) for term in terms_in)
+    return _EinsumSum(terms_in, out, tuple(summed), f, labels, tuple(positions), formula, names,
+                      at_summed)
 
 
+@dataclass(frozen=True)
+class _EinsumSum:
+    terms_in: list[str]
+    out: str
+    summed: tuple[str, ...]
+    factors: np.ndarray  # (products, operands)
+    labels: list[str]
+    positions: tuple[tuple[int, ...], ...]
+    formula: str
+    names: list[str]
+    at: tuple[tuple[int | str, ...], ...]
+
+
+def _einsum_factors(c: OpCell, names: tuple[str, str] | None) -> Factors:
+    s = _einsum_sum(c, list(names) if names else None)
+    if len(s.terms_in) != 2:
+        raise Unknown("an einsum of more than two operands is not one dot product")
+    return Factors(s.factors[:, 0], s.factors[:, 1], s.labels, s.formula, (s.names[0], s.names[1]),
+                   (s.at[0], s.at[1]), (s.terms_in[0], s.terms_in[1], s.out), s.summed,
+                   s.positions)
+
+
+def einsum(c: OpCell, notes: list[str]) -> Why:
+    """An einsum of three or more operands: every product of its sum, listed."""
+    s = _einsum_sum(c)
+    terms, more, total = listed(np.prod(s.factors, axis=1), s.labels, "products", "sum")
+    return c.why(f"{c.cell.name} = {s.formula}", terms, [*notes, *more], total)
