@@ -10,6 +10,7 @@ import os
 import sys
 import unicodedata
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 from enum import StrEnum
 from functools import partial
@@ -243,26 +244,19 @@ def explain(
 
         _open_app(app)
         return
-    from contextlib import nullcontext
+    if _STANDALONE:  # as the app starts (collector.py): torch's import without the collector,
+        collector.pause()  # which the module's build (load.learner.learner_code) resumes
+    loaded: Loaded | LoadedNumpy | None = None
+    if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
+        from .load.learner import LoadError
 
-    from .dump import collector_paused
-
-    # A tutorial's module (mha-tui's own code) is imported, built and run once without the
-    # cycle collector: its passes over what importing torch makes are a seventh of `import
-    # torch`, and find next to nothing (the process ends with the transcript). A learner's
-    # module is imported and run with the collector on, as in the app.
-    with collector_paused() if source.module is None else nullcontext():
-        loaded: Loaded | LoadedNumpy | None = None
-        if not source.is_default:  # build it now: bad --module/--init/--weights fail here
-            from .load.learner import LoadError
-
-            try:
-                loaded = _build(source, config)
-            except LoadError as error:
-                fail(str(error))
-        _write_transcript(config, destination, fmt, width=width or 100, full=full,
-                          color=color, ascii_only=ascii_only, stage=stage, loaded=loaded,
-                          only=only, why=cell, quiz=quiz)
+        try:
+            loaded = _build(source, config)
+        except LoadError as error:
+            fail(str(error))
+    _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
+                      ascii_only=ascii_only, stage=stage, loaded=loaded, only=only, why=cell,
+                      quiz=quiz)
 
 
 def _check_quiz(*, dump: str | None, fmt: Format, why: bool, check: bool, only: bool) -> None:
@@ -588,7 +582,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                       trace: Trace | None = None, only: bool = False,
                       why: tuple[str, tuple[int, ...]] | None = None, quiz: bool = False) -> None:
     from .destination import DumpError, opened, resolve
-    from .dump import TranscriptError, collector_paused
+    from .dump import TranscriptError
 
     if destination is None:
         destination = resolve("-")
@@ -642,9 +636,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                 write_json(replace(trace, stages=trace.stages[:last]), out, first=first,
                            ascii_only=ascii_only)
             else:
-                # Drawing makes no reference cycle (tests/test_dump.py): the collector's passes
-                # over a --full transcript's millions of texts were a quarter of the drawing.
-                with collector_paused():
+                with collector.off() if _STANDALONE else nullcontext():  # collector.py
                     text = to_text(trace, RenderOptions(full=full, ascii=ascii_only),
                                    width=width, color=color, first=first, last=last)
                 # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.

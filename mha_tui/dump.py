@@ -8,14 +8,11 @@ Never import textual or typer here.
 
 from __future__ import annotations
 
-import gc
 import io
 import json
 import re
 import secrets
 import unicodedata
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
@@ -45,24 +42,6 @@ def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
         legacy_windows=False, emoji=False, highlight=False, markup=False,
         soft_wrap=False, no_color=not color, _environ={},
     )
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cycle collector off for a while (the `mha-tui` command writing a
-    transcript), then as it was.
-
-    The collector runs every 700 allocations, and its full passes go over every object
-    alive: what importing torch made, the millions of cell texts of a --full transcript.
-    Drawing a transcript makes no reference cycle (a test counts them: none), so there it
-    can find nothing."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = False,

@@ -347,11 +347,11 @@ def test_float_text_of_masked_scores_and_every_kind_of_special() -> None:
 
 
 def test_drawing_leaves_no_reference_cycle() -> None:
-    """The cycle collector is off while a transcript is drawn (`dump.collector_paused`):
-    only because drawing leaves nothing for it to find."""
+    """The `mha-tui` command draws a text transcript with the cycle collector off
+    (`collector.off`): only because drawing leaves nothing for it to find."""
     import gc
 
-    from mha_tui.dump import collector_paused
+    from mha_tui.collector import off as collector_paused
 
     trace = run_trace(Config("I love AI ! I", embed_dim=8, num_heads=2))
     to_text(trace, RenderOptions())  # caches (lru_cache) filled before counting
