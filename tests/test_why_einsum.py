@@ -124,6 +124,18 @@ def batched_heads(x: torch.Tensor, p: dict[str, torch.Tensor], h: int) -> dict[s
             "w_o": concat @ p["W_o"].T}
 
 
+def in_out_einsum(x: torch.Tensor, p: dict[str, torch.Tensor], h: int) -> dict[str, torch.Tensor]:
+    """einsum_styles.py:InOutEinsum: weights stored (in, out), "bti,io->bto"."""
+    B, T, C = x.shape
+    d = C // h
+    q, k, v = (x @ p[f"W_qkv.{n}"] for n in range(3))
+    qh, kh, vh = (t.reshape(B, T, h, d).permute(0, 2, 1, 3) for t in (q, k, v))
+    scores = qh @ kh.transpose(-2, -1)
+    weights = (scores * d ** -0.5).masked_fill(causal(T), float("-inf")).softmax(dim=-1)
+    concat = (weights @ vh).permute(0, 2, 1, 3).reshape(B, T, C)
+    return {"project": v, "scores": scores, "attend": weights @ vh, "w_o": concat @ p["W_out"]}
+
+
 Reference = Callable[[torch.Tensor, dict[str, torch.Tensor], int], dict[str, torch.Tensor]]
 CASES: dict[str, tuple[str, Reference, str, int, int]] = {
     "x @ W, einsum bqhd": ("einsum_attn.py:EinsumAttention", einsum_attention, SHORT, 4, 2),
@@ -133,6 +145,7 @@ CASES: dict[str, tuple[str, Reference, str, int, int]] = {
     "per-head weights": ("einsum_styles.py:PerHeadWeights", per_head, SHORT, 4, 2),
     "torch.matmul, F.linear": ("einsum_styles.py:MatmulParameters", matmul_parameters, SHORT, 4, 2),
     "bmm, x @ W.T": ("einsum_styles.py:BatchedHeads", batched_heads, SHORT, 8, 2),
+    "einsum (in, out)": ("einsum_styles.py:InOutEinsum", in_out_einsum, SHORT, 4, 2),
 }
 
 
@@ -299,3 +312,26 @@ def test_numpy_labels_carry_the_head_index(model: str) -> None:
     assert [t.parts[2] for t in attend.terms[:-1]] == list(V[1, :, 0])
     assert attend.computed == pytest.approx(float(weights[1, 2] @ V[1, :, 0]), rel=1e-6)
     assert attend.agrees
+
+
+
+
+@pytest.mark.parametrize(("module", "stage", "stored", "dims"), [
+    ("einsum_styles.py:HeadsFirstEinsum", "project", "(out, in)", ("C_out", "C_in")),
+    ("einsum_styles.py:HeadsFirstEinsum", "w_o", "(out, in)", ("C_out", "C_in")),
+    ("einsum_styles.py:InOutEinsum", "project", "(in, out)", ("C_in", "C_out")),
+    ("einsum_styles.py:InOutEinsum", "w_o", "(in, out)", ("C_in", "C_out")),
+])
+def test_an_einsum_projection_shows_its_weight_as_the_subscripts_read_it(
+        module: str, stage: str, stored: str, dims: tuple[str, str]) -> None:
+    """"btc,oc->bto" reads W as (out, in), like nn.Linear; "bti,io->bto" as (in, out). The
+    stage draws the weight that way, says so, and its product check is computed (the einsum
+    redone from its recorded operands), where before it was never computed for an einsum and
+    "btc,oc" was drawn as (in, out) with "columns feed one head"."""
+    found = trace_of(module).stage(stage)
+    weight = found.tensors[0]
+    assert weight.dims == dims and f"stored as {stored}" in weight.caption
+    assert f"stored as {stored}" in found.explanation
+    product = next(c for c in found.checks if "(einsum, no bias)" in c.label)
+    assert product.ok is True
+    assert ("x @ W.T" in product.label) == (stored == "(out, in)")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...judge.numeric import allclose, close, f64, linear_parts
+from ...judge.numeric import allclose, close, einsum_spec, f64, linear_parts
 from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ..builder import BTC, Builder
 from ..cell import Cell, Why, WhyError, linear
@@ -95,6 +95,14 @@ MATMUL_PROJECT = (
     "x times a (C, C) weight stored as (in, out): output channel j is column j of the weight "
     "(nn.Linear stores the transpose). Output channels 0..d_h-1 will become head 0, the next "
     "d_h head 1, and so on.")
+EINSUM_ROWS_PROJECT = (
+    "x times a (C, C) weight stored as (out, in), as nn.Linear stores it: the einsum sums over "
+    "the weight's second axis, so output channel j is row j of the weight (x @ W.T). Output "
+    "channels 0..d_h-1 will become head 0, the next d_h head 1, and so on.")
+EINSUM_ROWS_W_O = (
+    "A final C x C projection mixes the heads: the einsum reads W stored as (out, in), as "
+    "nn.Linear stores it (x @ W.T), so every output channel is a weighted sum over all C input "
+    "channels, so over every head.")
 MATMUL_W_O = (
     "A final C x C projection, x @ W with W stored as (in, out), mixes the heads: every output "
     "channel is a weighted sum over all C input channels, so over every head.")
@@ -118,6 +126,7 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
     ok_all = True
     has_bias = False
     any_transposed = False  # x @ W.T written out (Falcon), not nn.Linear
+    einsum_rows = False  # einsum("btc,oc->bto", x, W): W read as (out, in)
     by_role: dict[str, list[OpRecord]] = {}
     for op in products:
         by_role.setdefault(b.role(op) if kind == "project" else "O", []).append(op)
@@ -138,9 +147,14 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
             precision = np.promote_types(np.promote_types(xin.dtype, w.values.dtype), np.float32)
             xin = xin.astype(precision, copy=False)
             wv = w.values.astype(precision, copy=False)
-            # nn.Linear stores (out, in) and computes x @ W.T; addmm / x @ W use (in, out)
-            stored_out_in = op.name == "linear" or transposed
-            product = xin @ (wv.T if stored_out_in else wv) if op.name != "einsum" else None
+            # nn.Linear stores (out, in) and computes x @ W.T; addmm / x @ W use (in, out);
+            # an einsum reads W as its subscripts say ("btc,oc->bto": (out, in))
+            read_out_in = op.name == "einsum" and _einsum_reads_rows(g, op, w_ref)
+            stored_out_in = op.name == "linear" or transposed or read_out_in
+            any_transposed |= read_out_in
+            einsum_rows |= read_out_in
+            product = xin @ (wv.T if stored_out_in else wv) if op.name != "einsum" else \
+                _einsum_product(g, op, m, precision)
             last = _result_of(m, op, unit)
             if product is not None:
                 if bias_refs:
@@ -182,18 +196,39 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
         elif fused:
             explanation = FUSED_WHOLE.format(W=products[0].out.shape[-1])
         elif layer != "nn.Linear":
-            explanation = MATMUL_PROJECT
+            explanation = EINSUM_ROWS_PROJECT if einsum_rows else MATMUL_PROJECT
         widths = {role: ops[0].out.shape[-1] for role, ops in by_role.items() if ops}
         if not m.b.per_head and not splits and not fused and any(w != s.C for w in widths.values()):
             explanation = _narrow_explanation(widths, s.C, s.d_h)
     elif layer != "nn.Linear":
-        explanation = MATMUL_W_O
+        explanation = EINSUM_ROWS_W_O if einsum_rows else MATMUL_W_O
     stage = m.stage(unit, stage_id, kind, tensors + outputs, checks, explanation=explanation,
                        title=title,
                        shape_in=x_snap.shape, shape_out=shape_out,
                        dims_in=m.dims(x_snap.shape, BTC),
                        dims_out=out_snap.dims if out_snap else BTC)
     return stage
+
+def _einsum_reads_rows(g: Graph, op: OpRecord, w_ref: Ref) -> bool:
+    """einsum("btc,oc->bto", x, W): W's second letter is the one summed, so the einsum reads
+    W as (out, in), as nn.Linear stores it (x @ W.T); "btc,cd->btd" reads it as (in, out)."""
+    spec, operands = einsum_spec(op), g.tensor_operands(op)
+    if spec is None or w_ref not in operands or len(operands) != 2:
+        return False
+    ins, out = spec
+    letters = ins[operands.index(w_ref)]
+    return len(letters) == 2 and letters[0] in out and letters[1] not in out
+
+
+def _einsum_product(g: Graph, op: OpRecord, m: StageMaker, precision: np.dtype) -> np.ndarray | None:
+    """The einsum recomputed from its recorded operands, at the module's precision."""
+    spec, operands = einsum_spec(op), g.tensor_operands(op)
+    if spec is None or len(spec[0]) != len(operands):
+        return None
+    ins, out = spec
+    return np.einsum(f"{','.join(ins)}->{out}",
+                     *(m.snap(r).values.astype(precision, copy=False) for r in operands))
+
 
 def _narrow_explanation(widths: dict[str, int], C: int, d_h: int) -> str:
     """The words when the projections are not all C x C (shared K/V heads): their true shapes."""
