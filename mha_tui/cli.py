@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import unicodedata
 from collections.abc import Callable
 from dataclasses import replace
 from enum import StrEnum
@@ -96,8 +97,13 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def _say(line: str) -> None:
+    """One line on stderr; the user's text in it (a path, a name) can hold any character,
+    so every control, format or lone-surrogate character is written as its escape
+    (`\\x07`, `\\u202e`), whichever message carried it (ZWJ and ZWNJ of emoji are kept)."""
+    line = "".join(repr(ch)[1:-1] if unicodedata.category(ch) in ("Cc", "Cf", "Cs")
+                   and ch not in "\u200c\u200d" else ch for ch in line.replace("\n", " "))
     try:
-        sys.stderr.write(line.replace("\n", " ") + "\n")
+        sys.stderr.write(line + "\n")
         sys.stderr.flush()
     except (AttributeError, OSError):  # stderr closed: the exit code is all we can give
         pass
@@ -800,11 +806,17 @@ def check(
                     alibi=expect is ExpectKind.alibi, rotary_base=rotary_base)
     from .judge.grade import GradeError, Submission, find_submissions, is_batch
 
+    if class_name is not None and not all(part.isidentifier() for part in class_name.split(".")):
+        fail(f"--class takes the name of a class; {class_name!r} is not one")
     try:
         submissions = find_submissions(specs or [], class_name)
     except GradeError as error:
         fail(str(error))
     for submission in submissions:  # a malformed spec, --init or --weights: exit 2 now
+        try:  # the module is check's argument here, not --module
+            parse_module_ref(submission.module, taker="check")
+        except ConfigError as error:
+            fail(str(error))
         _check_source(None, submission.module, init or [], weights)
     for model in models or []:
         _check_source(model, None, init or [], weights)

@@ -12,9 +12,10 @@ freed next to nothing.
   a process that only calls mha-tui (tests, a notebook): their collector is theirs.
 - `resume(freeze=True)`: before a module's own code runs (`load.learner.learner_code`:
   importing a learner's file, building a module). What is alive then is the start-up's
-  (Textual, the app, torch), and `gc.freeze` leaves it out of every later pass; it is still
-  freed by its reference count, like anything else. The module's code, its forward and
-  everything after run with the collector on.
+  (Textual, the app, torch), and `gc.freeze` leaves it out of every later pass: it is still
+  freed by its reference count, only a reference cycle among it would stay (the start
+  makes next to none: the passes it paid for found a few thousand objects). The module's
+  code, its forward and everything after run with the collector on.
 - `resume()` (no freeze): at the latest when the app's first forward is done or the app
   ends (a `--hf` model is built without a learner's code; the forward's garbage must stay
   collectable).

@@ -408,6 +408,19 @@ def test_the_first_stage_is_read_off_each_familys_own_modules(name: str) -> None
     assert torch.allclose(torch.from_numpy(block0.values)[0], _block0_input(name), atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["bert", "roberta", "distilbert"])
+def test_a_post_norm_encoders_first_title_says_where_its_input_comes_from(name: str) -> None:
+    """TRIAL2 #4: "Where layer 0's input comes from: layer 0's input" said nothing. With no
+    layer norm before attention, layer 0 reads the embeddings' sum through the embeddings'
+    own LayerNorm (read off the model), a later layer the residual stream after the blocks
+    before it."""
+    first = hf_trace(name, 0).stages[0]
+    assert first.title == ("Where layer 0's input comes from: the embeddings' sum through "
+                           "embeddings.LayerNorm"), first.title
+    later = hf_trace(name, 1).stages[0]
+    assert later.title == "Where layer 1's input comes from: the residual stream after 1 block"
+
+
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_the_json_transcript_of_each_family_finishes(name: str) -> None:
     """The JSON transcript parses, holds every stage, and says encoder or not."""

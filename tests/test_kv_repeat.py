@@ -125,3 +125,28 @@ def test_families_with_shared_heads_show_them(name: str, h_kv: int) -> None:
     assert all(check.ok is not False for check in stage.checks)
     project = trace.stage("project")
     assert "Three C x C" not in project.explanation and f"({8 * h_kv}, 32)" in project.explanation
+
+
+def test_one_kv_head_shows_the_heads_not_repeat_kvs_5d_steps() -> None:
+    """TRIAL2 #3: with one K/V head, repeat_kv's own expand of (B, 1, 1, T, d_h) already
+    repeats; the stage showed it (and the [:, :, None] before it) as the K/V heads, then the
+    real ones as `K (1 heads) (2)`. Now: the heads the projection made and the repeated ones."""
+    tape = GqaTape()
+    k, v = tape.heads_of("K", 1), tape.heads_of("V", 1)
+    tape.attention(tape.repeat_kv(k, H)[-1], tape.repeat_kv(v, H)[-1])
+    stages = recognise(tape.recording(), Config("a b c", embed_dim=C, num_heads=H))
+    stage = next(s for s in stages if s.kind == "kv_repeat")
+    assert [(r.name, r.shape) for r in stage.tensors[1:]] == [
+        ("K (1 head)", (1, 1, T, D)), ("K (4 heads)", (1, H, T, D)),
+        ("V (1 head)", (1, 1, T, D)), ("V (4 heads)", (1, H, T, D))]
+    assert stage.shape_in == (1, 1, T, D) and stage.shape_out == (1, H, T, D)
+    assert "1 heads" not in " ".join(c.label for c in stage.checks)
+
+
+def test_gemmas_multi_query_stage_shows_what_gqa_families_show() -> None:
+    from .test_families import hf_trace
+
+    stage = hf_trace("gemma", 0).stage("kv_repeat")
+    assert [(r.name, r.shape) for r in stage.tensors[1:]] == [
+        ("K (1 head)", (1, 1, 7, 8)), ("K (4 heads)", (1, 4, 7, 8)),
+        ("V (1 head)", (1, 1, 7, 8)), ("V (4 heads)", (1, 4, 7, 8))]

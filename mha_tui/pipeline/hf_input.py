@@ -296,8 +296,8 @@ def input_stage(loaded: Loaded, run: ForwardRun, layer: int, *,
     if info.encoder:
         said.append(f"{info.class_name} is an encoder: its self-attention lets every token see "
                     f"every token, later ones included (no causal mask).")
-    source = (f"layer {layer}'s input" if layer_norm is None
-              else f"the residual stream through {layer_norm}")
+    source = (f"the residual stream through {layer_norm}" if layer_norm is not None
+              else _origin(layer, len(parts), bool(unfit), norm))
     embedding_lines = [call.line for call in run.embeddings]
     return Stage(
         id="embed", title=f"Where layer {layer}'s input comes from: {source}",
@@ -307,6 +307,18 @@ def input_stage(loaded: Loaded, run: ForwardRun, layer: int, *,
         dims_in=("B", "T"), dims_out=BTC, tensors=tuple(records), checks=tuple(checks),
         kind="embed", source=_source(captured.norm_line or captured.attention_line),
     )
+
+
+def _origin(layer: int, n_parts: int, unfit: bool, norm: NormCall | None) -> str:
+    """What layer L's attention reads when no layer norm of its own comes first (post-norm
+    encoders: BERT, RoBERTa, DistilBERT): the embeddings (their sum, through the embeddings'
+    own norm when the model has one) for layer 0, the residual stream after the blocks
+    before it for a later layer."""
+    if layer > 0:
+        return f"the residual stream after {layer} block{'s' if layer > 1 else ''}"
+    what = ("the embeddings" if unfit or not n_parts else
+            "the embeddings' sum" if n_parts > 1 else "the token embeddings")
+    return f"{what} through {norm.path}" if norm is not None else what
 
 
 def _source(line: Line) -> Source:

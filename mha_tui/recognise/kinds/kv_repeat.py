@@ -19,6 +19,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from ...records import Check, OpRecord, Ref, Stage, Trace
+from ..builder import plural
 from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph
 from ..grouping import Unit
@@ -108,6 +109,11 @@ def repeats_shared_heads(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     rep = _repeat_ending_at(g, op, sizes)
     if rep is None:
         return None
+    # With one K/V head, a step inside the chain already repeats (repeat_kv's 5-d expand of
+    # (B, 1, 1, T, d_h) to (B, 1, n, T, d_h)): the chain that ends here holds it and is the
+    # repeat of the heads themselves; the step is only part of it.
+    for end in [end for end, earlier in found.items() if earlier.ops < rep.ops]:
+        del found[end]
     found[op.index] = rep
     for i in rep.ops:  # the chain's earlier ops join the stage
         if g.kind.get(i) in (None, "aux"):
@@ -134,23 +140,24 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         before, after = m.snap(rep.before), m.snap(rep.after)
         dims_before = _head_dims(before.shape, rep.axis)
         dims_after = _head_dims(after.shape, rep.axis)
-        tensors.append(m.b.record(f"{role} ({rep.h_kv} heads)", before, dims_before,
-                                  caption=f"the {rep.h_kv} K/V head{'s' if rep.h_kv > 1 else ''} "
-                                          f"the {role} projection made (its h axis holds "
-                                          f"K/V heads)"))
-        tensors.append(m.b.record(f"{role} ({s.h} heads)", after, dims_after,
+        kv_name = f"{role} ({plural(rep.h_kv, 'head')})"
+        tensors.append(m.b.record(kv_name, before, dims_before,
+                                  caption=f"the {plural(rep.h_kv, 'K/V head')} the {role} "
+                                          f"projection made (its h axis holds K/V heads)"))
+        tensors.append(m.b.record(f"{role} ({plural(s.h, 'head')})", after, dims_after,
                                   caption=f"head j is K/V head j // {n}: each repeated {n} times"
                                   if rep.order == "interleave" else
                                   f"head j is K/V head j % {rep.h_kv}: the {rep.h_kv} heads "
                                   f"cycled {n} times (torch's .repeat), not each repeated in "
                                   f"place",
-                                  share=(f"{role} ({rep.h_kv} heads)", before)))
+                                  share=(kv_name, before)))
         same = np.array_equal(np.repeat(before.values, s.h // rep.h_kv, axis=rep.axis),
                               after.values)
         checks.append(Check(f"{role}: query head j reads K/V head j // {n}, an exact copy "
                             f"(computed by mha-tui: np.repeat along the head axis)", same))
         shares = "share" if after.storage == before.storage else "do not share"
-        checks.append(Check(f"{role}: the copies {shares} memory with the {rep.h_kv} heads", None))
+        checks.append(Check(f"{role}: the copies {shares} memory with the "
+                            f"{plural(rep.h_kv, 'K/V head')}", None))
     groups = np.arange(s.h) // n
     tensors.insert(0, m.b.record("K/V head of query head", synthetic(groups.astype(np.int64)),
                                  ("h",), kind="int",
@@ -162,7 +169,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     widths = _projection_widths(m)
     if widths:
         checks.append(Check(
-            "projection widths: " + ", ".join(f"{role} {w} = {w // s.d_h} heads x d_h {s.d_h}"
+            "projection widths: " + ", ".join(f"{role} {w} = {plural(w // s.d_h, 'head')} x d_h {s.d_h}"
                                               for role, w in widths.items())
             + " (from the recorded outputs)", None))
     sharing = ", ".join(f"query heads {j * n}..{j * n + n - 1} -> K/V head {j}" for j in range(h_kv))
