@@ -806,11 +806,17 @@ def check(
                     alibi=expect is ExpectKind.alibi, rotary_base=rotary_base)
     from .judge.grade import GradeError, Submission, find_submissions, is_batch
 
+    if class_name is not None and not all(part.isidentifier() for part in class_name.split(".")):
+        fail(f"--class takes the name of a class; {class_name!r} is not one")
     try:
         submissions = find_submissions(specs or [], class_name)
     except GradeError as error:
         fail(str(error))
     for submission in submissions:  # a malformed spec, --init or --weights: exit 2 now
+        try:  # the module is check's argument here, not --module
+            parse_module_ref(submission.module, taker="check")
+        except ConfigError as error:
+            fail(str(error))
         _check_source(None, submission.module, init or [], weights)
     for model in models or []:
         _check_source(model, None, init or [], weights)

@@ -22,7 +22,7 @@ from mha_tui.judge.roles import RoleCopyError, roles_of
 from mha_tui.pipeline import check_source, compared
 from mha_tui.records import Stage, TensorRecord, Trace
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, run_cli, split_figures
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MISTAKES = FIXTURES / "mistakes"
@@ -352,6 +352,23 @@ def test_both_sides_show_the_same_columns_and_heads_at_any_width(name: str, widt
         text = comparison_text(against(spec(name)), RenderOptions(decimals=decimals), width=width)
         assert text.count("head 0") >= 2
         assert unequal_sides(text) == [], (decimals, unequal_sides(text)[:3])
+
+
+@pytest.mark.parametrize(("mine", "reference"), [
+    ("mask_reversed", "mygpt"), ("single_view", "mygpt"), ("crash", "mygpt"),
+    ("mygpt", "many-eyes"), ("mygpt", "raschka")])
+def test_a_wrap_never_splits_a_figure(mine: str, reference: str) -> None:
+    """At any width, the largest difference stays with its words (`the largest, 0`, never a
+    `0` on a line of its own), and an index (`at [0, 1, 2, 0]`, the cells that differ) or a
+    shape (`(1, 4, 2, 2)`, in a side's metadata, caption, note or error) is never cut in two."""
+    from mha_tui.dump import comparison_text
+    from mha_tui.render.options import RenderOptions
+
+    c = against(spec(mine), reference) if mine != "mygpt" else against(mine, reference, module=False)
+    for width in (*range(60, 131, 7), 80, 100, 120):
+        for decimals in (2, 6):
+            text = comparison_text(c, RenderOptions(decimals=decimals), width=width)
+            assert split_figures(text) == [], (width, decimals, split_figures(text)[:3])
 
 
 def test_each_sides_line_names_its_file_or_mha_tuis_lookup_and_wraps_under_its_code() -> None:

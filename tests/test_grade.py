@@ -189,6 +189,21 @@ def test_grading_options_are_checked_before_anything_runs(tmp_path: Path, args: 
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("args,said", [
+    (["--class", "1abc"], "--class takes the name of a class; '1abc' is not one"),
+    (["a.py:1abc"], "check takes FILE.py:Class or package.module:Class; '1abc' is not a class name")])
+def test_a_bad_class_name_is_refused_in_checks_own_words(tmp_path: Path, args: list[str],
+                                                         said: str) -> None:
+    """check has no --module: a class name it cannot use names check's argument or --class
+    (trial 2, finding 19)."""
+    (tmp_path / "a.py").write_text("import torch\n")
+    folder = [str(tmp_path)] if args[0] == "--class" else []
+    result = subprocess.run([sys.executable, "-m", "mha_tui", "check", *folder, *args],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"mha-tui: error: {said}\n"
+
+
 def test_outcomes_order_and_csv_columns() -> None:
     assert worst([EQUIVALENT, NOT_EQUIVALENT]) == NOT_EQUIVALENT
     assert worst([NOT_EQUIVALENT, COULD_NOT_JUDGE, EQUIVALENT]) == COULD_NOT_JUDGE

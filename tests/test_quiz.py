@@ -19,7 +19,7 @@ from mha_tui.quiz import KINDS, Quiz, questions
 from mha_tui.recognise.quizzing import HOW, LONGEST_ANSWER, Question, mark, read
 from mha_tui.records import Trace
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, run_cli, split_figures
 
 MECHANISMS = Path(ROOT) / "tests" / "fixtures" / "mechanisms"
 
@@ -234,6 +234,21 @@ def test_the_worksheet_is_the_golden_text(name: str) -> None:
     assert result.returncode == 0, result.stderr
     golden = Path(ROOT) / "tests" / "golden" / f"{name}.txt"
     assert result.stdout.decode("utf-8") == golden.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("trace", [trace_of, lambda: mechanism_trace("llama_rotary.py:LlamaAttention")],
+                         ids=["mygpt", "llama"])
+def test_a_worksheet_question_never_wraps_inside_an_index_or_a_shape(trace) -> None:
+    """`scores[0, 1, 3, 0]` or `shape (1, 2, 4, 2)` stays on one line at any width (at 100
+    columns the index was split after `scores[0, 1,`)."""
+    from mha_tui.dump import worksheet_text
+    from mha_tui.render.options import RenderOptions
+
+    t = trace()
+    asked = questions(t)
+    for width in (*range(60, 131, 3), 100):
+        text = worksheet_text(t, asked, RenderOptions(), width=width)
+        assert split_figures(text) == [], (width, split_figures(text)[:3])
 
 
 def test_the_json_worksheet_holds_the_same_questions_and_answers(tmp_path: Path) -> None:

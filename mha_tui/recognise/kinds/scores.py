@@ -32,6 +32,7 @@ from ..cell import (
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, broadcast_heads, synthetic, words
+from ..mask_shape import mask_shape
 from ..quizzing import EXPANDED, Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import MATMULS
@@ -140,9 +141,13 @@ def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
         if raw4.shape == values.shape else True
     n_inf = int(np.isneginf(values).sum())
     bias = m.snap(bias_ref)
+    title, explanation = words("mask")
+    shape = mask_shape(blocked)  # what the mask blocks, read from the entries (padding ...)
+    if shape.kind != "causal" and blocked.any():
+        title, explanation = shape.title, shape.explanation
     mask = Stage(
-        id="mask", title=words("mask")[0], code=scores.code,
-        explanation=words("mask")[1], shape_in=snap.shape, shape_out=snap.shape,
+        id="mask", title=title, code=scores.code,
+        explanation=explanation, shape_in=snap.shape, shape_out=snap.shape,
         dims_in=BHTT, dims_out=BHTT,
         tensors=(m.b.record(m.spelled(bias_ref, op), bias,
                                m.dims(bias.shape, ("T", "T"), ("B", "T", "T")),
