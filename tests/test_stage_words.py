@@ -232,3 +232,17 @@ def test_a_difference_line_says_equivalent_once() -> None:
     output = _check(f"{FIXTURES / 'check_variants.py'}:SplitScale")
     lines = [line for line in output.splitlines() if "equivalent: " in line]
     assert lines and all(line.count("equivalent") == 1 for line in lines), lines
+
+
+@pytest.mark.parametrize("ref", ["mechanisms/meta_llama.py:Attention",
+                                 "public/meta_llama.py:MetaLlamaAttention"])
+def test_one_line_that_binds_three_projections_names_each_by_its_target(ref: str) -> None:
+    """`xq, xk, xv = self.wq(x), self.wk(x), self.wv(x)`: K is xk and V is xv (they were all
+    `xq`, then `xq (2)`, `xq (3)`)."""
+    config = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
+    path, cls = ref.split(":")
+    init = (("dim", 16), ("n_heads", 4)) if path.startswith("public") else ()
+    run, _ = checked(config, Source(module=f"{FIXTURES / path}:{cls}", init=init))
+    project = run(config).stage("project")
+    names = [t.name for t in project.tensors if t.shape[-1] != 16 or t.name.startswith("x")]
+    assert [n for n in names if n.startswith("x")] == ["xq", "xk", "xv"], names

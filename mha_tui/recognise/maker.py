@@ -67,11 +67,28 @@ class StageMaker:
             producer = self.g.producer(op.inputs[0])
             if producer is not None:
                 return self.tensor_name(producer, op.inputs[0].output, fallback)
+        if len(targets) > 1 and position == 0 and len(op.outputs) == 1:
+            k = self._target_of(op, len(targets))
+            if k is not None:  # xq, xk, xv = self.wq(x), self.wk(x), self.wv(x)
+                return targets[k]
         if len(targets) > position:
             return targets[position]
         if targets and len(op.outputs) == 1:
             return targets[0]
         return fallback or self.b.name(op)
+
+    def _target_of(self, op: OpRecord, n: int) -> int | None:
+        """Which of a line's n targets a one-output op's result is bound to: the k-th of the
+        line's ops whose result leaves the line (in recorded order, a loop's passes in turn),
+        when there are n of them (or n per pass); else None."""
+        line = [o for o in self.g.ops if o.source.line == op.source.line
+                and o.source.file == op.source.file]
+        inside = {ref.op for o in line for ref in o.inputs if ref.kind == "op"}
+        leaving = [o.index for o in line if o.index not in inside]
+        if op.index not in leaving or len(leaving) % n or any(
+                len(self.g.ops[i].outputs) != 1 for i in leaving):
+            return None
+        return leaving.index(op.index) % n
 
     def expr(self, ref: Ref, depth: int = 0) -> str:
         """A readable expression for a helper tensor: `causal_mask[:4, :4]`, `tril[:4, :4] == 0`."""
