@@ -42,6 +42,13 @@ How these are reached:
   time: the import started earlier delayed the first frames more than it brought the values
   forward); each (stage, view, width) is rendered once into lines, cached, and pre-rendered
   in a thread started after the next frame, so a step only repaints the visible lines.
+- The `mha-tui` process opens the app with CPython's garbage collector paused
+  (`collector.py`): starting up makes several hundred thousand long-lived objects (Textual,
+  the app, then torch in the loading thread) and next to no garbage, and each pass over the
+  collector's oldest generation walked all of them holding the GIL (~40 ms before the first
+  frame, ~200 ms of torch's import in the app, against ~120 ms in the floor's). It runs
+  again, with what the start made frozen out of its passes (`gc.freeze`), before a
+  module's own code runs, and in any case once the first forward is done.
 - A step is one frame on the terminal: the footer greys its keys in the step's own frame
   (Footer's own update waits for the footer's next idle and came in a second frame, 17-33 ms
   later at Textual's 60 frames a second), and a stage as tall as the pane's overflow hands

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import unicodedata
 from collections.abc import Callable
 from dataclasses import replace
 from enum import StrEnum
@@ -22,7 +23,7 @@ import typer
 # than made a usage error (exit 2).
 from typer._click.exceptions import NoArgsIsHelpError
 
-from . import __version__
+from . import __version__, collector
 from .config import (
     DEFAULT_MODEL,
     MAX_EMBED_DIM,
@@ -96,8 +97,13 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def _say(line: str) -> None:
+    """One line on stderr; the user's text in it (a path, a name) can hold any character,
+    so every control, format or lone-surrogate character is written as its escape
+    (`\\x07`, `\\u202e`), whichever message carried it (ZWJ and ZWNJ of emoji are kept)."""
+    line = "".join(repr(ch)[1:-1] if unicodedata.category(ch) in ("Cc", "Cf", "Cs")
+                   and ch not in "\u200c\u200d" else ch for ch in line.replace("\n", " "))
     try:
-        sys.stderr.write(line.replace("\n", " ") + "\n")
+        sys.stderr.write(line + "\n")
         sys.stderr.flush()
     except (AttributeError, OSError):  # stderr closed: the exit code is all we can give
         pass
@@ -214,7 +220,6 @@ def explain(
         return
 
     if _interactive(dump):
-        from .app.run import run_app
         from .load.learner import LoadError
 
         if _PREFLIGHT and not source.is_default:  # serve checks the input before the app
@@ -227,6 +232,8 @@ def explain(
             # The module is built in the app's loading thread: the app is on screen (q
             # quits) while a learner's file imports and its forward runs, which may never
             # return. Bad --module/--init/--weights end the app: one line here, exit 2.
+            from .app.run import run_app  # after _open_app paused the collector
+
             refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                               build=None if source.is_default else partial(_build, source),
                               running=_whose_forward(source), refusals=(LoadError,),
@@ -424,7 +431,6 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
     if not _interactive(dump):
         fail("--check marks the stages in the app (a terminal); for a table or JSON run "
              "mha-tui check with the same module")
-    from .app.run import run_app
     from .load.learner import LoadError
     from .pipeline import checked
 
@@ -441,6 +447,8 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
         return traced(config)
 
     def app() -> None:
+        from .app.run import run_app  # after _open_app paused the collector
+
         refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                           loader=run, checker=lambda trace: judges[-1](trace),
                           running=_whose_forward(source), refusals=(LoadError,))
@@ -462,17 +470,27 @@ def _interactive(dump: str | None) -> bool:
 def _open_app(run: Callable[[], None]) -> None:
     """Run the app; in a terminal, prepare it first (keys, size). Under serve textual-serve
     brings the keys and the size; serve's check of its arguments stops here, every
-    refusal having been made and the module built."""
+    refusal having been made and the module built.
+
+    The `mha-tui` process opens the app with the garbage collector paused, until a
+    module's code runs or the first forward is done (collector.py: its passes over the
+    start-up's objects found nothing to free and delayed the first frame and torch's
+    import); `run` imports the app after this."""
     from .serve import SERVE_ENV
 
     if _PREFLIGHT:
         return
-    if os.environ.get(SERVE_ENV) != "1":
-        from .app.run import prepare_terminal
+    if _STANDALONE:
+        collector.pause()
+    try:
+        if os.environ.get(SERVE_ENV) != "1":
+            from .app.run import prepare_terminal
 
-        if problem := prepare_terminal():  # keys from the terminal; its real size
-            fail(problem)
-    run()
+            if problem := prepare_terminal():  # keys from the terminal; its real size
+                fail(problem)
+        run()
+    finally:
+        collector.resume()
 
 
 def _note_unused_for_json(*, width: int | None, full: bool, color: bool) -> None:
@@ -536,12 +554,15 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
     except HfError as error:
         fail(str(error))
     if interactive:
-        from .app.run import run_app
+        def app() -> None:
+            from .app.run import run_app  # after _open_app paused the collector
 
-        _open_app(lambda: run_app(
-            session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-            loader=lambda config: session.trace(config.model.layer if config.model else layer),
-            layers=session, quiz=quiz))
+            run_app(session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                    loader=lambda config: session.trace(config.model.layer if config.model
+                                                        else layer),
+                    layers=session, quiz=quiz)
+
+        _open_app(app)
         return
     try:
         trace = session.trace(layer)

@@ -216,3 +216,19 @@ async def test_gpt2_small_with_512_tokens_opens_and_steps() -> None:
             shown = app.query_one("#main").plain
             assert len(shown.splitlines()) < 400
         assert "showing 16 of 512 rows" in shown and "torch.equal = True" in shown
+
+
+@pytest.mark.parametrize("args", [
+    ("--hf", "./[red]nope\x07"),  # load/hf_files.py's refusal quoted the path as given
+    ("--hf", "\u202eevil"),
+    ("--dump", "no\x1bdir/x.txt"),  # destination's refusal too
+])
+def test_every_refusal_line_shows_control_characters_as_escapes(args: tuple[str, str]) -> None:
+    """Whichever message carries the user's text, the one stderr line has no raw control
+    or format character (trial 2, finding 18)."""
+    result = run_cli("explain", "I love AI !", *args)
+    err = result.stderr.decode()
+    assert result.returncode == 2 and result.stdout == b""
+    assert err.startswith("mha-tui: error: ") and err.count("\n") == 1
+    assert not ESC_OR_C1.search(err.rstrip("\n")) and "\u202e" not in err
+    assert repr(args[1])[1:-1] in err  # the path itself, its characters made visible

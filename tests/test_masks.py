@@ -57,6 +57,27 @@ def test_each_family_mask_is_titled_by_its_shape(name: str, layer: int, title: s
     assert np.array_equal(weights == 0, blocked)  # what the title says is what the model did
 
 
+@pytest.mark.parametrize("layer", [0, 1])
+def test_a_model_that_never_scales_is_not_said_to_mask_before_scaling(layer: int) -> None:
+    """GPT-Neo divides its scores by nothing: its mask comes before no scaling at all, so the
+    note "masks the raw scores, before scaling" would be false there (trial 2, finding 6)."""
+    from .test_families import hf_trace
+
+    trace = hf_trace("gpt-neo", layer)
+    assert "scale" not in [s.kind for s in trace.stages]
+    assert "before scaling" not in trace.stage("mask").note
+
+
+def test_masking_before_a_later_scale_is_still_said() -> None:
+    from mha_tui.config import Config, Source
+    from mha_tui.pipeline import run_trace
+
+    trace = run_trace(Config("I love AI !"), Source(model="raschka"))
+    kinds = [s.kind for s in trace.stages]
+    assert kinds.index("mask") < kinds.index("scale")
+    assert "masks the raw scores, before scaling" in trace.stage("mask").note
+
+
 @pytest.mark.parametrize("name,layer", [("gpt-neo", 1), ("llama", 0), ("gpt-neo", 0)])
 def test_softmax_counts_every_entry_the_mask_blocked(name: str, layer: int) -> None:
     """softmax's "N of N masked entries are exactly 0" counts the entries the mask stage

@@ -20,6 +20,8 @@ from mha_tui.cli import app
 from mha_tui.config import MODEL_NAMES, Config, Source
 from mha_tui.pipeline import checked
 
+from .test_families import _families_root  # noqa: F401  (the session's checkpoint folder)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 UNSOUND = FIXTURES / "unsound"
 SENTENCE = "I love AI !"
@@ -197,3 +199,29 @@ def test_the_missing_w_o_is_named_at_the_return_line() -> None:
     verdict = judged(f"{path}:MultiHeadAttention")
     assert verdict.diagnosis.kind == "no_output_projection"
     assert verdict.diagnosis.line == marked_line(path)
+
+
+NOT_SCALED = "Nothing scaled these scores"
+
+
+@pytest.mark.parametrize("spec", [f"{FIXTURES / 'mistakes' / 'no_scale.py'}:MultiHeadAttention",
+                                  *EVERY_MODULE])
+def test_softmax_says_when_nothing_scaled_the_scores(spec: str) -> None:
+    """A forward with no scale stage (a learner's forgotten / sqrt(d_h), GPT-Neo by design)
+    is said to feed softmax unscaled scores, with the √d_h it did not divide by; a module that
+    scales (in its own line, inside baddbmm or inside the fused op) is not."""
+    trace = traced(spec)
+    softmax = next((s for s in trace.stages if s.kind == "softmax"), None)
+    if softmax is None:  # the fused op: its expansion has its own scale
+        return
+    scaled = any(s.kind == "scale" for s in trace.stages)
+    assert (NOT_SCALED in softmax.note) is not scaled, (short(spec), softmax.note)
+    if not scaled:
+        assert "not divided by √d_h = 1.414 (d_h = 2)" in softmax.note
+
+
+def test_gpt_neo_is_said_not_to_scale() -> None:
+    from .test_families import hf_trace
+
+    assert NOT_SCALED in hf_trace("gpt-neo", 1).stage("softmax").note
+    assert NOT_SCALED not in hf_trace("llama", 0).stage("softmax").note

@@ -136,6 +136,20 @@ def in_out_einsum(x: torch.Tensor, p: dict[str, torch.Tensor], h: int) -> dict[s
     return {"project": v, "scores": scores, "attend": weights @ vh, "w_o": concat @ p["W_out"]}
 
 
+def keys_first(x: torch.Tensor, p: dict[str, torch.Tensor], h: int) -> dict[str, torch.Tensor]:
+    """einsum_styles.py:KeysFirst: one fused (C, 3C) weight cut with chunk; the einsums take
+    keys before queries and values before weights."""
+    B, T, C = x.shape
+    d = C // h
+    q, k, v = (x @ p["W_qkv"]).chunk(3, dim=-1)
+    qh, kh, vh = (t.reshape(B, T, h, d).permute(0, 2, 1, 3) for t in (q, k, v))
+    scores = qh @ kh.transpose(-2, -1)
+    weights = (scores / math.sqrt(d)).masked_fill(causal(T), float("-inf")).softmax(dim=-1)
+    context = weights @ vh  # (B, h, T, d): shown heads first, as the other stages
+    concat = context.permute(0, 2, 1, 3).reshape(B, T, C)
+    return {"project": v, "scores": scores, "softmax": weights, "attend": context,
+            "concat": concat, "w_o": concat @ p["W_o"]}
+
 Reference = Callable[[torch.Tensor, dict[str, torch.Tensor], int], dict[str, torch.Tensor]]
 CASES: dict[str, tuple[str, Reference, str, int, int]] = {
     "x @ W, einsum bqhd": ("einsum_attn.py:EinsumAttention", einsum_attention, SHORT, 4, 2),
@@ -146,6 +160,7 @@ CASES: dict[str, tuple[str, Reference, str, int, int]] = {
     "torch.matmul, F.linear": ("einsum_styles.py:MatmulParameters", matmul_parameters, SHORT, 4, 2),
     "bmm, x @ W.T": ("einsum_styles.py:BatchedHeads", batched_heads, SHORT, 8, 2),
     "einsum (in, out)": ("einsum_styles.py:InOutEinsum", in_out_einsum, SHORT, 4, 2),
+    "keys first, fused W": ("einsum_styles.py:KeysFirst", keys_first, SHORT, 4, 2),
 }
 
 

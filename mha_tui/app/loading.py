@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 from textual.widgets import Static
 
+from .. import collector
 from ..config import Config, ConfigError, divisors
 from ..records import Trace
 from ..render.text import printable
@@ -72,6 +73,8 @@ class Loading:
                 result = (trace, verdict, None)
             except Exception as error:  # shown on screen; a TUI must not die with a traceback
                 result = (None, None, error)
+            finally:  # at the latest now (a --hf model runs no learner's code: no freeze)
+                collector.resume()
             with contextlib.suppress(RuntimeError):  # the app has quit meanwhile
                 loop.call_soon_threadsafe(deliver, result)
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType, TracebackType
 
+from .. import collector
 from ..config import Config
 
 
@@ -143,8 +144,11 @@ def class_file(cls: type) -> str:
 def learner_code(doing: str, file: str) -> Iterator[None]:
     """Run a learner's code: its exceptions become one line naming their file and line.
 
-    Its prints go to stderr, so that a transcript on stdout stays a transcript.
+    Its prints go to stderr, so that a transcript on stdout stays a transcript. It runs
+    with the garbage collector on: if the app's start paused it, everything alive now is
+    the start-up's and is frozen out of the collector's passes (collector.py).
     """
+    collector.resume(freeze=True)
     try:
         with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
             warnings.simplefilter("ignore")

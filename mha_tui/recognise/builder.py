@@ -314,8 +314,11 @@ def einsum_swapped(op: OpRecord) -> tuple[int, int] | None:
         return None
     second = inputs.split(",")[1] if "," in inputs else ""
     # the head: kept by both operands and the output ("h" of "bqhd,bkhd->bhqk"); the query:
-    # the first operand's own letter the output keeps ("q"), whichever order they are in
+    # the letter before it ("bqhd", "bkhd,bhqk->bqhd" too), else the first operand's own letter
+    # the output keeps ("q")
     heads = [c for c in output[1:] if c in first and c in second]
+    if len(heads) == 1 and output.index(heads[0]) == 2:  # "...->bqhd", whichever operand is first
+        return 2, 1
     queries = [c for c in first if c in output and c not in second]
     if len(heads) != 1 or len(queries) != 1:
         return None

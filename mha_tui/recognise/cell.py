@@ -303,7 +303,7 @@ def linear(cell: Cell, role: str) -> Why:
     own = None  # (head, its channel): the heads ran as modules of their own (a ModuleList)
     part = None  # (the block's first channel, its width): a part of one fused layer's output
     if op is None:
-        part_of = _fused_part(cell, ops)
+        part_of = fused_part(cell, ops)
         if part_of is not None:
             op, part = part_of
             o += part[0]
@@ -359,7 +359,7 @@ def linear(cell: Cell, role: str) -> Why:
                total, cell.recorded)
 
 
-def _fused_part(cell: Cell, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, int]] | None:
+def fused_part(cell: Cell, ops: list[OpRecord]) -> tuple[OpRecord, tuple[int, int]] | None:
     """The linear op whose output holds the cell's tensor as one block of its channels (q, k
     and v split from one fused layer), and where that block starts. Found by the values,
     never by the module's names."""

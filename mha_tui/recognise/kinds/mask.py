@@ -140,7 +140,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     if inside is not None:
         note = (f"The scores were already scaled inside baddbmm (alpha = {inside:.6g}); "
                 f"the mask comes after the scaling.")
-    elif g.op_derives(first, {"scale"}) is False and "scale" not in m.made:
+    elif g.op_derives(first, {"scale"}) is False and "scale" not in m.made \
+            and "scale" in g.kind.values():  # a scale comes later (GPT-Neo never scales)
         note = "This module masks the raw scores, before scaling."
     if first.in_place:
         note = (note + " " if note else "") + (

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...records import TensorArg
 from ..builder import einsum_swapped
-from ..cell import Cell, Term, Why, WhyError, dot, reindex, where
+from ..cell import Cell, Term, Why, WhyError, dot, fused_part, reindex, where
 from .op_cell import explain
 from .op_cell.arith import Factors, factors
 from .op_cell.reading import OpCell, tensor_name
@@ -47,6 +47,11 @@ def product_at(cell: Cell, names: tuple[str, ...] = PRODUCTS) -> tuple[OpCell, t
             index[axis] = k
         return OpCell(cell, op, 0, tuple(index)), tuple(order)
     ops = cell.ops(*names)
+    part = fused_part(cell, ops)  # q, k or v cut from one fused product (chunk, split)
+    if part is not None:
+        op, (first, _) = part
+        return OpCell(cell, op, 0, (*cell.index[:-1], cell.index[-1] + first)), \
+            tuple(range(len(cell.index)))
     if ops and len(ops[-1].out.shape) == len(cell.index) - 1:  # one op per head (a ModuleList)
         op, index = cell.per_head(ops)
         return OpCell(cell, op, 0, index), tuple(range(len(index)))
@@ -140,6 +145,12 @@ def weight_row_why(cell: Cell, role: str) -> Why:
     what = (f"row {at[0]}" if at[-1] == ":" else f"column {at[-1]}") if len(at) == 2 else "this part"
     heads = (f"every output channel mixes all heads: in-channels of head h are h·{d_h} to "
              f"h·{d_h}+{d_h - 1}",) if role == "W_O" else ()
+    width, made = cell.record.values.shape[-1], c.op.out.shape[-1]
+    if made != width:  # one fused product, cut into q, k and v
+        first = c.index[-1] - cell.index[-1]
+        heads = (f"{cell.record.name} is channels {first}-{first + width - 1} of one fused "
+                 f"product's output ({made} channels, cut by split or chunk): its channel "
+                 f"{cell.index[-1]} is the product's channel {c.index[-1]}",)
     return Why(cell.stage.id, cell.stage.kind, cell.record.name, cell.index, where(cell),
                f"{cell.name} = {f.formula}", terms,
                (*heads, f"{x_name} and {w_name} are {called(c)}'s recorded inputs: {what} of "

@@ -5,6 +5,7 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,6 +21,7 @@ from ..quizzing import Question, cell_index, head_of_interest, number_text, reco
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, SOFTMAXES
 from ..vocab import softmax as softmax_of
+from .scores import scaled_inside
 
 if TYPE_CHECKING:
     from ...judge.judging import Judge, Row
@@ -96,6 +98,10 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     note = "" if "mask" in m.made else (
         "No mask was applied: every token sees every token, later ones included "
         "(bidirectional attention, as in an encoder such as BERT).")
+    if "scale" not in m.made and scaled_inside(m.g) is None and m.s.d_h:
+        note = " ".join(filter(None, [note, (
+            f"Nothing scaled these scores: softmax takes Q·Kᵀ as it is, not divided by "
+            f"√d_h = {math.sqrt(m.s.d_h):.4g} (d_h = {m.s.d_h}).")]))
     explanation = None
     if by_hand:
         stable = any(op.name == "sub" for op in ops)
