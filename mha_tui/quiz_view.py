@@ -17,7 +17,7 @@ from rich.text import Text
 from .render.code import code_block
 from .render.options import RenderOptions
 from .render.stage import stage_heading
-from .render.text import printable
+from .render.text import Unbroken, printable
 from .render.values import HEAD_COLORS
 
 if TYPE_CHECKING:
@@ -25,9 +25,10 @@ if TYPE_CHECKING:
     from .records import Stage, Trace
 
 
-def question_text(question: Question) -> Text:
-    """The question, and which stage it is about."""
-    return Text.assemble((f"[{question.stage}] ", "dim"), printable(question.text))
+def question_text(question: Question) -> Unbroken:
+    """The question, and which stage it is about; a wrap never splits an index or a shape
+    in it (`scores[0, 1, 3, 0]`)."""
+    return Unbroken(Text.assemble((f"[{question.stage}] ", "dim"), printable(question.text)))
 
 
 def how_text(question: Question) -> Text:
@@ -45,7 +46,8 @@ GIVEN_CELLS = 40
 
 
 def mark_text(marked: Marked, ascii_only: bool = False) -> Text:
-    """✓ right, ✗ wrong with the right answer and its source, or what to type."""
+    """✓ right, ✗ wrong with the right answer and its source, or what to type (wrap it in
+    `Unbroken` to lay it out: it holds indices and shapes)."""
     right, wrong = ("[ok]", "[X]") if ascii_only else ("✓", "✗")
     if marked.outcome == "right":
         return Text.assemble((f"{right} ", "bold green"), printable(marked.message))
@@ -114,7 +116,7 @@ def worksheet_parts(questions: tuple[Question, ...]) -> tuple[RenderableType, Re
     """The worksheet's two numbered lists: the questions, then the answer key."""
     from rich.table import Table
 
-    def numbered(rows: list[Text]) -> Table:
+    def numbered(rows: list[RenderableType]) -> Table:
         table = Table.grid(padding=(0, 1))
         table.add_column(justify="right", no_wrap=True)
         table.add_column(overflow="fold")
@@ -122,5 +124,5 @@ def worksheet_parts(questions: tuple[Question, ...]) -> tuple[RenderableType, Re
             table.add_row(f"{number}.", row)
         return table
 
-    asked = numbered([Text("\n").join((question_text(q), how_text(q))) for q in questions])
-    return asked, numbered([answer_text(q) for q in questions])
+    asked = numbered([Group(question_text(q), how_text(q)) for q in questions])
+    return asked, numbered([Unbroken(answer_text(q)) for q in questions])

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from functools import cache
+from itertools import pairwise
 
 import pytest
 
@@ -36,3 +38,16 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "mha_tui", *args], capture_output=True,
                           env=full_env, timeout=timeout, cwd=ROOT, input=input_bytes)
+
+
+_OPEN_FIGURE = re.compile(r"(\[[-\d:, ]*| \(\d[\d, ]*)$")  # `[0, 1,` or ` (1, 2,` at a line's end
+_NAMED = re.compile(r"(largest|difference|numbers),?$")  # `the largest,` with its figure below
+
+
+def split_figures(text: str) -> list[str]:
+    """Where a wrap splits a figure: a line ending inside an index or a shape, or a number
+    alone at the start of a line, away from the word that names it (`the largest,` / `0`)."""
+    lines = text.splitlines()
+    return [f"{a.strip()!r} / {b.strip()!r}" for a, b in pairwise(lines)
+            if (_OPEN_FIGURE.search(a.rstrip()) and b.strip())
+            or (_NAMED.search(a.rstrip()) and re.match(r"[-\d]", b.strip()))]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+import mha_tui.app.explain
 from mha_tui.app.explain import ExplainApp
 from mha_tui.app.stage_view import StageView
 from mha_tui.config import Config
@@ -85,6 +86,9 @@ async def test_the_forward_starts_after_the_waiting_screen_is_painted(
     small for the app it starts all the same."""
     marks = tmp_path / "marks"
     monkeypatch.setenv("MHA_TUI_MARKS", str(marks))
+    # The fallback timer out of the way: on a loaded machine the first paint can take longer
+    # than its 0.5 s, and the forward then started before the paint this test checks.
+    monkeypatch.setattr(mha_tui.app.explain, "START_LOADING_AFTER", 60)
     trace = default_trace()
     seen_at_start: list[tuple[str, str]] = []
 
@@ -96,7 +100,9 @@ async def test_the_forward_starts_after_the_waiting_screen_is_painted(
     app = ExplainApp(trace.config, loader=loader)
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
-        await app.workers.wait_for_complete()
+        # The trace's worker only: a cache-warming worker may be replaced (cancelled) by
+        # the next one meanwhile, and waiting for it then raises WorkerCancelled.
+        await app.workers.wait_for_complete([w for w in app.workers if w.name == "trace"])
         await pilot.pause()
         assert app.trace is trace
         assert len(seen_at_start) == 1

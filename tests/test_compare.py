@@ -22,7 +22,7 @@ from mha_tui.judge.roles import RoleCopyError, roles_of
 from mha_tui.pipeline import check_source, compared
 from mha_tui.records import Stage, TensorRecord, Trace
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, run_cli, split_figures
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MISTAKES = FIXTURES / "mistakes"
@@ -103,6 +103,19 @@ def test_a_cell_that_is_a_number_on_one_side_only_is_said_not_measured() -> None
         ("-inf", "a number", 2, (0, 0)), ("a number", "-inf", 1, (0, 1)),
         ("NaN", "a number", 1, (0, 2))]
     assert np.isnan(pair.diff[0]).all() and not np.isinf(pair.diff).any()
+
+
+def test_a_mask_value_does_not_widen_the_tolerance() -> None:
+    """A scores tensor masked with finfo.min (Llama, every HF model) or -1e9: the tolerance
+    is taken from its numbers, not from the mask value, so a kept cell that differs by 0.7
+    differs (it was 3.4e34 wide: no cell of a masked tensor could differ)."""
+    low = float(np.finfo(np.float32).min)
+    for fill in (low, -1e9):
+        ref = np.array([[0.5, fill], [1.0, 2.0]])
+        mine = np.array([[0.5, fill], [1.0, 2.7]])
+        pair = compare_tensors(record(mine, ("T", "T")), record(ref, ("T", "T")))
+        assert pair.differs.tolist() == [[False, False], [False, True]], fill
+        assert pair.agree is False and pair.max_diff == pytest.approx(0.7, abs=1e-6)
 
 
 def test_layouts_that_differ_only_by_axes_of_one_are_laid_over_each_other() -> None:
@@ -339,6 +352,23 @@ def test_both_sides_show_the_same_columns_and_heads_at_any_width(name: str, widt
         text = comparison_text(against(spec(name)), RenderOptions(decimals=decimals), width=width)
         assert text.count("head 0") >= 2
         assert unequal_sides(text) == [], (decimals, unequal_sides(text)[:3])
+
+
+@pytest.mark.parametrize(("mine", "reference"), [
+    ("mask_reversed", "mygpt"), ("single_view", "mygpt"), ("crash", "mygpt"),
+    ("mygpt", "many-eyes"), ("mygpt", "raschka")])
+def test_a_wrap_never_splits_a_figure(mine: str, reference: str) -> None:
+    """At any width, the largest difference stays with its words (`the largest, 0`, never a
+    `0` on a line of its own), and an index (`at [0, 1, 2, 0]`, the cells that differ) or a
+    shape (`(1, 4, 2, 2)`, in a side's metadata, caption, note or error) is never cut in two."""
+    from mha_tui.dump import comparison_text
+    from mha_tui.render.options import RenderOptions
+
+    c = against(spec(mine), reference) if mine != "mygpt" else against(mine, reference, module=False)
+    for width in (*range(60, 131, 7), 80, 100, 120):
+        for decimals in (2, 6):
+            text = comparison_text(c, RenderOptions(decimals=decimals), width=width)
+            assert split_figures(text) == [], (width, decimals, split_figures(text)[:3])
 
 
 def test_each_sides_line_names_its_file_or_mha_tuis_lookup_and_wraps_under_its_code() -> None:

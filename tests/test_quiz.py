@@ -19,7 +19,8 @@ from mha_tui.quiz import KINDS, Quiz, questions
 from mha_tui.recognise.quizzing import HOW, LONGEST_ANSWER, Question, mark, read
 from mha_tui.records import Trace
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, run_cli, split_figures
+from .test_families import _families_root  # noqa: F401  (the session's checkpoint folder)
 
 MECHANISMS = Path(ROOT) / "tests" / "fixtures" / "mechanisms"
 
@@ -236,6 +237,21 @@ def test_the_worksheet_is_the_golden_text(name: str) -> None:
     assert result.stdout.decode("utf-8") == golden.read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize("trace", [trace_of, lambda: mechanism_trace("llama_rotary.py:LlamaAttention")],
+                         ids=["mygpt", "llama"])
+def test_a_worksheet_question_never_wraps_inside_an_index_or_a_shape(trace) -> None:
+    """`scores[0, 1, 3, 0]` or `shape (1, 2, 4, 2)` stays on one line at any width (at 100
+    columns the index was split after `scores[0, 1,`)."""
+    from mha_tui.dump import worksheet_text
+    from mha_tui.render.options import RenderOptions
+
+    t = trace()
+    asked = questions(t)
+    for width in (*range(60, 131, 3), 100):
+        text = worksheet_text(t, asked, RenderOptions(), width=width)
+        assert split_figures(text) == [], (width, split_figures(text)[:3])
+
+
 def test_the_json_worksheet_holds_the_same_questions_and_answers(tmp_path: Path) -> None:
     out = tmp_path / "sheet.json"
     result = run_cli("explain", "I love AI !", "--quiz", "--dump", str(out))
@@ -334,3 +350,28 @@ def test_quiz_refusals_are_one_line_and_exit_2(args: tuple[str, ...], message: s
     assert result.returncode == 2 and result.stdout == b""
     lines = result.stderr.decode().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
+
+
+def test_an_hf_quiz_says_whose_numbers_and_ids_it_asks_about() -> None:
+    """BLOOM's scores are mha-tui's expansion of baddbmm's product times alpha: the question
+    says times alpha and the key says mha-tui computed it (the answer is the recorded
+    expansion, Q·K × alpha, checked here in float64); a tokenizer's ids are not numbered
+    by first appearance."""
+    from mha_tui.recognise.kinds.scores import baddbmm_factors
+
+    from .test_families import hf_trace
+
+    trace = hf_trace("bloom", 0)
+    score = next(q for q in questions(trace) if q.stage == "scores" and q.asks == "value")
+    assert "times alpha = " in score.text
+    assert score.source.startswith("mha-tui's expansion's") and "× alpha" in score.source
+    op = next(op for op in trace.stage("scores").ops if op.name == "baddbmm")
+    alpha, _ = baddbmm_factors(op)
+    q, k = (np.asarray(trace.recording.snapshot(ref).values, np.float64) for ref in op.inputs[1:3])
+    head, row = 1, q.shape[-2] - 1
+    assert math.isclose(score.expected, alpha * float(q[head, row] @ k[head, :, 0]),
+                        rel_tol=1e-5, abs_tol=1e-6)
+    lookup = next(q for q in questions(hf_trace("llama", 0)) if q.asks == "lookup")
+    assert "the tokenizer's id" in lookup.source and "first appearance" not in lookup.source
+    default = next(q for q in questions(trace_of()) if q.asks == "lookup")
+    assert "first appearance" in default.source

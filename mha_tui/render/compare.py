@@ -10,6 +10,7 @@ Never import torch, textual or typer here.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from rich.columns import Columns
@@ -24,7 +25,7 @@ from .matrix import MARK, Matrix, share_columns
 from .options import RenderOptions
 from .stage import HeadingRule
 from .tensor import TensorView, mark_cells, tensor_matrices, tensor_meta
-from .text import label, printable
+from .text import Unbroken, label, printable
 
 STATUS_WORDS = {
     "agree": "same numbers",
@@ -34,6 +35,10 @@ STATUS_WORDS = {
     "not compared": "not compared",
 }
 CELLS_LISTED = 8
+LARGEST = re.compile(r"(?:largest|difference|numbers),? [-+]?(?:\d[\d.]*(?:e[-+]?\d+)?|inf|nan)")
+"""`largest, 0`, `difference 0.3100`, `numbers, 0.6162`: the largest difference and the word
+before it, kept on one line when the text wraps (`Unbroken`), as are indices such as
+`[0, 1, 3, 0]`."""
 
 
 def marks(ascii_only: bool) -> dict[str, str]:
@@ -94,9 +99,9 @@ def comparison_header(c: Comparison, opts: RenderOptions) -> Group:
                           "and give the same numbers again after them", style="green"))
     else:
         assert c.parting is not None
-        parts.append(Text.assemble(("they part at ", "bold"),
-                                   (f"{c.parting + 1}/{len(c.rows)} {parted.kind}", "bold red"),
-                                   f": {_status_words(parted)}"))
+        parts.append(Unbroken(Text.assemble(
+            ("they part at ", "bold"), (f"{c.parting + 1}/{len(c.rows)} {parted.kind}", "bold red"),
+            f": {_status_words(parted)}"), LARGEST))
     return Group(*parts)
 
 
@@ -229,9 +234,9 @@ def _sides(c: Comparison, pair: TensorPair, opts: RenderOptions) -> SideBySide:
         if record is None:
             columns.append([Text(f"{who}: nothing to set beside it", style="italic")])
             continue
-        parts: list[RenderableType] = [Text(who, style="bold"), tensor_meta(record)]
+        parts: list[RenderableType] = [Text(who, style="bold"), Unbroken(tensor_meta(record))]
         if record.caption:
-            parts.append(Text(record.caption, style="italic dim"))
+            parts.append(Unbroken(Text(record.caption, style="italic dim")))
         matrices = tensor_matrices(record, config, opts)
         if pair.differs is not None and pair.count:  # the differing cells, on both sides
             mark_cells(matrices, record, pair.differs.reshape(record.values.shape))
@@ -258,14 +263,15 @@ def pair_view(c: Comparison, pair: TensorPair, opts: RenderOptions) -> Group:
     config = c.mine.config
     parts: list[RenderableType] = [_sides(c, pair, opts)]
     if pair.diff is None:
-        parts.append(Text(pair.note, style="italic dim"))
+        parts.append(Unbroken(Text(pair.note, style="italic dim")))
         return Group(*parts)
     assert pair.differs is not None and pair.at is not None
     ok, bad = marks(opts.ascii)["agree"], marks(opts.ascii)["differ"]
     if not pair.count:
-        parts.append(Text.assemble((f"{ok} ", "green"), "difference, computed by mha-tui: ",
-                                   ("every cell within the tolerance", "green"),
-                                   f"; the largest, {_number(pair.max_diff or 0.0)}"))
+        parts.append(Unbroken(Text.assemble((f"{ok} ", "green"), "difference, computed by mha-tui: ",
+                                            ("every cell within the tolerance", "green"),
+                                            f"; the largest, {_number(pair.max_diff or 0.0)}"),
+                              LARGEST))
         return Group(*parts)
     summary = Text.assemble((f"{bad} ", "bold red"), "difference, computed by mha-tui: ",
                             (f"{pair.count} of {pair.differs.size} cells differ", "bold red"))
@@ -273,13 +279,13 @@ def pair_view(c: Comparison, pair: TensorPair, opts: RenderOptions) -> Group:
     if numeric or not pair.mismatches:
         summary.append(f"; the largest difference between two numbers, "
                        f"{_number(pair.max_diff or 0.0)}, at {_index(pair.at)}")
-    parts.append(summary)
-    parts += [Text(f"  {mismatch_words(m)}", style="red") for m in pair.mismatches]
+    parts.append(Unbroken(summary, LARGEST))
+    parts += [Unbroken(Text(f"  {mismatch_words(m)}", style="red")) for m in pair.mismatches]
     cells = [tuple(int(i) for i in where) for where in zip(*pair.differs.nonzero(), strict=True)]
     listed = " ".join(_index(cell) for cell in cells[:CELLS_LISTED])
     more = f" (+{len(cells) - CELLS_LISTED} more)" if len(cells) > CELLS_LISTED else ""
-    parts.append(Text(f"  cells that differ: {listed}{more} ({MARK} before each in the tables)",
-                      style="red"))
+    parts.append(Unbroken(Text(f"  cells that differ: {listed}{more} ({MARK} before each in the "
+                               "tables)", style="red")))
     record = _difference_record(pair)
     matrices = tensor_matrices(record, config, opts)
     mark_cells(matrices, record, pair.differs)
@@ -295,7 +301,7 @@ def row_view(c: Comparison, k: int, opts: RenderOptions) -> Group:
     """One row of the comparison as the transcript prints it."""
     row = c.rows[k]
     parts: list[RenderableType] = [
-        HeadingRule(row_heading(c, k, opts), "-" if opts.ascii else "━"),
+        HeadingRule(row_heading(c, k, opts), "-" if opts.ascii else "━", LARGEST),
         _line("yours", row.mine, _missing(c, k), opts),
         _line("reference", row.theirs, "the reference has no such stage", opts),
         Text(""),
@@ -306,8 +312,8 @@ def row_view(c: Comparison, k: int, opts: RenderOptions) -> Group:
         who = "your module's" if row.mine is not None else "the reference's"
         if stage.kind == "error":  # what raised, in torch's words (user text: never markup)
             raised = (c.mine if row.mine is not None else c.theirs).error_type
-            parts.append(Text(f"{who} forward raised {raised}: {printable(stage.explanation)}",
-                              style="bold red"))
+            parts.append(Unbroken(Text(f"{who} forward raised {raised}: "
+                                       f"{printable(stage.explanation)}", style="bold red")))
         if stage.tensors:
             parts.append(Text(f"{who} own tensors:", style="dim"))
             parts += [TensorView(t, c.mine.config, opts) for t in stage.tensors[-1:]]

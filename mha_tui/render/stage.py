@@ -6,6 +6,7 @@ names every transcript and the app show. Never import torch, textual or typer he
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -21,6 +22,7 @@ from ..stages import StageInfo
 from .code import Code, code_block
 from .options import RenderOptions
 from .tensor import TensorView
+from .text import Unbroken
 from .values import HEAD_COLORS
 
 # ---------------------------------------------------------------- one stage
@@ -149,14 +151,14 @@ class HeadingRule:
     """A stage heading on a rule; when the width cannot hold it, the heading wraps above
     a plain rule rather than being cut."""
 
-    def __init__(self, heading: Text, characters: str) -> None:
-        self.heading, self.characters = heading, characters
+    def __init__(self, heading: Text, characters: str, *keep: str | re.Pattern[str]) -> None:
+        self.heading, self.characters, self.keep = heading, characters, keep
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         if self.heading.cell_len + 4 <= options.max_width:
             yield Rule(self.heading, characters=self.characters, align="left")
         else:
-            yield self.heading
+            yield Unbroken(self.heading, *self.keep)  # never split inside a figure
             yield Rule(characters=self.characters)
 
 

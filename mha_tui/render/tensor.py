@@ -17,6 +17,7 @@ from ..config import Config
 from ..records import TensorRecord
 from .matrix import Axis, Matrix
 from .options import RenderOptions
+from .text import Unbroken
 from .values import DIM_STYLE, head_style
 
 if TYPE_CHECKING:
@@ -367,9 +368,9 @@ class TensorView:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         record, opts = self.record, self.opts
-        yield tensor_meta(record)
+        yield Unbroken(tensor_meta(record))
         if record.caption:
-            yield Text(record.caption, style="italic dim")
+            yield Unbroken(Text(record.caption, style="italic dim"))
         matrices = tensor_matrices(record, self.config, opts)
         if len(matrices) == 1:
             yield matrices[0]
