@@ -90,6 +90,34 @@ def test_why_on_the_head_averaged_weights_names_a_key_column() -> None:
     assert "channel" not in first
 
 
+def test_shared_kv_heads_are_named_from_where_they_go_when_t_equals_d_h() -> None:
+    """TRIAL2 #2 at T = d_h = 4: Llama-style GQA (2 K/V heads for 4). K and V are named by
+    their role (the scores' and attend's operands), the K/V head count by the recognised
+    repeat, never by size: (B, T, h_kv*d_h) out of the projection, (B, h_kv, T, d_h) in the
+    rotary stage and before the repeat."""
+    trace = traced(f"{FIXTURES / 'mechanisms' / 'llama_rotary.py'}:LlamaAttention",
+                   embed_dim=16, num_heads=4)
+    project = stage(trace, "project")
+    assert [(r.name, r.dims) for r in project.tensors[-2:]] == [
+        ("k", ("B", "T", "h_kv*d_h")), ("v", ("B", "T", "h_kv*d_h"))]
+    rotary = stage(trace, "rotary")
+    assert rotary.tensor("K before").dims == rotary.tensor("K after").dims == \
+        ("B", "h_kv", "T", "d_h")
+    assert rotary.tensor("Q before").dims == BHTD
+    assert stage(trace, "kv_repeat").dims_transition == "(B, h_kv, T, d_h) -> (B, h, T, d_h)"
+
+
+def test_the_kv_layouts_are_never_picked_by_size_alone() -> None:
+    b = Builder.__new__(Builder)
+    b.sizes = Sizes(B=1, T=4, C=16, h=4, d_h=4)
+    b.h_kv = 2
+    assert b.dims((1, 2, 4, 4)) == ("d0", "d1", "d2", "d3")  # K/V heads, or anything else
+    assert b.dims((1, 4, 8)) == ("d0", "d1", "d2")
+    assert b.dims((1, 2, 4, 4), b.kv(BHTD)) == ("B", "h_kv", "T", "d_h")
+    assert b.dims((1, 4, 8), b.kv(("B", "T", "C"))) == ("B", "T", "h_kv*d_h")
+    assert b.fused(48) == ("B", "T", "3C") and b.fused(32) == ("B", "T", "(h+2*h_kv)*d_h")
+
+
 def test_the_mha_concat_is_tokens_by_batch_whatever_the_sizes() -> None:
     """nn.MultiheadAttention's heads side by side are (T * B, C) before out_proj: at C = 4
     = T that was labelled (T, T) with token names over the channels, at C = 8 (d0, d1); and

@@ -408,6 +408,53 @@ def test_the_first_stage_is_read_off_each_familys_own_modules(name: str) -> None
     assert torch.allclose(torch.from_numpy(block0.values)[0], _block0_input(name), atol=1e-6)
 
 
+# TRIAL2 #2: the tensors that were drawn with anonymous axes (d0, d1, ...): (stage, tensor) ->
+# the dims the trace knows them by.
+NAMED_DIMS = {
+    "llama": {("project", "key_states"): ("B", "T", "h_kv*d_h"),
+              ("project", "value_states"): ("B", "T", "h_kv*d_h"),
+              ("rotary", "K before"): ("B", "h_kv", "T", "d_h"),
+              ("rotary", "K after"): ("B", "h_kv", "T", "d_h"),
+              ("kv_repeat", "K (2 heads)"): ("B", "h_kv", "T", "d_h"),
+              ("mask", "attention_mask"): ("B", "1", "T", "T")},
+    "gemma": {("project", "key_states"): ("B", "T", "h_kv*d_h"),
+              ("rotary", "K after"): ("B", "h_kv", "T", "d_h"),
+              ("kv_repeat", "V (1 head)"): ("B", "h_kv", "T", "d_h")},
+    "falcon": {("project", "query_key_value(x)"): ("B", "T", "(h+2*h_kv)*d_h"),
+               ("qkv_split", "k"): ("B", "T", "h_kv", "d_h"),
+               ("transpose", "key_layer"): ("B", "h_kv", "T", "d_h"),
+               ("rotary", "K before"): ("B", "h_kv", "T", "d_h")},
+    "gpt-neox": {("project", "qkv"): ("B", "T", "3C"), ("qkv_split", "qkv (fused)"): ("B", "T", "3C")},
+    "bloom": {("project", "fused_qkv"): ("B", "T", "3C")},
+    "gpt-neo": {("mask", "attention.bias[:, :, 0:7, :7]"): ("B", "1", "T", "T")},
+}
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_tensor_of_a_family_has_named_axes(name: str) -> None:
+    """TRIAL2 #2: K and V with h_kv heads, fused q | k | v outputs and the model's
+    (B, 1, T, T) mask were drawn as d0, d1, ... with rows [0, 0] ..; now every tensor of
+    every family's layer has named axes, and the K/V heads are drawn as heads with tokens."""
+    from mha_tui.render.options import RenderOptions
+    from mha_tui.render.tensor import matrix_cell, tensor_index, tensor_matrices
+
+    trace = hf_trace(name, _layer(name))
+    anonymous = [(s.id, t.name, t.dims) for s in trace.stages for t in (*s.tensors, *s.aside)
+                 if t.dims[:1] == ("d0",)]
+    assert anonymous == []
+    for (stage_id, tensor), dims in NAMED_DIMS.get(name, {}).items():
+        record = trace.stage(stage_id).tensor(tensor)
+        assert record.dims == dims, (stage_id, tensor, record.dims)
+        matrices = tensor_matrices(record, trace.config, RenderOptions(full=True))
+        if "T" in dims:  # token rows, one matrix per K/V head
+            assert all(list(m.rows.labels) == list(trace.config.tokens) for m in matrices)
+        if "h_kv" in dims:
+            assert len(matrices) == record.shape[dims.index("h_kv")]
+        last = tuple(n - 1 for n in record.shape)  # the cursor reaches the last cell and back
+        place = matrix_cell(record, last)
+        assert place is not None and tensor_index(record, *place) == last
+
+
 @pytest.mark.parametrize("name", ["bert", "roberta", "distilbert"])
 def test_a_post_norm_encoders_first_title_says_where_its_input_comes_from(name: str) -> None:
     """TRIAL2 #4: "Where layer 0's input comes from: layer 0's input" said nothing. With no

@@ -106,7 +106,10 @@ def test_the_stage_says_which_query_heads_share_which_kv_head() -> None:
     stage = next(s for s in stages if s.kind == "kv_repeat")
     assert stage.title == "Shared K/V heads: 2 K/V heads for 4 query heads"
     assert stage.tensor("K/V head of query head").values.tolist() == [0, 0, 1, 1]
-    assert [r.dims for r in stage.tensors[1:]] == [("B", "h", "T", "d_h")] * 4
+    # K and V before the repeat hold h_kv heads, after it h (TRIAL2 #2)
+    assert [r.dims for r in stage.tensors[1:]] == [("B", "h_kv", "T", "d_h"),
+                                                   ("B", "h", "T", "d_h")] * 2
+    assert stage.dims_transition == "(B, h_kv, T, d_h) -> (B, h, T, d_h)"
     assert [c.ok for c in stage.checks if c.ok is not None] == [True, True]
     assert "query heads 0..1 -> K/V head 0, query heads 2..3 -> K/V head 1" in stage.explanation
     assert "(4, 8)" in stage.explanation  # (h_kv * d_h, C): the K/V weights' true shape

@@ -246,7 +246,8 @@ def test_qkv_split_cells_are_read_from_their_fused_channel(source: object, style
     record = main_tensor(stage)
     C = trace.config.embed_dim
     d_h = C // trace.config.num_heads
-    axes = [record.dims.index(a) for a in ("B", "T", "h", "d_h")]
+    heads = "h_kv" if "h_kv" in record.dims else "h"  # Falcon's v: its one K/V head
+    axes = [record.dims.index(a) for a in ("B", "T", heads, "d_h")]
     for index in itertools.product(*map(range, record.values.shape)):
         b, t, head, d = (index[a] for a in axes)
         channel = _fused_channel(style, 2, head, d, C, d_h)

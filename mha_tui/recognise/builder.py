@@ -31,6 +31,12 @@ _TORCH_LAYOUTS = {BHTD: (("B*h", "T", "d_h"), ("B", "T", "d_h"), ("T", "d_h")),
 # torch's MHA's (T * B, C): its heads side by side, batch and tokens merged; drawn regrouped
 # as (B, T, C), whatever the sizes (T == C makes it look like (T, T)).
 TOKENS_BY_BATCH = ("T*B", "C")
+# K and V when the module shares K/V heads (grouped-query, multi-query): h_kv heads, h_kv*d_h
+# channels; a fused projection's output: q, k and v side by side.
+KV_HEADS = "h_kv"
+KV_WIDTH = "h_kv*d_h"
+FUSED_3C = ("B", "T", "3C")
+FUSED_SHARED = ("B", "T", "(h+2*h_kv)*d_h")
 # Label sets tried by size alone, when the caller knows nothing of a tensor.
 _BY_SIZE = (BTC, BHTD, BTHD, BHTT, ("T", "T"), ("B", "T", "d_h"), ("B", "T", "T"),
             ("T", "B", "C"), ("T", "B*h", "d_h"), ("B*h", "T", "d_h"), ("B*h", "T", "T"),
@@ -48,6 +54,8 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 class Builder:
     """Builds each stage's tensors and checks from its ops."""
 
+    h_kv: int | None = None  # K/V heads when fewer than h (see __init__)
+
     def __init__(self, g: Graph, sizes: Sizes, config: Config, head_calls: list[ModuleCall]) -> None:
         self.g, self.sizes, self.config = g, sizes, config
         # Heads computed one at a time: as separate modules, or in a loop over Q[h], K[h], V[h].
@@ -59,6 +67,9 @@ class Builder:
         self.stacked_strides: dict[int, list[tuple[int, ...]]] = {}
         # Dims a stage gave a recorded tensor (id of its Snapshot -> the snapshot, its dims).
         self.known: dict[int, tuple[Snapshot, tuple[str, ...]]] = {}
+        # How many K/V heads when fewer than h (shared K/V heads), from the recognised ops
+        # (kv_repeat.kv_heads); None when K and V have the h heads Q has.
+        self.h_kv: int | None = None
 
     # ------------------------------------------------------------ naming
 
@@ -117,7 +128,15 @@ class Builder:
             ("B*h", "T", "d_h"): (s.B * s.h, s.T, s.d_h),  # ... then heads first
             ("B*h", "T", "T"): (s.B * s.h, s.T, s.T),
             ("T", "B", "h", "d_h"): (s.T, s.B, s.h, s.d_h),  # ... its sdpa path's permute back
+            FUSED_3C: (s.B, s.T, 3 * s.C),  # a fused projection's q | k | v
         }
+        if self.h_kv:  # K and V with fewer heads than Q, and the fused output that makes them
+            table.update({
+                ("B", "T", KV_WIDTH): (s.B, s.T, self.h_kv * s.d_h),
+                ("B", "T", KV_HEADS, "d_h"): (s.B, s.T, self.h_kv, s.d_h),
+                ("B", KV_HEADS, "T", "d_h"): (s.B, self.h_kv, s.T, s.d_h),
+                FUSED_SHARED: (s.B, s.T, (s.h + 2 * self.h_kv) * s.d_h),
+            })
         def fits(dims: tuple[str, ...]) -> bool:
             return dims in table and tuple(shape) == self.unbatched(table[dims], dims)
 
@@ -134,6 +153,25 @@ class Builder:
         if found and all(self._same_axes(found[0], other) for other in found[1:]):
             return found[0]
         return tuple(f"d{i}" for i in range(len(shape)))
+
+    def kv(self, *layouts: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+        """K's or V's layouts when the module shares K/V heads: h_kv heads in place of h,
+        h_kv*d_h channels in place of C (none when K and V have h heads). A caller that knows
+        a tensor is K or V (from where it goes: `role`) prefers these to the query's."""
+        if not self.h_kv:
+            return ()
+        return tuple(tuple({"h": KV_HEADS, "C": KV_WIDTH}.get(d, d) for d in dims)
+                     for dims in layouts)
+
+    def fused(self, width: int) -> tuple[str, ...]:
+        """A fused projection's output, q, k and v side by side: (B, T, 3C), or with shared
+        K/V heads (B, T, (h+2*h_kv)*d_h) (Falcon's multi-query layer)."""
+        s = self.sizes
+        if width == 3 * s.C:
+            return FUSED_3C
+        if self.h_kv and width == (s.h + 2 * self.h_kv) * s.d_h:
+            return FUSED_SHARED
+        return ()
 
     def _same_axes(self, a: tuple[str, ...], b: tuple[str, ...]) -> bool:
         """Two label sets naming the same axes: equal, or C and d_h with one head, B*h and

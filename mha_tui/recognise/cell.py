@@ -204,6 +204,8 @@ def where(cell: Cell, row_axis: str = "query", col_axis: str = "key") -> str:
     parts = []
     if "h" in dims:
         parts.append(f"head {index[dims.index('h')]}")
+    elif "h_kv" in dims:  # K or V before its heads are shared out
+        parts.append(f"K/V head {index[dims.index('h_kv')]}")
     t_axes = [k for k, d in enumerate(dims) if d == "T"]
     if len(t_axes) == 2:
         i, j = index[t_axes[0]], index[t_axes[1]]
@@ -212,8 +214,8 @@ def where(cell: Cell, row_axis: str = "query", col_axis: str = "key") -> str:
         t = index[t_axes[0]]
         parts.append(f"token {cell.token(t)} (row {t})")
         last = dims[-1]
-        if last in ("C", "d_h"):
-            parts.append(f"{'channel' if last == 'C' else 'd'} {index[-1]}")
+        if last in ("C", "d_h", "h_kv*d_h", "3C", "(h+2*h_kv)*d_h"):
+            parts.append(f"{'d' if last == 'd_h' else 'channel'} {index[-1]}")
     return ", ".join(parts)
 
 

@@ -179,6 +179,35 @@ class StageMaker:
     def dims(self, shape: tuple[int, ...], *prefer: tuple[str, ...]) -> tuple[str, ...]:
         return self.b.dims(shape, prefer)
 
+    def broadcast_dims(self, shape: tuple[int, ...], *prefer: tuple[str, ...],
+                       onto: tuple[tuple[int, ...], tuple[str, ...]]) -> tuple[str, ...]:
+        """The dims of a tensor the op broadcasts onto another whose dims are known (a mask
+        onto the (B, h, T, T) scores): the caller's layouts when one fits, else each axis
+        named as the axis it meets, aligned from the right, and `1` where a size-1 axis is
+        spread over that axis (HF's (B, 1, T, T) mask over the heads)."""
+        dims = self.dims(shape, *prefer)
+        target_shape, target_dims = onto
+        if dims[:1] != ("d0",) or len(shape) > len(target_shape) or \
+                len(target_shape) != len(target_dims):
+            return dims
+        named = []
+        for n, size, name in zip(shape[::-1], target_shape[::-1], target_dims[::-1], strict=False):
+            if size == n:
+                named.append(name)
+            elif n == 1:
+                named.append("1")
+            else:
+                return dims
+        return tuple(named[::-1])
+
+    def role_dims(self, op: OpRecord, shape: tuple[int, ...], *prefer: tuple[str, ...]
+                  ) -> tuple[str, ...]:
+        """The dims of a tensor op made: K's or V's own layouts first (h_kv heads) when it
+        goes on to be K or V of a module that shares K/V heads (role: from where it goes,
+        never from its size), else the layouts the caller gives."""
+        shared = self.b.kv(*prefer) if self.b.h_kv and self.b.role(op) in ("K", "V") else ()
+        return self.b.dims(shape, (*shared, *prefer))
+
     def origin_name(self, ref: Ref) -> str:
         op = self.g.producer(ref)
         if op is None:

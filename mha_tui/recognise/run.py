@@ -14,6 +14,7 @@ from .builder import Builder
 from .classify import classify
 from .graph import Graph
 from .grouping import group
+from .kinds import kv_repeat
 from .sizes import Sizes, assign_heads, assign_loop_heads, head_calls, infer_sizes
 
 
@@ -33,5 +34,6 @@ def recognise(rec: Recording, config: Config, *, embedded: Embedded | None = Non
     classify(g, sizes)
     units = group(g)
     builder = Builder(g, sizes, config, calls)
+    builder.h_kv = kv_repeat.kv_heads(builder)
     return build_stages(builder, units, rec, embedded=embedded, forward_equal=forward_equal,
                         n_params=n_params)

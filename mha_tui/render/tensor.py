@@ -41,10 +41,12 @@ def _token_axis(config: Config, tags: Sequence[str] | None = None,
     return Axis(list(config.tokens), literal=True, positions=True)
 
 
-def _head_title(record: TensorRecord, head: int, opts: RenderOptions, batched: bool = True) -> Text:
+def _head_title(record: TensorRecord, head: int, opts: RenderOptions, batched: bool = True,
+                kv: bool = False) -> Text:
     dim = opts.focus is not None and head != opts.focus
-    # The index that selects this matrix from the tensor: batch 0, head `head`.
-    return Text.assemble((f"head {head}", head_style(head, dim)),
+    # The index that selects this matrix from the tensor: batch 0, head `head` (a K/V head
+    # of K or V before the heads are shared out).
+    return Text.assemble((f"{'K/V ' if kv else ''}head {head}", head_style(head, dim)),
                          (f"  {record.name}[0, {head}]" if batched else f"  {record.name}[{head}]",
                           DIM_STYLE if dim else "dim"))
 
@@ -64,20 +66,71 @@ def _heads_shown(h: int, opts: RenderOptions) -> list[int]:
 
 def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -> list[Matrix]:
     """The 2-D slices a learner reads for this tensor, labelled by what its axes mean."""
-    if record.dims in _UNBATCHED and record.values.ndim == len(record.dims):
-        matrices = _tensor_matrices(_as_drawn(record), config, opts, batched=False)
-    else:
-        matrices = _tensor_matrices(record, config, opts)
+    matrices = _tensor_matrices(_as_drawn(record), config, opts, batched=not _unbatched(record),
+                                kv="h_kv" in record.dims)
     if opts.cursor is not None and opts.cursor[0] == record.name:
         _place_cursor(matrices, record, opts.cursor[1])
     return matrices
 
 
+# Axes drawn as another's: K's and V's h_kv heads as heads; K/V's h_kv*d_h channels and a
+# fused projection's q | k | v channels as channels (no head blocks: their order is the
+# module's own).
+_AS_HEADS = {"h_kv": "h"}
+_AS_CHANNELS = {"h_kv*d_h", "3C", "(h+2*h_kv)*d_h", "qkv"}
+
+
+def _canonical(dims: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(_AS_HEADS.get(d, "C" if d in _AS_CHANNELS else d) for d in dims)
+
+
+def _spread_axis(record: TensorRecord) -> int | None:
+    """A size-1 axis the tensor is spread over by broadcasting (dims `1`: HF's (B, 1, T, T)
+    mask over the heads): drawn without it."""
+    dims, shape = record.dims, record.values.shape
+    if "1" in dims and len(dims) == len(shape) and shape[dims.index("1")] == 1:
+        return dims.index("1")
+    return None
+
+
+def _unbatched(record: TensorRecord) -> bool:
+    """Without a batch axis (NumPy's (T, C)): drawn as the batched layout's one batch entry."""
+    return _canonical(record.dims) in _UNBATCHED and record.values.ndim == len(record.dims)
+
+
 def _as_drawn(record: TensorRecord) -> TensorRecord:
-    """The record as tensor_matrices draws it: a tensor without a batch axis as batch 0."""
-    if record.dims in _UNBATCHED and record.values.ndim == len(record.dims):
-        return replace(record, values=record.values[None], dims=("B", *record.dims))
-    return record
+    """The record as tensor_matrices draws it: its axes read as the layouts drawn (h_kv heads
+    as heads), a spread axis of 1 left out, a tensor without a batch axis as batch 0."""
+    dims, values = _canonical(record.dims), record.values
+    spread = _spread_axis(record)
+    if spread is not None:
+        values = values[(slice(None),) * spread + (0,)]
+        dims = dims[:spread] + dims[spread + 1:]
+    if _unbatched(record):
+        values, dims = values[None], ("B", *dims)
+    if dims == record.dims and values is record.values:
+        return record
+    return replace(record, values=values, dims=dims)
+
+
+def _drawn_index(record: TensorRecord, index: tuple[int, ...]) -> tuple[int, ...] | None:
+    """A tensor index as the drawn record's (None when it is outside the tensor)."""
+    shape = record.values.shape
+    if len(index) != len(shape) or not all(0 <= i < n for i, n in zip(index, shape, strict=True)):
+        return None
+    spread = _spread_axis(record)
+    if spread is not None:
+        index = index[:spread] + index[spread + 1:]
+    return (0, *index) if _unbatched(record) else index
+
+
+def _tensor_index(record: TensorRecord, drawn: tuple[int, ...]) -> tuple[int, ...]:
+    """The drawn record's index as the tensor's own: _drawn_index's inverse."""
+    index = drawn[1:] if _unbatched(record) else drawn
+    spread = _spread_axis(record)
+    if spread is not None:
+        index = (*index[:spread], 0, *index[spread:])
+    return index
 
 
 _HEADS = (("B", "h", "T", "d_h"), ("B", "h", "T", "T"))
@@ -102,12 +155,11 @@ def matrix_cell(record: TensorRecord, index: tuple[int, ...]) -> tuple[int, int,
     """Where a tensor index is drawn: (the head's matrix or 0, row, column), as
     _tensor_matrices draws it, or None for an index that does not fit the tensor. The
     inverse is tensor_index."""
-    unbatched = record.dims in _UNBATCHED and record.values.ndim == len(record.dims)
-    record = _as_drawn(record)
-    index = (0, *index) if unbatched else index
-    shape = record.values.shape
-    if len(index) != len(shape) or not all(0 <= i < n for i, n in zip(index, shape, strict=True)):
+    found = _drawn_index(record, index)
+    if found is None:
         return None
+    record, index = _as_drawn(record), found
+    shape = record.values.shape
     dims = record.dims
     place = _head_cell(record, index)
     if place is not None:
@@ -156,9 +208,8 @@ def heads_in_columns(record: TensorRecord) -> bool:
 
 def tensor_index(record: TensorRecord, head: int, row: int, col: int) -> tuple[int, ...]:
     """The tensor index drawn at (head's matrix, row, column): matrix_cell's inverse."""
-    unbatched = record.dims in _UNBATCHED and record.values.ndim == len(record.dims)
-    record = _as_drawn(record)
-    shape, dims = record.values.shape, record.dims
+    drawn = _as_drawn(record)
+    shape, dims = drawn.values.shape, drawn.dims
     if dims in _HEADS:
         index: tuple[int, ...] = (0, head, row, col)
     elif dims in (("B", "T", "C"), ("B", "T", "T")):
@@ -177,7 +228,7 @@ def tensor_index(record: TensorRecord, head: int, row: int, col: int) -> tuple[i
             row, i = divmod(row, n)
             leading.insert(0, i)
         index = (*leading, col)
-    return index[1:] if unbatched else index
+    return _tensor_index(record, index)
 
 
 def _place_cursor(matrices: list[Matrix], record: TensorRecord, index: tuple[int, ...]) -> None:
@@ -196,9 +247,12 @@ def mark_cells(matrices: list[Matrix], record: TensorRecord, cells: np.ndarray) 
     layout matrix_cell does not know)."""
     import numpy as np
 
-    if record.dims in _UNBATCHED and cells.ndim == len(record.dims):  # drawn as batch 0
-        record = replace(record, values=record.values[None], dims=("B", *record.dims))
-        cells = cells[None]
+    if cells.shape == record.values.shape:  # as drawn: a spread axis out, batch 0 added
+        spread = _spread_axis(record)
+        if spread is not None:
+            cells = cells[(slice(None),) * spread + (0,)]
+        cells = cells[None] if _unbatched(record) else cells
+        record = _as_drawn(record)
     by_head: dict[int, set[tuple[int, int]]] = {}
     placed = 0
     for index in zip(*np.nonzero(cells), strict=True):
@@ -214,7 +268,7 @@ def mark_cells(matrices: list[Matrix], record: TensorRecord, cells: np.ndarray) 
 
 
 def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
-                     batched: bool = True) -> list[Matrix]:
+                     batched: bool = True, kv: bool = False) -> list[Matrix]:
     v, dims, d_h = record.values, record.dims, config.head_dim
     split = d_h if record.head_split is not None else None
     if dims == ("B", "T"):
@@ -259,7 +313,7 @@ def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
             cols = (_token_axis(config) if dims[-1] == "T"
                     else Axis([f"d{j}" for j in range(v.shape[3])]))
             matrices.append(Matrix(v[0, i], record, _token_axis(config, tags, tag_heads), cols,
-                                   _head_title(record, i, opts, batched), opts, head=i))
+                                   _head_title(record, i, opts, batched, kv), opts, head=i))
         return matrices
     return _generic_matrices(record, opts)
 
@@ -322,8 +376,9 @@ class TensorView:
             yield matrices[0]
         else:
             yield Columns(matrices, padding=(0, 3))
-        h = record.values.shape[1] if record.dims[:2] == ("B", "h") else \
-            record.values.shape[0] if record.dims[:1] == ("h",) else 0
+        dims = _canonical(record.dims)
+        h = record.values.shape[1] if dims[:2] == ("B", "h") else \
+            record.values.shape[0] if dims[:1] == ("h",) else 0
         shown = len(_heads_shown(h, opts)) if h else 0
         if h and shown < h:
             yield Text(f"  {shown} of {h} heads shown", style="dim")

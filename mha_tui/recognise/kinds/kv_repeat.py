@@ -19,7 +19,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from ...records import Check, OpRecord, Ref, Stage, Trace
-from ..builder import plural
+from ..builder import Builder, plural
 from ..cell import Cell, Term, Why, WhyError, where
 from ..graph import Graph
 from ..grouping import Unit
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ...judge.judging import Judge, Row
 
 KIND = "kv_repeat"
+_PRODUCTS = {"linear", "matmul", "addmm", "mm", "einsum"}
 _REPEATS = {"getitem", "unsqueeze", "expand", "expand_as", "reshape", "view", "flatten",
             "repeat_interleave", "repeat", "contiguous"}
 
@@ -124,6 +125,32 @@ def repeats_shared_heads(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
 RULES = (repeats_shared_heads,)
 
 
+def kv_heads(b: Builder) -> int | None:
+    """How many K/V heads the module makes when fewer than h, read from the recognised ops:
+    a repeat of the K/V heads (repeat_kv), else the K or V projection's width h_kv * d_h
+    (found by where its output goes), else a fused projection's (h + 2 h_kv) * d_h (Falcon's
+    multi-query layer, whose one K/V head the matmuls broadcast). None when K and V have the
+    h heads Q has, or the heads are computed one at a time."""
+    g, s = b.g, b.sizes
+    found = repeats(g, s)
+    if found:
+        return next(iter(found.values())).h_kv
+    if b.per_head or s.h < 2 or not s.d_h:
+        return None
+    for op in g.ops:
+        if g.kind.get(op.index) != "project" or op.name not in _PRODUCTS or not op.out.shape:
+            continue
+        width = op.out.shape[-1]
+        if op.index in g.fused:
+            n = (width - s.C) // (2 * s.d_h)
+            if width != 3 * s.C and (width - s.C) == 2 * n * s.d_h and 0 < n < s.h and not s.h % n:
+                return n
+        elif width < s.C and not width % s.d_h and not s.h % (width // s.d_h) and \
+                b.role(op) in ("K", "V"):
+            return width // s.d_h
+    return None
+
+
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     s = m.s
     found = [rep for rep in repeats(m.g, s).values() if rep.ops & set(unit.ops)]
@@ -138,12 +165,12 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     checks = []
     for _, role, rep in by_role:
         before, after = m.snap(rep.before), m.snap(rep.after)
-        dims_before = _head_dims(before.shape, rep.axis)
+        dims_before = _head_dims(before.shape, rep.axis, "h_kv")
         dims_after = _head_dims(after.shape, rep.axis)
         kv_name = f"{role} ({plural(rep.h_kv, 'head')})"
         tensors.append(m.b.record(kv_name, before, dims_before,
                                   caption=f"the {plural(rep.h_kv, 'K/V head')} the {role} "
-                                          f"projection made (its h axis holds K/V heads)"))
+                                          f"projection made, on its h_kv axis"))
         tensors.append(m.b.record(f"{role} ({plural(s.h, 'head')})", after, dims_after,
                                   caption=f"head j is K/V head j // {n}: each repeated {n} times"
                                   if rep.order == "interleave" else
@@ -194,11 +221,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                    extra_ops=sorted({i for rep in found for i in rep.ops}))
 
 
-def _head_dims(shape: tuple[int, ...], axis: int) -> tuple[str, ...]:
-    """(B, h, T, d_h) or (B, T, h, d_h): the head axis named h (its caption says which heads)."""
+def _head_dims(shape: tuple[int, ...], axis: int, heads: str = "h") -> tuple[str, ...]:
+    """(B, h, T, d_h) or (B, T, h, d_h): the head axis named h, or h_kv before the repeat."""
     if len(shape) != 4:
         return tuple(f"d{i}" for i in range(len(shape)))
-    return ("B", "h", "T", "d_h") if axis in (1, -3) else ("B", "T", "h", "d_h")
+    return ("B", heads, "T", "d_h") if axis in (1, -3) else ("B", "T", heads, "d_h")
 
 
 def _projection_widths(m: StageMaker) -> dict[str, int]:

@@ -98,7 +98,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                     (mask_values[~above] == 0).all():
                 caption = "0 on and below the diagonal, -inf above"
         tensors.append(m.b.record(m.spelled(mask_ref, first), given,
-                                     m.dims(given.shape, ("T", "T"), ("B", "T", "T")),
+                                     m.broadcast_dims(given.shape, ("T", "T"), ("B", "T", "T"),
+                                                      onto=(values.shape, BHTT)),
                                      values=mask_values, caption=caption,
                                      kind="int" if given.dtype == "bool" else "signed"))
     name = m.tensor_name(first, fallback="scores")

@@ -297,17 +297,37 @@ def _projection_records(m: StageMaker, role: str, ops: list[OpRecord], weights: 
         w_rec = b.record(first_w_ref.name, first_w, dims,
                          head_split=split_axis if (wide or kind == "w_o") and s.h > 1 else None,
                          caption=caption)
-        out_rec = b.record(name, last, m.dims(last.shape, BTC),
+        # What the trace knows the output is: K or V with h_kv heads (where it goes), a
+        # fused q | k | v (the op the classifier found fused), else (B, T, C).
+        prefer: list[tuple[str, ...]] = []
+        if kind == "project" and ops[0].index in m.g.fused:
+            prefer = [d for d in [b.fused(last.shape[-1])] if d]
+        elif kind == "project" and role in ("K", "V"):
+            prefer = list(b.kv(BTC))
+        dims = m.dims(last.shape, *prefer, BTC)
+        kv_heads = dims[-1:] == ("h_kv*d_h",)
+        per_head = kind == "project" and s.h > 1 and (last.shape[-1] == s.C or kv_heads)
+        out_rec = b.record(name, last, dims,
                            share=("x", m.snap(m.x_in(ops[0]))),
-                           head_split=2 if kind == "project" and last.shape[-1] == s.C and s.h > 1
-                           else None,
-                           caption=f"channels in blocks of d_h={s.d_h}, one block per head"
-                           if kind == "project" and last.shape[-1] == s.C and heads_split else "")
+                           head_split=2 if per_head else None,
+                           caption=f"channels in blocks of d_h={s.d_h}, one block per K/V head "
+                                   f"({b.h_kv} of them)" if kv_heads else
+                           f"channels in blocks of d_h={s.d_h}, one block per head"
+                           if kind == "project" and last.shape[-1] == s.C and heads_split else
+                           _fused_caption(dims, s.C) if kind == "project" else "")
     tensors.append(w_rec)
     for bias_name, bias in biases[:1] if len(ops) == 1 else []:
         tensors.append(b.record(bias_name or f"{first_w_ref.name.rsplit('.', 1)[0]}.bias", bias,
                                 ("C",)))
     outputs.append(out_rec)
+
+def _fused_caption(dims: tuple[str, ...], C: int) -> str:
+    if dims[-1:] == ("3C",):
+        return f"q, k and v side by side: 3C = {3 * C} channels per token"
+    if dims[-1:] == ("(h+2*h_kv)*d_h",):
+        return "q (h heads), k and v (h_kv heads each) side by side, d_h channels per head"
+    return ""
+
 
 def _split_records(m: StageMaker, splits: list[OpRecord], heads_split: bool) -> list[TensorRecord]:
     b, s = m.b, m.s

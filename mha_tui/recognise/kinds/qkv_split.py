@@ -105,13 +105,16 @@ def _as_heads(values: np.ndarray, T: int, d_h: int) -> np.ndarray | None:
     return None
 
 
-def _head_dims(shape: tuple[int, ...], T: int, d_h: int) -> tuple[str, ...]:
-    """A part's axes named, whatever its head count (Falcon's K has 1 head, not h)."""
+def _head_dims(shape: tuple[int, ...], T: int, d_h: int, h_kv: int | None = None
+               ) -> tuple[str, ...]:
+    """A part's axes named, whatever its head count: h, or h_kv for K and V when the module
+    shares K/V heads (Falcon's K has 1 head, not h)."""
     if len(shape) == 4 and shape[-1] == d_h:
-        if shape[2] == T:
-            return ("B", "h", "T", "d_h")
-        if shape[1] == T:
-            return ("B", "T", "h", "d_h")
+        heads = "h_kv" if h_kv else "h"
+        if shape[2] == T and (h_kv is None or shape[1] == h_kv):
+            return ("B", heads, "T", "d_h")
+        if shape[1] == T and (h_kv is None or shape[2] == h_kv):
+            return ("B", "T", heads, "d_h")
     return tuple(f"d{i}" for i in range(len(shape)))
 
 
@@ -178,7 +181,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         all_found &= bool(blocks) and None not in blocks
         roles.append((role, blocks))
         n_heads = heads.shape[2] if heads is not None else 0
-        tensors.append(m.b.record(name, out, _head_dims(out.shape, s.T, s.d_h),
+        shared = m.b.h_kv if role in ("K", "V") else None
+        dims = _head_dims(out.shape, s.T, s.d_h, shared)
+        if dims[0] == "d0" and shared:
+            dims = _head_dims(out.shape, s.T, s.d_h)
+        tensors.append(m.b.record(name, out, dims,
                                   share=("the fused projection", fused),
                                   caption=f"{role}: {n_heads} head{'s' if n_heads != 1 else ''} "
                                           f"of d_h = {s.d_h}" + (
@@ -189,7 +196,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     projected = m.made.get("project")  # the name the projection stage gave this tensor
     fused_name = next((t.name for t in reversed(projected.tensors) if t.values.shape == fused.shape),
                       "qkv") if projected is not None else "qkv"
-    tensors.insert(0, m.b.record(f"{fused_name} (fused)", fused, ("B", "T", "qkv")
+    tensors.insert(0, m.b.record(f"{fused_name} (fused)", fused, (m.b.fused(width) or ("B", "T", "qkv"))
                                  if fused.values.ndim == 3 else m.dims(fused.shape, BTC),
                                  caption=f"q, k and v side by side: {width} channels = {n_blocks} "
                                          f"blocks of d_h = {s.d_h}"
@@ -243,11 +250,16 @@ def _span(blocks: list[int | None]) -> str:
 _HEAD_AXES = ("B", "T", "h", "d_h")
 
 
+def _axes(record: TensorRecord) -> tuple[str, ...]:
+    """The part's dims with K's and V's h_kv heads read as its heads."""
+    return tuple("h" if d == "h_kv" else d for d in record.dims)
+
+
 def _heads_of(record: TensorRecord) -> np.ndarray | None:
     """A part as (B, T, n, d_h), read from its named axes (None when they are not those)."""
-    if sorted(record.dims) != sorted(_HEAD_AXES):
+    if sorted(_axes(record)) != sorted(_HEAD_AXES):
         return None
-    return np.transpose(record.values, [record.dims.index(a) for a in _HEAD_AXES])
+    return np.transpose(record.values, [_axes(record).index(a) for a in _HEAD_AXES])
 
 
 def _role(stage: Stage, record: TensorRecord) -> str:
@@ -268,7 +280,7 @@ def why(cell: Cell) -> Why:
     heads = _heads_of(cell.record)
     if heads is None or fused.values.ndim < 3 or len(stage.tensors) < 2:
         raise WhyError(f"cannot read {cell.name} as (B, T, heads, d_h) against the fused output")
-    b, t, head, d = (cell.index[cell.record.dims.index(a)] for a in _HEAD_AXES)
+    b, t, head, d = (cell.index[_axes(cell.record).index(a)] for a in _HEAD_AXES)
     d_h = heads.shape[-1]
     flat = fused.values.reshape(fused.values.shape[0], fused.values.shape[1], -1)
     block = _blocks(flat, heads, d_h)[head]

@@ -61,7 +61,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         src_ref = m.x_in(op)
         src = m.snap(src_ref)
         name = m.tensor_name(op)
-        tensors.append(b.record(name, op.out, m.dims(op.out.shape, BHTD),
+        tensors.append(b.record(name, op.out, m.role_dims(op, op.out.shape, BHTD),
                                 share=(m.origin_name(src_ref), src)))
         shared &= op.out.storage == src.storage
         projected = _project_source(m, src_ref)

@@ -54,7 +54,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         src_ref = m.x_in(op)
         src = m.snap(src_ref)
         source_name = m.origin_name(src_ref)
-        tensors.append(b.record(m.tensor_name(op), op.out, m.dims(op.out.shape, BTHD),
+        tensors.append(b.record(m.tensor_name(op), op.out, m.role_dims(op, op.out.shape, BTHD),
                                 share=(source_name, src)))
         shared &= op.out.storage == src.storage
         same &= equal(op.out.values.reshape(-1), src.values.reshape(-1))

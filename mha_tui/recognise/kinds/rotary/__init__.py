@@ -69,10 +69,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     for role, rot in by_role:
         label = role if role in "QK" else "?"
         before, after = m.snap(rot.before), m.snap(rot.after)
-        dims = m.dims(before.shape, BHTD, BTHD)
-        tensors.append(m.b.record(f"{label} before", before, dims,
+        # K with h_kv heads when the module shares K/V heads (its role: where it goes)
+        layouts = (*m.b.kv(BHTD, BTHD), BHTD, BTHD) if label == "K" else (BHTD, BTHD)
+        tensors.append(m.b.record(f"{label} before", before, m.dims(before.shape, *layouts),
                                   caption=f"{label} as the heads hold it, before rotary"))
-        tensors.append(m.b.record(f"{label} after", after, m.dims(after.shape, BHTD, BTHD),
+        tensors.append(m.b.record(f"{label} after", after, m.dims(after.shape, *layouts),
                                   caption=f"{label} turned: what the scores use",
                                   share=(f"{label} before", before)))
         x = m.snap(rot.rotated_in).values.astype(np.float64)
