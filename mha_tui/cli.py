@@ -10,6 +10,7 @@ import os
 import sys
 import unicodedata
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 from enum import StrEnum
 from functools import partial
@@ -243,6 +244,8 @@ def explain(
 
         _open_app(app)
         return
+    if _STANDALONE:  # as the app starts (collector.py): torch's import without the collector,
+        collector.pause()  # which the module's build (load.learner.learner_code) resumes
     loaded: Loaded | LoadedNumpy | None = None
     if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
         from .load.learner import LoadError
@@ -633,9 +636,11 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                 write_json(replace(trace, stages=trace.stages[:last]), out, first=first,
                            ascii_only=ascii_only)
             else:
+                with collector.off() if _STANDALONE else nullcontext():  # collector.py
+                    text = to_text(trace, RenderOptions(full=full, ascii=ascii_only),
+                                   width=width, color=color, first=first, last=last)
                 # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
-                out.write(to_text(trace, RenderOptions(full=full, ascii=ascii_only),
-                                  width=width, color=color, first=first, last=last).encode("utf-8"))
+                out.write(text.encode("utf-8"))
     except DumpError as error:
         fail(str(error), error.code)
     except TranscriptError as error:
@@ -806,11 +811,17 @@ def check(
                     alibi=expect is ExpectKind.alibi, rotary_base=rotary_base)
     from .judge.grade import GradeError, Submission, find_submissions, is_batch
 
+    if class_name is not None and not all(part.isidentifier() for part in class_name.split(".")):
+        fail(f"--class takes the name of a class; {class_name!r} is not one")
     try:
         submissions = find_submissions(specs or [], class_name)
     except GradeError as error:
         fail(str(error))
     for submission in submissions:  # a malformed spec, --init or --weights: exit 2 now
+        try:  # the module is check's argument here, not --module
+            parse_module_ref(submission.module, taker="check")
+        except ConfigError as error:
+            fail(str(error))
         _check_source(None, submission.module, init or [], weights)
     for model in models or []:
         _check_source(model, None, init or [], weights)

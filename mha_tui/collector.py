@@ -12,12 +12,16 @@ freed next to nothing.
   a process that only calls mha-tui (tests, a notebook): their collector is theirs.
 - `resume(freeze=True)`: before a module's own code runs (`load.learner.learner_code`:
   importing a learner's file, building a module). What is alive then is the start-up's
-  (Textual, the app, torch), and `gc.freeze` leaves it out of every later pass; it is still
-  freed by its reference count, like anything else. The module's code, its forward and
-  everything after run with the collector on.
+  (Textual, the app, torch), and `gc.freeze` leaves it out of every later pass: it is still
+  freed by its reference count, only a reference cycle among it would stay (the start
+  makes next to none: the passes it paid for found a few thousand objects). The module's
+  code, its forward and everything after run with the collector on.
 - `resume()` (no freeze): at the latest when the app's first forward is done or the app
   ends (a `--hf` model is built without a learner's code; the forward's garbage must stay
   collectable).
+- `off()`: the `mha-tui` command drawing a text transcript (`cli`), which makes no reference
+  cycle (tests/test_dump.py): the passes over a --full transcript's millions of cell texts
+  were a quarter of its drawing. The collector is as it was after.
 
 Imports nothing of mha-tui: the CLI, the app and the loader call it.
 """
@@ -25,6 +29,8 @@ Imports nothing of mha-tui: the CLI, the app and the loader call it.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _paused = False
 
@@ -52,3 +58,15 @@ def resume(*, freeze: bool = False) -> None:
 def paused() -> bool:
     """Whether `pause` holds the collector now."""
     return _paused
+
+
+@contextmanager
+def off() -> Iterator[None]:
+    """The collector off for a block of mha-tui's own code, then as it was."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -174,10 +174,11 @@ def parse_init(text: str) -> tuple[str, object]:
     return name, parsed
 
 
-def parse_module_ref(text: str) -> tuple[str, str, bool]:
-    """`--module FILE.py:Class` or `package.module:Class` -> (where, class path, is a file)."""
+def parse_module_ref(text: str, taker: str = "--module") -> tuple[str, str, bool]:
+    """`--module FILE.py:Class` or `package.module:Class` -> (where, class path, is a file);
+    `taker` names what took it in a refusal (`check` takes it as its argument)."""
     where, sep, attr = text.rpartition(":")
-    usage = "--module takes FILE.py:Class or package.module:Class"
+    usage = f"{taker} takes FILE.py:Class or package.module:Class"
     if not sep or not where or not attr:
         raise ConfigError(f"{usage}, got {text!r}")
     if not all(part.isidentifier() for part in attr.split(".")):

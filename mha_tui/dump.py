@@ -16,6 +16,7 @@ import unicodedata
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
+from rich.cells import cell_len
 from rich.console import Console
 
 from .floats import float32_json, numpy_texts
@@ -46,20 +47,37 @@ def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
 def to_text(trace: Trace, opts: RenderOptions, width: int = 100, color: bool = False,
             first: int = 0, last: int | None = None) -> str:
     """The text transcript of trace.stages[first:last]."""
-    buffer = io.StringIO()
-    console = transcript_console(buffer, width, color)
-    console.print(trace_header(trace, opts))
-    if trace.module is not None:
-        console.print(module_line(trace.module, opts))
-    console.print()
-    for stage in trace.stages[first:last]:
-        console.print(stage_view(trace, stage, opts))
+    # Without colour, every line drawn is checked to fit instead of cropped line by line by
+    # Rich (a fifth of the drawing of --full's 280,000 lines); where one does not fit, the
+    # transcript is drawn again, cropped as Rich crops it.
+    text = _drawn(trace, opts, width, color, first, last, crop=color)
+    if not color and not _fits(text, width):
+        text = _drawn(trace, opts, width, color, first, last, crop=True)
     # Rich pads table rows to the full width; trailing blanks only make diffs noisy.
-    text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    text = "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
     if opts.ascii:
         # Labels were escaped already; this maps the tool's own glyphs and guards the rest.
         text = text.translate(ASCII_GLYPHS).encode("ascii", "backslashreplace").decode("ascii")
     return text
+
+
+def _drawn(trace: Trace, opts: RenderOptions, width: int, color: bool, first: int,
+           last: int | None, crop: bool) -> str:
+    buffer = io.StringIO()
+    console = transcript_console(buffer, width, color)
+    console.print(trace_header(trace, opts), crop=crop)
+    if trace.module is not None:
+        console.print(module_line(trace.module, opts), crop=crop)
+    console.print(crop=crop)
+    for stage in trace.stages[first:last]:
+        console.print(stage_view(trace, stage, opts), crop=crop)
+    return buffer.getvalue()
+
+
+def _fits(text: str, width: int) -> bool:
+    """Every line of text (split where Rich splits them) at most width cells wide."""
+    return all((len(line) <= width and line.isascii()) or cell_len(line) <= width
+               for line in text.split("\n"))
 
 
 def why_text(why: Why, opts: RenderOptions, width: int = 100, color: bool = False) -> str:
@@ -129,7 +147,8 @@ def worksheet_json(trace: Trace, questions: tuple[Question, ...], ascii_only: bo
     return json.dumps(document, indent=2, ensure_ascii=ascii_only, allow_nan=False) + "\n"
 
 
-_CHUNK = 1 << 16  # values formatted at a time: a few MB of text whatever the tensor
+_CHUNK = 1 << 16  # values formatted at a time by NumPy: a few MB of text whatever the tensor
+_SLICE = 1 << 20  # float32 values formatted at a time by orjson: about 11 MB of text at most
 _TEXT = 24  # widest number text: "-1.2345678e-05", "-0.000123456789", '"-inf"'
 
 
@@ -147,10 +166,10 @@ def write_values(values: np.ndarray, out: BinaryIO) -> None:
 
     Each float32 in its shortest form that reads back exactly (NumPy's), -inf/inf/nan as
     strings so that any JSON parser reads the file. Never builds the whole text: a tensor
-    larger than a block is written one slice of its first axis at a time.
+    larger than a slice is written one slice of its first axis at a time.
     """
     if values.dtype == np.float32 and values.ndim >= 1 and values.size:
-        if values.size > _CHUNK and values.ndim > 1:  # (1, h, T, T) too: one slice at a time
+        if values.size > _SLICE and values.ndim > 1:  # (1, h, T, T) too: one slice at a time
             out.write(b"[")
             for i, part in enumerate(values):
                 if i:

@@ -6,29 +6,29 @@ shortest round-trip digits (ryu) some ten times faster, and where NumPy writes a
 positionally (1e-4 <= |x| < 1e6, compared in float64, and zero) orjson writes the very same
 text. Outside that range the two spell a number differently (`1e-05` against `0.00001`,
 `-inf` against `null`): those values (in attention tensors -inf, and rare tiny or huge ones)
-are found in orjson's text by their place (the k-th text between brackets and commas is the
-k-th value in C order), checked by their spelling, and replaced with NumPy's own text.
-The bytes are always NumPy's: where the replacements cannot be matched one to one,
-`float32_json` says so and the caller uses NumPy itself. A test compares the two on
-millions of values, every bit pattern included.
+are written by orjson as nan, its `null`, the only value it spells so: the k-th `null` of
+its text is the k-th of them in C order, and NumPy's own text goes there. The bytes are
+always NumPy's: where the nulls and the values do not match one to one, `float32_json` says
+so and the caller uses NumPy itself. A test compares the two on millions of values, every
+bit pattern included.
 
 Pure NumPy and orjson: never import torch, rich, textual or typer here.
 """
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import orjson
 
-# Where NumPy prints a float32 positionally, and orjson prints it the same way.
-_POSITIONAL = (1e-4, 1e6)
-# A finite number as orjson spells it when NumPy would spell it otherwise: with an exponent,
-# below 1e-4 written out ("0.0000..."; "0.0001" is the float32 just below 1e-4), or 1e6 and
-# above written out (seven or more integer digits). orjson writes inf and nan as null.
-_FINITE = rb"-?[0-9]+(?:\.[0-9]+)?e[-+]?[0-9]+|-?0\.0000[0-9]*|-?0\.0001|-?[0-9]{7,}(?:\.[0-9]*)?"
-_OTHERWISE = re.compile(rb"null|" + _FINITE)
+# Where NumPy prints a float32 positionally (1e-4 <= |x| < 1e6, compared in float64, and
+# zero), and orjson prints it the same way, as bounds on the bits of |x| (the sign bit
+# cleared: a float32's bits are ordered as its magnitude, inf and nan above every finite one).
+_LOW = np.float32(1e-4)
+if float(_LOW) < 1e-4:  # float32(1e-4) is just below it: NumPy writes "1e-04"
+    _LOW = np.nextafter(_LOW, np.float32(1))
+_LOW_BITS = int(_LOW.view(np.uint32))
+_HIGH_BITS = int(np.float32(1e6).view(np.uint32))  # 1e6 is exact in float32
+_INF_BITS = int(np.float32(np.inf).view(np.uint32))
 
 
 def numpy_texts(values: np.ndarray) -> np.ndarray:
@@ -44,39 +44,32 @@ def float32_json(values: np.ndarray) -> bytes | None:
     """A float32 array (ndim >= 1, not empty) as compact nested JSON lists, each value in
     NumPy's text; None where orjson's text cannot be mapped back one to one."""
     x = np.ascontiguousarray(values, dtype=np.float32)
-    text = orjson.dumps(x, option=orjson.OPT_SERIALIZE_NUMPY)
-    with np.errstate(invalid="ignore"):
-        a = np.abs(x.astype(np.float64))
-        other = ~(((a >= _POSITIONAL[0]) & (a < _POSITIONAL[1])) | (a == 0))
+    magnitude = x.view(np.uint32) & np.uint32(0x7FFFFFFF)  # the bits of |x|
+    # Outside [_LOW_BITS, _HIGH_BITS) (the subtraction wraps below it), and not zero.
+    other = (magnitude - np.uint32(_LOW_BITS)) >= np.uint32(_HIGH_BITS - _LOW_BITS)
+    other &= magnitude != 0
     if not other.any():  # the usual tensor: orjson's text is NumPy's
-        return text
-    nonfinite = ~np.isfinite(x)
-    spelled = other
-    if nonfinite.any():
-        specials = x[nonfinite]
-        if any(test(specials).all() for test in (np.isneginf, np.isposinf, np.isnan)):
-            # the usual case, a mask's -inf alone: one kind, one replace, in C
-            text = text.replace(b"null", str(numpy_texts(specials[:1])[0]).encode("ascii"))
-            spelled = other & ~nonfinite
-    if not spelled.any():
-        return text
-    # Each value is the text between two of the brackets and commas, in C order: find those
-    # bytes at once (a regex over the whole text took most of a large transcript's time).
-    raw = np.frombuffer(text, dtype=np.uint8)
-    marks = np.flatnonzero((raw == ord(",")) | (raw == ord("[")) | (raw == ord("]")))
-    starts, ends = marks[:-1] + 1, marks[1:]
-    filled = ends > starts
-    starts, ends = starts[filled], ends[filled]
-    if len(starts) != x.size:
-        return None
-    where = np.flatnonzero(spelled.reshape(-1))
-    replacements = numpy_texts(x[spelled])  # in C order, as orjson wrote them
+        return orjson.dumps(x, option=orjson.OPT_SERIALIZE_NUMPY)
+    # One pass over the text, in C: each of them a nan in a copy, the text split at its nulls.
+    y = x.copy()
+    y[other] = np.nan
+    parts = orjson.dumps(y, option=orjson.OPT_SERIALIZE_NUMPY).split(b"null")
+    them = x[other]  # in C order, as the nulls come
+    if len(parts) != len(them) + 1:
+        return None  # not one null per value: never guess
+    nonfinite = magnitude[other] >= _INF_BITS
+    specials = them[nonfinite]
+    if specials.size and any(test(specials).all()
+                             for test in (np.isneginf, np.isposinf, np.isnan)):
+        # the usual case, a mask's -inf (and a few tiny values): runs of it joined in C
+        special = str(numpy_texts(specials[:1])[0]).encode("ascii")
+        between = np.flatnonzero(~nonfinite).tolist()  # where another text goes
+        texts = numpy_texts(them[~nonfinite]).tolist()
+    else:
+        special, between, texts = b"", range(len(them)), numpy_texts(them).tolist()
     out, done = [], 0
-    for start, end, replacement in zip(starts[where].tolist(), ends[where].tolist(),
-                                        replacements.tolist(), strict=True):
-        if not _OTHERWISE.fullmatch(text, start, end):
-            return None  # not a number orjson spells otherwise: never guess
-        out += [text[done:start], replacement.encode("ascii")]
-        done = end
-    out.append(text[done:])
+    for k, text in zip(between, texts, strict=True):  # the k-th null is this value
+        out += [special.join(parts[done:k + 1]), text.encode("ascii")]
+        done = k + 1
+    out.append(special.join(parts[done:]))
     return b"".join(out)

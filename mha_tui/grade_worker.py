@@ -117,8 +117,30 @@ def judge(request: dict[str, Any]) -> dict[str, Any]:
                         file=file or "", line=_learner_line(error, file))
 
 
+def _watch_grader(grader: int | None) -> None:
+    """End this worker, and whatever the learner's code started in its session, as soon as
+    the grader that started it is gone: killed, or ended by a signal it could not act on
+    (SIGTERM, SIGKILL, a hang-up). Its parent then is no longer the grader (it is init or a
+    subreaper), so a worker never spins on alone until its time limit."""
+    if not grader:
+        return
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == grader:
+            time.sleep(0.5)
+        if os.getpgrp() == os.getpid():  # the session grade() started it in: all of it
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mha-tui-watch-grader", daemon=True).start()
+
+
 def main(argv: list[str]) -> None:
     request, result = json.loads(argv[1]), Path(argv[2])
+    _watch_grader(request.get("grader"))  # first: before the memory cap, before any learner code
     os.dup2(2, 1)  # the learner's prints go to the log, never into the result
     sys.stdout = sys.stderr
     document = judge(request)

@@ -296,7 +296,8 @@ class Stage:
     id: unique in the trace (the kind, or `op-3` when a kind repeats); kind: a stage kind
     (`mha_tui.recognise.registry`, embed and error besides); source: the module's line shown
     (the first op's; `code` holds every distinct statement of the stage's ops); ops: the
-    recorded ops it holds, in order.
+    recorded ops it holds, in order; raised: on the `error` stage, the exception's type
+    (`RuntimeError`), set where the stage is made.
     """
 
     id: str
@@ -315,6 +316,7 @@ class Stage:
     kind: str = ""
     source: Source | None = None
     ops: tuple[OpRecord, ...] = ()
+    raised: str = ""
 
     @property
     def transition(self) -> str:
@@ -380,8 +382,7 @@ class Trace:
     @property
     def error_type(self) -> str:
         """The exception the forward raised (`RuntimeError`), "" when it did not raise."""
-        return self.stages[-1].title.removeprefix("The forward raised").strip() \
-            if self.failed else ""
+        return self.stages[-1].raised if self.failed else ""
 
     @property
     def raised(self) -> str:

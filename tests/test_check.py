@@ -43,6 +43,8 @@ CATALOGUE = {
     "no_output_projection": ("no_output_projection", "w_o"),
     "dropout_active": ("dropout_active", "dropout"),
     "crash": ("crash", "error"),
+    "v_is_q": ("role_shared", "attend"),
+    "k_is_q": ("role_shared", "scores"),
 }
 
 VARIANTS = [

@@ -105,6 +105,19 @@ def test_a_cell_that_is_a_number_on_one_side_only_is_said_not_measured() -> None
     assert np.isnan(pair.diff[0]).all() and not np.isinf(pair.diff).any()
 
 
+def test_a_mask_value_does_not_widen_the_tolerance() -> None:
+    """A scores tensor masked with finfo.min (Llama, every HF model) or -1e9: the tolerance
+    is taken from its numbers, not from the mask value, so a kept cell that differs by 0.7
+    differs (it was 3.4e34 wide: no cell of a masked tensor could differ)."""
+    low = float(np.finfo(np.float32).min)
+    for fill in (low, -1e9):
+        ref = np.array([[0.5, fill], [1.0, 2.0]])
+        mine = np.array([[0.5, fill], [1.0, 2.7]])
+        pair = compare_tensors(record(mine, ("T", "T")), record(ref, ("T", "T")))
+        assert pair.differs.tolist() == [[False, False], [False, True]], fill
+        assert pair.agree is False and pair.max_diff == pytest.approx(0.7, abs=1e-6)
+
+
 def test_layouts_that_differ_only_by_axes_of_one_are_laid_over_each_other() -> None:
     """(T, B, C) against (B, T, C) for B = 1 is compared; (h, T, d) against (T, h, d) is not."""
     values = np.arange(8.0).reshape(1, 4, 2)

@@ -88,3 +88,15 @@ def test_why_on_the_head_averaged_weights_names_a_key_column() -> None:
     first = result.stdout.decode().splitlines()[0]
     assert "query love (row 1), key AI (column 2)" in first, first
     assert "channel" not in first
+
+
+def test_the_mha_concat_is_tokens_by_batch_whatever_the_sizes() -> None:
+    """nn.MultiheadAttention's heads side by side are (T * B, C) before out_proj: at C = 4
+    = T that was labelled (T, T) with token names over the channels, at C = 8 (d0, d1); and
+    its input, attend's (B * h, T, d_h), four labels for three axes."""
+    for embed_dim in (4, 8):
+        concat = stage(traced("torch.nn:MultiheadAttention", embed_dim=embed_dim), "concat")
+        assert concat.dims_transition == "(B*h, T, d_h) -> (T*B, C)", embed_dim
+        joined = concat.tensors[-1]
+        assert joined.dims == ("B", "T", "C") and joined.values.shape == (1, 4, embed_dim)
+        assert "torch holds it as (T * B, C); shown as (B, T, C)" in joined.caption

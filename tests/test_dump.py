@@ -318,6 +318,80 @@ def test_float_text_is_numpys_shortest_round_trip_text() -> None:
         assert out.getvalue().decode("ascii") == _reference_values(values)
 
 
+def test_float_text_of_masked_scores_and_every_kind_of_special() -> None:
+    """The shapes the transcript writes (4-D scores, a mask's -inf beside tiny values and
+    zeros, several kinds of non-finite value in one tensor) against NumPy itself, whole and
+    written a slice of the first axis at a time."""
+    from mha_tui import dump
+
+    rng = np.random.default_rng(3)
+    scores = (rng.standard_normal((2, 3, 40, 40)) * 10.0 ** rng.integers(-9, 9, (2, 3, 40, 40))
+              ).astype(np.float32)
+    scores[..., np.triu_indices(40, 1)[0], np.triu_indices(40, 1)[1]] = -np.inf
+    scores[0, 1, :5, :5] = 0.0
+    mixed = scores.copy()
+    mixed[1, 2, 3, :7] = [np.nan, np.inf, -np.inf, -0.0, 1e-40, 3.4e38, -1e-5]
+    only_inf = np.where(np.isinf(scores), scores, np.float32(0.5))
+    for values in (scores, mixed, only_inf, scores[:, :, :, :1], scores[0, 0, 0]):
+        whole = io.BytesIO()
+        write_values(values, whole)
+        assert whole.getvalue().decode("ascii") == _reference_values(values)
+        sliced = io.BytesIO()
+        limit = dump._SLICE
+        try:
+            dump._SLICE = 100  # one row of 40 values at a time
+            write_values(values, sliced)
+        finally:
+            dump._SLICE = limit
+        assert sliced.getvalue() == whole.getvalue()
+
+
+def test_drawing_leaves_no_reference_cycle() -> None:
+    """The `mha-tui` command draws a text transcript with the cycle collector off
+    (`collector.off`): only because drawing leaves nothing for it to find."""
+    import gc
+
+    from mha_tui.collector import off as collector_paused
+
+    trace = run_trace(Config("I love AI ! I", embed_dim=8, num_heads=2))
+    to_text(trace, RenderOptions())  # caches (lru_cache) filled before counting
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for opts, color in ((RenderOptions(full=True), False), (RenderOptions(), True),
+                            (RenderOptions(ascii=True), False)):
+            to_text(trace, opts, width=60, color=color)
+        assert gc.collect() == 0
+        with collector_paused():  # and it leaves the collector as it found it
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        if enabled:
+            gc.enable()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled() == enabled
+
+
+@pytest.mark.parametrize("opts", [RenderOptions(), RenderOptions(full=True),
+                                  RenderOptions(full=True, ascii=True)])
+def test_text_drawn_uncropped_is_the_text_rich_crops(monkeypatch, opts: RenderOptions) -> None:
+    """Without colour, to_text draws without Rich's crop and checks that every line fits;
+    where one does not (a width of 12), it draws again, cropped as Rich crops. The bytes are
+    the cropped drawing's at every width."""
+    from mha_tui import dump
+
+    trace = run_trace(Config("猫 が I love AI ! e\u0301", embed_dim=16, num_heads=4))
+    uncropped = dump._drawn(trace, opts, 12, False, 0, None, crop=False)
+    assert not dump._fits(uncropped, 12)  # at 12 the drawing is cropped
+    for width in (12, 40, 100):
+        fast = to_text(trace, opts, width=width)
+        with monkeypatch.context() as patch:
+            patch.setattr(dump, "_fits", lambda text, width: False)  # always drawn cropped
+            assert to_text(trace, opts, width=width) == fast
+
+
 @pytest.mark.parametrize("shape", [(), (1,), (3, 1), (2, 3, 4), (1, 2, 1, 3), (2, 0)])
 def test_values_nest_like_json(shape: tuple[int, ...]) -> None:
     values = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) - 2.5
@@ -441,13 +515,23 @@ def test_the_readmes_quoted_transcript_is_the_start_of_the_golden_file() -> None
 
 
 def test_float_text_falls_back_to_numpy_when_orjson_cannot_be_mapped(monkeypatch) -> None:
-    """Where orjson's spellings cannot be matched one to one with the values NumPy spells
+    """Where orjson's nulls cannot be matched one to one with the values NumPy spells
     otherwise, the values go through NumPy itself: the bytes stay NumPy's."""
     from mha_tui import floats
 
     values = np.array([[1e-5, 0.5, -np.inf], [2e7, np.nan, 3.0]], dtype=np.float32)
-    assert floats.float32_json(values) is not None  # -inf and nan: each null matched in order
-    monkeypatch.setattr(floats, "_OTHERWISE", re.compile(rb"(?!)"))  # no spelling matches
+    assert floats.float32_json(values) is not None  # each null matched in order
+
+    class OneNullShort:  # orjson as if it had written one of the four values otherwise
+        OPT_SERIALIZE_NUMPY = floats.orjson.OPT_SERIALIZE_NUMPY
+
+        @staticmethod
+        def dumps(array: np.ndarray, option: int) -> bytes:
+            return orjson.dumps(array, option=option).replace(b"null", b"0.5", 1)
+
+    import orjson
+
+    monkeypatch.setattr(floats, "orjson", OneNullShort)
     assert floats.float32_json(values) is None
     out = io.BytesIO()
     write_values(values, out)

@@ -189,6 +189,21 @@ def test_grading_options_are_checked_before_anything_runs(tmp_path: Path, args: 
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("args,said", [
+    (["--class", "1abc"], "--class takes the name of a class; '1abc' is not one"),
+    (["a.py:1abc"], "check takes FILE.py:Class or package.module:Class; '1abc' is not a class name")])
+def test_a_bad_class_name_is_refused_in_checks_own_words(tmp_path: Path, args: list[str],
+                                                         said: str) -> None:
+    """check has no --module: a class name it cannot use names check's argument or --class
+    (trial 2, finding 19)."""
+    (tmp_path / "a.py").write_text("import torch\n")
+    folder = [str(tmp_path)] if args[0] == "--class" else []
+    result = subprocess.run([sys.executable, "-m", "mha_tui", "check", *folder, *args],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"mha-tui: error: {said}\n"
+
+
 def test_outcomes_order_and_csv_columns() -> None:
     assert worst([EQUIVALENT, NOT_EQUIVALENT]) == NOT_EQUIVALENT
     assert worst([NOT_EQUIVALENT, COULD_NOT_JUDGE, EQUIVALENT]) == COULD_NOT_JUDGE
@@ -233,71 +248,163 @@ def test_the_grader_itself_never_imports_torch() -> None:
     assert out.stdout.strip() == "False", out.stderr
 
 
+def _spinning(tmp_path: Path, names: tuple[str, ...] = ("one", "two")) -> tuple[Path, Path]:
+    """Submissions that each say they are inside the forward (a file in started/), then spin."""
+    folder, started = tmp_path / "submissions", tmp_path / "started"
+    folder.mkdir()
+    started.mkdir()
+    for name in names:
+        spins = (f"{FIRST_LINE}        open({str(started / name)!r}, 'w').close()\n"
+                 f"        while True:\n            pass\n")
+        (folder / f"{name}.py").write_text(
+            (MISTAKES / "correct.py").read_text().replace(FIRST_LINE, spins, 1))
+    return folder, started
+
+
+def _workers_of(folder: Path) -> list[int]:
+    """The grader's worker processes for this folder still alive (a zombie is killed, only
+    not reaped)."""
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if "grade_worker" in cmdline and str(folder) in cmdline and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def _within(seconds: float, ready: Callable[[], bool],
+            running: subprocess.Popen[bytes] | None = None) -> bool:
+    """Wait until ready() or the guard runs out (a hang guard, not a timing assertion);
+    running: give up as soon as that process has ended."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if time.monotonic() > deadline or (running is not None and running.poll() is not None):
+            return ready()
+        time.sleep(0.2)
+    return True
+
+
+def _kill_leftovers(folder: Path, process: subprocess.Popen[bytes] | None = None) -> None:
+    """A failed run leaves nothing behind: the grader, then its workers."""
+    import os
+    import signal
+
+    if process is not None and process.poll() is None:
+        process.kill()
+        process.wait()
+    for pid in _workers_of(folder):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _grading(folder: Path) -> subprocess.Popen[bytes]:
+    """`mha-tui check FOLDER` with two jobs and an hour's --timeout, SIGINT as a terminal
+    gives it. pytest run as a background job of a non-interactive shell (`make test &`) has
+    SIGINT ignored, the grader would inherit that and Python keeps it ignored: the interrupt
+    then did nothing, and the test waited out its guards with both workers spinning (the
+    hang seen once at load 7)."""
+    import signal
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "mha_tui", "check", str(folder), "--class", "MultiHeadAttention",
+         "--timeout", "3600", "--jobs", "2"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _sigint_ignored(pid: int) -> bool:
+    import signal
+
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+    return False
+
+
 def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     """Workers run in sessions of their own (the terminal's SIGINT does not reach them):
     an interrupted grading kills them rather than waiting out their time limit.
 
     Robust under load: the interrupt is sent once both workers are inside the forward (each
     writes a file there, then spins), not when their processes merely appear; the guards are
-    generous wall-clock bounds, never timing assertions. It can still fail: a grader that
-    waited for its workers would wait out their hour-long --timeout, far past the guard."""
-    import os
+    generous wall-clock bounds, never timing assertions, and each fails the test when it runs
+    out. It can still fail: a grader that waited for its workers would wait out their
+    hour-long --timeout, far past the guard."""
     import signal
-    import time
 
-    folder, started = tmp_path / "submissions", tmp_path / "started"
-    folder.mkdir()
-    started.mkdir()
-    for name in ("one", "two"):  # each says it is inside the forward, then spins
-        spins = (f"{FIRST_LINE}        open({str(started / name)!r}, 'w').close()\n"
-                 f"        while True:\n            pass\n")
-        (folder / f"{name}.py").write_text(
-            (MISTAKES / "correct.py").read_text().replace(FIRST_LINE, spins, 1))
-    process = subprocess.Popen([sys.executable, "-m", "mha_tui", "check", str(folder),
-                                "--class", "MultiHeadAttention", "--timeout", "3600",
-                                "--jobs", "2"], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
-
-    def workers() -> list[int]:
-        """The grader's worker processes still alive (a zombie is killed, only not reaped)."""
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
-                state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-            except (OSError, IndexError):
-                continue
-            if "grade_worker" in cmdline and str(folder) in cmdline and state != "Z":
-                found.append(int(pid))
-        return found
-
-    def within(seconds: float, ready: Callable[[], bool], *, while_running: bool = False
-               ) -> bool:
-        """Wait until ready() or the guard runs out (a hang guard, not a timing assertion);
-        while_running: give up as soon as the grader has ended."""
-        deadline = time.monotonic() + seconds
-        while not ready():
-            if time.monotonic() > deadline or (while_running and process.poll() is not None):
-                return ready()
-            time.sleep(0.2)
-        return True
-
+    folder, started = _spinning(tmp_path)
+    process = _grading(folder)
     try:
-        inside = within(900, lambda: all((started / n).exists() for n in ("one", "two")),
-                        while_running=True)
-        assert inside, process.stderr.read().decode() if process.poll() is not None else ""
-        assert len(workers()) == 2
+        inside = _within(600, lambda: all((started / n).exists() for n in ("one", "two")),
+                         process)
+        assert inside, process.stderr.read().decode() if process.poll() is not None else \
+            "the workers did not reach the forward within 600 s"
+        assert len(_workers_of(folder)) == 2
+        assert not _sigint_ignored(process.pid), "the grader ignores SIGINT"
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=900)  # far below the 3600 s each worker was given
+        try:
+            _, err = process.communicate(timeout=300)  # far below the workers' 3600 s
+        except subprocess.TimeoutExpired:
+            pytest.fail("the grader was still running 300 s after Ctrl-C")
         assert process.returncode == 130, err.decode()
-        assert within(60, lambda: workers() == []), workers()
-    finally:  # a failed run leaves nothing behind: the grader, then its workers
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for pid in workers():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        assert _within(60, lambda: _workers_of(folder) == []), _workers_of(folder)
+    finally:
+        _kill_leftovers(folder, process)
+
+
+def test_workers_end_when_the_grader_is_killed(tmp_path: Path) -> None:
+    """A grader that cannot act (SIGKILL, or SIGTERM, which it does not catch) leaves no
+    worker spinning until its hour-long --timeout: each worker watches its parent and ends
+    its whole session once the grader is gone."""
+    import signal
+
+    folder, started = _spinning(tmp_path)
+    process = _grading(folder)
+    try:
+        inside = _within(600, lambda: all((started / n).exists() for n in ("one", "two")),
+                         process)
+        assert inside, "the workers did not reach the forward within 600 s"
+        assert len(_workers_of(folder)) == 2
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        assert _within(120, lambda: _workers_of(folder) == []), _workers_of(folder)
+    finally:
+        _kill_leftovers(folder, process)
+
+
+def test_a_stopping_grading_kills_a_worker_its_stop_missed(tmp_path: Path) -> None:
+    """Once the grading is stopping, a worker's own thread kills it too: a second Ctrl-C in
+    the middle of stop_all cannot leave one running (and the grader waiting on it)."""
+    import threading
+
+    from mha_tui.judge.grade import Workers, run_one
+
+    folder, started = _spinning(tmp_path, ("one",))
+    limits = Limits(sentence="I love AI !", embed_dim=4, heads=2, seed=0, causal=True,
+                    max_seq_len=64, timeout=3600)
+    workers = Workers()
+    done: list[object] = []
+    sub = Submission(shown="one", module=f"{folder / 'one.py'}:MultiHeadAttention")
+    thread = threading.Thread(target=lambda: done.append(run_one(sub, limits, workers)),
+                              daemon=True)
+    thread.start()
+    try:
+        assert _within(600, lambda: (started / "one").exists() or not thread.is_alive()), \
+            "the worker did not reach the forward within 600 s"
+        assert len(_workers_of(folder)) == 1
+        workers.stopping = True  # as stop_all's first step; its kill never came
+        thread.join(120)
+        assert not thread.is_alive(), "run_one still waited 120 s after the grading stopped"
+        assert _within(60, lambda: _workers_of(folder) == []), _workers_of(folder)
+    finally:
+        _kill_leftovers(folder)
 
 
 def test_a_print_loop_cannot_fill_the_disk(tmp_path: Path) -> None:

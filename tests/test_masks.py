@@ -89,3 +89,31 @@ def test_softmax_counts_every_entry_the_mask_blocked(name: str, layer: int) -> N
     n_blocked = int(np.count_nonzero(trace.stage("mask").tensors[-1].values <= -1e4))
     line = next(c for c in trace.stage("softmax").checks if "masked entries" in c.label)
     assert line.label == f"{n_blocked} of {n_blocked} masked entries are exactly 0" and line.ok
+
+
+@pytest.mark.parametrize("padded,title", [
+    ([False, False, False, False, True, True], "Padding mask: padded keys are never looked at"),
+    ([False] * 6, "Causal mask: no peeking ahead")])
+def test_torch_mha_names_the_mask_it_adds_inside_baddbmm_by_what_it_blocks(
+        padded: list[bool], title: str) -> None:
+    """nn.MultiheadAttention adds its mask inside baddbmm; a key_padding_mask there is a
+    padding mask, not "Causal mask: no peeking ahead ... above the diagonal" (trial 2,
+    finding 22). Without padding, the causal attn_mask keeps the causal words."""
+    import torch
+
+    import mha_tui
+
+    torch.manual_seed(0)
+    module = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(1, 6, 8)
+    kpm = torch.tensor([padded])
+    causal = None if any(padded) else torch.triu(torch.full((6, 6), float("-inf")), 1)
+    trace = mha_tui.trace(module, x, tokens=["the", "cat", "sat", "on", "[PAD]", "[PAD]"],
+                          call=lambda m, x: m(x, x, x, key_padding_mask=kpm if any(padded) else None,
+                                              attn_mask=causal))
+    stage = trace.stage("mask")
+    assert stage.title == title
+    blocked = stage.tensors[-1].values[0, 0] <= -1e4
+    if any(padded):
+        assert blocked[:, 4:].all() and not blocked[:, :4].any()
+        assert "Keys 4, 5 are padding" in stage.explanation and "diagonal" not in stage.explanation

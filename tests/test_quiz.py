@@ -20,6 +20,7 @@ from mha_tui.recognise.quizzing import HOW, LONGEST_ANSWER, Question, mark, read
 from mha_tui.records import Trace
 
 from .conftest import ROOT, run_cli, split_figures
+from .test_families import _families_root  # noqa: F401  (the session's checkpoint folder)
 
 MECHANISMS = Path(ROOT) / "tests" / "fixtures" / "mechanisms"
 
@@ -349,3 +350,28 @@ def test_quiz_refusals_are_one_line_and_exit_2(args: tuple[str, ...], message: s
     assert result.returncode == 2 and result.stdout == b""
     lines = result.stderr.decode().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
+
+
+def test_an_hf_quiz_says_whose_numbers_and_ids_it_asks_about() -> None:
+    """BLOOM's scores are mha-tui's expansion of baddbmm's product times alpha: the question
+    says times alpha and the key says mha-tui computed it (the answer is the recorded
+    expansion, Q·K × alpha, checked here in float64); a tokenizer's ids are not numbered
+    by first appearance."""
+    from mha_tui.recognise.kinds.scores import baddbmm_factors
+
+    from .test_families import hf_trace
+
+    trace = hf_trace("bloom", 0)
+    score = next(q for q in questions(trace) if q.stage == "scores" and q.asks == "value")
+    assert "times alpha = " in score.text
+    assert score.source.startswith("mha-tui's expansion's") and "× alpha" in score.source
+    op = next(op for op in trace.stage("scores").ops if op.name == "baddbmm")
+    alpha, _ = baddbmm_factors(op)
+    q, k = (np.asarray(trace.recording.snapshot(ref).values, np.float64) for ref in op.inputs[1:3])
+    head, row = 1, q.shape[-2] - 1
+    assert math.isclose(score.expected, alpha * float(q[head, row] @ k[head, :, 0]),
+                        rel_tol=1e-5, abs_tol=1e-6)
+    lookup = next(q for q in questions(hf_trace("llama", 0)) if q.asks == "lookup")
+    assert "the tokenizer's id" in lookup.source and "first appearance" not in lookup.source
+    default = next(q for q in questions(trace_of()) if q.asks == "lookup")
+    assert "first appearance" in default.source

@@ -142,6 +142,23 @@ def test_a_crashing_module_shows_every_stage_then_the_error() -> None:
     assert error.source is not None and error.source.file.endswith("crash_attn.py")
 
 
+def test_the_error_type_is_a_field_of_the_error_stage_not_read_from_its_title() -> None:
+    """kinds/error.py sets Stage.raised where it makes the stage; Trace.error_type reads it,
+    so a retitled stage (a notebook, another language) still says what raised."""
+    from dataclasses import replace
+
+    from mha_tui.records import Trace
+
+    torch.manual_seed(6)
+    trace = mha_tui.trace(CrashingAttention(C, H).eval(), _x(3))
+    assert trace.stages[-1].raised == "RuntimeError" == trace.error_type
+    assert trace.raised.startswith("RuntimeError at crash_attn.py line ")
+    retitled = replace(trace.stages[-1], title="Der Vorwärtslauf brach ab")
+    again = Trace(trace.config, (*trace.stages[:-1], retitled), trace.module, trace.recording)
+    assert again.error_type == "RuntimeError"
+    assert all(stage.raised == "" for stage in trace.stages[:-1])
+
+
 class InPlaceMaskFirst(nn.Module):
     """Seed 003's order: raw scores masked in place, then scaled inside softmax's argument."""
 

@@ -225,3 +225,10 @@ def test_gpt_neo_is_said_not_to_scale() -> None:
 
     assert NOT_SCALED in hf_trace("gpt-neo", 1).stage("softmax").note
     assert NOT_SCALED not in hf_trace("llama", 0).stage("softmax").note
+
+
+def test_a_difference_line_says_equivalent_once() -> None:
+    """`Different but equivalent: multiplies by d_h ** -0.5 ...`, not `...: equivalent` again."""
+    output = _check(f"{FIXTURES / 'check_variants.py'}:SplitScale")
+    lines = [line for line in output.splitlines() if "equivalent: " in line]
+    assert lines and all(line.count("equivalent") == 1 for line in lines), lines

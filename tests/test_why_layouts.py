@@ -87,3 +87,34 @@ def test_a_softmax_over_the_queries_is_explained_down_the_column(ref: str) -> No
     assert "runs over the query axis (dim -2)" in cell.notes[0]
     assert [t.label for t in cell.terms][:2] == ["query the: exp(s[0, 2] - max)",
                                                  "query cat: exp(s[1, 2] - max)"]
+
+
+@pytest.mark.parametrize("model", ["mygpt", "blueprint"])
+def test_without_a_mask_the_mask_stage_is_the_scaled_score_unchanged(model: str) -> None:
+    """--no-causal: the mask stage holds no op (the module's mask lines did not run; it was
+    "holds no op"); each cell is Q·K / √d_h, computed here from the transpose stage's q and k."""
+    config = Config("the cat sat on the mat", embed_dim=16, num_heads=4, causal=False)
+    run, _ = checked(config, Source(model=model))
+    trace = run(config)
+    q, k = (r.values.astype(np.float64) for r in trace.stage("transpose").tensors[:2])
+    _every_cell(trace, "mask", q @ np.swapaxes(k, -1, -2) / 2.0)  # d_h = 4
+    cell = why(trace, "mask", (*([0] if model == "mygpt" else []), 1, 2, 4))
+    assert "(no mask ran)" in cell.formula and "--no-causal" in cell.notes[0]
+
+
+@pytest.mark.parametrize("ref", ["mechanisms/gptj_rotary.py:GPTJAttention",
+                                 "check_variants.py:WhereMinusBillion",
+                                 "numpy_attn.py:NumpyAttention"])
+def test_a_where_mask_of_one_token_and_one_head_keeps_its_score(ref: str) -> None:
+    """One token, one head: torch.where / np.where get two one-number arguments (it was
+    "cannot tell the scores from the fill value"); the score is told by its value, kept."""
+    config = Config("hi", embed_dim=16, num_heads=1)
+    run, _ = checked(config, Source(module=str(FIXTURES / ref)))
+    trace = run(config)
+    stages = [s.id for s in trace.stages]
+    before = main_tensor(trace.stages[stages.index("mask") - 1]).values
+    record = main_tensor(trace.stage("mask"))
+    assert record.values.size == 1
+    cell = why(trace, "mask", (0,) * record.values.ndim)
+    assert cell.agrees and cell.computed == before.reshape(-1)[0]
+    assert "kept" in cell.terms[-1].label

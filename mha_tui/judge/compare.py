@@ -32,11 +32,11 @@ import numpy as np
 # recogniser is loaded first, as verdict.py's first import does.
 from ..recognise import registry as _registry  # noqa: F401
 from ..records import Stage, TensorRecord, Trace
-from .numeric import ATOL, RTOL, f64
+from .numeric import ATOL, LARGE_NEGATIVE, RTOL, f64
 
 Status = Literal["agree", "differ", "mine", "reference", "not compared"]
 PARAMETER_DIMS = {("C_out", "C_in"), ("C_in", "C_out"), ("C",), ("vocab", "C")}
-TOLERANCE = f"{ATOL:g} + {RTOL:g} x the largest |reference value|"
+TOLERANCE = f"{ATOL:g} + {RTOL:g} x the largest |reference value| that is not a mask value"
 """A cell differs when |yours - reference's| exceeds this (check's tolerance)."""
 
 
@@ -160,8 +160,7 @@ def compare_tensors(mine: TensorRecord, theirs: TensorRecord) -> TensorPair:
     with np.errstate(invalid="ignore"):
         diff = np.where(numbers, np.abs(np.where(numbers, a - b, 0.0)), np.nan)
     diff = np.where(alike & ~numbers, 0.0, diff)  # -inf against -inf: no difference
-    finite = b[np.isfinite(b)]
-    tolerance = ATOL + RTOL * (float(np.abs(finite).max()) if finite.size else 0.0)
+    tolerance = _tolerance(b)
     odd = ~numbers & ~alike
     differs = np.where(numbers, diff > tolerance, odd)
     measured = np.where(numbers, diff, -1.0)
@@ -177,6 +176,14 @@ def compare_tensors(mine: TensorRecord, theirs: TensorRecord) -> TensorPair:
             first = cells[pairs.index((y, r))]
             mismatches.append(Mismatch(y, r, pairs.count((y, r)), tuple(int(i) for i in first)))
     return TensorPair(mine, theirs, diff, differs, largest, at, mismatches=tuple(mismatches))
+
+
+def _tolerance(reference: np.ndarray) -> float:
+    """ATOL + RTOL x the largest |value| of the reference's numbers, mask values (finfo.min,
+    -1e9: at most LARGE_NEGATIVE) left out: with them in, the tolerance of a masked tensor
+    was 3.4e34 and no cell of it could differ."""
+    numbers = reference[np.isfinite(reference) & (reference > LARGE_NEGATIVE)]
+    return ATOL + RTOL * (float(np.abs(numbers).max()) if numbers.size else 0.0)
 
 
 def results(stage: Stage) -> list[TensorRecord]:
@@ -196,8 +203,7 @@ def _same_numbers(a: TensorRecord, b: TensorRecord) -> bool:
     x, y = _multiset(a.values), _multiset(b.values)
     if x.shape != y.shape:
         return False
-    finite = y[np.isfinite(y)]
-    tolerance = ATOL + RTOL * (float(np.abs(finite).max()) if finite.size else 0.0)
+    tolerance = _tolerance(y)
     with np.errstate(invalid="ignore"):
         return bool(np.all((x == y) | (np.abs(x - y) <= tolerance)))
 

@@ -145,7 +145,7 @@ def unjudged(module: str, kind: str, message: str, *, file: str = "", line: int 
     return report
 
 
-class _Workers:
+class Workers:
     """The workers running now, so that an interrupted grading (Ctrl-C) stops them all at
     once: they run in sessions of their own, out of reach of the terminal's SIGINT."""
 
@@ -177,7 +177,7 @@ def grade(submissions: Sequence[Submission], limits: Limits, *, jobs: int = 1,
     called (in this thread) as each one finishes, for a progress bar. Interrupted (Ctrl-C),
     it kills every worker before the interruption goes on."""
     results: dict[int, Graded] = {}
-    workers = _Workers()
+    workers = Workers()
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
         futures = {pool.submit(run_one, sub, limits, workers): i
@@ -215,6 +215,7 @@ def _request(sub: Submission, limits: Limits) -> str:
         else str(Path(limits.weights).resolve()), "memory": limits.memory,
         "rotary": limits.rotary, "window": limits.window,
         "alibi": limits.alibi, "rotary_base": limits.rotary_base, "max_write": MAX_WRITE,
+        "grader": os.getpid(),  # the worker ends itself once this process is gone
     })
 
 
@@ -234,7 +235,24 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def run_one(sub: Submission, limits: Limits, workers: _Workers | None = None) -> Graded:
+def _wait(process: subprocess.Popen[bytes], timeout: float, workers: Workers | None) -> int:
+    """process.wait(timeout), half a second at a time: once the grading is stopping (Ctrl-C),
+    this worker is killed here too, whatever happened to stop_all's own kill (a second Ctrl-C
+    in the middle of it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(process.args, timeout)
+        try:
+            return process.wait(timeout=min(left, 0.5))
+        except subprocess.TimeoutExpired:
+            if workers is not None and workers.stopping:
+                _stop(process)
+                return process.wait()
+
+
+def run_one(sub: Submission, limits: Limits, workers: Workers | None = None) -> Graded:
     """One submission in a fresh process, folder and session."""
     with tempfile.TemporaryDirectory(prefix="mha-tui-grade-") as folder:
         result, log_path = Path(folder, "result.json"), Path(folder, "log.txt")
@@ -248,7 +266,7 @@ def run_one(sub: Submission, limits: Limits, workers: _Workers | None = None) ->
             if workers is not None:
                 workers.add(process)
             try:
-                code = process.wait(timeout=limits.timeout)
+                code = _wait(process, limits.timeout, workers)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 try:  # faulthandler prints where the forward is stuck, then it ends

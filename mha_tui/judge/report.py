@@ -110,7 +110,8 @@ def verdict_renderable(verdict: Verdict, *, ascii_only: bool = False) -> Rendera
         "Also differs, which alone would be equivalent: "
     for difference in verdict.differences:
         line = Text(label, style="dim")
-        line.append(printable(difference))
+        # the label says "equivalent" already: not twice in one line
+        line.append(printable(difference.removesuffix(": equivalent")))
         parts.append(line)
     return Group(*parts)
 

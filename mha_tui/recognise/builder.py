@@ -26,7 +26,11 @@ BHTT = ("B", "h", "T", "T")
 # its part.
 _TORCH_LAYOUTS = {BHTD: (("B*h", "T", "d_h"), ("B", "T", "d_h"), ("T", "d_h")),
                   BHTT: (("B*h", "T", "T"), ("B", "T", "T"), ("T", "T")),
-                  BTHD: (("T", "B*h", "d_h"), ("T", "B", "h", "d_h")), BTC: (("T", "B", "C"),)}
+                  BTHD: (("T", "B*h", "d_h"), ("T", "B", "h", "d_h")),
+                  BTC: (("T", "B", "C"), ("T*B", "C"))}
+# torch's MHA's (T * B, C): its heads side by side, batch and tokens merged; drawn regrouped
+# as (B, T, C), whatever the sizes (T == C makes it look like (T, T)).
+TOKENS_BY_BATCH = ("T*B", "C")
 # Label sets tried by size alone, when the caller knows nothing of a tensor.
 _BY_SIZE = (BTC, BHTD, BTHD, BHTT, ("T", "T"), ("B", "T", "d_h"), ("B", "T", "T"),
             ("T", "B", "C"), ("T", "B*h", "d_h"), ("B*h", "T", "d_h"), ("B*h", "T", "T"),
@@ -108,6 +112,7 @@ class Builder:
             ("B", "T", "d_h"): (s.B, s.T, s.d_h),  # one head's own module's q, k, v
             ("B", "T", "T"): (s.B, s.T, s.T),  # one head's own module's scores
             ("T", "B", "C"): (s.T, s.B, s.C),  # torch's own MHA: tokens first
+            TOKENS_BY_BATCH: (s.T * s.B, s.C),  # ... its heads side by side, before out_proj
             ("T", "B*h", "d_h"): (s.T, s.B * s.h, s.d_h),  # ... and batch and heads merged
             ("B*h", "T", "d_h"): (s.B * s.h, s.T, s.d_h),  # ... then heads first
             ("B*h", "T", "T"): (s.B * s.h, s.T, s.T),
@@ -165,8 +170,8 @@ class Builder:
             dims = self.dims(values.shape)
         if len(dims) == values.ndim + 1:
             dims = self.unbatched(dims, dims)
-        if dims and dims[0] == "d0":
-            regrouped = self.regroup(values)
+        if (dims and dims[0] == "d0") or dims == TOKENS_BY_BATCH:
+            regrouped = self.regroup(values, dims)
             if regrouped is not None:
                 values, dims, held = regrouped
                 self.remember(snap, held)
@@ -200,19 +205,22 @@ class Builder:
             shares_with=share[0] if share else "", **extra,  # type: ignore[arg-type]
         )
 
-    def regroup(self, values: np.ndarray
+    def regroup(self, values: np.ndarray, held: tuple[str, ...] = ()
                 ) -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...]] | None:
         """torch's own MHA keeps tokens first and batch and heads merged: (T, B, C),
         (T * B, C), (T, B * h, d_h), (B * h, T, .). Regroup those for display only: the
-        values, the dims shown, the dims torch holds them in."""
+        values, the dims shown, the dims torch holds them in. held: the layout the caller
+        knows the tensor is in (TOKENS_BY_BATCH), else it is told by its shape alone."""
         s = self.sizes
         shape = tuple(values.shape)
         if s.h * s.d_h != s.C or not s.batched:
             return None
+        if held == TOKENS_BY_BATCH:
+            return np.swapaxes(values.reshape(s.T, s.B, s.C), 0, 1), BTC, TOKENS_BY_BATCH
         if shape == (s.T, s.B, s.C) and s.T != s.B:
             return np.swapaxes(values, 0, 1), BTC, ("T", "B", "C")
         if shape == (s.T * s.B, s.C) and len(shape) == 2:
-            return np.swapaxes(values.reshape(s.T, s.B, s.C), 0, 1), BTC, ("T*B", "C")
+            return np.swapaxes(values.reshape(s.T, s.B, s.C), 0, 1), BTC, TOKENS_BY_BATCH
         if shape == (s.T, s.B * s.h, s.d_h):
             return np.swapaxes(values.reshape(s.T, s.B, s.h, s.d_h), 0, 1), BTHD, ("T", "B*h", "d_h")
         if shape == (s.B * s.h, s.T, s.d_h):

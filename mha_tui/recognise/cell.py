@@ -258,20 +258,30 @@ def previous(cell: Cell, kind: str) -> Stage:
 def _matmul_linear(cell: Cell, role: str) -> Why:
     """A NumPy projection `x @ W` (no batch axis): the token's row of x dotted with column o
     of W, W as the matmul's recorded second input."""
-    op = next((o for o in cell.ops("matmul") if len(o.out.shape) == 2
-               and np.array_equal(o.out.values, cell.record.values, equal_nan=True)), None)
-    if op is None:
+    matmuls = [o for o in cell.ops("matmul") if len(o.out.shape) == 2]
+    if len(cell.index) != 2 or not matmuls:
         raise WhyError(f"stage {cell.stage.id} holds no linear op")
+    op = next((o for o in matmuls
+               if np.array_equal(o.out.values, cell.record.values, equal_nan=True)), None)
     t, o = cell.index
+    own = None  # (head, its channel): one (C, d_h) matrix per head, outputs side by side
+    if op is None:
+        op, own = _own_layer(cell, matmuls)  # WhyError when no block is one head's
+        o = own[1]
     x, weight = cell.operand(op, 0), cell.operand(op, 1)
     name = next((r.name for r in cell.stage.tensors if r.dims == ("C_in", "C_out")
                  and np.array_equal(r.values, weight)), "W")
+    if own is not None:
+        name = f"head {own[0]}'s W"
     labels = [f"in {k}: x[{t}, {k}] × {name}[{k}, {o}]" for k in range(x.shape[-1])]
     terms, notes, total = dot(cell, x[t], weight[:, o], labels, "products")
+    heads = () if own is None else (
+        f"one matrix per head: channel {cell.index[-1]} of {cell.record.name} is channel {o} of "
+        f"head {own[0]}'s x @ W (d_h = {op.out.shape[-1]} channels each, side by side)",)
     return Why(cell.stage.id, cell.stage.kind, cell.record.name, cell.index, where(cell),
                f"{cell.name} = Σ_k x[{t}, k] × {name}[k, {o}]", terms,
                ("x @ W: x and W are the matmul's recorded inputs; column "
-                f"{o} of {name} makes channel {o}", *notes), total, cell.recorded)
+                f"{o} of {name} makes channel {o}", *heads, *notes), total, cell.recorded)
 
 
 _ADDMM = "addmm"

@@ -148,7 +148,7 @@ class StageMaker:
             who = f"{op.module}: " if op.module else ""
             checks.append(Check(f"{who}dropout(p={op.kwarg('p', _p(op))}) "
                                 f"{'in eval mode ' if op.kwarg('training') is False else ''}"
-                                "left the numbers unchanged", True))
+                                "left the numbers unchanged", None))
         stage = Stage(
             id=stage_id, title=title or default_title, code=code,
             explanation=explanation if explanation is not None else default_explanation,

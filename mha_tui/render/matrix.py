@@ -78,8 +78,13 @@ class Axis:
 
 
 _GAP = 2  # blanks between two columns
+# Plain lines (no colour) go to Rich a few at a time, as one segment: each segment passes
+# through every level of Rich's rendering (--full draws 280,000 lines), and where Rich crops
+# a line to the width it splits a segment at each newline, copying what follows each time.
+_PLAIN_LINES = 16
 MARK = "*"  # in the gap before a marked cell (explain --against: it differs); one cell wide
 _MARK_STYLE = Style(color="red", bold=True)
+_BOLD = Style(bold=True)
 _MARKED_STYLE = Style(bold=True, underline=True)
 
 
@@ -110,6 +115,7 @@ class Matrix:
         # Numbers stay whenever colour cannot stand in for them (no colour, integer ids).
         self.numbers = opts.numbers or not opts.color or record.kind == "int"
         self._columns: dict[int, list[str]] = {}
+        self._text_widths: dict[int, int] = {}  # the widest of each column's texts
         self._drawn: dict[tuple[int, bool], list[str | list[Segment]]] = {}
         self._headers: dict[tuple[int, bool], list[_Cell]] = {}
         self._layouts: dict[int, list[list[int | None]]] = {}
@@ -141,6 +147,7 @@ class Matrix:
                                    keep=cursor[0])
             self._shown_rows = [i for i in self.row_idx if i is not None]
             self._columns.clear()
+            self._text_widths.clear()
             self._drawn.clear()
             self._layouts.clear()
             self._row_labels = None
@@ -155,7 +162,7 @@ class Matrix:
             return DIM_STYLE
         head = self.head if axis.heads is None else axis.heads[i]
         owned = axis.heads is not None
-        return head_style(head, self._dim(head)) if owned and head is not None else Style(bold=True)
+        return head_style(head, self._dim(head)) if owned and head is not None else _BOLD
 
     def _repeated(self, axis: Axis) -> set[str]:
         seen: set[str] = set()
@@ -198,14 +205,34 @@ class Matrix:
         return self._headers[key]
 
     def _texts(self, j: int) -> list[str]:
-        """Column j's shown values, formatted once."""
+        """Column j's shown values, formatted once; with `full`, every column at once."""
         texts = self._columns.get(j)
+        if texts is None and self.opts.full and self.numbers and not self._columns:
+            self._columns = self._every_column()
+            texts = self._columns.get(j)
         if texts is None:
             values = self.values[self._shown_rows, j]
             texts = (format_column(values, self.record.kind, self.opts.decimals) if self.numbers
                      else ["   "] * len(values))
             self._columns[j] = texts
         return texts
+
+    def _every_column(self) -> dict[int, list[str]]:
+        """Every column's shown values, formatted in one call (--full draws them all:
+        millions of values in thousands of columns, most of them a few values long)."""
+        import numpy as np
+
+        columns = np.ascontiguousarray(self.values[self._shown_rows].T)  # one column a row
+        texts = format_column(columns.reshape(-1), self.record.kind, self.opts.decimals)
+        n = len(self._shown_rows)
+        return {j: texts[j * n:(j + 1) * n] for j in range(columns.shape[0])}
+
+    def _text_width(self, j: int) -> int:
+        """The widest of column j's shown texts (0 when no row is shown)."""
+        width = self._text_widths.get(j)
+        if width is None:
+            width = self._text_widths[j] = max(map(len, self._texts(j)), default=0)
+        return width
 
     def _styles(self, j: int) -> list[Style | None]:
         """Column j's cell styles: the value's colour, dimmed outside the focused head.
@@ -242,8 +269,7 @@ class Matrix:
                 for ok, ramp, step, dim in zip(finite.tolist(), ramps, steps, dims, strict=True)]
 
     def _width(self, j: int, elided: bool) -> int:
-        return max(max(map(len, self._texts(j)), default=0),
-                   max(c.cells for c in self._header(j, elided)))
+        return max(self._text_width(j), max(c.cells for c in self._header(j, elided)))
 
     def _gap_header(self, hidden: int) -> str:
         return f"+{hidden}"
@@ -325,8 +351,9 @@ class Matrix:
                    if j is None else self._header(j, elided) for j in block]
         texts = [[gap] * len(labels) if j is None else self._texts(j) for j in block]
         label_width = max((c.cells for c in labels), default=0)
-        widths = [max(max(map(len, col), default=1), *(c.cells for c in head))
-                  for col, head in zip(texts, headers, strict=True)]
+        widths = [max(max(map(len, col), default=1) if j is None else
+                      self._text_width(j) if col else 1, *(c.cells for c in head))
+                  for j, col, head in zip(block, texts, headers, strict=True)]
         total = label_width + sum(_GAP + w for w in widths)
         blank = _Cell("", "", 0)
         header_lines = [[h[k] if k < len(h) else blank for h in headers]
@@ -339,11 +366,11 @@ class Matrix:
                 out.append(" " * label_width + "".join(
                     sep + " " * (w - c.cells) + c.text for w, c in zip(widths, cells, strict=True)))
             out.append(rule)
-            # No marked cell: each column right-aligned once, then the rows joined
-            # (--full writes millions of cells; blanks + text is text.rjust(_GAP + w)).
-            rows = None if self.marked else list(map("".join, zip(*(
-                [t.rjust(_GAP + w) for t in col] for w, col in zip(widths, texts, strict=True)),
-                strict=True)))
+            # No marked cell: each row one `%` (--full writes millions of cells; blanks +
+            # text is the text right-aligned in _GAP + w, as %*s aligns it).
+            row_format = "".join(f"%{_GAP + w}s" for w in widths)
+            rows = None if self.marked else [row_format % row
+                                             for row in zip(*texts, strict=True)]
             r = 0
             for i in self.row_idx:
                 if i is None:
@@ -429,12 +456,21 @@ class Matrix:
             yield self.title
         color = not (console.no_color or console.color_system is None)
         newline = Segment.line()
+        plain: list[str] = []  # lines without colour, handed over _PLAIN_LINES at a time
         for line in self._lines(width, color):
-            if isinstance(line, str):  # one segment per line: what makes --full fast
-                yield Segment(line)
-            else:
-                yield from line
+            if isinstance(line, str):
+                plain.append(line)
+                if len(plain) == _PLAIN_LINES:
+                    yield Segment("\n".join(plain) + "\n")
+                    plain.clear()
+                continue
+            if plain:
+                yield Segment("\n".join(plain) + "\n")
+                plain.clear()
+            yield from line
             yield newline
+        if plain:
+            yield Segment("\n".join(plain) + "\n")
         rows, cols = self.shown(width)
         n_rows, n_cols = self.values.shape
         if rows < n_rows or cols < n_cols:

@@ -5,7 +5,7 @@ Never import torch, textual or typer here.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import TYPE_CHECKING
 
 from rich.color import Color
@@ -49,7 +49,13 @@ INF_STYLE = Style(color="#9a9a9a", italic=True)
 
 
 def head_style(head: int, dim: bool = False) -> Style:
-    return Style(color="#6c6c6c" if dim else HEAD_COLORS[head % len(HEAD_COLORS)], bold=not dim)
+    return _head_style(head % len(HEAD_COLORS), dim)
+
+
+@cache
+def _head_style(colour: int, dim: bool) -> Style:
+    """One Style per colour (a Style is never changed once made; --full labels thousands)."""
+    return Style(color="#6c6c6c" if dim else HEAD_COLORS[colour], bold=not dim)
 
 
 @lru_cache(maxsize=256)
@@ -78,7 +84,7 @@ def format_value(value: float, kind: str, decimals: int) -> str:
 
 
 def format_column(values: np.ndarray, kind: str, decimals: int) -> list[str]:
-    """A column's values formatted at once (a list comprehension: fast enough for --full)."""
+    """A column's values formatted at once (--full writes millions)."""
     if kind == "int":
         return [str(int(v)) for v in values.tolist()]
     spec = f".{decimals}f"
@@ -90,15 +96,17 @@ def format_column(values: np.ndarray, kind: str, decimals: int) -> list[str]:
         return out
     # Floats, as format_value writes them, with NumPy finding the few values that need more
     # than the plain format (--full writes millions): the large ones, and the negative ones
-    # above -1 (and -0.0), the only ones that can print as a signed zero.
+    # closer to zero than twice the last decimal's unit (and -0.0), a superset of those that
+    # can print as a signed zero. The plain format is one `%` for the whole column: the same
+    # correctly rounded text as format(), without a call per value.
     import numpy as np  # here, not at the top: the app's first frame does not wait for it
 
     numbers = values.tolist()
-    out = list(map(f"{{:{spec}}}".format, numbers))
+    out = (f"%{spec}\n" * len(numbers) % tuple(numbers)).split("\n")[:-1]
     large = np.isfinite(values) & (np.abs(values) >= np.float64(LARGE))
     for i in np.flatnonzero(large).tolist():
         out[i] = format(numbers[i], ".2e")
-    for i in np.flatnonzero(np.signbit(values) & (values > -1)).tolist():
+    for i in np.flatnonzero(np.signbit(values) & (values > -2 * 10.0 ** -decimals)).tolist():
         text = out[i]
         if text[0] == "-" and not text.strip("-0."):
             out[i] = text[1:]

@@ -107,12 +107,12 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     elif moved is None and final.name in ("cat", "concat", "concatenate"):
         explanation = _joined_explanation(
             "np.concatenate" if final.name == "concatenate" else "torch.cat", s.batched)
-    return m.stage(unit, stage_id, "concat", tensors, checks,
-                      shape_in=m.snap(m.x_in(ops[0])).shape if not m.b.per_head
-                      else b.unbatched((s.B, s.h, s.T, s.d_h), BHTD) if attend_values is not None
-                      else src_shape,
+    src_in = m.snap(m.x_in(ops[0])).shape if not m.b.per_head \
+        else b.unbatched((s.B, s.h, s.T, s.d_h), BHTD) if attend_values is not None else src_shape
+    # dims_in as the attend op holds it: (B, h, T, d_h), or torch's MHA's (B * h, T, d_h)
+    return m.stage(unit, stage_id, "concat", tensors, checks, shape_in=src_in,
                       shape_out=final.out.shape, explanation=explanation,
-                      dims_in=BHTD, dims_out=m.dims(final.out.shape, BTC))
+                      dims_in=m.dims(src_in, BHTD), dims_out=m.dims(final.out.shape, BTC))
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:

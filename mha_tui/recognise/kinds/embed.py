@@ -99,7 +99,11 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     t = ids.values.shape[-1] - 1
     row = int(ids.values.reshape(-1)[t])
     word = token_name(trace, t)
+    flat = [int(i) for i in ids.values.reshape(-1)]
+    firsts = list(dict.fromkeys(flat))
+    how = ("ids number the tokens in order of first appearance"
+           if firsts == list(range(len(firsts))) else "the tokenizer's id for this token")
     return (Question(stage.id, "lookup", f"Which row of the embedding table becomes x for the "
                      f"token {word} (position {t})?", "integer", row, str(row),
-                     f"{ids.name}[{t}] = {row}: the token's id, recorded with the lookup (ids "
-                     f"number the tokens in order of first appearance)"),)
+                     f"{ids.name}[{t}] = {row}: the token's id, recorded with the lookup "
+                     f"({how})"),)

@@ -41,7 +41,7 @@ def build(m: StageMaker) -> Stage:
         checks=(Check(f"{err.type} at line {source.line if source else '?'}: every stage before "
                       f"this one ran; this line did not finish", False),),
         note="This is where the forward stopped: the message is torch's own.",
-        kind="error", source=source, ops=(),
+        kind="error", source=source, ops=(), raised=err.type,
     )
 
 

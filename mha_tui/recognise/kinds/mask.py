@@ -6,7 +6,7 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,9 +18,11 @@ from ..builder import BHTT, Builder
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, possessive
+from ..mask_shape import MaskShape, mask_shape  # noqa: F401  (MaskShape: the kind's words, re-exported)
 from ..quizzing import Question, head_of_interest, recorded
 from ..sizes import Sizes
 from ..vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
+from .mask_fill import fill_check, fill_value
 from .mask_why import why  # noqa: F401  (the kind's why, in mask_why.py: why.py reads mask.why)
 from .scores import scaled_inside
 
@@ -39,7 +41,7 @@ def mask(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     if op.name in {"add", "add_", "sub", "sub_"}:
         return "mask" if others and masks_somewhere(g, others[0]) else None
     if op.name in {"masked_fill", "masked_fill_"}:
-        value = _fill_value(op)
+        value = fill_value(op)
         if value is not None and value <= LARGE_NEGATIVE:
             return "mask"
         fills = [r for r in others if g.snap(r).values.size == 1]
@@ -51,14 +53,6 @@ def mask(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
         return "mask" if any(very_negative(g.snap(r).values) for r in others
                              if g.snap(r).dtype != "bool") else None
     return None
-
-
-def _fill_value(op: OpRecord) -> float | None:
-    value = op.kwarg("value")
-    if value is None:
-        numbers = [a for a in op.scalars() if isinstance(a, int | float) and not isinstance(a, bool)]
-        value = numbers[0] if numbers else None
-    return float(value) if isinstance(value, int | float) else None
 
 
 RULES = (mask,)
@@ -125,12 +119,9 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     kept = bool(((values == before_values) | blocked).all()) \
         if before_values.shape == values.shape else True
     where = "above the diagonal" if causal else "the mask blocks"
+    shape = mask_shape(blocked)
     checks = [
-        Check(f"{n_inf} of {n_total} entries {where} are exactly -inf"
-              if n_inf == n_total or n_inf else
-              f"{n_total} entries {where} hold a large negative number "
-              f"({float(values[blocked].max()) if n_total else 0:.3g})",
-              n_total > 0 or _newly_blocked(blocked, before_values) == 0),
+        fill_check(m, groups, values, before_values, blocked, n_total, n_inf, where),
         Check(f"entries {'on and below the diagonal' if causal else 'the mask lets through'} "
               f"are unchanged", kept),
     ]
@@ -163,83 +154,13 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                        "(their exp underflows). The same (T, T) mask broadcasts over every "
                        "batch and head.")
     title = None
-    shape = mask_shape(blocked)
     if shape.kind != "causal" and n_total:
         title, explanation = shape.title, shape.explanation
-        checks[0] = Check(f"{n_total} entries blocked: {shape.what}", True)
-        checks[1] = Check("entries the mask lets through are unchanged", kept)
+        checks.insert(0, Check(f"{n_total} entries blocked: {shape.what}", None))
     return m.stage(unit, stage_id, "mask", tensors, checks, shape_in=before_values.shape,
                       shape_out=values.shape, dims_in=tensors[-1].dims, dims_out=tensors[-1].dims,
                       note=note, explanation=explanation, title=title)
 
-
-def _newly_blocked(blocked: np.ndarray, before_values: np.ndarray) -> int:
-    """How many entries the mask blocked that were not blocked before it."""
-    newly = blocked & ~(before_values <= -1e4) if before_values.shape == blocked.shape else blocked
-    return int(np.count_nonzero(newly))
-
-
-@dataclass(frozen=True)
-class MaskShape:
-    """What a mask blocks, read from the blocked entries: its kind and the words for it."""
-
-    kind: str  # "causal", "window", "padding", "causal+padding", "none", "other"
-    window: int = 0  # w: a token sees itself and the w - 1 tokens before it
-    title: str = ""
-    explanation: str = ""
-    what: str = ""
-
-
-def mask_shape(blocked: np.ndarray) -> MaskShape:
-    """Causal, a sliding window of w, padding (whole key columns), both, or another shape;
-    the same for every batch row and head, else "other". blocked: (..., T, T) booleans."""
-    if blocked.ndim < 2 or blocked.shape[-1] != blocked.shape[-2]:
-        return MaskShape("other", title="Mask", what="a mask of another shape")
-    flat = blocked.reshape(-1, *blocked.shape[-2:])
-    pattern = flat[0]
-    if not bool((flat[1:] == pattern).all()):  # every head and batch row alike
-        return MaskShape("other", title="Mask: a different pattern per head or batch row",
-                         what="entries that differ between heads or batch rows")
-    T = pattern.shape[-1]
-    ahead = np.triu(np.ones((T, T), dtype=bool), 1)  # key after the query
-    if not pattern.any():
-        return MaskShape("none", title="Mask that blocks nothing",
-                         what="none: every token sees every token")
-    if np.array_equal(pattern, ahead):
-        return MaskShape("causal")
-    rows, cols = np.indices((T, T))
-    for w in range(1, T):
-        if np.array_equal(pattern, ahead | (rows - cols >= w)):
-            return MaskShape(
-                "window", window=w,
-                title=f"Sliding-window mask: each token sees itself and {w - 1} before it (w = {w})",
-                explanation=(
-                    f"A sliding window of w = {w}: a token may attend to itself and the {w - 1} "
-                    f"token{'s' if w != 2 else ''} just before it, never to a later token and never "
-                    f"further back (Mistral's sliding_window, GPT-Neo's local layers, Longformer). "
-                    f"The blocked scores become -inf (or a large negative number) and softmax turns "
-                    f"them into 0. Information from further back still arrives, through earlier "
-                    f"layers: each layer reaches {w - 1} more token{'s' if w != 2 else ''} back."),
-                what=f"keys after the query and keys {w} or more tokens back (a window of {w})")
-    columns = pattern.all(axis=0)
-    if columns.any() and np.array_equal(pattern, np.broadcast_to(columns, pattern.shape)):
-        keys = ", ".join(str(j) for j in np.flatnonzero(columns))
-        return MaskShape("padding", title="Padding mask: padded keys are never looked at",
-                         explanation=(f"Keys {keys} are padding: every query's score for them is "
-                                      "blocked, so softmax gives them 0 weight. Nothing else is "
-                                      "blocked: every real token sees every real token, later "
-                                      "ones included (no causal mask)."),
-                         what=f"every query's score for keys {keys} (padding)")
-    if columns.any() and np.array_equal(pattern, ahead | columns[None, :]):
-        keys = ", ".join(str(j) for j in np.flatnonzero(columns))
-        return MaskShape("causal+padding", title="Causal and padding mask",
-                         explanation=(f"A token may attend to itself and earlier tokens, and never "
-                                      f"to the padded keys {keys}."),
-                         what=f"keys after the query, and keys {keys} (padding)")
-    return MaskShape("other", title="Mask: neither causal nor a window",
-                     explanation=("The mask blocks a pattern that is neither causal nor a sliding "
-                                  "window nor padding; the blocked entries are shown as -inf."),
-                     what=f"{int(pattern.sum())} entries per head in another pattern")
 
 def _where_keeps(op: OpRecord) -> bool:
     """torch.where(cond, scores, -inf): True keeps; where(cond, -inf, scores): True replaces."""

@@ -18,6 +18,8 @@ from .scores import baddbmm_factors
 
 def why(cell: Cell) -> Why:
     """A masked score: kept or blocked, why, and the value written."""
+    if not cell.stage.ops:  # --no-causal: the module's mask lines did not run
+        return _skipped(cell)
     # baddbmm(mask, q, k^T): the masked scores themselves (the masked_fill_ before it
     # only builds the mask)
     op, index = cell.per_head(cell.ops("baddbmm") or cell.ops(
@@ -58,10 +60,20 @@ def _where_why(cell: Cell, op: OpRecord, index: tuple[int, ...]) -> Why:
     def many(arg: object) -> bool:
         return isinstance(arg, TensorArg) and cell.operand(op, arg.index).size > 1
 
-    if len(op.args) < 3 or many(op.args[1]) == many(op.args[2]):
+    def scores(arg: object) -> bool:
+        """The argument holds the stage before's numbers (one score: a single token and head)."""
+        before = _before(cell)
+        return isinstance(arg, TensorArg) and before is not None and before.shape == shape and \
+            np.array_equal(np.broadcast_to(cell.operand(op, arg.index), shape), before,
+                           equal_nan=True)
+
+    if len(op.args) >= 3 and many(op.args[1]) != many(op.args[2]):
+        keep_when = many(op.args[1])  # where(mask, scores, fill): True keeps the score
+    elif len(op.args) >= 3 and scores(op.args[1]) != scores(op.args[2]):
+        keep_when = scores(op.args[1])  # one number each (one token, one head): by the values
+    else:
         raise WhyError(f"stage {cell.stage.id}: cannot tell the scores from the fill value in "
                        f"its torch.where")
-    keep_when = many(op.args[1])  # where(mask, scores, fill): True keeps the score
     before, fill = (at(op.args[1]), at(op.args[2])) if keep_when else (at(op.args[2]),
                                                                          at(op.args[1]))
     if before is None or fill is None:
@@ -76,6 +88,31 @@ def _where_why(cell: Cell, op: OpRecord, index: tuple[int, ...]) -> Why:
     return masked_why(cell, terms, computed, blocked,
                       f"the mask's entry [{i}, {j}] is {condition} (torch.where keeps the score "
                       f"where it is {keep_when})")
+
+
+def _before(cell: Cell) -> np.ndarray | None:
+    """The main tensor of the stage before this one (the scores the mask is given)."""
+    ids = [s.id for s in cell.trace.stages]
+    at = ids.index(cell.stage.id)
+    if at == 0 or not cell.trace.stages[at - 1].tensors:
+        return None
+    return cell.trace.stages[at - 1].tensors[-1].values
+
+
+def _skipped(cell: Cell) -> Why:
+    """--no-causal (mask.add_skipped_mask): no mask ran; the score is the one before, read."""
+    before = _before(cell)
+    if before is None or before.shape != cell.record.values.shape:
+        raise WhyError(f"stage {cell.stage.id} holds no op to explain {cell.name} by")
+    previous = cell.trace.stages[[s.id for s in cell.trace.stages].index(cell.stage.id) - 1]
+    computed = float(before[cell.index])
+    at = ", ".join(map(str, cell.index))
+    return Why(cell.stage.id, "mask", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = {previous.id}'s {previous.tensors[-1].name}[{at}]  (no mask ran)",
+               (Term(f"the {previous.id} stage's number", (), computed),),
+               ("no mask was applied (--no-causal): the module's masking lines did not run, "
+                "so every key is kept and this score goes on to softmax unchanged",
+                "read, not computed"), computed, cell.recorded)
 
 
 def _baddbmm_why(cell: Cell, op: OpRecord, index: tuple[int, ...]) -> Why:

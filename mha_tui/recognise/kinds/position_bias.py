@@ -120,7 +120,7 @@ def bias_stage(m: StageMaker, stage_id: str, bias: np.ndarray, before: np.ndarra
         title = "Relative position bias: a number per head and distance"
         T = full.shape[-1]
         checks.append(Check(f"the bias depends only on the distance j − i: one number per head "
-                            f"on each of the {2 * T - 1} diagonals (checked by mha-tui)", True))
+                            f"on each of the {2 * T - 1} diagonals (found by mha-tui)", None))
         explanation = (
             "A learned bias per head for each distance between query and key (T5 groups "
             "distances into buckets: exact for near tokens, coarser further away). It depends "

@@ -18,7 +18,7 @@ from ..builder import BTC, Builder
 from ..cell import Cell, Why, WhyError, linear
 from ..graph import Graph
 from ..grouping import Unit
-from ..maker import StageMaker
+from ..maker import StageMaker, api_name
 from ..quizzing import Question, shape_question
 from ..sizes import Sizes
 from ..vocab import PRODUCTS, PROJECTIONS, SHAPE_OPS, SPLITS
@@ -335,7 +335,7 @@ def add_param_check(stages: list[Stage], n_params: int, b: Builder) -> None:
             four = n_params == 4 * C * C
             label = (f"the module has {n_params} parameters = 4 * C^2 = 4 * {C}^2, whatever h is"
                      if four else f"the module has {n_params} parameters")
-            stages[i] = replace(stage, checks=(*stage.checks, Check(label, True if four else None)))
+            stages[i] = replace(stage, checks=(*stage.checks, Check(label, None)))
             return
 
 
@@ -364,8 +364,55 @@ def linear_row(j: Judge, stage: Stage, kind: str) -> Row:
 
 
 def judge(j: Judge) -> list[Row]:
-    """Each projection stage: Q, K, V are linear maps of x."""
-    return [linear_row(j, s, "project") for s in j.trace.stages if s.kind == "project"]
+    """Each projection stage: Q, K, V are linear maps of x, each role from its own."""
+    rows = [linear_row(j, s, "project") for s in j.trace.stages if s.kind == "project"]
+    return rows + own_projections(j)
+
+
+def own_projections(j: Judge) -> list[Row]:
+    """Q, K and V each cut from a projection of their own. `context = weights @ q` or
+    `scores = q @ q.T` reads one projection in two roles; copied in by role, the reference
+    would get that projection's weights twice and agree, so it is judged here: the role that
+    took another's projection is wrong at the line that used it, and a projection whose
+    output reaches nothing is named."""
+    taken: list[tuple[str, OpRecord, np.ndarray]] = []  # role, projection product, its part
+    for role, entries in j.head_operands().items():
+        for _, ref, consumer in entries:
+            part, _, product, _ = j.chain_to_projection(ref, through=True)
+            if part is None or product is None:
+                continue
+            first = next((other for other, op, values in taken if other != role
+                          and op.index == product.index and values.shape == part.shape
+                          and np.array_equal(values, part, equal_nan=True)), None)
+            if first is None:
+                taken.append((role, product, part))
+                continue
+            line = j.where(product.source)[1]
+            words = (f"{role} is cut from the projection that made {first} (line {line}): "
+                     f"multi-head attention gives Q, K and V a projection each")
+            unused = [op for op in _unused_projections(j) if op.index != product.index]
+            if unused:
+                words += "; " + ", ".join(
+                    f"{op.module or api_name(op)}'s output (line {j.where(op.source)[1]})"
+                    for op in unused) + " never reaches the output"
+            stage = next((s for s in j.trace.stages
+                          if any(op.index == consumer.index for op in s.ops)), None)
+            kind = stage.kind if stage is not None else "project"
+            return [j.row(stage, kind, False, None,
+                          f"{role} comes from its own projection",
+                          source=consumer.source, diagnosis=("role_shared", words))]
+    return []
+
+
+def _unused_projections(j: Judge) -> list[OpRecord]:
+    """The linear maps of x whose output reaches nothing the forward returned."""
+    output = j.g.rec.output
+    reaches = {output.op} if output is not None and output.op is not None else set()
+    for op in reversed(j.g.ops):
+        if op.index in reaches:
+            reaches.update(ref.op for ref in op.inputs if ref.kind == "op")
+    return [op for op in j.g.ops if j.g.from_x[op.index] and op.index not in reaches
+            and op.name in PRODUCTS and linear_parts(j.g, op) is not None]
 
 
 def why(cell: Cell) -> Why:

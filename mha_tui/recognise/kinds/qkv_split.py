@@ -195,13 +195,12 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                                          f"blocks of d_h = {s.d_h}"
                                          + (f", in this order: {layout}" if layout else "")))
     checks = []
-    if layout:
+    if layout or any(blocks for _, blocks in roles):  # one claim, its words as it came out
         checks.append(Check(f"each head of {', '.join(names)} is an exact copy of one block of "
                             f"{s.d_h} channels of the fused output: {layout} (found by mha-tui "
-                            f"comparing the values)", True))
-    elif any(blocks for _, blocks in roles):
-        checks.append(Check("some head of q, k or v is not an exact copy of a block of the "
-                            "fused output's channels (compared by mha-tui)", False))
+                            f"comparing the values)" if layout else
+                            "some head of q, k or v is not an exact copy of a block of the "
+                            "fused output's channels (compared by mha-tui)", bool(layout)))
     shares = all(out.storage == fused.storage for _, _, out in parts)
     checks.append(Check(f"the parts share memory with the fused output: "
                         f"{'yes, nothing copied' if shares else 'no'}", None))

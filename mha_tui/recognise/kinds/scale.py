@@ -248,7 +248,7 @@ def judge(j: Judge) -> list[Row]:
     for stage in stages:
         final = stage is stages[-1]
         src = last_op.source if final and last_op is not None else None
-        rows.append(j.row(stage, "scale", ok if final else True, diff if final else None,
+        rows.append(j.row(stage, "scale", ok if final else None, diff if final else None,
                              checked if final else "part of the scaling, judged with the last",
                              source=src, note=note if final else "",
                              diagnosis=diagnosis if final else None))

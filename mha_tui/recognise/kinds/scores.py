@@ -32,6 +32,7 @@ from ..cell import (
 from ..graph import Graph, masks_somewhere
 from ..grouping import Unit
 from ..maker import StageMaker, batched_product, broadcast_heads, synthetic, words
+from ..mask_shape import mask_shape
 from ..quizzing import EXPANDED, Question, cell_index, head_of_interest, number_text, token_name
 from ..sizes import Sizes
 from ..vocab import MATMULS
@@ -140,9 +141,13 @@ def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
         if raw4.shape == values.shape else True
     n_inf = int(np.isneginf(values).sum())
     bias = m.snap(bias_ref)
+    title, explanation = words("mask")
+    shape = mask_shape(blocked)  # what the mask blocks, read from the entries (padding ...)
+    if shape.kind != "causal" and blocked.any():
+        title, explanation = shape.title, shape.explanation
     mask = Stage(
-        id="mask", title=words("mask")[0], code=scores.code,
-        explanation=words("mask")[1], shape_in=snap.shape, shape_out=snap.shape,
+        id="mask", title=title, code=scores.code,
+        explanation=explanation, shape_in=snap.shape, shape_out=snap.shape,
         dims_in=BHTT, dims_out=BHTT,
         tensors=(m.b.record(m.spelled(bias_ref, op), bias,
                                m.dims(bias.shape, ("T", "T"), ("B", "T", "T")),
@@ -324,13 +329,26 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     spot = f"{record.name}[{', '.join(map(str, index))}]"
     per_kv, h_kv = _shared_by(stage, trace)
     kv = head // per_kv
+    product = f"Q[{head}, {i}, :] · K[{head}, 0, :]"
+    asked, source = "Q's row dotted with K's row.", f"the module's own {spot}, recorded ({product})"
+    fused = next((op for op in stage.ops if op.name == "baddbmm"), None)
+    if expanded_from(stage):
+        source = f"mha-tui's expansion's {spot} (Q[{head}, {i}, :] · K[{kv}, 0, :]), {EXPANDED}"
+    elif fused is not None:
+        alpha, _ = baddbmm_factors(fused)
+        times = f" × alpha = {alpha:.6g}" if alpha != 1.0 else ""
+        asked = f"Q's row dotted with K's row{times.replace(' × ', ', times ')}."
+        own = np.array_equal(fused.out.values.reshape(-1), record.values.reshape(-1),
+                             equal_nan=True) if fused.out.values.size == record.values.size else False
+        source = (f"the module's own {spot}, recorded ({product}{times}, plus baddbmm's input)"
+                  if own else
+                  f"mha-tui's expansion's {spot}: torch.baddbmm's product ({product}{times}), "
+                  f"computed by mha-tui from its recorded inputs; the module recorded only "
+                  f"baddbmm's sum with its input")
     questions = [Question(
         stage.id, "value", f"In head {head}, what is the score of query "
         f"{token_name(trace, i)} (row {i}) against key {token_name(trace, 0)} "
-        f"(column 0), {spot}? Q's row dotted with K's row.", "number", value, number_text(value),
-        f"mha-tui's expansion's {spot} (Q[{head}, {i}, :] · K[{kv}, 0, :]), {EXPANDED}"
-        if expanded_from(stage) else
-        f"the module's own {spot}, recorded (Q[{head}, {i}, :] · K[{head}, 0, :])")]
+        f"(column 0), {spot}? {asked}", "number", value, number_text(value), source)]
     if per_kv > 1 and "h" in record.dims:
         last = record.shape[record.dims.index("h")] - 1
         questions.append(Question(

@@ -178,8 +178,11 @@ def _softmax_diagnosis(j: Judge, logits: np.ndarray, got: np.ndarray) -> tuple[s
 def why(cell: Cell) -> Why:
     """A weight: exp(s_ij - max) / Σ_k exp(s_ik - max), with the row's numbers."""
     ops = cell.ops("softmax", "_softmax")
+    unshifted = False  # exp(s) / sum, no max subtracted: exp's input is the score itself
     if not ops and cell.ops("exp"):  # NumPy: exp(s - max(s)) / sum, the row's max op first
         ops = cell.ops("max", "amax")
+        if not ops:
+            ops, unshifted = cell.ops("exp"), True
     op, index = cell.per_head(ops)
     scores = cell.operand(op, 0)
     axis = _axis(op, scores.ndim)
@@ -187,7 +190,8 @@ def why(cell: Cell) -> Why:
     if op.name in ("max", "amax"):  # its output is (T, 1): the cell's row, not its column
         index = (*index[:-1], 0)
     *lead, i, _ = index
-    notes = []
+    notes = ["the module's exp has no max subtracted (exp(s) / Σ exp(s)); mha-tui subtracts "
+             "it, which gives the same number"] if unshifted else []
     dropouts = cell.ops("dropout", "dropout_")
     if dropouts:
         p = dropouts[0].kwarg("p", dropouts[0].args[1] if len(dropouts[0].args) > 1 else None)
