@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, TextIO
 
 SPOOL_IN_MEMORY = 64 << 20  # beyond this a spool moves to a temporary file
 _FD_PATH = re.compile(r"^/(?:dev/fd|proc/self/fd|proc/thread-self/fd)/(\d+)$")
@@ -207,6 +207,9 @@ def _deliver(dest: Destination, spool: BinaryIO, size: int) -> None:
     """Copy the finished transcript to a destination written in place."""
     if dest.kind == "fd":
         assert dest.fd is not None
+        if dest.shown == "-" and _caller_stdout(sys.stdout):
+            _write_stream(spool, sys.stdout)
+            return
         if dest.fd == 1:
             sys.stdout.flush()
         _copy(spool, dest.fd)
@@ -227,6 +230,29 @@ def _deliver(dest: Destination, spool: BinaryIO, size: int) -> None:
             os.ftruncate(fd, size)
     finally:
         os.close(fd)
+
+
+def _caller_stdout(stream: object) -> bool:
+    """sys.stdout is a stream the caller put in place of descriptor 1 (Typer's CliRunner, a
+    notebook's output, contextlib.redirect_stdout): `-` means that stream, as print() does."""
+    if stream is None or not hasattr(stream, "write"):
+        return False
+    try:
+        return stream.fileno() != 1  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: no descriptor
+        return True
+
+
+def _write_stream(spool: BinaryIO, stream: TextIO) -> None:
+    """The transcript (UTF-8) into a Python stream: its bytes when it has a binary buffer."""
+    buffer = getattr(stream, "buffer", None)
+    stream.flush()
+    if buffer is not None:
+        shutil.copyfileobj(spool, buffer, 1 << 20)  # type: ignore[misc]
+        buffer.flush()
+    else:
+        stream.write(spool.read().decode("utf-8"))
+        stream.flush()
 
 
 def _copy(spool: BinaryIO, fd: int) -> None:

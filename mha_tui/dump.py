@@ -21,7 +21,7 @@ from rich.console import Console
 
 from .floats import float32_json, numpy_texts
 from .records import OpRecord, TensorRecord, Trace
-from .render.header import display_path, header, module_line
+from .render.header import display_path, module_line, trace_header
 from .render.options import ASCII_GLYPHS, RenderOptions
 from .render.stage import labelled, stage_view
 from .render.why import why_view
@@ -65,7 +65,7 @@ def _drawn(trace: Trace, opts: RenderOptions, width: int, color: bool, first: in
            last: int | None, crop: bool) -> str:
     buffer = io.StringIO()
     console = transcript_console(buffer, width, color)
-    console.print(header(trace.config, opts, batched=trace.batched), crop=crop)
+    console.print(trace_header(trace, opts), crop=crop)
     if trace.module is not None:
         console.print(module_line(trace.module, opts), crop=crop)
     console.print(crop=crop)
@@ -103,7 +103,7 @@ def worksheet_text(trace: Trace, questions: tuple[Question, ...], opts: RenderOp
     console = transcript_console(buffer, width, False)
     console.print(Text("mha-tui quiz: questions about this forward pass, answered from its "
                        "own numbers", style="bold"))
-    console.print(header(trace.config, opts, batched=trace.batched))
+    console.print(trace_header(trace, opts))
     if trace.module is not None:
         console.print(module_line(trace.module, opts))
     console.print()
@@ -359,7 +359,7 @@ def comparison_text(comparison: Comparison, opts: RenderOptions, width: int = 10
 
     buffer = io.StringIO()
     console = transcript_console(buffer, width, color)
-    console.print(header(comparison.mine.config, opts, batched=comparison.mine.batched))
+    console.print(trace_header(comparison.mine, opts))
     console.print(comparison_header(comparison, opts))
     console.print()
     for k in range(len(comparison.rows)):

@@ -32,7 +32,7 @@ from .records import Stage, Trace
 
 if TYPE_CHECKING:
     from .quiz import Question
-from .render.header import header, module_line
+from .render.header import module_line, trace_header
 from .render.options import ASCII_GLYPHS, RenderOptions
 from .render.stage import check_lines, replace_tensors, stage_heading, stage_tensors, stage_view
 from .render.text import printable
@@ -95,7 +95,7 @@ def _ascii(text: str, opts: RenderOptions) -> str:
 
 
 def _head(trace: Trace, opts: RenderOptions) -> list[RenderableType]:
-    parts: list[RenderableType] = [header(trace.config, opts, batched=trace.batched)]
+    parts: list[RenderableType] = [trace_header(trace, opts)]
     if trace.module is not None:
         parts.append(module_line(trace.module, opts))
     parts.append(Text(""))
@@ -266,7 +266,7 @@ def worksheet_markdown(trace: Trace, questions: Sequence[Question], opts: Render
     def inline(words: str) -> str:  # after the item's number: only inline markup escaped
         return _MD_INLINE.sub(r"\\\1", printable(_ascii(words, opts)))
 
-    head: list[RenderableType] = [header(trace.config, opts, batched=trace.batched)]
+    head: list[RenderableType] = [trace_header(trace, opts)]
     if trace.module is not None:
         head.append(module_line(trace.module, opts))
     parts = ["# mha-tui quiz",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -274,6 +275,32 @@ def test_a_finished_run_called_in_process_returns_to_its_caller(tmp_path: Path) 
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("returned 0") == 3, result.stdout + result.stderr
     assert out.read_text().startswith("{")
+
+
+def test_dump_to_stdout_in_process_goes_to_the_callers_stdout() -> None:
+    """Trial 15: `--dump -` through CliRunner (or into a notebook cell, or under
+    redirect_stdout) writes into the sys.stdout the caller put in place, as print() does; it
+    went to descriptor 1 directly, so `.stdout` was "" and the transcript landed in the
+    terminal. Run in a child, whose own descriptor 1 must then stay free of the transcript."""
+    script = (
+        "import contextlib, io, json\n"
+        "from typer.testing import CliRunner\n"
+        "from mha_tui.cli import app\n"
+        "text = CliRunner().invoke(app, ['explain', 'I love AI !', '--dump', '-'])\n"
+        "data = CliRunner().invoke(app, ['explain', 'I love AI !', '--dump', '-', '--format', 'json'])\n"
+        "redirected = io.StringIO()\n"
+        "with contextlib.redirect_stdout(redirected):\n"
+        "    app(['explain', 'I love AI !', '--quiz', '--dump', '-'], standalone_mode=False)\n"
+        "print(json.dumps([text.exit_code, text.stdout, data.exit_code, data.stdout,\n"
+        "                  redirected.getvalue()]))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, cwd=ROOT,
+                            timeout=300, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") == 1, result.stdout[:300]  # only the child's own line
+    code, text, json_code, data, quiz = json.loads(result.stdout)
+    assert code == 0 and text.startswith("sentence I love AI !") and "10/11 concat" in text
+    assert json_code == 0 and json.loads(data)["stages"]
+    assert quiz.startswith("mha-tui quiz:") and "Answer key" in quiz
 
 
 def test_stage_takes_a_modules_own_stages(tmp_path: Path) -> None:

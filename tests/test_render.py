@@ -432,6 +432,31 @@ def test_a_module_whose_head_count_is_not_heads_is_drawn_as_it_is(tmp_path) -> N
     assert heads_row.split() == ["h0", "h0", "h1", "h1", "h2", "h2", "h3", "h3"]
 
 
+def test_the_header_and_project_labels_say_the_heads_the_module_split_into(tmp_path) -> None:
+    """Trial 18: `self.h = 4` written in, run with --heads 2. The header says h=4 d_h=2 (with
+    --heads 2 beside it), and project's weight rows and output columns are labelled by the
+    module's 4 heads of 2 channels, as its view splits them (they said h=2 d_h=4 and
+    h0 h0 h0 h0 h1 h1 h1 h1, from --heads)."""
+    from mha_tui.config import Source
+
+    path = tmp_path / "four.py"
+    path.write_text(FOUR_HEADS)
+    trace = run_trace(Config("I love AI !", embed_dim=8, num_heads=2),
+                      Source(module=f"{path}:FourHeads"))
+    text = to_text(trace, RenderOptions(), width=120)
+    assert "h=4 d_h=2 (the module's own; --heads 2)" in text
+    assert "h=2" not in text.splitlines()[1]
+    (project,) = [s for s in trace.stages if s.kind == "project"]
+    drawn = draw(stage_view(trace, project, RenderOptions()))
+    rows = [line.split()[:3] for line in drawn.splitlines() if re.match(r"out \d h\d", line)]
+    assert rows[:8] == [["out", str(c), f"h{c // 2}"] for c in range(8)]
+    heads_rows = [line.split() for line in drawn.splitlines() if line.strip().startswith("h0")]
+    assert heads_rows and all(row == ["h0", "h0", "h1", "h1", "h2", "h2", "h3", "h3"]
+                              for row in heads_rows)
+    mygpt = to_text(run_trace(Config("I love AI !", embed_dim=8, num_heads=2)), RenderOptions())
+    assert "h=2 d_h=4 seed" in mygpt.splitlines()[0] and "--heads" not in mygpt
+
+
 def test_a_forward_that_returns_a_scalar_is_drawn(tmp_path) -> None:
     """`return x.sum()`: a 0-d tensor had no dims to name (IndexError in the recogniser's
     record, then in the generic table); now an op stage with one cell, in text and JSON."""

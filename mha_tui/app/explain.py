@@ -34,7 +34,7 @@ from textual.widgets.option_list import Option
 
 from ..config import Config
 from ..records import Trace
-from ..render.header import header, module_line
+from ..render.header import header, module_line, trace_header
 from ..render.options import RenderOptions
 from ..render.stage import pending_box, pending_screen, stage_box, stage_screen
 from ..render.tensor import tensor_index
@@ -221,8 +221,10 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         if self.trace is not None and self.trace.module is not None and self.config.model is None:
             # The header holds three lines: two for the sentence, tokens and sizes. (A
             # pretrained model's header names its attention module on the model's line.)
-            return Group(header(self.config, opts, batched=batched, max_lines=2),
+            return Group(trace_header(self.trace, opts, max_lines=2),
                          module_line(self.trace.module, opts))
+        if self.trace is not None:
+            return trace_header(self.trace, opts)
         return header(self.config, opts, batched=batched)
 
     def _rail_options(self) -> list[Option]:

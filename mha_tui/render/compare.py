@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ..judge.compare import TOLERANCE, Comparison, Mismatch, StagePair, TensorPair
 from ..records import Stage, TensorRecord
-from .header import display_path
+from .header import display_path, drawn_config
 from .matrix import MARK, Matrix, share_columns
 from .options import RenderOptions
 from .stage import HeadingRule
@@ -229,8 +229,8 @@ def _sides(c: Comparison, pair: TensorPair, opts: RenderOptions) -> SideBySide:
     """Yours and the reference's, part beside part (title, metadata, caption, then each
     head's matrix)."""
     columns: list[list[RenderableType]] = []
-    for who, record, config in (("yours", pair.mine, c.mine.config),
-                                ("reference", pair.theirs, c.theirs.config)):
+    for who, record, config in (("yours", pair.mine, drawn_config(c.mine)),
+                                ("reference", pair.theirs, drawn_config(c.theirs))):
         if record is None:
             columns.append([Text(f"{who}: nothing to set beside it", style="italic")])
             continue
@@ -260,7 +260,7 @@ def _sides(c: Comparison, pair: TensorPair, opts: RenderOptions) -> SideBySide:
 def pair_view(c: Comparison, pair: TensorPair, opts: RenderOptions) -> Group:
     """Yours beside the reference's (each the module's own), then the difference
     (mha-tui's): how many cells differ, the largest and where, the cells, the table."""
-    config = c.mine.config
+    config = drawn_config(c.mine)
     parts: list[RenderableType] = [_sides(c, pair, opts)]
     if pair.diff is None:
         parts.append(Unbroken(Text(pair.note, style="italic dim")))
@@ -316,7 +316,8 @@ def row_view(c: Comparison, k: int, opts: RenderOptions) -> Group:
                                        f"{printable(stage.explanation)}", style="bold red")))
         if stage.tensors:
             parts.append(Text(f"{who} own tensors:", style="dim"))
-            parts += [TensorView(t, c.mine.config, opts) for t in stage.tensors[-1:]]
+            config = drawn_config(c.mine if row.mine is not None else c.theirs)
+            parts += [TensorView(t, config, opts) for t in stage.tensors[-1:]]
         parts.append(Text(""))
         return Group(*parts)
     for pair in row.tensors:

@@ -4,6 +4,7 @@ module's line (class and file). Never import torch, textual or typer here.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
@@ -11,7 +12,7 @@ from rich.measure import Measurement
 from rich.text import Text
 
 from ..config import Config
-from ..records import ModuleInfo
+from ..records import ModuleInfo, Trace
 from .options import RenderOptions
 from .text import label
 
@@ -19,14 +20,37 @@ from .text import label
 ENCODER = "encoder: every token sees every token"
 
 
-def _sizes(config: Config, batched: bool = True) -> Text:
+def module_heads(trace: Trace) -> int | None:
+    """The head count the module itself split into: the h axis of its first split into heads
+    (the most heads there, for shared K/V heads), read from the recorded tensors; None
+    when no stage splits into heads."""
+    for stage in trace.stages:
+        heads = [t.values.shape[t.dims.index("h")] for t in stage.tensors
+                 if "h" in t.dims and t.values.ndim == len(t.dims)]
+        if heads:
+            return max(heads)
+    return None
+
+
+def drawn_config(trace: Trace) -> Config:
+    """The trace's config with the module's own head count, as its tensors are labelled (a
+    module with `self.h = 4` written in splits into 4 heads whatever --heads says)."""
+    heads, config = module_heads(trace), trace.config
+    if config.model is not None or heads is None or heads == config.num_heads or \
+            config.embed_dim % heads:
+        return config
+    return replace(config, num_heads=heads)
+
+
+def _sizes(config: Config, batched: bool = True, asked: int | None = None) -> Text:
     if config.model is not None:  # C, h and d_h are on the model's line
         sizes = Text(f"{'B=1 ' if batched else ''}T={config.seq_len}", style="cyan", end="")
         if config.model.encoder:  # said where a toy module's header says causal or no mask
             sizes.append(f" {ENCODER}", style="bold cyan")
         return sizes
+    own = f" (the module's own; --heads {asked})" if asked not in (None, config.num_heads) else ""
     return Text(f"{'B=1 ' if batched else ''}T={config.seq_len} C={config.embed_dim} h={config.num_heads} "
-                f"d_h={config.head_dim} seed={config.seed} "
+                f"d_h={config.head_dim}{own} seed={config.seed} "
                 f"{'causal' if config.causal else 'no mask'}", style="cyan", end="")
 
 
@@ -52,18 +76,19 @@ def _token_list(config: Config, opts: RenderOptions, room: int) -> Text:
 
 
 def header(config: Config, opts: RenderOptions, width: int | None = None, *,
-           batched: bool = True, max_lines: int = 3) -> RenderableType:
+           batched: bool = True, max_lines: int = 3, asked: int | None = None) -> RenderableType:
     """Sentence, tokens with their ids, and B, T, C, h, d_h, at most max_lines of width.
 
     The sizes are always shown whole; the sentence and the token list give way (cut with an
     ellipsis, tokens elided with a count). Without a width, the header is laid out at the
     width it is drawn at (the app's header follows the terminal's size). batched: False for
-    a module whose x has no batch axis (NumPy's (T, C)): no B then.
+    a module whose x has no batch axis (NumPy's (T, C)): no B then. asked: --heads, when
+    config (`drawn_config`) holds the module's own head count instead (said beside it).
     """
     if width is None:
-        return Header(config, opts, batched, max_lines)
+        return Header(config, opts, batched, max_lines, asked)
     if config.model is None:
-        return _sentence_and_sizes(config, opts, width, batched, max_lines)
+        return _sentence_and_sizes(config, opts, width, batched, max_lines, asked)
     body = _sentence_and_sizes(config, opts, width, batched, max(1, max_lines - 1))
     return Text("\n").join([model_line(config, opts, width), body])
 
@@ -95,8 +120,8 @@ def model_line(config: Config, opts: RenderOptions, width: int | None = None) ->
 
 
 def _sentence_and_sizes(config: Config, opts: RenderOptions, width: int, batched: bool,
-                        max_lines: int) -> Text:
-    sizes = _sizes(config, batched)
+                        max_lines: int, asked: int | None = None) -> Text:
+    sizes = _sizes(config, batched, asked)
     sentence = Text("sentence ", style="dim", no_wrap=True, end="")
     sentence.append_text(label(config.sentence, max_cells=max(1, min(40, width - 9)),
                                ascii_only=opts.ascii))
@@ -119,16 +144,25 @@ def _sentence_and_sizes(config: Config, opts: RenderOptions, width: int, batched
     return Text("\n").join(lines)
 
 
+def trace_header(trace: Trace, opts: RenderOptions, width: int | None = None, *,
+                 max_lines: int = 3) -> RenderableType:
+    """The header of a trace: its sizes as the module split them (`drawn_config`), with
+    --heads beside them when the module's own head count differs."""
+    return header(drawn_config(trace), opts, width, batched=trace.batched, max_lines=max_lines,
+                  asked=trace.config.num_heads)
+
+
 class Header:
     """The header laid out at the width it is given when drawn."""
 
     def __init__(self, config: Config, opts: RenderOptions, batched: bool = True,
-                 max_lines: int = 3) -> None:
+                 max_lines: int = 3, asked: int | None = None) -> None:
         self.config, self.opts, self.batched, self.max_lines = config, opts, batched, max_lines
+        self.asked = asked
 
     def _text(self, width: int) -> RenderableType:
         return header(self.config, self.opts, width, batched=self.batched,
-                      max_lines=self.max_lines)
+                      max_lines=self.max_lines, asked=self.asked)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield self._text(options.max_width)

@@ -20,6 +20,7 @@ from rich.text import Text
 from ..records import Check, Stage, Trace
 from ..stages import StageInfo
 from .code import Code, code_block
+from .header import drawn_config
 from .options import RenderOptions
 from .tensor import TensorView
 from .text import Unbroken
@@ -142,7 +143,7 @@ def stage_tensors(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
         # The wrong reshape right above the right one, so the scrambled heads stand out.
         records = [*stage.aside, stage.tensors[0]]
     for record in records:
-        parts.append(TensorView(record, trace.config, opts))
+        parts.append(TensorView(record, drawn_config(trace), opts))
         parts.append(Text(""))
     return Group(*parts)
 
