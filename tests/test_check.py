@@ -427,3 +427,17 @@ def test_the_text_report_has_no_trailing_spaces_when_not_a_terminal() -> None:
         lines = result.stdout.splitlines()
         assert any(line.lstrip().startswith(("stage", "submission")) for line in lines[:2])
         assert [line for line in lines if line != line.rstrip()] == []
+
+
+def test_a_line_between_the_mask_and_softmax_is_blamed_not_the_mask() -> None:
+    """`F.softmax(torch.relu(scores))`: the masked scores do reach softmax, through a relu
+    that turns -inf into 0; the first wrong line is the relu's, in its own words, and the
+    mask is not said to be discarded (it was `mask_missing` at the mask's line)."""
+    path = MISTAKES / "relu_before_softmax.py"
+    verdict = judged(f"{path}:MultiHeadAttention")
+    assert not verdict.equivalent and verdict.diagnosis is not None
+    assert verdict.diagnosis.kind == "extra_op", verdict.diagnosis
+    assert verdict.diagnosis.line == marked_line(path)
+    assert "torch.relu set the negative entries of the scores to 0" in verdict.diagnosis.message
+    mask = next(row for row in verdict.stages if row.kind == "mask")
+    assert mask.ok is None and "reach softmax" in mask.checked

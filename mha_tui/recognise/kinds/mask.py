@@ -300,6 +300,14 @@ def judge(j: Judge) -> list[Row]:
                                  f"{np.nanmax(sums):.4f}); mask the scores, then softmax"),
                              position=j.position_after("softmax")))
         return rows
+    if stages and j.classified().derives(j.g.x_inputs(soft[0])[0], {"mask"}):
+        # The masked scores do reach softmax, through a line no rule places (a relu that
+        # turns -inf into 0): that line is where the module leaves attention, and the
+        # end-to-end comparison names it (verdict._departure), not the mask's line.
+        rows[-1] = j.row(stages[-1], "mask", None, None,
+                         "the masked scores reach softmax, changed on the way by a line "
+                         "judged below")
+        return rows
     if stages:
         last = stages[-1]
         rows[-1] = j.row(last, "mask", False, None,
