@@ -441,3 +441,14 @@ def test_a_line_between_the_mask_and_softmax_is_blamed_not_the_mask() -> None:
     assert "torch.relu set the negative entries of the scores to 0" in verdict.diagnosis.message
     mask = next(row for row in verdict.stages if row.kind == "mask")
     assert mask.ok is None and "reach softmax" in mask.checked
+
+
+def test_a_mask_that_writes_0_is_said_to_write_0_not_minus_inf() -> None:
+    """`masked_fill(future, 0.0)`: the line is the mask's, and the words say what it wrote
+    and why softmax still sees the future (it was an anonymous "changed the values")."""
+    path = MISTAKES / "mask_fill_zero.py"
+    verdict = judged(f"{path}:MultiHeadAttention")
+    assert not verdict.equivalent and verdict.diagnosis is not None
+    assert verdict.diagnosis.line == marked_line(path)
+    assert "Tensor.masked_fill wrote 0 into 12 entries of the scores, not -inf" in \
+        verdict.diagnosis.message  # 6 causal entries in each of 2 heads

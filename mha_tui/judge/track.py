@@ -20,6 +20,7 @@ Reads only records; never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -279,6 +280,17 @@ def describe(found: Departure, T: int) -> str:
         return f"torch.flip reversed {role} along {axis or 'an axis'}"
     if name == "relu":
         return f"torch.relu set the negative entries of {role} to 0"
+    if name == "masked_fill" and role == "the scores" and op.outputs:
+        fill = next((s for s in op.scalars() if isinstance(s, int | float)), None)
+        if fill is not None and math.isfinite(fill) and fill > LARGE_NEGATIVE:
+            out = np.asarray(op.outputs[0].values)
+            mask = op.inputs[1].snapshot if len(op.inputs) > 1 else None
+            changed = int(np.count_nonzero(np.broadcast_to(np.asarray(mask.values), out.shape))
+                          if mask is not None and np.asarray(mask.values).dtype == bool
+                          else np.count_nonzero(out == fill))
+            return (f"Tensor.masked_fill wrote {fill:g} into {changed} entries of the scores, not "
+                    f"-inf: softmax still gives each blocked entry a weight (exp({fill:g} - max) / "
+                    f"the row's sum), so the tokens it should hide are still seen")
     if name in ("add", "sub") and len(op.inputs) == 2 and before is not None \
             and before.dims is not None and "T'" in before.dims:
         bias = _added(found)
