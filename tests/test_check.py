@@ -452,3 +452,11 @@ def test_a_mask_that_writes_0_is_said_to_write_0_not_minus_inf() -> None:
     assert verdict.diagnosis.line == marked_line(path)
     assert "Tensor.masked_fill wrote 0 into 12 entries of the scores, not -inf" in \
         verdict.diagnosis.message  # 6 causal entries in each of 2 heads
+
+
+def test_an_unplaced_op_is_named_as_torch_documents_it() -> None:
+    """Gemma 2's soft-capping `torch.tanh` line: `torch.tanh changed the values of the
+    scores`, not `torch._VariableFunctionsClass.tanh`."""
+    verdict = judged(f"{FIXTURES / 'mechanisms' / 'softcap.py'}:Gemma2Attention", C=16, h=4)
+    assert verdict.diagnosis is not None
+    assert verdict.diagnosis.message.startswith("torch.tanh changed the values of the scores")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..recognise.graph import value_inputs
+from ..recognise.maker import api_name
 from ..records import OpRecord, Recording
 from .numpy_reference import Step
 
@@ -332,7 +333,7 @@ def describe(found: Departure, T: int) -> str:
         return f"indexing reordered or cut {role}"
     if name == "layer_norm":
         return f"a LayerNorm on {role}"
-    return f"{op.qualname or op.name} changed the values of {role}"
+    return f"{api_name(op)} changed the values of {role}"
 
 
 def _added(found: Departure) -> np.ndarray | None:
