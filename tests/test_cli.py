@@ -40,14 +40,16 @@ def test_usage_names_the_sentence_in_capitals() -> None:
     assert missing.stderr == b"mha-tui: error: Missing argument 'SENTENCE'.\n"
 
 
-@pytest.mark.parametrize("command", [["explain", "I love AI !", "--dump", "-", "--module"],
-                                     ["check"]])
-def test_a_module_spec_that_is_not_python_says_to_give_a_py_file(command: list[str]) -> None:
-    """`--module README.md:X` said "no module named 'README.md'"."""
+@pytest.mark.parametrize("command,named", [
+    (["explain", "I love AI !", "--dump", "-", "--module"], "--module"), (["check"], "check")])
+def test_a_module_spec_that_is_not_python_says_to_give_a_py_file(command: list[str],
+                                                                 named: str) -> None:
+    """`--module README.md:X` said "no module named 'README.md'"; check names its own
+    argument (it has no --module)."""
     result = run_cli(*command, "README.md:X")
     assert result.returncode == 2 and result.stdout == b""
     assert result.stderr.decode() == (
-        "mha-tui: error: --module takes FILE.py:Class or package.module:Class; 'README.md' is "
+        f"mha-tui: error: {named} takes FILE.py:Class or package.module:Class; 'README.md' is "
         "a file but not Python source: give a .py file (FILE.py:Class) or an importable "
         "package.module\n")
 
