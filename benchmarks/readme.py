@@ -69,9 +69,18 @@ How these are reached:
   thread alone (`pipeline/threads.py`, threadpoolctl): torch's OpenMP threads and
   OpenBLAS's are two pools that keep spinning after each call, and on two cores they took
   turns at the same cores (a trace burned several times the CPU time it needs).
-- The JSON transcript is streamed into its temporary file tensor by tensor; its float32
-  text comes from orjson, with NumPy's own spelling put back by position for the values the
-  two write differently (`floats.py`), so the bytes are NumPy's `astype(str)`.
+- The JSON transcript is streamed into its temporary file tensor by tensor (a slice of at
+  most a million values at a time); its float32 text comes from orjson, and the values the
+  two spell differently (tiny or huge ones, -inf) are nans in a copy, so that orjson's
+  `null`s mark their places and NumPy's own text goes there (`floats.py`): the bytes are
+  NumPy's `astype(str)`.
+- The text transcript formats a matrix's values in one `%` for all its columns (--full),
+  each row in one `%`, and hands Rich its plain lines 16 at a time; without colour it checks
+  that every line fits instead of letting Rich crop each (a transcript with a line too wide
+  is drawn again, cropped). The `mha-tui` command draws it with Python's cycle collector
+  off (drawing makes no reference cycle; the collector's passes over the millions of cell
+  texts were a quarter of a --full transcript), and imports torch with the collector paused
+  until the module is built, as the app does (`collector.py`).
 - `--hf` refuses what the checkpoint's own files decide before importing torch or
   transformers (`load/hf_files.py`, `load/hf_tokens.py`): a missing model, config.json or
   tokenizer, a sentence longer than the model's positions, no tokens, `--layer` out of
