@@ -26,14 +26,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..recognise.graph import value_inputs
+from ..recognise.graph import reaching_output, value_inputs
 from ..recognise.maker import api_name
+from ..recognise.vocab import LARGE_NEGATIVE
 from ..records import OpRecord, Recording
 from .numpy_reference import Step
 
 ATOL = 1e-5
 RTOL = 1e-4
-LARGE_NEGATIVE = -1e4
 
 
 @dataclass(frozen=True)
@@ -174,11 +174,7 @@ def departure(rec: Recording, x_names: set[str], steps: list[Step]) -> Departure
             elif ref.kind == "op" and ref.op is not None:
                 consumers[ref.op].append(op.index)
                 from_x[op.index] |= from_x[ref.op]
-    reaches = [False] * len(ops)
-    reaches[rec.output.op] = True
-    for op in reversed(ops):
-        if any(reaches[c] for c in consumers[op.index]):
-            reaches[op.index] = True
+    reaches = reaching_output(rec)
     matched: dict[int, Match | None] = {}
     for op in ops:
         if from_x[op.index] and reaches[op.index]:
@@ -286,9 +282,10 @@ def describe(found: Departure, T: int) -> str:
         if fill is not None and math.isfinite(fill) and fill > LARGE_NEGATIVE:
             out = np.asarray(op.outputs[0].values)
             mask = op.inputs[1].snapshot if len(op.inputs) > 1 else None
-            changed = int(np.count_nonzero(np.broadcast_to(np.asarray(mask.values), out.shape))
-                          if mask is not None and np.asarray(mask.values).dtype == bool
-                          else np.count_nonzero(out == fill))
+            where = np.asarray(mask.values) if mask is not None else None
+            changed = int(np.count_nonzero(np.broadcast_to(where, out.shape)
+                                           if where is not None and where.dtype == bool
+                                           else out == fill))
             return (f"Tensor.masked_fill wrote {fill:g} into {changed} entries of the scores, not "
                     f"-inf: softmax still gives each blocked entry a weight (exp({fill:g} - max) / "
                     f"the row's sum), so the tokens it should hide are still seen")

@@ -19,11 +19,11 @@ import numpy as np
 
 from ..recognise.graph import value_inputs
 from ..recognise.maker import api_name
+from ..recognise.vocab import LARGE_NEGATIVE
 from ..records import OpRecord, Recording, Ref, Source
 
 SOFTMAXES = {"softmax", "_softmax", "softmax_", "log_softmax"}
 FUSED_ATTENTION = {"scaled_dot_product_attention", "multi_head_attention_forward"}
-LARGE_NEGATIVE = -1e4
 
 
 @dataclass(frozen=True)

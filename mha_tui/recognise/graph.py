@@ -21,6 +21,21 @@ def value_inputs(op: OpRecord) -> tuple[Ref, ...]:
     return op.inputs[:1] if op.name in FIRST_INPUT_ONLY else op.inputs
 
 
+def reaching_output(rec: Recording) -> list[bool]:
+    """Per op, whether its output reaches what the forward returned (through the inputs
+    whose values make each op's output)."""
+    reaches = [False] * len(rec.ops)
+    if rec.output is None or rec.output.kind != "op" or rec.output.op is None:
+        return reaches
+    reaches[rec.output.op] = True
+    for op in reversed(rec.ops):  # every consumer comes after what it consumes
+        if reaches[op.index]:
+            for ref in value_inputs(op):
+                if ref.kind == "op" and ref.op is not None:
+                    reaches[ref.op] = True
+    return reaches
+
+
 class Graph:
     """The recording with the facts the rules read: producers, consumers, ancestry."""
 

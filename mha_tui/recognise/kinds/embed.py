@@ -97,9 +97,9 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     if ids is None or not ids.values.size:
         return ()
     t = ids.values.shape[-1] - 1
-    row = int(ids.values.reshape(-1)[t])
-    word = token_name(trace, t)
     flat = [int(i) for i in ids.values.reshape(-1)]
+    row = flat[t]
+    word = token_name(trace, t)
     firsts = list(dict.fromkeys(flat))
     how = ("ids number the tokens in order of first appearance"
            if firsts == list(range(len(firsts))) else "the tokenizer's id for this token")

@@ -16,7 +16,7 @@ from ...judge.numeric import allclose, close, einsum_spec, f64, linear_parts
 from ...records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ..builder import BTC, Builder
 from ..cell import Cell, Why, WhyError, linear
-from ..graph import Graph
+from ..graph import Graph, reaching_output
 from ..grouping import Unit
 from ..maker import StageMaker, api_name
 from ..quizzing import Question, shape_question
@@ -426,12 +426,8 @@ def own_projections(j: Judge) -> list[Row]:
 
 def _unused_projections(j: Judge) -> list[OpRecord]:
     """The linear maps of x whose output reaches nothing the forward returned."""
-    output = j.g.rec.output
-    reaches = {output.op} if output is not None and output.op is not None else set()
-    for op in reversed(j.g.ops):
-        if op.index in reaches:
-            reaches.update(ref.op for ref in op.inputs if ref.kind == "op")
-    return [op for op in j.g.ops if j.g.from_x[op.index] and op.index not in reaches
+    reaches = reaching_output(j.g.rec)
+    return [op for op in j.g.ops if j.g.from_x[op.index] and not reaches[op.index]
             and op.name in PRODUCTS and linear_parts(j.g, op) is not None]
 
 

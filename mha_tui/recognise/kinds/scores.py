@@ -283,7 +283,7 @@ def _baddbmm_why(cell: Cell) -> Why:
                      cell.operand(op, 2)[(*lead, slice(None), j)], f"q[{head}, {i}, :]",
                      f"k[{head}, {j}, :]", ("q and k^T are torch.baddbmm's recorded inputs (K as "
                                             f"K^T: its column {j})",))
-    own = np.array_equal(op.out.values.reshape(values.shape), values, equal_nan=True)
+    own = holds_own(op, values)
     terms, total = list(made.terms), made.computed
     if alpha != 1.0:
         terms.append(Term(f"× alpha = {alpha:.6g}", (total, "×", alpha), alpha * total))
@@ -301,6 +301,13 @@ def _baddbmm_why(cell: Cell) -> Why:
         "one call and records only that: this stage's numbers are mha-tui's expansion of its "
         f"product{' times alpha' if alpha != 1.0 else ''}, computed by mha-tui from its inputs, "
         "not by the module; the next stage adds the input and shows torch's own result"))
+
+
+def holds_own(op: OpRecord, values: np.ndarray) -> bool:
+    """Whether a stage's tensor holds the op's own output (baddbmm's sum with its input), not
+    mha-tui's expansion of its product."""
+    return op.out.values.size == values.size and np.array_equal(
+        op.out.values.reshape(values.shape), values, equal_nan=True)
 
 
 def score_why(cell: Cell, query: np.ndarray, key: np.ndarray, q_name: str, k_name: str,
@@ -337,11 +344,10 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     elif fused is not None:
         alpha, _ = baddbmm_factors(fused)
         times = f" × alpha = {alpha:.6g}" if alpha != 1.0 else ""
-        asked = f"Q's row dotted with K's row{times.replace(' × ', ', times ')}."
-        own = np.array_equal(fused.out.values.reshape(-1), record.values.reshape(-1),
-                             equal_nan=True) if fused.out.values.size == record.values.size else False
+        if alpha != 1.0:
+            asked = f"Q's row dotted with K's row, times alpha = {alpha:.6g}."
         source = (f"the module's own {spot}, recorded ({product}{times}, plus baddbmm's input)"
-                  if own else
+                  if holds_own(fused, record.values) else
                   f"mha-tui's expansion's {spot}: torch.baddbmm's product ({product}{times}), "
                   f"computed by mha-tui from its recorded inputs; the module recorded only "
                   f"baddbmm's sum with its input")

@@ -6,6 +6,7 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -223,17 +224,9 @@ def _across(cell: Cell, scores: np.ndarray, index: tuple[int, ...], axis: int,
     what = "query axis" if queries else f"axis {axis}"
     j = cell.index[-1]
     at = (lambda k: f"s[{k}, {j}]") if queries else (lambda k: f"s[{axis}={k}]")
-    top = float(np.max(values))
-    with np.errstate(invalid="ignore"):
-        exps = np.exp(values - top)
-    total = float(exps.sum())
-    with np.errstate(invalid="ignore", divide="ignore"):
-        computed = float(exps[p] / total)
-    terms = [Term(f"{'query ' + cell.token(k) if queries else f'position {k}'}: exp({at(k)} - "
-                  "max)", ("exp(", float(values[k]), "-", top, ")"), float(exps[k]))
-             for k in range(len(values))]
-    terms.append(Term(f"Σ over the {'column' if queries else what}", (), total))
-    terms.append(Term(f"exp({at(p)} - max) / Σ", (float(exps[p]), "/", total), computed))
+    terms, top, computed = _weight_terms(
+        values, p, (lambda k: f"query {cell.token(k)}") if queries else (lambda k: f"position {k}"),
+        at, "column" if queries else what)
     said = [f"this softmax runs over the {what} (dim {axis - scores.ndim}), not over the keys: "
             + (f"down column {j}, a term per query, so each column of weights sums to 1, not "
                f"each row" if queries else f"a term per position along axis {axis}"),
@@ -246,21 +239,30 @@ def _across(cell: Cell, scores: np.ndarray, index: tuple[int, ...], axis: int,
                tuple(terms), (*said, *notes), computed, cell.recorded)
 
 
+def _weight_terms(values: np.ndarray, p: int, label: Callable[[int], str],
+                  at: Callable[[object], str], over: str) -> tuple[list[Term], float, float]:
+    """One softmax weight's terms along the axis it normalises: exp(v_k - max) for each k,
+    their sum Σ, and exp(v_p - max) / Σ; with the max and the weight."""
+    top = float(np.max(values))
+    with np.errstate(invalid="ignore"):
+        exps = np.exp(values - top)
+    total = float(exps.sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        computed = float(exps[p] / total)
+    terms = [Term(f"{label(k)}: exp({at(k)} - max)", ("exp(", float(values[k]), "-", top, ")"),
+                  float(exps[k])) for k in range(len(values))]
+    terms.append(Term(f"Σ over the {over}", (), total))
+    terms.append(Term(f"exp({at(p)} - max) / Σ", (float(exps[p]), "/", total), computed))
+    return terms, top, computed
+
+
 def softmax_why(cell: Cell, scores: np.ndarray, notes: tuple[str, ...] = ()) -> Why:
     """The arithmetic of one weight, whoever computed the row of scores: exp(s_ij - max) /
     Σ_k exp(s_ik - max), a term per key."""
     *_, i, j = cell.index
     row = scores.astype(np.float64)
-    top = float(np.max(row))
-    with np.errstate(invalid="ignore"):
-        exps = np.exp(row - top)
-    total = float(exps.sum())
-    with np.errstate(invalid="ignore", divide="ignore"):
-        computed = float(exps[j] / total)
-    terms = [Term(f"key {cell.token(k)}: exp(s[{i}, {k}] - max)",
-                  ("exp(", float(row[k]), "-", top, ")"), float(exps[k])) for k in range(len(row))]
-    terms.append(Term("Σ over the row", (), total))
-    terms.append(Term(f"exp(s[{i}, {j}] - max) / Σ", (float(exps[j]), "/", total), computed))
+    terms, top, computed = _weight_terms(row, j, lambda k: f"key {cell.token(k)}",
+                                         lambda k: f"s[{i}, {k}]", "row")
     said = [f"the row's largest score, max = {top:.6g}, is subtracted first (the result is "
             "the same; exp cannot overflow)"]
     if np.isneginf(row).all():
