@@ -4,7 +4,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: run test lint golden screenshots bench clean
+.PHONY: run test test-latest pins lint golden screenshots bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,26 @@ lint: $(STAMP)
 
 test: lint
 	_TYPER_FORCE_DISABLE_TERMINAL=1 $(BIN)/python -m pytest
+
+# The family and --hf tests against the newest transformers and tokenizers, in a venv of its
+# own (.venv-latest): everything else as pinned. Run it to see a release's change the day it
+# lands; the pinned set-up (make test) stays reproducible.
+LATEST := .venv-latest
+HF_TESTS := tests/test_families.py tests/test_hf.py tests/test_hf_files.py tests/test_hf_input.py tests/test_why_hf.py
+test-latest:
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install --quiet --upgrade pip
+	grep -v -i -E '^(transformers|tokenizers|huggingface.hub)==' constraints.txt > $(LATEST)/constraints.txt
+	$(LATEST)/bin/python -m pip install --quiet -c $(LATEST)/constraints.txt -e ".[dev,hf]"
+	$(LATEST)/bin/python -m pip install --quiet -c $(LATEST)/constraints.txt --upgrade transformers tokenizers
+	@$(LATEST)/bin/python -m pip freeze | grep -i -E '^(transformers|tokenizers)=='
+	_TYPER_FORCE_DISABLE_TERMINAL=1 $(LATEST)/bin/python -m pytest -q $(HF_TESTS)
+
+# Pin every package of the set-up again after a deliberate upgrade (read the diff).
+pins: $(STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v -i -E '^(torch|textual|typer)==' > .pins.tmp
+	sed -n '1,/^# Everything else/p' constraints.txt > constraints.new
+	sort -f .pins.tmp >> constraints.new && rm .pins.tmp && mv constraints.new constraints.txt
 
 # Regenerate the pinned transcript after a deliberate change; read the diff before committing.
 golden: $(STAMP)
@@ -62,4 +82,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) .pytest_cache .ruff_cache .hypothesis
