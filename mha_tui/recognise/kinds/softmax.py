@@ -13,6 +13,7 @@ import numpy as np
 
 from ...judge.numeric import ATOL, RTOL, close, f64
 from ...records import Check, OpRecord, Ref, Stage, Trace
+from ...roles import role_checks
 from ..builder import BHTT, plural, yes
 from ..cell import Cell, Term, Why, where
 from ..graph import Graph
@@ -83,6 +84,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         ref = m.x_in(first)
         before = m.b.out_4d([ref.op], BHTT)[0] if ref.op is not None else m.snap(ref).values
     checks = softmax_checks(values, before)
+    config = m.b.config  # what each head is for, from these weights (mha_tui.roles)
+    checks += role_checks(values, config.ids, config.model.layer if config.model else 0)
     ops = [m.op(i) for i in unit.ops]
     sums = [op for op in ops if op.name == "sum"]
     by_hand = any(op.name == "exp" for op in ops) and bool(sums)
