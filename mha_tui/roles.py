@@ -36,11 +36,13 @@ KINDS = ("previous-token", "induction", "duplicate-token", "first-token", "curre
 LABEL_THRESHOLD = 0.5
 NEEDS_REPEAT = ("induction", "duplicate-token")
 FORMULAS = {
-    "previous-token": "mean over queries i ≥ 1 of w[i, i-1]",
-    "induction": "mean over repeated queries i of Σ w[i, k], k-1 an earlier occurrence of token i",
-    "duplicate-token": "mean over repeated queries i of Σ w[i, k], k an earlier occurrence of token i",
-    "first-token": "mean over queries i ≥ 1 of w[i, 0]",
-    "current-token": "mean over queries i ≥ 1 of w[i, i]",
+    "previous-token": "mean over queries i >= 1 of w[i, i-1]",
+    "induction": ("mean over repeated queries i of the sum of w[i, k], k-1 an earlier occurrence "
+                  "of token i"),
+    "duplicate-token": ("mean over repeated queries i of the sum of w[i, k], k an earlier "
+                        "occurrence of token i"),
+    "first-token": "mean over queries i >= 1 of w[i, 0]",
+    "current-token": "mean over queries i >= 1 of w[i, i]",
 }
 
 
@@ -154,7 +156,7 @@ def score_line(role: HeadRole) -> str:
 def label_words(role: HeadRole) -> str:
     if role.label == "mixed":
         return f"no label (no score reaches {LABEL_THRESHOLD})"
-    return f"a {role.label} head (its highest score, ≥ {LABEL_THRESHOLD})"
+    return f"a {role.label} head (its highest score, >= {LABEL_THRESHOLD})"
 
 
 def no_repeat_words() -> str:
@@ -162,15 +164,22 @@ def no_repeat_words() -> str:
             "sentence repeats none, so they are not computed (--repeat runs the sentence twice)")
 
 
-def role_checks(weights: np.ndarray, ids: Sequence[int], layer: int) -> list[Check]:
-    """The softmax stage's lines about its heads: each head's scores and label, the entries
-    each score averages, and what is missing without a repeat. [] when the weights are not
-    one row per token and one column per token (cross-attention, a batch of other rows)."""
+def roles_of(weights: np.ndarray, ids: Sequence[int], layer: int) -> tuple[HeadRole, ...]:
+    """head_roles, or () when the weights are not one row and one column per token (a
+    cross-attention, a padded batch): a score needs query i and key k to be the same tokens."""
     if weights.ndim == 3 and weights.shape[0] == len(ids):  # (B, T, T): one head
         weights = weights[:1]
     if weights.ndim not in (3, 4) or weights.shape[-1] != len(ids) or weights.shape[-2] != len(ids):
+        return ()
+    return head_roles(weights, ids, layer)
+
+
+def role_checks(weights: np.ndarray, ids: Sequence[int], layer: int) -> list[Check]:
+    """The softmax stage's lines about its heads: each head's scores and label, the entries
+    each score averages, and what is missing without a repeat ([] when roles_of has none)."""
+    roles = roles_of(weights, ids, layer)
+    if not roles:
         return []
-    roles = head_roles(weights, ids, layer)
     checks = [Check(f"head {role.name} (layer {role.layer}, head {role.head}): {score_line(role)}"
                     f" → {label_words(role)}", None) for role in roles]
     said = [f"{score.kind} = {score.formula}: {score.entries_text()}"
@@ -255,3 +264,15 @@ def copyable_positions(ids: Sequence[int]) -> tuple[int, ...]:
     T = len(ids)
     return tuple(t for t in range(T - 1)
                  if any(ids[s] == ids[t] and ids[s + 1] == ids[t + 1] for s in range(t)))
+
+
+def role_notes(role: HeadRole, i: int, k: int) -> list[str]:
+    """--why of weight w[i, k] of a head: the scores it is an entry of."""
+    notes = []
+    for score in role.scores:
+        for query, keys in score.entries:
+            if query == i and k in keys:
+                notes.append(f"this weight is one of the {len(score.entries)} entries averaged "
+                             f"in head {role.name}'s {score.kind} score ({score.formula}) = "
+                             f"{score.value:.4f}; the head's label: {role.label}")
+    return notes

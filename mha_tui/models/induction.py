@@ -114,7 +114,7 @@ class AttentionOnlyTransformer(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         B, T = ids.shape  # (B, T)
-        positions = torch.arange(T, device=ids.device)  # (T,)
+        positions = torch.arange(T, device=ids.device).unsqueeze(0)  # (1, T), as GPT-2's position_ids
         x = self.tok_emb(ids) + self.pos_emb(positions)  # (B, T, C)
         for block in self.blocks:
             x = block(x)  # (B, T, C)

@@ -85,11 +85,11 @@ class HeadsGrid:
         view, ascii_only = self.view, self.opts.ascii
         T, h = len(view.tokens), view.num_heads
         n = cell_size(T, h, options.max_width)
-        yield Text(f"{view.n_layers} layers × {h} heads; each square: one head's weights, row = "
+        yield Text(f"{view.n_layers} layers x {h} heads; each square: one head's weights, row = "
                    f"query token, column = key token ({T} tokens)", style="dim")
         if n < T:
-            yield Text(f"pooled to fit: {T} tokens in {n} × {n} characters, each the mean of a "
-                       f"block of about {T / n:.1g} × {T / n:.1g} weights", style="yellow")
+            yield Text(f"pooled to fit: {T} tokens in {n} x {n} characters, each the mean of a "
+                       f"block of about {T / n:.1g} x {T / n:.1g} weights", style="yellow")
         for layer in range(view.n_layers):
             maps = [pooled(view.weights[layer][head].astype(np.float64), n) for head in range(h)]
             for row in range(n):
