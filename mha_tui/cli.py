@@ -737,7 +737,7 @@ def heads(
         fail(f"--width must be between 40 and 400, got {width}")
     fmt = _dump_format(fmt, dump, only=False, stage=None)
     sentence = f"{sentence} {sentence}" if repeat else sentence
-    from .pipeline.heads import parse_head
+    from .roles import parse_head
 
     try:
         head = parse_head(ablate) if ablate is not None else None

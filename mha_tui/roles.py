@@ -144,6 +144,14 @@ def find(roles: Sequence[HeadRole], kind: str) -> HeadRole | None:
     return max(labelled, key=lambda r: r.score(kind).value or 0.0) if labelled else None
 
 
+def parse_head(text: str) -> tuple[int, int]:
+    """`--ablate 1.2` -> (layer 1, head 2); a ValueError names what is wrong."""
+    parts = text.split(".")
+    if len(parts) != 2 or not all(part.isdigit() for part in parts):
+        raise ValueError(f"--ablate takes LAYER.HEAD, e.g. 1.2 (layer 1, head 2), not {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 # ---------------------------------------------------------------- said at the softmax stage
 
 
@@ -156,7 +164,8 @@ def score_line(role: HeadRole) -> str:
 def label_words(role: HeadRole) -> str:
     if role.label == "mixed":
         return f"no label (no score reaches {LABEL_THRESHOLD})"
-    return f"a {role.label} head (its highest score, >= {LABEL_THRESHOLD})"
+    article = "an" if role.label[0] in "aeiou" else "a"
+    return f"{article} {role.label} head (its highest score, >= {LABEL_THRESHOLD})"
 
 
 def no_repeat_words() -> str:

@@ -235,3 +235,39 @@ async def test_without_predictions_x_is_greyed_out(view: ModelView) -> None:
     async with app.run_test(size=(100, 40)) as pilot:
         assert app.check_action("ablate", ("zero",)) is None
         await pilot.press("q")
+
+
+# ---------------------------------------------------------------- explain --model induction
+
+
+def test_explain_a_layer_of_the_trained_model_labels_its_heads() -> None:
+    done = run_cli("explain", REPEATED, "--model", "induction", "--layer", "1", "--stage",
+                   "softmax", "--only", "--dump", "-")
+    assert done.returncode == 0, done.stderr.decode()
+    text = done.stdout.decode("utf-8")
+    assert "an induction head (its highest score, >= 0.5)" in text
+    assert "induction = mean over repeated queries" in text and "w[8, 1]" in text
+    assert "layer 1 of 0-1" in text
+
+
+def test_the_quiz_asks_which_head_is_the_induction_head(view: ModelView) -> None:
+    from mha_tui.load import trained as trained_models
+    from mha_tui.pipeline.hf import Session
+    from mha_tui.quiz import questions
+
+    session = Session(trained_models.load("induction", REPEATED), REPEATED)
+    asked = [q for q in questions(session.trace(1)) if q.asks == "head_role"]
+    induction = view.labelled("induction")
+    assert induction is not None
+    assert len(asked) == 1 and "induction head" in asked[0].text
+    assert asked[0].expected == induction.head
+
+
+def test_explain_refuses_what_the_trained_model_brings_itself() -> None:
+    for args, words in ((["--heads", "4"], "--heads does not apply with --model induction"),
+                        (["--layer", "2"], "--layer 2 is out of range"),
+                        (["--layer", "1", "--model", "mygpt"], "--layer picks a layer of a whole model")):
+        done = run_cli("explain", REPEATED, *(args if "mygpt" in args else ["--model", "induction", *args]),
+                       "--dump", "-")
+        assert done.returncode == 2, (args, done.stderr)
+        assert words in done.stderr.decode("utf-8")

@@ -33,14 +33,6 @@ PROJECTION_NAMES = ("W_O", "c_proj", "o_proj", "out_proj", "dense", "o", "out_li
 METHODS = ("zero", "mean")
 
 
-def parse_head(text: str) -> tuple[int, int]:
-    """`--ablate 1.2` -> (layer 1, head 2); a ValueError names what is wrong."""
-    parts = text.split(".")
-    if len(parts) != 2 or not all(part.isdigit() for part in parts):
-        raise ValueError(f"--ablate takes LAYER.HEAD, e.g. 1.2 (layer 1, head 2), not {text!r}")
-    return int(parts[0]), int(parts[1])
-
-
 def model_view(loaded: Loaded, sentence: str, *, ascii_only: bool = False,
                ablate: tuple[int, int] | None = None, method: str = "zero") -> ModelView:
     """The whole model on the sentence: every layer's weights, scores and labels, its
