@@ -19,4 +19,4 @@ def test_the_performance_page_prose_is_the_benchs_own() -> None:
     text = readme.PAGE.read_text(encoding="utf-8")
     section = text[text.index(readme.HEADING):]
     assert readme.INTRO in section, "docs/performance.md's intro differs from benchmarks/readme.py"
-    assert readme.HOW in section, "docs/performance.md's 'how these are reached' differs from benchmarks/readme.py"
+    assert readme.HOW in section, "the page's 'how these are reached' differs from benchmarks/readme.py"
