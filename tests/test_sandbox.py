@@ -63,7 +63,7 @@ try:
 except OSError:
     pass
 """,
-        "reads_env": f"""
+        "reads_env": """
 import os
 if os.environ.get("MHA_TEST_INSTRUCTOR"):
     raise RuntimeError("LOOT " + os.environ["MHA_TEST_INSTRUCTOR"])
