@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..records.verdict import Diagnosis, Verdict
 from .outcome import COULD_NOT_JUDGE, EXIT_CODES, Outcome
-from .results import Diagnosis, Verdict
 
 DEFAULT_TIMEOUT = 20.0  # seconds per submission, torch's import included
 DEFAULT_MEMORY = 2048 << 20  # bytes a submission may map beyond what mha-tui itself uses
