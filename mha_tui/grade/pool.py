@@ -201,7 +201,7 @@ class Grader:
                "sandbox": box.init if box else None, "scratch": str(scratch),
                "uid": _UID_BASE + (os.getpid() % 1000) * 1000 + number % 1000,
                "watched": self.watched}
-        timed_out, status, left, error = False, None, [], None
+        timed_out, status, left, error, filled = False, None, [], None, []
         job_id = self.server.send(job)
         self.workers.add(job_id, None, box)
         try:
@@ -227,6 +227,7 @@ class Grader:
                     error = ended.get("error")
             if box is not None and not timed_out:
                 left = left or box.leftovers()
+                filled = box.filled(MAX_WRITE)
         finally:
             if box is not None:
                 box.close()
@@ -241,11 +242,16 @@ class Grader:
                 report = None
         if report is None:
             report = _why_no_verdict(sub, limits, status, timed_out, log_text, error)
+        tried = [f"filled {place} to its {MAX_WRITE >> 20} MB limit" for place in filled]
         if left:
-            shown = sub.module or sub.model or sub.shown
-            report = unjudged(shown, "sandbox", "could not grade: it left "
-                              f"{len(left)} process{'es' if len(left) > 1 else ''} running "
-                              f"after its forward ({left[0][:80]}); stopped")
+            tried.insert(0, f"left {len(left)} process{'es' if len(left) > 1 else ''} running "
+                         f"after its forward ({left[0][:80]}), stopped")
+        if tried:
+            said = report["diagnosis"]["message"] if report["diagnosis"] and \
+                report["diagnosis"]["kind"] == "sandbox" else ""
+            earlier = said.removeprefix("could not grade: it ")
+            report = unjudged(sub.module or sub.model or sub.shown, "sandbox",
+                              "could not grade: it " + "; ".join([*tried, *filter(None, [earlier])]))
         return report
 
     def _wait(self, job_id: int, timeout: float) -> dict[str, Any] | None:

@@ -146,6 +146,18 @@ class Box:
                 found.append(cmdline.replace(b"\0", b" ").decode("utf-8", "replace").strip())
         return found
 
+    def filled(self, size: int) -> list[str]:
+        """The sandbox's writable places that the submission filled to (nearly) `size`."""
+        full = []
+        for place in ("/tmp", SCRATCH):
+            try:
+                stat = os.statvfs(f"/proc/{self.init}/root{place}")
+            except OSError:
+                continue
+            if (stat.f_blocks - stat.f_bfree) * stat.f_frsize >= size * 0.9:
+                full.append(place)
+        return full
+
     def close(self) -> None:
         """End the sandbox and everything in it (its init's death ends its pid namespace)."""
         for pid in (self.init, self.process.pid):

@@ -206,11 +206,12 @@ class Audit:
             full = os.path.abspath(path)
             writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
                 (isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
-            if writes and not any(full.startswith(w) for w in self.writable) and \
+            theirs = any(full.startswith(w) for w in self.watched) and \
+                self.own != os.path.realpath(full) and "/__pycache__/" not in full
+            if writes and (theirs or not any(full.startswith(w) for w in self.writable)) and \
                     not full.startswith("/dev/"):
                 self.note(f"tried to write {full}")
-            elif self.own != os.path.realpath(full) and "/__pycache__/" not in full and \
-                    any(full.startswith(w) for w in self.watched):
+            elif theirs:
                 self.note(f"tried to open {full}, which is not its own file")
 
 
