@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..load.hf import HfError, Loaded, check_layer, tokenize
-from ..recognise.vocab import SOFTMAXES
+from ..ops.vocab import SOFTMAXES
 from ..records import Recording, Ref
 from ..roles import Ablation, ModelView, Predictions, copyable_positions, head_roles
 
