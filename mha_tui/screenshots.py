@@ -54,6 +54,7 @@ class Trained:
     layer: int
     label: str
     heads: bool = False
+    size: tuple[int, int] = (100, 32)
 
 
 TRAINED_SENTENCE = "a b c d e f g h a b c d e f g h"
@@ -141,7 +142,7 @@ SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str | Against | TinyHf
     ("33-encoder-softmax.svg", ["7", "e"], TINY_BERT),
     ("40-induction-head.svg", [], Trained(1, "induction")),
     ("41-previous-token-head.svg", [], Trained(0, "previous-token")),
-    ("42-heads.svg", [], Trained(1, "induction", heads=True)),
+    ("42-heads.svg", [], Trained(1, "induction", heads=True, size=(100, 44))),
     # six answers (project's wrong), mask's question asked; then answered wrong: revealed
     ("14-quiz-asked.svg", ["right"], Quizzed(6, ((1, "4, 4"),))),
     ("15-quiz-answered.svg", [], Quizzed(7, ((1, "4, 4"), (6, "10")))),
@@ -174,7 +175,7 @@ async def shoot(directory: Path) -> list[Path]:
                                  else run_trace(Config("I love AI !"), Source(model=which)))
             trace = traces[which]
             app = ExplainApp(trace.config, trace=trace)
-        async with app.run_test(size=which.size if isinstance(which, Quizzed) else SIZE) as pilot:
+        async with app.run_test(size=which.size if isinstance(which, Quizzed | Trained) else SIZE) as pilot:
             if isinstance(which, Quizzed):
                 await _answer(pilot, which)
             await pilot.press(*keys)

@@ -271,3 +271,31 @@ def test_explain_refuses_what_the_trained_model_brings_itself() -> None:
                        "--dump", "-")
         assert done.returncode == 2, (args, done.stderr)
         assert words in done.stderr.decode("utf-8")
+
+
+def ablation_table() -> str:
+    """docs/heads.md's table: every head removed in turn on the repeated sentence."""
+    loaded = trained.load("induction", REPEATED)
+    view = model_view(loaded, REPEATED)
+    assert view.predictions is not None
+    rows = ["| head removed | its label | loss (nats) | accuracy on the repeat | top predictions changed |",
+            "| --- | --- | --- | --- | --- |",
+            f"| none | | {view.predictions.loss:.3f} | {view.predictions.accuracy:.0%} | |"]
+    for layer in range(view.n_layers):
+        for head in range(view.num_heads):
+            ablation = model_view(loaded, REPEATED, ablate=(layer, head)).ablation
+            assert ablation is not None and ablation.after.accuracy is not None
+            after = ablation.after
+            changed = sum(a != b for a, b in zip(view.predictions.top, after.top, strict=True))
+            rows.append(f"| {layer}.{head} | {view.role(layer, head).label} | {after.loss:.3f} | "
+                        f"{after.accuracy:.0%} | {changed} of {len(after.top)} |")
+    return "\n".join(rows)
+
+
+def test_the_docs_ablation_table_is_what_the_model_gives_now() -> None:
+    docs = (Path(__file__).parents[1] / "docs" / "heads.md").read_text("utf-8")
+    assert ablation_table() in docs
+
+
+if __name__ == "__main__":  # python -m tests.test_heads: the table for docs/heads.md
+    print(ablation_table())

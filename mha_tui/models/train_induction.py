@@ -3,16 +3,26 @@
     python -m mha_tui.models.train_induction            # the shipped weights (seed 0)
     python -m mha_tui.models.train_induction --out my.safetensors --steps 500
 
-The data: rows of T = 32 distinct random tokens (a random permutation of the vocabulary, cut)
-in which a segment of 2..16 tokens is copied to a later, random place; one row in four is a
-segment followed at once by its repeat ("a b c d a b c d ..."), the shape of the sentences
-mha-tui shows. Inside the repeat, the next token can only be known by finding where the current
-token occurred before and copying what followed it: an induction head. Loss: next-token cross
-entropy on the copied tokens only (`--loss-on repeat`, the default). On every token (`--loss-on
-all`) the same model spent 2,500 steps learning only that a token seen before is not the next
-one (the rows' tokens are distinct) and had no induction head yet; on the copied tokens it had
-one (0.95) after 250 steps. Seeded: the same seed gives the same weights on the same torch build
-and thread count (one thread, `torch.set_num_threads(1)`).
+The data: rows of 33 distinct random tokens (a random permutation of the vocabulary, cut; the
+model reads 32 and predicts each next one) in which a segment of 2..16 tokens starting
+anywhere is copied to a later, random place; one row in four is a segment followed at once by
+its repeat ("a b c d a b c d ..."), the shape of the sentences mha-tui shows. Inside the
+repeat, the next token can only be known by finding where the current token occurred before
+and copying what followed it: an induction head.
+
+Two phases (`--solo-steps`, then the rest of `--steps`):
+
+1. Only head 0 of each layer at work (the other heads' slices of the input to W_O zeroed by
+   a forward pre-hook) and the loss on the copied tokens only. With the loss on every token
+   from the start, 2,500 steps learned only that a token seen before is not the next one (the
+   rows' tokens are distinct) and formed no induction head; on the copied tokens one formed
+   within 250 steps. With every head at work, every head of a layer learned the same thing,
+   and removing one head changed nothing.
+2. Every head at work, the loss the mean over every token plus the mean over the copied ones:
+   the other heads learn what else helps, the copying stays sharp.
+
+Seeded: the same seed gives the same weights on the same torch build and thread count (one
+thread, `torch.set_num_threads(1)`).
 
 Every `--every` steps it prints, on held-out rows made with another seed, each head's
 previous-token score (mean weight on the key just before the query) and induction score (mean
@@ -38,19 +48,29 @@ EVAL_SEED = 1
 
 def repeated_rows(generator: torch.Generator, rows: int, config: InductionConfig,
                   immediate: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training rows: distinct random tokens with one segment copied later in the row; one row
-    in `immediate` has the copy right after the segment, from position 0. Returns the ids
-    (B, T) and which tokens are predictable by copying (B, T): the copy's second token on."""
-    T, vocab = config.max_seq_len, config.vocab_size
-    ids = torch.stack([torch.randperm(vocab, generator=generator)[:T] for _ in range(rows)])  # (B, T)
-    copied = torch.zeros(rows, T, dtype=torch.bool)  # (B, T)
+    """Training rows of max_seq_len + 1 distinct random tokens (the model reads the first
+    max_seq_len and predicts each next one) with one segment copied later in the row. One row
+    in `immediate` has the copy right after the segment, from position 0; in the others the
+    segment starts anywhere (uniformly, so that a first occurrence, where the previous-token
+    head is needed, can sit late in the row too), is 2 to 16 tokens long as room allows, and
+    its copy starts anywhere after it. Returns the ids (B, T + 1) and which tokens are
+    predictable by copying (B, T + 1): the copy's second token on."""
+    T, vocab = config.max_seq_len + 1, config.vocab_size
+    ids = torch.stack([torch.randperm(vocab, generator=generator)[:T] for _ in range(rows)])  # (B, T+1)
+    copied = torch.zeros(rows, T, dtype=torch.bool)  # (B, T+1)
+    longest = config.max_seq_len // 2
+
+    def uniform(low: int, high: int) -> int:  # low .. high, both included
+        return int(torch.randint(low, high + 1, (1,), generator=generator))
+
     for row in range(rows):
-        length = int(torch.randint(2, T // 2 + 1, (1,), generator=generator))
         if row % immediate == 0:
+            length = uniform(2, longest)
             first, second = 0, length  # the segment, then at once its repeat
         else:
-            first = int(torch.randint(0, T - 2 * length + 1, (1,), generator=generator))
-            second = int(torch.randint(first + length, T - length + 1, (1,), generator=generator))
+            first = uniform(0, T - 4)
+            length = uniform(2, min(longest, (T - first) // 2))
+            second = uniform(first + length, T - length)
         ids[row, second : second + length] = ids[row, first : first + length]
         copied[row, second + 1 : second + length] = True
     return ids, copied
