@@ -2,9 +2,11 @@
 and `--resume`: the submissions already in it are not graded again.
 
 A line is kept for a submission when its file holds the same bytes (sha256) and the grading
-the same settings (sizes, limits, --expect ...) as when it was graded; anything else is graded
-again and a new line appended (the last line for a submission wins). A line cut short by a
-stopped grading is skipped. Never imports torch, rich, textual or typer.
+the same settings (sizes, sentence, seed, --init, --weights, --expect ...) as when it was
+graded; anything else is graded again and a new line appended (the last line for a submission
+wins). A verdict the grader's own limits decided (a timeout, out of memory, mha-tui's own
+failure) is graded again too: the rerun may have more time. A line cut short by a stopped
+grading is skipped. Never imports torch, rich, textual or typer.
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ from typing import IO, Any
 from .find import Submission
 from .results import Limits
 
+_LIMITS = ("timeout", "memory", "processes")  # how long and how big, not what is judged
+_RETRY = frozenset({"timeout", "out_of_memory", "internal_error"})
+
 
 def fingerprint(sub: Submission, limits: Limits) -> str:
     """What a verdict depends on: the submission's bytes and the grading's settings."""
-    digest = hashlib.sha256(json.dumps(asdict(limits), sort_keys=True).encode())
+    settings = {k: v for k, v in asdict(limits).items() if k not in _LIMITS}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     digest.update((sub.module or sub.model or sub.shown).encode())
     if sub.file:
         try:
@@ -42,9 +48,14 @@ def graded_before(path: Path) -> dict[str, dict[str, Any]]:
     for line in text.splitlines():
         try:
             entry = json.loads(line)
-            found[entry["fingerprint"]] = entry["report"]
-        except (ValueError, KeyError, TypeError):
+            report = entry["report"]
+            kind = (report.get("diagnosis") or {}).get("kind")
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue  # a line cut short
+        if kind in _RETRY:
+            found.pop(entry["fingerprint"], None)
+        else:
+            found[entry["fingerprint"]] = report
     return found
 
 

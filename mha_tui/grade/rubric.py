@@ -15,7 +15,8 @@ file changes it (`--rubric FILE`):
 
 A stage earns its points when every stage of that kind in the verdict is right (`ok`); a
 stage the module has no op for (a fused `scaled_dot_product_attention` is one `sdpa` stage)
-earns them when the whole module is equivalent. "could not judge" earns nothing.
+earns them when the whole module is equivalent. "could not judge" (a forward that raised,
+hung or crashed, what the sandbox caught) earns nothing: the module gave no output to judge.
 
 Plain data: never imports torch, rich, textual or typer.
 """
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..judge.outcome import EQUIVALENT
+from ..judge.outcome import COULD_NOT_JUDGE, EQUIVALENT
 
 END_TO_END = "end_to_end"
 DEFAULT_POINTS: dict[str, float] = {
@@ -134,7 +135,7 @@ def load_rubric(path: str | Path) -> Rubric:
 def score(report: dict[str, Any], rubric: Rubric) -> Score:
     """A verdict's JSON object scored by the rubric."""
     equivalent = report.get("verdict") == EQUIVALENT
-    judged = bool(report.get("stages"))
+    judged = report.get("verdict") != COULD_NOT_JUDGE
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for stage in report.get("stages") or []:
         by_kind.setdefault(stage["kind"], []).append(stage)
@@ -143,6 +144,8 @@ def score(report: dict[str, Any], rubric: Rubric) -> Score:
         found = by_kind.get(name, [])
         if name == END_TO_END:
             ok: bool | None = equivalent if judged else None
+        elif not judged:
+            ok = None
         elif found:
             ok = all(stage["ok"] is True for stage in found)
         else:
