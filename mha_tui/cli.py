@@ -966,7 +966,8 @@ def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckForm
 
         console.print(summary_table(reports, ascii_only=ascii_only))
         console.print(tally(reports))
-        console.print(summary_renderable(class_summary(reports, rubric), ascii_only=ascii_only))
+        console.print()
+        console.print(summary_renderable(class_summary(reports, rubric)))
     if not tty:
         drawn = console.file.getvalue()  # type: ignore[attr-defined]
         sys.stdout.write("".join(line.rstrip() + "\n" for line in drawn.splitlines()))

@@ -48,17 +48,16 @@ def class_summary(reports: Sequence[dict[str, Any]], rubric: Rubric) -> dict[str
     }
 
 
-def summary_renderable(summary: dict[str, Any], *, ascii_only: bool = False) -> Any:
+def summary_renderable(summary: dict[str, Any]) -> Any:
     """The summary as a Rich table: counts, the stages that fail first, the diagnoses."""
-    from rich import box
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="class summary", box=box.ASCII if ascii_only else box.SIMPLE_HEAD,
-                  show_header=True, title_justify="left")
-    table.add_column("")
+    table = Table(title=f"class summary: {summary['submissions']} submissions", box=None,
+                  show_header=False, title_justify="left", pad_edge=False)
+    table.add_column("what", no_wrap=True)
     table.add_column("count", justify="right")
-    table.add_column("", overflow="fold")
+    table.add_column("detail", overflow="fold")
     n = summary["submissions"]
     for label, key in (("equivalent", "equivalent"), ("NOT equivalent", "not_equivalent"),
                        ("could not judge", "could_not_judge")):
@@ -68,5 +67,5 @@ def summary_renderable(summary: dict[str, Any], *, ascii_only: bool = False) -> 
     for row in summary["first_wrong_stage"]:
         table.add_row(Text(f"first wrong at {row['stage']}"), str(row["count"]), Text(""))
     for row in summary["diagnoses"]:
-        table.add_row(Text(row["kind"]), str(row["count"]), Text(row["example"]))
+        table.add_row(Text(f"diagnosis {row['kind']}"), str(row["count"]), Text(row["example"]))
     return table
