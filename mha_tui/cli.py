@@ -689,7 +689,7 @@ def _forward_error(trace: Trace) -> str:
 def _a_stage_kind(stage: str) -> bool:
     """A stage only some modules have (rotary, qkv_split, op-7 ...): known once it ran, so it
     is looked for then. Imported only here: the recogniser loads NumPy, the app must not."""
-    from .recognise.registry import BUILDERS
+    from .kinds.registry import BUILDERS
 
     return stage.split("-")[0] in (*BUILDERS, "embed", "error")
 

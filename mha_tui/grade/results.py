@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..judge.outcome import COULD_NOT_JUDGE, EXIT_CODES, Outcome
-from ..judge.results import Diagnosis, Verdict
+from ..records.verdict import Diagnosis, Verdict
 from .find import Submission
 
 DEFAULT_TIMEOUT = 20.0  # seconds per submission

@@ -11,15 +11,15 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..kinds import embed, mask, project
+from ..kinds import error as error_kind
+from ..kinds import op as op_kind
+from ..kinds._parts.builder import Builder
+from ..kinds._parts.maker import StageMaker
+from ..kinds._parts.unit import Unit
+from ..kinds.registry import BUILDERS
 from ..records import Check, Embedded, Recording, Stage
 from ..stages import stage_info
-from .builder import Builder
-from .grouping import Unit
-from .kinds import embed, mask, project
-from .kinds import error as error_kind
-from .kinds import op as op_kind
-from .maker import StageMaker
-from .registry import BUILDERS
 
 
 def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Embedded | None,

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..kinds._parts.builder import KEYS, plural
+from ..kinds.softmax import UNMASKED_SELF
+from ..ops.sizes import Sizes
 from ..records import Check, Stage
-from .builder import KEYS, plural
-from .kinds.softmax import UNMASKED_SELF
-from .sizes import Sizes
 
 
 def cross_words(stages: tuple[Stage, ...], sizes: Sizes, query: str, context: str
