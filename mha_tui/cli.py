@@ -26,6 +26,7 @@ from typer._click.exceptions import NoArgsIsHelpError
 
 from . import __version__, collector
 from .config import (
+    CROSS_MODEL,
     DEFAULT_MODEL,
     MAX_EMBED_DIM,
     MAX_SEQ_LEN,
@@ -156,6 +157,7 @@ def explain(
     quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text, JSON or Markdown).")] = False,
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
     why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
+    context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross.")] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
@@ -169,14 +171,21 @@ def explain(
             if given:
                 fail(f"{flag} does not apply with --hf: the model brings its own sizes, "
                      f"weights and mask")
+        if context is not None:
+            fail("--context with --hf is not there yet: --hf explains one self-attention layer")
     elif layer is not None:
         fail("--layer picks a layer of a pretrained model: use it with --hf PATH_OR_NAME")
     if hf_source is None:
+        if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
+                "utf-8", "replace"):
+            fail("--context is not valid UTF-8 text")
         try:
             config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                            causal=causal, max_seq_len=max_seq_len)
+                            causal=causal, max_seq_len=max_seq_len, context=context or "")
         except ConfigError as error:
             fail(str(error))
+        if context is not None and model is None and module is None:
+            model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
         source = _source(model, module, init or [], weights)
         if stage is not None and stage not in STAGE_IDS and not _a_stage_kind(stage):
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)} (or "
@@ -214,6 +223,9 @@ def explain(
                     quiz=quiz, why=cell)
         return
     _check_budget(config, destination, fmt)
+    # The default module on one sentence needs no building before the app opens; anything
+    # else is built first, so that bad input (a forward that takes no context) exits 2.
+    plain = source.is_default and not config.cross
 
     if check_stages:
         _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
@@ -229,7 +241,7 @@ def explain(
     if _interactive(dump):
         from .load.learner import LoadError
 
-        if _PREFLIGHT and not source.is_default:  # serve checks the input before the app
+        if _PREFLIGHT and not plain:  # serve checks the input before the app
             try:
                 _build(source, config)
             except LoadError as error:
@@ -242,7 +254,7 @@ def explain(
             from .app.run import run_app  # after _open_app paused the collector
 
             refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                              build=None if source.is_default else partial(_build, source),
+                              build=None if plain else partial(_build, source),
                               running=_whose_forward(source), refusals=(LoadError,),
                               quiz=quiz)
             if refusal is not None:
@@ -253,7 +265,7 @@ def explain(
     if _STANDALONE:  # as the app starts (collector.py): torch's import without the collector,
         collector.pause()  # which the module's build (load.learner.learner_code) resumes
     loaded: Loaded | LoadedNumpy | None = None
-    if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
+    if not plain:  # build it now: bad --module/--init/--weights/--context fail here, exit 2
         from .load.learner import LoadError
 
         try:

@@ -45,6 +45,11 @@ def handwritten_softmax(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
 RULES = (softmax, handwritten_softmax)
 
 
+# The note on a softmax no mask ran before (cross-attention says its own instead: cross.py).
+UNMASKED_SELF = ("No mask was applied: every token sees every token, later ones included "
+                 "(bidirectional attention, as in an encoder such as BERT).")
+
+
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     first = m.op(unit.ops[0])
     values, snap = m.four_d(unit, BHTT)
@@ -69,9 +74,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     rec = m.b.record(m.tensor_name(name_op, fallback="weights"), snap,
                         BHTT if values.ndim == 4 else None, values=values, kind="prob",
                         caption="row: query token · column: key token it takes from")
-    note = "" if "mask" in m.made else (
-        "No mask was applied: every token sees every token, later ones included "
-        "(bidirectional attention, as in an encoder such as BERT).")
+    note = "" if "mask" in m.made else UNMASKED_SELF
     if "scale" not in m.made and scaled_inside(m.g) is None and m.s.d_h:
         note = " ".join(filter(None, [note, (
             f"Nothing scaled these scores: softmax takes Q·Kᵀ as it is, not divided by "
@@ -234,7 +237,7 @@ def softmax_why(cell: Cell, scores: np.ndarray, notes: tuple[str, ...] = ()) -> 
     Σ_k exp(s_ik - max), a term per key."""
     *_, i, j = cell.index
     row = scores.astype(np.float64)
-    terms, top, computed = _weight_terms(row, j, lambda k: f"key {cell.token(k)}",
+    terms, top, computed = _weight_terms(row, j, lambda k: f"key {cell.key_token(k)}",
                                          lambda k: f"s[{i}, {k}]", "row")
     said = [f"the row's largest score, max = {top:.6g}, is subtracted first (the result is "
             "the same; exp cannot overflow)"]

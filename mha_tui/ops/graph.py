@@ -58,6 +58,21 @@ class Graph:
         self.from_x = [False] * len(rec.ops)
         for op in rec.ops:
             self.from_x[op.index] = any(self.is_x(ref) for ref in value_inputs(op))
+        # Which of the forward's inputs each op's values come from (cross-attention tells the
+        # query's tokens from the context's by it).
+        self.reads: list[frozenset[str]] = []
+        for op in rec.ops:
+            names: set[str] = set()
+            for ref in value_inputs(op):
+                if ref.kind == "input":
+                    names.add(ref.name)
+                elif ref.kind == "op" and ref.op is not None:
+                    names |= self.reads[ref.op]
+            self.reads.append(frozenset(names))
+        # Cross-attention: the forward's input the queries come from, and those the keys and
+        # values come from (recognise.run sets them; empty in self-attention).
+        self.query_names: frozenset[str] = frozenset()
+        self.key_names: frozenset[str] = frozenset()
         self.kind: dict[int, str] = {}
         self.head: dict[int, int] = {}
         self.softmax_parts: set[int] | None = None
@@ -67,6 +82,12 @@ class Graph:
         if ref.kind == "input":
             return ref.name in self.x_names
         return ref.kind == "op" and ref.op is not None and self.from_x[ref.op]
+
+    def key_side(self, op_index: int) -> bool:
+        """Cross-attention: the op's values come from the context alone (keys, values), not
+        from the query sequence."""
+        reads = self.reads[op_index]
+        return bool(self.key_names) and bool(reads & self.key_names) and not reads & self.query_names
 
     def producer(self, ref: Ref) -> OpRecord | None:
         return self.ops[ref.op] if ref.kind == "op" and ref.op is not None else None

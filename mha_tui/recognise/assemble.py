@@ -40,7 +40,9 @@ def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Emb
             fallback = op_kind.build(maker, unit, stage_id if kind == "op" else f"op-{kind}")
             stages.append(replace(fallback, note=f"mha-tui could not lay this out as {kind} "
                                                  f"({type(error).__name__}: {error}); shown as it ran."))
-    if not b.config.causal and not any(st.kind == "mask" for st in stages):
+    # --no-causal's "no mask ran" is about one sequence attending to itself: across two
+    # sequences (cross-attention) no causal mask is expected.
+    if not b.config.causal and not b.sizes.cross and not any(st.kind == "mask" for st in stages):
         mask.add_skipped_mask(stages, b)
     if n_params is not None:
         project.add_param_check(stages, n_params, b)
