@@ -693,9 +693,9 @@ def _forward_error(trace: Trace) -> str:
 def _a_stage_kind(stage: str) -> bool:
     """A stage only some modules have (rotary, qkv_split, op-7 ...): known once it ran, so it
     is looked for then. Imported only here: the recogniser loads NumPy, the app must not."""
-    from .kinds.registry import BUILDERS
+    from .kinds.registry import BY_KIND
 
-    return stage.split("-")[0] in (*BUILDERS, "embed", "error")
+    return stage.split("-")[0] in BY_KIND
 
 
 def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
