@@ -22,7 +22,7 @@ from textual.containers import VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Footer, Static
 
-from ..render.heads import HeadsGrid, head_detail, predictions_table, roles_table
+from ..render.heads import HeadsGrid, head_detail, layer_top, predictions_table, roles_table
 from ..render.options import RenderOptions
 from ..roles import ModelView
 
@@ -37,13 +37,13 @@ class HeadsApp(App[tuple[int, int] | None]):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("left,h", "move(0, -1)", "Head", key_display="←", tooltip="The head to the left",
-                id="heads.left"),
+                id="heads.left", priority=True),
         Binding("right,l", "move(0, 1)", "Head", key_display="→", tooltip="The head to the right",
-                id="heads.right"),
+                id="heads.right", priority=True),
         Binding("up,k", "move(-1, 0)", "Layer", key_display="↑", tooltip="The layer above",
-                id="heads.up"),
+                id="heads.up", priority=True),
         Binding("down,j", "move(1, 0)", "Layer", key_display="↓", tooltip="The layer below",
-                id="heads.down"),
+                id="heads.down", priority=True),
         Binding("enter", "open", "Walk-through", key_display="↵",
                 tooltip="Open this layer's walk-through at this head", id="heads.open"),
         Binding("x", "ablate('zero')", "Remove head",
@@ -54,7 +54,8 @@ class HeadsApp(App[tuple[int, int] | None]):
                 id="heads.mean"),
         Binding("q,escape", "quit", "Quit", id="heads.quit"),
     ]
-    """Arrows choose a head, enter opens it, x removes it, q quits."""
+    """Arrows choose a head, enter opens it, x removes it, q quits. The arrows take priority
+    over the scroll container's (which keeps page up and page down for a tall grid)."""
 
     selected: reactive[tuple[int, int]] = reactive((0, 0), init=False)
     """The head under the cursor: (layer, head)."""
@@ -79,6 +80,9 @@ class HeadsApp(App[tuple[int, int] | None]):
 
     def watch_selected(self) -> None:
         self._draw()
+        grid = self.query_one("#heads-grid", Static)
+        top = layer_top(self.model_view, self.selected[0], grid.size.width or self.size.width)
+        self.query_one("#heads-scroll", VerticalScroll).scroll_to(y=max(top - 1, 0), animate=False)
 
     def _draw(self) -> None:
         view = self.model_view

@@ -39,6 +39,14 @@ def cell_size(T: int, heads: int, width: int) -> int:
     return max(2, min(T, room, LARGEST_CELL))
 
 
+def layer_top(view: ModelView, layer: int, width: int) -> int:
+    """The line of HeadsGrid on which `layer` starts (its title and pooled notes above), for
+    the app to scroll the layer under the cursor into view."""
+    T = len(view.tokens)
+    n = cell_size(T, view.num_heads, width)
+    return 1 + (n < T) + layer * (n + 2)
+
+
 def pooled(weights: np.ndarray, n: int) -> np.ndarray:
     """(T, T) -> (n, n): each entry the mean of a block of weights (rows and columns split
     as evenly as np.array_split splits them). n >= T: the weights themselves."""
