@@ -4,7 +4,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: run test test-latest pins lint golden screenshots bench clean
+.PHONY: run test test-latest pins lint docs golden screenshots bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -12,10 +12,11 @@ $(STAMP): pyproject.toml constraints.txt
 	# [hf]: transformers and tokenizers, for `--hf` and its tests (built offline, tiny).
 	# [notebook]: ipywidgets, ipykernel, nbclient, nbformat, for the notebook display and the
 	# test that runs examples/walkthrough.ipynb with a real kernel. [serve]: textual-serve,
-	# for `mha-tui serve` and its browser test (Chromium: .ci/run installs it).
+	# for `mha-tui serve` and its browser test (Chromium: .ci/run installs it). [docs]: MkDocs,
+	# Material and mkdocstrings, for the manual in docs/ (`make docs`).
 	# pyproject accepts a torch range; constraints.txt pins this project's own CPU build
-	# (see README), which pip takes from the local wheel here.
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,hf,notebook,serve]"
+	# (see docs/install.md), which pip takes from the local wheel here.
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,hf,notebook,serve,docs]"
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -25,7 +26,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-test: lint
+# The manual (docs/, mkdocs.yml) built in strict mode: a broken link, a missing page or an API
+# reference that no longer resolves fails. Offline: no web fonts, no plugin that fetches.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
+test: lint docs
 	_TYPER_FORCE_DISABLE_TERMINAL=1 $(BIN)/python -m pytest
 
 # The family and --hf tests against the newest transformers and tokenizers, in a venv of its
@@ -82,4 +88,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
 
 clean:
-	rm -rf $(VENV) $(LATEST) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) .pytest_cache .ruff_cache .hypothesis site

@@ -1,7 +1,7 @@
 """mha-tui's speed, as ratios against `python -c "import torch"` measured in the same run.
 
     make bench                # or: .venv/bin/python benchmarks/bench.py [--runs N] [--check]
-    .venv/bin/python benchmarks/bench.py --only hf,hf_refuse   # some rows, README untouched
+    .venv/bin/python benchmarks/bench.py --only hf,hf_refuse   # some rows, docs/performance.md untouched
 
 Startup figures are whole processes (median of N runs); the app's first paint and first
 values come from marks the app writes when MHA_TUI_MARKS is set, while it runs in a
@@ -333,19 +333,19 @@ def main() -> int:
                         help=f"rounds of every command (default {RUNS}: about 5 minutes on "
                              "the 2-core development machine when it is quiet)")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md",
-                        help="the README whose Performance table is replaced (default: the "
-                             "repository's)")
-    parser.add_argument("--no-readme", action="store_true", help="print the table only")
+    parser.add_argument("--page", type=Path, default=ROOT / "docs" / "performance.md",
+                        help="the manual's page whose Performance table is replaced (default: "
+                             "the repository's docs/performance.md)")
+    parser.add_argument("--no-page", action="store_true", help="print the table only")
     parser.add_argument("--only", metavar="NAME,...", default=None,
                         help="run only these rows beside the floor (whole processes: version, "
                              "help, completion, dump, raschka, module, numpy, full, json_gpt2, "
                              "hf, hf_refuse; the app: " + ", ".join(APP_ROWS) + ") and print "
-                             "their table; the README is left as it is")
+                             "their table; the page is left as it is")
     args = parser.parse_args()
     only = None if args.only is None else set(args.only.split(","))
     if only is not None:
-        args.no_readme = True
+        args.no_page = True
     n = args.runs
     started = time.time()
     # mha-tui's modules from bytecode, as after `pip install` (which compiles them) or a first
@@ -495,7 +495,7 @@ def main() -> int:
 
 def _report(rows: list[Row], started: float, load_before: tuple[float, float, float], n: int,
             args: argparse.Namespace) -> int:
-    """Print the table (and write it into the README unless told not to)."""
+    """Print the table (and write it into docs/performance.md unless told not to)."""
     load_after = os.getloadavg()
     commit = _git("rev-parse", "--short", "HEAD") or "unknown"
     if _git("status", "--porcelain", "--untracked-files=no"):
@@ -514,11 +514,11 @@ def _report(rows: list[Row], started: float, load_before: tuple[float, float, fl
     print("\n".join(table))
     if missed:
         print(f"\nmissed: {'; '.join(missed)}")
-    if not args.no_readme:
+    if not args.no_page:
         from readme import write_performance
 
-        write_performance(args.readme, header, table, missed)
-        print(f"\nwrote the table into {args.readme}'s Performance section")
+        write_performance(args.page, header, table, missed)
+        print(f"\nwrote the table into {args.page}")
     return 1 if args.check and missed else 0
 
 

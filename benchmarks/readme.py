@@ -1,21 +1,22 @@
-"""Write the benchmark's table into the README's "## Performance" section.
+"""Write the benchmark's table into the manual's Performance page (docs/performance.md).
 
-Everything from the "## Performance" heading to the next "## " heading is replaced by the
-text below, the run's header line and its table: running the benchmark again replaces the
-section again, so the README holds exactly one table, the one the last run printed.
+Everything from the "# Performance" heading to the next "## " heading (the whole page) is
+replaced by the text below, the run's header line and its table: running the benchmark again
+replaces it again, so the page holds exactly one table, the one the last run printed.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-HEADING = "## Performance"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
+HEADING = "# Performance"
 
 INTRO = """\
-`make bench` (or `.venv/bin/python benchmarks/bench.py [--runs N] [--check] [--no-readme]`)
+`make bench` (or `.venv/bin/python benchmarks/bench.py [--runs N] [--check] [--no-page]`)
 measures everything against `python -c "import torch"` in the same run, interleaving the
 floor with each command round by round (medians over the rounds), and writes the table
-below into this section (`--check` exits 1 when a target is missed; `--no-readme` only
+below into this page (`--check` exits 1 when a target is missed; `--no-page` only
 prints it). Startup figures are whole processes; the app runs in a 100x32 pseudo-terminal
 and reports its first paint and first values through marks it writes when `MHA_TUI_MARKS`
 is set; "key -> repaint" is timed inside the app (from the key's handler to the end of the
@@ -114,9 +115,9 @@ def section(header: str, table: list[str], missed: list[str]) -> str:
     return "\n".join(parts)
 
 
-def write_performance(readme: Path, header: str, table: list[str], missed: list[str]) -> None:
-    """Replace the README's Performance section (or add it at the end) with this run's."""
-    text = readme.read_text(encoding="utf-8")
+def write_performance(page: Path, header: str, table: list[str], missed: list[str]) -> None:
+    """Replace the page's Performance section (or add it at the end) with this run's."""
+    text = page.read_text(encoding="utf-8")
     lines = text.split("\n")
     start = next((i for i, line in enumerate(lines) if line.strip() == HEADING), None)
     new = section(header, table, missed).split("\n")
@@ -126,6 +127,6 @@ def write_performance(readme: Path, header: str, table: list[str], missed: list[
         end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
                    len(lines))
         lines[start:end] = new
-    tmp = readme.with_name(readme.name + ".bench-tmp")
+    tmp = page.with_name(page.name + ".bench-tmp")
     tmp.write_text("\n".join(lines), encoding="utf-8")
-    tmp.replace(readme)
+    tmp.replace(page)

@@ -26,6 +26,7 @@ from typer._click.exceptions import NoArgsIsHelpError
 
 from . import __version__, collector
 from .config import (
+    CROSS_MODEL,
     DEFAULT_MODEL,
     MAX_EMBED_DIM,
     MAX_SEQ_LEN,
@@ -79,6 +80,12 @@ class CheckFormat(StrEnum):
     text = "text"
     json = "json"
     csv = "csv"
+
+
+class SandboxMode(StrEnum):
+    auto = "auto"
+    required = "required"
+    off = "off"
 
 
 class ExpectKind(StrEnum):
@@ -150,6 +157,7 @@ def explain(
     quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text, JSON or Markdown).")] = False,
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
     why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
+    context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross.")] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
@@ -163,14 +171,21 @@ def explain(
             if given:
                 fail(f"{flag} does not apply with --hf: the model brings its own sizes, "
                      f"weights and mask")
+        if context is not None:
+            fail("--context with --hf is not there yet: --hf explains one self-attention layer")
     elif layer is not None:
         fail("--layer picks a layer of a pretrained model: use it with --hf PATH_OR_NAME")
     if hf_source is None:
+        if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
+                "utf-8", "replace"):
+            fail("--context is not valid UTF-8 text")
         try:
             config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                            causal=causal, max_seq_len=max_seq_len)
+                            causal=causal, max_seq_len=max_seq_len, context=context or "")
         except ConfigError as error:
             fail(str(error))
+        if context is not None and model is None and module is None:
+            model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
         source = _source(model, module, init or [], weights)
         if stage is not None and stage not in STAGE_IDS and not _a_stage_kind(stage):
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)} (or "
@@ -208,6 +223,9 @@ def explain(
                     quiz=quiz, why=cell)
         return
     _check_budget(config, destination, fmt)
+    # The default module on one sentence needs no building before the app opens; anything
+    # else is built first, so that bad input (a forward that takes no context) exits 2.
+    plain = source.is_default and not config.cross
 
     if check_stages:
         _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
@@ -223,7 +241,7 @@ def explain(
     if _interactive(dump):
         from .load.learner import LoadError
 
-        if _PREFLIGHT and not source.is_default:  # serve checks the input before the app
+        if _PREFLIGHT and not plain:  # serve checks the input before the app
             try:
                 _build(source, config)
             except LoadError as error:
@@ -236,7 +254,7 @@ def explain(
             from .app.run import run_app  # after _open_app paused the collector
 
             refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                              build=None if source.is_default else partial(_build, source),
+                              build=None if plain else partial(_build, source),
                               running=_whose_forward(source), refusals=(LoadError,),
                               quiz=quiz)
             if refusal is not None:
@@ -247,7 +265,7 @@ def explain(
     if _STANDALONE:  # as the app starts (collector.py): torch's import without the collector,
         collector.pause()  # which the module's build (load.learner.learner_code) resumes
     loaded: Loaded | LoadedNumpy | None = None
-    if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
+    if not plain:  # build it now: bad --module/--init/--weights/--context fail here, exit 2
         from .load.learner import LoadError
 
         try:
@@ -671,7 +689,7 @@ def _forward_error(trace: Trace) -> str:
 def _a_stage_kind(stage: str) -> bool:
     """A stage only some modules have (rotary, qkv_split, op-7 ...): known once it ran, so it
     is looked for then. Imported only here: the recogniser loads NumPy, the app must not."""
-    from .recognise.registry import BUILDERS
+    from .kinds.registry import BUILDERS
 
     return stage.split("-")[0] in (*BUILDERS, "embed", "error")
 
@@ -771,6 +789,7 @@ def check(
     expect: Annotated[ExpectKind, typer.Option("--expect", help="What you meant to build: plain multi-head attention, with rotary positions on Q and K (full, base --rotary-base; a partial rotary as the module turns it), or with ALiBi's fixed slopes on the scores. Shared K/V heads are read from the K and V weights.", case_sensitive=False)] = ExpectKind.attention,
     rotary_base: Annotated[float, typer.Option("--rotary-base", metavar="BASE", help="With --expect rotary: the base of the angles, pair i turning by BASE^(-2i/d_h) per position.")] = 10000.0,
     window: Annotated[int | None, typer.Option("--window", metavar="N", help="You meant a causal sliding window: each token sees itself and the N - 1 tokens before it.", show_default=False)] = None,
+    sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Grading several modules: each runs in a bubblewrap sandbox (no network, no other file of yours, its own scratch folder). auto: where bwrap works, else without one, said once; required: refuse to grade without it; off.", case_sensitive=False)] = SandboxMode.auto,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
@@ -809,7 +828,7 @@ def check(
         fail(f"--rotary-base must be above 1, got {rotary_base:g}")
     wanted = Expect(rotary=expect is ExpectKind.rotary, window=window,
                     alibi=expect is ExpectKind.alibi, rotary_base=rotary_base)
-    from .judge.grade import GradeError, Submission, find_submissions, is_batch
+    from .grade import GradeError, Submission, find_submissions, is_batch
 
     if class_name is not None and not all(part.isidentifier() for part in class_name.split(".")):
         fail(f"--class takes the name of a class; {class_name!r} is not one")
@@ -834,7 +853,8 @@ def check(
     verdict = None
     if len(submissions) > 1 or is_batch(specs or []):
         reports = _grade(config, submissions, init=init or [], weights=weights,
-                         timeout=timeout, jobs=jobs, memory=memory, expect=wanted)
+                         timeout=timeout, jobs=jobs, memory=memory, expect=wanted,
+                         sandbox=sandbox)
     else:  # one module, judged here: the whole report
         from .judge.report import verdict_json
         from .load.learner import LoadError
@@ -852,10 +872,21 @@ def check(
 
 
 def _grade(config: Config, submissions: list, *, init: list[str], weights: Path | None,
-           timeout: float, jobs: int | None, memory: int, expect: Expect) -> list[dict]:
-    """Each submission in its own process (judge/grade.py); a progress bar on stderr while
+           timeout: float, jobs: int | None, memory: int, expect: Expect,
+           sandbox: SandboxMode) -> list[dict]:
+    """Each submission in its own process (grade/pool.py); a progress bar on stderr while
     they run, when stderr is a terminal."""
-    from .judge.grade import Limits, grade
+    from .grade import Limits, sandbox_or_why, watched_folders
+    from .grade.pool import grade
+
+    sandboxed, why = sandbox_or_why(sandbox.value)
+    if why is not None and sandbox is SandboxMode.required:
+        fail(f"--sandbox required: {why}")
+    if why is not None and sandbox is SandboxMode.auto:
+        sys.stderr.write(f"mha-tui: warning: grading WITHOUT a sandbox ({why}): each "
+                         "submission can read, write and reach what you can. Install "
+                         "bubblewrap, or pass --sandbox off to grade so without this warning.\n")
+    watched = watched_folders(submissions)
 
     limits = Limits(sentence=config.sentence, embed_dim=config.embed_dim, heads=config.num_heads,
                     seed=config.seed, causal=config.causal, max_seq_len=config.max_seq_len,
@@ -864,7 +895,8 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
                     window=expect.window, alibi=expect.alibi, rotary_base=expect.rotary_base)
     jobs = jobs or max(1, min(os.cpu_count() or 1, 4))
     if not (sys.stderr is not None and sys.stderr.isatty()):
-        return [g.report for g in grade(submissions, limits, jobs=jobs)]
+        return [g.report for g in grade(submissions, limits, jobs=jobs, sandbox=sandboxed,
+                                        watched=watched)]
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -879,7 +911,8 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
             progress.update(task, advance=1, description=f"{printable(graded.submission.shown)}: "
                                                          f"{graded.outcome}")
 
-        return [g.report for g in grade(submissions, limits, jobs=jobs, done=done)]
+        return [g.report for g in grade(submissions, limits, jobs=jobs, done=done,
+                                        sandbox=sandboxed, watched=watched)]
 
 
 def _check_source(model: str | None, module: str | None, init: list[str],
@@ -904,7 +937,7 @@ def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckForm
     if fmt is CheckFormat.csv:
         import csv
 
-        from .judge.grade import CSV_COLUMNS, csv_rows
+        from .grade.gradebook import CSV_COLUMNS, csv_rows
 
         writer = csv.DictWriter(sys.stdout, fieldnames=CSV_COLUMNS, lineterminator="\n")
         writer.writeheader()

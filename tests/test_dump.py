@@ -505,10 +505,11 @@ def test_a_forward_that_raises_leaves_the_dump_file_untouched(tmp_path: Path, fm
     assert result.stdout == b""
 
 
-def test_the_readmes_quoted_transcript_is_the_start_of_the_golden_file() -> None:
-    """The README quotes the beginning of tests/golden/default.txt: every line of it, in order."""
-    readme = Path(ROOT, "README.md").read_text("utf-8")
-    after = readme.split("The beginning of `tests/golden/default.txt`", 1)[1]
+def test_the_docs_quoted_transcript_is_the_start_of_the_golden_file() -> None:
+    """The manual (docs/explain.md) quotes the beginning of tests/golden/default.txt: every
+    line of it, in order."""
+    page = Path(ROOT, "docs", "explain.md").read_text("utf-8")
+    after = page.split("The beginning of `tests/golden/default.txt`", 1)[1]
     quoted = after.split("```\n", 2)[1]
     assert quoted.count("\n") >= 4
     assert (GOLDEN / "default.txt").read_text("utf-8").startswith(quoted)

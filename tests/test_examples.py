@@ -42,10 +42,11 @@ def heads_and_output(name: str, module: nn.Module, h: int, C: int
                      ) -> tuple[list[Head], nn.Linear | None]:
     """Where each tutorial keeps head i's projections and the output projection."""
     d_h = C // h
-    if name in ("mygpt", "course", "raschka"):
+    if name in ("mygpt", "course", "raschka", "cross"):
         q, k, v, o = {
             "mygpt": ("W_Q", "W_K", "W_V", "W_O"),
             "course": ("W_q", "W_k", "W_v", "W_o"),
+            "cross": ("W_q", "W_k", "W_v", "W_o"),  # without a context it attends to x
             "raschka": ("W_query", "W_key", "W_value", "out_proj"),
         }[name]
         layers = [getattr(module, n) for n in (q, k, v)]
@@ -248,12 +249,13 @@ def test_every_tensor_line_in_a_forward_has_a_shape_comment(path: Path) -> None:
                         f"{path.name}:{stmt.end_lineno} has no shape comment: {line.strip()}"
 
 
-README = EXAMPLES_DIR.parent.parent / "README.md"
+MODULES_PAGE = EXAMPLES_DIR.parent.parent / "docs" / "modules.md"
 
 
 def _readme_block() -> tuple[list[str], dict[str, str]]:
-    """The README's construction block: shared lines, and one `mha = ...` line per model."""
-    text = README.read_text()
+    """The manual's construction block (docs/modules.md): shared lines, and one `mha = ...`
+    line per model."""
+    text = MODULES_PAGE.read_text()
     start = text.index("torch.manual_seed(seed)\nembedding = nn.Embedding(V, C)\n")
     block = text[start:text.index("```", start)].splitlines()
     shared = [ln for ln in block if not ln.startswith("mha = ") and not ln.startswith("x = ")]
@@ -262,13 +264,13 @@ def _readme_block() -> tuple[list[str], dict[str, str]]:
     return shared, per_model
 
 
-def test_the_readme_names_every_model_once() -> None:
+def test_the_docs_name_every_model_once() -> None:
     assert sorted(_readme_block()[1]) == sorted(MODEL_NAMES)
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
-def test_the_readme_construction_lines_give_the_same_numbers(name: str) -> None:
-    """What the README promises a reader: their tutorial's class, built with these lines,
+def test_the_docs_construction_lines_give_the_same_numbers(name: str) -> None:
+    """What the manual promises a reader: their tutorial's class, built with these lines,
     has the weights, embedding and output that `--model NAME` shows."""
     shared, per_model = _readme_block()
     config = Config("I love AI ! I", embed_dim=8, num_heads=2, seed=5, max_seq_len=16)
@@ -288,4 +290,5 @@ def test_the_readme_construction_lines_give_the_same_numbers(name: str) -> None:
         mine, theirs = loaded.module.state_dict(), mha.state_dict()
         assert list(mine) == list(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
         args = (x, causal_mask(x.shape[1])) if name == "course" else (x,)
-        assert torch.equal(mha(*args), loaded.forward())
+        kwargs = {"mask": causal_mask(x.shape[1])} if name == "cross" else {}  # forward(x, context, mask)
+        assert torch.equal(mha(*args, **kwargs), loaded.forward())

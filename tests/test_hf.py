@@ -375,11 +375,11 @@ def test_transcript_of_one_layer(tiny_dir: Path, tmp_path: Path) -> None:
     assert document["config"]["model"]["layer"] == 0
 
 
-def test_readme_states_the_limit_the_code_computes() -> None:
+def test_the_docs_state_the_limit_the_code_computes() -> None:
     gpt2 = hf.ModelInfo("gpt2", "", "GPT2LMHeadModel", 12, 768, 12, 64, 50257, 1024)
-    readme = (Path(ROOT) / "README.md").read_text(encoding="utf-8")
-    assert f"which is\n  {hf.all_layers_limit(gpt2)} tokens for GPT-2 small" in readme
-    assert f"under {hf.ALL_LAYERS_BUDGET // 2**20} MiB" in readme
+    page = (Path(ROOT) / "docs" / "hf.md").read_text(encoding="utf-8")
+    assert f"which is\n  {hf.all_layers_limit(gpt2)} tokens for GPT-2 small" in page
+    assert f"under {hf.ALL_LAYERS_BUDGET // 2**20} MiB" in page
 
 
 # ---------------------------------------------------------------- the app

@@ -104,7 +104,7 @@ def test_a_loop_of_unrecognised_lines_is_one_stage_per_line() -> None:
 def test_read_only_by_python_on_a_small_recording() -> None:
     """The rule itself: an op whose value only Python read, and what feeds only it, are
     `for_python`; an op the output needs is not, even when Python read it too."""
-    from mha_tui.recognise.graph import Graph
+    from mha_tui.ops.graph import Graph
     from mha_tui.tracing import record
 
     class Talk(torch.nn.Module):

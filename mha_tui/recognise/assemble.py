@@ -11,15 +11,15 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..kinds import embed, mask, project
+from ..kinds import error as error_kind
+from ..kinds import op as op_kind
+from ..kinds._parts.builder import Builder
+from ..kinds._parts.maker import StageMaker
+from ..kinds._parts.unit import Unit
+from ..kinds.registry import BUILDERS
 from ..records import Check, Embedded, Recording, Stage
 from ..stages import stage_info
-from .builder import Builder
-from .grouping import Unit
-from .kinds import embed, mask, project
-from .kinds import error as error_kind
-from .kinds import op as op_kind
-from .maker import StageMaker
-from .registry import BUILDERS
 
 
 def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Embedded | None,
@@ -40,7 +40,9 @@ def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Emb
             fallback = op_kind.build(maker, unit, stage_id if kind == "op" else f"op-{kind}")
             stages.append(replace(fallback, note=f"mha-tui could not lay this out as {kind} "
                                                  f"({type(error).__name__}: {error}); shown as it ran."))
-    if not b.config.causal and not any(st.kind == "mask" for st in stages):
+    # --no-causal's "no mask ran" is about one sequence attending to itself: across two
+    # sequences (cross-attention) no causal mask is expected.
+    if not b.config.causal and not b.sizes.cross and not any(st.kind == "mask" for st in stages):
         mask.add_skipped_mask(stages, b)
     if n_params is not None:
         project.add_param_check(stages, n_params, b)

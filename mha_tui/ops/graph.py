@@ -1,0 +1,179 @@
+"""The one graph of a recorded forward: each op's producers and consumers, which ops depend
+on the forward's input x, and the kind each op was given. Built once per recording; every
+rule reads it, and the stage builders after them.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from ..records import OpRecord, Recording, Ref, Snapshot, TensorArg
+from .vocab import very_negative
+
+# Ops whose tensors after the first lend only a dtype, device or shape, never values:
+# `cache.to(xq)`, `mask.type_as(x)`, `bias.expand_as(scores)`. A tensor made so from a
+# constant does not depend on x (Meta's Llama moves its K/V cache with `.to(xq)`).
+FIRST_INPUT_ONLY = frozenset({"to", "type_as", "expand_as", "view_as", "reshape_as"})
+
+
+def value_inputs(op: OpRecord) -> tuple[Ref, ...]:
+    """The inputs whose values the op's output is made from."""
+    return op.inputs[:1] if op.name in FIRST_INPUT_ONLY else op.inputs
+
+
+def reaching_output(rec: Recording) -> list[bool]:
+    """Per op, whether its output reaches what the forward returned (through the inputs
+    whose values make each op's output)."""
+    reaches = [False] * len(rec.ops)
+    if rec.output is None or rec.output.kind != "op" or rec.output.op is None:
+        return reaches
+    reaches[rec.output.op] = True
+    for op in reversed(rec.ops):  # every consumer comes after what it consumes
+        if reaches[op.index]:
+            for ref in value_inputs(op):
+                if ref.kind == "op" and ref.op is not None:
+                    reaches[ref.op] = True
+    return reaches
+
+
+def read_only_by_python(rec: Recording) -> frozenset[int]:
+    """The ops that only feed values to Python: `print(w.sum().item())`, `if mask.any():`.
+    Each one's result was read by Python (`Recording.read`) or goes only to such ops, and
+    none reaches the output. They change no tensor the output depends on, so they are no
+    stage. A forward that raised returned nothing to reach: every op is kept."""
+    if not rec.read or rec.error is not None:
+        return frozenset()
+    reaches = reaching_output(rec)
+    consumers: dict[int, list[int]] = {}
+    for op in rec.ops:
+        for ref in op.inputs:
+            if ref.kind == "op" and ref.op is not None:
+                consumers.setdefault(ref.op, []).append(op.index)
+    only: set[int] = set()
+    for op in reversed(rec.ops):  # every consumer comes after what it consumes
+        used = consumers.get(op.index, [])
+        if not reaches[op.index] and (op.index in rec.read or used) and \
+                all(c in only for c in used):
+            only.add(op.index)
+    return frozenset(only)
+
+
+class Graph:
+    """The recording with the facts the rules read: producers, consumers, ancestry."""
+
+    def __init__(self, rec: Recording, x_names: set[str] | None = None) -> None:
+        self.rec = rec
+        self.ops = rec.ops
+        self.consumers: dict[int, list[int]] = {i: [] for i in range(len(rec.ops))}
+        for op in rec.ops:
+            for ref in op.inputs:
+                if ref.kind == "op" and ref.op is not None:
+                    self.consumers[ref.op].append(op.index)
+        # x: a 3-D float input (else the first input); the check passes its own (judged_x).
+        self.x_names = x_names if x_names is not None else {
+            name for name, snap in rec.inputs if snap.dtype.startswith("float") and snap.ndim == 3}
+        if not self.x_names and rec.inputs:
+            self.x_names = {rec.inputs[0][0]}
+        self.from_x = [False] * len(rec.ops)
+        for op in rec.ops:
+            self.from_x[op.index] = any(self.is_x(ref) for ref in value_inputs(op))
+        # Which of the forward's inputs each op's values come from (cross-attention tells the
+        # query's tokens from the context's by it).
+        self.reads: list[frozenset[str]] = []
+        for op in rec.ops:
+            names: set[str] = set()
+            for ref in value_inputs(op):
+                if ref.kind == "input":
+                    names.add(ref.name)
+                elif ref.kind == "op" and ref.op is not None:
+                    names |= self.reads[ref.op]
+            self.reads.append(frozenset(names))
+        # Cross-attention: the forward's input the queries come from, and those the keys and
+        # values come from (recognise.run sets them; empty in self-attention).
+        self.query_names: frozenset[str] = frozenset()
+        self.key_names: frozenset[str] = frozenset()
+        self.for_python = read_only_by_python(rec)  # no stage: see read_only_by_python
+        self.kind: dict[int, str] = {}
+        self.head: dict[int, int] = {}
+        self.softmax_parts: set[int] | None = None
+        self.fused: set[int] = set()  # ops whose output is a whole fused q|k|v projection
+
+    def is_x(self, ref: Ref) -> bool:
+        if ref.kind == "input":
+            return ref.name in self.x_names
+        return ref.kind == "op" and ref.op is not None and self.from_x[ref.op]
+
+    def key_side(self, op_index: int) -> bool:
+        """Cross-attention: the op's values come from the context alone (keys, values), not
+        from the query sequence."""
+        reads = self.reads[op_index]
+        return bool(self.key_names) and bool(reads & self.key_names) and not reads & self.query_names
+
+    def producer(self, ref: Ref) -> OpRecord | None:
+        return self.ops[ref.op] if ref.kind == "op" and ref.op is not None else None
+
+    def snap(self, ref: Ref) -> Snapshot:
+        return self.rec.snapshot(ref)
+
+    def x_inputs(self, op: OpRecord) -> list[Ref]:
+        return [ref for ref in value_inputs(op) if self.is_x(ref)]
+
+    def other_inputs(self, op: OpRecord) -> list[Ref]:
+        return [ref for ref in op.inputs if not self.is_x(ref)]
+
+    def tensor_operands(self, op: OpRecord) -> list[Ref]:
+        """Tensor arguments in call order (einsum's operands come as a tuple), then those
+        given by keyword (`baddbmm(bias, batch1=q, batch2=k)`), in the order given."""
+        refs = []
+        for arg in (*op.args, *(value for _, value in op.kwargs)):
+            if isinstance(arg, TensorArg):
+                refs.append(op.inputs[arg.index])
+            elif isinstance(arg, tuple):
+                refs.extend(op.inputs[a.index] for a in arg if isinstance(a, TensorArg))
+        return refs
+
+    def derives(self, ref: Ref, kinds: set[str], through: int = 64) -> bool:
+        """Whether the tensor descends (through x-dependent ops) from an op of these kinds."""
+        seen: set[int] = set()
+        todo = [ref]
+        while todo and through:
+            through -= 1
+            r = todo.pop()
+            op = self.producer(r)
+            if op is None or op.index in seen:
+                continue
+            seen.add(op.index)
+            if self.kind.get(op.index) in kinds:
+                return True
+            todo.extend(i for i in op.inputs if self.is_x(i))
+        return False
+
+    def op_derives(self, op: OpRecord, kinds: set[str]) -> bool:
+        return any(self.derives(ref, kinds) for ref in self.x_inputs(op))
+
+
+# ---------------------------------------------------------------------- evidence from values
+
+
+def scalar_operand(g: Graph, op: OpRecord) -> float | None:
+    """The number an op multiplies or divides by: a Python scalar or a one-element tensor."""
+    scalars = [a for a in op.scalars() if isinstance(a, int | float) and not isinstance(a, bool)]
+    if scalars:
+        return float(scalars[0])
+    other = g.other_inputs(op)
+    if len(other) == 1 and g.snap(other[0]).values.size == 1:
+        return float(g.snap(other[0]).values.reshape(-1)[0])
+    return None
+
+
+def masks_somewhere(g: Graph, ref: Ref) -> bool:
+    """The tensor, or the buffer it was sliced from, holds a mask value (a one-token slice of
+    a causal mask is a single 0, but it is still the mask)."""
+    for _ in range(8):
+        if very_negative(g.snap(ref).values):
+            return True
+        op = g.producer(ref)
+        if op is None or not op.inputs:
+            return False
+        ref = op.inputs[0]
+    return False
