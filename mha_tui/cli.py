@@ -791,6 +791,7 @@ def check(
     window: Annotated[int | None, typer.Option("--window", metavar="N", help="You meant a causal sliding window: each token sees itself and the N - 1 tokens before it.", show_default=False)] = None,
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Grading several modules: each runs in a bubblewrap sandbox (no network, no other file of yours, its own scratch folder). auto: where bwrap works, else without one, said once; required: refuse to grade without it; off.", case_sensitive=False)] = SandboxMode.auto,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
+    context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: judge the module with queries from --sentence and keys and values from this sentence, against a reference that takes both (no causal mask across two sequences).")] = None,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
@@ -807,9 +808,12 @@ def check(
              "mha-tui explain --hf PATH_OR_NAME")
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
         fail("the sentence is not valid UTF-8 text")
+    if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
+            "utf-8", "replace"):
+        fail("--context is not valid UTF-8 text")
     try:
         config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                        causal=causal, max_seq_len=max_seq_len)
+                        causal=causal, max_seq_len=max_seq_len, context=context or "")
     except ConfigError as error:
         fail(str(error))
     if not 40 <= width <= 400:
@@ -851,6 +855,8 @@ def check(
     from .judge.outcome import EXIT_CODES, worst
 
     verdict = None
+    if context is not None and (len(submissions) > 1 or is_batch(specs or [])):
+        fail("--context judges one module at a time; grading several with it is not there yet")
     if len(submissions) > 1 or is_batch(specs or []):
         reports = _grade(config, submissions, init=init or [], weights=weights,
                          timeout=timeout, jobs=jobs, memory=memory, expect=wanted,

@@ -184,3 +184,47 @@ def test_explain_context_refuses_a_module_of_one_sequence_in_one_line(tmp_path) 
     err = result.stderr.decode().strip()
     assert "takes one sequence" in err and "\n" not in err and "Traceback" not in err
     assert not (tmp_path / "t.txt").exists()
+
+
+# ---------------------------------------------------------------- check --context
+
+CHECKED = {
+    "stable-diffusion": (lambda: ts.SDCrossAttention(4), 2),
+    "whisper": (lambda: ts.WhisperAttention(4, 2), None),
+    "annotated-transformer": (lambda: ts.AnnotatedMultiHeadedAttention(2, 4), None),
+    "bart": (lambda: ts.BartStyleAttention(4, 2), None),
+}
+
+
+@pytest.mark.parametrize("style", CHECKED)
+def test_a_right_cross_attention_is_equivalent_to_the_cross_reference(style: str) -> None:
+    make, heads = CHECKED[style]
+    x, context = _inputs()
+    checked = mha_tui.check(make().eval(), x, context=context, heads=heads)
+    assert checked.equivalent, checked.verdict.diagnosis
+    assert "keys and values from the context" in checked.verdict.end_to_end.checked
+
+
+@pytest.mark.parametrize(("cls", "role", "line"), [
+    (ts.KeysFromQuery, "keys", "k = self.heads(self.W_k(x))"),
+    (ts.ValuesFromQuery, "values", "v = self.heads(self.W_v(x))")])
+@pytest.mark.parametrize("T_k", [3, 5])  # T_k == T_q: nothing else tells; T_k != T_q: it crashes later
+def test_keys_or_values_from_the_query_sequence_are_named_at_their_line(cls, role: str, line: str,
+                                                                        T_k: int) -> None:
+    x, context = _inputs(3, T_k)
+    checked = mha_tui.check(cls(4, 2).eval(), x, context=context)
+    diagnosis = checked.verdict.diagnosis
+    assert not checked.equivalent and diagnosis is not None
+    assert diagnosis.kind == "wrong_sequence"
+    assert f"the {role} are made from the query sequence" in diagnosis.message
+    with open(diagnosis.file) as source:
+        assert line in source.read().splitlines()[diagnosis.line - 1]
+
+
+def test_check_context_from_the_command_line() -> None:
+    good = run_cli("check", "--model", "cross", "--context", "le chat est sur le tapis")
+    assert good.returncode == 0, good.stdout.decode() + good.stderr.decode()
+    bad = run_cli("check", "tests/fixtures/two_sequences.py:KeysFromQuery", "--init", "embed_dim=4",
+                  "--context", "le chat est sur le tapis")
+    assert bad.returncode == 1
+    assert "[wrong_sequence] the keys are made from the query" in " ".join(bad.stdout.decode().split())

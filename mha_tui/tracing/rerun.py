@@ -70,6 +70,27 @@ def reference_output(x: np.ndarray, weights: object, heads: int, causal: bool) -
         return module(data).double().numpy()
 
 
+def cross_reference_output(x: np.ndarray, weights: object, heads: int, causal: bool, *,
+                           context: np.ndarray) -> np.ndarray:
+    """Cross-attention's reference: the `cross` tutorial module (examples/cross.py), weights
+    copied in by role, queries from x (B, T_q, C), keys and values from the context
+    (B, T_k, C). No causal mask across two sequences (causal is not used)."""
+    from ..examples.cross import CrossAttention
+
+    data = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))  # (B, T_q, C)
+    other = torch.from_numpy(np.ascontiguousarray(context, dtype=np.float32))  # (B, T_k, C)
+    C = data.shape[-1]
+    module = CrossAttention(C, heads)
+    module.W_q = _linear(*weights.q)  # type: ignore[attr-defined]
+    module.W_k = _linear(*weights.k)  # type: ignore[attr-defined]
+    module.W_v = _linear(*weights.v)  # type: ignore[attr-defined]
+    o = weights.o  # type: ignore[attr-defined]
+    module.W_o = _linear(*o) if o is not None else _linear(np.eye(C), None)
+    module.eval()
+    with torch.no_grad():
+        return module(data, other).double().numpy()
+
+
 def parameter_values(module: nn.Module) -> dict[str, np.ndarray]:
     """Every parameter by name, as NumPy (float64 copies)."""
     return {name: p.detach().double().numpy().copy() for name, p in module.named_parameters()}
