@@ -228,3 +228,96 @@ def test_check_context_from_the_command_line() -> None:
                   "--context", "le chat est sur le tapis")
     assert bad.returncode == 1
     assert "[wrong_sequence] the keys are made from the query" in " ".join(bad.stdout.decode().split())
+
+
+# ---------------------------------------------------------------- padded batches (--batch)
+
+PADDED = "tests/fixtures/two_sequences.py:{}"
+
+
+def _padded_trace(cls: str, causal: bool = False):
+    from mha_tui.config import Source
+    from mha_tui.pipeline import run_trace
+
+    return run_trace(Config("I love AI !", batch=("the cat",), causal=causal),
+                     Source(module=PADDED.format(cls)))
+
+
+def test_a_batch_is_padded_to_its_longest_row() -> None:
+    config = Config("I", batch=("the cat sat", "a dog"))
+    assert config.rows == (("I", "<pad>", "<pad>"), ("the", "cat", "sat"), ("a", "dog", "<pad>"))
+    assert config.padding == ((False, True, True), (False, False, False), (False, False, True))
+    pad = config.vocab.index("<pad>")
+    assert config.batch_ids[0][1:] == (pad, pad)
+    with pytest.raises(ConfigError, match="padding token"):
+        Config("I <pad>", batch=("a",))
+
+
+@pytest.mark.parametrize(("cls", "parameter", "given"), [
+    (ts.HFPaddedAttention, "attention_mask", [[1, 1, 1, 1], [1, 1, 0, 0]]),
+    (ts.KeyPaddingAttention, "key_padding_mask", [[False] * 4, [False, False, True, True]])])
+def test_the_padding_mask_goes_to_the_modules_own_parameter(cls, parameter: str, given) -> None:
+    from mha_tui.load.modules import forward_inputs
+
+    module = cls(4, 2)
+    padding = torch.tensor(Config("I love AI !", batch=("the cat",)).padding)
+    _, kwargs = forward_inputs(module, torch.zeros(2, 4, 4), causal=False, padding=padding)
+    assert kwargs[parameter].tolist() == given
+
+
+def test_a_mask_parameter_gets_the_padding_and_the_causal_mask_combined() -> None:
+    from mha_tui.config import Source
+    from mha_tui.examples.course import MultiHeadAttention  # forward(x, mask)
+    from mha_tui.load.modules import forward_inputs
+    from mha_tui.pipeline import run_trace
+
+    padding = torch.tensor(Config("I love AI !", batch=("the cat",)).padding)
+    _, kwargs = forward_inputs(MultiHeadAttention(4, 2), torch.zeros(2, 4, 4), causal=True,
+                               padding=padding)
+    mask = kwargs["mask"]
+    assert mask.shape == (2, 1, 4, 4)
+    assert mask[1, 0, 0].tolist() == [False, True, True, True]  # causal and padded keys
+    assert mask[0, 0, 3].tolist() == [False] * 4  # row 0: nothing padded, the last token sees all
+    trace = run_trace(Config("I love AI !", batch=("the cat",)), Source(model="course"))
+    assert "the 2 padded keys of row 1 (2, 3) are blocked for every query" in trace.stage("mask").explanation
+
+
+@pytest.mark.parametrize("cls", ["HFPaddedAttention", "KeyPaddingAttention"])
+def test_padding_in_each_convention_is_said_row_by_row(cls: str) -> None:
+    trace = _padded_trace(cls)
+    mask = trace.stage("mask")
+    assert "the 2 padded keys of row 1 (2, 3) are blocked for every query" in mask.explanation
+    assert any(c.label == "row 1: padded keys 2, 3 blocked for every query" and c.ok for c in mask.checks)
+    assert "Padded queries (row 1's queries 2, 3)" in trace.stage("softmax").explanation
+    # the weights of row 1 give the padded keys nothing, computed by the module
+    weights = trace.stage("softmax").tensors[-1].values
+    assert np.all(weights[1, :, :, 2:] == 0.0) and not np.all(weights[0, :, :, 2:] == 0.0)
+
+
+def test_padding_on_the_query_axis_is_said_as_such() -> None:
+    mask = _padded_trace("PaddingOnQueries").stage("mask")
+    assert "blocked as queries (whole rows), not as keys" in mask.explanation
+    assert any(c.label.startswith("row 1: padded keys") and c.ok is False for c in mask.checks)
+
+
+def test_an_inverted_padding_mask_is_said_as_such() -> None:
+    mask = _padded_trace("PaddingInverted").stage("mask")
+    assert "Row 0 has no padding, yet its keys 0, 1, 2, 3 are blocked for every query" in mask.explanation
+    assert "row 1's padded keys 2, 3 are NOT blocked" in mask.explanation
+
+
+def test_the_transcript_draws_every_batch_row_with_its_tokens() -> None:
+    result = run_cli("explain", "I love AI !", "--batch", "the cat", "--model", "course", "--dump", "-")
+    assert result.returncode == 0, result.stderr.decode()
+    text = result.stdout.decode()
+    assert "B=2 T=4" in text and "batch the cat" in text
+    assert "batch row 1  the cat <pad> <pad>" in text
+    assert "scores[1, 0]" in text
+
+
+def test_batch_refuses_a_module_without_a_padding_parameter(tmp_path) -> None:
+    result = run_cli("explain", "I love AI !", "--batch", "the cat", "--dump", str(tmp_path / "t.txt"))
+    assert result.returncode == 2
+    err = result.stderr.decode().strip()
+    assert "has no parameter for a padding mask" in err and "\n" not in err
+    assert not (tmp_path / "t.txt").exists()

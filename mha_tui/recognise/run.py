@@ -16,6 +16,7 @@ from ..ops.graph import Graph
 from ..ops.sizes import Sizes, assign_heads, assign_loop_heads, head_calls, infer_sizes
 from ..records import Embedded, Recording, Stage
 from .assemble import build_stages
+from .batch import padding_words
 from .classify import classify
 from .cross import cross_words
 from .grouping import group
@@ -49,5 +50,7 @@ def recognise(rec: Recording, config: Config, *, embedded: Embedded | None = Non
                        for stage in stages)
         stages = cross_words(stages, sizes, query=" and ".join(sorted(g.query_names)) or "x",
                              context=" and ".join(sorted(g.key_names)) or "the context")
+    if config.batch:  # the padding, row by row, as the mask op wrote it
+        stages = padding_words(stages, config)
     return stages
 
