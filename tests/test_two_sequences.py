@@ -321,3 +321,35 @@ def test_batch_refuses_a_module_without_a_padding_parameter(tmp_path) -> None:
     err = result.stderr.decode().strip()
     assert "has no parameter for a padding mask" in err and "\n" not in err
     assert not (tmp_path / "t.txt").exists()
+
+
+def _check_padded(cls: str, causal: bool = False):
+    from mha_tui.config import Source
+    from mha_tui.pipeline import check_source
+
+    return check_source(Config("I love AI !", batch=("the cat",), causal=causal),
+                        Source(module=PADDED.format(cls), init=(("embed_dim", 4),)))
+
+
+@pytest.mark.parametrize("cls", ["HFPaddedAttention", "KeyPaddingAttention"])
+def test_a_right_padding_mask_is_equivalent(cls: str) -> None:
+    verdict = _check_padded(cls)
+    assert verdict.equivalent, verdict.diagnosis
+    assert any(v.kind == "mask" and v.ok and "padded keys" in v.checked for v in verdict.stages)
+
+
+@pytest.mark.parametrize(("cls", "kind", "line"), [
+    ("PaddingOnQueries", "padding_on_queries", "key_padding_mask[:, None, :, None]"),
+    ("PaddingInverted", "padding_inverted", "attn_weights = attn_weights + extended")])
+def test_the_classic_padding_bugs_are_named_at_their_line(cls: str, kind: str, line: str) -> None:
+    verdict = _check_padded(cls)
+    assert not verdict.equivalent and verdict.diagnosis is not None
+    assert verdict.diagnosis.kind == kind
+    with open(verdict.diagnosis.file) as source:
+        assert line in source.read().splitlines()[verdict.diagnosis.line - 1]
+
+
+def test_check_batch_with_the_causal_mask_combined_from_the_command_line() -> None:
+    result = run_cli("check", "--model", "course", "--batch", "the cat")
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert "blocks the causal entries and each row's padded keys" in " ".join(result.stdout.decode().split())

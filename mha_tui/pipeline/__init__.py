@@ -215,18 +215,20 @@ def checked(config: Config, source: Source, expect: Expect | None = None
     def checker(traced: Trace) -> Verdict:
         return judge_torch(traced, loaded.module, loaded.x, call, causal=config.causal,
                            heads=config.num_heads, label=loaded.label, expect=grown,
-                           context=loaded.context)
+                           context=loaded.context,
+                           padding=config.padding if config.batch else None)
 
     return run, checker
 
 
 def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], object], *,
                 causal: bool, heads: int, label: str, expect: Expect | None = None,
-                context: Any = None) -> Verdict:
+                context: Any = None, padding: Any = None) -> Verdict:
     """judge a torch module's trace: what needs running again (a second forward, the
     reference with its weights copied in), then the verdict. `mha-tui check` and the
     notebook's `mha_tui.check` both come here. context: cross-attention's second sequence
-    (the reference then takes its keys and values from it, with no causal mask)."""
+    (the reference then takes its keys and values from it, with no causal mask). padding:
+    (B, T) True where a padded batch's row is padding (the reference blocks those keys)."""
     from functools import partial
 
     from ..judge import Facts, judge
@@ -240,14 +242,18 @@ def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], o
 
     reference: Any = reference_output
     named: dict[str, Any] = {}
-    if context is not None:
-        reference = partial(cross_reference_output, context=context.detach().numpy())
+    if context is not None or padding is not None:
+        reference = partial(cross_reference_output,
+                            context=None if context is None else context.detach().numpy(),
+                            padding=padding)
         named = {"reference_name": "the cross reference (queries from x, keys and values from "
-                                   "the context)"}
-        causal = False
+                                   "the context)" if context is not None else
+                                   "the reference with the padded keys blocked"}
+        causal = causal and context is None
     facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
                   second=second_recording(module, x, call), reference=reference,
-                  training=module.training, **named, **(expect or Expect()).facts())
+                  training=module.training, padding=padding, **named,
+                  **(expect or Expect()).facts())
     with one_blas_thread():  # its float64 products beside torch's threads (threads.py)
         return judge(traced, facts, label)
 
