@@ -42,6 +42,8 @@ from .stages import STAGE_IDS
 
 if TYPE_CHECKING:
     from .destination import Destination
+    from .grade.options import GradingOutputs
+    from .grade.rubric import Rubric
     from .judge import Verdict
     from .load.modules import Loaded
     from .load.numpy_modules import LoadedNumpy
@@ -80,6 +82,8 @@ class CheckFormat(StrEnum):
     text = "text"
     json = "json"
     csv = "csv"
+    gradescope = "gradescope"
+    prairielearn = "prairielearn"
 
 
 class SandboxMode(StrEnum):
@@ -692,9 +696,9 @@ def _forward_error(trace: Trace) -> str:
 def _a_stage_kind(stage: str) -> bool:
     """A stage only some modules have (rotary, qkv_split, op-7 ...): known once it ran, so it
     is looked for then. Imported only here: the recogniser loads NumPy, the app must not."""
-    from .kinds.registry import BUILDERS
+    from .kinds.registry import BY_KIND
 
-    return stage.split("-")[0] in (*BUILDERS, "embed", "error")
+    return stage.split("-")[0] in BY_KIND
 
 
 def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
@@ -783,7 +787,7 @@ def check(
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help=f"Longest sentence the module accepts (at most {MAX_SEQ_LEN}).")] = 64,
     init: Annotated[list[str] | None, typer.Option("--init", metavar="NAME=VALUE", help="A constructor argument, VALUE a Python literal; repeatable.")] = None,
     weights: Annotated[Path | None, typer.Option("--weights", metavar="FILE", help="Load the module's tensors from a state dict (.pt via torch.load(weights_only=True), or .safetensors).")] = None,
-    fmt: Annotated[CheckFormat, typer.Option("--format", help="text: a table and the diagnosis; json: for graders; csv: one row per module, for a gradebook.", case_sensitive=False)] = CheckFormat.text,
+    fmt: Annotated[CheckFormat, typer.Option("--format", help="text: a table and the diagnosis; json: for graders; csv: one row per student (points per stage), for a gradebook; gradescope, prairielearn: that LMS's results.json for one submission (judged in the sandbox).", case_sensitive=False)] = CheckFormat.text,
     width: Annotated[int, typer.Option("--width", help="Table width in columns when not on a terminal (40 to 400).")] = 100,
     ascii_only: Annotated[bool, typer.Option("--ascii", help="Draw with plain ASCII only.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Grading several modules: the time each may take in its own process, torch's import included.")] = 20.0,
@@ -792,6 +796,11 @@ def check(
     expect: Annotated[ExpectKind, typer.Option("--expect", help="What you meant to build: plain multi-head attention, with rotary positions on Q and K (full, base --rotary-base; a partial rotary as the module turns it), or with ALiBi's fixed slopes on the scores. Shared K/V heads are read from the K and V weights.", case_sensitive=False)] = ExpectKind.attention,
     rotary_base: Annotated[float, typer.Option("--rotary-base", metavar="BASE", help="With --expect rotary: the base of the angles, pair i turning by BASE^(-2i/d_h) per position.")] = 10000.0,
     window: Annotated[int | None, typer.Option("--window", metavar="N", help="You meant a causal sliding window: each token sees itself and the N - 1 tokens before it.", show_default=False)] = None,
+    rubric: Annotated[Path | None, typer.Option("--rubric", metavar="FILE.toml", help="Points per stage and for the whole module equivalent, and hidden stages (default: 1 a stage, 5 end to end). See docs/grading.md.", show_default=False)] = None,
+    feedback: Annotated[Path | None, typer.Option("--feedback", metavar="DIR", help="Grading: write one Markdown file per student into DIR, as each is graded.", show_default=False)] = None,
+    summary: Annotated[Path | None, typer.Option("--summary", metavar="FILE", help="Grading: write the class summary (verdicts, the stage that fails first most often, the common diagnoses) as JSON to FILE.", show_default=False)] = None,
+    results: Annotated[Path | None, typer.Option("--results", metavar="FILE", help="Grading: write each submission's verdict to FILE as it is graded (JSON lines).", show_default=False)] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="With --results: do not grade again what FILE already holds (same file, same settings).")] = False,
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Grading several modules: each runs in a bubblewrap sandbox (no network, no other file of yours, its own scratch folder). auto: where bwrap works, else without one, said once; required: refuse to grade without it; off.", case_sensitive=False)] = SandboxMode.auto,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
     batch: Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable), padded with <pad> to the longest; the module gets the padding mask by its parameter.")] = None,
@@ -857,16 +866,29 @@ def check(
     if not submissions:
         fail("give the module to check: FILE.py:Class (or package.module:Class), "
              "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")
+    from .grade.options import grading_outputs
     from .judge.outcome import EXIT_CODES, worst
 
+    try:
+        outputs = grading_outputs(rubric=rubric, feedback=feedback, summary=summary,
+                                  results=results, resume=resume, fmt=fmt.value,
+                                  count=len(submissions))
+    except GradeError as error:
+        fail(str(error))
     verdict = None
-    if (context is not None or batch) and (len(submissions) > 1 or is_batch(specs or [])):
+    lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
+    if (context is not None or batch) and (len(submissions) > 1 or is_batch(specs or []) or lms
+                                           or outputs.grading):
         fail(f"{'--context' if context is not None else '--batch'} judges one module at a time; "
              "grading several with it is not there yet")
-    if len(submissions) > 1 or is_batch(specs or []):
+    if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
         reports = _grade(config, submissions, init=init or [], weights=weights,
                          timeout=timeout, jobs=jobs, memory=memory, expect=wanted,
-                         sandbox=sandbox)
+                         sandbox=sandbox, outputs=outputs.session)
+        if summary is not None:
+            from .grade.options import write_summary
+
+            write_summary(summary, reports, outputs.session.rubric)
     else:  # one module, judged here: the whole report
         from .judge.report import verdict_json
         from .load.learner import LoadError
@@ -879,17 +901,17 @@ def check(
             # here the module is an argument, not --module
             fail(str(error).removeprefix("--module: ").removeprefix("--module "))
         reports = [verdict_json(verdict)]
-    _write_verdicts(reports, verdict, fmt, width=width, ascii_only=ascii_only)
+    _write_verdicts(reports, verdict, fmt, width=width, ascii_only=ascii_only,
+                    rubric=outputs.session.rubric)
     raise typer.Exit(EXIT_CODES[worst(report["verdict"] for report in reports)])
 
 
 def _grade(config: Config, submissions: list, *, init: list[str], weights: Path | None,
            timeout: float, jobs: int | None, memory: int, expect: Expect,
-           sandbox: SandboxMode) -> list[dict]:
+           sandbox: SandboxMode, outputs: GradingOutputs) -> list[dict]:
     """Each submission in its own process (grade/pool.py); a progress bar on stderr while
     they run, when stderr is a terminal."""
     from .grade import Limits, sandbox_or_why, watched_folders
-    from .grade.pool import grade
 
     sandboxed, why = sandbox_or_why(sandbox.value)
     if why is not None and sandbox is SandboxMode.required:
@@ -899,6 +921,7 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
                          "submission can read, write and reach what you can. Install "
                          "bubblewrap, or pass --sandbox off to grade so without this warning.\n")
     watched = watched_folders(submissions)
+    from .grade.session import grade_class
 
     limits = Limits(sentence=config.sentence, embed_dim=config.embed_dim, heads=config.num_heads,
                     seed=config.seed, causal=config.causal, max_seq_len=config.max_seq_len,
@@ -907,8 +930,8 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
                     window=expect.window, alibi=expect.alibi, rotary_base=expect.rotary_base)
     jobs = jobs or max(1, min(os.cpu_count() or 1, 4))
     if not (sys.stderr is not None and sys.stderr.isatty()):
-        return [g.report for g in grade(submissions, limits, jobs=jobs, sandbox=sandboxed,
-                                        watched=watched)]
+        return grade_class(submissions, limits, outputs, jobs=jobs, sandbox=sandboxed,
+                           watched=watched)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -923,8 +946,8 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
             progress.update(task, advance=1, description=f"{printable(graded.submission.shown)}: "
                                                          f"{graded.outcome}")
 
-        return [g.report for g in grade(submissions, limits, jobs=jobs, done=done,
-                                        sandbox=sandboxed, watched=watched)]
+        return grade_class(submissions, limits, outputs, jobs=jobs, sandbox=sandboxed,
+                           watched=watched, progress=done)
 
 
 def _check_source(model: str | None, module: str | None, init: list[str],
@@ -939,21 +962,17 @@ def _check_source(model: str | None, module: str | None, init: list[str],
 
 
 def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckFormat, *,
-                    width: int, ascii_only: bool) -> None:
+                    width: int, ascii_only: bool, rubric: Rubric) -> None:
     """One module: its whole report (`verdict`); several: one row each and the tally."""
     from .judge.report import summary_table, tally, to_json, verdict_renderable
 
     if fmt is CheckFormat.json:
         sys.stdout.buffer.write(to_json(reports).encode("utf-8"))
         return
-    if fmt is CheckFormat.csv:
-        import csv
+    if fmt in (CheckFormat.csv, CheckFormat.gradescope, CheckFormat.prairielearn):
+        from .grade.options import write_gradebook
 
-        from .grade.gradebook import CSV_COLUMNS, csv_rows
-
-        writer = csv.DictWriter(sys.stdout, fieldnames=CSV_COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(csv_rows(reports))
+        write_gradebook(sys.stdout, reports, fmt.value, rubric)
         return
     import io
 
@@ -968,8 +987,12 @@ def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckForm
     if verdict is not None:
         console.print(verdict_renderable(verdict, ascii_only=ascii_only))
     else:
+        from .grade.summary import class_summary, summary_renderable
+
         console.print(summary_table(reports, ascii_only=ascii_only))
         console.print(tally(reports))
+        console.print()
+        console.print(summary_renderable(class_summary(reports, rubric)))
     if not tty:
         drawn = console.file.getvalue()  # type: ignore[attr-defined]
         sys.stdout.write("".join(line.rstrip() + "\n" for line in drawn.splitlines()))
