@@ -353,3 +353,33 @@ def test_check_batch_with_the_causal_mask_combined_from_the_command_line() -> No
     result = run_cli("check", "--model", "course", "--batch", "the cat")
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert "blocks the causal entries and each row's padded keys" in " ".join(result.stdout.decode().split())
+
+
+async def test_the_app_moves_between_batch_rows_with_r() -> None:
+    """r draws the next batch row: its own tokens and its own numbers (scores[1, h])."""
+    from mha_tui.app.explain import ExplainApp
+    from mha_tui.app.stage_view import StageView
+    from mha_tui.config import Source
+    from mha_tui.pipeline import run_trace
+
+    trace = run_trace(Config("I love AI !", batch=("the cat",)), Source(model="course"))
+    app = ExplainApp(trace.config, trace=trace, start="mask")
+    async with app.run_test(size=(120, 60)) as pilot:
+        await pilot.pause()
+        shown = app.query_one(StageView).plain
+        assert "scores[0, 0]" in shown and "scores[1, 0]" not in shown
+        await pilot.press("r")
+        await pilot.pause()
+        assert app.view.row == 1
+        shown = app.query_one(StageView).plain
+        assert "scores[1, 0]" in shown and "<pad>" in shown
+        await pilot.press("r")
+        assert app.view.row == 0
+
+
+async def test_the_row_key_is_hidden_without_a_batch() -> None:
+    from .test_app import make_app
+
+    app = make_app()
+    async with app.run_test(size=(100, 32)):
+        assert app.check_action("batch_row", (1,)) is False

@@ -241,8 +241,17 @@ def heads_in_columns(record: TensorRecord) -> bool:
     return _as_drawn(record).dims in (("B", "T", "C"), ("B", "T", "h", "d_h"))
 
 
-def tensor_index(record: TensorRecord, head: int, row: int, col: int) -> tuple[int, ...]:
-    """The tensor index drawn at (head's matrix, row, column): matrix_cell's inverse."""
+def tensor_index(record: TensorRecord, head: int, row: int, col: int, batch: int = 0
+                 ) -> tuple[int, ...]:
+    """The tensor index drawn at (head's matrix, row, column) of batch row `batch`:
+    matrix_cell's inverse."""
+    index = _tensor_index_in_row(record, head, row, col)
+    if batch and record.dims[:1] == ("B",) and index:  # a padded batch's row (the app's r)
+        index = (min(batch, record.values.shape[0] - 1), *index[1:])
+    return index
+
+
+def _tensor_index_in_row(record: TensorRecord, head: int, row: int, col: int) -> tuple[int, ...]:
     drawn = _as_drawn(record)
     shape, dims = drawn.values.shape, drawn.dims
     if dims in _HEADS:
