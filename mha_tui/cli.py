@@ -161,6 +161,7 @@ def explain(
     quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text, JSON or Markdown).")] = False,
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
     why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
+    batch: Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable): the rows are padded with <pad> to the longest, and the module gets the padding mask by its parameter (attention_mask: 1 = a token; key_padding_mask or padding_mask: True = padding; else a mask that blocks the padded keys).")] = None,
     context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross.")] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
@@ -171,7 +172,8 @@ def explain(
                             ("--seed", seed != 0), ("--no-causal", not causal),
                             ("--max-seq-len", max_seq_len != 64), ("--check", check_stages),
                             ("--model", model is not None), ("--module", module is not None),
-                            ("--init", bool(init)), ("--weights", weights is not None)):
+                            ("--init", bool(init)), ("--weights", weights is not None),
+                            ("--batch", bool(batch))):
             if given:
                 fail(f"{flag} does not apply with --hf: the model brings its own sizes, "
                      f"weights and mask")
@@ -185,7 +187,8 @@ def explain(
             fail("--context is not valid UTF-8 text")
         try:
             config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                            causal=causal, max_seq_len=max_seq_len, context=context or "")
+                            causal=causal, max_seq_len=max_seq_len, context=context or "",
+                            batch=tuple(batch or ()))
         except ConfigError as error:
             fail(str(error))
         if context is not None and model is None and module is None:
@@ -229,7 +232,7 @@ def explain(
     _check_budget(config, destination, fmt)
     # The default module on one sentence needs no building before the app opens; anything
     # else is built first, so that bad input (a forward that takes no context) exits 2.
-    plain = source.is_default and not config.cross
+    plain = source.is_default and not config.cross and not config.batch
 
     if check_stages:
         _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
@@ -615,9 +618,9 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
 
         if trace is None:
             trace = run_trace(config, loaded=loaded)
-        if trace.failed:  # exit 1 leaves the destination as it was: say what stopped it
-            fail(f"{_forward_error(trace).rstrip('.')}. Nothing written to {_where(destination)} "
-                 "(without --dump, the app steps through the stages before the error)", 1)
+        # A forward that raised has been explained up to its error: the stages before it and
+        # the error stage (torch's message, the line, what it read) are the document, written
+        # in full; the run then ends with exit 1 and says so (_ended).
         first = _first_stage(trace, stage, only=only)
         last = first + 1 if only else None
         if quiz:  # the worksheet is built whole before anything is opened
@@ -634,7 +637,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                         worksheet_text(trace, asked, RenderOptions(ascii=ascii_only), width=width))
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
-            _exit_now(0)
+            _ended(trace, destination)
         if why is not None:  # computed before anything is opened: a bad cell writes nothing
             from .dump import why_text
             from .why import WhyError
@@ -647,7 +650,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                 fail(f"--why: {error}")
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
-            _exit_now(0)
+            _ended(trace, destination)
         with opened(destination) as out:
             if fmt in (Format.svg, Format.html, Format.md):
                 from .pictures import Selection, picture
@@ -663,6 +666,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                                    width=width, color=color, first=first, last=last)
                 # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
                 out.write(text.encode("utf-8"))
+        _ended(trace, destination)
     except DumpError as error:
         fail(str(error), error.code)
     except TranscriptError as error:
@@ -677,12 +681,22 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
             raise
         fail(f"ran out of memory for {config.seq_len} tokens, --embed-dim {config.embed_dim}, "
              f"--heads {config.num_heads}; try a smaller size", 1)
-    _exit_now(0)
 
 
 def _where(destination: Destination) -> str:
     return ("standard output" if destination.kind == "fd" and destination.fd == 1
             else f"--dump {destination.shown}")
+
+
+def _ended(trace: Trace, destination: Destination) -> NoReturn:
+    """The transcript is written: exit 0, or, when the module's forward raised, exit 1 with
+    one line saying so and that the transcript ends at its error."""
+    if not trace.failed:
+        _exit_now(0)
+    _say(f"mha-tui: {_forward_error(trace).rstrip('.')}; the transcript written to "
+         f"{_where(destination)} ends at its error (stage {len(trace.stages)}/"
+         f"{len(trace.stages)})")
+    _exit_now(1)
 
 
 def _forward_error(trace: Trace) -> str:
@@ -693,9 +707,9 @@ def _forward_error(trace: Trace) -> str:
 def _a_stage_kind(stage: str) -> bool:
     """A stage only some modules have (rotary, qkv_split, op-7 ...): known once it ran, so it
     is looked for then. Imported only here: the recogniser loads NumPy, the app must not."""
-    from .kinds.registry import BUILDERS
+    from .kinds.registry import BY_KIND
 
-    return stage.split("-")[0] in (*BUILDERS, "embed", "error")
+    return stage.split("-")[0] in BY_KIND
 
 
 def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
@@ -800,6 +814,8 @@ def check(
     resume: Annotated[bool, typer.Option("--resume", help="With --results: do not grade again what FILE already holds (same file, same settings).")] = False,
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Grading several modules: each runs in a bubblewrap sandbox (no network, no other file of yours, its own scratch folder). auto: where bwrap works, else without one, said once; required: refuse to grade without it; off.", case_sensitive=False)] = SandboxMode.auto,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
+    batch: Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable), padded with <pad> to the longest; the module gets the padding mask by its parameter.")] = None,
+    context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: judge the module with queries from --sentence and keys and values from this sentence, against a reference that takes both (no causal mask across two sequences).")] = None,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
@@ -816,9 +832,13 @@ def check(
              "mha-tui explain --hf PATH_OR_NAME")
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
         fail("the sentence is not valid UTF-8 text")
+    if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
+            "utf-8", "replace"):
+        fail("--context is not valid UTF-8 text")
     try:
         config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                        causal=causal, max_seq_len=max_seq_len)
+                        causal=causal, max_seq_len=max_seq_len, context=context or "",
+                        batch=tuple(batch or ()))
     except ConfigError as error:
         fail(str(error))
     if not 40 <= width <= 400:
@@ -868,6 +888,10 @@ def check(
         fail(str(error))
     verdict = None
     lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
+    if (context is not None or batch) and (len(submissions) > 1 or is_batch(specs or []) or lms
+                                           or outputs.grading):
+        fail(f"{'--context' if context is not None else '--batch'} judges one module at a time; "
+             "grading several with it is not there yet")
     if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
         reports = _grade(config, submissions, init=init or [], weights=weights,
                          timeout=timeout, jobs=jobs, memory=memory, expect=wanted,

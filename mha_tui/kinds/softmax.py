@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ops.graph import Graph
+from ..ops.graph import Graph, hand_written_softmaxes
 from ..ops.numeric import ATOL, RTOL, close, f64
 from ..ops.sizes import Sizes
 from ..ops.vocab import LARGE_NEGATIVE, SOFTMAXES
 from ..ops.vocab import softmax as softmax_of
-from ..records import Check, OpRecord, Ref, Stage, Trace
+from ..records import Check, OpRecord, Stage, Trace
 from ._parts.builder import BHTT, plural, yes
 from ._parts.cell import Cell, Term, Why, where
 from ._parts.maker import StageMaker, words
@@ -38,35 +38,8 @@ def softmax(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
 def handwritten_softmax(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     """exp(s - max(s)) / sum(exp(...)) written out over several ops or lines: one softmax."""
     if g.softmax_parts is None:
-        g.softmax_parts = _softmax_parts(g)
+        g.softmax_parts = {i for found in hand_written_softmaxes(g) for i in found.parts}
     return "softmax" if op.index in g.softmax_parts else None
-
-
-def _softmax_parts(g: Graph) -> set[int]:
-    """Every op of each hand-written softmax: the division e / sum(e) where e = exp(...),
-    with the row maximum subtracted first when it is (the numerically stable form)."""
-    parts: set[int] = set()
-    for op in g.ops:
-        if op.name not in {"div", "true_divide"} or len(op.inputs) != 2:
-            continue
-        e, total = g.producer(op.inputs[0]), g.producer(op.inputs[1])
-        if e is None or total is None or e.name != "exp" or total.name != "sum":
-            continue
-        if not total.inputs or total.inputs[0].op != e.index or not e.inputs:
-            continue
-        found = [e.index, total.index, op.index]
-        shifted = g.producer(e.inputs[0])
-        if shifted is not None and shifted.name == "sub" and len(shifted.inputs) == 2:
-            peak = g.producer(shifted.inputs[1])
-            if peak is not None and peak.name in {"max", "amax"} and peak.inputs and \
-                    _same(peak.inputs[0], shifted.inputs[0]):
-                found += [shifted.index, peak.index]
-        parts.update(found)
-    return parts
-
-
-def _same(a: Ref, b: Ref) -> bool:
-    return a.kind == b.kind and a.op == b.op and a.output == b.output and a.name == b.name
 
 
 RULES = (softmax, handwritten_softmax)

@@ -11,7 +11,6 @@ Never import rich, textual or typer here.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -149,10 +148,9 @@ def run_trace(config: Config, source: Source | None = None, *,
     loaded = loaded or load(config, source)
     from ..tracing import record_forward
 
-    # The learner's prints go to stderr: a transcript on stdout stays a transcript.
-    with contextlib.redirect_stdout(sys.stderr):
-        recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
-                                  embedding=loaded.embedding, ids=loaded.ids, config=config)
+    # The learner's prints go to stderr (tracing does it for every forward it runs).
+    recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
+                              embedding=loaded.embedding, ids=loaded.ids, config=config)
     trace = recognised(recorded)
     if loaded.weights and trace.module is not None:  # the header says whose numbers these are
         trace = replace(trace, module=replace(trace.module, weights=loaded.weights))
@@ -163,11 +161,9 @@ def numpy_runner(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
     """How the CLI and the app trace a built NumPy module: trace -> recognise."""
 
     def run(config: Config) -> Trace:
-        # The learner's prints go to stderr: a transcript on stdout stays a transcript.
-        with contextlib.redirect_stdout(sys.stderr):
-            return trace_numpy(loaded.module, loaded.x, config.tokens, args=loaded.args,
-                               kwargs=loaded.kwargs, table=loaded.table, ids=loaded.ids,
-                               config=config, lookup=loaded.lookup)
+        return trace_numpy(loaded.module, loaded.x, config.tokens, args=loaded.args,
+                           kwargs=loaded.kwargs, table=loaded.table, ids=loaded.ids,
+                           config=config, lookup=loaded.lookup)
 
     return run
 
@@ -214,23 +210,46 @@ def checked(config: Config, source: Source, expect: Expect | None = None
 
     def checker(traced: Trace) -> Verdict:
         return judge_torch(traced, loaded.module, loaded.x, call, causal=config.causal,
-                           heads=config.num_heads, label=loaded.label, expect=grown)
+                           heads=config.num_heads, label=loaded.label, expect=grown,
+                           context=loaded.context,
+                           padding=config.padding if config.batch else None)
 
     return run, checker
 
 
 def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], object], *,
-                causal: bool, heads: int, label: str, expect: Expect | None = None) -> Verdict:
+                causal: bool, heads: int, label: str, expect: Expect | None = None,
+                context: Any = None, padding: Any = None) -> Verdict:
     """judge a torch module's trace: what needs running again (a second forward, the
     reference with its weights copied in), then the verdict. `mha-tui check` and the
-    notebook's `mha_tui.check` both come here."""
+    notebook's `mha_tui.check` both come here. context: cross-attention's second sequence
+    (the reference then takes its keys and values from it, with no causal mask). padding:
+    (B, T) True where a padded batch's row is padding (the reference blocks those keys)."""
+    from functools import partial
+
     from ..judge import Facts, judge
-    from ..tracing.rerun import parameter_shapes, reference_output, second_recording
+    from ..tracing.rerun import (
+        cross_reference_output,
+        parameter_shapes,
+        reference_output,
+        second_recording,
+    )
     from .threads import one_blas_thread
 
+    reference: Any = reference_output
+    named: dict[str, Any] = {}
+    if context is not None or padding is not None:
+        reference = partial(cross_reference_output,
+                            context=None if context is None else context.detach().numpy(),
+                            padding=padding)
+        named = {"reference_name": "the cross reference (queries from x, keys and values from "
+                                   "the context)" if context is not None else
+                                   "the reference with the padded keys blocked"}
+        causal = causal and context is None
     facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
-                  second=second_recording(module, x, call), reference=reference_output,
-                  training=module.training, **(expect or Expect()).facts())
+                  second=second_recording(module, x, call), reference=reference,
+                  training=module.training, padding=padding, **named,
+                  **(expect or Expect()).facts())
     with one_blas_thread():  # its float64 products beside torch's threads (threads.py)
         return judge(traced, facts, label)
 

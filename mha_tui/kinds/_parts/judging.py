@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ...ops.graph import Graph
+from ...ops.graph import Graph, hand_written_softmaxes
 from ...ops.numeric import einsum_spec, f64, linear_parts, max_diff, ratio
 from ...ops.vocab import SCALE_OPS, SHAPE_OPS, SOFTMAXES
 from ...records import OpRecord, Recording, Ref, Source, Stage, TensorArg, Trace
@@ -46,6 +46,7 @@ class Judge:
     stage_of: dict[int, Stage] = field(init=False, default_factory=dict)
     B: int = 1
     T: int = 1
+    T_k: int = 1  # the keys' length: the context's in cross-attention, else T
     C: int = 1
     h: int = 1
     d_h: int = 1
@@ -63,6 +64,9 @@ class Judge:
         x = next((snap for name, snap in self.g.rec.inputs if name in self.g.x_names), None)
         shape = x.shape if x is not None else (1, self.trace.config.seq_len, self.trace.config.embed_dim)
         self.B, self.T, self.C = (1, *shape)[-3:] if len(shape) == 2 else shape[:3]
+        # Cross-attention: the context's length (the keys'), else T.
+        context = dict(self.g.rec.inputs).get(min(self.g.key_names)) if self.g.key_names else None
+        self.T_k = context.shape[-2] if context is not None else self.T
         self.h = max(1, self.facts.heads)
         self.d_h = max(1, self.C // self.h)
 
@@ -88,22 +92,12 @@ class Judge:
         return found
 
     def _hand_written_softmax(self, stage: Stage) -> list[OpRecord]:
-        """A softmax written out (exp(s - max) / sum(exp)) as one softmax op per division:
-        its input the scores the chain started from, its output the division's."""
-        found = []
-        for div in stage.ops:
-            if div.name not in ("div", "true_divide") or len(div.inputs) != 2:
-                continue
-            e = self.g.producer(div.inputs[0])
-            if e is None or e.name != "exp" or not e.inputs:
-                continue
-            start = e.inputs[0]
-            shifted = self.g.producer(start)
-            if shifted is not None and shifted.name == "sub" and shifted.inputs:
-                start = shifted.inputs[0]
-            found.append(replace(div, name="softmax", qualname="(written by hand)", inputs=(start,),
-                                 args=(TensorArg(0),), kwargs=(("dim", -1),)))
-        return found
+        """A softmax written out (exp(s - max) / sum(exp)) as one softmax op per division, as
+        the recogniser's rule found it (ops.graph.hand_written_softmaxes): its input the scores
+        the chain started from, its output the division's."""
+        return [replace(found.divide, name="softmax", qualname="(written by hand)",
+                        inputs=(found.scores,), args=(TensorArg(0),), kwargs=(("dim", -1),))
+                for found in hand_written_softmaxes(self.g, stage.ops)]
 
     def heads_axis(self, values: np.ndarray) -> np.ndarray:
         """(..., a, b) with leading axes B*h (or B, h) as (B, h, a, b); per-head (B, a, b) kept."""
