@@ -608,9 +608,9 @@ def _write_transcript(request: Request, destination: Destination | None, fmt: Fo
 
         if trace is None:
             trace = traced(request, loaded=loaded)
-        if trace.failed:  # exit 1 leaves the destination as it was: say what stopped it
-            fail(f"{_forward_error(trace).rstrip('.')}. Nothing written to {_where(destination)} "
-                 "(without --dump, the app steps through the stages before the error)", 1)
+        # A forward that raised has been explained up to its error: the stages before it and
+        # the error stage (torch's message, the line, what it read) are the document, written
+        # in full; the run then ends with exit 1 and says so (_ended).
         first = _first_stage(trace, stage, only=only)
         last = first + 1 if only else None
         if quiz:  # the worksheet is built whole before anything is opened
@@ -627,7 +627,7 @@ def _write_transcript(request: Request, destination: Destination | None, fmt: Fo
                         worksheet_text(trace, asked, RenderOptions(ascii=ascii_only), width=width))
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
-            _exit_now(0)
+            _ended(trace, destination)
         if why is not None:  # computed before anything is opened: a bad cell writes nothing
             from .dump import why_text
             from .why import WhyError
@@ -640,7 +640,7 @@ def _write_transcript(request: Request, destination: Destination | None, fmt: Fo
                 fail(f"--why: {error}")
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
-            _exit_now(0)
+            _ended(trace, destination)
         with opened(destination) as out:
             if fmt in (Format.svg, Format.html, Format.md):
                 from .pictures import Selection, picture
@@ -656,6 +656,7 @@ def _write_transcript(request: Request, destination: Destination | None, fmt: Fo
                                    width=width, color=color, first=first, last=last)
                 # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
                 out.write(text.encode("utf-8"))
+        _ended(trace, destination)
     except DumpError as error:
         fail(str(error), error.code)
     except TranscriptError as error:
@@ -671,12 +672,22 @@ def _write_transcript(request: Request, destination: Destination | None, fmt: Fo
         config = request.config
         fail(f"ran out of memory for {config.seq_len} tokens, --embed-dim {config.embed_dim}, "
              f"--heads {config.num_heads}; try a smaller size", 1)
-    _exit_now(0)
 
 
 def _where(destination: Destination) -> str:
     return ("standard output" if destination.kind == "fd" and destination.fd == 1
             else f"--dump {destination.shown}")
+
+
+def _ended(trace: Trace, destination: Destination) -> NoReturn:
+    """The transcript is written: exit 0, or, when the module's forward raised, exit 1 with
+    one line saying so and that the transcript ends at its error."""
+    if not trace.failed:
+        _exit_now(0)
+    _say(f"mha-tui: {_forward_error(trace).rstrip('.')}; the transcript written to "
+         f"{_where(destination)} ends at its error (stage {len(trace.stages)}/"
+         f"{len(trace.stages)})")
+    _exit_now(1)
 
 
 def _forward_error(trace: Trace) -> str:

@@ -39,6 +39,28 @@ def reaching_output(rec: Recording) -> list[bool]:
     return reaches
 
 
+def read_only_by_python(rec: Recording) -> frozenset[int]:
+    """The ops that only feed values to Python: `print(w.sum().item())`, `if mask.any():`.
+    Each one's result was read by Python (`Recording.read`) or goes only to such ops, and
+    none reaches the output. They change no tensor the output depends on, so they are no
+    stage. A forward that raised returned nothing to reach: every op is kept."""
+    if not rec.read or rec.error is not None:
+        return frozenset()
+    reaches = reaching_output(rec)
+    consumers: dict[int, list[int]] = {}
+    for op in rec.ops:
+        for ref in op.inputs:
+            if ref.kind == "op" and ref.op is not None:
+                consumers.setdefault(ref.op, []).append(op.index)
+    only: set[int] = set()
+    for op in reversed(rec.ops):  # every consumer comes after what it consumes
+        used = consumers.get(op.index, [])
+        if not reaches[op.index] and (op.index in rec.read or used) and \
+                all(c in only for c in used):
+            only.add(op.index)
+    return frozenset(only)
+
+
 class Graph:
     """The recording with the facts the rules read: producers, consumers, ancestry."""
 
@@ -73,6 +95,7 @@ class Graph:
         # values come from (recognise.run sets them; empty in self-attention).
         self.query_names: frozenset[str] = frozenset()
         self.key_names: frozenset[str] = frozenset()
+        self.for_python = read_only_by_python(rec)  # no stage: see read_only_by_python
         self.kind: dict[int, str] = {}
         self.head: dict[int, int] = {}
         self.softmax_parts: set[int] | None = None

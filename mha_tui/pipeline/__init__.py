@@ -16,7 +16,6 @@ Never import rich, textual or typer here.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -205,10 +204,9 @@ def run_trace(config: Config, source: Source | None = None, *,
     loaded = loaded or load(config, source)
     from ..tracing import record_forward
 
-    # The learner's prints go to stderr: a transcript on stdout stays a transcript.
-    with contextlib.redirect_stdout(sys.stderr):
-        recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
-                                  embedding=loaded.embedding, ids=loaded.ids, config=config)
+    # The learner's prints go to stderr (tracing does it for every forward it runs).
+    recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
+                              embedding=loaded.embedding, ids=loaded.ids, config=config)
     trace = recognised(recorded)
     if loaded.weights and trace.module is not None:  # the header says whose numbers these are
         trace = replace(trace, module=replace(trace.module, weights=loaded.weights))
@@ -219,11 +217,9 @@ def numpy_runner(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
     """How the CLI and the app trace a built NumPy module: trace -> recognise."""
 
     def run(config: Config) -> Trace:
-        # The learner's prints go to stderr: a transcript on stdout stays a transcript.
-        with contextlib.redirect_stdout(sys.stderr):
-            return trace_numpy(loaded.module, loaded.x, config.tokens, args=loaded.args,
-                               kwargs=loaded.kwargs, table=loaded.table, ids=loaded.ids,
-                               config=config, lookup=loaded.lookup)
+        return trace_numpy(loaded.module, loaded.x, config.tokens, args=loaded.args,
+                           kwargs=loaded.kwargs, table=loaded.table, ids=loaded.ids,
+                           config=config, lookup=loaded.lookup)
 
     return run
 
