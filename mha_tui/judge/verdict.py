@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kinds._parts.judging import Judge, Row
-from ..kinds.registry import JUDGES
+from ..kinds.registry import FORWARD
 from ..ops.numeric import close, f64, linear_parts
 from ..records import Ref, Trace
 from ..records.verdict import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
@@ -29,9 +29,10 @@ def judge(trace: Trace, facts: Facts, label: str = "") -> Verdict:
 
 def run(j: Judge) -> Verdict:
     rows: list[Row] = []
-    for module, kind, named in JUDGES:
+    for judged in (row for row in FORWARD if row.judge is not None):
+        kind, named = judged.judged_as
         try:
-            rows.extend(module.judge(j))
+            rows.extend(judged.judge(j))
         except Exception as error:  # a module no rule foresaw: say so, go on
             rows.append(j.row(None, kind, None, None,
                               f"not judged: mha-tui could not read this module's "

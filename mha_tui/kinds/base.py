@@ -2,8 +2,8 @@
 
 A stage kind (scores, mask, rotary ...) is one module, or one package for a big kind, that
 holds everything mha-tui knows about it. The recogniser, the judge, `--why` and the quiz
-all read the kind through `registry.KINDS`, never by importing the module by name, so a new
-mechanism is one module here and one row in the registry.
+all read the kind through the one table `registry.KINDS`, never by importing the module by
+name, so a new mechanism is one module here and one row in the registry.
 
 - `KIND: str`: the kind its stages carry (and `--why`'s STAGE prefix for them).
 - `RULES: tuple[Rule, ...]`: small functions `rule(graph, op, sizes) -> str | None`, each
@@ -49,10 +49,10 @@ Rule = Callable[["Graph", "OpRecord", "Sizes"], "str | None"]
 """A rule: (the graph, the op offered, the sizes) -> the kind it claims the op for, or None."""
 
 
-class Kind(Protocol):
+class KindModule(Protocol):
     """A stage kind's module, as the registry, the recogniser and the judge read it. The
-    optional functions (judge, why, quiz) are looked up by `registry.Row`, which holds None
-    for a kind that lacks one."""
+    optional functions (judge, why, quiz) are looked up once, by the registry's `Kind` row,
+    which holds None for a kind that lacks one."""
 
     KIND: str
     RULES: tuple[Rule, ...]

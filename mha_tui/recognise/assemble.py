@@ -17,7 +17,7 @@ from ..kinds import op as op_kind
 from ..kinds._parts.builder import Builder
 from ..kinds._parts.maker import StageMaker
 from ..kinds._parts.unit import Unit
-from ..kinds.registry import BUILDERS
+from ..kinds.registry import builder
 from ..records import Check, Embedded, Recording, Stage
 from ..stages import stage_info
 
@@ -34,13 +34,15 @@ def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Emb
         counts[kind] = counts.get(kind, 0) + 1
         stage_id = kind if counts[kind] == 1 else f"{kind}-{counts[kind]}"
         try:
-            made = BUILDERS[kind].build(maker, unit, stage_id)
+            made = builder(kind).build(maker, unit, stage_id)
             stages.extend(made if isinstance(made, list) else [made])
         except Exception as error:  # a rule that misread: show the ops plainly, never crash
             fallback = op_kind.build(maker, unit, stage_id if kind == "op" else f"op-{kind}")
             stages.append(replace(fallback, note=f"mha-tui could not lay this out as {kind} "
                                                  f"({type(error).__name__}: {error}); shown as it ran."))
-    if not b.config.causal and not any(st.kind == "mask" for st in stages):
+    # --no-causal's "no mask ran" is about one sequence attending to itself: across two
+    # sequences (cross-attention) no causal mask is expected.
+    if not b.config.causal and not b.sizes.cross and not any(st.kind == "mask" for st in stages):
         mask.add_skipped_mask(stages, b)
     if n_params is not None:
         project.add_param_check(stages, n_params, b)
