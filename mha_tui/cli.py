@@ -15,7 +15,7 @@ from dataclasses import replace
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -32,6 +32,7 @@ from .config import (
     MAX_SEQ_LEN,
     MODEL_NAMES,
     NUMPY_MODEL_NAMES,
+    TRAINED_MODEL_NAMES,
     Config,
     ConfigError,
     Source,
@@ -99,7 +100,8 @@ class ExpectKind(StrEnum):
 
 
 # --model's choices, listed in --help: the tutorials' modules in mha_tui/examples.
-Model = StrEnum("Model", [(name.replace("-", "_"), name) for name in MODEL_NAMES + NUMPY_MODEL_NAMES])
+Model = StrEnum("Model", [(name.replace("-", "_"), name)
+                         for name in MODEL_NAMES + NUMPY_MODEL_NAMES + TRAINED_MODEL_NAMES])
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -157,35 +159,46 @@ def explain(
     weights: Annotated[Path | None, typer.Option("--weights", metavar="FILE", help="Load the module's tensors from a state dict (.pt via torch.load(weights_only=True), or .safetensors).")] = None,
     check_stages: Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")] = False,
     hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Explain one attention layer of a Hugging Face model (a causal LM, or an encoder such as BERT or T5): a local directory, or a name in the local Hugging Face cache (gpt2). Never downloads. Needs pip install "mha-tui[hf]".')] = None,
-    layer: Annotated[int | None, typer.Option("--layer", help="With --hf: the layer to explain, from 0; in the app [ and ] move between layers.")] = None,
+    layer: Annotated[int | None, typer.Option("--layer", help="With --hf or --model induction: the layer to explain, from 0; in the app [ and ] move between layers.")] = None,
+    repeat: Annotated[bool, typer.Option("--repeat", help="Run the sentence twice in a row (a b c -> a b c a b c): what an induction head needs to show itself.")] = False,
     quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text, JSON or Markdown).")] = False,
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
     why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
+    batch: Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable): the rows are padded with <pad> to the longest, and the module gets the padding mask by its parameter (attention_mask: 1 = a token; key_padding_mask or padding_mask: True = padding; else a mask that blocks the padded keys).")] = None,
     context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross.")] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
         fail("the sentence is not valid UTF-8 text")
+    if repeat:
+        sentence = f"{sentence} {sentence}"
+    trained = model is not None and model.value in TRAINED_MODEL_NAMES
+    if trained:  # a whole model trained here: explained a layer at a time, like --hf
+        hf_source, model = model.value, None  # type: ignore[union-attr]
     if hf_source is not None:
         for flag, given in (("--heads", heads != 2), ("--embed-dim", embed_dim != 4),
                             ("--seed", seed != 0), ("--no-causal", not causal),
                             ("--max-seq-len", max_seq_len != 64), ("--check", check_stages),
                             ("--model", model is not None), ("--module", module is not None),
-                            ("--init", bool(init)), ("--weights", weights is not None)):
+                            ("--init", bool(init)), ("--weights", weights is not None),
+                            ("--batch", bool(batch))):
             if given:
-                fail(f"{flag} does not apply with --hf: the model brings its own sizes, "
-                     f"weights and mask")
+                fail(f"{flag} does not apply with {'--model ' + hf_source if trained else '--hf'}: "
+                     f"the model brings its own sizes, weights and mask")
         if context is not None:
-            fail("--context with --hf is not there yet: --hf explains one self-attention layer")
+            fail(f"--context with {'--model ' + hf_source if trained else '--hf'} is not there "
+                 f"yet: it explains one self-attention layer")
     elif layer is not None:
-        fail("--layer picks a layer of a pretrained model: use it with --hf PATH_OR_NAME")
+        fail("--layer picks a layer of a whole model: use it with --hf PATH_OR_NAME or "
+             "--model induction")
     if hf_source is None:
         if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
                 "utf-8", "replace"):
             fail("--context is not valid UTF-8 text")
         try:
             config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                            causal=causal, max_seq_len=max_seq_len, context=context or "")
+                            causal=causal, max_seq_len=max_seq_len, context=context or "",
+                            batch=tuple(batch or ()))
         except ConfigError as error:
             fail(str(error))
         if context is not None and model is None and module is None:
@@ -224,12 +237,12 @@ def explain(
         _explain_hf(sentence, hf_source, layer or 0, destination=destination,
                     interactive=_interactive(dump), fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
-                    quiz=quiz, why=cell)
+                    quiz=quiz, why=cell, trained=trained)
         return
     _check_budget(config, destination, fmt)
     # The default module on one sentence needs no building before the app opens; anything
     # else is built first, so that bad input (a forward that takes no context) exits 2.
-    plain = source.is_default and not config.cross
+    plain = source.is_default and not config.cross and not config.batch
 
     if check_stages:
         _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
@@ -559,21 +572,25 @@ def _out_of_memory(error: BaseException) -> bool:
 def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destination | None,
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
-                why: tuple[str, tuple[int, ...]] | None = None) -> None:
-    """--hf: load the model (refusals here, before any app), then the app, a transcript or
-    --why's cell of the layer shown."""
+                why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False) -> None:
+    """--hf (or --model induction, trained: a model of mha_tui/models): load the model
+    (refusals here, before any app), then the app, a transcript or --why's cell of the layer
+    shown."""
     from .load.hf_error import HfError
     from .load.hf_files import refuse_early
 
     try:  # what the checkpoint's files refuse, before torch and transformers are imported
-        refuse_early(source, sentence, layer)
+        if not trained:
+            refuse_early(source, sentence, layer)
     except HfError as error:
         fail(str(error))
+    from .load import trained as trained_models
     from .load.hf import check_layer, load
     from .pipeline.hf import Session
 
     try:
-        loaded = load(source, sentence)  # too many tokens: refused before the weights load
+        # too many tokens: refused before the weights load
+        loaded = trained_models.load(source, sentence) if trained else load(source, sentence)
         check_layer(loaded, layer)
         session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except HfError as error:
@@ -615,9 +632,9 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
 
         if trace is None:
             trace = run_trace(config, loaded=loaded)
-        if trace.failed:  # exit 1 leaves the destination as it was: say what stopped it
-            fail(f"{_forward_error(trace).rstrip('.')}. Nothing written to {_where(destination)} "
-                 "(without --dump, the app steps through the stages before the error)", 1)
+        # A forward that raised has been explained up to its error: the stages before it and
+        # the error stage (torch's message, the line, what it read) are the document, written
+        # in full; the run then ends with exit 1 and says so (_ended).
         first = _first_stage(trace, stage, only=only)
         last = first + 1 if only else None
         if quiz:  # the worksheet is built whole before anything is opened
@@ -634,7 +651,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                         worksheet_text(trace, asked, RenderOptions(ascii=ascii_only), width=width))
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
-            _exit_now(0)
+            _ended(trace, destination)
         if why is not None:  # computed before anything is opened: a bad cell writes nothing
             from .dump import why_text
             from .why import WhyError
@@ -647,7 +664,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                 fail(f"--why: {error}")
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
-            _exit_now(0)
+            _ended(trace, destination)
         with opened(destination) as out:
             if fmt in (Format.svg, Format.html, Format.md):
                 from .pictures import Selection, picture
@@ -663,6 +680,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                                    width=width, color=color, first=first, last=last)
                 # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
                 out.write(text.encode("utf-8"))
+        _ended(trace, destination)
     except DumpError as error:
         fail(str(error), error.code)
     except TranscriptError as error:
@@ -677,12 +695,22 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
             raise
         fail(f"ran out of memory for {config.seq_len} tokens, --embed-dim {config.embed_dim}, "
              f"--heads {config.num_heads}; try a smaller size", 1)
-    _exit_now(0)
 
 
 def _where(destination: Destination) -> str:
     return ("standard output" if destination.kind == "fd" and destination.fd == 1
             else f"--dump {destination.shown}")
+
+
+def _ended(trace: Trace, destination: Destination) -> NoReturn:
+    """The transcript is written: exit 0, or, when the module's forward raised, exit 1 with
+    one line saying so and that the transcript ends at its error."""
+    if not trace.failed:
+        _exit_now(0)
+    _say(f"mha-tui: {_forward_error(trace).rstrip('.')}; the transcript written to "
+         f"{_where(destination)} ends at its error (stage {len(trace.stages)}/"
+         f"{len(trace.stages)})")
+    _exit_now(1)
 
 
 def _forward_error(trace: Trace) -> str:
@@ -711,6 +739,125 @@ def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
     _say(f"mha-tui: note: this forward has no {stage!r} stage; the transcript starts at the "
          "first stage")
     return 0
+
+
+# ---------------------------------------------------------------------------- heads
+
+
+class Ablation(StrEnum):
+    zero = "zero"
+    mean = "mean"
+
+
+@app.command(cls=_PlainUsage)
+def heads(
+    sentence: Annotated[str, typer.Argument(help='The sentence, e.g. "a b c d a b c d" (words numbered by first appearance with --model induction).')],
+    model: Annotated[str | None, typer.Option("--model", help="A model trained by this repository: induction.")] = None,
+    hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help="A Hugging Face model in a local directory or the local cache. Never downloads.")] = None,
+    repeat: Annotated[bool, typer.Option("--repeat", help="Run the sentence twice in a row (a b c -> a b c a b c): what an induction head needs.")] = False,
+    ablate: Annotated[str | None, typer.Option("--ablate", metavar="LAYER.HEAD", help="Remove one head (e.g. 1.2) and run the model again: the change in loss and in each position's top prediction.")] = None,
+    ablate_with: Annotated[Ablation, typer.Option("--ablate-with", help="zero: the head's slice of the input to W_O set to 0; mean: to its mean over the positions.", case_sensitive=False)] = Ablation.zero,
+    dump: Annotated[str | None, typer.Option("--dump", metavar="PATH", help="Write the model view to PATH ('-' for stdout) instead of opening the app.")] = None,
+    fmt: Annotated[Format | None, typer.Option("--format", help="text, json, svg, html or md; default: from --dump's extension.", case_sensitive=False, show_default=False)] = None,
+    width: Annotated[int, typer.Option("--width", help="Columns (40 to 400); GPT-2 small's 12 x 12 heads fit 120.")] = 100,
+    color: Annotated[bool, typer.Option("--color", help="Keep colours (ANSI codes) in the text transcript.")] = False,
+    ascii_only: Annotated[bool, typer.Option("--ascii", help="Plain ASCII only.")] = False,
+) -> None:
+    """Every layer x head of a whole model as a small heatmap with its label (previous-token,
+    induction, ...), scored from this run's weights; --ablate removes a head."""
+    if (model is None) == (hf_source is None):
+        fail("heads needs a whole model: --model induction or --hf PATH_OR_NAME (one of them)")
+    if model is not None and model not in TRAINED_MODEL_NAMES:
+        fail(f"--model {model!r}: heads shows a whole model; choose one of: "
+             f"{', '.join(TRAINED_MODEL_NAMES)} (or --hf PATH_OR_NAME)")
+    if not 40 <= width <= 400:
+        fail(f"--width must be between 40 and 400, got {width}")
+    fmt = _dump_format(fmt, dump, only=False, stage=None)
+    sentence = f"{sentence} {sentence}" if repeat else sentence
+    from .roles import parse_head
+
+    try:
+        head = parse_head(ablate) if ablate is not None else None
+    except ValueError as error:
+        fail(str(error))
+    destination = None
+    if dump is not None:
+        from .destination import DumpError, resolve
+
+        try:
+            destination = resolve(dump)
+        except DumpError as error:
+            fail(str(error), error.code)
+    from .load.hf_error import HfError
+
+    try:
+        if model is not None:
+            from .load.trained import load as load_trained
+
+            loaded = load_trained(model, sentence)
+        else:
+            from .load.hf import load as load_hf
+            from .load.hf_files import refuse_early
+
+            refuse_early(hf_source, sentence, 0)  # type: ignore[arg-type]
+            loaded = load_hf(hf_source, sentence)  # type: ignore[arg-type]
+        from .pipeline.heads import model_view
+
+        view = model_view(loaded, sentence, ascii_only=ascii_only, ablate=head,
+                          method=ablate_with.value)
+    except HfError as error:
+        fail(str(error))
+    from .render.options import RenderOptions
+
+    opts = RenderOptions(ascii=ascii_only)
+    if _interactive(dump):
+        _heads_app(view, loaded, sentence, opts, head)
+        return
+    from .destination import DumpError, opened, resolve
+    from .heads_transcript import WRITERS
+
+    text = WRITERS[fmt.value](view, opts, width, **({"color": color} if fmt is Format.text else {}),
+                              selected=head)
+    try:
+        with opened(destination or resolve("-")) as out:
+            out.write(text.encode("utf-8"))
+    except DumpError as error:
+        fail(str(error), error.code)
+    except BrokenPipeError:
+        _exit_now(0)
+    _exit_now(0)
+
+
+def _heads_app(view: Any, loaded: Any, sentence: str, opts: Any, selected: tuple[int, int] | None
+               ) -> None:
+    """The heads screen; enter on a head opens that layer's walk-through at that head, and
+    quitting the walk-through comes back to the heads."""
+    from .pipeline.heads import model_view
+    from .pipeline.hf import Session
+
+    session = Session(loaded, sentence, ascii_only=opts.ascii)
+
+    def ablate(layer: int, head: int, method: str) -> Any:
+        return model_view(loaded, sentence, ascii_only=opts.ascii, ablate=(layer, head),
+                          method=method)
+
+    def app() -> None:
+        from .app.heads import HeadsApp
+        from .app.run import run_app
+
+        def trace(config: Any) -> Any:
+            return session.trace(config.model.layer)
+
+        at = selected or (0, 0)
+        while True:
+            chosen = HeadsApp(view, opts, selected=at, ablate=ablate).run()
+            if chosen is None:
+                return
+            at = chosen
+            run_app(session.config(chosen[0]), start="softmax", ascii_only=opts.ascii,
+                    loader=trace, layers=session, focus=chosen[1])
+
+    _open_app(app)
 
 
 # ---------------------------------------------------------------------------- serve
@@ -800,6 +947,8 @@ def check(
     resume: Annotated[bool, typer.Option("--resume", help="With --results: do not grade again what FILE already holds (same file, same settings).")] = False,
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Grading several modules: each runs in a bubblewrap sandbox (no network, no other file of yours, its own scratch folder). auto: where bwrap works, else without one, said once; required: refuse to grade without it; off.", case_sensitive=False)] = SandboxMode.auto,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
+    batch: Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable), padded with <pad> to the longest; the module gets the padding mask by its parameter.")] = None,
+    context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: judge the module with queries from --sentence and keys and values from this sentence, against a reference that takes both (no causal mask across two sequences).")] = None,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
@@ -816,9 +965,13 @@ def check(
              "mha-tui explain --hf PATH_OR_NAME")
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
         fail("the sentence is not valid UTF-8 text")
+    if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
+            "utf-8", "replace"):
+        fail("--context is not valid UTF-8 text")
     try:
         config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                        causal=causal, max_seq_len=max_seq_len)
+                        causal=causal, max_seq_len=max_seq_len, context=context or "",
+                        batch=tuple(batch or ()))
     except ConfigError as error:
         fail(str(error))
     if not 40 <= width <= 400:
@@ -868,6 +1021,10 @@ def check(
         fail(str(error))
     verdict = None
     lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
+    if (context is not None or batch) and (len(submissions) > 1 or is_batch(specs or []) or lms
+                                           or outputs.grading):
+        fail(f"{'--context' if context is not None else '--batch'} judges one module at a time; "
+             "grading several with it is not there yet")
     if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
         reports = _grade(config, submissions, init=init or [], weights=weights,
                          timeout=timeout, jobs=jobs, memory=memory, expect=wanted,

@@ -210,23 +210,46 @@ def checked(config: Config, source: Source, expect: Expect | None = None
 
     def checker(traced: Trace) -> Verdict:
         return judge_torch(traced, loaded.module, loaded.x, call, causal=config.causal,
-                           heads=config.num_heads, label=loaded.label, expect=grown)
+                           heads=config.num_heads, label=loaded.label, expect=grown,
+                           context=loaded.context,
+                           padding=config.padding if config.batch else None)
 
     return run, checker
 
 
 def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], object], *,
-                causal: bool, heads: int, label: str, expect: Expect | None = None) -> Verdict:
+                causal: bool, heads: int, label: str, expect: Expect | None = None,
+                context: Any = None, padding: Any = None) -> Verdict:
     """judge a torch module's trace: what needs running again (a second forward, the
     reference with its weights copied in), then the verdict. `mha-tui check` and the
-    notebook's `mha_tui.check` both come here."""
+    notebook's `mha_tui.check` both come here. context: cross-attention's second sequence
+    (the reference then takes its keys and values from it, with no causal mask). padding:
+    (B, T) True where a padded batch's row is padding (the reference blocks those keys)."""
+    from functools import partial
+
     from ..judge import Facts, judge
-    from ..tracing.rerun import parameter_shapes, reference_output, second_recording
+    from ..tracing.rerun import (
+        cross_reference_output,
+        parameter_shapes,
+        reference_output,
+        second_recording,
+    )
     from .threads import one_blas_thread
 
+    reference: Any = reference_output
+    named: dict[str, Any] = {}
+    if context is not None or padding is not None:
+        reference = partial(cross_reference_output,
+                            context=None if context is None else context.detach().numpy(),
+                            padding=padding)
+        named = {"reference_name": "the cross reference (queries from x, keys and values from "
+                                   "the context)" if context is not None else
+                                   "the reference with the padded keys blocked"}
+        causal = causal and context is None
     facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
-                  second=second_recording(module, x, call), reference=reference_output,
-                  training=module.training, **(expect or Expect()).facts())
+                  second=second_recording(module, x, call), reference=reference,
+                  training=module.training, padding=padding, **named,
+                  **(expect or Expect()).facts())
     with one_blas_thread():  # its float64 products beside torch's threads (threads.py)
         return judge(traced, facts, label)
 
