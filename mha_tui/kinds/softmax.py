@@ -17,9 +17,11 @@ from ..ops.sizes import Sizes
 from ..ops.vocab import LARGE_NEGATIVE, SOFTMAXES
 from ..ops.vocab import softmax as softmax_of
 from ..records import Check, OpRecord, Stage, Trace
+from ..roles import find, role_checks, role_notes, roles_of
 from ._parts.builder import BHTT, plural, yes
 from ._parts.cell import Cell, Term, Why, where
 from ._parts.maker import StageMaker, words
+from ._parts.mask_fill import written_upstream
 from ._parts.quizzing import Question, cell_index, head_of_interest, number_text, recorded, token_name
 from ._parts.unit import Unit
 from .scores import scaled_inside
@@ -54,13 +56,17 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     first = m.op(unit.ops[0])
     values, snap = m.four_d(unit, BHTT)
     groups = m.per_head_ops(unit)
+    masked = None
     if m.b.per_head and len(groups) > 1:
         before = np.stack([m.snap(m.x_in(grp[0])).values for grp in groups],
                                  axis=m.b.head_axis)
     else:
         ref = m.x_in(first)
         before = m.b.out_4d([ref.op], BHTT)[0] if ref.op is not None else m.snap(ref).values
-    checks = softmax_checks(values, before)
+        masked = written_upstream(m.g, ref)
+    checks = softmax_checks(values, before, masked)
+    config = m.b.config  # what each head is for, from these weights (mha_tui.roles)
+    checks += role_checks(values, config.ids, config.model.layer if config.model else 0)
     ops = [m.op(i) for i in unit.ops]
     sums = [op for op in ops if op.name == "sum"]
     by_hand = any(op.name == "exp" for op in ops) and bool(sums)
@@ -97,13 +103,18 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                       explanation=explanation)
 
 
-def softmax_checks(weights: np.ndarray, before: np.ndarray) -> list[Check]:
+def softmax_checks(weights: np.ndarray, before: np.ndarray,
+                   masked: np.ndarray | None = None) -> list[Check]:
+    """Rows sum to 1; every masked entry gets weight 0. masked: the entries the mask op
+    wrote a mask value into (an added -10000 leaves a score above -1e4), else those holding
+    -inf or a large negative such as finfo.min or -1e9 (a mask that fills -3.4e38 blocks as
+    surely as -inf)."""
     deviation = float(np.abs(weights.sum(axis=-1, dtype=weights.dtype) - 1).max()) if weights.size else 0.0
     checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e})", deviation < 1e-5)]
     if before.shape == weights.shape:
-        # the entries the mask stage counts as blocked: -inf or a large negative such as
-        # finfo.min or -1e9 (a mask that fills -3.4e38 blocks as surely as -inf)
         blocked = before <= LARGE_NEGATIVE if before.dtype.kind == "f" else np.isneginf(before)
+        if masked is not None and masked.size == blocked.size:
+            blocked = blocked | masked.reshape(blocked.shape)
         n_blocked = int(np.count_nonzero(blocked))
         if n_blocked:
             n_zero = int(np.count_nonzero((weights == 0) & blocked))  # without indexing
@@ -178,7 +189,18 @@ def why(cell: Cell) -> Why:
                         else "it can zero or rescale this weight"))
     if axis != scores.ndim - 1:  # a softmax over another axis (dim=-2: down a column)
         return _across(cell, scores, cell_at, axis, tuple(notes))
+    notes += _role_notes(cell)
     return softmax_why(cell, scores[(*lead, i)], tuple(notes))
+
+
+def _role_notes(cell: Cell) -> list[str]:
+    """The head scores (mha_tui.roles) this weight is an entry of."""
+    config, head = cell.trace.config, cell.head
+    roles = roles_of(cell.record.values, config.ids, config.model.layer if config.model else 0)
+    if not roles or len(cell.index) < 2:
+        return []
+    role = roles[head if head is not None and head < len(roles) else 0]
+    return role_notes(role, cell.index[-2], cell.index[-1])
 
 
 def _axis(op: OpRecord, ndim: int) -> int:
@@ -275,4 +297,29 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
             " or ".join(f"{token_name(trace, j)} (position {j})" for j in top),
             f"the largest weight in {recorded(stage, 'row')} {record.name}[{spot}, :] is "
             f"{row[top[0]]:.4f}, at key {' and '.join(map(str, top))}"))
-    return tuple(questions)
+    return (*questions, *_role_question(stage, trace))
+
+
+# The label asked about first: the mechanism a trained model is shown for.
+ASKED_ROLES = ("induction", "previous-token", "duplicate-token", "first-token", "current-token")
+
+
+def _role_question(stage: Stage, trace: Trace) -> list[Question]:
+    """Which head of this layer earns a label (the induction head, if one does), from its
+    scores on these very weights (mha_tui.roles)."""
+    record = stage.tensors[-1]
+    config = trace.config
+    roles = roles_of(record.values, config.ids, config.model.layer if config.model else 0)
+    if len(roles) < 2:
+        return []
+    for kind in ASKED_ROLES:
+        best = find(roles, kind)
+        if best is None:
+            continue
+        score = best.score(kind)
+        scores = ", ".join(f"head {role.head} {role.score(kind).value:.3f}" for role in roles)
+        return [Question(stage.id, "head_role", f"Which head (0 to {len(roles) - 1}) of this layer "
+                         f"is the {kind} head: the one with the highest {kind} score "
+                         f"({score.formula}, at least 0.5)?", "integer", best.head,
+                         f"head {best.head}", f"{kind} scores from {record.name}: {scores}")]
+    return []

@@ -51,9 +51,15 @@ def filled_by_name(config: Config) -> dict[str, object]:
     values: dict[str, object] = dict.fromkeys(EMBED_NAMES, config.embed_dim)
     values.update(dict.fromkeys(HEAD_NAMES, config.num_heads))
     values.update(dict.fromkeys(LENGTH_NAMES, config.max_seq_len))
-    # Eval mode switches dropout off anyway; 0.0 also keeps a training-mode module honest.
+    # dropout only where the class has no default of its own (AUTHORS_DEFAULT).
     values.update(dropout=0.0, batch_first=True, causal=config.causal)
     return values
+
+
+# Filled only when the class gives no default: a module is run as its author builds it. A
+# class default `dropout=0.1` handed to F.scaled_dot_product_attention(dropout_p=...) drops
+# weights in eval mode too: filling 0.0 over it would hide that bug (issue 27).
+AUTHORS_DEFAULT = frozenset({"dropout"})
 
 
 def describe(value: object) -> str:
@@ -208,7 +214,7 @@ def constructor_arguments(cls: type, config: Config, init: Mapping[str, object])
                 raise LoadError(f"--init {name}={init[name]!r} disagrees with --heads "
                                 f"{config.num_heads}: give --heads {init[name]!r} instead")
             kwargs[name] = init[name]
-        elif name in by_name:
+        elif name in by_name and not (name in AUTHORS_DEFAULT and param.default is not param.empty):
             kwargs[name] = by_name[name]
         elif param.default is param.empty:
             raise LoadError(_needs_a_value(cls, name, param))
