@@ -236,6 +236,9 @@ CROSS_MODEL = "cross"
 # The NumPy blueprint (seed 002): its per-head loop and its einsum form; no torch.
 NUMPY_MODEL_NAMES = ("blueprint", "blueprint-einsum")
 DEFAULT_MODEL = "mygpt"
+# Whole models trained by this repository (mha_tui/models), explained a layer at a time with
+# --layer, by the --hf path (mha_tui.load.trained).
+TRAINED_MODEL_NAMES = ("induction",)
 
 
 def parse_init(text: str) -> tuple[str, object]:

@@ -108,8 +108,12 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
                  loader: Callable[[Config], Trace] = load_trace, batched: bool = True,
                  checker: Callable[[Trace], Verdict] | None = None,
                  layers: Layers | None = None, running: str = "the forward pass",
-                 refusals: tuple[type[Exception], ...] = (), quiz: bool = False) -> None:
+                 refusals: tuple[type[Exception], ...] = (), quiz: bool = False,
+                 focus: int | None = None) -> None:
+        """focus: the head to start focused on (`heads`' enter on a head), None: every head."""
         super().__init__()
+        if focus is not None:
+            self.set_reactive(ExplainApp.view, RenderOptions(focus=focus))
         self.config = config
         # `--quiz`: each trace this app shows gets its questions (the `quiz` reactive).
         self._quizzing = quiz
