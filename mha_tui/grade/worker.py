@@ -123,28 +123,20 @@ def _learner_line(error: BaseException, file: str | None) -> int:
 def judge(request: dict[str, Any]) -> dict[str, Any]:
     """The verdict's JSON object for one submission; never raises (but for the learner's
     code ending the process)."""
-    from ..config import DEFAULT_MODEL, Config, Source, parse_init
+    from ..records.request import Request
     from .results import unjudged
 
     module, model = request["module"], request["model"]
     shown = module or model
     file = module.rpartition(":")[0] if module and ".py:" in module else None
     try:
-        config = Config(request["sentence"], embed_dim=request["embed_dim"],
-                        num_heads=request["heads"], seed=request["seed"],
-                        causal=request["causal"], max_seq_len=request["max_seq_len"])
-        source = Source(model=model or DEFAULT_MODEL, module=module,
-                        init=tuple(parse_init(text) for text in request["init"]),
-                        weights=request["weights"])
+        asked = Request.from_json(request)  # the same Request `check` builds for one module
         from ..judge.report import verdict_json
         from ..load.learner import LoadError
-        from ..pipeline import Expect, check_source
+        from ..pipeline import verdict as verdict_of
 
         try:
-            verdict = check_source(config, source, Expect(
-                rotary=bool(request.get("rotary")), window=request.get("window"),
-                alibi=bool(request.get("alibi")),
-                rotary_base=float(request.get("rotary_base", 10000.0))))
+            verdict = verdict_of(asked)
         except LoadError as error:
             return unjudged(shown, "load_error", str(error).removeprefix("--module "))
         return verdict_json(verdict)
