@@ -71,16 +71,16 @@ CASES: dict[str, Case] = {
                    ("rotary",)),
     "Cohere q/k LayerNorm, --expect rotary": Case(
         "longtail/hf_installed.py:CohereQKNormSelfAttention", False, ("LayerNorm", "q"),
-        ("qk_norm", "rotary"), expect=rotary(500000.0)),
+        ("norm", "rotary"), expect=rotary(500000.0)),
     "Qwen3, --expect rotary": Case(
         "longtail/hf_installed.py:Qwen3SelfAttention", False, ("RMSNorm", "per head"),
-        ("qk_norm", "rotary"), expect=rotary(1000000.0)),
+        ("norm", "rotary"), expect=rotary(1000000.0)),
     "OLMo2, --expect rotary": Case(
         "longtail/hf_installed.py:Olmo2SelfAttention", False, ("RMSNorm",),
-        ("qk_norm", "rotary"), expect=rotary(500000.0)),
+        ("norm", "rotary"), expect=rotary(500000.0)),
     "nanochat F.rms_norm, --expect rotary": Case(
         "longtail/nanochat_attn.py:CausalSelfAttention", False, ("RMSNorm",),
-        ("qk_norm", "rotary"), expect=ROTARY),
+        ("norm", "rotary"), expect=ROTARY),
     "Llama 3 rope scaling, --expect rotary": Case(
         "longtail/hf_installed.py:Llama3ScaledSelfAttention", True, ("rotary", "llama3"),
         ("rotary",), expect=rotary(500000.0)),

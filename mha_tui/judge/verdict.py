@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..recognise.registry import JUDGES
-from ..records import Ref, Trace
+from ..recognise.registry import JUDGES, KINDS
+from ..records import Ref, Stage, Trace
 from .judging import Judge, Row
 from .numeric import close, f64, linear_parts
 from .numpy_reference import ROTARY_BASE, alibi_slopes, kv_heads, steps
@@ -148,8 +148,9 @@ def _name(j: Judge, weights: RoleWeights, kwargs: dict[str, object]) -> str:
         r = kwargs.get("rotary_dims") or j.d_h
         extent = "full" if r == j.d_h else f"partial: {r} of each head's {j.d_h} channels"
         pairs = "rotate_half" if kwargs["rotary"] == "half" else "interleaved pairs"
+        other_way = ", turning the other way" if kwargs.get("rotary_sign") == -1 else ""
         grown.append(f"rotary positions ({extent}, base {kwargs.get('base', ROTARY_BASE):g}, "
-                     f"{pairs})")
+                     f"{pairs}{other_way})")
     if kwargs.get("alibi"):
         slopes = ", ".join(f"{m:.4g}" for m in alibi_slopes(j.h)[:4])
         grown.append(f"ALiBi (slopes {slopes}{', ...' if j.h > 4 else ''})")
@@ -180,8 +181,10 @@ def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
     common: dict[str, object] = {"window": f.window, "alibi": f.alibi}
     tries: list[dict[str, object]] = [common]
     if f.rotary:
-        tries = [{**common, "rotary": layout, "rotary_dims": r, "base": f.rotary_base}
-                 for r in _rotary_dims(j) for layout in ("half", "interleaved")] or [common]
+        tries = [{**common, "rotary": layout, "rotary_dims": r, "base": f.rotary_base,
+                  "rotary_sign": sign}
+                 for r in _rotary_dims(j) for sign in (1, -1)
+                 for layout in ("half", "interleaved")] or [common]
     best = None
     for kwargs in tries:
         out = steps(x, weights, j.h, f.causal, **kwargs)[-1].values  # type: ignore[arg-type]
@@ -271,11 +274,13 @@ def _find_departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
                       steps(x, weights, j.h, j.facts.causal, **grown))  # type: ignore[arg-type]
     if found is None:
         return None
-    words = _mechanism(j, x, weights) or _missing(j, x, weights, got) or \
+    stage = j.stage_of.get(found.op.index)
+    named = _named(j, stage)
+    words = named or _mechanism(j, x, weights) or _missing(j, x, weights, got) or \
         describe(found, j.T)
     file, line = j.where(found.op.source)
-    stage = j.stage_of.get(found.op.index)
-    mechanism = words.startswith(("ALiBi", "a LayerNorm", "rotary", "no rotary", "no ALiBi"))
+    mechanism = bool(named) or words.startswith(("ALiBi", "a LayerNorm", "rotary", "no rotary",
+                                                 "no ALiBi"))
     kind = "mechanism" if mechanism else "extra_op"
     lead = f"differs: {words} at line {line}" if mechanism else f"{words} (line {line})"
     # Unplaced: no rule put it in a stage, or indexing that reorders (t[:, [1, 0]]) taken in
@@ -286,6 +291,22 @@ def _find_departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
                      f"{lead}: the module leaves the attention computation here, and its "
                      f"output differs from the reference's by up to {end.max_diff:.3g}",
                      "op" if unplaced else stage.kind)
+
+
+# kind -> the kind module that names its mechanism in words (rotary, a LayerNorm, ...)
+_MECHANISMS = {kind.KIND: kind for kind in KINDS if hasattr(kind, "mechanism")}
+
+
+def _named(j: Judge, stage: Stage | None) -> str | None:
+    """The mechanism the stage holding the departing op shows, said by its own kind with
+    its parameters (the same recognition explain shows); None for a plain stage."""
+    kind = _MECHANISMS.get(stage.kind) if stage is not None else None
+    if kind is None:
+        return None
+    try:
+        return kind.mechanism(j, stage)
+    except (ValueError, IndexError, TypeError):  # a module no layout foresaw: the op's words
+        return None
 
 
 def _crash(j: Judge) -> tuple[StageVerdict, Diagnosis] | None:

@@ -62,6 +62,8 @@ from .kinds import (
     scale,
     scores,
     sdpa,
+    sinks,
+    softcap,
     softmax,
     transpose,
     view,
@@ -80,6 +82,8 @@ KINDS: tuple[ModuleType, ...] = (
     kv_repeat,
     view,
     transpose,
+    sinks,
+    softcap,
     softmax,
     dropout,
     attend,
@@ -98,7 +102,8 @@ RULES = tuple(rule for kind in KINDS for rule in kind.RULES)
 # stage of their own; `embed` and `error` are placed by assemble.py, not by a unit.
 BUILDERS: dict[str, ModuleType] = {
     kind.KIND: kind for kind in (norm, project, qkv_split, rotary, kv_repeat, view, transpose,
-                                 scores, scale, mask, position_bias, softmax, dropout, attend,
+                                 scores, scale, mask, position_bias, sinks, softcap,
+                                 softmax, dropout, attend,
                                  concat, w_o, residual, sdpa, op)
 }
 
@@ -117,6 +122,8 @@ JUDGES: tuple[tuple[ModuleType, str, str], ...] = (
     (scale, "scale", "scale"),
     (mask, "mask", "mask"),
     (position_bias, "pos_bias", "position bias"),
+    (softcap, "softcap", "soft-capping"),
+    (sinks, "sinks", "attention sinks"),
     (softmax, "softmax", "softmax"),
     (dropout, "dropout", "dropout"),
     (attend, "attend", "attend"),

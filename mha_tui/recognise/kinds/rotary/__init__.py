@@ -24,18 +24,19 @@ from ...graph import Graph
 from ...grouping import Unit
 from ...maker import StageMaker, synthetic
 from ...sizes import Sizes
-from .finding import ELEMENTWISE, KIND, Rotation, angles_of, frequencies, pairs, rotate, rotations, wrapped
-from .judging import judge
+from .finding import CLAIMS, KIND, Rotation, angles_of, frequencies, pairs, rotate, rotations, wrapped
+from .judging import judge, mechanism
 from .why import quiz, why
 
-__all__ = ["KIND", "RULES", "TITLE", "Rotation", "build", "judge", "quiz", "rotations", "why"]
+__all__ = ["KIND", "RULES", "TITLE", "Rotation", "build", "judge", "mechanism", "quiz", "rotations",
+           "why"]
 
 TITLE = "Rotary positions: turn Q and K by each token's position"
 
 
 def turns_by_position(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     """An op of a rotary rotation: from the head tensor to the rotated q or k."""
-    if op.name not in ELEMENTWISE or not g.op_derives(op, {"project"}):
+    if op.name not in CLAIMS or not g.op_derives(op, {"project"}):
         return None
     return KIND if any(op.index in rot.ops for rot in rotations(g, sizes)) else None
 

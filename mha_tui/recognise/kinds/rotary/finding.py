@@ -17,11 +17,14 @@ import numpy as np
 from ....records import OpRecord, Ref
 from ...graph import Graph
 from ...sizes import Sizes
+from .measured import WALK, measured
 
 KIND = "rotary"
 ELEMENTWISE = {"mul", "add", "sub", "neg", "cat", "stack", "getitem", "flatten", "view",
                 "reshape", "unsqueeze", "float", "to", "type_as", "contiguous", "view_as_complex",
                 "view_as_real", "repeat_interleave", "mul_", "add_"}
+_CASTS = {"to", "type_as", "float", "contiguous"}
+CLAIMS = ELEMENTWISE | WALK  # the ops a rotation may be made of
 _COMPLEX_WRAP = {"view_as_complex", "reshape", "view", "float", "to", "type_as", "contiguous"}
 _COMPLEX_UNWRAP = {"view_as_real", "flatten", "reshape", "view", "type_as", "to", "float"}
 
@@ -39,6 +42,7 @@ class Rotation:
     cos: np.ndarray  # (T, r/2): the module's cos per position and pair
     sin: np.ndarray
     ops: frozenset[int]  # every op from rotated_in to after
+    scale: float = 1.0  # the tables' length: YaRN's attention factor multiplies cos and sin
 
 
 # Found once per graph and number of projections known: the rules run op by op, and a
@@ -236,6 +240,7 @@ def _complete(g: Graph, rotated_in: Ref, site: Ref, r: int, pairing: str, cos: n
     sliced = _slice_of(g, rotated_in)
     if sliced is not None and sliced[1][0] in (None, 0):
         source, _ = sliced
+        site = _cast_after(g, site, extra)  # litgpt's `roped.to(dtype=x.dtype)` before the cat
         for c in g.consumers[site.op]:  # type: ignore[index]
             joined = g.ops[c]
             if joined.name != "cat" or len(joined.inputs) != 2 or not _same(joined.inputs[0], site):
@@ -249,6 +254,18 @@ def _complete(g: Graph, rotated_in: Ref, site: Ref, r: int, pairing: str, cos: n
     return Rotation(before=before, rotated_in=rotated_in, after=after, passed=passed, r=r,
                     pairing=pairing, cos=np.asarray(cos, np.float64),
                     sin=np.asarray(sin, np.float64), ops=frozenset(ops))
+
+
+def _cast_after(g: Graph, site: Ref, extra: set[int]) -> Ref:
+    """site, or the dtype cast it goes through alone (`.to(dtype)`, `.type_as(x)`), whose
+    op joins `extra`."""
+    for _ in range(3):
+        consumers = g.consumers[site.op]  # type: ignore[index]
+        if len(consumers) != 1 or g.ops[consumers[0]].name not in _CASTS:
+            return site
+        site = Ref("op", op=consumers[0])
+        extra.add(consumers[0])
+    return site
 
 
 def _between(g: Graph, start: Ref, end: Ref) -> set[int]:
@@ -276,6 +293,12 @@ def _find(g: Graph, sizes: Sizes) -> list[Rotation]:
         if rotation is not None:
             found.append(rotation)
             claimed |= rotation.ops
+    for before, rotated_in, after, passed, r, pairing, cos, sin, scale, ops in measured(g, sizes):
+        if ops & claimed:
+            continue
+        found.append(Rotation(before=before, rotated_in=rotated_in, after=after, passed=passed,
+                              r=r, pairing=pairing, cos=cos, sin=sin, ops=ops, scale=scale))
+        claimed |= ops
     return found
 
 

@@ -42,8 +42,20 @@ def judge(j: Judge) -> list[Row]:
     return rows
 
 
+def forward(angles: np.ndarray) -> np.ndarray:
+    """The angles as a turn the usual way: a module that turns the other way (nanochat's
+    `x1 * (-sin) + x2 * cos`) has every angle negated, and q·k depends on t - s all the same."""
+    return -angles if angles.shape[0] >= 2 and angles[1, 0] < 0 else angles
+
+
 def _base(base: float) -> str:
-    """A base read from float32 tables, as a person writes it: 500, 10000, 500000."""
+    """A base read from float32 tables, as a person writes it: 500, 10000, 500000 (the
+    fewest significant digits within 1e-4 of it: angles measured in float32 give 500021)."""
+    for digits in range(1, 7):
+        rounded = float(f"{base:.{digits}g}")
+        if abs(rounded - base) <= 1e-4 * base:
+            base = rounded
+            break
     return f"{base:.4g}" if base < 1e4 else f"{base:.0f}"
 
 
@@ -51,7 +63,7 @@ def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Rotation]
     by_role.sort(key=lambda p: "QKV?".index(p[0]))
     roles = [role for role, _ in by_role]
     first = by_role[0][1]
-    angles = angles_of(first)
+    angles = forward(angles_of(first))
     T, n = angles.shape
     r = first.r
     _, base, _ = frequencies(angles)
@@ -118,3 +130,24 @@ def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Rotation]
                  source=line_of(q_rot).source)
 
 
+
+
+def mechanism(j: Judge, stage: Stage) -> str | None:
+    """What this rotary stage does, with the parameters read from its own tables, and the
+    option that makes it the exercise: the words `check` gives when the module leaves plain
+    attention here."""
+    ops = {op.index for op in stage.ops}
+    here = [rot for rot in rotations(j.classified(), Sizes(j.B, j.T, j.C, j.h, j.d_h))
+            if rot.ops & ops]
+    if not here:
+        return None
+    rot = here[0]
+    _, base, _ = frequencies(forward(angles_of(rot)))
+    pairs = "rotate_half" if rot.pairing == "half" else "interleaved pairs"
+    extent = "full" if rot.r == j.d_h else f"partial: {rot.r} of {j.d_h} channels"
+    option = "--expect rotary"
+    if base is not None and abs(base - 10000) > 1:
+        option += f" --rotary-base {_base(base)}"
+    said = f"base {_base(base)}" if base is not None else "its own angles"
+    return (f"rotary positions on Q and K ({pairs}, {extent}, {said}): pass `{option}` if "
+            f"that is the exercise; plain multi-head attention has no positions")
