@@ -81,6 +81,12 @@ class CheckFormat(StrEnum):
     csv = "csv"
 
 
+class SandboxMode(StrEnum):
+    auto = "auto"
+    required = "required"
+    off = "off"
+
+
 class ExpectKind(StrEnum):
     attention = "attention"
     rotary = "rotary"
@@ -671,7 +677,7 @@ def _forward_error(trace: Trace) -> str:
 def _a_stage_kind(stage: str) -> bool:
     """A stage only some modules have (rotary, qkv_split, op-7 ...): known once it ran, so it
     is looked for then. Imported only here: the recogniser loads NumPy, the app must not."""
-    from .recognise.registry import BUILDERS
+    from .kinds.registry import BUILDERS
 
     return stage.split("-")[0] in (*BUILDERS, "embed", "error")
 
@@ -771,6 +777,7 @@ def check(
     expect: Annotated[ExpectKind, typer.Option("--expect", help="What you meant to build: plain multi-head attention, with rotary positions on Q and K (full, base --rotary-base; a partial rotary as the module turns it), or with ALiBi's fixed slopes on the scores. Shared K/V heads are read from the K and V weights.", case_sensitive=False)] = ExpectKind.attention,
     rotary_base: Annotated[float, typer.Option("--rotary-base", metavar="BASE", help="With --expect rotary: the base of the angles, pair i turning by BASE^(-2i/d_h) per position.")] = 10000.0,
     window: Annotated[int | None, typer.Option("--window", metavar="N", help="You meant a causal sliding window: each token sees itself and the N - 1 tokens before it.", show_default=False)] = None,
+    sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Grading several modules: each runs in a bubblewrap sandbox (no network, no other file of yours, its own scratch folder). auto: where bwrap works, else without one, said once; required: refuse to grade without it; off.", case_sensitive=False)] = SandboxMode.auto,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
@@ -809,7 +816,7 @@ def check(
         fail(f"--rotary-base must be above 1, got {rotary_base:g}")
     wanted = Expect(rotary=expect is ExpectKind.rotary, window=window,
                     alibi=expect is ExpectKind.alibi, rotary_base=rotary_base)
-    from .judge.grade import GradeError, Submission, find_submissions, is_batch
+    from .grade import GradeError, Submission, find_submissions, is_batch
 
     if class_name is not None and not all(part.isidentifier() for part in class_name.split(".")):
         fail(f"--class takes the name of a class; {class_name!r} is not one")
@@ -834,7 +841,8 @@ def check(
     verdict = None
     if len(submissions) > 1 or is_batch(specs or []):
         reports = _grade(config, submissions, init=init or [], weights=weights,
-                         timeout=timeout, jobs=jobs, memory=memory, expect=wanted)
+                         timeout=timeout, jobs=jobs, memory=memory, expect=wanted,
+                         sandbox=sandbox)
     else:  # one module, judged here: the whole report
         from .judge.report import verdict_json
         from .load.learner import LoadError
@@ -852,10 +860,21 @@ def check(
 
 
 def _grade(config: Config, submissions: list, *, init: list[str], weights: Path | None,
-           timeout: float, jobs: int | None, memory: int, expect: Expect) -> list[dict]:
-    """Each submission in its own process (judge/grade.py); a progress bar on stderr while
+           timeout: float, jobs: int | None, memory: int, expect: Expect,
+           sandbox: SandboxMode) -> list[dict]:
+    """Each submission in its own process (grade/pool.py); a progress bar on stderr while
     they run, when stderr is a terminal."""
-    from .judge.grade import Limits, grade
+    from .grade import Limits, sandbox_or_why, watched_folders
+    from .grade.pool import grade
+
+    sandboxed, why = sandbox_or_why(sandbox.value)
+    if why is not None and sandbox is SandboxMode.required:
+        fail(f"--sandbox required: {why}")
+    if why is not None and sandbox is SandboxMode.auto:
+        sys.stderr.write(f"mha-tui: warning: grading WITHOUT a sandbox ({why}): each "
+                         "submission can read, write and reach what you can. Install "
+                         "bubblewrap, or pass --sandbox off to grade so without this warning.\n")
+    watched = watched_folders(submissions)
 
     limits = Limits(sentence=config.sentence, embed_dim=config.embed_dim, heads=config.num_heads,
                     seed=config.seed, causal=config.causal, max_seq_len=config.max_seq_len,
@@ -864,7 +883,8 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
                     window=expect.window, alibi=expect.alibi, rotary_base=expect.rotary_base)
     jobs = jobs or max(1, min(os.cpu_count() or 1, 4))
     if not (sys.stderr is not None and sys.stderr.isatty()):
-        return [g.report for g in grade(submissions, limits, jobs=jobs)]
+        return [g.report for g in grade(submissions, limits, jobs=jobs, sandbox=sandboxed,
+                                        watched=watched)]
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -879,7 +899,8 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
             progress.update(task, advance=1, description=f"{printable(graded.submission.shown)}: "
                                                          f"{graded.outcome}")
 
-        return [g.report for g in grade(submissions, limits, jobs=jobs, done=done)]
+        return [g.report for g in grade(submissions, limits, jobs=jobs, done=done,
+                                        sandbox=sandboxed, watched=watched)]
 
 
 def _check_source(model: str | None, module: str | None, init: list[str],
@@ -904,7 +925,7 @@ def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckForm
     if fmt is CheckFormat.csv:
         import csv
 
-        from .judge.grade import CSV_COLUMNS, csv_rows
+        from .grade.gradebook import CSV_COLUMNS, csv_rows
 
         writer = csv.DictWriter(sys.stdout, fieldnames=CSV_COLUMNS, lineterminator="\n")
         writer.writeheader()

@@ -1,6 +1,6 @@
 """Quiz mode: questions about one traced forward, asked stage by stage, marked, and scored.
 
-Each stage kind's module (`recognise/kinds/<kind>.py`, its `quiz`) asks about that stage's
+Each stage kind's module (`kinds/<kind>.py`, its `quiz`) asks about that stage's
 recorded numbers; the answers come from the records of this very trace, never from a list.
 `Quiz` is the state of one learner's run through them (which question is next, the marks so
 far): plain frozen data, so the app keeps it in one reactive and a test can walk it without
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .recognise.kinds import embed
-from .recognise.quizzing import HOW, Marked, Question, mark
-from .recognise.registry import BUILDERS
+from .kinds import embed
+from .kinds._parts.quizzing import HOW, Marked, Question, mark
+from .kinds.registry import BUILDERS
 from .records import Stage, Trace
 
 __all__ = ["HOW", "KINDS", "Marked", "Question", "Quiz", "questions"]

@@ -5,7 +5,7 @@ its choices) before torch or NumPy is imported: each kind's title and explanatio
 sentences a computed fact replaces. Its `code` strings are mygpt's lines, shown only while
 the module has not run yet; a traced stage shows the statements its own ops ran (a test
 checks that they are in the file that ran). A kind's rules and how its stage is built live
-in `mha_tui/recognise/kinds/`. Never import torch, numpy, rich, textual or typer here.
+in `mha_tui/kinds/`. Never import torch, numpy, rich, textual or typer here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Why this number? How one cell of a stage's result was made from the numbers before it.
 
 For a cell of a stage's main tensor (its last: the stage's result), the stage kind's module
-(`recognise/kinds/<kind>.py`, its `why`) recomputes the value from what the forward
+(`kinds/<kind>.py`, its `why`) recomputes the value from what the forward
 recorded, step by step, with the real values, and sets it beside the module's own number.
 Everything in a Why is computed by mha-tui, never by the module, and says so; the module's
 number is read, never recomputed. Plain data out: the app and the CLI draw it with
@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from .recognise.cell import Cell, Term, Why, WhyError, expanded_from, main_tensor
-from .recognise.kinds import embed, error, sdpa
-from .recognise.registry import BUILDERS
+from .kinds import embed, error, sdpa
+from .kinds._parts.cell import Cell, Term, Why, WhyError, expanded_from, main_tensor
+from .kinds.registry import BUILDERS
 from .records import Trace
 
 __all__ = ["KINDS", "Term", "Why", "WhyError", "main_tensor", "parse_cell", "why"]

@@ -154,7 +154,7 @@ def test_no_causal_judges_against_unmasked_attention() -> None:
 
 def test_a_judgement_that_fails_is_a_row_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
     """A module no rule foresaw: the row says it was not judged, the rest stands."""
-    from mha_tui.recognise.kinds import softmax
+    from mha_tui.kinds import softmax
 
     def broken(j: object) -> list:
         raise IndexError("no such axis")
@@ -170,8 +170,8 @@ def test_the_numbers_behind_the_verdicts() -> None:
     """Equal infinities are equal, NaN where NaN is expected is equal, a scale is a ratio."""
     import numpy as np
 
-    from mha_tui.judge.numeric import blocked, close, max_diff, ratio
-    from mha_tui.recognise.vocab import softmax
+    from mha_tui.ops.numeric import blocked, close, max_diff, ratio
+    from mha_tui.ops.vocab import softmax
 
     inf = float("inf")
     assert max_diff(np.array([-inf, 1.0]), np.array([-inf, 1.0])) == 0.0

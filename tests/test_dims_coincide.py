@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from mha_tui.config import Config, Source
+from mha_tui.kinds._parts.builder import BHTD, BHTT, Builder
+from mha_tui.ops.sizes import Sizes
 from mha_tui.pipeline import checked
-from mha_tui.recognise.builder import BHTD, BHTT, Builder
-from mha_tui.recognise.sizes import Sizes
 
 from .conftest import run_cli
 

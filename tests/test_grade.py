@@ -19,15 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from mha_tui.judge.grade import (
-    GradeError,
-    Limits,
-    Submission,
-    csv_rows,
-    find_submissions,
-    grade,
-    is_batch,
-)
+from mha_tui.grade import GradeError, Limits, Submission, find_submissions, is_batch
+from mha_tui.grade.gradebook import csv_rows
+from mha_tui.grade.pool import grade
 from mha_tui.judge.outcome import COULD_NOT_JUDGE, EQUIVALENT, NOT_EQUIVALENT, worst
 
 from .conftest import ROOT, run_cli
@@ -242,40 +236,62 @@ def test_one_module_whose_forward_raises_is_could_not_judge_exit_3() -> None:
 
 
 def test_the_grader_itself_never_imports_torch() -> None:
-    probe = ("import sys, mha_tui.judge.grade, mha_tui.judge.outcome, mha_tui.judge.report\n"
+    probe = ("import sys, mha_tui.grade.pool, mha_tui.grade.gradebook, mha_tui.judge.report\n"
              "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
 
 
-def _spinning(tmp_path: Path, names: tuple[str, ...] = ("one", "two")) -> tuple[Path, Path]:
-    """Submissions that each say they are inside the forward (a file in started/), then spin."""
-    folder, started = tmp_path / "submissions", tmp_path / "started"
+def _spinning(tmp_path: Path, names: tuple[str, ...] = ("one", "two")) -> Path:
+    """Submissions that each say they are inside the forward (a file `started` in their own
+    working folder, the sandbox's scratch), then spin."""
+    folder = tmp_path / "submissions"
     folder.mkdir()
-    started.mkdir()
     for name in names:
-        spins = (f"{FIRST_LINE}        open({str(started / name)!r}, 'w').close()\n"
+        spins = (f"{FIRST_LINE}        open('started', 'w').close()\n"
                  f"        while True:\n            pass\n")
         (folder / f"{name}.py").write_text(
             (MISTAKES / "correct.py").read_text().replace(FIRST_LINE, spins, 1))
-    return folder, started
+    return folder
 
 
-def _workers_of(folder: Path) -> list[int]:
-    """The grader's worker processes for this folder still alive (a zombie is killed, only
-    not reaped)."""
+def _worker(pid: int) -> bool:
+    """pid is a live (not zombie) grading worker: the fork server names them."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return comm == "mha-tui-worker" and state != "Z"
+
+
+def _workers_of(grader: int) -> list[int]:
+    """The grading workers descending from the grader process."""
     import os
 
-    found = []
+    parents: dict[int, int] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
+            parents[int(pid)] = int(Path(f"/proc/{pid}/stat").read_text()
+                                    .rpartition(")")[2].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if "grade_worker" in cmdline and str(folder) in cmdline and state != "Z":
-            found.append(int(pid))
-    return found
+
+    def descends(pid: int) -> bool:
+        for _ in range(20):
+            pid = parents.get(pid, 0)
+            if pid == grader:
+                return True
+            if pid <= 1:
+                return False
+        return False
+
+    return [pid for pid in parents if descends(pid) and _worker(pid)]
+
+
+def _inside(pids: list[int], count: int) -> bool:
+    """`count` workers, each inside the forward (its `started` file written)."""
+    return len(pids) == count and all(Path(f"/proc/{pid}/cwd/started").exists() for pid in pids)
 
 
 def _within(seconds: float, ready: Callable[[], bool],
@@ -292,7 +308,7 @@ def _within(seconds: float, ready: Callable[[], bool],
     return True
 
 
-def _kill_leftovers(folder: Path, process: subprocess.Popen[bytes] | None = None) -> None:
+def _kill_leftovers(workers: list[int], process: subprocess.Popen[bytes] | None = None) -> None:
     """A failed run leaves nothing behind: the grader, then its workers."""
     import os
     import signal
@@ -300,9 +316,10 @@ def _kill_leftovers(folder: Path, process: subprocess.Popen[bytes] | None = None
     if process is not None and process.poll() is None:
         process.kill()
         process.wait()
-    for pid in _workers_of(folder):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+    for pid in workers:
+        if _worker(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _grading(folder: Path) -> subprocess.Popen[bytes]:
@@ -329,8 +346,8 @@ def _sigint_ignored(pid: int) -> bool:
 
 
 def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
-    """Workers run in sessions of their own (the terminal's SIGINT does not reach them):
-    an interrupted grading kills them rather than waiting out their time limit.
+    """Workers run in sessions (and sandboxes) of their own (the terminal's SIGINT does not
+    reach them): an interrupted grading kills them rather than waiting out their time limit.
 
     Robust under load: the interrupt is sent once both workers are inside the forward (each
     writes a file there, then spins), not when their processes merely appear; the guards are
@@ -339,14 +356,17 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     hour-long --timeout, far past the guard."""
     import signal
 
-    folder, started = _spinning(tmp_path)
+    folder = _spinning(tmp_path)
     process = _grading(folder)
+    workers: list[int] = []
     try:
-        inside = _within(600, lambda: all((started / n).exists() for n in ("one", "two")),
-                         process)
+        def both_inside() -> bool:
+            workers[:] = _workers_of(process.pid)
+            return _inside(workers, 2)
+
+        inside = _within(600, both_inside, process)
         assert inside, process.stderr.read().decode() if process.poll() is not None else \
             "the workers did not reach the forward within 600 s"
-        assert len(_workers_of(folder)) == 2
         assert not _sigint_ignored(process.pid), "the grader ignores SIGINT"
         process.send_signal(signal.SIGINT)
         try:
@@ -354,57 +374,63 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             pytest.fail("the grader was still running 300 s after Ctrl-C")
         assert process.returncode == 130, err.decode()
-        assert _within(60, lambda: _workers_of(folder) == []), _workers_of(folder)
+        assert _within(60, lambda: not any(map(_worker, workers))), workers
     finally:
-        _kill_leftovers(folder, process)
+        _kill_leftovers(workers, process)
 
 
 def test_workers_end_when_the_grader_is_killed(tmp_path: Path) -> None:
     """A grader that cannot act (SIGKILL, or SIGTERM, which it does not catch) leaves no
-    worker spinning until its hour-long --timeout: each worker watches its parent and ends
-    its whole session once the grader is gone."""
+    worker spinning until its hour-long --timeout: the fork server, its children and the
+    sandboxes die with their parent."""
     import signal
 
-    folder, started = _spinning(tmp_path)
+    folder = _spinning(tmp_path)
     process = _grading(folder)
+    workers: list[int] = []
     try:
-        inside = _within(600, lambda: all((started / n).exists() for n in ("one", "two")),
-                         process)
-        assert inside, "the workers did not reach the forward within 600 s"
-        assert len(_workers_of(folder)) == 2
+        def both_inside() -> bool:
+            workers[:] = _workers_of(process.pid)
+            return _inside(workers, 2)
+
+        assert _within(600, both_inside, process), "the workers did not reach the forward"
         process.send_signal(signal.SIGKILL)
         process.wait()
-        assert _within(120, lambda: _workers_of(folder) == []), _workers_of(folder)
+        assert _within(120, lambda: not any(map(_worker, workers))), workers
     finally:
-        _kill_leftovers(folder, process)
+        _kill_leftovers(workers, process)
 
 
 def test_a_stopping_grading_kills_a_worker_its_stop_missed(tmp_path: Path) -> None:
     """Once the grading is stopping, a worker's own thread kills it too: a second Ctrl-C in
     the middle of stop_all cannot leave one running (and the grader waiting on it)."""
+    import os
     import threading
 
-    from mha_tui.judge.grade import Workers, run_one
+    from mha_tui.grade.pool import Grader
 
-    folder, started = _spinning(tmp_path, ("one",))
+    folder = _spinning(tmp_path, ("one",))
     limits = Limits(sentence="I love AI !", embed_dim=4, heads=2, seed=0, causal=True,
                     max_seq_len=64, timeout=3600)
-    workers = Workers()
+    grader = Grader(limits, sandbox=False)
     done: list[object] = []
     sub = Submission(shown="one", module=f"{folder / 'one.py'}:MultiHeadAttention")
-    thread = threading.Thread(target=lambda: done.append(run_one(sub, limits, workers)),
-                              daemon=True)
+    thread = threading.Thread(target=lambda: done.append(grader.run_one(sub)), daemon=True)
     thread.start()
+    workers: list[int] = []
     try:
-        assert _within(600, lambda: (started / "one").exists() or not thread.is_alive()), \
-            "the worker did not reach the forward within 600 s"
-        assert len(_workers_of(folder)) == 1
-        workers.stopping = True  # as stop_all's first step; its kill never came
+        def inside() -> bool:
+            workers[:] = _workers_of(os.getpid())
+            return _inside(workers, 1) or not thread.is_alive()
+
+        assert _within(600, inside), "the worker did not reach the forward within 600 s"
+        grader.workers.stopping = True  # as stop_all's first step; its kill never came
         thread.join(120)
         assert not thread.is_alive(), "run_one still waited 120 s after the grading stopped"
-        assert _within(60, lambda: _workers_of(folder) == []), _workers_of(folder)
+        assert _within(60, lambda: not any(map(_worker, workers))), workers
     finally:
-        _kill_leftovers(folder)
+        grader.close()
+        _kill_leftovers(workers)
 
 
 def test_a_print_loop_cannot_fill_the_disk(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from mha_tui.config import Config
+from mha_tui.ops.graph import Graph
+from mha_tui.ops.sizes import Sizes
 from mha_tui.recognise.classify import classify
-from mha_tui.recognise.graph import Graph
 from mha_tui.recognise.run import recognise
-from mha_tui.recognise.sizes import Sizes
 from mha_tui.records import Recording, Ref
 
 from .test_families import _families_root  # noqa: F401  (the session's checkpoint folder)

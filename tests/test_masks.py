@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mha_tui.recognise.kinds.mask import mask_shape
+from mha_tui.kinds.mask import mask_shape
 
 from .test_families import _families_root  # noqa: F401  (the session's checkpoint folder)
 

@@ -1,4 +1,4 @@
-"""The check's faster numbers give NumPy's own answers, bit for bit (judge/numeric.py), and a
+"""The check's faster numbers give NumPy's own answers, bit for bit (ops/numeric.py), and a
 recording leaves no reference cycle behind (it is freed without the garbage collector)."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ import gc
 import numpy as np
 import pytest
 
-import mha_tui.recognise  # noqa: F401  (first: judge.numeric reads recognise's graph)
-from mha_tui.judge.numeric import equal, finite_std
+from mha_tui.ops.numeric import equal, finite_std
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 8, 127, 128, 129, 8191, 65536, 65537, 100_003,

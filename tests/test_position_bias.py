@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from mha_tui.recognise.kinds.position_bias import bias_shape
+from mha_tui.kinds.position_bias import bias_shape
 
 from .test_families import _families_root  # noqa: F401  (the session's checkpoint folder)
 

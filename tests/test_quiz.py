@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from mha_tui.config import Config, Source
+from mha_tui.kinds._parts.quizzing import HOW, LONGEST_ANSWER, Question, mark, read
 from mha_tui.pipeline import run_trace
 from mha_tui.quiz import KINDS, Quiz, questions
-from mha_tui.recognise.quizzing import HOW, LONGEST_ANSWER, Question, mark, read
 from mha_tui.records import Trace
 
 from .conftest import ROOT, run_cli, split_figures
@@ -94,7 +94,7 @@ def test_every_answer_matches_an_independent_computation(model: str, embed_dim: 
 def test_every_question_kind_is_asked_and_each_kind_has_its_generator_in_its_module() -> None:
     """Across the tutorials and the mechanisms, every kind of question turns up; each stage
     kind's questions come from its own module (the registry's kind modules)."""
-    from mha_tui.recognise.kinds import kv_repeat, position_bias, rotary, softmax
+    from mha_tui.kinds import kv_repeat, position_bias, rotary, softmax
 
     assert KINDS["softmax"] is softmax.quiz and KINDS["rotary"] is rotary.quiz
     assert KINDS["kv_repeat"] is kv_repeat.quiz and KINDS["pos_bias"] is position_bias.quiz
@@ -357,7 +357,7 @@ def test_an_hf_quiz_says_whose_numbers_and_ids_it_asks_about() -> None:
     says times alpha and the key says mha-tui computed it (the answer is the recorded
     expansion, Q·K × alpha, checked here in float64); a tokenizer's ids are not numbered
     by first appearance."""
-    from mha_tui.recognise.kinds.scores import baddbmm_factors
+    from mha_tui.kinds.scores import baddbmm_factors
 
     from .test_families import hf_trace
 

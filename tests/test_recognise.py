@@ -252,7 +252,7 @@ def test_per_head_modules_are_shown_side_by_side() -> None:
 
 
 def test_recognise_never_imports_torch() -> None:
-    code = ("import sys\nimport mha_tui.recognise, mha_tui.recognise.registry, mha_tui.records\n"
+    code = ("import sys\nimport mha_tui.recognise, mha_tui.kinds.registry, mha_tui.records\n"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr

@@ -12,10 +12,10 @@ import math
 import numpy as np
 import pytest
 
+from mha_tui.kinds.registry import BUILDERS, KINDS, RULES
+from mha_tui.ops.graph import Graph
+from mha_tui.ops.sizes import Sizes
 from mha_tui.recognise.classify import classify
-from mha_tui.recognise.graph import Graph
-from mha_tui.recognise.registry import BUILDERS, KINDS, RULES
-from mha_tui.recognise.sizes import Sizes
 from mha_tui.records import ModuleCall, OpRecord, Recording, Ref, Snapshot, Source, TensorArg
 
 B, T, C, H, D = 1, 3, 4, 2, 2
@@ -402,7 +402,7 @@ def test_a_multi_query_fused_layer_is_fused_and_split() -> None:
 
 
 def test_fused_width_is_3c_or_h_plus_two_kv_blocks() -> None:
-    from mha_tui.recognise.kinds.qkv_split import fused_width
+    from mha_tui.kinds.qkv_split import fused_width
 
     assert fused_width(3 * C, SIZES)
     assert fused_width(C + 2 * D, SIZES)  # one K/V head
@@ -415,7 +415,7 @@ def test_fused_width_is_3c_or_h_plus_two_kv_blocks() -> None:
     ([("Q", [0, 1, 2, 3]), ("K", [4]), ("V", [5])], "[q0 q1 q2 q3 | k0 | v0]"),
 ])
 def test_layout_text_names_each_block_of_the_fused_output(roles: list, layout: str) -> None:
-    from mha_tui.recognise.kinds.qkv_split import layout_text
+    from mha_tui.kinds.qkv_split import layout_text
 
     assert layout_text(roles, sum(len(blocks) for _, blocks in roles)) == layout
 

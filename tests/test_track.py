@@ -18,7 +18,7 @@ UNSOUND = Path(__file__).parent / "fixtures" / "unsound"
 
 
 def _weights(C: int, seed: int = 0):
-    from mha_tui.judge.results import RoleWeights
+    from mha_tui.records.verdict import RoleWeights
 
     rng = np.random.default_rng(seed)
     w = [(rng.standard_normal((C, C)), None) for _ in range(4)]

@@ -391,7 +391,7 @@ def test_a_numpy_error_stage_is_explained_too() -> None:
 def test_op_and_error_are_explained_kinds_and_aux_kinds_make_no_stage() -> None:
     """cache and plumbing ops are `aux`: they join the stage that consumes them, never a
     stage of their own, so there is no cell of theirs to explain."""
-    from mha_tui.recognise.kinds import cache, plumbing
+    from mha_tui.kinds import cache, plumbing
 
     assert {"op", "error"} <= set(KINDS)
     assert cache.KIND == plumbing.KIND == "aux" and "aux" not in KINDS

@@ -319,8 +319,8 @@ def test_the_quiz_on_the_expansion_answers_from_its_numbers_and_says_they_are_mh
     """--quiz asks about the expanded stages too: each answer equals the reference computed
     here, is marked right when typed as shown, and its source says the numbers are mha-tui's
     expansion, never the module's own or recorded."""
+    from mha_tui.kinds._parts.quizzing import mark
     from mha_tui.quiz import questions
-    from mha_tui.recognise.quizzing import mark
 
     trace = trace_of(case)
     expected = reference(case)
@@ -480,7 +480,7 @@ async def test_the_quiz_in_the_app_walks_the_expansion_and_then_its_why_works() 
 def test_an_unexpected_layout_is_one_line_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     """A kind's why that meets a layout it did not expect (here: made to raise IndexError)
     gives a WhyError, which the CLI prints as one line and the app's panel shows."""
-    from mha_tui.recognise.kinds import softmax
+    from mha_tui.kinds import softmax
     from mha_tui.why import KINDS, WhyError
 
     def broken(cell: object) -> Why:

@@ -28,11 +28,8 @@ from typing import Literal
 
 import numpy as np
 
-# The kind modules import judge.numeric, which imports the recogniser's graph: the
-# recogniser is loaded first, as verdict.py's first import does.
-from ..recognise import registry as _registry  # noqa: F401
+from ..ops.numeric import ATOL, LARGE_NEGATIVE, RTOL, f64
 from ..records import Stage, TensorRecord, Trace
-from .numeric import ATOL, LARGE_NEGATIVE, RTOL, f64
 
 Status = Literal["agree", "differ", "mine", "reference", "not compared"]
 PARAMETER_DIMS = {("C_out", "C_in"), ("C_in", "C_out"), ("C",), ("vocab", "C")}

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .results import RoleWeights
+from ..kinds.position_bias import alibi_slopes
+from ..records.verdict import RoleWeights
 
 
 def _linear(x: np.ndarray, weight_bias: tuple[np.ndarray, np.ndarray | None]) -> np.ndarray:
@@ -63,21 +64,6 @@ def rotate(t: np.ndarray, layout: str, base: float = ROTARY_BASE, dims: int | No
                           axis=-1).reshape(turned_part.shape)
     rotated = turned_part * np.cos(angles) + turned * np.sin(angles)
     return np.concatenate([rotated, passed], axis=-1)
-
-
-def alibi_slopes(heads: int) -> np.ndarray:
-    """ALiBi's fixed slope per head (Press et al.; BLOOM's and MPT's build_alibi): for h a
-    power of 2, 2^(-8 i / h), i = 1..h; otherwise those of the power of 2 below h, then
-    every other slope of the power of 2 above it."""
-    def power_of_2(n: int) -> list[float]:
-        start = 2.0 ** (-(2.0 ** -(np.log2(n) - 3)))
-        return [start ** (i + 1) for i in range(n)]
-
-    closest = 2 ** int(np.floor(np.log2(heads)))
-    slopes = power_of_2(closest)
-    if closest != heads:
-        slopes += power_of_2(2 * closest)[0::2][: heads - closest]
-    return np.asarray(slopes, dtype=np.float64)
 
 
 def alibi_bias(heads: int, T: int) -> np.ndarray:

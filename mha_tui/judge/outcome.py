@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from .results import Verdict
+from ..records.verdict import Verdict
 
 Outcome = Literal["equivalent", "NOT equivalent", "could not judge"]
 EQUIVALENT: Outcome = "equivalent"

@@ -16,9 +16,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ..records.verdict import StageVerdict, Verdict
 from ..render.text import printable
 from .outcome import COULD_NOT_JUDGE, EQUIVALENT, NOT_EQUIVALENT, Outcome, outcome
-from .results import StageVerdict, Verdict
 
 MARKS = {True: ("✓", "green"), False: ("✗", "bold red"), None: ("·", "dim")}
 ASCII_MARKS = {True: ("ok", "green"), False: ("X", "bold red"), None: ("-", "dim")}

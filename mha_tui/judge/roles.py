@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..recognise import registry as _registry  # noqa: F401  (see compare.py)
+from ..kinds._parts.judging import Judge
+from ..ops.numeric import f64
 from ..records import Recording, Trace
-from .judging import Judge
-from .numeric import f64
-from .results import Facts, RoleWeights
+from ..records.verdict import Facts, RoleWeights
+from .verdict import role_weights
 
 ROLES = ("Q", "K", "V", "O")
 
@@ -36,8 +36,6 @@ class RoleCopyError(Exception):
 
 def roles_of(trace: Trace, heads: int) -> RoleWeights | None:
     """A traced module's projections by role (as `check` finds them), or None."""
-    from .verdict import role_weights  # verdict imports the kind modules: see check/__init__
-
     if trace.recording is None or trace.failed:
         return None
     try:

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..recognise.graph import reaching_output, value_inputs
-from ..recognise.maker import api_name
-from ..recognise.vocab import LARGE_NEGATIVE
+from ..kinds._parts.maker import api_name
+from ..ops.graph import reaching_output, value_inputs
+from ..ops.vocab import LARGE_NEGATIVE
 from ..records import OpRecord, Recording
 from .numpy_reference import Step
 

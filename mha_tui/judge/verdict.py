@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..recognise.registry import JUDGES, KINDS
+from ..kinds._parts.judging import Judge, Row
+from ..kinds.registry import JUDGES, KINDS
+from ..ops.numeric import close, f64, linear_parts
 from ..records import Ref, Stage, Trace
-from .judging import Judge, Row
-from .numeric import close, f64, linear_parts
+from ..records.verdict import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
 from .numpy_reference import ROTARY_BASE, alibi_slopes, kv_heads, steps
-from .results import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
 from .track import departure, describe
 from .whole import Finding, nan_origin, no_attention, output_shape
 

@@ -41,7 +41,7 @@ def stages_of(recorded: Recorded) -> tuple[Stage, ...]:
 
 def recognised(recorded: Recorded) -> Trace:
     """recognise, then the Trace the app, the transcripts and the check read."""
-    from ..recognise.sizes import head_calls
+    from ..ops.sizes import head_calls
 
     stages = stages_of(recorded)
     recording = recorded.recording

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from ..config import MAX_SEQ_LEN, Config, ModelSource
+from ..kinds import position_bias, rotary
 from ..load.hf import HfError, Loaded, all_layers_limit, check_layer, first_line, tokenize
-from ..recognise.kinds import position_bias, rotary
 from ..records import Check, ModuleInfo, Recorded, Recording, Stage, Trace
 from ..tracing.hf_layers import LayerInput, run_forward
 from . import stages_of

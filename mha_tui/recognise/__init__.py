@@ -1,7 +1,7 @@
 """Turn a recorded forward (ops) into the stages a learner reads.
 
 The one place that knows what "scores" or "mask" look like: one module per stage kind in
-`kinds/`, asked in the order `registry.py` gives and says why. Each rule is a small function
+`mha_tui/kinds/`, asked in the order `kinds/registry.py` gives and says why. Each rule is a small function
 named after what it recognises, and its evidence is the op, the shapes, the values and
 where each tensor came from -- never a variable name. The rules label every op that
 depends on the forward's input x with a kind; ops that do not depend on x (a mask buffer
@@ -21,23 +21,6 @@ typer here (an import-linter contract checks it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from .run import recognise
 
-from .graph import Graph
-from .sizes import Sizes
-
-if TYPE_CHECKING:
-    from .run import recognise
-
-__all__ = ["Graph", "Sizes", "recognise"]
-
-
-def __getattr__(name: str) -> object:
-    """`recognise` is imported on first use: the kinds import judge.numeric, which imports
-    this package's graph, so importing run here would go round in a circle whenever
-    judge.numeric is the first module imported."""
-    if name == "recognise":
-        from .run import recognise
-
-        return recognise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["recognise"]

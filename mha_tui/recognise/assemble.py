@@ -11,16 +11,16 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..kinds import embed, mask, project
+from ..kinds import error as error_kind
+from ..kinds import op as op_kind
+from ..kinds._parts.builder import Builder
+from ..kinds._parts.maker import StageMaker, api_name
+from ..kinds._parts.unit import Unit
+from ..kinds.registry import BUILDERS
+from ..ops.graph import reaching_output
 from ..records import Check, Embedded, Recording, Stage
 from ..stages import stage_info
-from .builder import Builder
-from .graph import reaching_output
-from .grouping import Unit
-from .kinds import embed, mask, project
-from .kinds import error as error_kind
-from .kinds import op as op_kind
-from .maker import StageMaker, api_name
-from .registry import BUILDERS
 
 
 def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Embedded | None,

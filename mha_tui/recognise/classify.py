@@ -6,11 +6,11 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from .graph import Graph
-from .kinds.qkv_split import fused_width
-from .registry import RULES
-from .sizes import Sizes
-from .vocab import PROJECTIONS
+from ..kinds.qkv_split import fused_width
+from ..kinds.registry import RULES
+from ..ops.graph import Graph
+from ..ops.sizes import Sizes
+from ..ops.vocab import PROJECTIONS
 
 
 def classify(g: Graph, sizes: Sizes) -> None:

@@ -8,20 +8,9 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ..judge.numeric import equal
-from .graph import Graph
-
-
-@dataclass
-class Unit:
-    """Ops of one kind grouped into a future stage."""
-
-    kind: str
-    ops: list[int] = field(default_factory=list)
-    helpers: list[int] = field(default_factory=list)
-    folded: list[int] = field(default_factory=list)  # identity dropouts shown with it
+from ..kinds._parts.unit import Unit
+from ..ops.graph import Graph
+from ..ops.numeric import equal
 
 
 def group(g: Graph) -> list[Unit]:

@@ -8,14 +8,14 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 from ..config import Config
+from ..kinds import kv_repeat
+from ..kinds._parts.builder import Builder
+from ..ops.graph import Graph
+from ..ops.sizes import Sizes, assign_heads, assign_loop_heads, head_calls, infer_sizes
 from ..records import Embedded, Recording, Stage
 from .assemble import build_stages
-from .builder import Builder
 from .classify import classify
-from .graph import Graph
 from .grouping import group
-from .kinds import kv_repeat
-from .sizes import Sizes, assign_heads, assign_loop_heads, head_calls, infer_sizes
 
 
 def recognise(rec: Recording, config: Config, *, embedded: Embedded | None = None,

@@ -1,0 +1,422 @@
+"""mask: blocking score entries (add a -inf buffer, masked_fill, where with a large negative);
+with --no-causal, the mask that did not run.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..ops.graph import Graph, masks_somewhere
+from ..ops.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal_set, f64, max_diff
+from ..ops.sizes import Sizes
+from ..ops.vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
+from ..records import Check, OpRecord, Source, Stage, Trace
+from ..stages import NO_MASK, NO_MASK_ARGUMENT
+from ._parts.builder import BHTT, Builder
+from ._parts.maker import StageMaker, possessive
+from ._parts.mask_fill import fill_check, fill_value
+from ._parts.mask_shape import MaskShape, mask_shape  # noqa: F401  (MaskShape: the kind's words, re-exported)
+from ._parts.mask_why import why  # noqa: F401  (the kind's why, in mask_why.py: why.py reads mask.why)
+from ._parts.quizzing import Question, head_of_interest, recorded
+from ._parts.unit import Unit
+from .scores import scaled_inside
+
+if TYPE_CHECKING:
+    from ._parts.judging import Judge, Row
+
+
+KIND = "mask"
+
+
+def mask(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """Blocking score entries: add a -inf buffer, masked_fill, or where with a big negative."""
+    if not g.x_inputs(op) or not g.op_derives(op, {"scores"}) or g.op_derives(op, {"softmax"}):
+        return None
+    others = g.other_inputs(op)
+    if op.name in {"add", "add_", "sub", "sub_"}:
+        return "mask" if others and masks_somewhere(g, others[0]) else None
+    if op.name in {"masked_fill", "masked_fill_"}:
+        value = fill_value(op)
+        if value is not None and value <= LARGE_NEGATIVE:
+            return "mask"
+        fills = [r for r in others if g.snap(r).values.size == 1]
+        return "mask" if fills and very_negative(g.snap(fills[0]).values) else None
+    if op.name == "where":
+        numbers = [a for a in op.scalars() if isinstance(a, int | float)]
+        if any(float(n) <= LARGE_NEGATIVE for n in numbers):
+            return "mask"
+        return "mask" if any(very_negative(g.snap(r).values) for r in others
+                             if g.snap(r).dtype != "bool") else None
+    return None
+
+
+RULES = (mask,)
+
+SKIPPED_MASK = (
+    "No mask was applied (--no-causal): the module's masking lines did not run, so every "
+    "token may attend to every token, later ones included, and the scaled scores go on to "
+    "softmax unchanged.")
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    g = m.g
+    groups = m.per_head_ops(unit)
+    first = m.op(unit.ops[0])
+    before_ref = m.x_in(first)
+    values, snap = m.four_d(unit, BHTT)
+    if m.b.per_head and len(groups) > 1:
+        before_values = np.stack([m.snap(m.x_in(grp[0])).values for grp in groups],
+                                 axis=m.b.head_axis)
+    else:
+        before_values = m.b.out_4d([before_ref.op], BHTT)[0] if before_ref.op is not None \
+            else m.snap(before_ref).values
+    mask_ref = next((r for r in g.other_inputs(first) if m.snap(r).values.size > 1), None)
+    tensors = []
+    how = first.name.rstrip("_")
+    if mask_ref is not None:
+        given = m.snap(mask_ref)
+        if given.dtype == "bool":
+            caption = ("True where the score is replaced" if how == "masked_fill" else
+                       "True where the score is kept" if _where_keeps(first) else
+                       "True where the score is replaced")
+        else:
+            caption = "0 where a token may look, -inf (or a large negative) where it may not"
+        mask_values = given.values
+        if mask_values.ndim == 2 and mask_values.shape[0] == mask_values.shape[1]:
+            n = mask_values.shape[0]
+            above = np.triu(np.ones((n, n), dtype=bool), 1)
+            if given.dtype == "bool" and np.array_equal(mask_values, above):
+                caption = "True above the diagonal (a later token), False on and below it"
+            elif given.dtype == "bool" and np.array_equal(mask_values, ~above):
+                caption = "True on and below the diagonal, False above it (a later token)"
+            elif given.dtype != "bool" and np.isneginf(mask_values[above]).all() and \
+                    (mask_values[~above] == 0).all():
+                caption = "0 on and below the diagonal, -inf above"
+        tensors.append(m.b.record(m.spelled(mask_ref, first), given,
+                                     m.broadcast_dims(given.shape, ("T", "T"), ("B", "T", "T"),
+                                                      onto=(values.shape, BHTT)),
+                                     values=mask_values, caption=caption,
+                                     kind="int" if given.dtype == "bool" else "signed"))
+    name = m.tensor_name(first, fallback="scores")
+    before_op = g.producer(before_ref)
+    before_name = m.tensor_name(before_op) if before_op is not None else "scores"
+    stage_name = "scale" if g.op_derives(first, {"scale"}) else "scores"
+    tensors.append(m.b.record(name, snap, BHTT if values.ndim == 4 else None, values=values,
+                                 share=(f"{possessive(stage_name)} {before_name}", m.snap(before_ref))))
+    floats = values.dtype.kind == "f"
+    blocked = values <= -1e4 if floats else np.zeros(values.shape, bool)
+    n_total = int(np.count_nonzero(blocked))  # counted once, read below
+    T = values.shape[-1]
+    above = np.triu(np.ones((values.shape[-2], T), dtype=bool), 1)
+    causal = values.ndim >= 2 and bool(np.array_equal(np.broadcast_to(above, values.shape), blocked))
+    # -inf <= -1e4: every -inf is a blocked entry, so they are counted without indexing
+    n_inf = int(np.count_nonzero(values == -np.inf)) if floats and n_total else 0
+    # values[~blocked] == before_values[~blocked], without copying either out
+    kept = bool(((values == before_values) | blocked).all()) \
+        if before_values.shape == values.shape else True
+    where = "above the diagonal" if causal else "the mask blocks"
+    shape = mask_shape(blocked)
+    checks = [
+        fill_check(m, groups, values, before_values, blocked, n_total, n_inf, where),
+        Check(f"entries {'on and below the diagonal' if causal else 'the mask lets through'} "
+              f"are unchanged", kept),
+    ]
+    note = ""
+    inside = scaled_inside(g)
+    if inside is not None:
+        note = (f"The scores were already scaled inside baddbmm (alpha = {inside:.6g}); "
+                f"the mask comes after the scaling.")
+    elif g.op_derives(first, {"scale"}) is False and "scale" not in m.made \
+            and "scale" in g.kind.values():  # a scale comes later (GPT-Neo never scales)
+        note = "This module masks the raw scores, before scaling."
+    if first.in_place:
+        note = (note + " " if note else "") + (
+            f"{first.name} changes the tensor in place; mha-tui recorded the scores before it ran, "
+            "so the scores stage still shows them unmasked.")
+    explanation = None
+    if how == "masked_fill":
+        explanation = ("A token may only attend to itself and earlier tokens. masked_fill "
+                       "writes -inf wherever the boolean mask is True; softmax turns -inf into "
+                       "exactly 0. The same (T, T) mask broadcasts over every batch and head.")
+    elif how == "where":
+        explanation = ("torch.where keeps a score where the condition allows it and puts a "
+                       "large negative number elsewhere; softmax turns those into (almost) 0.")
+    if n_total and n_inf < n_total:
+        # The words follow the recorded values: -1e9 or finfo.min is not -inf.
+        fill = float(values[blocked].max())
+        explanation = ("A token may only attend to itself and earlier tokens. The scores it "
+                       f"may not look at are set to a large negative number ({fill:.3g}"
+                       "), not -inf; softmax turns them into 0 to within float32 precision "
+                       "(their exp underflows). The same (T, T) mask broadcasts over every "
+                       "batch and head.")
+    title = None
+    if shape.kind != "causal" and n_total:
+        title, explanation = shape.title, shape.explanation
+        checks.insert(0, Check(f"{n_total} entries blocked: {shape.what}", None))
+    return m.stage(unit, stage_id, "mask", tensors, checks, shape_in=before_values.shape,
+                      shape_out=values.shape, dims_in=tensors[-1].dims, dims_out=tensors[-1].dims,
+                      note=note, explanation=explanation, title=title)
+
+
+def _where_keeps(op: OpRecord) -> bool:
+    """torch.where(cond, scores, -inf): True keeps; where(cond, -inf, scores): True replaces."""
+    args = op.args
+    return len(args) > 1 and hasattr(args[1], "index") and op.inputs[args[1].index].kind == "op"
+
+
+def _skipped_lines(before: Stage, after: Stage) -> tuple[str, Source] | None:
+    """The module's own lines between the scale stage's statement and softmax's that did not
+    run (an `if` that was False and its body), read from the file, each marked as skipped."""
+    import linecache
+
+    if before.source is None or not after.ops:
+        return None
+    start = max(op.source.end_line or op.source.line for op in before.ops) if before.ops else 0
+    end = after.ops[0].source.line
+    file = after.ops[0].source.file
+    if not start or file != before.source.file or end - start < 2:
+        return None
+    lines = [linecache.getline(file, n).rstrip("\n") for n in range(start + 1, end)]
+    code = [line for line in lines if line.strip() and not line.strip().startswith("#")]
+    if not code or not code[0].strip().startswith("if "):
+        return None
+    indent = min(len(line) - len(line.lstrip()) for line in code)
+    marked = []
+    for n, line in enumerate(code):
+        text = line[indent:].split("  # ", 1)[0].rstrip()
+        marked.append(text + ("  # False: the line below did not run" if n == 0 and text.startswith("if ")
+                              else "  # skipped, did not run"))
+    return "\n".join(marked), Source(file=file, line=start + 1, text="\n".join(marked), end_line=end - 1)
+
+
+def add_skipped_mask(stages: list[Stage], b: Builder) -> None:
+    """--no-causal on a module whose mask line is guarded: say that no mask ran, after scale,
+    showing the module's own guarded lines as skipped."""
+    at = next((i for i, st in enumerate(stages) if st.kind == "scale"), None)
+    softmax = next((st for st in stages if st.kind == "softmax"), None)
+    if at is None or not stages[at].tensors or softmax is None:
+        return
+    skipped = _skipped_lines(stages[at], softmax)
+    if skipped is None and b.g.rec.library != "numpy":
+        return
+    scaled = stages[at].tensors[-1]
+    passed = replace(scaled, shares_storage=True, shares_with=f"scale's {scaled.name}",
+                     caption="no mask: the scaled scores, unchanged")
+    same = bool(softmax.ops) and any(
+        ref.kind == "op" and ref.op in {op.index for op in stages[at].ops}
+        for ref in softmax.ops[0].inputs)
+    numpy = b.g.rec.library == "numpy"
+    info = NO_MASK_ARGUMENT if numpy else NO_MASK
+    if skipped is not None:
+        code, source = skipped
+        explanation = info.explanation if numpy else SKIPPED_MASK
+    else:
+        code, source, explanation = info.code, None, info.explanation
+    stages.insert(at + 1, Stage(
+        id="mask", title=info.title, code=code, explanation=explanation,
+        shape_in=stages[at].shape_out, shape_out=stages[at].shape_out, dims_in=scaled.dims,
+        dims_out=scaled.dims, tensors=(passed,),
+        checks=(Check("no mask was applied: the scores are the scaled scores, the same tensor",
+                      same),),
+        kind="mask", source=source, ops=()))
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    """Judge the entries blocked by the mask op, then what actually reaches softmax."""
+    stages = [s for s in j.trace.stages if s.kind == "mask" and not j.is_sdpa(s)]
+    expected = blocked_set(j.T, j.facts.causal, j.facts.window)
+    rows: list[Row] = []
+    mask_ok = True
+    value_note = ""
+    for stage in stages:
+        ops = j.main_ops(stage, MASK_OPS | {"baddbmm"})
+        if not ops:
+            rows.append(j.row(stage, "mask", None, None, "no masking op recognised"))
+            continue
+        op = ops[-1]
+        after = f64(op.out.values)
+        if op.name == "baddbmm":  # mask + q @ k^T in one op (torch's own MHA)
+            operands = [f64(j.g.snap(r).values) for r in j.g.tensor_operands(op)]
+            before = float(op.kwarg("alpha", 1) or 1) * (operands[1] @ operands[2])
+            j.differences.append("adds the mask inside the scores product (baddbmm): "
+                                    "equivalent")
+        else:
+            before = f64(j.g.snap(j.g.x_inputs(op)[0]).values)
+        if before.shape != after.shape:
+            before = np.broadcast_to(before, after.shape)
+        newly = blocked(after) & ~blocked(before)
+        square = newly.ndim >= 2 and newly.shape[-1] == j.T
+        flat = newly.reshape(-1, j.T, j.T) if square else None
+        same = flat is not None and all(np.array_equal(f, flat[0]) for f in flat)
+        pattern = flat[0] if same and flat is not None else None
+        kept = ~newly
+        d = max_diff(np.where(kept, after, 0.0), np.where(kept, before, 0.0))
+        good = pattern is not None and np.array_equal(pattern, expected) and d <= ATOL
+        mask_ok &= good
+        values = after[newly]
+        if good and values.size and np.isfinite(values).all():
+            value_note = (f"masks with {float(values.max()):.3g} instead of -inf: softmax gives "
+                          f"those entries weight 0 in float32, the same weights: equivalent")
+        diag = None if good else _mask_diagnosis(j, pattern, expected, d)
+        n = int(expected.sum())
+        rows.append(j.row(stage, "mask", good, d,
+                             _blocks_words(j, n),
+                             source=op.source, note=value_note, diagnosis=diag))
+    if value_note:
+        j.differences.append(value_note)
+    # What softmax normalises: the masked scores must be what reaches it.
+    soft = j.softmax_ops()
+    if not soft or not mask_ok:
+        return rows
+    logits = f64(j.g.snap(j.g.x_inputs(soft[0])[0]).values)
+    pattern = blocked_pattern(logits) if logits.ndim >= 2 and logits.shape[-1] == j.T else None
+    if pattern is not None and np.array_equal(pattern, expected):
+        if not stages and expected.any():
+            j.differences.append("applies the mask inside the scores op (an additive "
+                                    "attn_mask in baddbmm): equivalent")
+        return rows
+    if pattern is None:
+        return rows
+    # The future is not blocked before softmax.
+    after = _mask_after_softmax(j, soft[0], expected)
+    if after is not None:
+        op, d = after
+        sums = f64(op.out.values).sum(axis=-1)
+        rows.append(j.row(j.stage_of.get(op.index), "mask", False, d,
+                             "the causal entries are blocked before softmax",
+                             source=op.source, diagnosis=(
+                                 "mask_after_softmax",
+                                 "the mask is applied after softmax: the causal entries are "
+                                 "blocked in the weights, not in the scores, so the rows "
+                                 f"no longer sum to 1 (row sums {np.nanmin(sums):.4f} to "
+                                 f"{np.nanmax(sums):.4f}); mask the scores, then softmax"),
+                             position=j.position_after("softmax")))
+        return rows
+    if stages and j.classified().derives(j.g.x_inputs(soft[0])[0], {"mask"}):
+        # The masked scores do reach softmax, through a line no rule places (a relu that
+        # turns -inf into 0): that line is where the module leaves attention, and the
+        # end-to-end comparison names it (verdict._departure), not the mask's line.
+        rows[-1] = j.row(stages[-1], "mask", None, None,
+                         "the masked scores reach softmax, changed on the way by a line "
+                         "judged below")
+        return rows
+    if stages:
+        last = stages[-1]
+        rows[-1] = j.row(last, "mask", False, None,
+                            "the masked scores are what softmax normalises",
+                            source=j.main_ops(last, MASK_OPS)[-1].source,
+                            diagnosis=("mask_missing",
+                                       "the mask's result never reaches softmax: softmax "
+                                       f"normalises scores with {int(expected.sum())} causal "
+                                       "entries unblocked (the masked tensor is not the one "
+                                       "passed on)"))
+        return rows
+    rows.append(j.row(None, "mask", False, None,
+                         f"blocks exactly the {int(expected.sum())} causal entries before softmax",
+                         source=soft[0].source,
+                         diagnosis=("mask_missing" if j.facts.causal else "mask_unexpected",
+                                    "no mask: softmax gets every score, so each token also "
+                                    "attends to the tokens after it" if j.facts.causal else
+                                    "the scores are masked although --no-causal was given"),
+                         position=j.position_before("softmax")))
+    return rows
+
+
+def _mask_diagnosis(j: Judge, pattern: np.ndarray | None, expected: np.ndarray, d: float
+                    ) -> tuple[str, str]:
+    T = j.T
+    if pattern is None:
+        return "mask_wrong", "the mask blocks different entries in different heads"
+    lower = np.tril(np.ones((T, T), bool), k=-1)
+    n = int(pattern.sum())
+    if not expected.any() and pattern.any():
+        return "mask_unexpected", (f"{n} entries are masked although --no-causal was given")
+    if np.array_equal(pattern, lower) or np.array_equal(pattern, ~expected):
+        what = ("the earlier tokens and each token itself ({n} entries: the diagonal and "
+                "below)" if np.array_equal(pattern, ~expected) else
+                "the earlier tokens ({n} entries below the diagonal)").format(n=n)
+        return "mask_reversed", (f"the mask is reversed: it blocks {what} and lets every "
+                                 "token see the ones after it; block key j > query i")
+    if not pattern.any():
+        return "mask_missing", "the mask line blocks nothing: every score reaches softmax"
+    if j.facts.window is not None and np.array_equal(pattern, causal_set(T)):
+        return "window_missing", (f"no sliding window: the mask blocks only the future, but "
+                                  f"--window {j.facts.window} wants every key {j.facts.window} "
+                                  "or more tokens back blocked too")
+    window = _window_of(pattern)
+    if window is not None and j.facts.window != window:
+        wanted = "" if j.facts.window is None else f" (--window {j.facts.window} was given)"
+        return "sliding_window", (
+            f"differs: sliding window of {window}: each token looks only at itself and the "
+            f"{window - 1} token{'s' if window != 2 else ''} before it{wanted}; plain causal "
+            f"attention lets it see every earlier token (check --window {window} if that is "
+            "the exercise)")
+    if np.array_equal(pattern, expected | np.eye(T, dtype=bool)):
+        return "mask_diagonal", "the mask also blocks each token from itself (the diagonal)"
+    if d > ATOL and np.array_equal(pattern, expected):
+        return "mask_changes_scores", f"the mask also changes unmasked scores (by up to {d:.3g})"
+    return "mask_wrong", (f"the mask blocks {n} entries, {int((pattern & ~expected).sum())} of "
+                          f"them not causal ones, and misses {int((expected & ~pattern).sum())}")
+
+
+def _blocks_words(j: Judge, n: int) -> str:
+    if j.facts.window is not None:
+        return (f"blocks exactly the {n} entries of a causal sliding window of "
+                f"{j.facts.window} (key after query, or {j.facts.window} or more back)")
+    if j.facts.causal:
+        return f"blocks exactly the {n} causal entries (key after query)"
+    return "blocks nothing (--no-causal)"
+
+
+def _window_of(pattern: np.ndarray) -> int | None:
+    """w when the pattern blocks the future and every key w or more tokens back."""
+    T = pattern.shape[-1]
+    for w in range(1, T):
+        if np.array_equal(pattern, blocked_set(T, True, w)):
+            return w
+    return None
+
+
+def _mask_after_softmax(j: Judge, soft: OpRecord, expected: np.ndarray
+                        ) -> tuple[OpRecord, float] | None:
+    """An op after softmax that blocks exactly the causal entries of the weights."""
+    for op in j.g.ops[soft.index + 1:]:
+        if not j.g.from_x[op.index] or op.name not in MASK_OPS:
+            continue
+        xs = j.g.x_inputs(op)
+        before, after = f64(j.g.snap(xs[0]).values), f64(op.out.values)
+        if before.shape != after.shape or after.shape[-1] != j.T:
+            continue
+        changed = (before != after) & ~(np.isnan(before) & np.isnan(after))
+        flat = changed.reshape(-1, j.T, j.T)
+        if all(np.array_equal(f & ~expected, np.zeros_like(f)) for f in flat) and changed.any():
+            return op, max_diff(after, before)
+    return None
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """How many entries of one head's T x T scores the mask blocks."""
+    if not stage.tensors or len(stage.tensors[-1].shape) < 2:
+        return ()
+    record = stage.tensors[-1]
+    head = 0 if "h" in record.dims else head_of_interest(record)
+    index = [0] * (len(record.shape) - 2)
+    if "h" in record.dims:
+        index[record.dims.index("h")] = head
+    grid = record.values[tuple(index)]
+    count = int(blocked(grid).sum())
+    T = grid.shape[-1]
+    return (Question(stage.id, "blocked", f"How many of the {grid.size} entries of head {head}'s "
+                     f"{grid.shape[0]} x {T} scores does the mask block?", "integer", count,
+                     str(count), f"the entries of "
+                     f"{recorded(stage, record.name)}[{', '.join(map(str, index))}] "
+                     f"that hold a mask value (-inf, or -1e4 and below) after this stage: {count} "
+                     f"(counted by mha-tui)"),)

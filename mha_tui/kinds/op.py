@@ -1,0 +1,109 @@
+"""op: an x-dependent op no rule claimed, shown as it ran (its line, inputs, outputs); never
+dropped. Also the fallback when a kind's builder fails. Its cells are explained by the op that
+made them, from its recorded inputs (op_cell: the generic op arithmetic).
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..records import OpRecord, Ref, Stage
+from ._parts.cell import Cell, Why
+from ._parts.maker import StageMaker, public_name
+from ._parts.op_cell import explain, locate
+from ._parts.op_cell.reading import ALONG, BINARY, IDENTITY, REDUCE, SAME_ORDER, UNARY
+from ._parts.unit import Unit
+
+KEEP = {*UNARY, *BINARY, *IDENTITY, *ALONG, "masked_fill", "dropout"}
+
+if TYPE_CHECKING:
+    from ._parts.judging import Judge, Row
+
+
+KIND = "op"
+RULES = ()  # the default: what no rule claims
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    ops = [m.op(i) for i in unit.ops]
+    tensors = []
+    for op in ops:
+        for ref in m.g.x_inputs(op)[:2]:
+            snap = m.snap(ref)
+            tensors.append(m.b.record(f"{public_name(op)} input: {m.origin_name(ref)}", snap,
+                                         input_dims(m, ref)))
+        for n, out in enumerate(op.outputs[:3]):
+            tensors.append(m.b.record(m.tensor_name(op, n, fallback=op.name), out,
+                                         output_dims(m, op, out.shape)))
+    first = ops[0]
+    title = m.call_text(first)
+    explanation = ("No rule of mha-tui places this op in the attention recipe, so it is shown "
+                   "as it ran: its line, what it consumed and what it made.")
+    src = m.snap(m.g.x_inputs(first)[0]) if m.g.x_inputs(first) else first.out
+    dims_in = input_dims(m, m.g.x_inputs(first)[0]) if m.g.x_inputs(first) else m.dims(src.shape)
+    return m.stage(unit, stage_id, "op", tensors[-4:], [], shape_in=src.shape,
+                      shape_out=ops[-1].out.shape, dims_in=dims_in,
+                      dims_out=output_dims(m, ops[-1], ops[-1].out.shape), title=title,
+                      explanation=explanation)
+
+
+def input_dims(m: StageMaker, ref: Ref) -> tuple[str, ...]:
+    """The dims the stage that made the tensor gave it, or that the op which made it from
+    such a tensor keeps (output_dims); else guessed from its sizes (neutral d0, d1, ...
+    when two label sets fit)."""
+    snap = m.snap(ref)
+    known = m.b.known_dims(snap)
+    if known is not None:
+        return known
+    producer = m.g.producer(ref)
+    return output_dims(m, producer, snap.shape) if producer is not None else m.dims(snap.shape)
+
+
+def output_dims(m: StageMaker, op: OpRecord, shape: tuple[int, ...]) -> tuple[str, ...]:
+    """An op's output dims from its first input's known dims where the op keeps its axes
+    (elementwise, softmax along one), drops the reduced ones (`w.mean(dim=1)`) or only
+    splits B*h into B, h or merges them (torch's MHA's views); else guessed from sizes."""
+    inputs = m.g.x_inputs(op)
+    known = m.b.known_dims(m.snap(inputs[0])) if inputs else None
+    base = op.name.strip("_").removesuffix("_")
+    if known is not None:
+        if base in KEEP and tuple(shape) == m.snap(inputs[0]).shape:
+            return known
+        if base in REDUCE:
+            kept = _reduced(op, known, len(shape))
+            if kept is not None:
+                return kept
+        if base in SAME_ORDER:
+            text = ",".join(known)
+            for regrouped in (text.replace("B*h", "B,h"), text.replace("B,h", "B*h")):
+                dims = tuple(regrouped.split(","))
+                if regrouped != text and m.dims(shape, dims) == dims:
+                    return dims
+    return m.dims(shape)
+
+
+def _reduced(op: OpRecord, dims: tuple[str, ...], ndim: int) -> tuple[str, ...] | None:
+    """The axes left by a reduction over `dim` (torch) or `axis` (NumPy), without keepdim."""
+    given = op.args[1] if len(op.args) > 1 else op.kwarg("dim", op.kwarg("axis", None))
+    along = given if isinstance(given, tuple | list) else (given,)
+    if not along or not all(isinstance(d, int) and not isinstance(d, bool) for d in along):
+        return None
+    dropped = {d % len(dims) for d in along}
+    kept = tuple(d for k, d in enumerate(dims) if k not in dropped)
+    return kept if len(kept) == ndim else None
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    return [j.row(s, "op", None, None, "an op no rule of mha-tui recognises: not judged "
+                                          "on its own") for s in j.trace.stages
+            if s.kind == "op"]
+
+
+def why(cell: Cell) -> Why:
+    """The op that made the cell, recomputed from its recorded inputs (or said not to be)."""
+    return explain(cell, *locate(cell, cell.stage.ops))

@@ -1,0 +1,306 @@
+"""position_bias: numbers added to the scores that depend on where the tokens are, not on
+what they are: ALiBi (a slope per head times the key's position; BLOOM, MPT) and T5's
+relative-position buckets (a learned number per head and distance).
+
+Recognised from the ops and values, never from names: an add onto the scores (before
+softmax) of a tensor that does not come from the projections and holds no mask value; its
+shape across heads and positions says which kind it is. BLOOM's baddbmm adds its ALiBi bias
+in the same call as q @ k^T: the scores kind shows that bias with `bias_stage()` below.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..ops.graph import Graph
+from ..ops.sizes import Sizes
+from ..ops.vocab import very_negative
+from ..records import Check, OpRecord, Snapshot, Stage, TensorRecord, Trace
+from ._parts.builder import BHTT
+from ._parts.cell import Cell, Term, Why, WhyError, dot, maker, where
+from ._parts.maker import StageMaker, synthetic
+from ._parts.quizzing import Question, cell_index, head_of_interest, number_text, token_name
+from ._parts.unit import Unit
+
+if TYPE_CHECKING:
+    from ._parts.judging import Judge, Row
+
+KIND = "pos_bias"  # short: the app's rail is narrow
+
+
+def adds_position_bias(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """scores + a bias that does not come from x's projections and blocks nothing."""
+    if op.name not in {"add", "add_"} or len(op.inputs) != 2:
+        return None
+    if not g.op_derives(op, {"scores", "scale"}) or g.op_derives(op, {"softmax", "mask"}):
+        return None
+    scores = [ref for ref in op.inputs if g.derives(ref, {"scores", "scale"})]
+    others = [ref for ref in op.inputs if not g.derives(ref, {"scores", "scale", "project"})]
+    if len(scores) != 1 or len(others) != 1:
+        return None
+    bias = g.snap(others[0]).values
+    if bias.dtype.kind != "f" or very_negative(bias) or not np.isfinite(bias).all():
+        return None
+    if bias.size < 2 or np.ptp(bias) == 0:  # one number added everywhere changes nothing
+        return None
+    return KIND
+
+
+RULES = (adds_position_bias,)
+
+
+@dataclass(frozen=True)
+class BiasShape:
+    kind: str  # "alibi", "relative", "other"
+    slopes: tuple[float, ...] = ()
+
+
+def bias_shape(bias: np.ndarray) -> BiasShape:
+    """bias (h, T, T) as the scores see it: ALiBi when each head's row is its slope times the
+    key position (plus a constant per row, which softmax ignores) and the slopes differ;
+    relative when it depends only on the distance j - i."""
+    h, T, _ = bias.shape
+    if T >= 2:
+        steps = np.diff(bias, axis=-1)  # (h, T, T - 1)
+        slopes = steps[:, :, :1]
+        if np.allclose(steps, slopes, rtol=1e-4, atol=1e-6) and np.allclose(
+                slopes, slopes[:, :1], rtol=1e-4, atol=1e-6):
+            per_head = tuple(float(s) for s in slopes[:, 0, 0])
+            if len(set(np.round(per_head, 8))) > 1 or h == 1:
+                return BiasShape("alibi", per_head)
+        rows, cols = np.indices((T, T))
+        distance = cols - rows
+        relative = all(np.allclose(bias[:, distance == d], bias[:, distance == d][:, :1],
+                                   atol=1e-6) for d in range(-T + 1, T))
+        if relative:
+            return BiasShape("relative")
+    return BiasShape("other")
+
+
+def bias_stage(m: StageMaker, stage_id: str, bias: np.ndarray, before: np.ndarray,
+               after: np.ndarray, *, unit: Unit | None = None, base: Stage | None = None,
+               bias_name: str = "position bias", note: str = "") -> Stage:
+    """The stage of a position bias: the bias per head, the scores before and after."""
+    h = m.s.h
+    full = np.broadcast_to(bias, after.shape).reshape(-1, *after.shape[-3:])[0] \
+        if bias.ndim >= 3 else np.broadcast_to(bias, after.shape[-3:])
+    full = np.asarray(full, dtype=np.float64)
+    shape = bias_shape(full.reshape(-1, *after.shape[-2:])[-h:]) if full.ndim == 3 else \
+        BiasShape("other")
+    tensors: list[TensorRecord] = [
+        m.b.record(bias_name, synthetic(full.astype(after.dtype)[None]), BHTT,
+                   caption="what is added to each head's scores: row query, column key"),
+        m.b.record("scores + bias", synthetic(after), BHTT if after.ndim == 4 else None)]
+    added = after.astype(np.float64) - before.astype(np.float64)
+    ok = bool(np.allclose(added, np.broadcast_to(full, added.shape), rtol=1e-4, atol=1e-5))
+    checks = [Check("the scores after minus the scores before equal the bias, for every head "
+                    "(computed by mha-tui)", ok)]
+    if shape.kind == "alibi":
+        slopes = ", ".join(f"{s:.4g}" for s in shape.slopes)
+        ratios = [b / a for a, b in zip(shape.slopes, shape.slopes[1:], strict=False) if a]
+        geometric = bool(ratios) and np.allclose(ratios, ratios[0], rtol=1e-3)
+        title = "ALiBi position bias: each head penalises distance with its own slope"
+        checks.append(Check(f"head h adds m_h × (key position) to every row: slopes m = "
+                            f"{slopes}" + (f" (a geometric series, ratio {ratios[0]:.4g})"
+                                           if geometric else ""), None))
+        explanation = (
+            "ALiBi (attention with linear biases): no position embedding is added to x. Each "
+            "head adds to its scores a number proportional to the key's position, m_h × j; "
+            "a constant per row changes nothing after softmax, so this is the same as "
+            "subtracting m_h × (i − j), the distance back from the query. Far-away tokens get "
+            "lower scores; heads with a large slope look close by, heads with a small slope far. "
+            "The slopes are fixed, not learned.")
+    elif shape.kind == "relative":
+        title = "Relative position bias: a number per head and distance"
+        T = full.shape[-1]
+        checks.append(Check(f"the bias depends only on the distance j − i: one number per head "
+                            f"on each of the {2 * T - 1} diagonals (found by mha-tui)", None))
+        explanation = (
+            "A learned bias per head for each distance between query and key (T5 groups "
+            "distances into buckets: exact for near tokens, coarser further away). It depends "
+            "only on j − i, never on the tokens, and is added to every head's scores before "
+            "softmax.")
+    else:
+        title = "Position bias added to the scores"
+        explanation = ("Numbers that do not depend on the tokens are added to the scores before "
+                       "softmax: a bias on which positions each head prefers.")
+    if unit is not None:
+        return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=before.shape,
+                       shape_out=after.shape, dims_in=BHTT, dims_out=BHTT, title=title,
+                       explanation=explanation, note=note)
+    assert base is not None
+    return Stage(id=stage_id, title=title, code=base.code, explanation=explanation,
+                 shape_in=tuple(before.shape), shape_out=tuple(after.shape), dims_in=BHTT,
+                 dims_out=BHTT, tensors=tuple(tensors), checks=tuple(checks), note=note,
+                 kind=KIND, source=base.source, ops=base.ops)
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    op = m.op(unit.ops[0])
+    g = m.g
+    scores_ref = next(ref for ref in op.inputs if g.derives(ref, {"scores", "scale"}))
+    bias_ref = next(ref for ref in op.inputs if ref is not scores_ref)
+    after, _ = m.four_d(unit, BHTT)
+    before = _four(m, m.snap(scores_ref), after.shape)
+    bias = m.snap(bias_ref).values
+    name = _written_name(op) or m.spelled(bias_ref, op)
+    note = ""
+    if bias_ref.kind == "input":
+        note = (f"This attention module does not compute the bias: it arrives as its forward's "
+                f"argument `{bias_ref.name or name}`, made outside it (by the model, or by an "
+                f"earlier layer, as T5's first layer does for all the others).")
+    return bias_stage(m, stage_id, np.broadcast_to(bias, after.shape) if bias.ndim <= 4 else bias,
+                      before, after, unit=unit, bias_name=name, note=note)
+
+
+def _written_name(op: OpRecord) -> str | None:
+    """The bias as the add's line names it: `scores = scores + position_bias` gives
+    position_bias (the one name on the right that is not the one assigned)."""
+    target, equals, right = op.source.text.partition("=")
+    if not equals or right.startswith("="):
+        return None
+    names = [n for n in re.findall(r"(?<![\w.])[A-Za-z_]\w*(?:\.\w+)*", right)
+             if n != target.strip()]
+    return names[0] if len(names) == 1 else None
+
+
+def _four(m: StageMaker, snap: Snapshot, shape: tuple[int, ...]) -> np.ndarray:
+    values = snap.values
+    return values.reshape(shape) if values.size == int(np.prod(shape)) else values
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def alibi_slopes(heads: int) -> np.ndarray:
+    """ALiBi's fixed slope per head (Press et al.; BLOOM's and MPT's build_alibi): for h a
+    power of 2, 2^(-8 i / h), i = 1..h; otherwise those of the power of 2 below h, then
+    every other slope of the power of 2 above it."""
+    def power_of_2(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(np.log2(n) - 3)))
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** int(np.floor(np.log2(heads)))
+    slopes = power_of_2(closest)
+    if closest != heads:
+        slopes += power_of_2(2 * closest)[0::2][: heads - closest]
+    return np.asarray(slopes, dtype=np.float64)
+
+
+
+
+def judge(j: Judge) -> list[Row]:
+    """Each position-bias stage, from its own tensors (the bias as the scores see it, and
+    the scores after it): the bias is what was added; with `--expect alibi` it must be
+    ALiBi's m_h (j - i) with the fixed slopes (alibi_slopes), compared on
+    the entries softmax sees, each row from its diagonal (a constant per row changes
+    nothing after softmax)."""
+    rows = []
+    for stage in (s for s in j.trace.stages if s.kind == KIND):
+        if len(stage.tensors) < 2 or stage.tensors[0].values.ndim < 2:
+            rows.append(j.row(stage, KIND, None, None, "not judged: no bias tensor recorded"))
+            continue
+        T = stage.tensors[0].values.shape[-1]
+        bias = np.asarray(stage.tensors[0].values, dtype=np.float64).reshape(-1, T, T)[-j.h:]
+        shape = bias_shape(bias) if bias.shape[0] == j.h else BiasShape("other")
+        measured = ", ".join(f"{m:.4g}" for m in shape.slopes[:4]) + \
+            (", ..." if len(shape.slopes) > 4 else "")
+        said = {"alibi": f"ALiBi, slopes {measured}", "relative": "a relative-position bias"
+                }.get(shape.kind, "a position bias")
+        added = all(c.ok is not False for c in stage.checks[:1])
+        if not j.facts.alibi:
+            rows.append(j.row(stage, KIND, added, None,
+                              f"scores + {said}: the bias is what was added (not part of "
+                              f"plain attention; check --expect alibi for an ALiBi exercise)"))
+            continue
+        slopes = alibi_slopes(j.h)
+        expected = ", ".join(f"{m:.4g}" for m in slopes[:4]) + (", ..." if j.h > 4 else "")
+        distance = np.arange(T)[None, :] - np.arange(T)[:, None]  # (T, T): j - i
+        seen = np.tril(np.ones((T, T), bool)) if j.facts.causal else np.ones((T, T), bool)
+        relative = bias - np.diagonal(bias, axis1=1, axis2=2)[:, :, None]  # each row from i = j
+        want = slopes[:, None, None] * distance  # (h, T, T)
+        diff = float(np.abs(relative - want)[:, seen].max()) if bias.shape[0] == j.h else np.inf
+        ok = added and diff <= 1e-5 + 1e-4 * float(np.abs(want).max(initial=1.0))
+        checked = (f"scores + ALiBi's m_h (j − i), slopes {expected} (2^(−8i/h)): {said} "
+                   f"measured")
+        diagnosis = None
+        if not ok:
+            if shape.kind == "alibi" and all(m < 0 for m in shape.slopes):
+                message = (f"ALiBi slopes {measured} where {expected} were expected: the bias "
+                           f"must fall with the distance back to the key, not grow")
+            elif shape.kind == "alibi":
+                message = (f"ALiBi slopes {measured} where {expected} were expected "
+                           f"(head i of h gets 2^(−8i/h), i = 1..h)")
+            else:
+                message = (f"the bias added to the scores is not ALiBi's m_h (j − i) with "
+                           f"slopes {expected}: it is {said} (off by up to {diff:.3g})")
+            diagnosis = ("alibi_slopes", message)
+        rows.append(j.row(stage, KIND, ok, diff, checked, diagnosis=diagnosis))
+    return rows
+
+
+def why(cell: Cell) -> Why:
+    """A biased score: the score plus the bias at this head, query and key; inside BLOOM's
+    baddbmm, beta · bias + alpha · (q · k)."""
+    bias_record = cell.stage.tensors[0]
+    op, at = maker(cell, {"add", "add_", "baddbmm"})
+    bias_value = float(np.broadcast_to(bias_record.values, cell.record.values.shape)[cell.index])
+    i, j = cell.index[-2], cell.index[-1]
+    if op.name == "baddbmm":
+        bias = np.broadcast_to(cell.operand(op, 0), op.out.shape)
+        queries, keys_t = cell.operand(op, 1), cell.operand(op, 2)
+        beta = float(op.kwarg("beta", 1.0))  # type: ignore[arg-type]
+        alpha = float(op.kwarg("alpha", 1.0))  # type: ignore[arg-type]
+        *lead, qi, kj = at
+        row, col = queries[(*lead, qi)], keys_t[(*lead, slice(None), kj)]
+        terms, notes, total = dot(cell, row, col, [f"d{k}: Q[{qi}, {k}] × K[{kj}, {k}]"
+                                                   for k in range(len(row))], "products")
+        added = float(bias[tuple(at)])
+        computed = beta * added + alpha * total
+        terms = (*terms[:-1], Term("q · k", (), total), Term("× alpha", (total, "×", alpha), alpha * total),
+                 Term("+ beta × bias", (beta, "×", added), beta * added), Term("sum", (), computed))
+        return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+                   f"{cell.name} = beta · bias[{i}, {j}] + alpha · Q[{qi}, :] · K[{kj}, :]  "
+                   "(one baddbmm call)", terms,
+                   ("baddbmm adds the bias and the scaled scores in one call: its recorded inputs",
+                    *notes), computed, cell.recorded)
+    operands = [np.broadcast_to(cell.operand(op, k), op.out.shape) for k in (0, 1)]
+    full_bias = np.broadcast_to(bias_record.values, cell.record.values.shape)
+    k = next((k for k in (0, 1) if np.array_equal(operands[k].reshape(full_bias.shape), full_bias)),
+             None)
+    if k is None:
+        raise WhyError(f"cannot find the bias among the inputs of {cell.stage.id}'s add")
+    score, added = float(operands[1 - k][tuple(at)]), float(operands[k][tuple(at)])
+    computed = score + added
+    if added != bias_value:
+        raise WhyError(f"the bias at {cell.name} is not the stage's {bias_record.name}")
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = score[{i}, {j}] + bias[{i}, {j}]",
+               (Term("the score (the add's recorded input)", (), score),
+                Term(f"+ bias[{i}, {j}]", (), added), Term("sum", (score, "+", added), computed)),
+               ("the bias depends on the positions (query row, key column) and the head, never "
+                "on the tokens",), computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """One number of the bias: head 1, the last query, the key just before it."""
+    if not stage.tensors or len(stage.tensors[0].shape) < 2:
+        return ()
+    bias = stage.tensors[0]
+    head = head_of_interest(bias)
+    i = bias.shape[-2] - 1
+    j = max(0, i - 1)
+    index = cell_index(bias, head=head, row=i, col=j)
+    value = float(bias.values[index])
+    spot = ", ".join(map(str, index))
+    return (Question(stage.id, "value", f"What number is added to head {head}'s score of "
+                     f"query {token_name(trace, i)} (row {i}) against key "
+                     f"{token_name(trace, j)} (column {j})?", "number", value, number_text(value),
+                     f"{bias.name}[{spot}], recorded: the bias depends on the positions and "
+                     "the head, never on the tokens"),)

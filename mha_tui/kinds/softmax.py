@@ -1,0 +1,302 @@
+"""softmax: scores become weights, by softmax or written out by hand (exp, sum, divide).
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..ops.graph import Graph
+from ..ops.numeric import ATOL, RTOL, close, f64
+from ..ops.sizes import Sizes
+from ..ops.vocab import LARGE_NEGATIVE, SOFTMAXES
+from ..ops.vocab import softmax as softmax_of
+from ..records import Check, OpRecord, Ref, Stage, Trace
+from ._parts.builder import BHTT, plural, yes
+from ._parts.cell import Cell, Term, Why, where
+from ._parts.maker import StageMaker, words
+from ._parts.quizzing import Question, cell_index, head_of_interest, number_text, recorded, token_name
+from ._parts.unit import Unit
+from .scores import scaled_inside
+
+if TYPE_CHECKING:
+    from ._parts.judging import Judge, Row
+
+
+KIND = "softmax"
+
+
+def softmax(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    return "softmax" if op.name in SOFTMAXES and g.x_inputs(op) else None
+
+
+def handwritten_softmax(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """exp(s - max(s)) / sum(exp(...)) written out over several ops or lines: one softmax."""
+    if g.softmax_parts is None:
+        g.softmax_parts = _softmax_parts(g)
+    return "softmax" if op.index in g.softmax_parts else None
+
+
+def _softmax_parts(g: Graph) -> set[int]:
+    """Every op of each hand-written softmax: the division e / sum(e) where e = exp(...),
+    with the row maximum subtracted first when it is (the numerically stable form)."""
+    parts: set[int] = set()
+    for op in g.ops:
+        if op.name not in {"div", "true_divide"} or len(op.inputs) != 2:
+            continue
+        e, total = g.producer(op.inputs[0]), g.producer(op.inputs[1])
+        if e is None or total is None or e.name != "exp" or total.name != "sum":
+            continue
+        if not total.inputs or total.inputs[0].op != e.index or not e.inputs:
+            continue
+        found = [e.index, total.index, op.index]
+        shifted = g.producer(e.inputs[0])
+        if shifted is not None and shifted.name == "sub" and len(shifted.inputs) == 2:
+            peak = g.producer(shifted.inputs[1])
+            if peak is not None and peak.name in {"max", "amax"} and peak.inputs and \
+                    _same(peak.inputs[0], shifted.inputs[0]):
+                found += [shifted.index, peak.index]
+        parts.update(found)
+    return parts
+
+
+def _same(a: Ref, b: Ref) -> bool:
+    return a.kind == b.kind and a.op == b.op and a.output == b.output and a.name == b.name
+
+
+RULES = (softmax, handwritten_softmax)
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    first = m.op(unit.ops[0])
+    values, snap = m.four_d(unit, BHTT)
+    groups = m.per_head_ops(unit)
+    if m.b.per_head and len(groups) > 1:
+        before = np.stack([m.snap(m.x_in(grp[0])).values for grp in groups],
+                                 axis=m.b.head_axis)
+    else:
+        ref = m.x_in(first)
+        before = m.b.out_4d([ref.op], BHTT)[0] if ref.op is not None else m.snap(ref).values
+    checks = softmax_checks(values, before)
+    ops = [m.op(i) for i in unit.ops]
+    sums = [op for op in ops if op.name == "sum"]
+    by_hand = any(op.name == "exp" for op in ops) and bool(sums)
+    told = sums[0] if by_hand else first  # the op whose axis the rows are taken along
+    dim = told.kwarg("dim", told.kwarg("axis", next((a for a in told.scalars()
+                                                     if isinstance(a, int)), -1)))
+    if dim not in (-1, values.ndim - 1, snap.ndim - 1):
+        checks.append(Check(f"softmax over {'axis' if by_hand else 'dim'}={dim}, not the last "
+                            f"axis: rows do not sum to 1", False))
+    name_op = ops[-1] if by_hand else first
+    rec = m.b.record(m.tensor_name(name_op, fallback="weights"), snap,
+                        BHTT if values.ndim == 4 else None, values=values, kind="prob",
+                        caption="row: query token · column: key token it takes from")
+    note = "" if "mask" in m.made else (
+        "No mask was applied: every token sees every token, later ones included "
+        "(bidirectional attention, as in an encoder such as BERT).")
+    if "scale" not in m.made and scaled_inside(m.g) is None and m.s.d_h:
+        note = " ".join(filter(None, [note, (
+            f"Nothing scaled these scores: softmax takes Q·Kᵀ as it is, not divided by "
+            f"√d_h = {math.sqrt(m.s.d_h):.4g} (d_h = {m.s.d_h}).")]))
+    explanation = None
+    if by_hand:
+        stable = any(op.name == "sub" for op in ops)
+        lines = len({(op.source.file, op.source.line) for op in ops})
+        checks.append(Check(f"written by hand ({plural(lines, 'line')}): "
+                            f"{'subtract the row maximum, ' if stable else ''}exp, divide by the "
+                            f"row sum; recognised from those ops as one softmax", None))
+        checks.append(Check(f"the row maximum is subtracted before exp (no overflow): "
+                            f"{yes(stable)}", None))
+        explanation = (words("softmax")[1] + " Here softmax is written out by hand: "
+                       + ("exp(s - max(s)) / sum(exp(s - max(s))) along each row. Subtracting "
+                          "the row maximum changes nothing in the result and keeps exp from "
+                          "overflowing." if stable else "exp(s) / sum(exp(s)) along each row."))
+    return m.stage(unit, stage_id, "softmax", [rec], checks, shape_in=before.shape,
+                      shape_out=values.shape, dims_in=rec.dims, dims_out=rec.dims, note=note,
+                      explanation=explanation)
+
+
+def softmax_checks(weights: np.ndarray, before: np.ndarray) -> list[Check]:
+    deviation = float(np.abs(weights.sum(axis=-1, dtype=weights.dtype) - 1).max()) if weights.size else 0.0
+    checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e})", deviation < 1e-5)]
+    if before.shape == weights.shape:
+        # the entries the mask stage counts as blocked: -inf or a large negative such as
+        # finfo.min or -1e9 (a mask that fills -3.4e38 blocks as surely as -inf)
+        blocked = before <= LARGE_NEGATIVE if before.dtype.kind == "f" else np.isneginf(before)
+        n_blocked = int(np.count_nonzero(blocked))
+        if n_blocked:
+            n_zero = int(np.count_nonzero((weights == 0) & blocked))  # without indexing
+            checks.append(Check(f"{n_zero} of {n_blocked} masked entries are exactly 0",
+                                n_zero == n_blocked))
+    return checks
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def judge(j: Judge) -> list[Row]:
+    rows = []
+    for stage in j.trace.stages:
+        if stage.kind != "softmax" or j.is_sdpa(stage):
+            continue
+        ops = j.main_ops(stage, SOFTMAXES)
+        if not ops:
+            continue
+        op = ops[0]
+        logits = f64(j.g.snap(j.g.x_inputs(op)[0]).values)
+        got = f64(op.out.values)
+        good, d = close(got, softmax_of(logits, -1), 1.0)
+        diag = None
+        if not good:
+            diag = _softmax_diagnosis(j, logits, got)
+        rows.append(j.row(stage, "softmax", good, d,
+                             "each query's row normalised over the keys",
+                             source=op.source, diagnosis=diag))
+    return rows
+
+
+def _softmax_diagnosis(j: Judge, logits: np.ndarray, got: np.ndarray) -> tuple[str, str]:
+    names = {logits.ndim - 2: "the query axis: every column sums to 1",
+             logits.ndim - 3: "the head axis: the heads' weights for one entry sum to 1",
+             0: "the batch axis"}
+    for axis in range(logits.ndim - 1):
+        if np.allclose(got, softmax_of(logits, axis), atol=ATOL, rtol=RTOL, equal_nan=True):
+            dim = axis - logits.ndim
+            return "softmax_wrong_axis", (f"softmax over the wrong axis (dim={dim}, "
+                                          f"{names.get(axis, 'axis ' + str(axis))}): each "
+                                          "query's row must be normalised over the keys, "
+                                          "dim=-1")
+    sums = got.sum(axis=-1)
+    return "softmax_wrong", (f"the weights are not a softmax of the scores over the keys "
+                             f"(row sums range {np.nanmin(sums):.4f} to {np.nanmax(sums):.4f})")
+
+
+def why(cell: Cell) -> Why:
+    """A weight: exp(s_ij - max) / Σ_k exp(s_ik - max), with the row's numbers."""
+    ops = cell.ops("softmax", "_softmax")
+    unshifted = False  # exp(s) / sum, no max subtracted: exp's input is the score itself
+    if not ops and cell.ops("exp"):  # NumPy: exp(s - max(s)) / sum, the row's max op first
+        ops = cell.ops("max", "amax")
+        if not ops:
+            ops, unshifted = cell.ops("exp"), True
+    op, index = cell.per_head(ops)
+    scores = cell.operand(op, 0)
+    axis = _axis(op, scores.ndim)
+    cell_at = index  # the cell in the scores' coordinates
+    if op.name in ("max", "amax"):  # its output is (T, 1): the cell's row, not its column
+        index = (*index[:-1], 0)
+    *lead, i, _ = index
+    notes = ["the module's exp has no max subtracted (exp(s) / Σ exp(s)); mha-tui subtracts "
+             "it, which gives the same number"] if unshifted else []
+    dropouts = cell.ops("dropout", "dropout_")
+    if dropouts:
+        p = dropouts[0].kwarg("p", dropouts[0].args[1] if len(dropouts[0].args) > 1 else None)
+        training = dropouts[0].kwarg("training", None)
+        notes.append(f"then dropout (p={p}, training={training}): "
+                     + ("it changes nothing here" if training is False or p == 0
+                        else "it can zero or rescale this weight"))
+    if axis != scores.ndim - 1:  # a softmax over another axis (dim=-2: down a column)
+        return _across(cell, scores, cell_at, axis, tuple(notes))
+    return softmax_why(cell, scores[(*lead, i)], tuple(notes))
+
+
+def _axis(op: OpRecord, ndim: int) -> int:
+    """The axis the softmax (or NumPy's row max before exp) normalises over, from 0."""
+    if op.name in ("max", "amax"):
+        axis = op.kwarg("axis", op.args[1] if len(op.args) > 1 else -1)
+    else:
+        axis = op.kwarg("dim", op.args[1] if len(op.args) > 1 else -1)
+    return int(axis) % ndim if isinstance(axis, int) and ndim else max(ndim - 1, 0)
+
+
+def _across(cell: Cell, scores: np.ndarray, index: tuple[int, ...], axis: int,
+            notes: tuple[str, ...]) -> Why:
+    """A weight of a softmax over another axis than the keys: exp(s - max) / Σ exp(s - max)
+    along that axis (the query axis: down the cell's column), a term per position on it."""
+    values = scores[(*index[:axis], slice(None), *index[axis + 1:])].astype(np.float64)
+    p = index[axis]
+    queries = axis == scores.ndim - 2
+    what = "query axis" if queries else f"axis {axis}"
+    j = cell.index[-1]
+    at = (lambda k: f"s[{k}, {j}]") if queries else (lambda k: f"s[{axis}={k}]")
+    terms, top, computed = _weight_terms(
+        values, p, (lambda k: f"query {cell.token(k)}") if queries else (lambda k: f"position {k}"),
+        at, "column" if queries else what)
+    said = [f"this softmax runs over the {what} (dim {axis - scores.ndim}), not over the keys: "
+            + (f"down column {j}, a term per query, so each column of weights sums to 1, not "
+               f"each row" if queries else f"a term per position along axis {axis}"),
+            f"the largest of these scores, max = {top:.6g}, is subtracted first (the result is "
+            "the same; exp cannot overflow)"]
+    if np.isneginf(values).all():
+        said[1] = "every score here is blocked (-inf): exp(-inf - (-inf)) is undefined: NaN"
+    return Why(cell.stage.id, "softmax", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = exp({at(p)} - max_k {at('k')}) / Σ_k exp({at('k')} - max)",
+               tuple(terms), (*said, *notes), computed, cell.recorded)
+
+
+def _weight_terms(values: np.ndarray, p: int, label: Callable[[int], str],
+                  at: Callable[[object], str], over: str) -> tuple[list[Term], float, float]:
+    """One softmax weight's terms along the axis it normalises: exp(v_k - max) for each k,
+    their sum Σ, and exp(v_p - max) / Σ; with the max and the weight."""
+    top = float(np.max(values))
+    with np.errstate(invalid="ignore"):
+        exps = np.exp(values - top)
+    total = float(exps.sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        computed = float(exps[p] / total)
+    terms = [Term(f"{label(k)}: exp({at(k)} - max)", ("exp(", float(values[k]), "-", top, ")"),
+                  float(exps[k])) for k in range(len(values))]
+    terms.append(Term(f"Σ over the {over}", (), total))
+    terms.append(Term(f"exp({at(p)} - max) / Σ", (float(exps[p]), "/", total), computed))
+    return terms, top, computed
+
+
+def softmax_why(cell: Cell, scores: np.ndarray, notes: tuple[str, ...] = ()) -> Why:
+    """The arithmetic of one weight, whoever computed the row of scores: exp(s_ij - max) /
+    Σ_k exp(s_ik - max), a term per key."""
+    *_, i, j = cell.index
+    row = scores.astype(np.float64)
+    terms, top, computed = _weight_terms(row, j, lambda k: f"key {cell.token(k)}",
+                                         lambda k: f"s[{i}, {k}]", "row")
+    said = [f"the row's largest score, max = {top:.6g}, is subtracted first (the result is "
+            "the same; exp cannot overflow)"]
+    if np.isneginf(row).all():
+        said = ["every key of this row is blocked (-inf): exp(-inf - (-inf)) is undefined, "
+                "so the whole row is NaN; no key is left to attend to"]
+    elif np.isneginf(row).any():
+        said.append("a blocked (-inf) score gives exp(-inf) = 0: no weight")
+    return Why(cell.stage.id, "softmax", cell.record.name, cell.index, where(cell),
+               f"{cell.name} = exp(s[{i}, {j}] - max_k s[{i}, k]) / Σ_k exp(s[{i}, k] - max)",
+               tuple(terms), (*said, *notes), computed, cell.recorded)
+
+
+def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
+    """What a row of weights sums to, and which key the last query weighs most in head 1."""
+    if not stage.tensors or len(stage.tensors[-1].shape) < 2:
+        return ()
+    record = stage.tensors[-1]
+    head = head_of_interest(record)
+    i = record.shape[-2] - 1
+    row_index = cell_index(record, head=head, row=i)[:-1]
+    row = record.values[row_index].astype(np.float64)
+    total = float(row.sum())
+    spot = ", ".join(map(str, row_index))
+    questions = [Question(stage.id, "row_sum", f"What does row {i} of head {head}'s weights "
+                          f"(query {token_name(trace, i)}) sum to?", "number", total,
+                          number_text(total), f"Σ_j {record.name}[{spot}, j] over "
+                          f"{recorded(stage, 'row')} = {total:.6g} (summed by mha-tui): softmax "
+                          "makes every row sum to 1")]
+    if np.isfinite(row).all() and row.size > 1:
+        top = tuple(int(j) for j in np.flatnonzero(row == row.max()))  # a tie: any of them
+        questions.append(Question(
+            stage.id, "most_attended", f"In head {head}, which token does query "
+            f"{token_name(trace, i)} (row {i}) attend to most?", "token", top,
+            " or ".join(f"{token_name(trace, j)} (position {j})" for j in top),
+            f"the largest weight in {recorded(stage, 'row')} {record.name}[{spot}, :] is "
+            f"{row[top[0]]:.4f}, at key {' and '.join(map(str, top))}"))
+    return tuple(questions)

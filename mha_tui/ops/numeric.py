@@ -1,0 +1,270 @@
+"""The check's numbers: differences and tolerances, what a product op computes from its
+recorded inputs, which entries a mask blocks, the ratio a scaling applied.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..records import OpRecord, Ref
+from .graph import Graph
+from .vocab import LARGE_NEGATIVE
+
+# float32 arithmetic in a different order (fused ops, einsum, scale before or after the
+# mask) differs by a few ulps; anything above this is a different computation.
+ATOL = 1e-5
+RTOL = 1e-4
+
+
+def f64(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64)
+
+
+def max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest |a - b|; equal infinities and NaN in the same place count as equal."""
+    a, b = f64(a), f64(b)
+    if a.shape != b.shape:
+        try:
+            a, b = np.broadcast_arrays(a, b)
+        except ValueError:
+            return math.inf
+    if a.size == 0:
+        return 0.0
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(a - b))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    return float(diff.max())
+
+
+def close(a: np.ndarray, b: np.ndarray, scale: float | None = None) -> tuple[bool, float]:
+    """(within tolerance, largest difference): ATOL + RTOL * the size of the numbers."""
+    d = max_diff(a, b)
+    finite = f64(b)[np.isfinite(f64(b))] if np.size(b) else np.zeros(0)
+    size = scale if scale is not None else (float(np.abs(finite).max()) if finite.size else 0.0)
+    return d <= ATOL + RTOL * size, d
+
+
+
+def allclose(actual: np.ndarray, expected: np.ndarray, *, atol: float = ATOL,
+             rtol: float = RTOL) -> bool:
+    """`np.allclose(actual, expected, atol=atol, rtol=rtol, equal_nan=True)`, in two passes.
+
+    When `expected` is all finite (the common case), NumPy's own formula reduces to
+    `|actual - expected| <= atol + rtol * |expected|` (equal values and NaN are decided by it
+    alone), computed here in the same dtypes; otherwise NumPy decides. Same answer, without
+    the ten temporary arrays `np.isclose` makes for a (B, h, T, T) tensor.
+    """
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    if actual.shape != expected.shape or actual.dtype.kind != "f" or expected.dtype.kind != "f" \
+            or not np.isfinite(expected).all():
+        return bool(np.allclose(actual, expected, atol=atol, rtol=rtol, equal_nan=True))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return bool(np.less_equal(np.abs(actual - expected), atol + rtol * np.abs(expected)).all())
+
+
+def equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """`np.array_equal(a, b, equal_nan=True)`: one comparison when every value is equal
+    (the common case), NumPy's own NaN-aware comparison only when one is not."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape == b.shape and a.dtype.kind in "biuf" and b.dtype.kind in "biuf" \
+            and bool(np.equal(a, b).all()):
+        return True
+    return bool(np.array_equal(a, b, equal_nan=True))
+
+
+def finite_std(values: np.ndarray) -> float | None:
+    """The sample standard deviation (ddof=1) of values' finite entries, in float64: the
+    same number, bit for bit, as `values[np.isfinite(values)].astype(np.float64).std(ddof=1)`
+    (None when fewer than two are finite).
+
+    NumPy sums a contiguous float64 array pairwise, halving it (at a multiple of 8) down to
+    blocks of 128. The same halving is done here down to pieces of 2**16, and each piece is
+    converted to float64 and summed by NumPy: the same additions in the same order, without
+    a float64 copy of the whole tensor (at C 768, T 512 the scores are 3 M values).
+    """
+    flat = np.asarray(values).reshape(-1)
+    finite = np.isfinite(flat)
+    if not finite.all():
+        flat = flat[finite]
+    n = int(flat.size)
+    if n < 2:
+        return None
+    mean = _pairwise(flat, 0, n) / n
+    return float(np.sqrt(_pairwise(flat, 0, n, mean) / (n - 1)))
+
+
+_PIECE = 1 << 16
+
+
+def _pairwise(flat: np.ndarray, start: int, n: int, mean: float | None = None) -> float:
+    """Σ x (or Σ (x - mean)² when mean is given) over flat[start:start + n], in float64,
+    added up as NumPy's pairwise summation of the whole float64 array adds it."""
+    if n <= _PIECE:
+        piece = flat[start:start + n].astype(np.float64)
+        if mean is not None:
+            piece -= mean
+            np.multiply(piece, piece, out=piece)
+        return piece.sum()
+    half = n // 2
+    half -= half % 8
+    return _pairwise(flat, start, half, mean) + _pairwise(flat, start + half, n - half, mean)
+
+
+def recomputed_agrees(compute: Callable[..., np.ndarray], operands: Sequence[np.ndarray],
+                      recorded: np.ndarray, *, atol: float = ATOL, rtol: float = RTOL) -> bool:
+    """Whether `compute(*operands)` equals the recorded result (`allclose`).
+
+    Computed first at the operands' own precision (float32 at least): the tolerance is
+    float32's, so agreement there proves the claim, at half the cost of float64 copies
+    (more than the forward itself at C 768, T 512). Only a miss is recomputed in float64,
+    so a ✗ is what the float64 recomputation says, as before.
+    """
+    precision = np.result_type(*operands, np.float32)
+    first = compute(*(np.asarray(o).astype(precision, copy=False) for o in operands))
+    if allclose(first, recorded, atol=atol, rtol=rtol):
+        return True
+    if precision == np.float64:
+        return False
+    return allclose(compute(*(f64(o) for o in operands)), recorded, atol=atol, rtol=rtol)
+
+
+def blocked(values: np.ndarray) -> np.ndarray:
+    """Entries softmax will give weight 0: -inf or a very large negative number."""
+    values = f64(values)
+    return np.isneginf(values) | (values <= LARGE_NEGATIVE)
+
+
+def causal_set(T: int) -> np.ndarray:
+    """(T, T) True where query i may not look at key j (j > i)."""
+    return np.triu(np.ones((T, T), dtype=bool), k=1)
+
+
+def blocked_set(T: int, causal: bool, window: int | None = None) -> np.ndarray:
+    """(T, T) True where query i may not look at key j: the future when causal, and with a
+    sliding window of w, every key more than w - 1 tokens back."""
+    found = causal_set(T) if causal else np.zeros((T, T), dtype=bool)
+    if window is not None:
+        found |= np.tril(np.ones((T, T), dtype=bool), k=-window)
+    return found
+
+
+def blocked_pattern(values: np.ndarray) -> np.ndarray | None:
+    """The blocked (T, T) pattern of a (..., T, T) tensor if it is the same in every head."""
+    b = blocked(values)
+    if b.ndim < 2:
+        return None
+    flat = b.reshape(-1, *b.shape[-2:])
+    return flat[0] if all(np.array_equal(f, flat[0]) for f in flat) else None
+
+
+
+
+def linear_parts(g: Graph, op: OpRecord) -> tuple[Ref, np.ndarray, np.ndarray | None] | None:
+    """(input, weight as (out, in), bias) of a projection op, from its recorded arguments."""
+    x = g.x_inputs(op)
+    if len(x) != 1:
+        return None
+    others = [r for r in op.inputs if not g.is_x(r)]
+    mats = [r for r in others if g.snap(r).ndim == 2]
+    vecs = [r for r in others if g.snap(r).ndim == 1]
+    if len(mats) != 1:
+        return None
+    w = f64(g.snap(mats[0]).values)
+    bias = f64(g.snap(vecs[0]).values) if vecs else None
+    if op.name == "linear":
+        return x[0], w, bias
+    if op.name == "addmm" or op.name in ("matmul", "mm"):
+        operands = g.tensor_operands(op)
+        if op.name == "addmm" and operands and operands[0] is not x[0] and len(operands) == 3:
+            return (x[0], w.T, bias) if operands[1] is x[0] else None
+        return (x[0], w.T, None) if operands and operands[0] is x[0] else None
+    if op.name == "einsum":
+        spec = einsum_spec(op)
+        operands = g.tensor_operands(op)
+        if spec is None or len(operands) != 2:
+            return None
+        ins, _ = spec
+        w_letters = ins[operands.index(mats[0])] if mats[0] in operands else ""
+        x_letters = ins[operands.index(x[0])] if x[0] in operands else ""
+        if len(w_letters) != 2 or not x_letters:
+            return None
+        contracted = x_letters[-1]
+        if w_letters[0] == contracted:
+            return x[0], w.T, None
+        if w_letters[1] == contracted:
+            return x[0], w, None
+    return None
+
+
+def einsum_spec(op: OpRecord) -> tuple[list[str], str] | None:
+    equation = op.args[0] if op.args and isinstance(op.args[0], str) else None
+    if equation is None or "->" not in equation or "." in equation:
+        return None
+    lhs, out = equation.replace(" ", "").split("->")
+    return lhs.split(","), out
+
+
+def recompute(g: Graph, op: OpRecord) -> np.ndarray | None:
+    """What a product op computes from its recorded inputs (NumPy, float64), or None."""
+    operands = [f64(g.snap(r).values) for r in g.tensor_operands(op)]
+    try:
+        if op.name in ("matmul", "mm", "bmm") and len(operands) == 2:
+            return operands[0] @ operands[1]
+        if op.name == "baddbmm" and len(operands) == 3:
+            beta = float(op.kwarg("beta", 1) or 1)
+            alpha = float(op.kwarg("alpha", 1) or 1)
+            return beta * operands[0] + alpha * (operands[1] @ operands[2])
+        if op.name == "einsum":
+            spec = einsum_spec(op)
+            if spec is None:
+                return None
+            return np.einsum(f"{','.join(spec[0])}->{spec[1]}", *operands)
+        if op.name in ("linear", "addmm"):
+            parts = linear_parts(g, op)
+            if parts is None:
+                return None
+            x, w, b = parts
+            return f64(g.snap(x).values) @ w.T + (0 if b is None else b)
+    except ValueError:
+        return None
+    return None
+
+
+def products_agree(g: Graph, ops: list[OpRecord]) -> tuple[bool, float]:
+    """Whether every product op's recorded output equals what its recorded inputs give
+    (`recompute`), and the largest difference; an op that cannot be recomputed is passed over,
+    and no op at all is not agreement."""
+    worst, ok = 0.0, bool(ops)
+    for op in ops:
+        expected = recompute(g, op)
+        if expected is None:
+            continue
+        good, d = close(op.out.values, expected.reshape(op.out.shape))
+        ok &= good
+        worst = max(worst, d)
+    return ok, worst
+
+
+def ratio(after: np.ndarray, before: np.ndarray) -> float | None:
+    """after / before where both are finite and before is not tiny; None if not one number."""
+    if after.shape != before.shape:
+        try:
+            after, before = np.broadcast_arrays(after, before)
+        except ValueError:
+            return None
+    usable = np.isfinite(after) & np.isfinite(before) & (np.abs(before) > 1e-6) & \
+        (before > LARGE_NEGATIVE)
+    if not usable.any():
+        return None
+    ratios = after[usable] / before[usable]
+    r = float(np.median(ratios))
+    return r
+
+
+# ---------------------------------------------------------------------------- entry point
