@@ -19,6 +19,7 @@ from ..ops.graph import Graph, scalar_operand
 from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage
 from ._parts.builder import BHTT
+from ._parts.cell import Cell, Term, Why, WhyError, where
 from ._parts.maker import StageMaker
 from ._parts.unit import Unit
 
@@ -137,6 +138,34 @@ def judge(j: Judge) -> list[Row]:
                           f"scores soft-capped: {cap.cap:g} · tanh(scores / {cap.cap:g}) (not "
                           f"part of plain attention)", source=cap.tanh.source))
     return rows
+
+
+def why(cell: Cell) -> Why:
+    """One capped score: cap · tanh(score / cap), from the score the stage received."""
+    tensors = cell.stage.tensors
+    if len(tensors) < 2:
+        raise WhyError(f"stage {cell.stage.id} holds no scores to explain {cell.name} by")
+    before = float(tensors[0].values[cell.index])
+    after = float(tensors[1].values[cell.index])
+    cap = _cap_of(cell.stage)
+    inner = before / cap
+    squashed = float(np.tanh(inner))
+    computed = cap * squashed
+    spot = ", ".join(map(str, cell.index))
+    terms = (Term(f"scores before[{spot}] (recorded)", (), before),
+             Term(f"divided by the cap {cap:g}", (before, "/", cap), inner),
+             Term("tanh of it: within (-1, 1)", (), squashed),
+             Term(f"times the cap {cap:g}", (squashed, "×", cap), computed))
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = {cap:g} · tanh(scores before[{spot}] / {cap:g})", terms,
+               (f"soft-capping keeps every score within (-{cap:g}, {cap:g}); a small score "
+                f"passes almost unchanged",), computed, after)
+
+
+def _cap_of(stage: Stage) -> float:
+    """The cap a stage's ops multiply by last (tanh(...) * cap)."""
+    last = next(op for op in reversed(stage.ops) if op.name in _OUT)
+    return abs(float(next(a for a in last.scalars() if isinstance(a, int | float))))
 
 
 def mechanism(j: Judge, stage: Stage) -> str | None:

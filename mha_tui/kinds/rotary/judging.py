@@ -42,6 +42,11 @@ def judge(j: Judge) -> list[Row]:
     return rows
 
 
+def _turns_back(rot: Rotation) -> bool:
+    angles = angles_of(rot)
+    return angles.shape[0] >= 2 and bool(angles[1, 0] < 0)
+
+
 def forward(angles: np.ndarray) -> np.ndarray:
     """The angles as a turn the usual way: a module that turns the other way (nanochat's
     `x1 * (-sin) + x2 * cos`) has every angle negated, and q·k depends on t - s all the same."""
@@ -109,7 +114,9 @@ def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Rotation]
     (_, q_rot), (_, k_rot) = by_role[:2]
     if q_rot.cos.shape != k_rot.cos.shape or not np.allclose(q_rot.cos, k_rot.cos, atol=1e-5) \
             or not np.allclose(q_rot.sin, k_rot.sin, atol=1e-5):
-        return wrong(k_rot, "rotary_angles", "Q and K are turned by different angles: q·k then "
+        # the one turning against the usual direction (a sign flipped on sin) is the odd one
+        odd = q_rot if _turns_back(q_rot) and not _turns_back(k_rot) else k_rot
+        return wrong(odd, "rotary_angles", "Q and K are turned by different angles: q·k then "
                                              "depends on where the tokens are, not only on how "
                                              "far apart they are")
     if T >= 2:

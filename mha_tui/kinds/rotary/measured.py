@@ -142,6 +142,8 @@ def measured(g, sizes) -> list[tuple]:
             key = (source.kind, source.op, source.output, source.name)
             if key in found and not np.isclose(found[key][8], scale, rtol=1e-4):
                 break  # a scale after the turn (q * d_h ** -0.5) is not part of it
+            for other in [k for k, v in found.items() if k != key and v[9] < frozenset(ops)]:
+                del found[other]  # the same turn seen on the pairs' own shape, inside this one
             found[key] = (source, rotated_in, Ref("op", op=end.index), passed, r, pairing, cos,
                           sin, scale, frozenset(ops))
             break
