@@ -460,4 +460,8 @@ def test_an_unplaced_op_is_named_as_torch_documents_it() -> None:
     verdict = judged(f"{FIXTURES / 'unsound' / 'softcap_wrong_gain.py'}:WrongGainSoftcap", C=16,
                      h=4)
     assert verdict.diagnosis is not None
-    assert verdict.diagnosis.message.startswith("torch.tanh changed the values of the scores")
+    line = verdict.diagnosis.line
+    # placed by its role in the dataflow first (issue 30), then what the op did
+    assert verdict.diagnosis.message.startswith(
+        f"a transform of the scores before softmax, line {line}: torch.tanh changed the values "
+        "of the scores"), verdict.diagnosis.message

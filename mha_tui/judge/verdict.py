@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kinds._parts.judging import Judge, Row
+from ..kinds.op import role as op_role
 from ..kinds.registry import JUDGES, KINDS
 from ..ops.numeric import close, f64, linear_parts
 from ..records import Ref, Stage, Trace
@@ -287,6 +288,8 @@ def _find_departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
     # with the reshapes around it.
     reorders = found.op.name == "getitem" and any(_index_list(a) for a in found.op.args[1:])
     unplaced = stage is None or stage.kind == "op" or reorders
+    if unplaced and not mechanism:  # its place in the dataflow, then what it did
+        lead = f"{op_role(j.classified(), found.op)}, line {line}: {words}"
     return Diagnosis(kind, file, line,
                      f"{lead}: the module leaves the attention computation here, and its "
                      f"output differs from the reference's by up to {end.max_diff:.3g}",
