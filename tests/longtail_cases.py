@@ -82,11 +82,11 @@ CASES: dict[str, Case] = {
         "longtail/nanochat_attn.py:CausalSelfAttention", False, ("RMSNorm",),
         ("norm", "rotary"), expect=ROTARY),
     "Llama 3 rope scaling, --expect rotary": Case(
-        "longtail/hf_installed.py:Llama3ScaledSelfAttention", True, ("rotary", "llama3"),
-        ("rotary",), expect=rotary(500000.0)),
+        "longtail/hf_installed.py:Llama3ScaledSelfAttention", True, ("rotary", "factor 8"),
+        ("rotary",), expect=rotary(500000.0), embed_dim=64),
     "YaRN, --expect rotary": Case(
-        "longtail/hf_installed.py:YarnSelfAttention", True, ("rotary", "yarn"), ("rotary",),
-        expect=rotary(1000000.0)),
+        "longtail/hf_installed.py:YarnSelfAttention", True, ("rotary", "factor 4", "YaRN"),
+        ("rotary",), expect=rotary(1000000.0), embed_dim=64),
     "open_clip cosine attention": Case(
         "longtail/open_clip_attn.py:Attention", False, ("cosine",), ("cosine",), causal=False),
     "open_clip scaled dot product": Case(
@@ -149,6 +149,7 @@ class Measured:
 
 def measure(name: str) -> Measured:
     from mha_tui.config import Config, Source
+    from mha_tui.judge.outcome import outcome
     from mha_tui.pipeline import Expect, checked
 
     case = CASES[name]
@@ -160,8 +161,7 @@ def measure(name: str) -> Measured:
     kinds = tuple(stage.kind for stage in trace.stages)
     ops = tuple(stage.title for stage in trace.stages if stage.kind == "op")
     verdict = judge(trace)
-    no_reference = verdict.end_to_end is None or verdict.end_to_end.ok is None
-    equivalent = None if (not verdict.equivalent and no_reference) else verdict.equivalent
+    equivalent = {"equivalent": True, "NOT equivalent": False}.get(outcome(verdict))
     reason = verdict.reference if verdict.equivalent else (
         verdict.diagnosis.message if verdict.diagnosis else "")
     return Measured(name, not trace.failed, kinds, ops, equivalent, reason)

@@ -457,7 +457,7 @@ def test_a_mask_that_writes_0_is_said_to_write_0_not_minus_inf() -> None:
 def test_an_unplaced_op_is_named_as_torch_documents_it() -> None:
     """A soft-capping written wrong (tanh(s / cap) * 2 cap: no rule places it): `torch.tanh
     changed the values of the scores`, not `torch._VariableFunctionsClass.tanh`."""
-    verdict = judged(f"{FIXTURES / 'unsound' / 'softcap_wrong_gain.py'}:WrongGainSoftcap", C=16,
+    verdict = judged(f"{FIXTURES / 'unsound' / 'softcap_wrong_gain.py'}:MultiHeadAttention", C=16,
                      h=4)
     assert verdict.diagnosis is not None
     line = verdict.diagnosis.line

@@ -22,12 +22,9 @@ from mha_tui.why import why
 from .longtail_cases import CASES, FIXTURES, measure
 
 LEFT = {
-    "ESM-2, --expect rotary", "Llama 3 rope scaling, --expect rotary", "YaRN, --expect rotary",
-    "open_clip cosine attention", "open_clip in_proj_weight.chunk(3)",
-    "Whisper F.linear(x, weight.to(dtype))", "DeBERTa-v3 c2p/p2c",
-    "SAM decomposed relative positions", "T5 buckets", "differential attention (unilm)",
-    "DiffLlama", "labml sequence-first einsum", "pbloem former index_put mask", "picoGPT NumPy",
-    "linear attention",
+    "open_clip cosine attention", "DeBERTa-v3 c2p/p2c", "SAM decomposed relative positions",
+    "T5 buckets", "differential attention (unilm)", "DiffLlama", "labml sequence-first einsum",
+    "picoGPT NumPy", "linear attention",
 }
 
 

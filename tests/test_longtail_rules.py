@@ -94,6 +94,7 @@ def test_softcapping_claims_its_divide_tanh_and_multiply() -> None:
     into = tape.op("div", [scores], tape.values(scores) / cap, cap)
     squashed = tape.op("tanh", [into], np.tanh(tape.values(into)))
     out = tape.op("mul", [squashed], tape.values(squashed) * cap, cap)
+    tape.op("softmax", [out], _softmax(tape.values(out)), dim=-1)
     kinds = tape.kinds()
     assert [kinds[r.op] for r in (into, squashed, out)] == ["softcap"] * 3  # type: ignore[index]
 
@@ -105,6 +106,7 @@ def test_a_tanh_between_unrelated_factors_is_not_softcapping() -> None:
     into = tape.op("div", [scores], tape.values(scores) / 0.5, 0.5)
     squashed = tape.op("tanh", [into], np.tanh(tape.values(into)))
     out = tape.op("mul", [squashed], tape.values(squashed) * 2.0, 2.0)
+    tape.op("softmax", [out], _softmax(tape.values(out)), dim=-1)
     assert "softcap" not in {tape.kinds()[r.op] for r in (into, squashed, out)}  # type: ignore[index]
 
 
@@ -127,3 +129,62 @@ def test_a_cat_of_the_scores_not_cut_after_softmax_is_not_a_sink() -> None:
                        np.concatenate([tape.values(scores), tape.values(extra)], -1), dim=-1)
     tape.op("softmax", [combined], _softmax(tape.values(combined)), dim=-1)
     assert tape.kind(combined) != "sinks"
+
+
+def _rotation_with(omega: np.ndarray, positions: int = 6, scale: float = 1.0):
+    from mha_tui.kinds.rotary.finding import Rotation
+    from mha_tui.records import Ref
+
+    theta = np.arange(positions)[:, None] * omega[None, :]
+    ref = Ref("op", op=0)
+    return Rotation(before=ref, rotated_in=ref, after=ref, passed=None, r=2 * len(omega),
+                    pairing="half", cos=np.cos(theta), sin=np.sin(theta), ops=frozenset(),
+                    scale=scale)
+
+
+def test_llama3_rope_scaling_is_named_with_its_factor() -> None:
+    """Llama 3's rope_scaling: the fast pairs as base^(-2i/r), a ramp, the slow ones 8 times
+    slower; YaRN's attention factor is said too."""
+    from mha_tui.kinds.rotary.finding import scaling
+
+    base, n = 500000.0, 8
+    plain = base ** (-np.arange(n) / n)
+    ratio = np.array([1.0, 0.6, *[1 / 8] * (n - 2)])
+    found = scaling(_rotation_with(plain * ratio, scale=1.1), base)
+    assert found is not None and abs(found.factor - 8) < 1e-6
+    assert "factor 8" in found.words() and "YaRN's attention factor" in found.words()
+
+
+def test_another_base_is_not_a_rope_scaling() -> None:
+    """Frequencies of base 10000 read against base 500: every pair ever slower, no plateau:
+    a wrong base (check says rotary_base), not a scaling."""
+    from mha_tui.kinds.rotary.finding import scaling
+
+    n = 8
+    assert scaling(_rotation_with(10000.0 ** (-np.arange(n) / n)), 500.0) is None
+    assert scaling(_rotation_with(500.0 ** (-np.arange(n) / n)), 500.0) is None  # unscaled
+
+
+def test_a_product_no_softmax_follows_is_not_the_scores() -> None:
+    """Linear attention's φ(K)^T V: a product of two x-derived tensors that nothing turns into
+    weights is not a score matrix (issue 30: no scores stage where there is none)."""
+    from mha_tui.ops.graph import Graph
+    from mha_tui.recognise.classify import classify
+    from mha_tui.records import Recording
+
+    from .test_rules import SIZES, _snap
+
+    def kind_of_scores(with_softmax: bool) -> str | None:
+        tape = Tape()
+        *_, scores = _attention_upto_scores(tape)
+        last = scores
+        if with_softmax:
+            last = tape.op("softmax", [scores], _softmax(tape.values(scores)), dim=-1)
+        rec = Recording("Attn", "attn.py", (("x", _snap(tape.x_values)),), tuple(tape.ops),
+                        output=last)  # a forward that ran to its end
+        g = Graph(rec)
+        classify(g, SIZES)
+        return g.kind.get(scores.op)  # type: ignore[arg-type]
+
+    assert kind_of_scores(with_softmax=False) != "scores"
+    assert kind_of_scores(with_softmax=True) == "scores"

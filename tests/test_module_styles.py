@@ -223,7 +223,7 @@ def test_a_wrong_softcapping_stays_op_stages_titled_like_the_code() -> None:
     line is an op stage titled as the line writes it (`attn_weights / softcap`, not
     `attn_weights.div(0.5)`)."""
     source = Source(module=str(Path(__file__).parent / "fixtures" / "unsound" /
-                               "softcap_wrong_gain.py") + ":WrongGainSoftcap")
+                               "softcap_wrong_gain.py") + ":MultiHeadAttention")
     trace = run_trace(_config(), source)
     titles = [stage.title for stage in trace.stages if stage.kind == "op"]
     assert titles == ["attn_weights / softcap", "torch.tanh(attn_weights)",

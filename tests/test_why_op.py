@@ -298,7 +298,7 @@ def traced(spec: str, sentence: str = "I love AI !") -> Trace:
 
 def test_a_wrong_softcaps_op_stages_are_div_tanh_mul_of_the_scaled_scores() -> None:
     """tanh(s / cap) * 2 cap is not soft-capping: three op stages, each cell recomputed."""
-    trace = traced(f"{FIXTURES / 'unsound' / 'softcap_wrong_gain.py'}:WrongGainSoftcap")
+    trace = traced(f"{FIXTURES / 'unsound' / 'softcap_wrong_gain.py'}:MultiHeadAttention")
     ops = [s for s in trace.stages if s.kind == "op"]
     assert [s.ops[-1].name for s in ops] == ["div", "tanh", "mul"]
     scaled = trace.stage("scale").tensors[-1].values.astype(np.float64)
@@ -449,7 +449,7 @@ def test_numpy_op_names_are_read_like_torchs() -> None:
 
 
 SOFTCAP = ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
-           "tests/fixtures/unsound/softcap_wrong_gain.py:WrongGainSoftcap")
+           "tests/fixtures/unsound/softcap_wrong_gain.py:MultiHeadAttention")
 FNET = ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
         "tests/fixtures/mechanisms/fnet_fourier.py:FNetBasicFourierTransform")
 
@@ -471,7 +471,7 @@ async def test_enter_on_an_op_stage_shows_its_why_panel() -> None:
 
     from .test_app import text_of
 
-    trace = traced(f"{FIXTURES / 'unsound' / 'softcap_wrong_gain.py'}:WrongGainSoftcap")
+    trace = traced(f"{FIXTURES / 'unsound' / 'softcap_wrong_gain.py'}:MultiHeadAttention")
     app = ExplainApp(trace.config, trace=trace, start="op-2")
     async with app.run_test(size=(100, 32)) as pilot:
         await pilot.press("enter", "down", "down", "right", "tab")

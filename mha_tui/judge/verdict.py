@@ -12,6 +12,7 @@ import numpy as np
 from ..kinds._parts.judging import Judge, Row
 from ..kinds.op import role as op_role
 from ..kinds.registry import JUDGES, KINDS
+from ..kinds.rotary import scaled as rotary_scaled
 from ..ops.numeric import close, f64, linear_parts
 from ..records import Ref, Stage, Trace
 from ..records.verdict import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
@@ -150,6 +151,9 @@ def _name(j: Judge, weights: RoleWeights, kwargs: dict[str, object]) -> str:
         extent = "full" if r == j.d_h else f"partial: {r} of each head's {j.d_h} channels"
         pairs = "rotate_half" if kwargs["rotary"] == "half" else "interleaved pairs"
         other_way = ", turning the other way" if kwargs.get("rotary_sign") == -1 else ""
+        if kwargs.get("rotary_freq") is not None:
+            found = rotary_scaled(j)
+            other_way += f", {found.words()}" if found is not None else ""
         grown.append(f"rotary positions ({extent}, base {kwargs.get('base', ROTARY_BASE):g}, "
                      f"{pairs}{other_way})")
     if kwargs.get("alibi"):
@@ -182,6 +186,10 @@ def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
     common: dict[str, object] = {"window": f.window, "alibi": f.alibi}
     tries: list[dict[str, object]] = [common]
     if f.rotary:
+        grown_rope = rotary_scaled(j)
+        if grown_rope is not None:  # Llama 3's / YaRN's rope_scaling: the module's frequencies
+            common = {**common, "rotary_freq": grown_rope.omega,
+                      "rotary_factor": grown_rope.attention}
         tries = [{**common, "rotary": layout, "rotary_dims": r, "base": f.rotary_base,
                   "rotary_sign": sign}
                  for r in _rotary_dims(j) for sign in (1, -1)

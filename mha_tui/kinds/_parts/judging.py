@@ -150,6 +150,8 @@ class Judge:
                 return part, factor, op, passed
             if not xs:
                 return None, factor, None, passed
+            if self.kind(op) == "norm" and not through:  # a norm is no scale: stop
+                return None, factor, None, passed
             if over_rotary and self.kind(op) == "rotary":
                 # a turn keeps every pair's length: on to the tensor it turned (ESM's
                 # `q *= scaling` before its rotary still scales the scores)

@@ -25,10 +25,10 @@ from .._parts.builder import BHTD, BTHD
 from .._parts.maker import StageMaker, synthetic
 from .._parts.unit import Unit
 from .finding import CLAIMS, KIND, Rotation, angles_of, frequencies, pairs, rotate, rotations, wrapped
-from .judging import judge, mechanism
+from .judging import judge, mechanism, scaled
 from .why import quiz, why
 
-__all__ = ["KIND", "RULES", "TITLE", "Rotation", "build", "judge", "mechanism", "quiz", "rotations",
+__all__ = ["KIND", "RULES", "TITLE", "Rotation", "build", "judge", "mechanism", "quiz", "rotations", "scaled",
            "why"]
 
 TITLE = "Rotary positions: turn Q and K by each token's position"

@@ -325,3 +325,50 @@ def wrapped(a: np.ndarray) -> np.ndarray:
     return (a + math.pi) % (2 * math.pi) - math.pi
 
 
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """Rotary frequencies scaled from base^(-2i/r), as Llama 3's and YaRN's rope_scaling do:
+    the fast pairs as they are, the slow ones turning `factor` times slower, and (YaRN) cos
+    and sin multiplied by an attention factor."""
+
+    omega: np.ndarray  # radians per position of each pair, measured
+    factor: float  # how many times slower the slowest pair turns
+    attention: float  # the tables' length (1: none)
+
+    def words(self) -> str:
+        # measured from float32 tables: 3.99 is YaRN's factor 4
+        rounded = float(f"{self.factor:.2g}")
+        factor = f"{rounded:g}" if abs(rounded - self.factor) <= 0.01 * self.factor else \
+            f"{self.factor:.3g}"
+        said = (f"scaled frequencies: the fast pairs as base^(−2i/r), the slowest {factor} "
+                f"times slower (rope scaling, factor {factor}, as Llama 3's and YaRN's "
+                f"rope_scaling)")
+        if not np.isclose(self.attention, 1.0, rtol=1e-4):
+            said += f", cos and sin times {self.attention:.4g} (YaRN's attention factor)"
+        return said
+
+
+def scaling(rotation: Rotation, base: float) -> Scaling | None:
+    """The rope scaling that makes the rotation's frequencies from base, or None when they
+    are base^(-2i/r) already or follow no scaling: each pair's frequency the unscaled one
+    divided by 1 (the fastest pair) up to F, never rising back, F > 1, the slowest pairs all
+    divided by F (a smaller base divides them ever more: that is a wrong base, not this)."""
+    angles = np.arctan2(rotation.sin, rotation.cos)
+    T, n = angles.shape
+    if T < 2 or n < 2:
+        return None
+    if angles[1, 0] < 0:
+        angles = -angles
+    omega = np.unwrap(angles, axis=0)[-1] / (T - 1)  # the last position: the most precise
+    plain = base ** (-np.arange(n) / n)
+    ratio = omega / plain
+    if np.allclose(ratio, 1.0, rtol=1e-3) or not np.isclose(ratio[0], 1.0, rtol=1e-2):
+        return None
+    if (ratio > 1.0 + 1e-2).any() or (np.diff(ratio) > 5e-2 * ratio[:-1]).any():
+        return None
+    if n < 3 or not np.isclose(ratio[-1], ratio[-2], rtol=2e-2):
+        return None  # no plateau at 1/F for the slowest pairs: another base, not a scaling
+    factor = float(1.0 / ratio[-1])
+    return Scaling(omega, factor, rotation.scale) if factor > 1.01 else None

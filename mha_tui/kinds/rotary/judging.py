@@ -13,7 +13,7 @@ from ...records import OpRecord, Stage
 
 if TYPE_CHECKING:
     from .._parts.judging import Judge, Row
-from .finding import KIND, Rotation, angles_of, frequencies, rotations, wrapped
+from .finding import KIND, Rotation, Scaling, angles_of, frequencies, rotations, scaling, wrapped
 
 # ---------------------------------------------------------------------- judging
 
@@ -126,6 +126,11 @@ def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Rotation]
                          f"the angles do not grow as t × angle(1) (off by up to {linear:.3g} "
                          f"rad): position t must turn pair i by t·ω_i, so that q·k depends on "
                          f"t − s only")
+    scaled = scaling(q_rot, expected_base) if j.facts.rotary and diff > 1e-3 else None
+    if scaled is not None:  # Llama 3's or YaRN's rope_scaling of the expected base
+        return j.row(stage, KIND, True, None, f"Q and K turned pair by pair from base "
+                     f"{expected_base:g} with {scaled.words()} ({extent}, {pairs})",
+                     source=line_of(q_rot).source)
     if j.facts.rotary and diff > 1e-3:
         said = f"rotary base {_base(base)}" if base is not None else "rotary angles"
         return wrong(q_rot, "rotary_base",
@@ -158,3 +163,10 @@ def mechanism(j: Judge, stage: Stage) -> str | None:
     said = f"base {_base(base)}" if base is not None else "its own angles"
     return (f"rotary positions on Q and K ({pairs}, {extent}, {said}): pass `{option}` if "
             f"that is the exercise; plain multi-head attention has no positions")
+
+
+def scaled(j: Judge) -> Scaling | None:
+    """The rope scaling of the module's rotary, from the base the learner expects
+    (`--rotary-base`), for the reference to grow it; None when there is none."""
+    found = rotations(j.classified(), Sizes(j.B, j.T, j.C, j.h, j.d_h))
+    return scaling(found[0], j.facts.rotary_base) if found else None
