@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# for `mha-tui serve` and its browser test (Chromium: .ci/run installs it). [docs]: MkDocs,
 	# Material and mkdocstrings, for the manual in docs/ (`make docs`).
 	# pyproject accepts a torch range; constraints.txt pins this project's own CPU build
-	# (see README), which pip takes from the local wheel here.
+	# (see docs/install.md), which pip takes from the local wheel here.
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,hf,notebook,serve,docs]"
 	touch $(STAMP)
 

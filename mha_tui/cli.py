@@ -26,6 +26,7 @@ from typer._click.exceptions import NoArgsIsHelpError
 
 from . import __version__, collector
 from .config import (
+    CROSS_MODEL,
     DEFAULT_MODEL,
     MAX_EMBED_DIM,
     MAX_SEQ_LEN,
@@ -41,6 +42,8 @@ from .stages import STAGE_IDS
 
 if TYPE_CHECKING:
     from .destination import Destination
+    from .grade.options import GradingOutputs
+    from .grade.rubric import Rubric
     from .judge import Verdict
     from .load.modules import Loaded
     from .load.numpy_modules import LoadedNumpy
@@ -79,6 +82,8 @@ class CheckFormat(StrEnum):
     text = "text"
     json = "json"
     csv = "csv"
+    gradescope = "gradescope"
+    prairielearn = "prairielearn"
 
 
 class SandboxMode(StrEnum):
@@ -156,6 +161,7 @@ def explain(
     quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text, JSON or Markdown).")] = False,
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
     why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
+    context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross.")] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
@@ -169,14 +175,21 @@ def explain(
             if given:
                 fail(f"{flag} does not apply with --hf: the model brings its own sizes, "
                      f"weights and mask")
+        if context is not None:
+            fail("--context with --hf is not there yet: --hf explains one self-attention layer")
     elif layer is not None:
         fail("--layer picks a layer of a pretrained model: use it with --hf PATH_OR_NAME")
     if hf_source is None:
+        if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
+                "utf-8", "replace"):
+            fail("--context is not valid UTF-8 text")
         try:
             config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                            causal=causal, max_seq_len=max_seq_len)
+                            causal=causal, max_seq_len=max_seq_len, context=context or "")
         except ConfigError as error:
             fail(str(error))
+        if context is not None and model is None and module is None:
+            model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
         source = _source(model, module, init or [], weights)
         if stage is not None and stage not in STAGE_IDS and not _a_stage_kind(stage):
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)} (or "
@@ -214,6 +227,9 @@ def explain(
                     quiz=quiz, why=cell)
         return
     _check_budget(config, destination, fmt)
+    # The default module on one sentence needs no building before the app opens; anything
+    # else is built first, so that bad input (a forward that takes no context) exits 2.
+    plain = source.is_default and not config.cross
 
     if check_stages:
         _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
@@ -229,7 +245,7 @@ def explain(
     if _interactive(dump):
         from .load.learner import LoadError
 
-        if _PREFLIGHT and not source.is_default:  # serve checks the input before the app
+        if _PREFLIGHT and not plain:  # serve checks the input before the app
             try:
                 _build(source, config)
             except LoadError as error:
@@ -242,7 +258,7 @@ def explain(
             from .app.run import run_app  # after _open_app paused the collector
 
             refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                              build=None if source.is_default else partial(_build, source),
+                              build=None if plain else partial(_build, source),
                               running=_whose_forward(source), refusals=(LoadError,),
                               quiz=quiz)
             if refusal is not None:
@@ -253,7 +269,7 @@ def explain(
     if _STANDALONE:  # as the app starts (collector.py): torch's import without the collector,
         collector.pause()  # which the module's build (load.learner.learner_code) resumes
     loaded: Loaded | LoadedNumpy | None = None
-    if not source.is_default:  # build it now: bad --module/--init/--weights fail here, exit 2
+    if not plain:  # build it now: bad --module/--init/--weights/--context fail here, exit 2
         from .load.learner import LoadError
 
         try:
@@ -677,9 +693,9 @@ def _forward_error(trace: Trace) -> str:
 def _a_stage_kind(stage: str) -> bool:
     """A stage only some modules have (rotary, qkv_split, op-7 ...): known once it ran, so it
     is looked for then. Imported only here: the recogniser loads NumPy, the app must not."""
-    from .kinds.registry import BUILDERS
+    from .kinds.registry import BY_KIND
 
-    return stage.split("-")[0] in (*BUILDERS, "embed", "error")
+    return stage.split("-")[0] in BY_KIND
 
 
 def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
@@ -768,7 +784,7 @@ def check(
     max_seq_len: Annotated[int, typer.Option("--max-seq-len", help=f"Longest sentence the module accepts (at most {MAX_SEQ_LEN}).")] = 64,
     init: Annotated[list[str] | None, typer.Option("--init", metavar="NAME=VALUE", help="A constructor argument, VALUE a Python literal; repeatable.")] = None,
     weights: Annotated[Path | None, typer.Option("--weights", metavar="FILE", help="Load the module's tensors from a state dict (.pt via torch.load(weights_only=True), or .safetensors).")] = None,
-    fmt: Annotated[CheckFormat, typer.Option("--format", help="text: a table and the diagnosis; json: for graders; csv: one row per module, for a gradebook.", case_sensitive=False)] = CheckFormat.text,
+    fmt: Annotated[CheckFormat, typer.Option("--format", help="text: a table and the diagnosis; json: for graders; csv: one row per student (points per stage), for a gradebook; gradescope, prairielearn: that LMS's results.json for one submission (judged in the sandbox).", case_sensitive=False)] = CheckFormat.text,
     width: Annotated[int, typer.Option("--width", help="Table width in columns when not on a terminal (40 to 400).")] = 100,
     ascii_only: Annotated[bool, typer.Option("--ascii", help="Draw with plain ASCII only.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Grading several modules: the time each may take in its own process, torch's import included.")] = 20.0,
@@ -777,6 +793,11 @@ def check(
     expect: Annotated[ExpectKind, typer.Option("--expect", help="What you meant to build: plain multi-head attention, with rotary positions on Q and K (full, base --rotary-base; a partial rotary as the module turns it), or with ALiBi's fixed slopes on the scores. Shared K/V heads are read from the K and V weights.", case_sensitive=False)] = ExpectKind.attention,
     rotary_base: Annotated[float, typer.Option("--rotary-base", metavar="BASE", help="With --expect rotary: the base of the angles, pair i turning by BASE^(-2i/d_h) per position.")] = 10000.0,
     window: Annotated[int | None, typer.Option("--window", metavar="N", help="You meant a causal sliding window: each token sees itself and the N - 1 tokens before it.", show_default=False)] = None,
+    rubric: Annotated[Path | None, typer.Option("--rubric", metavar="FILE.toml", help="Points per stage and for the whole module equivalent, and hidden stages (default: 1 a stage, 5 end to end). See docs/grading.md.", show_default=False)] = None,
+    feedback: Annotated[Path | None, typer.Option("--feedback", metavar="DIR", help="Grading: write one Markdown file per student into DIR, as each is graded.", show_default=False)] = None,
+    summary: Annotated[Path | None, typer.Option("--summary", metavar="FILE", help="Grading: write the class summary (verdicts, the stage that fails first most often, the common diagnoses) as JSON to FILE.", show_default=False)] = None,
+    results: Annotated[Path | None, typer.Option("--results", metavar="FILE", help="Grading: write each submission's verdict to FILE as it is graded (JSON lines).", show_default=False)] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="With --results: do not grade again what FILE already holds (same file, same settings).")] = False,
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Grading several modules: each runs in a bubblewrap sandbox (no network, no other file of yours, its own scratch folder). auto: where bwrap works, else without one, said once; required: refuse to grade without it; off.", case_sensitive=False)] = SandboxMode.auto,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
 ) -> None:
@@ -836,13 +857,25 @@ def check(
     if not submissions:
         fail("give the module to check: FILE.py:Class (or package.module:Class), "
              "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")
+    from .grade.options import grading_outputs
     from .judge.outcome import EXIT_CODES, worst
 
+    try:
+        outputs = grading_outputs(rubric=rubric, feedback=feedback, summary=summary,
+                                  results=results, resume=resume, fmt=fmt.value,
+                                  count=len(submissions))
+    except GradeError as error:
+        fail(str(error))
     verdict = None
-    if len(submissions) > 1 or is_batch(specs or []):
+    lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
+    if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
         reports = _grade(config, submissions, init=init or [], weights=weights,
                          timeout=timeout, jobs=jobs, memory=memory, expect=wanted,
-                         sandbox=sandbox)
+                         sandbox=sandbox, outputs=outputs.session)
+        if summary is not None:
+            from .grade.options import write_summary
+
+            write_summary(summary, reports, outputs.session.rubric)
     else:  # one module, judged here: the whole report
         from .judge.report import verdict_json
         from .load.learner import LoadError
@@ -855,17 +888,17 @@ def check(
             # here the module is an argument, not --module
             fail(str(error).removeprefix("--module: ").removeprefix("--module "))
         reports = [verdict_json(verdict)]
-    _write_verdicts(reports, verdict, fmt, width=width, ascii_only=ascii_only)
+    _write_verdicts(reports, verdict, fmt, width=width, ascii_only=ascii_only,
+                    rubric=outputs.session.rubric)
     raise typer.Exit(EXIT_CODES[worst(report["verdict"] for report in reports)])
 
 
 def _grade(config: Config, submissions: list, *, init: list[str], weights: Path | None,
            timeout: float, jobs: int | None, memory: int, expect: Expect,
-           sandbox: SandboxMode) -> list[dict]:
+           sandbox: SandboxMode, outputs: GradingOutputs) -> list[dict]:
     """Each submission in its own process (grade/pool.py); a progress bar on stderr while
     they run, when stderr is a terminal."""
     from .grade import Limits, sandbox_or_why, watched_folders
-    from .grade.pool import grade
 
     sandboxed, why = sandbox_or_why(sandbox.value)
     if why is not None and sandbox is SandboxMode.required:
@@ -875,6 +908,7 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
                          "submission can read, write and reach what you can. Install "
                          "bubblewrap, or pass --sandbox off to grade so without this warning.\n")
     watched = watched_folders(submissions)
+    from .grade.session import grade_class
 
     limits = Limits(sentence=config.sentence, embed_dim=config.embed_dim, heads=config.num_heads,
                     seed=config.seed, causal=config.causal, max_seq_len=config.max_seq_len,
@@ -883,8 +917,8 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
                     window=expect.window, alibi=expect.alibi, rotary_base=expect.rotary_base)
     jobs = jobs or max(1, min(os.cpu_count() or 1, 4))
     if not (sys.stderr is not None and sys.stderr.isatty()):
-        return [g.report for g in grade(submissions, limits, jobs=jobs, sandbox=sandboxed,
-                                        watched=watched)]
+        return grade_class(submissions, limits, outputs, jobs=jobs, sandbox=sandboxed,
+                           watched=watched)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -899,8 +933,8 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
             progress.update(task, advance=1, description=f"{printable(graded.submission.shown)}: "
                                                          f"{graded.outcome}")
 
-        return [g.report for g in grade(submissions, limits, jobs=jobs, done=done,
-                                        sandbox=sandboxed, watched=watched)]
+        return grade_class(submissions, limits, outputs, jobs=jobs, sandbox=sandboxed,
+                           watched=watched, progress=done)
 
 
 def _check_source(model: str | None, module: str | None, init: list[str],
@@ -915,21 +949,17 @@ def _check_source(model: str | None, module: str | None, init: list[str],
 
 
 def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckFormat, *,
-                    width: int, ascii_only: bool) -> None:
+                    width: int, ascii_only: bool, rubric: Rubric) -> None:
     """One module: its whole report (`verdict`); several: one row each and the tally."""
     from .judge.report import summary_table, tally, to_json, verdict_renderable
 
     if fmt is CheckFormat.json:
         sys.stdout.buffer.write(to_json(reports).encode("utf-8"))
         return
-    if fmt is CheckFormat.csv:
-        import csv
+    if fmt in (CheckFormat.csv, CheckFormat.gradescope, CheckFormat.prairielearn):
+        from .grade.options import write_gradebook
 
-        from .grade.gradebook import CSV_COLUMNS, csv_rows
-
-        writer = csv.DictWriter(sys.stdout, fieldnames=CSV_COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(csv_rows(reports))
+        write_gradebook(sys.stdout, reports, fmt.value, rubric)
         return
     import io
 
@@ -944,8 +974,12 @@ def _write_verdicts(reports: list[dict], verdict: Verdict | None, fmt: CheckForm
     if verdict is not None:
         console.print(verdict_renderable(verdict, ascii_only=ascii_only))
     else:
+        from .grade.summary import class_summary, summary_renderable
+
         console.print(summary_table(reports, ascii_only=ascii_only))
         console.print(tally(reports))
+        console.print()
+        console.print(summary_renderable(class_summary(reports, rubric)))
     if not tty:
         drawn = console.file.getvalue()  # type: ignore[attr-defined]
         sys.stdout.write("".join(line.rstrip() + "\n" for line in drawn.splitlines()))

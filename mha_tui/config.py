@@ -72,6 +72,12 @@ class Config:
     causal: bool = True
     max_seq_len: int = 64
     model: ModelSource | None = None
+    # Cross-attention (`--context`): the sentence the keys and values are made from; the
+    # queries come from `sentence`. "" for self-attention (keys from the sentence itself).
+    context: str = ""
+    # The context's token labels when the caller gave a tensor rather than a sentence (the
+    # Python API's context_tokens); else the context split on whitespace.
+    context_labels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _positive("--embed-dim", self.embed_dim, MAX_EMBED_DIM)
@@ -97,15 +103,40 @@ class Config:
                 f"the sentence has {len(self.tokens)} tokens but --max-seq-len is "
                 f"{self.max_seq_len}; raise it with --max-seq-len {len(self.tokens)}"
             )
+        if self.context and not tokenize(self.context):
+            raise ConfigError("--context is empty; give the sentence the keys and values are "
+                              "made from, e.g. --context \"le chat est sur le tapis\"")
+        if len(self.key_tokens) > self.max_seq_len:
+            raise ConfigError(
+                f"--context has {len(self.key_tokens)} tokens but --max-seq-len is "
+                f"{self.max_seq_len}; raise it with --max-seq-len {len(self.key_tokens)}")
 
     @property
     def tokens(self) -> tuple[str, ...]:
         return self.model.tokens if self.model is not None else tokenize(self.sentence)
 
     @property
+    def cross(self) -> bool:
+        """Cross-attention: the keys and values come from another sequence (the context)."""
+        return bool(self.context or self.context_labels)
+
+    @property
+    def key_tokens(self) -> tuple[str, ...]:
+        """The tokens the keys are made from: the context's, or the sentence's own."""
+        if self.context_labels:
+            return self.context_labels
+        return tokenize(self.context) if self.context else self.tokens
+
+    @property
     def vocab(self) -> tuple[str, ...]:
-        """Distinct tokens in order of first appearance."""
-        return tuple(dict.fromkeys(self.tokens))
+        """Distinct tokens in order of first appearance (the sentence's, then the context's)."""
+        return tuple(dict.fromkeys(self.tokens + (tokenize(self.context) if self.context else ())))
+
+    @property
+    def context_ids(self) -> tuple[int, ...]:
+        """The context's ids in the same vocabulary as the sentence's (one embedding table)."""
+        index = {token: i for i, token in enumerate(self.vocab)}
+        return tuple(index[token] for token in tokenize(self.context))
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -143,13 +174,17 @@ class Config:
             "seed": self.seed,
             "causal": self.causal,
             "max_seq_len": self.max_seq_len,
+            **({"context": self.context, "context_tokens": list(self.key_tokens)}
+               if self.cross else {}),
         }
 
 
 # ---------------------------------------------------------------- which module to explain
 
 # `--model NAME`: the tutorials' modules shipped in mha_tui/examples (built by mha_tui.load).
-MODEL_NAMES = ("mygpt", "course", "raschka", "raschka-wrapper", "many-eyes")
+MODEL_NAMES = ("mygpt", "course", "raschka", "raschka-wrapper", "many-eyes", "cross")
+# The tutorial module `--context` runs when no --model or --module is given.
+CROSS_MODEL = "cross"
 # The NumPy blueprint (seed 002): its per-head loop and its einsum form; no torch.
 NUMPY_MODEL_NAMES = ("blueprint", "blueprint-einsum")
 DEFAULT_MODEL = "mygpt"

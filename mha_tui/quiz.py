@@ -14,15 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .kinds import embed
 from .kinds._parts.quizzing import HOW, Marked, Question, mark
-from .kinds.registry import BUILDERS
+from .kinds.registry import FORWARD
 from .records import Stage, Trace
 
 __all__ = ["HOW", "KINDS", "Marked", "Question", "Quiz", "questions"]
 
 KINDS: dict[str, Callable[[Stage, Trace], tuple[Question, ...]]] = {
-    module.KIND: module.quiz for module in (embed, *BUILDERS.values()) if hasattr(module, "quiz")
+    row.kind: row.quiz for row in FORWARD if row.quiz is not None
 }
 """Stage kind -> its module's quiz: the kinds mha-tui asks about."""
 

@@ -1,4 +1,4 @@
-"""`python -m mha_tui.screenshots DIR`: the README's SVGs, from the app's own export.
+"""`python -m mha_tui.screenshots DIR`: the SVGs of the README and the docs, from the app's own export.
 
 Deterministic: the same trace, terminal size, theme and key presses every time.
 """

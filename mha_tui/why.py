@@ -14,15 +14,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from .kinds import embed, error, sdpa
+from .kinds import sdpa
 from .kinds._parts.cell import Cell, Term, Why, WhyError, expanded_from, main_tensor
-from .kinds.registry import BUILDERS
+from .kinds.registry import FORWARD
 from .records import Trace
 
 __all__ = ["KINDS", "Term", "Why", "WhyError", "main_tensor", "parse_cell", "why"]
 
 KINDS: dict[str, Callable[[Cell], Why]] = {
-    module.KIND: module.why for module in (embed, *BUILDERS.values(), error) if hasattr(module, "why")
+    row.kind: row.why for row in FORWARD if row.why is not None
 }
 """Stage kind -> its module's why: the kinds whose cells mha-tui explains."""
 

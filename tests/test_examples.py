@@ -42,10 +42,11 @@ def heads_and_output(name: str, module: nn.Module, h: int, C: int
                      ) -> tuple[list[Head], nn.Linear | None]:
     """Where each tutorial keeps head i's projections and the output projection."""
     d_h = C // h
-    if name in ("mygpt", "course", "raschka"):
+    if name in ("mygpt", "course", "raschka", "cross"):
         q, k, v, o = {
             "mygpt": ("W_Q", "W_K", "W_V", "W_O"),
             "course": ("W_q", "W_k", "W_v", "W_o"),
+            "cross": ("W_q", "W_k", "W_v", "W_o"),  # without a context it attends to x
             "raschka": ("W_query", "W_key", "W_value", "out_proj"),
         }[name]
         layers = [getattr(module, n) for n in (q, k, v)]
@@ -289,4 +290,5 @@ def test_the_docs_construction_lines_give_the_same_numbers(name: str) -> None:
         mine, theirs = loaded.module.state_dict(), mha.state_dict()
         assert list(mine) == list(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
         args = (x, causal_mask(x.shape[1])) if name == "course" else (x,)
-        assert torch.equal(mha(*args), loaded.forward())
+        kwargs = {"mask": causal_mask(x.shape[1])} if name == "cross" else {}  # forward(x, context, mask)
+        assert torch.equal(mha(*args, **kwargs), loaded.forward())

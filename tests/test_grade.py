@@ -205,7 +205,10 @@ def test_outcomes_order_and_csv_columns() -> None:
     row = csv_rows([{"module": "m.py:M", "verdict": NOT_EQUIVALENT,
                      "diagnosis": {"kind": "not_scaled", "file": "", "line": 7,
                                    "message": "x", "stage": "scale"}}])[0]
-    assert row == {"submission": "m.py:M", "verdict": NOT_EQUIVALENT, "exit_code": 1,
+    assert row == {"student": "m", "submission": "m.py:M", "verdict": NOT_EQUIVALENT,
+                   "exit_code": 1, "points": "0", "max_points": "15", "project": "0",
+                   "view": "0", "transpose": "0", "scores": "0", "scale": "0", "mask": "0",
+                   "softmax": "0", "attend": "0", "concat": "0", "w_o": "0", "end_to_end": "0",
                    "stage": "scale", "file": "", "line": 7, "diagnosis": "not_scaled",
                    "message": "x"}
 

@@ -124,6 +124,50 @@ def test_an_interleaved_rotation_is_told_from_a_half_split_one() -> None:
     assert [rot.pairing for rot in rotary.rotations(g, SIZES)] == ["interleaved"] * 2
 
 
+def test_tables_the_caller_passes_and_the_forward_repeats_are_part_of_the_rotation() -> None:
+    """transformers 5.24's GPT-J: sin and cos come in as an argument (`position_embeddings`,
+    (1, T, r/2) each: 3-D float inputs, followed like x) and are repeated for their pair inside
+    the forward, `torch.repeat_interleave(sin[:, :, None, :], 2, 3)`. Those ops made the tables
+    of a rotation checked on the values: they are rotary, never unplaced `op` stages."""
+    tape = RotaryTape()
+    angles = _angles(C)[None].astype(np.float32)  # (1, T, r/2)
+    sin_in = Ref("input", name="position_embeddings", snapshot=_snap(np.sin(angles)))
+    cos_in = Ref("input", name="position_embeddings[1]", snapshot=_snap(np.cos(angles)))
+    heads, turned = [], []
+    for role in ("Q", "K"):
+        w = _param(f"W_{role}.weight", tape.rng.standard_normal((C, C)).astype(np.float32))
+        projected = tape.op("linear", [tape.x, w], tape.x_values @ tape.values(w).T)
+        heads.append(tape.op("view", [projected], tape.values(projected).reshape(1, T, 1, C),
+                             1, T, 1, C))  # (B, T, h, d_h)
+    for head in heads:
+        tables = []
+        for table in (sin_in, cos_in):
+            values = table.snapshot.values  # type: ignore[union-attr]
+            unsqueezed = tape.op("getitem", [table], values[:, :, None, :],
+                                 (("slice", None, None, None), ("slice", None, None, None), None,
+                                  ("slice", None, None, None)))
+            tables.append(tape.op("repeat_interleave", [unsqueezed],
+                                  np.repeat(values[:, :, None, :], 2, axis=3), 2, 3))
+        sin, cos = tables
+        turned.append(tape.rotate_every_two(head, cos, sin))
+    tape.scores(*turned)
+    rec = Recording("Attn", "attn.py", (("x", _snap(tape.x_values)), ("position_embeddings",
+                    sin_in.snapshot), ("position_embeddings[1]", cos_in.snapshot)), tuple(tape.ops))
+    g = Graph(rec)
+    assert g.x_names == {"x", "position_embeddings", "position_embeddings[1]"}
+    sizes = Sizes(1, T, C, 1, C)
+    classify(g, sizes)
+    kinds = [g.kind.get(i) for i in range(len(tape.ops))]
+    assert "op" not in kinds
+    assert {kinds[i] for i in range(heads[1].op + 1, turned[1].op + 1)} == {"rotary"}  # type: ignore[attr-defined]
+    found = rotary.rotations(g, sizes)
+    assert [rot.pairing for rot in found] == ["interleaved"] * 2
+    repeats = {op.index for op in tape.ops if op.name == "repeat_interleave"}
+    assert len(repeats) == 4 and repeats <= found[0].tables | found[1].tables
+    np.testing.assert_allclose(np.unwrap(np.arctan2(found[0].sin, found[0].cos), axis=0),
+                               _angles(C), atol=1e-6)
+
+
 def test_a_partial_rotation_names_its_pass_through_channels() -> None:
     """NeoX: the first r = 2 channels turned, the other 2 passed through and joined by cat;
     the slices and the cat are part of the rotation."""

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from mha_tui.kinds.registry import BUILDERS, KINDS, RULES
+from mha_tui.kinds.registry import KINDS, RULES, builder
 from mha_tui.ops.graph import Graph
 from mha_tui.ops.sizes import Sizes
 from mha_tui.recognise.classify import classify
@@ -123,14 +123,18 @@ def _whole(tape: Tape) -> dict[str, Ref]:
 
 
 def test_registry_lists_every_rule_once_in_kind_order() -> None:
-    """RULES is the kinds' rules in KINDS order; every kind a rule can give has a builder."""
-    assert RULES == tuple(rule for kind in KINDS for rule in kind.RULES)
+    """RULES is the kinds' rules in KINDS order; every kind a rule can give has a builder;
+    every row says why it is where it is."""
+    assert RULES == tuple(rule for row in KINDS for rule in row.module.RULES)
     assert len(set(RULES)) == len(RULES)
-    given = {kind.KIND for kind in KINDS} - {"aux"}
-    assert given <= set(BUILDERS)
-    assert [k.KIND for k in KINDS].index("w_o") < [k.KIND for k in KINDS].index("project")
-    assert [k.KIND for k in KINDS].index("attend") < [k.KIND for k in KINDS].index("scores")
-    assert KINDS[-1].KIND == "aux"  # plumbing, the catch-all for shape ops, comes last
+    given = {row.kind for row in KINDS if row.rules} - {"aux"}
+    assert all(builder(kind).KIND == kind for kind in given)
+    assert all(row.place for row in KINDS)
+    order = [row.kind for row in KINDS]
+    assert order.index("w_o") < order.index("project")
+    assert order.index("attend") < order.index("scores")
+    ruled = [row for row in KINDS if row.rules]
+    assert ruled[-1].kind == "aux"  # plumbing, the catch-all for shape ops, comes last
 
 
 def test_textbook_forward_every_op_its_kind() -> None:

@@ -43,7 +43,8 @@ def run_in_pty(*args: str, env: dict[str, str] | None = None, stdin_pipe: bool =
                controlling_terminal: bool = True, stderr_pipe: bool = False,
                keys: tuple[bytes, ...] = (),
                size: tuple[int, int] = (100, 32), until: str = "values",
-               quit_key: bytes = b"q") -> Session:
+               quit_key: bytes = b"q", cwd: str | Path = ROOT,
+               sentence: str = "I love AI !") -> Session:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,10 +53,10 @@ def run_in_pty(*args: str, env: dict[str, str] | None = None, stdin_pipe: bool =
                     if k not in ("NO_COLOR", "COLUMNS", "LINES", "PYTHONIOENCODING")}
         full_env.update({"MHA_TUI_MARKS": str(marks), "TERM": "xterm-256color", **(env or {})})
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mha_tui", "explain", "I love AI !", *args],
+            [sys.executable, "-m", "mha_tui", "explain", sentence, *args],
             stdin=subprocess.PIPE if stdin_pipe else slave, stdout=slave,
             stderr=subprocess.PIPE if stderr_pipe or not controlling_terminal else slave,
-            start_new_session=True, env=full_env, cwd=ROOT, close_fds=True,
+            start_new_session=True, env=full_env, cwd=cwd, close_fds=True,
             preexec_fn=_make_controlling_terminal if controlling_terminal else None)
         os.close(slave)
         output = bytearray()

@@ -126,7 +126,8 @@ class Loading:
         current = self.config
         fields = {"sentence": current.sentence, "embed_dim": current.embed_dim,
                   "num_heads": current.num_heads, "seed": current.seed,
-                  "causal": current.causal, "max_seq_len": current.max_seq_len, **changes}
+                  "causal": current.causal, "max_seq_len": current.max_seq_len,
+                  "context": current.context, **changes}
         try:
             config = Config(**fields)
         except ConfigError as error:  # the CLI's words; a flag it names is not the app's

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..kinds._parts.judging import Judge, Row
 from ..kinds.op import role as op_role
-from ..kinds.registry import JUDGES, KINDS
+from ..kinds.registry import FORWARD, KINDS
 from ..kinds.rotary import scaled as rotary_scaled
 from ..ops.numeric import close, f64, linear_parts
 from ..records import Ref, Stage, Trace
@@ -31,9 +31,10 @@ def judge(trace: Trace, facts: Facts, label: str = "") -> Verdict:
 
 def run(j: Judge) -> Verdict:
     rows: list[Row] = []
-    for module, kind, named in JUDGES:
+    for judged in (row for row in FORWARD if row.judge is not None):
+        kind, named = judged.judged_as
         try:
-            rows.extend(module.judge(j))
+            rows.extend(judged.judge(j))
         except Exception as error:  # a module no rule foresaw: say so, go on
             rows.append(j.row(None, kind, None, None,
                               f"not judged: mha-tui could not read this module's "
@@ -305,17 +306,17 @@ def _find_departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
 
 
 # kind -> the kind module that names its mechanism in words (rotary, a LayerNorm, ...)
-_MECHANISMS = {kind.KIND: kind for kind in KINDS if hasattr(kind, "mechanism")}
+_MECHANISMS = {row.kind: row.mechanism for row in KINDS if row.mechanism is not None}
 
 
 def _named(j: Judge, stage: Stage | None) -> str | None:
     """The mechanism the stage holding the departing op shows, said by its own kind with
     its parameters (the same recognition explain shows); None for a plain stage."""
-    kind = _MECHANISMS.get(stage.kind) if stage is not None else None
-    if kind is None:
+    said = _MECHANISMS.get(stage.kind) if stage is not None else None
+    if said is None or stage is None:
         return None
     try:
-        return kind.mechanism(j, stage)
+        return said(j, stage)
     except (ValueError, IndexError, TypeError):  # a module no layout foresaw: the op's words
         return None
 

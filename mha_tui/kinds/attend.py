@@ -118,7 +118,7 @@ def weighted_sum_why(cell: Cell, weights: np.ndarray, values: np.ndarray,
     V[k, c], one term per key token (`v_column`: how V's column is written, V[k, c])."""
     *_, i, c = cell.index
     h = head_prefix(cell)
-    labels = [f"key {cell.token(k)}: w[{h}{i}, {k}] × V[{h}{k}, {c}]" for k in range(len(weights))]
+    labels = [f"key {cell.key_token(k)}: w[{h}{i}, {k}] × V[{h}{k}, {c}]" for k in range(len(weights))]
     terms, many, total = dot(cell, weights, values, labels, "weighted values")
     column = v_column or f"V[{h}k, {c}]"
     return Why(cell.stage.id, "attend", cell.record.name, cell.index,

@@ -2,8 +2,8 @@
 
 A stage kind (scores, mask, rotary ...) is one module, or one package for a big kind, that
 holds everything mha-tui knows about it. The recogniser, the judge, `--why` and the quiz
-all read the kind through `registry.KINDS`, never by importing the module by name, so a new
-mechanism is one module here and one row in the registry.
+all read the kind through the one table `registry.KINDS`, never by importing the module by
+name, so a new mechanism is one module here and one row in the registry.
 
 - `KIND: str`: the kind its stages carry (and `--why`'s STAGE prefix for them).
 - `RULES: tuple[Rule, ...]`: small functions `rule(graph, op, sizes) -> str | None`, each
@@ -20,6 +20,10 @@ mechanism is one module here and one row in the registry.
   from the recorded numbers (`explain --why`).
 - `quiz(stage, trace) -> tuple[Question, ...]` (optional): questions whose answers are read
   from this trace's records.
+- `mechanism(j, stage) -> str | None` (optional): for a mechanism plain attention lacks
+  (rotary, a norm, soft-capping, sinks, a residual add), what `check` says when the module
+  leaves plain attention at this stage: the mechanism with its parameters, read from the
+  same recognition `explain` shows, and the option that makes it the exercise.
 - its title: the catalogue entry in `mha_tui.stages` for the eleven stages of the textbook
   forward, or `TITLE` in the module for a mechanism beyond them (rotary, shared K/V heads).
 - its place: the registry row says why its rules are asked where they are.
@@ -49,10 +53,10 @@ Rule = Callable[["Graph", "OpRecord", "Sizes"], "str | None"]
 """A rule: (the graph, the op offered, the sizes) -> the kind it claims the op for, or None."""
 
 
-class Kind(Protocol):
+class KindModule(Protocol):
     """A stage kind's module, as the registry, the recogniser and the judge read it. The
-    optional functions (judge, why, quiz) are looked up by `registry.Row`, which holds None
-    for a kind that lacks one."""
+    optional functions (judge, why, quiz) are looked up once, by the registry's `Kind` row,
+    which holds None for a kind that lacks one."""
 
     KIND: str
     RULES: tuple[Rule, ...]
@@ -63,3 +67,4 @@ class Kind(Protocol):
 Judging = Callable[["Judge"], "list[Row]"]
 Explaining = Callable[["Cell"], "Why"]
 Quizzing = Callable[["Stage", "Trace"], "tuple[Question, ...]"]
+Naming = Callable[["Judge", "Stage"], "str | None"]

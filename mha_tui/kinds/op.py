@@ -51,7 +51,8 @@ def role(g: Graph, op: OpRecord) -> str:
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     ops = [m.op(i) for i in unit.ops]
     tensors = []
-    for op in ops:
+    # A loop's unit: the tensors of its last pass (what the ops after it read).
+    for op in ops if unit.runs == 1 else ops[-len(ops) // unit.runs:]:
         for ref in m.g.x_inputs(op)[:2]:
             snap = m.snap(ref)
             tensors.append(m.b.record(f"{public_name(op)} input: {m.origin_name(ref)}", snap,
@@ -64,6 +65,9 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     where = role(m.g, first)
     explanation = (f"{where[0].upper()}{where[1:]} that no rule of mha-tui names, so it is "
                    "shown as it ran: its line, what it consumed and what it made.")
+    if unit.runs > 1:
+        explanation += (f" A Python loop ran this line {unit.runs:,} times ({len(ops):,} ops in "
+                        "all): the tensors shown are those of its last pass.")
     src = m.snap(m.g.x_inputs(first)[0]) if m.g.x_inputs(first) else first.out
     dims_in = input_dims(m, m.g.x_inputs(first)[0]) if m.g.x_inputs(first) else m.dims(src.shape)
     return m.stage(unit, stage_id, "op", tensors[-4:], [], shape_in=src.shape,

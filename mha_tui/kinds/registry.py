@@ -1,47 +1,25 @@
-"""The stage kinds in the order their rules are asked, and which module builds each kind.
+"""The one table of stage kinds: every kind in the order its rules are asked, each row with
+the reason for its place, and what the recogniser, the judge, `--why` and the quiz read of it.
 
 Every op that depends on the forward's input x is offered to the rules of these kinds, in
 this order, and the first rule that answers gives the op its kind; an op no rule claims is
 an `op` stage, shown as it ran. Rules read the kinds of *earlier* ops (`g.op_derives`), so
-the order below only decides between rules that could claim the *same* op. The contracts,
-each with its reason (TorchLens states its postprocessing steps the same way):
+the order only decides between rules that could claim the *same* op; each row's `place`
+says why it is where it is (TorchLens states its postprocessing steps the same way). Kinds
+with no rule (embed, op, error) close the table: the recogniser places them itself.
 
-- sdpa first: F.scaled_dot_product_attention is one op that is scores, scale, mask,
-  softmax and attend at once; nothing after may read it as a part.
-- cache before concat and plumbing: torch.cat onto an empty key/value cache only passes
-  its input through; concat would otherwise claim a cat downstream of attention.
-- norm anywhere before plumbing: it claims only layer_norm / rms_norm ops, which no other
-  rule claims; placed early, next to the other ops on x.
-- w_o before project: both claim x @ W; downstream of attend it is the output projection.
-- residual after w_o: it claims the add of W_O's result and the forward's own input (and
-  a LayerNorm of that sum), which it finds from the w_o ops classified before it.
-- qkv_split before project, view, transpose and plumbing: a fused layer's split that cuts
-  the heads too (timm's reshape/permute/unbind, NeoX's and Falcon's view and slices) is its
-  own stage; project's fused split would otherwise keep it in the projection.
-- project (its projection, then its fused split) before view, transpose and plumbing: a
-  fused (C, 3C) layer's split, unflatten and transpose are still the projection when they
-  only cut Q | K | V apart (GPT-2's split, torch's own MHA).
-- rotary after project, before view, transpose and plumbing: its ops (slices, reshapes
-  into pairs, cat) are shape ops those rules would otherwise claim; a rotation is found
-  from the projections its tensors come from, so those are classified first.
-- kv_repeat after rotary (K is turned before its heads are repeated), before view and
-  plumbing: repeat_kv's expand and reshape are shape ops they would otherwise claim.
-- position_bias after mask (a bias holding a mask value is a mask) and before scale and
-  concat: it claims an add onto the scores of a finite tensor not made from x.
-- view before transpose, both before concat and plumbing: a head split is a shape op, and
-  plumbing claims every shape op nobody claimed before it.
-- softmax (a call, then one written by hand) before mask and scale: a hand-written
-  softmax's sub and div must not be read as a mask or a scale.
-- attend before scores: both claim a product of two x-derived tensors; downstream of
-  softmax it is weights @ V.
-- mask and scale before concat; plumbing last: it is the catch-all for shape ops.
+A second order is the forward's, as a learner reads it (`step`): it orders the judge's
+rows (the verdict's `differences`, and rows at one position, so it is part of the output)
+and the kinds `--why` lists.
 
-A new mechanism (rotary, shared K/V heads ...) is one module in kinds/ and one line here,
-placed by the same kind of reason. Never import torch, rich, textual or typer here.
+A new mechanism (rotary, shared K/V heads ...) is one module in kinds/ and one row here,
+placed by the same kind of reason. The contract a kind's module keeps is in base.py.
+Never import torch, rich, textual or typer here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 
 from . import (
@@ -49,6 +27,8 @@ from . import (
     cache,
     concat,
     dropout,
+    embed,
+    error,
     kv_repeat,
     mask,
     norm,
@@ -69,66 +49,136 @@ from . import (
     view,
     w_o,
 )
+from .base import Explaining, Judging, Naming, Quizzing, Rule
 
-KINDS: tuple[ModuleType, ...] = (
-    sdpa,
-    cache,
-    norm,
-    w_o,
-    residual,
-    qkv_split,
-    project,
-    rotary,
-    kv_repeat,
-    view,
-    transpose,
-    sinks,
-    softcap,
-    softmax,
-    dropout,
-    attend,
-    scores,
-    mask,
-    position_bias,
-    scale,
-    concat,
-    plumbing,
+
+@dataclass(frozen=True)
+class Kind:
+    """One row of the table: a kind's module (a `base.KindModule`) and what the table says
+    about it."""
+
+    module: ModuleType
+    place: str
+    """Why its rules are asked at this point of the table."""
+    step: float | None
+    """Where its stage sits in the forward as a learner reads it; None for `aux` ops (a
+    cache's cat, shape plumbing), which make no stage of their own."""
+    judged: tuple[str, str] | None = None
+    """For a kind the check judges: (the kind a row carries when its judge fails on an
+    unforeseen module, how the row names it). None: its judge is the module's KIND and name."""
+
+    @property
+    def kind(self) -> str:
+        return self.module.KIND
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return self.module.RULES
+
+    @property
+    def builds(self) -> bool:
+        """Whether a unit of its ops becomes a stage by its build() (embed and error are
+        built by assemble.py from the embedding and the error, not from a unit)."""
+        return self.step is not None and self.module not in (embed, error)
+
+    @property
+    def judge(self) -> Judging | None:
+        return getattr(self.module, "judge", None)
+
+    @property
+    def why(self) -> Explaining | None:
+        return getattr(self.module, "why", None)
+
+    @property
+    def quiz(self) -> Quizzing | None:
+        return getattr(self.module, "quiz", None)
+
+    @property
+    def mechanism(self) -> Naming | None:
+        """What `check` says when the module leaves plain attention at a stage of this kind
+        (a mechanism plain attention lacks, with its parameters), or None."""
+        return getattr(self.module, "mechanism", None)
+
+    @property
+    def judged_as(self) -> tuple[str, str]:
+        return self.judged or (self.kind, self.kind)
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind(sdpa, "first: F.scaled_dot_product_attention is one op that is scores, scale, mask, "
+         "softmax and attend at once; nothing after may read it as a part.", 15),
+    Kind(cache, "before concat and plumbing: torch.cat onto an empty key/value cache only "
+         "passes its input through; concat would otherwise claim a cat downstream of attention.",
+         None),
+    Kind(norm, "anywhere before plumbing and before rotary, scale and mask: it claims "
+         "layer_norm / rms_norm ops, which no other rule claims, and the ops of a norm written "
+         "out (pow, mean, rsqrt, mul) whose multiplies scale would otherwise claim; placed "
+         "early, next to the other ops on x.", 1,
+         judged=("norm", "LayerNorm")),
+    Kind(w_o, "before project: both claim x @ W; downstream of attend it is the output "
+         "projection.", 17, judged=("w_o", "output projection")),
+    Kind(residual, "after w_o: it claims the add of W_O's result and the forward's own input "
+         "(and a LayerNorm of that sum), which it finds from the w_o ops classified before it.",
+         18),
+    Kind(qkv_split, "before project, view, transpose and plumbing: a fused layer's split that "
+         "cuts the heads too (timm's reshape/permute/unbind, NeoX's and Falcon's view and "
+         "slices) is its own stage; project's fused split would otherwise keep it in the "
+         "projection.", 3),
+    Kind(project, "(its projection, then its fused split) before view, transpose and plumbing: "
+         "a fused (C, 3C) layer's split, unflatten and transpose are still the projection when "
+         "they only cut Q | K | V apart (GPT-2's split, torch's own MHA).", 2),
+    Kind(rotary, "after project, before view, transpose and plumbing: its ops (slices, reshapes "
+         "into pairs, cat) are shape ops those rules would otherwise claim; a rotation is found "
+         "from the projections its tensors come from, so those are classified first.", 4,
+         judged=("rotary", "rotary positions")),
+    Kind(kv_repeat, "after rotary (K is turned before its heads are repeated), before view and "
+         "plumbing: repeat_kv's expand and reshape are shape ops they would otherwise claim.", 5,
+         judged=("kv_repeat", "shared K/V heads")),
+    Kind(view, "before transpose, both before concat and plumbing: a head split is a shape op, "
+         "and plumbing claims every shape op nobody claimed before it. Its judge judges the "
+         "head split, over the view and transpose stages.", 6, judged=("split", "split")),
+    Kind(transpose, "after view (see view).", 7),
+    Kind(sinks, "before softmax, mask, scale and concat: its cat of a sink column onto the "
+         "scores, and the shift by the row max before softmax, would otherwise be concat's or "
+         "no one's.", 11.5, judged=("sinks", "attention sinks")),
+    Kind(softcap, "before softmax, mask and scale: the divide and multiply around its tanh "
+         "are by one number each, and scale would otherwise claim them.", 9.5,
+         judged=("softcap", "soft-capping")),
+    Kind(softmax, "(a call, then one written by hand) before mask and scale: a hand-written "
+         "softmax's sub and div must not be read as a mask or a scale.", 12),
+    Kind(dropout, "anywhere before plumbing: it claims only dropout ops on x-derived tensors, "
+         "which no other rule claims.", 13),
+    Kind(attend, "before scores: both claim a product of two x-derived tensors; downstream of "
+         "softmax it is weights @ V.", 14),
+    Kind(scores, "after attend (see attend).", 8),
+    Kind(mask, "before position_bias (a bias holding a mask value is a mask), scale and "
+         "concat.", 10),
+    Kind(position_bias, "after mask and before scale and concat: it claims an add onto the "
+         "scores of a finite tensor not made from x.", 11, judged=("pos_bias", "position bias")),
+    Kind(scale, "before concat.", 9),
+    Kind(concat, "after mask and scale, before plumbing.", 16),
+    Kind(plumbing, "last of the rules: it is the catch-all for shape ops.", None),
+    Kind(embed, "no rule: the embedding lookup before the forward, placed first by assemble.py.",
+         0),
+    Kind(op, "no rule: what no rule claims is an op stage, shown as it ran (and the fallback "
+         "when a kind's build fails).", 19),
+    Kind(error, "no rule: the error a forward ended in, placed last by assemble.py.", 20),
 )
 
-# Every rule, in the order above.
-RULES = tuple(rule for kind in KINDS for rule in kind.RULES)
+RULES: tuple[Rule, ...] = tuple(rule for row in KINDS for rule in row.rules)
+"""Every rule, in the table's order."""
 
-# kind -> the module whose build() makes its stage(s). `aux` ops (cache, plumbing) make no
-# stage of their own; `embed` and `error` are placed by assemble.py, not by a unit.
-BUILDERS: dict[str, ModuleType] = {
-    kind.KIND: kind for kind in (norm, project, qkv_split, rotary, kv_repeat, view, transpose,
-                                 scores, scale, mask, position_bias, sinks, softcap,
-                                 softmax, dropout, attend,
-                                 concat, w_o, residual, sdpa, op)
-}
+FORWARD: tuple[Kind, ...] = tuple(sorted((row for row in KINDS if row.step is not None),
+                                         key=lambda row: row.step or 0.0))
+"""The kinds that make stages, in the forward's order (the judge's, `--why`'s)."""
 
-# The check judges kind by kind in this order: (module with judge(j), the kind a row carries
-# when that judge fails on an unforeseen module, how the row names it). The head split is one
-# judgement over the view and transpose stages (view.judge); sdpa judges its five expanded
-# stages at once. The order fixes the order of the verdict's `differences` and of rows at
-# the same position, so it is part of the output.
-JUDGES: tuple[tuple[ModuleType, str, str], ...] = (
-    (norm, "norm", "LayerNorm"),
-    (project, "project", "project"),
-    (rotary, "rotary", "rotary positions"),
-    (kv_repeat, "kv_repeat", "shared K/V heads"),
-    (view, "split", "split"),
-    (scores, "scores", "scores"),
-    (scale, "scale", "scale"),
-    (mask, "mask", "mask"),
-    (position_bias, "pos_bias", "position bias"),
-    (softcap, "softcap", "soft-capping"),
-    (sinks, "sinks", "attention sinks"),
-    (softmax, "softmax", "softmax"),
-    (dropout, "dropout", "dropout"),
-    (attend, "attend", "attend"),
-    (sdpa, "sdpa", "sdpa"),
-    (concat, "concat", "concat"),
-    (w_o, "w_o", "output projection"),
-    (op, "op", "op"),
-)
+BY_KIND: dict[str, Kind] = {row.kind: row for row in FORWARD}
+"""Stage kind -> its row."""
+
+
+def builder(kind: str) -> ModuleType:
+    """The module whose build() makes the stage(s) of a unit of this kind."""
+    row = BY_KIND[kind]
+    if not row.builds:
+        raise KeyError(kind)
+    return row.module

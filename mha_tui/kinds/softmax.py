@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ops.graph import Graph
+from ..ops.graph import Graph, hand_written_softmaxes
 from ..ops.numeric import ATOL, RTOL, close, f64
 from ..ops.sizes import Sizes
 from ..ops.vocab import LARGE_NEGATIVE, SOFTMAXES
 from ..ops.vocab import softmax as softmax_of
-from ..records import Check, OpRecord, Ref, Stage, Trace
+from ..records import Check, OpRecord, Stage, Trace
 from ._parts.builder import BHTT, plural, yes
 from ._parts.cell import Cell, Term, Why, where
 from ._parts.maker import StageMaker, words
@@ -38,38 +38,16 @@ def softmax(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
 def handwritten_softmax(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     """exp(s - max(s)) / sum(exp(...)) written out over several ops or lines: one softmax."""
     if g.softmax_parts is None:
-        g.softmax_parts = _softmax_parts(g)
+        g.softmax_parts = {i for found in hand_written_softmaxes(g) for i in found.parts}
     return "softmax" if op.index in g.softmax_parts else None
 
 
-def _softmax_parts(g: Graph) -> set[int]:
-    """Every op of each hand-written softmax: the division e / sum(e) where e = exp(...),
-    with the row maximum subtracted first when it is (the numerically stable form)."""
-    parts: set[int] = set()
-    for op in g.ops:
-        if op.name not in {"div", "true_divide"} or len(op.inputs) != 2:
-            continue
-        e, total = g.producer(op.inputs[0]), g.producer(op.inputs[1])
-        if e is None or total is None or e.name != "exp" or total.name != "sum":
-            continue
-        if not total.inputs or total.inputs[0].op != e.index or not e.inputs:
-            continue
-        found = [e.index, total.index, op.index]
-        shifted = g.producer(e.inputs[0])
-        if shifted is not None and shifted.name == "sub" and len(shifted.inputs) == 2:
-            peak = g.producer(shifted.inputs[1])
-            if peak is not None and peak.name in {"max", "amax"} and peak.inputs and \
-                    _same(peak.inputs[0], shifted.inputs[0]):
-                found += [shifted.index, peak.index]
-        parts.update(found)
-    return parts
-
-
-def _same(a: Ref, b: Ref) -> bool:
-    return a.kind == b.kind and a.op == b.op and a.output == b.output and a.name == b.name
-
-
 RULES = (softmax, handwritten_softmax)
+
+
+# The note on a softmax no mask ran before (cross-attention says its own instead: cross.py).
+UNMASKED_SELF = ("No mask was applied: every token sees every token, later ones included "
+                 "(bidirectional attention, as in an encoder such as BERT).")
 
 
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
@@ -96,9 +74,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     rec = m.b.record(m.tensor_name(name_op, fallback="weights"), snap,
                         BHTT if values.ndim == 4 else None, values=values, kind="prob",
                         caption="row: query token · column: key token it takes from")
-    note = "" if "mask" in m.made else (
-        "No mask was applied: every token sees every token, later ones included "
-        "(bidirectional attention, as in an encoder such as BERT).")
+    note = "" if "mask" in m.made else UNMASKED_SELF
     if "scale" not in m.made and scaled_inside(m.g) is None and m.s.d_h:
         note = " ".join(filter(None, [note, (
             f"Nothing scaled these scores: softmax takes Q·Kᵀ as it is, not divided by "
@@ -261,7 +237,7 @@ def softmax_why(cell: Cell, scores: np.ndarray, notes: tuple[str, ...] = ()) -> 
     Σ_k exp(s_ik - max), a term per key."""
     *_, i, j = cell.index
     row = scores.astype(np.float64)
-    terms, top, computed = _weight_terms(row, j, lambda k: f"key {cell.token(k)}",
+    terms, top, computed = _weight_terms(row, j, lambda k: f"key {cell.key_token(k)}",
                                          lambda k: f"s[{i}, {k}]", "row")
     said = [f"the row's largest score, max = {top:.6g}, is subtracted first (the result is "
             "the same; exp cannot overflow)"]

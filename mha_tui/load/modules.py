@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import inspect
 import re
 import sys
 import warnings
@@ -30,7 +29,6 @@ from torch import nn
 
 from ..config import NUMPY_MODEL_NAMES, Config, Source, parse_module_ref
 from .learner import (  # the torch-free half of the load room, shared with numpy_modules
-    MASK_NAMES,
     LoadError,
     class_file,
     constructor_arguments,
@@ -41,6 +39,7 @@ from .learner import (  # the torch-free half of the load room, shared with nump
     safe,
     shown_path,
 )
+from .signature import plan
 
 
 @dataclass(frozen=True)
@@ -62,6 +61,8 @@ EXAMPLES: dict[str, Example] = {
     "raschka-wrapper": Example("mha_tui.examples.raschka", "MultiHeadAttentionWrapper",
                                fixed=lambda config: {"d_out": config.head_dim}, own_mask=True),
     "many-eyes": Example("mha_tui.examples.many_eyes", "MultiHeadAttention", own_mask=True),
+    # Cross-attention (--context): queries from the sentence, keys and values from the context.
+    "cross": Example("mha_tui.examples.cross", "CrossAttention"),
 }
 
 
@@ -82,10 +83,16 @@ class Loaded:
     file: str = ""  # the file the module's class is defined in
     construction: str = ""  # the constructor call made, e.g. "MultiHeadAttention(embed_dim=4, ...)"
     weights: str = ""  # --weights: the file the module's tensors were replaced from
+    # --context: the keys' and values' sequence (B, T_k, C), embedded with the same table.
+    context: torch.Tensor | None = None
+    context_ids: torch.Tensor | None = None  # (B, T_k) int64
 
     def call(self, module: nn.Module, x: torch.Tensor) -> object:
-        """How the tracer calls the module: x once or three times, and the mask by name."""
-        return module(*(x,) * len(self.args), **self.kwargs)
+        """How the tracer calls the module: x once or three times (or x and the context), and
+        the mask by name; `x` stands where the loader's x stood (the check passes another)."""
+        args = tuple(x if arg is self.x else arg for arg in self.args)
+        kwargs = {name: x if value is self.x else value for name, value in self.kwargs.items()}
+        return module(*args, **kwargs)
 
     def forward(self) -> torch.Tensor:
         """module(*args, **kwargs), reduced to its output tensor."""
@@ -135,10 +142,13 @@ def load(config: Config, source: Source | None = None) -> Loaded:
         module.eval()
         ids = torch.tensor([config.ids])  # (B, T)
         x = embedding(ids)  # (B, T, C)
-    args, forward_kwargs = forward_inputs(module, x, causal=config.causal)
+        context_ids = torch.tensor([config.context_ids]) if config.context else None  # (B, T_k)
+        context = embedding(context_ids) if context_ids is not None else None  # (B, T_k, C)
+    args, forward_kwargs = forward_inputs(module, x, causal=config.causal, context=context)
     loaded = Loaded(module=module, embedding=embedding, ids=ids, x=x, args=args,
                     kwargs=forward_kwargs, label=label, file=class_file(cls),
-                    construction=_call_text(cls, kwargs), weights=source.weights or "")
+                    construction=_call_text(cls, kwargs), weights=source.weights or "",
+                    context=context, context_ids=context_ids)
     if source.module is not None:
         _probe(loaded)
     return loaded
@@ -152,7 +162,11 @@ def on_table(loaded: Loaded, table: object) -> Loaded:
         embedding = nn.Embedding.from_pretrained(weight, freeze=True)
         embedding.eval()
         x = embedding(loaded.ids)  # (B, T, C)
-    return replace(loaded, embedding=embedding, x=x, args=(x,) * len(loaded.args))
+        context = embedding(loaded.context_ids) if loaded.context_ids is not None else None
+    swap = {id(loaded.x): x, id(loaded.context): context}
+    return replace(loaded, embedding=embedding, x=x, context=context,
+                   args=tuple(swap.get(id(a), a) for a in loaded.args),
+                   kwargs={k: swap.get(id(v), v) for k, v in loaded.kwargs.items()})
 
 
 def _probe(loaded: Loaded) -> None:
@@ -219,40 +233,18 @@ def causal_mask(T: int) -> torch.Tensor:
     return torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
 
 
-def forward_inputs(module: nn.Module, x: torch.Tensor, *, causal: bool
+def forward_inputs(module: nn.Module, x: torch.Tensor, *, causal: bool,
+                   context: torch.Tensor | None = None
                    ) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor | None]]:
-    """What forward is called with: x, or x three times for (query, key, value); a
-    parameter named mask or attn_mask gets the causal mask (None with --no-causal)."""
-    name = f"{type(module).__name__}.forward"
-    try:
-        params = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):
-        return (x,), {}
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                  and p.name not in MASK_NAMES]
-    required = [p for p in positional if p.default is p.empty]
-    if tuple(p.name for p in positional[:3]) in (("query", "key", "value"), ("q", "k", "v")):
-        args: tuple[torch.Tensor, ...] = (x, x, x)
-    elif positional or any(p.kind is p.VAR_POSITIONAL for p in params):
-        args = (x,)
-    else:
-        raise LoadError(f"{name}() takes no input; mha-tui gives it x, shape (B, T, C)")
-    if len(required) > len(args):
-        listed = ", ".join(p.name for p in required)
-        raise LoadError(f"{name}({listed}) needs {len(required)} inputs; mha-tui gives x, or x "
-                        "three times to forward(query, key, value)")
-    for p in params:
-        if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name not in MASK_NAMES:
-            raise LoadError(f"{name} needs {p.name!r}, which mha-tui cannot give; give it a default")
-    kwargs: dict[str, torch.Tensor | None] = {}
-    T = x.shape[1]
-    for p in params:
-        if p.name in MASK_NAMES:
-            if causal:
-                kwargs[p.name] = causal_mask(T)
-            elif p.default is p.empty:
-                kwargs[p.name] = None
-    return args, kwargs
+    """What forward is called with, read from its signature (`load.signature.plan`): x, or
+    x three times for (query, key, value); with a context (cross-attention) the keys and
+    values from it. A parameter named mask or attn_mask gets the causal mask (None with
+    --no-causal, and across two sequences)."""
+    call = plan(module.forward, f"{type(module).__name__}.forward", causal=causal,
+                context=context is not None)
+    mask = causal_mask(x.shape[1]) if causal and context is None else None
+    args, kwargs = call.build({"x": x, "context": context, "mask": mask})
+    return args, kwargs  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------- weights

@@ -7,6 +7,9 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 from ..records import OpRecord, Recording, Ref, Snapshot, TensorArg
 from .vocab import very_negative
 
@@ -36,6 +39,28 @@ def reaching_output(rec: Recording) -> list[bool]:
     return reaches
 
 
+def read_only_by_python(rec: Recording) -> frozenset[int]:
+    """The ops that only feed values to Python: `print(w.sum().item())`, `if mask.any():`.
+    Each one's result was read by Python (`Recording.read`) or goes only to such ops, and
+    none reaches the output. They change no tensor the output depends on, so they are no
+    stage. A forward that raised returned nothing to reach: every op is kept."""
+    if not rec.read or rec.error is not None:
+        return frozenset()
+    reaches = reaching_output(rec)
+    consumers: dict[int, list[int]] = {}
+    for op in rec.ops:
+        for ref in op.inputs:
+            if ref.kind == "op" and ref.op is not None:
+                consumers.setdefault(ref.op, []).append(op.index)
+    only: set[int] = set()
+    for op in reversed(rec.ops):  # every consumer comes after what it consumes
+        used = consumers.get(op.index, [])
+        if not reaches[op.index] and (op.index in rec.read or used) and \
+                all(c in only for c in used):
+            only.add(op.index)
+    return frozenset(only)
+
+
 class Graph:
     """The recording with the facts the rules read: producers, consumers, ancestry."""
 
@@ -55,6 +80,22 @@ class Graph:
         self.from_x = [False] * len(rec.ops)
         for op in rec.ops:
             self.from_x[op.index] = any(self.is_x(ref) for ref in value_inputs(op))
+        # Which of the forward's inputs each op's values come from (cross-attention tells the
+        # query's tokens from the context's by it).
+        self.reads: list[frozenset[str]] = []
+        for op in rec.ops:
+            names: set[str] = set()
+            for ref in value_inputs(op):
+                if ref.kind == "input":
+                    names.add(ref.name)
+                elif ref.kind == "op" and ref.op is not None:
+                    names |= self.reads[ref.op]
+            self.reads.append(frozenset(names))
+        # Cross-attention: the forward's input the queries come from, and those the keys and
+        # values come from (recognise.run sets them; empty in self-attention).
+        self.query_names: frozenset[str] = frozenset()
+        self.key_names: frozenset[str] = frozenset()
+        self.for_python = read_only_by_python(rec)  # no stage: see read_only_by_python
         self.kind: dict[int, str] = {}
         self.head: dict[int, int] = {}
         self.softmax_parts: set[int] | None = None
@@ -64,6 +105,12 @@ class Graph:
         if ref.kind == "input":
             return ref.name in self.x_names
         return ref.kind == "op" and ref.op is not None and self.from_x[ref.op]
+
+    def key_side(self, op_index: int) -> bool:
+        """Cross-attention: the op's values come from the context alone (keys, values), not
+        from the query sequence."""
+        reads = self.reads[op_index]
+        return bool(self.key_names) and bool(reads & self.key_names) and not reads & self.query_names
 
     def producer(self, ref: Ref) -> OpRecord | None:
         return self.ops[ref.op] if ref.kind == "op" and ref.op is not None else None
@@ -133,3 +180,60 @@ def masks_somewhere(g: Graph, ref: Ref) -> bool:
             return False
         ref = op.inputs[0]
     return False
+
+
+@dataclass(frozen=True)
+class HandWrittenSoftmax:
+    """One softmax written out by hand: e = exp(s) (or exp(s - m)), then e / sum(e)."""
+
+    divide: OpRecord
+    exp: OpRecord
+    total: OpRecord
+    shifted: OpRecord | None
+    """The sub whose result exp reads, when there is one."""
+    peak: OpRecord | None
+    """The max the sub takes away, when it is the maximum of the same scores (the
+    numerically stable form)."""
+
+    @property
+    def parts(self) -> list[int]:
+        """Its ops' indices, each one the recogniser gives the softmax kind."""
+        found = [self.exp.index, self.total.index, self.divide.index]
+        if self.shifted is not None and self.peak is not None:
+            found += [self.shifted.index, self.peak.index]
+        return found
+
+    @property
+    def scores(self) -> Ref:
+        """The tensor the chain started from: the sub's first input, else exp's."""
+        return self.shifted.inputs[0] if self.shifted is not None else self.exp.inputs[0]
+
+
+def hand_written_softmaxes(g: Graph, ops: Iterable[OpRecord] | None = None) -> list[HandWrittenSoftmax]:
+    """Every softmax written out by hand among `ops` (all the graph's by default), found at its
+    division: e / sum(e) where e = exp(...). The one matcher: the recogniser's rule and the
+    judge both read it."""
+    found = []
+    for op in g.ops if ops is None else ops:
+        if op.name not in {"div", "true_divide"} or len(op.inputs) != 2:
+            continue
+        e, total = g.producer(op.inputs[0]), g.producer(op.inputs[1])
+        if e is None or total is None or e.name != "exp" or total.name != "sum":
+            continue
+        if not total.inputs or total.inputs[0].op != e.index or not e.inputs:
+            continue
+        shifted = g.producer(e.inputs[0])
+        if shifted is None or shifted.name != "sub" or not shifted.inputs:
+            shifted = None
+        peak = None
+        if shifted is not None and len(shifted.inputs) == 2:
+            candidate = g.producer(shifted.inputs[1])
+            if candidate is not None and candidate.name in {"max", "amax"} and candidate.inputs and \
+                    _same(candidate.inputs[0], shifted.inputs[0]):
+                peak = candidate
+        found.append(HandWrittenSoftmax(op, e, total, shifted, peak))
+    return found
+
+
+def _same(a: Ref, b: Ref) -> bool:
+    return a.kind == b.kind and a.op == b.op and a.output == b.output and a.name == b.name

@@ -16,7 +16,8 @@ from .vocab import MATMULS, PROJECTIONS
 
 @dataclass(frozen=True)
 class Sizes:
-    """B, T, C of x and the head split the ops showed (h, d_h)."""
+    """B, T, C of x and the head split the ops showed (h, d_h); T_k, the keys' length, when
+    the keys and values come from another sequence (cross-attention: T is then T_q)."""
 
     B: int
     T: int
@@ -25,6 +26,17 @@ class Sizes:
     d_h: int
     # False when x has no batch axis (NumPy's (T, C)): every dims label drops its B.
     batched: bool = True
+    # The context's length (cross-attention), None when the keys are x's own tokens.
+    T_k: int | None = None
+
+    @property
+    def cross(self) -> bool:
+        return self.T_k is not None
+
+    @property
+    def keys(self) -> int:
+        """How many keys each query looks at: T_k, or T in self-attention."""
+        return self.T if self.T_k is None else self.T_k
 
 
 def head_calls(rec: Recording) -> list[ModuleCall]:

@@ -11,7 +11,6 @@ Never import rich, textual or typer here.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -55,13 +54,55 @@ def recognised(recorded: Recorded) -> Trace:
 
 # ---------------------------------------------------------------- trace a module
 
-def trace(module: Any, x: Any, tokens: Sequence[str] | None = None, **options: Any) -> Trace:
-    """The Python API (`mha_tui.trace`): trace one forward of a torch or a NumPy module."""
+def trace(module: Any, x: Any, tokens: Sequence[str] | None = None, *, context: Any = None,
+          context_tokens: Sequence[str] | None = None, **options: Any) -> Trace:
+    """The Python API (`mha_tui.trace`): trace one forward of a torch or a NumPy module.
+
+    context: cross-attention's second sequence (B, T_k, C'), given to the forward's
+    parameter for it (`load.signature`: `forward(query, key, value)`, `forward(x, context)`,
+    `(x, xa)`, `(hidden_states, key_value_states)`, ...); context_tokens label its T_k axis
+    (default c0, c1, ...)."""
+    if context is not None:
+        return recognised(_record_cross(module, x, tokens, context, context_tokens, **options))
     if type(x).__module__ == "numpy" and not _is_torch_module(module):
         return trace_numpy(module, x, tokens, **options)  # NumPy code: torch never loads
     from ..tracing import record_forward  # torch is imported only now
 
     return recognised(record_forward(module, x, tokens, **options))
+
+
+def _record_cross(module: Any, x: Any, tokens: Sequence[str] | None, context: Any,
+                  context_tokens: Sequence[str] | None, *, call: Any = None,
+                  config: Config | None = None, causal: bool = False, **options: Any) -> Recorded:
+    """One forward of a torch module on x and a context, called by its signature."""
+    from ..config import config_for
+    from ..load.signature import plan
+    from ..tracing import record_forward
+
+    T_k = int(context.shape[-2])
+    labels = tuple(context_tokens) if context_tokens is not None else tuple(f"c{i}" for i in range(T_k))
+    if len(labels) != T_k:
+        from ..config import ConfigError
+
+        raise ConfigError(f"{len(labels)} context tokens for the {T_k} positions of the context, "
+                          f"shape {tuple(context.shape)}: give one token per position")
+    if call is None:
+        how = plan(module.forward, f"{type(module).__name__}.forward", causal=causal, context=True)
+        if causal:
+            from ..load.modules import causal_mask
+
+            mask: Any = causal_mask(int(x.shape[-2]))
+        else:
+            mask = None
+
+        def call(m: Any, inp: Any) -> object:
+            args, kwargs = how.build({"x": inp, "context": context, "mask": mask})
+            return m(*args, **kwargs)
+
+    config = config or config_for(module, tuple(x.shape), tokens)
+    config = replace(config, context_labels=labels, causal=causal,
+                     max_seq_len=max(config.max_seq_len, T_k))
+    return record_forward(module, x, tokens, call=call, config=config, **options)
 
 
 def trace_numpy(module: object, x: Any, tokens: Sequence[str] | None = None, *,
@@ -107,10 +148,9 @@ def run_trace(config: Config, source: Source | None = None, *,
     loaded = loaded or load(config, source)
     from ..tracing import record_forward
 
-    # The learner's prints go to stderr: a transcript on stdout stays a transcript.
-    with contextlib.redirect_stdout(sys.stderr):
-        recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
-                                  embedding=loaded.embedding, ids=loaded.ids, config=config)
+    # The learner's prints go to stderr (tracing does it for every forward it runs).
+    recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
+                              embedding=loaded.embedding, ids=loaded.ids, config=config)
     trace = recognised(recorded)
     if loaded.weights and trace.module is not None:  # the header says whose numbers these are
         trace = replace(trace, module=replace(trace.module, weights=loaded.weights))
@@ -121,11 +161,9 @@ def numpy_runner(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
     """How the CLI and the app trace a built NumPy module: trace -> recognise."""
 
     def run(config: Config) -> Trace:
-        # The learner's prints go to stderr: a transcript on stdout stays a transcript.
-        with contextlib.redirect_stdout(sys.stderr):
-            return trace_numpy(loaded.module, loaded.x, config.tokens, args=loaded.args,
-                               kwargs=loaded.kwargs, table=loaded.table, ids=loaded.ids,
-                               config=config, lookup=loaded.lookup)
+        return trace_numpy(loaded.module, loaded.x, config.tokens, args=loaded.args,
+                           kwargs=loaded.kwargs, table=loaded.table, ids=loaded.ids,
+                           config=config, lookup=loaded.lookup)
 
     return run
 
@@ -164,8 +202,8 @@ def checked(config: Config, source: Source, expect: Expect | None = None
 
     loaded = load(config, source)
 
-    def call(module: object, x: object) -> object:  # x once, or as query, key and value
-        return module(*(x,) * len(loaded.args), **loaded.kwargs)  # type: ignore[operator]
+    def call(module: object, x: object) -> object:  # x once, as query, key and value, or with the context
+        return loaded.call(module, x)  # type: ignore[arg-type]
 
     def run(config: Config) -> Trace:
         return run_trace(config, loaded=loaded)

@@ -17,7 +17,7 @@ from ..kinds import op as op_kind
 from ..kinds._parts.builder import Builder
 from ..kinds._parts.maker import StageMaker, api_name
 from ..kinds._parts.unit import Unit
-from ..kinds.registry import BUILDERS
+from ..kinds.registry import builder
 from ..ops.graph import reaching_output
 from ..records import Check, Embedded, Recording, Stage
 from ..stages import stage_info
@@ -43,7 +43,7 @@ def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Emb
         counts[kind] = counts.get(kind, 0) + 1
         stage_id = kind if counts[kind] == 1 else f"{kind}-{counts[kind]}"
         try:
-            made = BUILDERS[kind].build(maker, unit, stage_id)
+            made = builder(kind).build(maker, unit, stage_id)
             stages.extend(made if isinstance(made, list) else [made])
         except Exception as error:  # a rule that misread: show the ops plainly, never crash
             fallback = op_kind.build(maker, unit, stage_id if kind == "op" else f"op-{kind}")
@@ -53,7 +53,9 @@ def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Emb
         stages[-1] = replace(stages[-1], checks=(*stages[-1].checks, Check(
             f"not shown as stages: {', '.join(unused)}: their results never reach the output",
             None)))
-    if not b.config.causal and not any(st.kind == "mask" for st in stages):
+    # --no-causal's "no mask ran" is about one sequence attending to itself: across two
+    # sequences (cross-attention) no causal mask is expected.
+    if not b.config.causal and not b.sizes.cross and not any(st.kind == "mask" for st in stages):
         mask.add_skipped_mask(stages, b)
     if n_params is not None:
         project.add_param_check(stages, n_params, b)

@@ -16,7 +16,7 @@ from ..ops.vocab import PROJECTIONS
 def classify(g: Graph, sizes: Sizes) -> None:
     """Give every x-dependent op a kind; rules in the registry's order, the first that answers wins."""
     for op in g.ops:
-        if not g.from_x[op.index]:
+        if not g.from_x[op.index] or op.index in g.for_python:
             continue
         kind = "op"
         for rule in RULES:

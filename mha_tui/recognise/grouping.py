@@ -1,7 +1,8 @@
 """Classified ops grouped into units, one per future stage: ops of one kind together,
 identity dropouts folded into the stage before them, helpers (ops that do not depend on x,
 shape plumbing) joined to the unit that consumes them. Nothing is dropped: an op no unit
-takes becomes a plain `op` unit.
+takes becomes a plain `op` unit; only an op whose value goes only to Python (a print, an
+`.item()`: Graph.for_python) is no stage.
 
 Never import torch, rich, textual or typer here.
 """
@@ -45,14 +46,14 @@ def group(g: Graph) -> list[Unit]:
         owner[op.index] = unit
     # helpers: shape plumbing and ops that do not depend on x join their consumer's unit
     for op in reversed(g.ops):
-        if op.index in owner:
+        if op.index in owner or op.index in g.for_python:
             continue
         consumer_units = [owner[c] for c in g.consumers[op.index] if c in owner]
         if consumer_units:
             owner[op.index] = consumer_units[0]
             consumer_units[0].helpers.append(op.index)
     for op in g.ops:  # plumbing nobody consumed (the forward's last reshape): its producer's
-        if op.index in owner:
+        if op.index in owner or op.index in g.for_python:  # values read by Python: no stage
             continue
         producers = [owner[r.op] for r in op.inputs if r.kind == "op" and r.op in owner]
         if producers:
@@ -63,5 +64,30 @@ def group(g: Graph) -> list[Unit]:
             units.append(unit)
             owner[op.index] = unit
     units.sort(key=lambda u: min(u.ops or u.helpers))
-    return units
+    return _fold_loops(g, units)
+
+
+def _fold_loops(g: Graph, units: list[Unit]) -> list[Unit]:
+    """A Python loop that runs the same unrecognised lines again and again is one `op` unit
+    per line, not one per pass: in a run of consecutive `op` units, a unit whose line an
+    earlier unit of the run already holds joins it (20,000 passes are not 20,000 stages)."""
+    folded: list[Unit] = []
+    first: dict[tuple[str, int], Unit] = {}
+    for unit in units:
+        if unit.kind != "op" or not unit.ops:
+            first = {}
+            folded.append(unit)
+            continue
+        source = g.ops[unit.ops[0]].source
+        line = (source.file, source.line)
+        earlier = first.get(line)
+        if earlier is None:
+            first[line] = unit
+            folded.append(unit)
+            continue
+        earlier.ops = sorted((*earlier.ops, *unit.ops))
+        earlier.helpers = sorted((*earlier.helpers, *unit.helpers))
+        earlier.folded = sorted((*earlier.folded, *unit.folded))
+        earlier.runs += 1
+    return folded
 

@@ -7,14 +7,17 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..config import Config
 from ..kinds import kv_repeat
 from ..kinds._parts.builder import Builder
 from ..ops.graph import Graph
 from ..ops.sizes import Sizes, assign_heads, assign_loop_heads, head_calls, infer_sizes
-from ..records import Embedded, Recording, Stage
+from ..records import Embedded, Recording, Snapshot, Stage
 from .assemble import build_stages
 from .classify import classify
+from .cross import cross_words
 from .grouping import group
 
 
@@ -29,11 +32,36 @@ def recognise(rec: Recording, config: Config, *, embedded: Embedded | None = Non
     else:
         sizes = infer_sizes(rec, x, config.num_heads, calls)
     g = Graph(rec)
+    context = _context(rec, x)
+    if context is not None and x is not None:  # cross-attention: T is T_q, the context's T_k
+        sizes = replace(sizes, T_k=context[1].shape[-2])
+        g.query_names = frozenset(name for name, snap in rec.inputs if snap.storage == x.storage)
+        g.key_names = frozenset(name for name, snap in rec.inputs
+                                if snap.storage == context[1].storage)
     assign_heads(g, calls)
     assign_loop_heads(g, sizes)
     classify(g, sizes)
     units = group(g)
     builder = Builder(g, sizes, config, calls)
     builder.h_kv = kv_repeat.kv_heads(builder)
-    return build_stages(builder, units, rec, embedded=embedded, forward_equal=forward_equal,
-                        n_params=n_params)
+    stages = build_stages(builder, units, rec, embedded=embedded, forward_equal=forward_equal,
+                          n_params=n_params)
+    if sizes.cross:  # the words' shapes name the keys' axis T_k where the sizes say so
+        stages = tuple(replace(stage, dims_in=builder.cross_dims(stage.shape_in, stage.dims_in),
+                               dims_out=builder.cross_dims(stage.shape_out, stage.dims_out))
+                       for stage in stages)
+        stages = cross_words(stages, sizes, query=" and ".join(sorted(g.query_names)) or "x",
+                             context=" and ".join(sorted(g.key_names)) or "the context")
+    return stages
+
+
+def _context(rec: Recording, x: Snapshot | None) -> tuple[str, Snapshot] | None:
+    """The second sequence of a cross-attention: a 3-D float input of the forward that is not
+    x (another tensor, not x given again as key and value). None in self-attention."""
+    if x is None or x.ndim != 3:
+        return None
+    for name, snap in rec.inputs:
+        if snap is not x and snap.ndim == 3 and snap.dtype.startswith("float") \
+                and snap.storage != x.storage:
+            return name, snap
+    return None

@@ -194,6 +194,9 @@ class Recording:
     error: RecordedError | None = None
     # The array library the forward ran in: "torch" or "numpy".
     library: str = "torch"
+    # The ops whose result the forward read into Python (`.item()`, `.tolist()`, a print,
+    # an `if`): such a value changes no tensor unless it comes back as one.
+    read: frozenset[int] = frozenset()
 
     def snapshot(self, ref: Ref) -> Snapshot:
         """The tensor a reference points at, as it was recorded."""

@@ -60,7 +60,7 @@ class Verdict:
     reference: str = ""
 
     def as_dict(self) -> dict[str, object]:
-        """The grader's JSON object (see the README): module, equivalent, stages, diagnosis."""
+        """The grader's JSON object (docs/grading.md): module, equivalent, stages, diagnosis."""
         rows = [*self.stages, *([self.end_to_end] if self.end_to_end else [])]
         return {
             "module": self.module,

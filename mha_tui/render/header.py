@@ -49,9 +49,12 @@ def _sizes(config: Config, batched: bool = True, asked: int | None = None) -> Te
             sizes.append(f" {ENCODER}", style="bold cyan")
         return sizes
     own = f" (the module's own; --heads {asked})" if asked not in (None, config.num_heads) else ""
-    return Text(f"{'B=1 ' if batched else ''}T={config.seq_len} C={config.embed_dim} h={config.num_heads} "
-                f"d_h={config.head_dim}{own} seed={config.seed} "
-                f"{'causal' if config.causal else 'no mask'}", style="cyan", end="")
+    # Cross-attention: the queries' and the keys' lengths; no causal mask across sequences.
+    lengths = (f"T_q={config.seq_len} T_k={len(config.key_tokens)}" if config.cross
+               else f"T={config.seq_len}")
+    mask = "cross-attention" if config.cross else "causal" if config.causal else "no mask"
+    return Text(f"{'B=1 ' if batched else ''}{lengths} C={config.embed_dim} h={config.num_heads} "
+                f"d_h={config.head_dim}{own} seed={config.seed} {mask}", style="cyan", end="")
 
 
 def _token_list(config: Config, opts: RenderOptions, room: int) -> Text:
@@ -125,6 +128,10 @@ def _sentence_and_sizes(config: Config, opts: RenderOptions, width: int, batched
     sentence = Text("sentence ", style="dim", no_wrap=True, end="")
     sentence.append_text(label(config.sentence, max_cells=max(1, min(40, width - 9)),
                                ascii_only=opts.ascii))
+    if config.cross:  # the keys' and values' sentence (its tokens label the T_k axes)
+        sentence.append("  context ", style="dim")
+        sentence.append_text(label(config.context or " ".join(config.key_tokens),
+                                   max_cells=max(1, min(40, width - 9)), ascii_only=opts.ascii))
     tokens = Text("tokens ", style="dim", no_wrap=True, end="")
     tokens.append_text(_token_list(config, opts, max(1, width - 7)))
     one = Text.assemble(sentence, "   ", tokens, "   ", sizes, no_wrap=True)

@@ -20,6 +20,9 @@ from .options import RenderOptions
 from .text import Unbroken
 from .values import DIM_STYLE, head_style
 
+# The keys' axis in cross-attention (recognise.builder.KEYS: render never imports recognise).
+KEYS = "T_k"
+
 if TYPE_CHECKING:
     import numpy as np  # NumPy arrives with torch; the app's first frame must not wait for it
 
@@ -35,10 +38,18 @@ def _channel_axis(n: int, d_h: int | None, prefix: str = "c") -> Axis:
 
 
 def _token_axis(config: Config, tags: Sequence[str] | None = None,
-                tag_heads: Sequence[int] | None = None) -> Axis:
+                tag_heads: Sequence[int] | None = None, *, n: int | None = None,
+                keys: bool = False) -> Axis:
+    """A T axis labelled by its tokens: the queries' (the sentence's), or with keys the
+    keys' (the context's, in cross-attention). n: the axis's length; an axis whose length
+    is not its tokens' count (one decode step's query) is labelled by position."""
     if tags is not None:  # rows that are not tokens (the wrong view): already unambiguous
         return Axis(list(tags), heads=tag_heads, literal=True)
-    return Axis(list(config.tokens), literal=True, positions=True)
+    tokens = list(config.key_tokens if keys else config.tokens)
+    if n is not None and n != len(tokens):
+        other = list(config.tokens if keys else config.key_tokens)
+        tokens = other if n == len(other) else [f"t{i}" for i in range(n)]
+    return Axis(tokens, literal=True, positions=True)
 
 
 def _head_title(record: TensorRecord, head: int, opts: RenderOptions, batched: bool = True,
@@ -67,7 +78,7 @@ def _heads_shown(h: int, opts: RenderOptions) -> list[int]:
 def tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions) -> list[Matrix]:
     """The 2-D slices a learner reads for this tensor, labelled by what its axes mean."""
     matrices = _tensor_matrices(_as_drawn(record), config, opts, batched=not _unbatched(record),
-                                kv="h_kv" in record.dims)
+                                kv="h_kv" in record.dims, keys=_key_axes(record))
     if opts.cursor is not None and opts.cursor[0] == record.name:
         _place_cursor(matrices, record, opts.cursor[1])
     return matrices
@@ -81,7 +92,19 @@ _AS_CHANNELS = {"h_kv*d_h", "3C", "(h+2*h_kv)*d_h", "qkv"}
 
 
 def _canonical(dims: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(_AS_HEADS.get(d, "C" if d in _AS_CHANNELS else d) for d in dims)
+    """The layout drawn: the keys' T_k (cross-attention) is a T axis labelled by the keys'
+    tokens (_key_axes)."""
+    return tuple(_AS_HEADS.get(d, "C" if d in _AS_CHANNELS else "T" if d == KEYS else d)
+                 for d in dims)
+
+
+def _key_axes(record: TensorRecord) -> tuple[bool, ...]:
+    """Per axis of the record as drawn (_as_drawn), whether it is the keys' T_k."""
+    keys = tuple(d == KEYS for d in record.dims)
+    spread = _spread_axis(record)
+    if spread is not None:
+        keys = keys[:spread] + keys[spread + 1:]
+    return (False, *keys) if _unbatched(record) else keys
 
 
 def _spread_axis(record: TensorRecord) -> int | None:
@@ -268,16 +291,23 @@ def mark_cells(matrices: list[Matrix], record: TensorRecord, cells: np.ndarray) 
 
 
 def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
-                     batched: bool = True, kv: bool = False) -> list[Matrix]:
+                     batched: bool = True, kv: bool = False,
+                     keys: tuple[bool, ...] = ()) -> list[Matrix]:
     v, dims, d_h = record.values, record.dims, config.head_dim
+
+    def tokens(axis: int, tags: Sequence[str] | None = None,
+               tag_heads: Sequence[int] | None = None) -> Axis:  # T axis `axis` of v
+        return _token_axis(config, tags, tag_heads, n=v.shape[axis],
+                           keys=axis < len(keys) and keys[axis])
+
     split = d_h if record.head_split is not None else None
     if dims == ("B", "T"):
-        return [Matrix(v, record, Axis(["ids"]), _token_axis(config), None, opts)]
+        return [Matrix(v, record, Axis(["ids"]), tokens(1), None, opts)]
     if dims == ("vocab", "C"):
         return [Matrix(v, record, Axis(list(config.vocab), literal=True), _channel_axis(v.shape[1], None),
                        None, opts)]
     if dims == ("B", "T", "C"):
-        return [Matrix(v[0], record, _token_axis(config), _channel_axis(v.shape[2], split),
+        return [Matrix(v[0], record, tokens(1), _channel_axis(v.shape[2], split),
                        None, opts)]
     if dims == ("C_out", "C_in"):
         rows = _channel_axis(v.shape[0], split if record.head_split == 0 else None, "out ")
@@ -293,9 +323,9 @@ def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
         return [Matrix(v.reshape(1, -1), record, Axis(["bias"]), _channel_axis(v.shape[0], None), None,
                        opts)]
     if dims == ("T", "T"):
-        return [Matrix(v, record, _token_axis(config), _token_axis(config), None, opts)]
+        return [Matrix(v, record, tokens(0), tokens(1), None, opts)]
     if dims == ("B", "T", "T"):  # head-averaged weights, a (1, T, T) mask: query x key
-        return [Matrix(v[0], record, _token_axis(config), _token_axis(config), None, opts)]
+        return [Matrix(v[0], record, tokens(1), tokens(2), None, opts)]
     if dims == ("B", "T", "h", "d_h"):
         # The tensor's own h and d_h (as matrix_cell reads them): a module whose head count
         # is not --heads (hard-coded, or --init num_heads=...) is drawn as it is.
@@ -304,15 +334,14 @@ def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
         heads = [c // d_h for c in range(h * d_h)]
         cols = Axis([f"h{c // d_h}" for c in range(h * d_h)], heads=heads,
                     sub=[f"d{c % d_h}" for c in range(h * d_h)])
-        return [Matrix(flat, record, _token_axis(config), cols, None, opts)]
+        return [Matrix(flat, record, tokens(1), cols, None, opts)]
     if dims in (("B", "h", "T", "d_h"), ("B", "h", "T", "T")):
         matrices = []
         for i in _heads_shown(v.shape[1], opts):
             tags = record.row_tags[i] if record.row_tags is not None else None
             tag_heads = record.row_tag_heads[i] if record.row_tag_heads is not None else None
-            cols = (_token_axis(config) if dims[-1] == "T"
-                    else Axis([f"d{j}" for j in range(v.shape[3])]))
-            matrices.append(Matrix(v[0, i], record, _token_axis(config, tags, tag_heads), cols,
+            cols = (tokens(3) if dims[-1] == "T" else Axis([f"d{j}" for j in range(v.shape[3])]))
+            matrices.append(Matrix(v[0, i], record, tokens(2, tags, tag_heads), cols,
                                    _head_title(record, i, opts, batched, kv), opts, head=i))
         return matrices
     return _generic_matrices(record, opts)

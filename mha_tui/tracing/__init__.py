@@ -13,6 +13,7 @@ This package knows torch and the record types: never import rich, textual or typ
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -63,8 +64,9 @@ def record_forward(module: nn.Module, x: torch.Tensor | None, tokens: Sequence[s
     # (and rounds differently); the traced run never takes it, so neither does the check.
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        return _trace(module, x, tokens, call, embedding, ids, config)
+    try:  # its prints go to stderr (torch_ops.record): the second call's too
+        with contextlib.redirect_stdout(sys.stderr):
+            return _trace(module, x, tokens, call, embedding, ids, config)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
 

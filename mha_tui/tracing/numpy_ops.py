@@ -27,6 +27,7 @@ typer here (a subprocess test checks that a NumPy run leaves torch out of sys.mo
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import sys
@@ -405,8 +406,9 @@ def record(module: object, args: tuple[object, ...] = (),
     error: BaseException | None = None
     recorded_error: RecordedError | None = None
     _ACTIVE.append(session)
-    try:
-        value = forward(*call_args, **call_kwargs)
+    try:  # what the module prints goes to stderr: stdout is a transcript's (torch_ops.record)
+        with contextlib.redirect_stdout(sys.stderr):
+            value = forward(*call_args, **call_kwargs)
     except Exception as exc:
         error = exc
         recorded_error = session.error(exc, exc.__traceback__)
@@ -456,7 +458,8 @@ def record_forward(module: object, x: np.ndarray, tokens: Sequence[str] | None =
         forward_equal = None
         if result.error is None:
             out = _arrays(result.value)[:1]
-            again = _arrays(forward_of(module)(*args, **kwargs))[:1]
+            with contextlib.redirect_stdout(sys.stderr):
+                again = _arrays(forward_of(module)(*args, **kwargs))[:1]
             forward_equal = bool(out and again and np.array_equal(out[0], again[0], equal_nan=True))
     n_params = sum(int(a.size) for a in module_arrays(module).values())
     return Recorded(recording, config, embedded=embedded, forward_equal=forward_equal,

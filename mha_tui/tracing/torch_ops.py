@@ -25,6 +25,7 @@ adapter is imported only when a torch module is traced. Never import rich, textu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -72,6 +73,12 @@ _DUNDER = {
     "__or__": "bitwise_or", "__xor__": "bitwise_xor", "__floordiv__": "floor_divide",
     "__mod__": "remainder",
 }
+
+# Tensor methods that hand a tensor's values to Python and make no tensor: `.item()` in a
+# print, `.tolist()`, `if (w < 0).any():`, an f-string.
+PYTHON_READS = frozenset({"item", "tolist", "numpy", "__repr__", "__str__", "__format__",
+                          "__float__", "__int__", "__bool__", "__index__", "__complex__",
+                          "__array__"})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -137,6 +144,7 @@ class _Session:
     error: RecordedError | None = None
     failed_at: Source | None = None
     done: bool = False
+    read: set[int] = field(default_factory=set)  # ops whose value Python read (PYTHON_READS)
 
     def ref(self, t: torch.Tensor) -> Ref:
         key = id(t)
@@ -167,6 +175,7 @@ class _Session:
         return Recording(
             module_class=cls.__name__, module_file=file, inputs=tuple(self.inputs),
             ops=tuple(self.ops), calls=tuple(self.calls), output=self.output, error=self.error,
+            read=frozenset(self.read),
         )
 
 
@@ -323,8 +332,12 @@ class Recorder:
         outputs = tensors_in(result)
         if name == "setitem" and args and isinstance(args[0], torch.Tensor):
             outputs = [args[0]]
-        if not outputs:
-            return  # shape, size, dim, item, ...: no tensor made
+        if not outputs:  # shape, size, dim, item, ...: no tensor made
+            if name in PYTHON_READS and args and isinstance(args[0], torch.Tensor):
+                made = session.producers.get(id(args[0]))
+                if made is not None:
+                    session.read.add(made[0])
+            return
         inputs, plain_args, plain_kwargs = recorded_arguments(
             args, kwargs.items(), lambda v: isinstance(v, torch.Tensor), session.ref, _plain)
         path, cls = (session.stack[-1][0], session.stack[-1][1]) if session.stack else ("", "")
@@ -404,8 +417,12 @@ def record(run: Callable[[], object], roots: Mapping[str, nn.Module]) -> RecordR
     first call is recorded: its arguments and result (through hooks), and every torch op
     inside it. If `run` raises, the exception is returned, not raised, and the recording
     of the root that was running ends with the error.
+
+    What the module prints goes to stderr, whoever asked for the forward (explain, check's
+    second run, --against, the notebook): stdout is a transcript's or a script's JSON.
     """
-    return _record(run, roots, lazy=True)
+    with contextlib.redirect_stdout(sys.stderr):
+        return _record(run, roots, lazy=True)
 
 
 def _record(run: Callable[[], object], roots: Mapping[str, nn.Module], lazy: bool) -> RecordResult:

@@ -9,7 +9,7 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -37,6 +37,20 @@ KV_HEADS = "h_kv"
 KV_WIDTH = "h_kv*d_h"
 FUSED_3C = ("B", "T", "3C")
 FUSED_SHARED = ("B", "T", "(h+2*h_kv)*d_h")
+# The keys' axis in cross-attention (the context's tokens); T is then the queries'.
+KEYS = "T_k"
+
+
+def _keyed(dims: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """A layout with its T axes read as the keys' T_k: each one alone, the last first (a
+    (T, T) is queries x keys), then all of them."""
+    spots = [i for i, d in enumerate(dims) if d == "T"]
+    out = [tuple(KEYS if i == spot else d for i, d in enumerate(dims)) for spot in reversed(spots)]
+    if len(spots) > 1:
+        out.append(tuple(KEYS if d == "T" else d for d in dims))
+    return out
+
+
 # Label sets tried by size alone, when the caller knows nothing of a tensor.
 _BY_SIZE = (BTC, BHTD, BTHD, BHTT, ("T", "T"), ("B", "T", "d_h"), ("B", "T", "T"),
             ("T", "B", "C"), ("T", "B*h", "d_h"), ("B*h", "T", "d_h"), ("B*h", "T", "T"),
@@ -70,6 +84,7 @@ class Builder:
         # How many K/V heads when fewer than h (shared K/V heads), from the recognised ops
         # (kv_repeat.kv_heads); None when K and V have the h heads Q has.
         self.h_kv: int | None = None
+        self._made_by: dict[int, int] | None = None  # id of an op's output -> the op (key_side)
 
     # ------------------------------------------------------------ naming
 
@@ -114,7 +129,32 @@ class Builder:
 
     # ------------------------------------------------------------ records
 
-    def dims(self, shape: tuple[int, ...], prefer: Sequence[tuple[str, ...]] = ()) -> tuple[str, ...]:
+    def dims(self, shape: tuple[int, ...], prefer: Sequence[tuple[str, ...]] = (), *,
+             key_side: bool = False) -> tuple[str, ...]:
+        """The axes' names of a tensor of this shape: the caller's preferred layouts first.
+        In cross-attention a T axis may be the keys' T_k: the last T of a (T, T) layout is
+        (queries, keys); key_side (a tensor made from the context alone) tries T_k first."""
+        fits = self._fits(shape)
+
+        def keyed(layouts: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
+            return [v for d in layouts for v in self._keyed_first(d, key_side)]
+
+        # What the caller knows the tensor is (its stage's dims) wins, in its own layout,
+        # torch's MHA's (batch and heads merged, tokens first) or one head's.
+        for dims in keyed([p for known in prefer for p in (known, *_TORCH_LAYOUTS.get(known, ()))]):
+            if fits(dims):
+                return self.unbatched(dims, dims)
+        # Otherwise sizes alone: when two label sets fit and name an axis differently (T and
+        # d_h when T == d_h), the sizes cannot tell which it is: neutral d0, d1, ... rather
+        # than the first guess. (B, T, C) and (B, T, d_h) when one head is the whole width
+        # name the same axes.
+        found = [self.unbatched(dims, dims) for dims in keyed(_BY_SIZE) if fits(dims)]
+        if found and all(self._same_axes(found[0], other) for other in found[1:]):
+            return found[0]
+        return tuple(f"d{i}" for i in range(len(shape)))
+
+    def _table(self) -> dict[tuple[str, ...], tuple[int, ...]]:
+        """Every layout the builder names, with the sizes its axes have in this forward."""
         s = self.sizes
         table = {
             BTC: (s.B, s.T, s.C), BTHD: (s.B, s.T, s.h, s.d_h), BHTD: (s.B, s.h, s.T, s.d_h),
@@ -137,22 +177,40 @@ class Builder:
                 ("B", KV_HEADS, "T", "d_h"): (s.B, self.h_kv, s.T, s.d_h),
                 FUSED_SHARED: (s.B, s.T, (s.h + 2 * self.h_kv) * s.d_h),
             })
+        if s.T_k is not None:  # cross-attention: the same layouts with the keys' axis T_k
+            for dims in list(table):
+                for keyed in _keyed(dims):
+                    table.setdefault(keyed, tuple(s.T_k if d == KEYS else n
+                                                  for d, n in zip(keyed, table[dims], strict=True)))
+        return table
+
+    def _fits(self, shape: tuple[int, ...]) -> Callable[[tuple[str, ...]], bool]:
+        table = self._table()
+
         def fits(dims: tuple[str, ...]) -> bool:
             return dims in table and tuple(shape) == self.unbatched(table[dims], dims)
 
-        # What the caller knows the tensor is (its stage's dims) wins, in its own layout,
-        # torch's MHA's (batch and heads merged, tokens first) or one head's.
-        for dims in [p for known in prefer for p in (known, *_TORCH_LAYOUTS.get(known, ()))]:
-            if fits(dims):
-                return self.unbatched(dims, dims)
-        # Otherwise sizes alone: when two label sets fit and name an axis differently (T and
-        # d_h when T == d_h), the sizes cannot tell which it is: neutral d0, d1, ... rather
-        # than the first guess. (B, T, C) and (B, T, d_h) when one head is the whole width
-        # name the same axes.
-        found = [self.unbatched(dims, dims) for dims in _BY_SIZE if fits(dims)]
-        if found and all(self._same_axes(found[0], other) for other in found[1:]):
-            return found[0]
-        return tuple(f"d{i}" for i in range(len(shape)))
+        return fits
+
+    def _keyed_first(self, dims: tuple[str, ...], key_side: bool) -> tuple[tuple[str, ...], ...]:
+        """The layouts a T layout may be in cross-attention, in the order they are tried: a
+        (T, T) is (queries, keys); a tensor made from the context has its T the keys'."""
+        if self.sizes.T_k is None or "T" not in dims:
+            return (dims,)
+        keyed = _keyed(dims)
+        if dims.count("T") > 1:
+            return (keyed[0], dims, *keyed[1:])
+        return (*keyed, dims) if key_side else (dims, *keyed)
+
+    def cross_dims(self, shape: tuple[int, ...], dims: tuple[str, ...],
+                   key_side: bool = False) -> tuple[str, ...]:
+        """A layout given as T x T (or T where the tensor is the context's) in
+        cross-attention, with the keys' axis named T_k where the sizes or where it came from
+        say so; any other layout as it is."""
+        if self.sizes.T_k is None or "T" not in dims or KEYS in dims:
+            return dims
+        fits = self._fits(shape)
+        return next((d for d in self._keyed_first(dims, key_side) if fits(d)), dims)
 
     def kv(self, *layouts: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
         """K's or V's layouts when the module shares K/V heads: h_kv heads in place of h,
@@ -182,6 +240,17 @@ class Builder:
         same += [{"h", "B*h"}] if s.B == 1 else []
         return len(a) == len(b) and all(x == y or {x, y} in same for x, y in zip(a, b, strict=True))
 
+    def key_side(self, snap: Snapshot) -> bool:
+        """Cross-attention: the tensor was made from the context alone (K, V, their heads)."""
+        if not self.sizes.cross:
+            return False
+        if self._made_by is None:
+            self._made_by = {id(out): op.index for op in self.g.ops for out in op.outputs}
+            self._made_by.update({id(snap): -1 for name, snap in self.g.rec.inputs
+                                  if name in self.g.key_names})
+        index = self._made_by.get(id(snap))
+        return index == -1 or (index is not None and self.g.key_side(index))
+
     def remember(self, snap: Snapshot, dims: tuple[str, ...]) -> None:
         """A stage's own dims for a recorded tensor, so that a later op stage reading it says
         the same instead of guessing from sizes."""
@@ -204,8 +273,11 @@ class Builder:
                **extra: object) -> TensorRecord:
         values = snap.values if values is None else values
         caption = str(extra.pop("caption", ""))
+        key_side = self.key_side(snap)
         if dims is None or (dims and dims[0].startswith("d0")):  # () for a 0-d tensor
-            dims = self.dims(values.shape)
+            dims = self.dims(values.shape, key_side=key_side)
+        elif self.sizes.cross:  # which T axes are the context's (the keys'), T_q or T_k
+            dims = self.cross_dims(values.shape, dims, key_side)
         if len(dims) == values.ndim + 1:
             dims = self.unbatched(dims, dims)
         if (dims and dims[0] == "d0") or dims == TOKENS_BY_BATCH:

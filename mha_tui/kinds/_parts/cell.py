@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ...records import OpRecord, Stage, TensorArg, TensorRecord, Trace
+from .builder import KEYS
 
 MANY_TERMS = 8
 """More products than this (a large d_h, a long sentence): the largest SHOWN_TERMS by size
@@ -153,6 +154,11 @@ class Cell:
         tokens = self.trace.config.tokens
         return tokens[t] if 0 <= t < len(tokens) else str(t)
 
+    def key_token(self, t: int) -> str:
+        """Key t's token: the context's in cross-attention, else the sentence's own."""
+        tokens = self.trace.config.key_tokens
+        return tokens[t] if 0 <= t < len(tokens) else str(t)
+
     @property
     def head(self) -> int | None:
         dims = self.record.dims
@@ -206,13 +212,14 @@ def where(cell: Cell, row_axis: str = "query", col_axis: str = "key") -> str:
         parts.append(f"head {index[dims.index('h')]}")
     elif "h_kv" in dims:  # K or V before its heads are shared out
         parts.append(f"K/V head {index[dims.index('h_kv')]}")
-    t_axes = [k for k, d in enumerate(dims) if d == "T"]
+    t_axes = [k for k, d in enumerate(dims) if d in ("T", KEYS)]
     if len(t_axes) == 2:
         i, j = index[t_axes[0]], index[t_axes[1]]
-        parts += [f"{row_axis} {cell.token(i)} (row {i})", f"{col_axis} {cell.token(j)} (column {j})"]
+        parts += [f"{row_axis} {cell.token(i)} (row {i})", f"{col_axis} {cell.key_token(j)} (column {j})"]
     elif t_axes:
         t = index[t_axes[0]]
-        parts.append(f"token {cell.token(t)} (row {t})")
+        word = cell.key_token(t) if dims[t_axes[0]] == KEYS else cell.token(t)
+        parts.append(f"{'context token' if dims[t_axes[0]] == KEYS else 'token'} {word} (row {t})")
         last = dims[-1]
         if last in ("C", "d_h", "h_kv*d_h", "3C", "(h+2*h_kv)*d_h"):
             parts.append(f"{'d' if last == 'd_h' else 'channel'} {index[-1]}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ...ops.graph import Graph
+from ...ops.graph import Graph, hand_written_softmaxes
 from ...ops.numeric import einsum_spec, f64, linear_parts, max_diff, ratio
 from ...ops.vocab import SCALE_OPS, SHAPE_OPS, SOFTMAXES
 from ...records import OpRecord, Recording, Ref, Source, Stage, TensorArg, Trace
@@ -88,22 +88,12 @@ class Judge:
         return found
 
     def _hand_written_softmax(self, stage: Stage) -> list[OpRecord]:
-        """A softmax written out (exp(s - max) / sum(exp)) as one softmax op per division:
-        its input the scores the chain started from, its output the division's."""
-        found = []
-        for div in stage.ops:
-            if div.name not in ("div", "true_divide") or len(div.inputs) != 2:
-                continue
-            e = self.g.producer(div.inputs[0])
-            if e is None or e.name != "exp" or not e.inputs:
-                continue
-            start = e.inputs[0]
-            shifted = self.g.producer(start)
-            if shifted is not None and shifted.name == "sub" and shifted.inputs:
-                start = shifted.inputs[0]
-            found.append(replace(div, name="softmax", qualname="(written by hand)", inputs=(start,),
-                                 args=(TensorArg(0),), kwargs=(("dim", -1),)))
-        return found
+        """A softmax written out (exp(s - max) / sum(exp)) as one softmax op per division, as
+        the recogniser's rule found it (ops.graph.hand_written_softmaxes): its input the scores
+        the chain started from, its output the division's."""
+        return [replace(found.divide, name="softmax", qualname="(written by hand)",
+                        inputs=(found.scores,), args=(TensorArg(0),), kwargs=(("dim", -1),))
+                for found in hand_written_softmaxes(self.g, stage.ops)]
 
     def heads_axis(self, values: np.ndarray) -> np.ndarray:
         """(..., a, b) with leading axes B*h (or B, h) as (B, h, a, b); per-head (B, a, b) kept."""

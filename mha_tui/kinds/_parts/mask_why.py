@@ -150,7 +150,7 @@ def masked_why(cell: Cell, terms: tuple[Term, ...], computed: float, blocked: bo
     """Kept or blocked, and why: a causal rule (j > i) or another."""
     *_, i, j = cell.index
     if blocked:
-        reason = (f"key {cell.token(j)} (position {j}) comes after query {cell.token(i)} "
+        reason = (f"key {cell.key_token(j)} (position {j}) comes after query {cell.token(i)} "
                   f"(position {i}): j > i, and a causal mask hides the future"
                   if j > i else f"blocked although j <= i ({entry}): not a causal rule")
     else:

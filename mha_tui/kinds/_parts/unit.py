@@ -15,3 +15,4 @@ class Unit:
     ops: list[int] = field(default_factory=list)
     helpers: list[int] = field(default_factory=list)
     folded: list[int] = field(default_factory=list)  # identity dropouts shown with it
+    runs: int = 1  # how many times a Python loop ran its line (an `op` unit; grouping._fold_loops)

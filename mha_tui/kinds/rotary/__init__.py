@@ -35,8 +35,12 @@ TITLE = "Rotary positions: turn Q and K by each token's position"
 
 
 def turns_by_position(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
-    """An op of a rotary rotation: from the head tensor to the rotated q or k."""
-    if op.name not in CLAIMS or not g.op_derives(op, {"project"}):
+    """An op of a rotary rotation: from the head tensor to the rotated q or k, or one that
+    made its cos and sin tables from a tensor the caller passed (whatever the op: found by
+    where its output goes, the tables of a rotation checked on the values)."""
+    if not g.op_derives(op, {"project"}):
+        return KIND if any(op.index in rot.tables for rot in rotations(g, sizes)) else None
+    if op.name not in CLAIMS:
         return None
     return KIND if any(op.index in rot.ops for rot in rotations(g, sizes)) else None
 
@@ -53,7 +57,7 @@ def _role(m: StageMaker, rotation: Rotation) -> str:
 
 
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
-    rotations_here = [rot for rot in rotations(m.g, m.s) if rot.ops & set(unit.ops)]
+    rotations_here = [rot for rot in rotations(m.g, m.s) if (rot.ops | rot.tables) & set(unit.ops)]
     by_role = sorted(((_role(m, rot), rot) for rot in rotations_here), key=lambda p: "QK?".index(
         p[0]) if p[0] in "QK?" else 3)
     first = by_role[0][1]
@@ -123,7 +127,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         f"keeps lengths and changes directions; because q at position t and k at position s are "
         f"turned by t·ω and s·ω, their dot product only sees the difference (t − s)·ω: the "
         f"scores depend on how far apart two tokens are, not on where they are. V is not turned.")
-    ops = sorted({i for _, rot in by_role for i in rot.ops})
+    ops = sorted({i for _, rot in by_role for i in rot.ops | rot.tables})
     before = m.snap(first.before)
     after = m.snap(first.after)
     return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=before.shape,

@@ -14,7 +14,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from ...ops.graph import Graph
+from ...ops.graph import Graph, value_inputs
 from ...ops.sizes import Sizes
 from ...records import OpRecord, Ref
 from .measured import WALK, measured
@@ -43,6 +43,10 @@ class Rotation:
     sin: np.ndarray
     ops: frozenset[int]  # every op from rotated_in to after
     scale: float = 1.0  # the tables' length: YaRN's attention factor multiplies cos and sin
+    # the ops that made the cos and sin tables from tensors the caller passed (Hugging Face
+    # hands `position_embeddings` in; transformers 5.24's GPT-J repeats each angle for its
+    # pair with `repeat_interleave` inside the forward): no projection feeds them
+    tables: frozenset[int] = frozenset()
 
 
 # Found once per graph and number of projections known: the rules run op by op, and a
@@ -164,7 +168,8 @@ def _real_rotation(g: Graph, op: OpRecord, sizes: Sizes) -> Rotation | None:
                 np.allclose(*pairs(cos_full, pairing), rtol=1e-5, atol=1e-6):
             cos = _per_position(c, c.shape, axis)
             sin = _per_position(s, s.shape, axis)
-            return _complete(g, plain, Ref("op", op=op.index), r, pairing, cos, sin)
+            return _complete(g, plain, Ref("op", op=op.index), r, pairing, cos, sin,
+                             _table_ops(g, (cos_ref, sin_ref)))
     return None
 
 
@@ -213,7 +218,8 @@ def _complex_rotation(g: Graph, op: OpRecord, sizes: Sizes) -> Rotation | None:
             not np.allclose(turned, g.snap(after).values, rtol=1e-4, atol=1e-5):
         return None
     return _complete(g, ref, after, before.shape[-1], "interleaved",
-                     _per_position(cos, cos.shape, axis), _per_position(sin, sin.shape, axis))
+                     _per_position(cos, cos.shape, axis), _per_position(sin, sin.shape, axis),
+                     _table_ops(g, (table,)))
 
 
 def _slice_of(g: Graph, ref: Ref) -> tuple[Ref, tuple[int | None, int | None]] | None:
@@ -232,8 +238,24 @@ def _slice_of(g: Graph, ref: Ref) -> tuple[Ref, tuple[int | None, int | None]] |
     return op.inputs[0], (last[1], last[2])
 
 
+def _table_ops(g: Graph, tables: tuple[Ref, ...], most: int = 16) -> frozenset[int]:
+    """The ops that made the tables from an input of the forward (the tensors the caller
+    passed, which the graph follows like x): up their dataflow, while no projection feeds
+    them. Ops on a constant (a buffer, arange) depend on no input and are never stages."""
+    found: set[int] = set()
+    todo = list(tables)
+    while todo and len(found) < most:
+        op = g.producer(todo.pop())
+        if op is None or op.index in found or not g.from_x[op.index] or \
+                g.op_derives(op, {"project"}):
+            continue
+        found.add(op.index)
+        todo.extend(value_inputs(op))
+    return frozenset(found)
+
+
 def _complete(g: Graph, rotated_in: Ref, site: Ref, r: int, pairing: str, cos: np.ndarray,
-              sin: np.ndarray) -> Rotation:
+              sin: np.ndarray, tables: frozenset[int] = frozenset()) -> Rotation:
     """The whole rotation: a partial one's slice, pass-through and cat; every op between."""
     before, after, passed = rotated_in, site, None
     extra: set[int] = set()
@@ -253,7 +275,7 @@ def _complete(g: Graph, rotated_in: Ref, site: Ref, r: int, pairing: str, cos: n
     ops = _between(g, rotated_in, after) | {i for i in extra if i is not None}
     return Rotation(before=before, rotated_in=rotated_in, after=after, passed=passed, r=r,
                     pairing=pairing, cos=np.asarray(cos, np.float64),
-                    sin=np.asarray(sin, np.float64), ops=frozenset(ops))
+                    sin=np.asarray(sin, np.float64), ops=frozenset(ops), tables=tables - ops)
 
 
 def _cast_after(g: Graph, site: Ref, extra: set[int]) -> Ref:

@@ -32,7 +32,7 @@ def judge(j: Judge) -> list[Row]:
     rows = []
     for stage in stages:
         ops = {op.index for op in stage.ops}
-        here = [rot for rot in found if rot.ops & ops]
+        here = [rot for rot in found if (rot.ops | rot.tables) & ops]
         if not here:
             rows.append(j.row(stage, KIND, None, None, "not judged: its rotation could not be "
                                                         "found again from the ops"))

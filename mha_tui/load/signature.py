@@ -1,0 +1,119 @@
+"""How a forward is called, read from its signature: which input each parameter gets.
+
+One sequence (self-attention): x once, or x three times to `forward(query, key, value)`.
+Two sequences (cross-attention, `--context`): the queries from x, the keys and values from
+the context, given as public code names them: `forward(query, key, value)` (the Annotated
+Transformer, `nn.MultiheadAttention`), `forward(x, context)` (Stable Diffusion),
+`forward(x, xa)` (Whisper), `forward(hidden_states, key_value_states)` (T5, BART),
+`forward(x, encoder_hidden_states)`, `forward(tgt, memory)` (`nn.Transformer`). A forward
+with no such parameter cannot take a second sequence: `Refused` says why, in one line.
+
+Reads signatures only: never import torch, rich, textual or typer here (the Python API and
+the NumPy path call it too).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .learner import MASK_NAMES, LoadError, safe
+
+# The positional names of a forward that takes queries, keys and values separately.
+QUERY_KEY_VALUE = (("query", "key", "value"), ("q", "k", "v"))
+# The names public code gives the second sequence (the one keys and values come from).
+CONTEXT_NAMES = ("context", "encoder_hidden_states", "key_value_states", "xa", "memory",
+                 "encoder_output", "encoder_out", "enc_output", "cross_states", "kv_input")
+
+Role = str  # "x", "context", "mask" (the causal mask, or None)
+
+
+class Refused(LoadError):
+    """The forward cannot be called with these inputs; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """Which input each parameter of a forward gets: positional arguments in order, and
+    keywords by name. roles: "x" (the queries' sequence), "context" (the keys' and values'),
+    "mask" (the causal mask, or None without one)."""
+
+    args: tuple[Role, ...]
+    kwargs: tuple[tuple[str, Role], ...] = ()
+    # The parameter the context goes to ("" in self-attention): named in the words.
+    context_parameter: str = ""
+
+    def build(self, inputs: dict[Role, object]) -> tuple[tuple[object, ...], dict[str, object]]:
+        """The arguments themselves, from the tensor (or None) each role stands for."""
+        return (tuple(inputs[role] for role in self.args),
+                {name: inputs[role] for name, role in self.kwargs})
+
+
+def _parameters(forward: Callable[..., object]) -> list[inspect.Parameter] | None:
+    try:
+        return list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _spelled(name: str, params: list[inspect.Parameter]) -> str:
+    shown = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return f"{name}({', '.join(shown)})"
+
+
+def plan(forward: Callable[..., object], name: str, *, causal: bool, context: bool = False) -> Call:
+    """How mha-tui calls `forward` (`name`: `Class.forward`, for the refusals): with x alone,
+    or with the context too. Raises Refused (one line) when it cannot be called so."""
+    params = _parameters(forward)
+    if params is None:
+        if context:
+            raise Refused(f"{safe(name)} has no signature mha-tui can read, so it cannot tell "
+                          "which parameter takes the context")
+        return Call(args=("x",))
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.name not in MASK_NAMES]
+    required = [p for p in positional if p.default is p.empty]
+    three = tuple(p.name for p in positional[:3]) in QUERY_KEY_VALUE
+    kwargs: list[tuple[str, Role]] = []
+    context_parameter = ""
+    if context:
+        if three:  # forward(query, key, value): keys and values from the context
+            args: tuple[Role, ...] = ("x", "context", "context")
+            context_parameter = f"{positional[1].name} and {positional[2].name}"
+        else:
+            named = next((p for p in params if p.name in CONTEXT_NAMES), None)
+            if named is None or not positional or named is positional[0]:
+                raise Refused(
+                    f"{safe(_spelled(name, params))} takes one sequence: --context needs a "
+                    f"parameter for the second one ({', '.join(CONTEXT_NAMES[:5])}, ...) or "
+                    "forward(query, key, value)")
+            context_parameter = named.name
+            if named.kind is named.KEYWORD_ONLY or named is not positional[1]:
+                args = ("x",)
+                kwargs.append((named.name, "context"))
+            else:
+                args = ("x", "context")
+    elif three:
+        args = ("x", "x", "x")
+    elif positional or any(p.kind is p.VAR_POSITIONAL for p in params):
+        args = ("x",)
+    else:
+        raise Refused(f"{safe(name)}() takes no input; mha-tui gives it x, shape (B, T, C)")
+    given = {n for n, _ in kwargs}
+    if len([p for p in required if p.name not in given]) > len(args):
+        listed = ", ".join(p.name for p in required)
+        raise Refused(f"{safe(name)}({listed}) needs {len(required)} inputs; mha-tui gives x, or "
+                      "x three times to forward(query, key, value)"
+                      + ("" if context else ", or x and --context"))
+    for p in params:
+        if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name not in MASK_NAMES \
+                and p.name not in given:
+            raise Refused(f"{safe(name)} needs {p.name!r}, which mha-tui cannot give; give it a "
+                          "default")
+    for p in params:
+        # A causal mask is for one sequence attending to itself: none across two sequences
+        # (the module may still apply its own, and the words then say so).
+        if p.name in MASK_NAMES and ((causal and not context) or p.default is p.empty):
+            kwargs.append((p.name, "mask"))
+    return Call(args=args, kwargs=tuple(kwargs), context_parameter=context_parameter)

@@ -1,0 +1,55 @@
+"""Cross-attention's words: the queries from one sequence, the keys and values from another.
+
+The stages are recognised as for self-attention (the builder names the keys' axis T_k,
+`builder.KEYS`); here each stage whose meaning changes says so in one sentence, with the
+sizes the forward showed: which tokens the queries and the keys come from, that the scores
+are T_q x T_k, that no causal mask is expected across two sequences (or that the module
+applies its own). Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..kinds._parts.builder import KEYS, plural
+from ..kinds.softmax import UNMASKED_SELF
+from ..ops.sizes import Sizes
+from ..records import Check, Stage
+
+
+def cross_words(stages: tuple[Stage, ...], sizes: Sizes, query: str, context: str
+                ) -> tuple[Stage, ...]:
+    """The stages with cross-attention's sentence added where it changes their meaning.
+    query, context: the forward's parameters the two sequences came in by."""
+    T_q, T_k = sizes.T, sizes.keys
+    masked = any(stage.kind == "mask" and stage.ops for stage in stages)
+    looks = (f"cross-attention: each of the {plural(T_q, 'query token')} looks at the "
+             f"{plural(T_k, 'context token')}")
+    said = {
+        "project": (f"Cross-attention: the queries come from {query} ({plural(T_q, 'token')}), "
+                    f"the keys and values from {context} ({plural(T_k, 'token')})."),
+        "scores": (f"{looks[0].upper()}{looks[1:]}: the scores are T_q x T_k = {T_q} x {T_k}, "
+                   "one row per query token, one column per context token."),
+        "softmax": (f"Each row sums to 1 over the {plural(T_k, 'context token')}. "
+                    + ("The module masks some of them itself (its mask stage)."
+                       if masked else "No causal mask across two sequences: every query token "
+                       "may look at every context token.")),
+        "attend": (f"Each query token's output is a weighted sum of the {plural(T_k, 'value')} "
+                   "made from the context."),
+    }
+    out = []
+    for stage in stages:
+        sentence = said.get(stage.kind)
+        if sentence is not None and (stage.kind != "scores" or KEYS in stage.dims_out):
+            stage = replace(stage, explanation=f"{stage.explanation} {sentence}".strip().replace(
+                "(T, T)", "(T_q, T_k)"))
+        if stage.kind == "softmax":  # self-attention's "every token sees every token" is not it
+            stage = replace(stage, note=stage.note.replace(UNMASKED_SELF, "").strip())
+        if stage.kind == "scores" and KEYS in stage.dims_out:
+            stage = replace(stage, checks=(*stage.checks, Check(looks, None)))
+        if stage.kind == "project":
+            stage = replace(stage, tensors=tuple(
+                replace(t, caption=t.caption.replace("= x @", f"= {context} @"))
+                if KEYS in t.dims else t for t in stage.tensors))
+        out.append(stage)
+    return tuple(out)

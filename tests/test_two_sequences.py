@@ -1,0 +1,186 @@
+"""Cross-attention (issue #29, part 1): queries from one sequence, keys and values from
+another. Modules written in the public projects' styles (tests/fixtures/two_sequences.py)
+are called by their forward's signature, traced with T_q != T_k, and drawn with the
+queries' tokens on the rows and the context's on the columns; a forward that takes one
+sequence is refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import mha_tui
+from mha_tui.config import Config, ConfigError
+from mha_tui.load.signature import Refused, plan
+from mha_tui.notebook import text_of
+from mha_tui.records import TensorRecord
+from mha_tui.render.options import RenderOptions
+from mha_tui.render.tensor import tensor_matrices
+
+from .conftest import run_cli
+from .fixtures import two_sequences as ts
+
+QUERIES = ["I", "love", "AI"]
+CONTEXT = ["le", "chat", "est", "sur", "tapis"]
+
+STYLES = {
+    "stable-diffusion": lambda: ts.SDCrossAttention(4, heads=2),
+    "whisper": lambda: ts.WhisperAttention(4, 2),
+    "annotated-transformer": lambda: ts.AnnotatedMultiHeadedAttention(2, 4),
+    "bart": lambda: ts.BartStyleAttention(4, 2),
+    "nn.Transformer decoder (tgt, memory)": lambda: ts.DecoderCrossAttention(4, 2),
+    "nn.MultiheadAttention": lambda: nn.MultiheadAttention(4, 2, batch_first=True),
+}
+
+
+def _inputs(T_q: int = 3, T_k: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return (torch.randn(1, T_q, 4, generator=generator),  # (B, T_q, C)
+            torch.randn(1, T_k, 4, generator=generator))  # (B, T_k, C)
+
+
+def _own_output(module: nn.Module, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """The module's forward as its authors call it, outside mha-tui."""
+    with torch.no_grad():
+        if isinstance(module, nn.MultiheadAttention):
+            fastpath = torch.backends.mha.get_fastpath_enabled()
+            torch.backends.mha.set_fastpath_enabled(False)  # as traced: its slow path
+            try:
+                return module(x, context, context)[0]
+            finally:
+                torch.backends.mha.set_fastpath_enabled(fastpath)
+        if isinstance(module, ts.AnnotatedMultiHeadedAttention):
+            return module(x, context, context)
+        if isinstance(module, ts.DecoderCrossAttention):
+            return module(x, context)
+        if isinstance(module, ts.WhisperAttention):
+            return module(x, xa=context)
+        if isinstance(module, ts.BartStyleAttention):
+            return module(x, key_value_states=context)[0]
+        return module(x, context=context)
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_each_public_style_is_traced_with_queries_and_keys_of_their_own(style: str) -> None:
+    torch.manual_seed(0)
+    module = STYLES[style]().eval()
+    x, context = _inputs()
+    trace = mha_tui.trace(module, x, QUERIES, context=context, context_tokens=CONTEXT)
+    assert not trace.failed, trace.raised
+    softmax = trace.stage("softmax")
+    weights = softmax.tensors[-1]
+    assert weights.values.shape[-2:] == (3, 5)
+    assert weights.dims[-2:] == ("T", "T_k")
+    assert softmax.dims_out[-1] == "T_k"
+    np.testing.assert_allclose(weights.values.sum(-1), 1.0, atol=1e-5)
+    # the recorded output is what the authors' own call returns
+    out = trace.recording.snapshot(trace.recording.output).values
+    np.testing.assert_array_equal(out.reshape(-1), _own_output(module, x, context).numpy().reshape(-1))
+    assert "3 query tokens looks at the 5 context tokens" in " ".join(
+        c.label for c in trace.stage("scores").checks)
+
+
+@pytest.mark.parametrize("style", ["stable-diffusion", "annotated-transformer", "whisper"])
+def test_the_rows_are_the_query_tokens_and_the_columns_the_context_tokens(style: str) -> None:
+    module = STYLES[style]().eval()
+    x, context = _inputs()
+    trace = mha_tui.trace(module, x, QUERIES, context=context, context_tokens=CONTEXT)
+    weights = trace.stage("softmax").tensors[-1]
+    matrix = tensor_matrices(weights, trace.config, RenderOptions())[0]
+    assert matrix.rows.labels == QUERIES
+    assert matrix.cols.labels == CONTEXT
+    keys = next(t for t in trace.stage("project").tensors if t.dims == ("B", "T_k", "C"))
+    assert tensor_matrices(keys, trace.config, RenderOptions())[0].rows.labels == CONTEXT
+    text = text_of(trace)
+    assert "T_q=3 T_k=5" in text and "cross-attention" in text
+    assert "(B, h, T, T_k)" in text
+
+
+def test_a_decode_step_sized_matrix_is_drawn_by_position_not_refused() -> None:
+    """One query against five keys (a decode step): the axis whose length is not the
+    tokens' count is labelled by position instead of raising IndexError."""
+    config = Config("a b c d e")
+    record = TensorRecord(name="w", dims=("B", "h", "T", "T"), values=np.full((1, 2, 1, 5), 0.2),
+                          strides=(10, 5, 5, 1), contiguous=True, kind="prob")
+    matrix = tensor_matrices(record, config, RenderOptions())[0]
+    assert matrix.rows.labels == ["t0"]
+    assert matrix.cols.labels == list("abcde")
+
+
+def test_keys_from_the_query_sequence_show_on_the_query_axis() -> None:
+    """The classic bug with T_q == T_k (no shape error to give it away): the keys' rows are
+    the sentence's tokens, the values' the context's."""
+    module = ts.KeysFromQuery(4, 2).eval()
+    x, context = _inputs(3, 3)
+    trace = mha_tui.trace(module, x, QUERIES, context=context, context_tokens=CONTEXT[:3])
+    dims = {t.name: t.dims for t in trace.stage("project").tensors if t.name in ("k", "v")}
+    assert dims == {"k": ("B", "T", "C"), "v": ("B", "T_k", "C")} or \
+        [t.dims for t in trace.stage("project").tensors][-3:] == [("B", "T", "C"), ("B", "T", "C"),
+                                                                  ("B", "T_k", "C")]
+
+
+def test_keys_from_the_query_sequence_with_other_lengths_fail_at_their_line() -> None:
+    module = ts.KeysFromQuery(4, 2).eval()
+    x, context = _inputs()
+    trace = mha_tui.trace(module, x, QUERIES, context=context)
+    assert trace.failed and "two_sequences.py" in trace.raised
+    assert trace.stage("scores").tensors[-1].values.shape[-2:] == (3, 3)  # (T_q, T_q): not T_k
+
+
+@pytest.mark.parametrize(("module", "parameter"), [
+    (ts.SDCrossAttention(4), "context"), (ts.WhisperAttention(4, 2), "xa"),
+    (ts.BartStyleAttention(4, 2), "key_value_states"), (ts.DecoderCrossAttention(4, 2), "memory"),
+    (ts.AnnotatedMultiHeadedAttention(2, 4), "key and value"),
+    (nn.MultiheadAttention(4, 2, batch_first=True), "key and value")])
+def test_the_context_goes_to_the_parameter_public_code_names(module: nn.Module, parameter: str) -> None:
+    call = plan(module.forward, type(module).__name__, causal=True, context=True)
+    assert call.context_parameter == parameter
+    assert ("mask", "mask") not in call.kwargs or parameter == "mask"  # no causal mask across
+
+
+def test_a_forward_of_one_sequence_is_refused_in_one_line() -> None:
+    with pytest.raises(Refused) as refused:
+        plan(ts.SelfOnly(4, 2).forward, "SelfOnly.forward", causal=True, context=True)
+    message = str(refused.value)
+    assert "\n" not in message and "SelfOnly.forward(x) takes one sequence" in message
+
+
+def test_the_context_joins_the_vocabulary_after_the_sentence() -> None:
+    config = Config("I love AI !", context="le chat est sur le tapis")
+    assert config.key_tokens == ("le", "chat", "est", "sur", "le", "tapis")
+    assert config.vocab[:4] == ("I", "love", "AI", "!") and config.vocab[4:] == (
+        "le", "chat", "est", "sur", "tapis")
+    assert config.context_ids == (4, 5, 6, 7, 4, 8)
+    with pytest.raises(ConfigError, match="--context is empty"):
+        Config("I love AI !", context="   ")
+
+
+def test_explain_context_from_the_command_line(tmp_path) -> None:
+    result = run_cli("explain", "I love AI !", "--context", "le chat est sur le tapis", "--dump", "-")
+    assert result.returncode == 0, result.stderr.decode()
+    text = result.stdout.decode()
+    assert "T_q=4 T_k=6" in text and "context le chat est sur le tapis" in text
+    assert "tapis" in text.split("Raw attention scores", 1)[1]
+    assert "each of the 4 query tokens looks at the 6 context tokens" in text
+    out = tmp_path / "t.json"
+    result = run_cli("explain", "I love AI !", "--context", "le chat est sur le tapis", "--dump", str(out))
+    assert result.returncode == 0, result.stderr.decode()
+    written = json.loads(out.read_text())
+    assert written["config"]["context_tokens"] == ["le", "chat", "est", "sur", "le", "tapis"]
+    why = run_cli("explain", "I love AI !", "--context", "le chat est sur le tapis", "--dump", "-",
+                  "--why", "softmax[0, 0, 1, 5]")
+    assert why.returncode == 0, why.stderr.decode()
+    assert "key tapis (column 5)" in why.stdout.decode()
+
+
+def test_explain_context_refuses_a_module_of_one_sequence_in_one_line(tmp_path) -> None:
+    result = run_cli("explain", "I love AI !", "--context", "le chat", "--model", "mygpt",
+                     "--dump", str(tmp_path / "t.txt"))
+    assert result.returncode == 2
+    err = result.stderr.decode().strip()
+    assert "takes one sequence" in err and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "t.txt").exists()
