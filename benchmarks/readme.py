@@ -65,7 +65,7 @@ How these are reached:
 - The recogniser's checks recompute each product at the operands' own precision (float32)
   and only a product that misses the tolerance again in float64, so every check still
   means what it says; counts and comparisons take one pass each, and the scores' spread is
-  NumPy's float64 std bit for bit without a float64 copy of the scores (`judge/numeric.py`).
+  NumPy's float64 std bit for bit without a float64 copy of the scores (`ops/numeric.py`).
 - While the recogniser and the judge recompute products, NumPy's BLAS runs on the calling
   thread alone (`pipeline/threads.py`, threadpoolctl): torch's OpenMP threads and
   OpenBLAS's are two pools that keep spinning after each call, and on two cores they took

@@ -15,7 +15,7 @@ from dataclasses import replace
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -24,7 +24,7 @@ import typer
 # than made a usage error (exit 2).
 from typer._click.exceptions import NoArgsIsHelpError
 
-from . import __version__, collector
+from . import __version__, collector, pipeline
 from .config import (
     CROSS_MODEL,
     DEFAULT_MODEL,
@@ -32,12 +32,14 @@ from .config import (
     MAX_SEQ_LEN,
     MODEL_NAMES,
     NUMPY_MODEL_NAMES,
+    TRAINED_MODEL_NAMES,
     Config,
     ConfigError,
     Source,
     parse_init,
     parse_module_ref,
 )
+from .records.request import Expect, Request
 from .stages import STAGE_IDS
 
 if TYPE_CHECKING:
@@ -47,7 +49,6 @@ if TYPE_CHECKING:
     from .judge import Verdict
     from .load.modules import Loaded
     from .load.numpy_modules import LoadedNumpy
-    from .pipeline import Expect
     from .records import Trace
 
 app = typer.Typer(
@@ -99,7 +100,8 @@ class ExpectKind(StrEnum):
 
 
 # --model's choices, listed in --help: the tutorials' modules in mha_tui/examples.
-Model = StrEnum("Model", [(name.replace("-", "_"), name) for name in MODEL_NAMES + NUMPY_MODEL_NAMES])
+Model = StrEnum("Model", [(name.replace("-", "_"), name)
+                         for name in MODEL_NAMES + NUMPY_MODEL_NAMES + TRAINED_MODEL_NAMES])
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -157,40 +159,52 @@ def explain(
     weights: Annotated[Path | None, typer.Option("--weights", metavar="FILE", help="Load the module's tensors from a state dict (.pt via torch.load(weights_only=True), or .safetensors).")] = None,
     check_stages: Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")] = False,
     hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Explain one attention layer of a Hugging Face model (a causal LM, or an encoder such as BERT or T5): a local directory, or a name in the local Hugging Face cache (gpt2). Never downloads. Needs pip install "mha-tui[hf]".')] = None,
-    layer: Annotated[int | None, typer.Option("--layer", help="With --hf: the layer to explain, from 0; in the app [ and ] move between layers.")] = None,
+    layer: Annotated[int | None, typer.Option("--layer", help="With --hf or --model induction: the layer to explain, from 0; in the app [ and ] move between layers.")] = None,
+    repeat: Annotated[bool, typer.Option("--repeat", help="Run the sentence twice in a row (a b c -> a b c a b c): what an induction head needs to show itself.")] = False,
     quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text, JSON or Markdown).")] = False,
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
     why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
+    batch: Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable): the rows are padded with <pad> to the longest, and the module gets the padding mask by its parameter (attention_mask: 1 = a token; key_padding_mask or padding_mask: True = padding; else a mask that blocks the padded keys).")] = None,
     context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross.")] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
         fail("the sentence is not valid UTF-8 text")
+    if repeat:
+        sentence = f"{sentence} {sentence}"
+    trained = model is not None and model.value in TRAINED_MODEL_NAMES
+    if trained:  # a whole model trained here: explained a layer at a time, like --hf
+        hf_source, model = model.value, None  # type: ignore[union-attr]
     if hf_source is not None:
         for flag, given in (("--heads", heads != 2), ("--embed-dim", embed_dim != 4),
                             ("--seed", seed != 0), ("--no-causal", not causal),
                             ("--max-seq-len", max_seq_len != 64), ("--check", check_stages),
                             ("--model", model is not None), ("--module", module is not None),
-                            ("--init", bool(init)), ("--weights", weights is not None)):
+                            ("--init", bool(init)), ("--weights", weights is not None),
+                            ("--batch", bool(batch))):
             if given:
-                fail(f"{flag} does not apply with --hf: the model brings its own sizes, "
-                     f"weights and mask")
+                fail(f"{flag} does not apply with {'--model ' + hf_source if trained else '--hf'}: "
+                     f"the model brings its own sizes, weights and mask")
         if context is not None:
-            fail("--context with --hf is not there yet: --hf explains one self-attention layer")
+            fail(f"--context with {'--model ' + hf_source if trained else '--hf'} is not there "
+                 f"yet: it explains one self-attention layer")
     elif layer is not None:
-        fail("--layer picks a layer of a pretrained model: use it with --hf PATH_OR_NAME")
+        fail("--layer picks a layer of a whole model: use it with --hf PATH_OR_NAME or "
+             "--model induction")
     if hf_source is None:
         if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
                 "utf-8", "replace"):
             fail("--context is not valid UTF-8 text")
         try:
             config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                            causal=causal, max_seq_len=max_seq_len, context=context or "")
+                            causal=causal, max_seq_len=max_seq_len, context=context or "",
+                            batch=tuple(batch or ()))
         except ConfigError as error:
             fail(str(error))
         if context is not None and model is None and module is None:
             model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
         source = _source(model, module, init or [], weights)
+        request = Request(config, source)
         if stage is not None and stage not in STAGE_IDS and not _a_stage_kind(stage):
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)} (or "
                  "one of a module's own: rotary, qkv_split, kv_repeat, op-2 ...)")
@@ -224,22 +238,22 @@ def explain(
         _explain_hf(sentence, hf_source, layer or 0, destination=destination,
                     interactive=_interactive(dump), fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
-                    quiz=quiz, why=cell)
+                    quiz=quiz, why=cell, trained=trained)
         return
     _check_budget(config, destination, fmt)
     # The default module on one sentence needs no building before the app opens; anything
     # else is built first, so that bad input (a forward that takes no context) exits 2.
-    plain = source.is_default and not config.cross
+    plain = source.is_default and not config.cross and not config.batch
 
     if check_stages:
-        _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
+        _explain_checked(request, dump=dump, stage=stage, ascii_only=ascii_only)
         return
     if reference is not None and _interactive(dump):
-        _explain_compared(config, source, reference, ascii_only=ascii_only)
+        _explain_compared(replace(request, against=reference), ascii_only=ascii_only)
         return
     if reference is not None:
-        _write_comparison(config, source, reference, destination, fmt, width=width or 100,
-                          full=full, color=color, ascii_only=ascii_only)
+        _write_comparison(replace(request, against=reference), destination, fmt,
+                          width=width or 100, full=full, color=color, ascii_only=ascii_only)
         return
 
     if _interactive(dump):
@@ -247,7 +261,7 @@ def explain(
 
         if _PREFLIGHT and not plain:  # serve checks the input before the app
             try:
-                _build(source, config)
+                pipeline.load(request)
             except LoadError as error:
                 fail(str(error))
 
@@ -258,7 +272,7 @@ def explain(
             from .app.run import run_app  # after _open_app paused the collector
 
             refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                              build=None if plain else partial(_build, source),
+                              build=None if plain else partial(_load, request),
                               running=_whose_forward(source), refusals=(LoadError,),
                               quiz=quiz)
             if refusal is not None:
@@ -273,10 +287,10 @@ def explain(
         from .load.learner import LoadError
 
         try:
-            loaded = _build(source, config)
+            loaded = pipeline.load(request)
         except LoadError as error:
             fail(str(error))
-    _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
+    _write_transcript(request, destination, fmt, width=width or 100, full=full, color=color,
                       ascii_only=ascii_only, stage=stage, loaded=loaded, only=only, why=cell,
                       quiz=quiz)
 
@@ -319,25 +333,25 @@ def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: 
     return _check_source(None, text, [], None)
 
 
-def _explain_compared(config: Config, source: Source, against: Source, *,
-                      ascii_only: bool) -> None:
+def _explain_compared(request: Request, *, ascii_only: bool) -> None:
     """explain --against in a terminal: the comparison app, both modules built and run in
     its loading thread (bad input ends the app: one line, exit 2)."""
     from .judge.roles import RoleCopyError
     from .load.learner import LoadError
-    from .pipeline import compared
+    from .pipeline import comparison
 
     if _PREFLIGHT:  # serve checks the input before the app
         try:
-            compared(config, source, against)
+            comparison(request)
         except (LoadError, RoleCopyError) as error:
             fail(str(error))
 
     def app() -> None:
         from .app.compare import run_compare_app
 
-        refusal = run_compare_app(config, compare=lambda c: compared(c, source, against),
-                                  ascii_only=ascii_only, running=_whose_forward(source),
+        refusal = run_compare_app(request.config,
+                                  compare=lambda c: comparison(replace(request, config=c)),
+                                  ascii_only=ascii_only, running=_whose_forward(request.source),
                                   refusals=(LoadError, RoleCopyError))
         if refusal is not None:
             fail(refusal)
@@ -345,8 +359,8 @@ def _explain_compared(config: Config, source: Source, against: Source, *,
     _open_app(app)
 
 
-def _write_comparison(config: Config, source: Source, against: Source,
-                      destination: Destination | None, fmt: Format, *, width: int, full: bool,
+def _write_comparison(request: Request, destination: Destination | None, fmt: Format, *,
+                      width: int, full: bool,
                       color: bool, ascii_only: bool) -> None:
     """explain --against --dump: both modules built and compared before anything is opened,
     so bad input writes nothing."""
@@ -354,21 +368,21 @@ def _write_comparison(config: Config, source: Source, against: Source,
     from .dump import TranscriptError, comparison_text, write_comparison_json
     from .judge.roles import RoleCopyError
     from .load.learner import LoadError
-    from .pipeline import compared
+    from .pipeline import comparison
     from .render.options import RenderOptions
 
     if destination is None:
         destination = resolve("-")
     try:
-        comparison = compared(config, source, against)
+        compared = comparison(request)
     except (LoadError, RoleCopyError) as error:
         fail(str(error))
     try:
         with opened(destination) as out:
             if fmt is Format.json:
-                write_comparison_json(comparison, out, ascii_only=ascii_only)
+                write_comparison_json(compared, out, ascii_only=ascii_only)
             else:
-                out.write(comparison_text(comparison, RenderOptions(full=full, ascii=ascii_only),
+                out.write(comparison_text(compared, RenderOptions(full=full, ascii=ascii_only),
                                           width=width, color=color).encode("utf-8"))
     except DumpError as error:
         fail(str(error), error.code)
@@ -405,17 +419,9 @@ def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
     return cell
 
 
-def _build(source: Source, config: Config) -> Loaded | LoadedNumpy:
-    """The module and its input; NumPy code (the blueprint, a NumPy --module class) never
-    imports torch. Raises LoadError for bad --module/--init/--weights."""
-    from .load.numpy_modules import load as load_numpy
-
-    loaded = load_numpy(config, source)
-    if loaded is None:
-        from .load.modules import load
-
-        loaded = load(config, source)
-    return loaded
+def _load(request: Request, config: Config) -> Loaded | LoadedNumpy:
+    """The request's module built for the config the app runs (pipeline.load)."""
+    return pipeline.load(replace(request, config=config))
 
 
 def _whose_forward(source: Source) -> str:
@@ -450,7 +456,7 @@ def _source(model: Model | None, module: str | None, init: list[str], weights: P
     return _check_source(model.value if model else None, module, init, weights)
 
 
-def _explain_checked(config: Config, source: Source, *, dump: str | None, stage: str | None,
+def _explain_checked(request: Request, *, dump: str | None, stage: str | None,
                      ascii_only: bool) -> None:
     """explain --check: the app, its rail marked with the verdict of every stage."""
     if not _interactive(dump):
@@ -461,22 +467,22 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
 
     if _PREFLIGHT:  # serve checks the input before the app
         try:
-            checked(config, source)
+            checked(request)
         except LoadError as error:
             fail(str(error))
     judges: list[Callable[[Trace], Verdict]] = []
 
     def run(config: Config) -> Trace:  # in the app's loading thread, as for explain
-        traced, checker = checked(config, source)  # bad input: LoadError, exit 2
+        traced, checker = checked(replace(request, config=config))  # bad input: LoadError, exit 2
         judges.append(checker)
         return traced(config)
 
     def app() -> None:
         from .app.run import run_app  # after _open_app paused the collector
 
-        refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+        refusal = run_app(request.config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                           loader=run, checker=lambda trace: judges[-1](trace),
-                          running=_whose_forward(source), refusals=(LoadError,))
+                          running=_whose_forward(request.source), refusals=(LoadError,))
         if refusal is not None:
             fail(refusal)
 
@@ -559,21 +565,25 @@ def _out_of_memory(error: BaseException) -> bool:
 def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destination | None,
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
-                why: tuple[str, tuple[int, ...]] | None = None) -> None:
-    """--hf: load the model (refusals here, before any app), then the app, a transcript or
-    --why's cell of the layer shown."""
+                why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False) -> None:
+    """--hf (or --model induction, trained: a model of mha_tui/models): load the model
+    (refusals here, before any app), then the app, a transcript or --why's cell of the layer
+    shown."""
     from .load.hf_error import HfError
     from .load.hf_files import refuse_early
 
     try:  # what the checkpoint's files refuse, before torch and transformers are imported
-        refuse_early(source, sentence, layer)
+        if not trained:
+            refuse_early(source, sentence, layer)
     except HfError as error:
         fail(str(error))
+    from .load import trained as trained_models
     from .load.hf import check_layer, load
     from .pipeline.hf import Session
 
     try:
-        loaded = load(source, sentence)  # too many tokens: refused before the weights load
+        # too many tokens: refused before the weights load
+        loaded = trained_models.load(source, sentence) if trained else load(source, sentence)
         check_layer(loaded, layer)
         session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except HfError as error:
@@ -593,12 +603,12 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
         trace = session.trace(layer)
     except HfError as error:
         fail(str(error))
-    _write_transcript(trace.config, destination, fmt, width=width, full=full, color=color,
+    _write_transcript(Request(trace.config), destination, fmt, width=width, full=full, color=color,
                       ascii_only=ascii_only, stage=stage, trace=trace, only=only, quiz=quiz,
                       why=why)
 
 
-def _write_transcript(config: Config, destination: Destination | None, fmt: Format, *, width: int,
+def _write_transcript(request: Request, destination: Destination | None, fmt: Format, *, width: int,
                       full: bool, color: bool, ascii_only: bool, stage: str | None,
                       loaded: Loaded | LoadedNumpy | None = None,
                       trace: Trace | None = None, only: bool = False,
@@ -610,14 +620,14 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
         destination = resolve("-")
     try:
         from .dump import to_text, write_json
-        from .pipeline import run_trace
+        from .pipeline import traced
         from .render.options import RenderOptions
 
         if trace is None:
-            trace = run_trace(config, loaded=loaded)
-        if trace.failed:  # exit 1 leaves the destination as it was: say what stopped it
-            fail(f"{_forward_error(trace).rstrip('.')}. Nothing written to {_where(destination)} "
-                 "(without --dump, the app steps through the stages before the error)", 1)
+            trace = traced(request, loaded=loaded)
+        # A forward that raised has been explained up to its error: the stages before it and
+        # the error stage (torch's message, the line, what it read) are the document, written
+        # in full; the run then ends with exit 1 and says so (_ended).
         first = _first_stage(trace, stage, only=only)
         last = first + 1 if only else None
         if quiz:  # the worksheet is built whole before anything is opened
@@ -634,7 +644,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                         worksheet_text(trace, asked, RenderOptions(ascii=ascii_only), width=width))
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
-            _exit_now(0)
+            _ended(trace, destination)
         if why is not None:  # computed before anything is opened: a bad cell writes nothing
             from .dump import why_text
             from .why import WhyError
@@ -647,7 +657,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                 fail(f"--why: {error}")
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
-            _exit_now(0)
+            _ended(trace, destination)
         with opened(destination) as out:
             if fmt in (Format.svg, Format.html, Format.md):
                 from .pictures import Selection, picture
@@ -663,6 +673,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                                    width=width, color=color, first=first, last=last)
                 # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
                 out.write(text.encode("utf-8"))
+        _ended(trace, destination)
     except DumpError as error:
         fail(str(error), error.code)
     except TranscriptError as error:
@@ -675,14 +686,25 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
     except (MemoryError, RuntimeError) as error:
         if not _out_of_memory(error):
             raise
+        config = request.config
         fail(f"ran out of memory for {config.seq_len} tokens, --embed-dim {config.embed_dim}, "
              f"--heads {config.num_heads}; try a smaller size", 1)
-    _exit_now(0)
 
 
 def _where(destination: Destination) -> str:
     return ("standard output" if destination.kind == "fd" and destination.fd == 1
             else f"--dump {destination.shown}")
+
+
+def _ended(trace: Trace, destination: Destination) -> NoReturn:
+    """The transcript is written: exit 0, or, when the module's forward raised, exit 1 with
+    one line saying so and that the transcript ends at its error."""
+    if not trace.failed:
+        _exit_now(0)
+    _say(f"mha-tui: {_forward_error(trace).rstrip('.')}; the transcript written to "
+         f"{_where(destination)} ends at its error (stage {len(trace.stages)}/"
+         f"{len(trace.stages)})")
+    _exit_now(1)
 
 
 def _forward_error(trace: Trace) -> str:
@@ -711,6 +733,125 @@ def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
     _say(f"mha-tui: note: this forward has no {stage!r} stage; the transcript starts at the "
          "first stage")
     return 0
+
+
+# ---------------------------------------------------------------------------- heads
+
+
+class Ablation(StrEnum):
+    zero = "zero"
+    mean = "mean"
+
+
+@app.command(cls=_PlainUsage)
+def heads(
+    sentence: Annotated[str, typer.Argument(help='The sentence, e.g. "a b c d a b c d" (words numbered by first appearance with --model induction).')],
+    model: Annotated[str | None, typer.Option("--model", help="A model trained by this repository: induction.")] = None,
+    hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help="A Hugging Face model in a local directory or the local cache. Never downloads.")] = None,
+    repeat: Annotated[bool, typer.Option("--repeat", help="Run the sentence twice in a row (a b c -> a b c a b c): what an induction head needs.")] = False,
+    ablate: Annotated[str | None, typer.Option("--ablate", metavar="LAYER.HEAD", help="Remove one head (e.g. 1.2) and run the model again: the change in loss and in each position's top prediction.")] = None,
+    ablate_with: Annotated[Ablation, typer.Option("--ablate-with", help="zero: the head's slice of the input to W_O set to 0; mean: to its mean over the positions.", case_sensitive=False)] = Ablation.zero,
+    dump: Annotated[str | None, typer.Option("--dump", metavar="PATH", help="Write the model view to PATH ('-' for stdout) instead of opening the app.")] = None,
+    fmt: Annotated[Format | None, typer.Option("--format", help="text, json, svg, html or md; default: from --dump's extension.", case_sensitive=False, show_default=False)] = None,
+    width: Annotated[int, typer.Option("--width", help="Columns (40 to 400); GPT-2 small's 12 x 12 heads fit 120.")] = 100,
+    color: Annotated[bool, typer.Option("--color", help="Keep colours (ANSI codes) in the text transcript.")] = False,
+    ascii_only: Annotated[bool, typer.Option("--ascii", help="Plain ASCII only.")] = False,
+) -> None:
+    """Every layer x head of a whole model as a small heatmap with its label (previous-token,
+    induction, ...), scored from this run's weights; --ablate removes a head."""
+    if (model is None) == (hf_source is None):
+        fail("heads needs a whole model: --model induction or --hf PATH_OR_NAME (one of them)")
+    if model is not None and model not in TRAINED_MODEL_NAMES:
+        fail(f"--model {model!r}: heads shows a whole model; choose one of: "
+             f"{', '.join(TRAINED_MODEL_NAMES)} (or --hf PATH_OR_NAME)")
+    if not 40 <= width <= 400:
+        fail(f"--width must be between 40 and 400, got {width}")
+    fmt = _dump_format(fmt, dump, only=False, stage=None)
+    sentence = f"{sentence} {sentence}" if repeat else sentence
+    from .roles import parse_head
+
+    try:
+        head = parse_head(ablate) if ablate is not None else None
+    except ValueError as error:
+        fail(str(error))
+    destination = None
+    if dump is not None:
+        from .destination import DumpError, resolve
+
+        try:
+            destination = resolve(dump)
+        except DumpError as error:
+            fail(str(error), error.code)
+    from .load.hf_error import HfError
+
+    try:
+        if model is not None:
+            from .load.trained import load as load_trained
+
+            loaded = load_trained(model, sentence)
+        else:
+            from .load.hf import load as load_hf
+            from .load.hf_files import refuse_early
+
+            refuse_early(hf_source, sentence, 0)  # type: ignore[arg-type]
+            loaded = load_hf(hf_source, sentence)  # type: ignore[arg-type]
+        from .pipeline.heads import model_view
+
+        view = model_view(loaded, sentence, ascii_only=ascii_only, ablate=head,
+                          method=ablate_with.value)
+    except HfError as error:
+        fail(str(error))
+    from .render.options import RenderOptions
+
+    opts = RenderOptions(ascii=ascii_only)
+    if _interactive(dump):
+        _heads_app(view, loaded, sentence, opts, head)
+        return
+    from .destination import DumpError, opened, resolve
+    from .heads_transcript import WRITERS
+
+    text = WRITERS[fmt.value](view, opts, width, **({"color": color} if fmt is Format.text else {}),
+                              selected=head)
+    try:
+        with opened(destination or resolve("-")) as out:
+            out.write(text.encode("utf-8"))
+    except DumpError as error:
+        fail(str(error), error.code)
+    except BrokenPipeError:
+        _exit_now(0)
+    _exit_now(0)
+
+
+def _heads_app(view: Any, loaded: Any, sentence: str, opts: Any, selected: tuple[int, int] | None
+               ) -> None:
+    """The heads screen; enter on a head opens that layer's walk-through at that head, and
+    quitting the walk-through comes back to the heads."""
+    from .pipeline.heads import model_view
+    from .pipeline.hf import Session
+
+    session = Session(loaded, sentence, ascii_only=opts.ascii)
+
+    def ablate(layer: int, head: int, method: str) -> Any:
+        return model_view(loaded, sentence, ascii_only=opts.ascii, ablate=(layer, head),
+                          method=method)
+
+    def app() -> None:
+        from .app.heads import HeadsApp
+        from .app.run import run_app
+
+        def trace(config: Any) -> Any:
+            return session.trace(config.model.layer)
+
+        at = selected or (0, 0)
+        while True:
+            chosen = HeadsApp(view, opts, selected=at, ablate=ablate).run()
+            if chosen is None:
+                return
+            at = chosen
+            run_app(session.config(chosen[0]), start="softmax", ascii_only=opts.ascii,
+                    loader=trace, layers=session, focus=chosen[1])
+
+    _open_app(app)
 
 
 # ---------------------------------------------------------------------------- serve
@@ -800,6 +941,8 @@ def check(
     resume: Annotated[bool, typer.Option("--resume", help="With --results: do not grade again what FILE already holds (same file, same settings).")] = False,
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Grading several modules: each runs in a bubblewrap sandbox (no network, no other file of yours, its own scratch folder). auto: where bwrap works, else without one, said once; required: refuse to grade without it; off.", case_sensitive=False)] = SandboxMode.auto,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
+    batch: Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable), padded with <pad> to the longest; the module gets the padding mask by its parameter.")] = None,
+    context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: judge the module with queries from --sentence and keys and values from this sentence, against a reference that takes both (no causal mask across two sequences).")] = None,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
@@ -816,9 +959,13 @@ def check(
              "mha-tui explain --hf PATH_OR_NAME")
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
         fail("the sentence is not valid UTF-8 text")
+    if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
+            "utf-8", "replace"):
+        fail("--context is not valid UTF-8 text")
     try:
         config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                        causal=causal, max_seq_len=max_seq_len)
+                        causal=causal, max_seq_len=max_seq_len, context=context or "",
+                        batch=tuple(batch or ()))
     except ConfigError as error:
         fail(str(error))
     if not 40 <= width <= 400:
@@ -831,7 +978,7 @@ def check(
         fail(f"--memory must be at least 64 MB, got {memory}")
     if window is not None and window < 1:
         fail(f"--window must be at least 1, got {window}")
-    from .pipeline import Expect, check_source
+    from .pipeline import verdict as verdict_of
 
     if not rotary_base > 1:
         fail(f"--rotary-base must be above 1, got {rotary_base:g}")
@@ -868,6 +1015,10 @@ def check(
         fail(str(error))
     verdict = None
     lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
+    if (context is not None or batch) and (len(submissions) > 1 or is_batch(specs or []) or lms
+                                           or outputs.grading):
+        fail(f"{'--context' if context is not None else '--batch'} judges one module at a time; "
+             "grading several with it is not there yet")
     if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
         reports = _grade(config, submissions, init=init or [], weights=weights,
                          timeout=timeout, jobs=jobs, memory=memory, expect=wanted,
@@ -882,8 +1033,8 @@ def check(
 
         one = submissions[0]
         try:
-            verdict = check_source(config, _check_source(one.model, one.module, init or [],
-                                                         weights), wanted)
+            verdict = verdict_of(Request(config, _check_source(one.model, one.module, init or [],
+                                                               weights), wanted))
         except LoadError as error:
             # here the module is an argument, not --module
             fail(str(error).removeprefix("--module: ").removeprefix("--module "))

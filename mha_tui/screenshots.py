@@ -13,8 +13,10 @@ from typing import Any
 
 from .app.explain import ExplainApp
 from .config import Config, Source
-from .pipeline import compared, run_trace
+from .pipeline import comparison as compare
+from .pipeline import traced
 from .records import Trace
+from .records.request import Request
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,38 @@ def _hf_app(shot: TinyHf) -> ExplainApp:
         session = Session(load(shot.name), SENTENCE)  # the header names it as given
         trace = session.trace(0)
     return ExplainApp(trace.config, trace=trace, layers=session)
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A shot of `explain --model induction --layer L` on a repeated sentence, at its softmax
+    stage, focused on the head the scores label `label` (found from the run, never typed in);
+    or, with heads=True, of `mha-tui heads` with the cursor on that head."""
+
+    layer: int
+    label: str
+    heads: bool = False
+    size: tuple[int, int] = (100, 32)
+
+
+TRAINED_SENTENCE = "a b c d e f g h a b c d e f g h"
+
+
+def _trained_app(shot: Trained) -> Any:
+    from .app.heads import HeadsApp
+    from .load import trained
+    from .pipeline.heads import model_view
+    from .pipeline.hf import Session
+
+    loaded = trained.load("induction", TRAINED_SENTENCE)
+    view = model_view(loaded, TRAINED_SENTENCE)
+    role = view.labelled(shot.label)
+    head = role.head if role is not None else 0
+    if shot.heads:
+        return HeadsApp(view, selected=(shot.layer, head))
+    session = Session(loaded, TRAINED_SENTENCE)
+    trace = session.trace(shot.layer)
+    return ExplainApp(trace.config, trace=trace, layers=session, start="softmax", focus=head)
 
 
 @dataclass(frozen=True)
@@ -88,7 +122,7 @@ MECHANISMS = "tests/fixtures/mechanisms/"
 MECHANISM_CONFIG = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
 # (file name, key presses from the first stage[, --model NAME or --module FILE:Class]); the
 # default model is mygpt
-SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str | Against | TinyHf | Quizzed]] = [
+SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str | Against | TinyHf | Quizzed | Trained]] = [
     ("01-embed.svg", []),
     ("02-project.svg", ["2"]),
     ("03-view.svg", ["3"]),
@@ -108,6 +142,9 @@ SHOTS: list[tuple[str, list[str]] | tuple[str, list[str], str | Against | TinyHf
     ("32-against-no-scale-mask.svg", ["right"],
      Against("tests/fixtures/mistakes/no_scale.py:MultiHeadAttention")),
     ("33-encoder-softmax.svg", ["7", "e"], TINY_BERT),
+    ("40-induction-head.svg", [], Trained(1, "induction")),
+    ("41-previous-token-head.svg", [], Trained(0, "previous-token")),
+    ("42-heads.svg", [], Trained(1, "induction", heads=True, size=(100, 44))),
     # six answers (project's wrong), mask's question asked; then answered wrong: revealed
     ("14-quiz-asked.svg", ["right"], Quizzed(6, ((1, "4, 4"),))),
     ("15-quiz-answered.svg", [], Quizzed(7, ((1, "4, 4"), (6, "10")))),
@@ -119,26 +156,28 @@ async def shoot(directory: Path) -> list[Path]:
     written = []
     for name, keys, *model in SHOTS:
         which = model[0] if model else "mygpt"
-        app: ExplainApp
-        if isinstance(which, Quizzed):
-            trace = traces.setdefault("mygpt", run_trace(Config("I love AI !"), Source(model="mygpt")))
+        app: Any
+        if isinstance(which, Trained):
+            app = _trained_app(which)
+        elif isinstance(which, Quizzed):
+            trace = traces.setdefault("mygpt", traced(Request(Config("I love AI !"), Source(model="mygpt"))))
             app = ExplainApp(trace.config, trace=trace, quiz=True)
         elif isinstance(which, TinyHf):
             app = _hf_app(which)
         elif isinstance(which, Against):  # opens at the row where the two part
             from .app.compare import CompareApp
 
-            comparison = compared(Config("I love AI !"), Source(module=which.module),
-                                  Source(model=which.reference))
+            comparison = compare(Request(Config("I love AI !"), Source(module=which.module),
+                                         against=Source(model=which.reference)))
             app = CompareApp(comparison.mine.config, comparison=comparison)
         else:
             if which not in traces:
-                traces[which] = (run_trace(MECHANISM_CONFIG, Source(module=which))
-                                 if ".py:" in which
-                                 else run_trace(Config("I love AI !"), Source(model=which)))
+                traces[which] = traced(Request(MECHANISM_CONFIG, Source(module=which))
+                                       if ".py:" in which
+                                       else Request(Config("I love AI !"), Source(model=which)))
             trace = traces[which]
             app = ExplainApp(trace.config, trace=trace)
-        async with app.run_test(size=which.size if isinstance(which, Quizzed) else SIZE) as pilot:
+        async with app.run_test(size=which.size if isinstance(which, Quizzed | Trained) else SIZE) as pilot:
             if isinstance(which, Quizzed):
                 await _answer(pilot, which)
             await pilot.press(*keys)

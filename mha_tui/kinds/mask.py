@@ -250,6 +250,8 @@ def add_skipped_mask(stages: list[Stage], b: Builder) -> None:
 def judge(j: Judge) -> list[Row]:
     """Judge the entries blocked by the mask op, then what actually reaches softmax."""
     stages = [s for s in j.trace.stages if s.kind == "mask" and not j.is_sdpa(s)]
+    if j.facts.padding is not None:
+        return _judge_padded(j, stages)
     expected = blocked_set(j.T, j.facts.causal, j.facts.window)
     rows: list[Row] = []
     mask_ok = True
@@ -345,6 +347,61 @@ def judge(j: Judge) -> list[Row]:
                                     "attends to the tokens after it" if j.facts.causal else
                                     "the scores are masked although --no-causal was given"),
                          position=j.position_before("softmax")))
+    return rows
+
+
+def _judge_padded(j: Judge, stages: list[Stage]) -> list[Row]:
+    """A padded batch (`check --batch`): each row blocks its padded keys for every query,
+    besides the causal entries. The classic bugs are named: the padding on the query axis
+    (whole rows blocked), an inverted padding mask (the tokens blocked, the padding seen)."""
+    pad = np.asarray(j.facts.padding, dtype=bool)  # (B, T), True = padding
+    B, T = pad.shape
+    causal = blocked_set(T, j.facts.causal, j.facts.window)  # (T, T)
+    expected = causal[None] | pad[:, None, :]  # (B, T_q, T_k)
+    words = (f"blocks {'the causal entries and ' if causal.any() else ''}each row's padded "
+             "keys for every query")
+    rows: list[Row] = []
+    for stage in stages:
+        ops = j.main_ops(stage, MASK_OPS)
+        if not ops:
+            rows.append(j.row(stage, "mask", None, None, "no masking op recognised"))
+            continue
+        op = ops[-1]
+        after = f64(op.out.values)
+        before = np.broadcast_to(f64(j.g.snap(j.g.x_inputs(op)[0]).values), after.shape)
+        newly = blocked(after) & ~blocked(before)
+        if newly.size % (B * T * T):
+            rows.append(j.row(stage, "mask", None, None, f"{words}: not judged (its shape "
+                              f"{after.shape} is not (B, h, T, T))", source=op.source))
+            continue
+        per_row = newly.reshape(B, -1, T, T)  # (B, h, T, T)
+        kept = ~newly
+        d = max_diff(np.where(kept, after, 0.0), np.where(kept, before, 0.0))
+        good = bool((per_row == expected[:, None]).all()) and d <= ATOL
+        diag = None
+        if not good:
+            on_queries = causal[None] | pad[:, :, None]
+            inverted = causal[None] | ~pad[:, None, :]
+            if (per_row == on_queries[:, None]).all():
+                diag = ("padding_on_queries", "the padding mask is broadcast on the query "
+                        "axis: the padded positions' rows are blocked, and every query still "
+                        "sees the padded keys; put the padding on the last (key) axis, "
+                        "mask[:, None, None, :]")
+            elif (per_row == inverted[:, None]).all():
+                diag = ("padding_inverted", "the padding mask is inverted: the tokens are "
+                        "blocked and the padded keys are seen (attention_mask is 1 for a "
+                        "token, 0 for padding; key_padding_mask is True for padding)")
+            else:
+                diag = ("padding_wrong", "the mask does not block exactly each row's padded "
+                        "keys" + (" and the causal entries" if causal.any() else ""))
+        rows.append(j.row(stage, "mask", good, d, words, source=op.source, diagnosis=diag))
+    if not stages and pad.any():
+        soft = j.softmax_ops()
+        rows.append(j.row(None, "mask", False, None, words,
+                          source=soft[0].source if soft else None,
+                          diagnosis=("mask_missing", "no mask: softmax gets every score, so "
+                                     "every query also attends to the padded keys"),
+                          position=j.position_before("softmax")))
     return rows
 
 

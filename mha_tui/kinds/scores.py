@@ -250,9 +250,10 @@ def _very_negative_anywhere(m: StageMaker, op: OpRecord) -> bool:
 def scores_row(j: Judge, stage: Stage) -> Row:
     ops = j.main_ops(stage, {"matmul", "bmm", "baddbmm", "einsum"})
     ok, worst = products_agree(j.g, ops)
-    shapes_ok = all(op.out.shape[-1] == op.out.shape[-2] == j.T for op in ops)
+    shapes_ok = all(op.out.shape[-2:] == (j.T, j.T_k) for op in ops)
+    shape = "(T_q, T_k)" if j.g.key_names else "(T, T)"
     return j.row(stage, "scores", ok and shapes_ok, worst,
-                    "scores = Q_i @ K_i^T, a (T, T) matrix per head")
+                    f"scores = Q_i @ K_i^T, a {shape} matrix per head")
 
 
 def judge(j: Judge) -> list[Row]:

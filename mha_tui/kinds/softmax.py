@@ -17,6 +17,7 @@ from ..ops.sizes import Sizes
 from ..ops.vocab import LARGE_NEGATIVE, SOFTMAXES
 from ..ops.vocab import softmax as softmax_of
 from ..records import Check, OpRecord, Stage, Trace
+from ..roles import find, role_checks, role_notes, roles_of
 from ._parts.builder import BHTT, plural, yes
 from ._parts.cell import Cell, Term, Why, where
 from ._parts.maker import StageMaker, words
@@ -61,6 +62,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         ref = m.x_in(first)
         before = m.b.out_4d([ref.op], BHTT)[0] if ref.op is not None else m.snap(ref).values
     checks = softmax_checks(values, before)
+    config = m.b.config  # what each head is for, from these weights (mha_tui.roles)
+    checks += role_checks(values, config.ids, config.model.layer if config.model else 0)
     ops = [m.op(i) for i in unit.ops]
     sums = [op for op in ops if op.name == "sum"]
     by_hand = any(op.name == "exp" for op in ops) and bool(sums)
@@ -178,7 +181,18 @@ def why(cell: Cell) -> Why:
                         else "it can zero or rescale this weight"))
     if axis != scores.ndim - 1:  # a softmax over another axis (dim=-2: down a column)
         return _across(cell, scores, cell_at, axis, tuple(notes))
+    notes += _role_notes(cell)
     return softmax_why(cell, scores[(*lead, i)], tuple(notes))
+
+
+def _role_notes(cell: Cell) -> list[str]:
+    """The head scores (mha_tui.roles) this weight is an entry of."""
+    config, head = cell.trace.config, cell.head
+    roles = roles_of(cell.record.values, config.ids, config.model.layer if config.model else 0)
+    if not roles or len(cell.index) < 2:
+        return []
+    role = roles[head if head is not None and head < len(roles) else 0]
+    return role_notes(role, cell.index[-2], cell.index[-1])
 
 
 def _axis(op: OpRecord, ndim: int) -> int:
@@ -275,4 +289,29 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
             " or ".join(f"{token_name(trace, j)} (position {j})" for j in top),
             f"the largest weight in {recorded(stage, 'row')} {record.name}[{spot}, :] is "
             f"{row[top[0]]:.4f}, at key {' and '.join(map(str, top))}"))
-    return tuple(questions)
+    return (*questions, *_role_question(stage, trace))
+
+
+# The label asked about first: the mechanism a trained model is shown for.
+ASKED_ROLES = ("induction", "previous-token", "duplicate-token", "first-token", "current-token")
+
+
+def _role_question(stage: Stage, trace: Trace) -> list[Question]:
+    """Which head of this layer earns a label (the induction head, if one does), from its
+    scores on these very weights (mha_tui.roles)."""
+    record = stage.tensors[-1]
+    config = trace.config
+    roles = roles_of(record.values, config.ids, config.model.layer if config.model else 0)
+    if len(roles) < 2:
+        return []
+    for kind in ASKED_ROLES:
+        best = find(roles, kind)
+        if best is None:
+            continue
+        score = best.score(kind)
+        scores = ", ".join(f"head {role.head} {role.score(kind).value:.3f}" for role in roles)
+        return [Question(stage.id, "head_role", f"Which head (0 to {len(roles) - 1}) of this layer "
+                         f"is the {kind} head: the one with the highest {kind} score "
+                         f"({score.formula}, at least 0.5)?", "integer", best.head,
+                         f"head {best.head}", f"{kind} scores from {record.name}: {scores}")]
+    return []

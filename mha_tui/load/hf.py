@@ -299,6 +299,8 @@ _BYTE_OF = {char: byte for byte, char in _bytes_to_unicode().items()}
 
 
 def _is_byte_level(tokenizer: Any) -> bool:
+    if not hasattr(tokenizer, "backend_tokenizer"):  # --model induction's words (load.trained)
+        return False
     from tokenizers import decoders
 
     decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)

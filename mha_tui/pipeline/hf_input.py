@@ -25,7 +25,7 @@ import torch
 
 from ..load.hf import Loaded
 from ..records import Check, Source, Stage, TensorRecord
-from ..tracing.hf_layers import ForwardRun, Line, NormCall
+from ..tracing.hf_layers import ForwardRun, Line, NormCall, is_norm
 
 BTC = ("B", "T", "C")
 # Exact search for the rows an embedding read is skipped beyond this many table entries
@@ -137,6 +137,18 @@ def sum_order(parts: Sequence[torch.Tensor], target: torch.Tensor) -> tuple[int,
 # ---------------------------------------------------------------- the stage
 
 
+def _what_a_block_adds(loaded: Loaded, layer: int) -> str:
+    """"attention and MLP outputs", or "attention outputs" for a block whose only parameters
+    are its attention's and its norms' (an attention-only model: mha_tui/models/induction.py)."""
+    block = loaded.blocks[layer]
+    known = {id(p) for p in loaded.attention(layer).parameters()}
+    known |= {id(p) for name, sub in block.named_modules() if name and is_norm(name, sub)
+              for p in sub.parameters()}
+    if all(id(p) in known for p in block.parameters()):
+        return "attention outputs (the blocks have no MLP)"
+    return "attention and MLP outputs"
+
+
 def _short(path: str) -> str:
     return path.rsplit(".", 1)[-1]
 
@@ -200,7 +212,9 @@ def input_stage(loaded: Loaded, run: ForwardRun, layer: int, *,
             caption, label = rows_words(rows, name, padding)
         consecutive = rows is not None and T > 1 and rows == list(range(rows[0], rows[0] + T))
         has_positions |= consecutive
-        records.append(record(f"{call.path}(...)", call.output, BTC, caption=caption))
+        # (T, C) when the model looks up positions of shape (T,) (nanoGPT, mha_tui.models)
+        records.append(record(f"{call.path}(...)", call.output, BTC[-call.output.ndim:],
+                              caption=caption))
         checks.append(Check(label + " (found by comparing rows)" if rows is not None else label,
                             rows is not None))
         said.append(f"{call.path} adds a row " + ("for its position (where it is)" if consecutive
@@ -263,15 +277,16 @@ def input_stage(loaded: Loaded, run: ForwardRun, layer: int, *,
                     "The token embeddings enter block 0 as they are.")
     records.append(record(f"{loaded.blocks_path}.0 input", embedded, BTC,
                           caption="the residual stream as it enters the first block"))
+    adds = _what_a_block_adds(loaded, layer)
     if layer > 0:
         records.append(record(
             f"{loaded.blocks_path}.{layer} input", captured.residual, BTC,
             caption=f"the residual stream after {layer} block{'s' if layer > 1 else ''}: "
-                    f"the embeddings plus every earlier block's attention and MLP outputs"))
+                    f"the embeddings plus every earlier block's {adds}"))
         checks.append(Check(
             f"spread (std) of the residual stream: {embedded.std().item():.4f} entering "
             f"block 0 -> {captured.residual.std().item():.4f} entering block {layer}", None))
-    said.append(f"Each block adds its attention and MLP outputs back onto this residual "
+    said.append(f"Each block adds its {adds} back onto this residual "
                 f"stream, so layer {layer} reads the stream after {layer} "
                 f"block{'s' if layer != 1 else ''}.")
     layer_norm = captured.norm_name

@@ -117,7 +117,7 @@ def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
     return value
 
 
-def _is_norm(path: str, module: nn.Module) -> bool:
+def is_norm(path: str, module: nn.Module) -> bool:
     """A layer norm, by its class (LayerNorm, RMSNorm, T5LayerNorm) or GPT-2's ln_ names."""
     return "norm" in type(module).__name__.lower() or path.rsplit(".", 1)[-1].startswith("ln")
 
@@ -170,7 +170,7 @@ def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
             continue
         if isinstance(module, nn.Embedding):
             handles.append(module.register_forward_hook(embedding(path)))
-        elif path and _is_norm(path, module):
+        elif path and is_norm(path, module):
             handles.append(module.register_forward_hook(norm_before(path)))
     handles.append(loaded.blocks[0].register_forward_pre_hook(before("embedded"), with_kwargs=True))
     handles.append(loaded.blocks[0].register_forward_pre_hook(
@@ -186,7 +186,7 @@ def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
         # or deeper (T5's layer.0.layer_norm), never one inside the attention itself.
         inside = {id(sub) for sub in attention.modules()}
         norms[layer] = [(name, child) for name, child in block.named_modules()
-                        if name and id(child) not in inside and _is_norm(name, child)]
+                        if name and id(child) not in inside and is_norm(name, child)]
         for name, child in norms[layer]:
             handles.append(child.register_forward_hook(after(f"norm{layer}.{name}")))
     batch = torch.tensor([list(ids)])  # (B, T)

@@ -46,6 +46,7 @@ class Judge:
     stage_of: dict[int, Stage] = field(init=False, default_factory=dict)
     B: int = 1
     T: int = 1
+    T_k: int = 1  # the keys' length: the context's in cross-attention, else T
     C: int = 1
     h: int = 1
     d_h: int = 1
@@ -63,6 +64,9 @@ class Judge:
         x = next((snap for name, snap in self.g.rec.inputs if name in self.g.x_names), None)
         shape = x.shape if x is not None else (1, self.trace.config.seq_len, self.trace.config.embed_dim)
         self.B, self.T, self.C = (1, *shape)[-3:] if len(shape) == 2 else shape[:3]
+        # Cross-attention: the context's length (the keys'), else T.
+        context = dict(self.g.rec.inputs).get(min(self.g.key_names)) if self.g.key_names else None
+        self.T_k = context.shape[-2] if context is not None else self.T
         self.h = max(1, self.facts.heads)
         self.d_h = max(1, self.C // self.h)
 
