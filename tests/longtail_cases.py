@@ -150,13 +150,14 @@ class Measured:
 def measure(name: str) -> Measured:
     from mha_tui.config import Config, Source
     from mha_tui.judge.outcome import outcome
-    from mha_tui.pipeline import Expect, checked
+    from mha_tui.pipeline import checked
+    from mha_tui.records.request import Expect, Request
 
     case = CASES[name]
     config = Config("I love AI !", embed_dim=case.embed_dim, num_heads=case.heads,
                     causal=case.causal)
     source = Source(module=str(FIXTURES / case.ref), init=case.init)
-    run, judge = checked(config, source, Expect(**case.expect))
+    run, judge = checked(Request(config, source, Expect(**case.expect)))
     trace = run(config)
     kinds = tuple(stage.kind for stage in trace.stages)
     ops = tuple(stage.title for stage in trace.stages if stage.kind == "op")
