@@ -33,7 +33,8 @@ from ._parts.cell import (
     where,
 )
 from ._parts.maker import StageMaker, batched_product, broadcast_heads, synthetic, words
-from ._parts.mask_shape import mask_shape
+from ._parts.mask_fill import written
+from ._parts.mask_shape import mask_shape, token_names
 from ._parts.op_cell.reading import bracket
 from ._parts.product_cell import by_rows, called, generic, summed_over
 from ._parts.quizzing import EXPANDED, Question, cell_index, head_of_interest, number_text, token_name
@@ -159,13 +160,16 @@ def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
         [Check(f"q @ k^T, {m.s.h} heads, computed here from baddbmm's inputs", None)],
         shape_in=src.shape, shape_out=snap.shape, dims_in=m.dims(src.shape, BHTD),
         dims_out=BHTT, note=label, title="Raw attention scores (mha-tui's expansion)")
-    blocked = values <= -1e4
+    wrote = written(m.g, op)  # what baddbmm's added mask holds, not a threshold on the sum
+    blocked = wrote.reshape(values.shape) if wrote is not None and wrote.size == values.size \
+        else values <= -1e4
     kept = bool(np.allclose(values[~blocked], raw4[~blocked], rtol=1e-5, atol=1e-6)) \
         if raw4.shape == values.shape else True
     n_inf = int(np.isneginf(values).sum())
     bias = m.snap(bias_ref)
     title, explanation = words("mask")
-    shape = mask_shape(blocked)  # what the mask blocks, read from the entries (padding ...)
+    # what the mask blocks, read from the entries (padding ...)
+    shape = mask_shape(blocked, token_names(m.b.config.tokens))
     if shape.kind != "causal" and blocked.any():
         title, explanation = shape.title, shape.explanation
     mask = Stage(
