@@ -49,7 +49,28 @@ LAUNCH = [PYTHON, "-I", "-S", str(Path(__file__).with_name("launch.py"))]
 # load of 4; --runs changes it.
 RUNS = 5
 # `--only` names of the app's rows (beside the whole-process commands' names).
-APP_ROWS = ("app", "app_big", "app_numpy", "repaint", "keys")
+APP_ROWS = ("app", "app_big", "app_numpy", "repaint", "keys", "grade300")
+# Grading: a class of 20 correct submissions every round; once, 300 generated from the
+# tests' mistakes (a class's mix: right, wrong in 15 ways, one crashing), end to end, sandboxed
+# where bwrap works (as `check` does by default).
+MISTAKES = ROOT / "tests" / "fixtures" / "mistakes"
+CLASS_SIZE, BIG_CLASS = 20, 300
+
+
+def make_class(folder: Path, size: int, *, mixed: bool) -> Path:
+    """`size` submissions: copies of the correct module, or (mixed) of every mistake in turn."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sources = sorted(p for p in MISTAKES.glob("*.py") if p.name != "__init__.py")
+    if not mixed:
+        sources = [MISTAKES / "correct.py"]
+    for i in range(size):
+        source = sources[i % len(sources)]
+        (folder / f"student{i:03d}_{source.stem}.py").write_text(source.read_text())
+    return folder
+
+
+def grade_argv(folder: Path) -> list[str]:
+    return [*MHA, "check", str(folder), "--class", "MultiHeadAttention", "--format", "csv"]
 # The app at GPT-2 small's sizes with 128 tokens.
 BIG_SENTENCE = " ".join(f"w{i}" for i in range(128))
 BIG = ["--embed-dim", "768", "--heads", "12", "--max-seq-len", "128"]
@@ -322,6 +343,25 @@ def _overhead(n: int, *, cpu: bool) -> list[dict]:
     return json.loads(done.stdout)
 
 
+def _big_class_row(folder: Path, floor: float) -> Row:
+    """Once: 300 generated submissions graded end to end, every one in the CSV."""
+    make_class(folder, BIG_CLASS, mixed=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        csv_out = Path(tmp) / "grades.csv"
+        argv = [*LAUNCH, str(result), "sh", "-c", 'exec "$@" > "$0"', str(csv_out),
+                *grade_argv(folder)]
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        done = _launched(result)
+        rows = csv_out.read_text(encoding="utf-8").splitlines()[1:]
+    if len(rows) != BIG_CLASS:
+        raise SystemExit(f"bench: grading {BIG_CLASS} submissions gave {len(rows)} rows")
+    seconds = done["seconds"]
+    return Row(f"check: {BIG_CLASS} generated submissions (every mistake in turn), end to end, "
+               f"{seconds:.0f} s", f"{seconds / BIG_CLASS:.3f} s", seconds / BIG_CLASS / floor,
+               "", None)
+
+
 def _git(*args: str) -> str:
     done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT)
     return done.stdout.strip() if done.returncode == 0 else ""
@@ -339,7 +379,8 @@ def main() -> int:
     parser.add_argument("--no-page", action="store_true", help="print the table only")
     parser.add_argument("--only", metavar="NAME,...", default=None,
                         help="run only these rows beside the floor (whole processes: version, "
-                             "help, completion, dump, raschka, module, numpy, full, json_gpt2, "
+                             "help, completion, grade, dump, raschka, module, numpy, full, "
+                             "json_gpt2, "
                              "hf, hf_refuse; the app: " + ", ".join(APP_ROWS) + ") and print "
                              "their table; the page is left as it is")
     args = parser.parse_args()
@@ -357,8 +398,11 @@ def main() -> int:
 
     # Round-robin: every round runs the floor and each command once, so that a noisy
     # moment on the machine hits them alike; medians over the rounds.
+    classes = tempfile.TemporaryDirectory(prefix="mha-tui-bench-class-")
+    small_class = make_class(Path(classes.name) / "twenty", CLASS_SIZE, mixed=False)
     commands: dict[str, tuple[list[str], dict[str, str] | None, int]] = {
         "floor": ([PYTHON, "-c", "import torch"], None, 0),
+        "grade": (grade_argv(small_class), None, 0),
         "version": ([*MHA, "--version"], None, 0),
         "help": ([*MHA, "--help"], None, 0),
         "completion": ([*MHA], {"_MHA_TUI_COMPLETE": "complete_bash",
@@ -432,6 +476,12 @@ def main() -> int:
                                2.00)]:
         if name in result:
             rows.append(_ratio_row(what, result[name].seconds, f, limit))
+    if "grade" in result:
+        rows.append(_ratio_row(f"check: a class of {CLASS_SIZE} correct submissions, each "
+                               "sandboxed (per submission)", result["grade"].seconds / CLASS_SIZE,
+                               f, 0.25))
+    if only is None or "grade300" in only:
+        rows.append(_big_class_row(Path(classes.name) / "three-hundred", f))
     if "hf" in result:
         rows.append(_ratio_row(f'explain "{HF_SENTENCE}" --hf (tiny GPT-2) --dump -',
                                result["hf"].seconds, f, None))
@@ -449,6 +499,7 @@ def main() -> int:
                             None))
         _key_rows(rows, n, "repaint" in only, "keys" in only)
         hf_dir.cleanup()
+        classes.cleanup()
         return _report(rows, started, load_before, n, args)
 
     _app_rows(rows, f, apps, big_apps, numpy_apps)
@@ -489,6 +540,7 @@ def main() -> int:
                         f"<= {own.max_rss_kib / 1024:.0f} + 300 MiB (its own forward with "
                         "output_attentions)", ours_hf.max_rss_kib <= own.max_rss_kib + 300 * 1024))
     hf_dir.cleanup()
+    classes.cleanup()
     Path(JSON_OUT).unlink(missing_ok=True)
     return _report(rows, started, load_before, n, args)
 

@@ -24,7 +24,7 @@ import typer
 # than made a usage error (exit 2).
 from typer._click.exceptions import NoArgsIsHelpError
 
-from . import __version__, collector
+from . import __version__, collector, pipeline
 from .config import (
     CROSS_MODEL,
     DEFAULT_MODEL,
@@ -39,6 +39,7 @@ from .config import (
     parse_init,
     parse_module_ref,
 )
+from .records.request import Expect, Request
 from .stages import STAGE_IDS
 
 if TYPE_CHECKING:
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from .judge import Verdict
     from .load.modules import Loaded
     from .load.numpy_modules import LoadedNumpy
-    from .pipeline import Expect
     from .records import Trace
 
 app = typer.Typer(
@@ -164,6 +164,7 @@ def explain(
     quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text, JSON or Markdown).")] = False,
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
     why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
+    batch: Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable): the rows are padded with <pad> to the longest, and the module gets the padding mask by its parameter (attention_mask: 1 = a token; key_padding_mask or padding_mask: True = padding; else a mask that blocks the padded keys).")] = None,
     context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross.")] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
@@ -179,7 +180,8 @@ def explain(
                             ("--seed", seed != 0), ("--no-causal", not causal),
                             ("--max-seq-len", max_seq_len != 64), ("--check", check_stages),
                             ("--model", model is not None), ("--module", module is not None),
-                            ("--init", bool(init)), ("--weights", weights is not None)):
+                            ("--init", bool(init)), ("--weights", weights is not None),
+                            ("--batch", bool(batch))):
             if given:
                 fail(f"{flag} does not apply with {'--model ' + hf_source if trained else '--hf'}: "
                      f"the model brings its own sizes, weights and mask")
@@ -195,12 +197,14 @@ def explain(
             fail("--context is not valid UTF-8 text")
         try:
             config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                            causal=causal, max_seq_len=max_seq_len, context=context or "")
+                            causal=causal, max_seq_len=max_seq_len, context=context or "",
+                            batch=tuple(batch or ()))
         except ConfigError as error:
             fail(str(error))
         if context is not None and model is None and module is None:
             model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
         source = _source(model, module, init or [], weights)
+        request = Request(config, source)
         if stage is not None and stage not in STAGE_IDS and not _a_stage_kind(stage):
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)} (or "
                  "one of a module's own: rotary, qkv_split, kv_repeat, op-2 ...)")
@@ -239,17 +243,17 @@ def explain(
     _check_budget(config, destination, fmt)
     # The default module on one sentence needs no building before the app opens; anything
     # else is built first, so that bad input (a forward that takes no context) exits 2.
-    plain = source.is_default and not config.cross
+    plain = source.is_default and not config.cross and not config.batch
 
     if check_stages:
-        _explain_checked(config, source, dump=dump, stage=stage, ascii_only=ascii_only)
+        _explain_checked(request, dump=dump, stage=stage, ascii_only=ascii_only)
         return
     if reference is not None and _interactive(dump):
-        _explain_compared(config, source, reference, ascii_only=ascii_only)
+        _explain_compared(replace(request, against=reference), ascii_only=ascii_only)
         return
     if reference is not None:
-        _write_comparison(config, source, reference, destination, fmt, width=width or 100,
-                          full=full, color=color, ascii_only=ascii_only)
+        _write_comparison(replace(request, against=reference), destination, fmt,
+                          width=width or 100, full=full, color=color, ascii_only=ascii_only)
         return
 
     if _interactive(dump):
@@ -257,7 +261,7 @@ def explain(
 
         if _PREFLIGHT and not plain:  # serve checks the input before the app
             try:
-                _build(source, config)
+                pipeline.load(request)
             except LoadError as error:
                 fail(str(error))
 
@@ -268,7 +272,7 @@ def explain(
             from .app.run import run_app  # after _open_app paused the collector
 
             refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                              build=None if plain else partial(_build, source),
+                              build=None if plain else partial(_load, request),
                               running=_whose_forward(source), refusals=(LoadError,),
                               quiz=quiz)
             if refusal is not None:
@@ -283,10 +287,10 @@ def explain(
         from .load.learner import LoadError
 
         try:
-            loaded = _build(source, config)
+            loaded = pipeline.load(request)
         except LoadError as error:
             fail(str(error))
-    _write_transcript(config, destination, fmt, width=width or 100, full=full, color=color,
+    _write_transcript(request, destination, fmt, width=width or 100, full=full, color=color,
                       ascii_only=ascii_only, stage=stage, loaded=loaded, only=only, why=cell,
                       quiz=quiz)
 
@@ -329,25 +333,25 @@ def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: 
     return _check_source(None, text, [], None)
 
 
-def _explain_compared(config: Config, source: Source, against: Source, *,
-                      ascii_only: bool) -> None:
+def _explain_compared(request: Request, *, ascii_only: bool) -> None:
     """explain --against in a terminal: the comparison app, both modules built and run in
     its loading thread (bad input ends the app: one line, exit 2)."""
     from .judge.roles import RoleCopyError
     from .load.learner import LoadError
-    from .pipeline import compared
+    from .pipeline import comparison
 
     if _PREFLIGHT:  # serve checks the input before the app
         try:
-            compared(config, source, against)
+            comparison(request)
         except (LoadError, RoleCopyError) as error:
             fail(str(error))
 
     def app() -> None:
         from .app.compare import run_compare_app
 
-        refusal = run_compare_app(config, compare=lambda c: compared(c, source, against),
-                                  ascii_only=ascii_only, running=_whose_forward(source),
+        refusal = run_compare_app(request.config,
+                                  compare=lambda c: comparison(replace(request, config=c)),
+                                  ascii_only=ascii_only, running=_whose_forward(request.source),
                                   refusals=(LoadError, RoleCopyError))
         if refusal is not None:
             fail(refusal)
@@ -355,8 +359,8 @@ def _explain_compared(config: Config, source: Source, against: Source, *,
     _open_app(app)
 
 
-def _write_comparison(config: Config, source: Source, against: Source,
-                      destination: Destination | None, fmt: Format, *, width: int, full: bool,
+def _write_comparison(request: Request, destination: Destination | None, fmt: Format, *,
+                      width: int, full: bool,
                       color: bool, ascii_only: bool) -> None:
     """explain --against --dump: both modules built and compared before anything is opened,
     so bad input writes nothing."""
@@ -364,21 +368,21 @@ def _write_comparison(config: Config, source: Source, against: Source,
     from .dump import TranscriptError, comparison_text, write_comparison_json
     from .judge.roles import RoleCopyError
     from .load.learner import LoadError
-    from .pipeline import compared
+    from .pipeline import comparison
     from .render.options import RenderOptions
 
     if destination is None:
         destination = resolve("-")
     try:
-        comparison = compared(config, source, against)
+        compared = comparison(request)
     except (LoadError, RoleCopyError) as error:
         fail(str(error))
     try:
         with opened(destination) as out:
             if fmt is Format.json:
-                write_comparison_json(comparison, out, ascii_only=ascii_only)
+                write_comparison_json(compared, out, ascii_only=ascii_only)
             else:
-                out.write(comparison_text(comparison, RenderOptions(full=full, ascii=ascii_only),
+                out.write(comparison_text(compared, RenderOptions(full=full, ascii=ascii_only),
                                           width=width, color=color).encode("utf-8"))
     except DumpError as error:
         fail(str(error), error.code)
@@ -415,17 +419,9 @@ def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
     return cell
 
 
-def _build(source: Source, config: Config) -> Loaded | LoadedNumpy:
-    """The module and its input; NumPy code (the blueprint, a NumPy --module class) never
-    imports torch. Raises LoadError for bad --module/--init/--weights."""
-    from .load.numpy_modules import load as load_numpy
-
-    loaded = load_numpy(config, source)
-    if loaded is None:
-        from .load.modules import load
-
-        loaded = load(config, source)
-    return loaded
+def _load(request: Request, config: Config) -> Loaded | LoadedNumpy:
+    """The request's module built for the config the app runs (pipeline.load)."""
+    return pipeline.load(replace(request, config=config))
 
 
 def _whose_forward(source: Source) -> str:
@@ -460,7 +456,7 @@ def _source(model: Model | None, module: str | None, init: list[str], weights: P
     return _check_source(model.value if model else None, module, init, weights)
 
 
-def _explain_checked(config: Config, source: Source, *, dump: str | None, stage: str | None,
+def _explain_checked(request: Request, *, dump: str | None, stage: str | None,
                      ascii_only: bool) -> None:
     """explain --check: the app, its rail marked with the verdict of every stage."""
     if not _interactive(dump):
@@ -471,22 +467,22 @@ def _explain_checked(config: Config, source: Source, *, dump: str | None, stage:
 
     if _PREFLIGHT:  # serve checks the input before the app
         try:
-            checked(config, source)
+            checked(request)
         except LoadError as error:
             fail(str(error))
     judges: list[Callable[[Trace], Verdict]] = []
 
     def run(config: Config) -> Trace:  # in the app's loading thread, as for explain
-        traced, checker = checked(config, source)  # bad input: LoadError, exit 2
+        traced, checker = checked(replace(request, config=config))  # bad input: LoadError, exit 2
         judges.append(checker)
         return traced(config)
 
     def app() -> None:
         from .app.run import run_app  # after _open_app paused the collector
 
-        refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+        refusal = run_app(request.config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                           loader=run, checker=lambda trace: judges[-1](trace),
-                          running=_whose_forward(source), refusals=(LoadError,))
+                          running=_whose_forward(request.source), refusals=(LoadError,))
         if refusal is not None:
             fail(refusal)
 
@@ -607,12 +603,12 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
         trace = session.trace(layer)
     except HfError as error:
         fail(str(error))
-    _write_transcript(trace.config, destination, fmt, width=width, full=full, color=color,
+    _write_transcript(Request(trace.config), destination, fmt, width=width, full=full, color=color,
                       ascii_only=ascii_only, stage=stage, trace=trace, only=only, quiz=quiz,
                       why=why)
 
 
-def _write_transcript(config: Config, destination: Destination | None, fmt: Format, *, width: int,
+def _write_transcript(request: Request, destination: Destination | None, fmt: Format, *, width: int,
                       full: bool, color: bool, ascii_only: bool, stage: str | None,
                       loaded: Loaded | LoadedNumpy | None = None,
                       trace: Trace | None = None, only: bool = False,
@@ -624,14 +620,14 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
         destination = resolve("-")
     try:
         from .dump import to_text, write_json
-        from .pipeline import run_trace
+        from .pipeline import traced
         from .render.options import RenderOptions
 
         if trace is None:
-            trace = run_trace(config, loaded=loaded)
-        if trace.failed:  # exit 1 leaves the destination as it was: say what stopped it
-            fail(f"{_forward_error(trace).rstrip('.')}. Nothing written to {_where(destination)} "
-                 "(without --dump, the app steps through the stages before the error)", 1)
+            trace = traced(request, loaded=loaded)
+        # A forward that raised has been explained up to its error: the stages before it and
+        # the error stage (torch's message, the line, what it read) are the document, written
+        # in full; the run then ends with exit 1 and says so (_ended).
         first = _first_stage(trace, stage, only=only)
         last = first + 1 if only else None
         if quiz:  # the worksheet is built whole before anything is opened
@@ -648,7 +644,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                         worksheet_text(trace, asked, RenderOptions(ascii=ascii_only), width=width))
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
-            _exit_now(0)
+            _ended(trace, destination)
         if why is not None:  # computed before anything is opened: a bad cell writes nothing
             from .dump import why_text
             from .why import WhyError
@@ -661,7 +657,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                 fail(f"--why: {error}")
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
-            _exit_now(0)
+            _ended(trace, destination)
         with opened(destination) as out:
             if fmt in (Format.svg, Format.html, Format.md):
                 from .pictures import Selection, picture
@@ -677,6 +673,7 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
                                    width=width, color=color, first=first, last=last)
                 # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
                 out.write(text.encode("utf-8"))
+        _ended(trace, destination)
     except DumpError as error:
         fail(str(error), error.code)
     except TranscriptError as error:
@@ -689,14 +686,25 @@ def _write_transcript(config: Config, destination: Destination | None, fmt: Form
     except (MemoryError, RuntimeError) as error:
         if not _out_of_memory(error):
             raise
+        config = request.config
         fail(f"ran out of memory for {config.seq_len} tokens, --embed-dim {config.embed_dim}, "
              f"--heads {config.num_heads}; try a smaller size", 1)
-    _exit_now(0)
 
 
 def _where(destination: Destination) -> str:
     return ("standard output" if destination.kind == "fd" and destination.fd == 1
             else f"--dump {destination.shown}")
+
+
+def _ended(trace: Trace, destination: Destination) -> NoReturn:
+    """The transcript is written: exit 0, or, when the module's forward raised, exit 1 with
+    one line saying so and that the transcript ends at its error."""
+    if not trace.failed:
+        _exit_now(0)
+    _say(f"mha-tui: {_forward_error(trace).rstrip('.')}; the transcript written to "
+         f"{_where(destination)} ends at its error (stage {len(trace.stages)}/"
+         f"{len(trace.stages)})")
+    _exit_now(1)
 
 
 def _forward_error(trace: Trace) -> str:
@@ -933,6 +941,8 @@ def check(
     resume: Annotated[bool, typer.Option("--resume", help="With --results: do not grade again what FILE already holds (same file, same settings).")] = False,
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Grading several modules: each runs in a bubblewrap sandbox (no network, no other file of yours, its own scratch folder). auto: where bwrap works, else without one, said once; required: refuse to grade without it; off.", case_sensitive=False)] = SandboxMode.auto,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
+    batch: Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable), padded with <pad> to the longest; the module gets the padding mask by its parameter.")] = None,
+    context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: judge the module with queries from --sentence and keys and values from this sentence, against a reference that takes both (no causal mask across two sequences).")] = None,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
@@ -949,9 +959,13 @@ def check(
              "mha-tui explain --hf PATH_OR_NAME")
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
         fail("the sentence is not valid UTF-8 text")
+    if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
+            "utf-8", "replace"):
+        fail("--context is not valid UTF-8 text")
     try:
         config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                        causal=causal, max_seq_len=max_seq_len)
+                        causal=causal, max_seq_len=max_seq_len, context=context or "",
+                        batch=tuple(batch or ()))
     except ConfigError as error:
         fail(str(error))
     if not 40 <= width <= 400:
@@ -964,7 +978,7 @@ def check(
         fail(f"--memory must be at least 64 MB, got {memory}")
     if window is not None and window < 1:
         fail(f"--window must be at least 1, got {window}")
-    from .pipeline import Expect, check_source
+    from .pipeline import verdict as verdict_of
 
     if not rotary_base > 1:
         fail(f"--rotary-base must be above 1, got {rotary_base:g}")
@@ -1001,6 +1015,10 @@ def check(
         fail(str(error))
     verdict = None
     lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
+    if (context is not None or batch) and (len(submissions) > 1 or is_batch(specs or []) or lms
+                                           or outputs.grading):
+        fail(f"{'--context' if context is not None else '--batch'} judges one module at a time; "
+             "grading several with it is not there yet")
     if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
         reports = _grade(config, submissions, init=init or [], weights=weights,
                          timeout=timeout, jobs=jobs, memory=memory, expect=wanted,
@@ -1015,8 +1033,8 @@ def check(
 
         one = submissions[0]
         try:
-            verdict = check_source(config, _check_source(one.model, one.module, init or [],
-                                                         weights), wanted)
+            verdict = verdict_of(Request(config, _check_source(one.model, one.module, init or [],
+                                                               weights), wanted))
         except LoadError as error:
             # here the module is an argument, not --module
             fail(str(error).removeprefix("--module: ").removeprefix("--module "))

@@ -11,6 +11,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# The token a padded row is filled with (`--batch`): its own id in the vocabulary.
+PAD = "<pad>"
+
 # Ceilings that keep a run within a laptop's memory and a terminal's patience. GPT-2 XL
 # has C=1600 and h=25; 4096 leaves room above any textbook model.
 MAX_EMBED_DIM = 4096
@@ -78,6 +81,9 @@ class Config:
     # The context's token labels when the caller gave a tensor rather than a sentence (the
     # Python API's context_tokens); else the context split on whitespace.
     context_labels: tuple[str, ...] = ()
+    # A padded batch (`--batch`): more sentences, rows 1, 2, ... after the sentence's row 0,
+    # every row padded with PAD to the longest.
+    batch: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _positive("--embed-dim", self.embed_dim, MAX_EMBED_DIM)
@@ -91,7 +97,7 @@ class Config:
         _positive("--max-seq-len", self.max_seq_len, MAX_SEQ_LEN)
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
-        if not self.tokens:
+        if not (self.model.tokens if self.model is not None else tokenize(self.sentence)):
             raise ConfigError("the sentence is empty; give at least one word, e.g. \"I love AI !\"")
         if len(self.tokens) > self.max_seq_len:
             if len(self.tokens) > MAX_SEQ_LEN:  # no --max-seq-len can help: say so
@@ -103,6 +109,15 @@ class Config:
                 f"the sentence has {len(self.tokens)} tokens but --max-seq-len is "
                 f"{self.max_seq_len}; raise it with --max-seq-len {len(self.tokens)}"
             )
+        for n, row in enumerate(self.batch, start=1):
+            if not tokenize(row):
+                raise ConfigError(f"--batch row {n} is empty; give a sentence, e.g. --batch \"the cat\"")
+            if len(tokenize(row)) > self.max_seq_len:
+                raise ConfigError(f"--batch row {n} has {len(tokenize(row))} tokens but --max-seq-len "
+                                  f"is {self.max_seq_len}; raise it with --max-seq-len "
+                                  f"{len(tokenize(row))}")
+        if PAD in tokenize(self.sentence) or any(PAD in tokenize(row) for row in self.batch):
+            raise ConfigError(f"{PAD} is the padding token of --batch; use another word")
         if self.context and not tokenize(self.context):
             raise ConfigError("--context is empty; give the sentence the keys and values are "
                               "made from, e.g. --context \"le chat est sur le tapis\"")
@@ -113,7 +128,37 @@ class Config:
 
     @property
     def tokens(self) -> tuple[str, ...]:
-        return self.model.tokens if self.model is not None else tokenize(self.sentence)
+        """Row 0's tokens: the sentence's, padded to the batch's longest row."""
+        return self.row_tokens(0)
+
+    @property
+    def rows(self) -> tuple[tuple[str, ...], ...]:
+        """Every row of the batch as tokens, padded with PAD to the longest (one row without
+        --batch)."""
+        own = [self.model.tokens if self.model is not None else tokenize(self.sentence),
+               *(tokenize(row) for row in self.batch)]
+        T = max(len(row) for row in own)
+        return tuple(row + (PAD,) * (T - len(row)) for row in own)
+
+    def row_tokens(self, row: int) -> tuple[str, ...]:
+        """Batch row `row`'s tokens (padded)."""
+        if not self.batch:
+            return self.model.tokens if self.model is not None else tokenize(self.sentence)
+        return self.rows[row]
+
+    @property
+    def padding(self) -> tuple[tuple[bool, ...], ...]:
+        """(B, T): True where a row's token is padding (the mask the module is given)."""
+        lengths = [len(self.model.tokens if self.model is not None else tokenize(self.sentence)),
+                   *(len(tokenize(row)) for row in self.batch)]
+        T = max(lengths)
+        return tuple(tuple(t >= n for t in range(T)) for n in lengths)
+
+    @property
+    def batch_ids(self) -> tuple[tuple[int, ...], ...]:
+        """(B, T): every row's ids in the one vocabulary (PAD included when a row is padded)."""
+        index = {token: i for i, token in enumerate(self.vocab)}
+        return tuple(tuple(index[token] for token in row) for row in self.rows)
 
     @property
     def cross(self) -> bool:
@@ -130,7 +175,8 @@ class Config:
     @property
     def vocab(self) -> tuple[str, ...]:
         """Distinct tokens in order of first appearance (the sentence's, then the context's)."""
-        return tuple(dict.fromkeys(self.tokens + (tokenize(self.context) if self.context else ())))
+        words = tuple(token for row in self.rows for token in row)
+        return tuple(dict.fromkeys(words + (tokenize(self.context) if self.context else ())))
 
     @property
     def context_ids(self) -> tuple[int, ...]:
@@ -176,6 +222,8 @@ class Config:
             "max_seq_len": self.max_seq_len,
             **({"context": self.context, "context_tokens": list(self.key_tokens)}
                if self.cross else {}),
+            **({"batch": [list(row) for row in self.rows],
+                "padding": [list(row) for row in self.padding]} if self.batch else {}),
         }
 
 

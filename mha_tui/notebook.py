@@ -253,7 +253,8 @@ def _words(tokens: Sequence[str] | None, sentence: str) -> list[str]:
 
 def check(module: Any, x: Any = None, tokens: Sequence[str] | None = None, *,
           heads: int | None = None, causal: bool = True, seed: int = 0,
-          sentence: str = DEFAULT_SENTENCE) -> Checked:
+          sentence: str = DEFAULT_SENTENCE, context: Any = None,
+          context_tokens: Sequence[str] | None = None) -> Checked:
     """Judge `module` stage by stage, as `mha-tui check` does (the same `pipeline` judging),
     and return the verdict.
 
@@ -264,12 +265,16 @@ def check(module: Any, x: Any = None, tokens: Sequence[str] | None = None, *,
     `attn_mask` gets the causal mask (none with causal=False), and (query, key, value)
     get x three times, as the CLI calls a module. heads: the number of heads h the verdict
     expects (as `--heads`); by default the module's `num_heads`, `n_head`, `n_heads`, `nhead`
-    or `h`, else 1. The module is run, never edited.
+    or `h`, else 1. The module is run, never edited. context: cross-attention's second
+    sequence (B, T_k, C), given to the forward's parameter for it and to the reference, which
+    then takes its keys and values from it (no causal mask across two sequences);
+    context_tokens label it.
     """
     if not _is_torch_module(module):  # NumPy code: judged without torch
         return _check_numpy(module, x, tokens, heads=heads, causal=causal, seed=seed,
                             sentence=sentence)
-    return _check_torch(module, x, tokens, heads=heads, causal=causal, seed=seed, sentence=sentence)
+    return _check_torch(module, x, tokens, heads=heads, causal=causal, seed=seed, sentence=sentence,
+                        context=context, context_tokens=context_tokens)
 
 
 def _config(x: Any, labels: Sequence[str] | None, heads: int | None, seed: int) -> Config | None:
@@ -304,7 +309,8 @@ def _is_torch_module(module: Any) -> bool:
 
 
 def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: int | None,
-                 causal: bool, seed: int, sentence: str) -> Checked:
+                 causal: bool, seed: int, sentence: str, context: Any = None,
+                 context_tokens: Sequence[str] | None = None) -> Checked:
     import torch
 
     from .config import Config
@@ -321,16 +327,18 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
         ids = torch.tensor([config.ids])  # (1, T)
         with torch.no_grad():
             x = embedding(ids)  # (1, T, C)
-    args, kwargs = forward_inputs(module, x, causal=causal)
+    args, kwargs = forward_inputs(module, x, causal=causal, context=context)
 
-    def call(m: Any, inp: Any) -> Any:  # x once, or as query, key and value
-        return m(*(inp,) * len(args), **kwargs)
+    def call(m: Any, inp: Any) -> Any:  # x once, as query, key and value, or with the context
+        return m(*(inp if a is x else a for a in args),
+                 **{k: inp if v is x else v for k, v in kwargs.items()})
 
     labels = _labels(words, tokens, x)
+    extra = {} if context is None else {"context": context, "context_tokens": context_tokens}
     traced = trace_of(module, x, labels, call=call, embedding=embedding, ids=ids,
-                   config=_config(x, labels, heads, seed))
+                      config=_config(x, labels, heads, seed), **extra)
     return Checked(judge_torch(traced, module, x, call, causal=causal, heads=traced.config.num_heads,
-                               label=type(module).__name__), traced)
+                               label=type(module).__name__, context=context), traced)
 
 
 def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: int | None,

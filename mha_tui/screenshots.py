@@ -13,8 +13,10 @@ from typing import Any
 
 from .app.explain import ExplainApp
 from .config import Config, Source
-from .pipeline import compared, run_trace
+from .pipeline import comparison as compare
+from .pipeline import traced
 from .records import Trace
+from .records.request import Request
 
 
 @dataclass(frozen=True)
@@ -158,21 +160,21 @@ async def shoot(directory: Path) -> list[Path]:
         if isinstance(which, Trained):
             app = _trained_app(which)
         elif isinstance(which, Quizzed):
-            trace = traces.setdefault("mygpt", run_trace(Config("I love AI !"), Source(model="mygpt")))
+            trace = traces.setdefault("mygpt", traced(Request(Config("I love AI !"), Source(model="mygpt"))))
             app = ExplainApp(trace.config, trace=trace, quiz=True)
         elif isinstance(which, TinyHf):
             app = _hf_app(which)
         elif isinstance(which, Against):  # opens at the row where the two part
             from .app.compare import CompareApp
 
-            comparison = compared(Config("I love AI !"), Source(module=which.module),
-                                  Source(model=which.reference))
+            comparison = compare(Request(Config("I love AI !"), Source(module=which.module),
+                                         against=Source(model=which.reference)))
             app = CompareApp(comparison.mine.config, comparison=comparison)
         else:
             if which not in traces:
-                traces[which] = (run_trace(MECHANISM_CONFIG, Source(module=which))
-                                 if ".py:" in which
-                                 else run_trace(Config("I love AI !"), Source(model=which)))
+                traces[which] = traced(Request(MECHANISM_CONFIG, Source(module=which))
+                                       if ".py:" in which
+                                       else Request(Config("I love AI !"), Source(model=which)))
             trace = traces[which]
             app = ExplainApp(trace.config, trace=trace)
         async with app.run_test(size=which.size if isinstance(which, Quizzed | Trained) else SIZE) as pilot:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import html
 import io
 import json
 import os
@@ -484,25 +485,69 @@ def test_text_only_options_with_json_are_named_not_refused() -> None:
     assert "--full" in err and "--width and --color do not apply" in err
 
 
-@pytest.mark.parametrize("fmt", ["text", "json"])
-def test_a_forward_that_raises_leaves_the_dump_file_untouched(tmp_path: Path, fmt: str) -> None:
-    """Exit 1 and keep.txt as it was (before: replaced by the partial transcript); one line
-    says what raised, where, and that nothing was written."""
+CRASH = f"{ROOT}/tests/fixtures/crash_attn.py:CrashingAttention"
+RAISED = ("the module's forward raised RuntimeError at crash_attn.py line 23: view size is not "
+          "compatible with input tensor's size and stride (at least one dimension spans across "
+          "two contiguous subspaces). Use .reshape(...) instead")
+
+
+@pytest.mark.parametrize("suffix", ["txt", "json", "md", "svg", "html"])
+def test_a_forward_that_raises_writes_the_transcript_up_to_its_error(tmp_path: Path,
+                                                                      suffix: str) -> None:
+    """#27: a module that raised has been explained: `--dump notes.md` holds every stage
+    before the error and the error stage (torch's message, the line, what the line read), in
+    every format; exit 1, and one line on stderr says the module raised and where the
+    transcript ends. (Before: exit 1 and nothing written.)"""
+    notes = tmp_path / f"notes.{suffix}"
+    notes.write_text("my old notes\n")
+    result = run_cli("explain", "I love AI !", "--module", CRASH, "--dump", str(notes))
+    assert result.returncode == 1
+    assert result.stdout == b""
+    assert result.stderr.decode() == (f"mha-tui: {RAISED}; the transcript written to --dump "
+                                      f"{notes} ends at its error (stage 10/10)\n")
+    written = notes.read_text()
+    assert [p.name for p in tmp_path.iterdir()] == [notes.name]  # no temporary file left
+    flat = html.unescape(written).replace("\xa0", " ")
+    for words in ("view size is not compatible", "forgot .contiguous()", "RuntimeError at line 23",
+                  "context.transpose(1, 2)"):
+        assert words in flat or words in " ".join(flat.split()), words
+    if suffix == "json":
+        stages = json.loads(written)["stages"]
+        assert [s["kind"] for s in stages][-1] == "error" and len(stages) == 10
+        assert stages[-1]["tensors"], "what the failing line read"
+
+
+def test_a_forward_that_raises_writes_to_stdout_too_and_every_stage_is_there() -> None:
+    """The text transcript on stdout: the nine stages before the error, then the error."""
+    result = run_cli("explain", "I love AI !", "--module", CRASH, "--dump", "-")
+    assert result.returncode == 1
+    text = result.stdout.decode()
+    titles = [line.split("  ·  ")[0] for line in text.splitlines() if "  ·  " in line]
+    assert titles[-1] == "10/10 error" and len(titles) == 10
+    assert "the transcript written to standard output ends at its error" in result.stderr.decode()
+
+
+def test_a_forward_that_raises_then_mha_tui_fails_writes_nothing(tmp_path: Path, monkeypatch,
+                                                                capsys) -> None:
+    """mha-tui's own failure (here: out of memory while drawing) still writes nothing and
+    leaves the destination as it was, whatever the module did."""
+    import mha_tui.dump
+    from mha_tui import cli
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError()
+
     keep = tmp_path / "keep.txt"
     keep.write_text("my notes\n")
-    result = run_cli("explain", "I love AI !", "--module",
-                     f"{ROOT}/tests/fixtures/crash_attn.py:CrashingAttention",
-                     "--dump", str(keep), "--format", fmt)
-    assert result.returncode == 1
+    monkeypatch.setattr(mha_tui.dump, "to_text", exhausted)
+    monkeypatch.setattr(sys, "argv", ["mha-tui", "explain", "I love AI !", "--module", CRASH,
+                                      "--dump", str(keep)])
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    assert stop.value.code == 1
     assert keep.read_text() == "my notes\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]  # no temporary file left
-    assert result.stderr.decode() == (
-        "mha-tui: error: the module's forward raised RuntimeError at crash_attn.py line 23: "
-        "view size is not compatible with input tensor's size and stride (at least one "
-        "dimension spans across two contiguous subspaces). Use .reshape(...) instead. Nothing "
-        f"written to --dump {keep} (without --dump, the app steps through the stages before "
-        "the error)\n")
-    assert result.stdout == b""
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+    assert capsys.readouterr().err.startswith("mha-tui: error: ran out of memory")
 
 
 def test_the_docs_quoted_transcript_is_the_start_of_the_golden_file() -> None:

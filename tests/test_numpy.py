@@ -371,19 +371,19 @@ def test_a_learner_numpy_module_from_the_cli_never_imports_torch(tmp_path) -> No
 
 
 def test_a_numpy_forward_that_raises_is_one_line_and_exit_1(tmp_path) -> None:
-    """A failed run writes no transcript (README: the destination receives nothing); the
-    line says what raised and where."""
+    """A forward that raised writes its transcript up to the error stage, exits 1, and one
+    line says what raised, where, and that the transcript ends there (#27)."""
     from pathlib import Path
 
     (tmp_path / "my_attn.py").write_text(Path(ROOT, "tests", "fixtures", "numpy_attn.py").read_text())
     done = _explain_without_torch("the cat sat", "--module",
                                   str(tmp_path / "my_attn.py:BrokenReshape"), "--dump", "-")
     assert done.returncode == 1, done.stderr.decode()
-    assert done.stdout == b""
-    error = [line for line in done.stderr.decode().splitlines() if line.startswith("mha-tui: error")]
+    assert "cannot reshape array of size" in done.stdout.decode()  # the transcript to its error
+    error = [line for line in done.stderr.decode().splitlines() if line.startswith("mha-tui: ")]
     assert len(error) == 1
     assert "cannot reshape array of size" in error[0] and "my_attn.py line " in error[0]
-    assert "Nothing written to standard output" in error[0]
+    assert "the transcript written to standard output ends at its error" in error[0]
 
 
 def test_bad_numpy_input_from_the_cli_is_one_line_exit_2(tmp_path) -> None:

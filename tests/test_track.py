@@ -13,6 +13,7 @@ from mha_tui.judge.numpy_reference import reference_output, steps
 from mha_tui.judge.track import _bias_words, _seen_later, layouts, match, regroups, same
 from mha_tui.judge.whole import nan_origin, no_attention, output_shape
 from mha_tui.pipeline import checked
+from mha_tui.records.request import Request
 
 UNSOUND = Path(__file__).parent / "fixtures" / "unsound"
 
@@ -86,7 +87,7 @@ def test_alibi_is_told_from_another_bias() -> None:
 
 def _recording(name: str):
     config = Config("I love AI !")
-    run, _ = checked(config, Source(module=f"{UNSOUND / name}.py:MultiHeadAttention"))
+    run, _ = checked(Request(config, Source(module=f"{UNSOUND / name}.py:MultiHeadAttention")))
     return run(config).recording
 
 

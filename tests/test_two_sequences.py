@@ -166,6 +166,7 @@ def test_explain_context_from_the_command_line(tmp_path) -> None:
     assert "T_q=4 T_k=6" in text and "context le chat est sur le tapis" in text
     assert "tapis" in text.split("Raw attention scores", 1)[1]
     assert "each of the 4 query tokens looks at the 6 context tokens" in text
+    assert "✓ context[0, t] is row context_ids[t] of the embedding table for all 6 context tokens" in text
     out = tmp_path / "t.json"
     result = run_cli("explain", "I love AI !", "--context", "le chat est sur le tapis", "--dump", str(out))
     assert result.returncode == 0, result.stderr.decode()
@@ -184,3 +185,234 @@ def test_explain_context_refuses_a_module_of_one_sequence_in_one_line(tmp_path) 
     err = result.stderr.decode().strip()
     assert "takes one sequence" in err and "\n" not in err and "Traceback" not in err
     assert not (tmp_path / "t.txt").exists()
+
+
+# ---------------------------------------------------------------- check --context
+
+CHECKED = {
+    "stable-diffusion": (lambda: ts.SDCrossAttention(4), 2),
+    "whisper": (lambda: ts.WhisperAttention(4, 2), None),
+    "annotated-transformer": (lambda: ts.AnnotatedMultiHeadedAttention(2, 4), None),
+    "bart": (lambda: ts.BartStyleAttention(4, 2), None),
+}
+
+
+@pytest.mark.parametrize("style", CHECKED)
+def test_a_right_cross_attention_is_equivalent_to_the_cross_reference(style: str) -> None:
+    make, heads = CHECKED[style]
+    x, context = _inputs()
+    checked = mha_tui.check(make().eval(), x, context=context, heads=heads)
+    assert checked.equivalent, checked.verdict.diagnosis
+    assert "keys and values from the context" in checked.verdict.end_to_end.checked
+
+
+@pytest.mark.parametrize(("cls", "role", "line"), [
+    (ts.KeysFromQuery, "keys", "k = self.heads(self.W_k(x))"),
+    (ts.ValuesFromQuery, "values", "v = self.heads(self.W_v(x))")])
+@pytest.mark.parametrize("T_k", [3, 5])  # T_k == T_q: nothing else tells; T_k != T_q: it crashes later
+def test_keys_or_values_from_the_query_sequence_are_named_at_their_line(cls, role: str, line: str,
+                                                                        T_k: int) -> None:
+    x, context = _inputs(3, T_k)
+    checked = mha_tui.check(cls(4, 2).eval(), x, context=context)
+    diagnosis = checked.verdict.diagnosis
+    assert not checked.equivalent and diagnosis is not None
+    assert diagnosis.kind == "wrong_sequence"
+    assert f"the {role} are made from the query sequence" in diagnosis.message
+    with open(diagnosis.file) as source:
+        assert line in source.read().splitlines()[diagnosis.line - 1]
+
+
+def test_check_context_from_the_command_line() -> None:
+    good = run_cli("check", "--model", "cross", "--context", "le chat est sur le tapis")
+    assert good.returncode == 0, good.stdout.decode() + good.stderr.decode()
+    bad = run_cli("check", "tests/fixtures/two_sequences.py:KeysFromQuery", "--init", "embed_dim=4",
+                  "--context", "le chat est sur le tapis")
+    assert bad.returncode == 1
+    assert "[wrong_sequence] the keys are made from the query" in " ".join(bad.stdout.decode().split())
+
+
+# ---------------------------------------------------------------- padded batches (--batch)
+
+PADDED = "tests/fixtures/two_sequences.py:{}"
+
+
+def _padded_trace(cls: str, causal: bool = False):
+    from mha_tui.config import Source
+    from mha_tui.pipeline import run_trace
+
+    return run_trace(Config("I love AI !", batch=("the cat",), causal=causal),
+                     Source(module=PADDED.format(cls)))
+
+
+def test_a_batch_is_padded_to_its_longest_row() -> None:
+    config = Config("I", batch=("the cat sat", "a dog"))
+    assert config.rows == (("I", "<pad>", "<pad>"), ("the", "cat", "sat"), ("a", "dog", "<pad>"))
+    assert config.padding == ((False, True, True), (False, False, False), (False, False, True))
+    pad = config.vocab.index("<pad>")
+    assert config.batch_ids[0][1:] == (pad, pad)
+    with pytest.raises(ConfigError, match="padding token"):
+        Config("I <pad>", batch=("a",))
+
+
+@pytest.mark.parametrize(("cls", "parameter", "given"), [
+    (ts.HFPaddedAttention, "attention_mask", [[1, 1, 1, 1], [1, 1, 0, 0]]),
+    (ts.KeyPaddingAttention, "key_padding_mask", [[False] * 4, [False, False, True, True]])])
+def test_the_padding_mask_goes_to_the_modules_own_parameter(cls, parameter: str, given) -> None:
+    from mha_tui.load.modules import forward_inputs
+
+    module = cls(4, 2)
+    padding = torch.tensor(Config("I love AI !", batch=("the cat",)).padding)
+    _, kwargs = forward_inputs(module, torch.zeros(2, 4, 4), causal=False, padding=padding)
+    assert kwargs[parameter].tolist() == given
+
+
+def test_a_mask_parameter_gets_the_padding_and_the_causal_mask_combined() -> None:
+    from mha_tui.config import Source
+    from mha_tui.examples.course import MultiHeadAttention  # forward(x, mask)
+    from mha_tui.load.modules import forward_inputs
+    from mha_tui.pipeline import run_trace
+
+    padding = torch.tensor(Config("I love AI !", batch=("the cat",)).padding)
+    _, kwargs = forward_inputs(MultiHeadAttention(4, 2), torch.zeros(2, 4, 4), causal=True,
+                               padding=padding)
+    mask = kwargs["mask"]
+    assert mask.shape == (2, 1, 4, 4)
+    assert mask[1, 0, 0].tolist() == [False, True, True, True]  # causal and padded keys
+    assert mask[0, 0, 3].tolist() == [False] * 4  # row 0: nothing padded, the last token sees all
+    trace = run_trace(Config("I love AI !", batch=("the cat",)), Source(model="course"))
+    assert "the 2 padded keys of row 1 (2, 3) are blocked for every query" in trace.stage("mask").explanation
+
+
+@pytest.mark.parametrize("cls", ["HFPaddedAttention", "KeyPaddingAttention"])
+def test_padding_in_each_convention_is_said_row_by_row(cls: str) -> None:
+    trace = _padded_trace(cls)
+    mask = trace.stage("mask")
+    assert "the 2 padded keys of row 1 (2, 3) are blocked for every query" in mask.explanation
+    assert any(c.label == "row 1: padded keys 2, 3 blocked for every query" and c.ok for c in mask.checks)
+    assert "Padded queries (row 1's queries 2, 3)" in trace.stage("softmax").explanation
+    # the weights of row 1 give the padded keys nothing, computed by the module
+    weights = trace.stage("softmax").tensors[-1].values
+    assert np.all(weights[1, :, :, 2:] == 0.0) and not np.all(weights[0, :, :, 2:] == 0.0)
+
+
+def test_padding_on_the_query_axis_is_said_as_such() -> None:
+    mask = _padded_trace("PaddingOnQueries").stage("mask")
+    assert "blocked as queries (whole rows), not as keys" in mask.explanation
+    assert any(c.label.startswith("row 1: padded keys") and c.ok is False for c in mask.checks)
+
+
+def test_an_inverted_padding_mask_is_said_as_such() -> None:
+    mask = _padded_trace("PaddingInverted").stage("mask")
+    assert "Row 0 has no padding, yet its keys 0, 1, 2, 3 are blocked for every query" in mask.explanation
+    assert "row 1's padded keys 2, 3 are NOT blocked" in mask.explanation
+
+
+def test_the_transcript_draws_every_batch_row_with_its_tokens() -> None:
+    result = run_cli("explain", "I love AI !", "--batch", "the cat", "--model", "course", "--dump", "-")
+    assert result.returncode == 0, result.stderr.decode()
+    text = result.stdout.decode()
+    assert "B=2 T=4" in text and "batch the cat" in text
+    assert "batch row 1  the cat <pad> <pad>" in text
+    assert "scores[1, 0]" in text
+
+
+def test_batch_refuses_a_module_without_a_padding_parameter(tmp_path) -> None:
+    result = run_cli("explain", "I love AI !", "--batch", "the cat", "--dump", str(tmp_path / "t.txt"))
+    assert result.returncode == 2
+    err = result.stderr.decode().strip()
+    assert "has no parameter for a padding mask" in err and "\n" not in err
+    assert not (tmp_path / "t.txt").exists()
+
+
+def _check_padded(cls: str, causal: bool = False):
+    from mha_tui.config import Source
+    from mha_tui.pipeline import check_source
+
+    return check_source(Config("I love AI !", batch=("the cat",), causal=causal),
+                        Source(module=PADDED.format(cls), init=(("embed_dim", 4),)))
+
+
+@pytest.mark.parametrize("cls", ["HFPaddedAttention", "KeyPaddingAttention"])
+def test_a_right_padding_mask_is_equivalent(cls: str) -> None:
+    verdict = _check_padded(cls)
+    assert verdict.equivalent, verdict.diagnosis
+    assert any(v.kind == "mask" and v.ok and "padded keys" in v.checked for v in verdict.stages)
+
+
+@pytest.mark.parametrize(("cls", "kind", "line"), [
+    ("PaddingOnQueries", "padding_on_queries", "key_padding_mask[:, None, :, None]"),
+    ("PaddingInverted", "padding_inverted", "attn_weights = attn_weights + extended")])
+def test_the_classic_padding_bugs_are_named_at_their_line(cls: str, kind: str, line: str) -> None:
+    verdict = _check_padded(cls)
+    assert not verdict.equivalent and verdict.diagnosis is not None
+    assert verdict.diagnosis.kind == kind
+    with open(verdict.diagnosis.file) as source:
+        assert line in source.read().splitlines()[verdict.diagnosis.line - 1]
+
+
+def test_check_batch_with_the_causal_mask_combined_from_the_command_line() -> None:
+    result = run_cli("check", "--model", "course", "--batch", "the cat")
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert "blocks the causal entries and each row's padded keys" in " ".join(result.stdout.decode().split())
+
+
+async def test_the_app_moves_between_batch_rows_with_r() -> None:
+    """r draws the next batch row: its own tokens and its own numbers (scores[1, h])."""
+    from mha_tui.app.explain import ExplainApp
+    from mha_tui.app.stage_view import StageView
+    from mha_tui.config import Source
+    from mha_tui.pipeline import run_trace
+
+    trace = run_trace(Config("I love AI !", batch=("the cat",)), Source(model="course"))
+    app = ExplainApp(trace.config, trace=trace, start="mask")
+    async with app.run_test(size=(120, 60)) as pilot:
+        await pilot.pause()
+        shown = app.query_one(StageView).plain
+        assert "scores[0, 0]" in shown and "scores[1, 0]" not in shown
+        await pilot.press("r")
+        await pilot.pause()
+        assert app.view.row == 1
+        shown = app.query_one(StageView).plain
+        assert "scores[1, 0]" in shown and "<pad>" in shown
+        await pilot.press("r")
+        assert app.view.row == 0
+
+
+async def test_the_row_key_is_hidden_without_a_batch() -> None:
+    from .test_app import make_app
+
+    app = make_app()
+    async with app.run_test(size=(100, 32)):
+        assert app.check_action("batch_row", (1,)) is False
+
+
+# ---------------------------------------------------------------- one decode step (Python API)
+
+
+def test_one_decode_step_against_a_cache_is_traced_and_drawn() -> None:
+    """Raschka's style (the cache kept in the module, use_cache, reset_cache): after a
+    prefill of 4 tokens, the 5th token's step is traced; its (1, 5) scores are drawn with the
+    new token on the row and the cache's positions on the columns, and its output equals row
+    4 of the full, uncached forward."""
+    from .fixtures.kv_cache import CachedMultiHeadAttention
+
+    torch.manual_seed(0)
+    module = CachedMultiHeadAttention(4, 4, 16, 2).eval()
+    x = torch.randn(1, 5, 4)
+    with torch.no_grad():
+        full = module(x)  # (1, 5, 4), no cache
+        module.reset_cache()
+        module(x[:, :4], use_cache=True)  # prefill
+    trace = mha_tui.trace(module, x[:, 4:], ["sat"], call=lambda m, inp: m(inp, use_cache=True))
+    assert not trace.failed, trace.raised
+    step = trace.recording.snapshot(trace.recording.output).values  # (1, 1, 4)
+    np.testing.assert_allclose(step[0, 0], full[0, 4].numpy(), atol=1e-6)
+    scores = trace.stage("scores")
+    assert scores.dims_out == ("B", "h", "T", "T_k") and scores.tensors[-1].values.shape == (1, 2, 1, 5)
+    assert "1 new query looks at 5 keys, 4 from the cache and 1 just made" in scores.explanation
+    per_token = 2 * module.d_out * torch.finfo(torch.float32).bits // 8  # K and V, d_out floats each
+    assert any(f"= {5 * per_token} bytes, {per_token} bytes per token" in c.label
+               for c in scores.checks)
+    matrix = tensor_matrices(trace.stage("softmax").tensors[-1], trace.config, RenderOptions())[0]
+    assert matrix.rows.labels == ["sat"] and matrix.cols.labels == [f"t{i}" for i in range(5)]
+    text_of(trace)  # every stage draws

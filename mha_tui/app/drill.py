@@ -62,7 +62,8 @@ class DrillDown:
         record = stage.tensors[-1]
         try:
             body: RenderableType = why_view(why(self.trace, stage.id,
-                                                tensor_index(record, *self.cursor)), self.view)
+                                                tensor_index(record, *self.cursor,
+                                                             batch=self.view.row or 0)), self.view)
         except WhyError as error:
             body = Text(str(error), style="yellow")
         self._why_panel(body)

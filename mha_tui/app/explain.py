@@ -195,7 +195,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         self.set_class(self._ascii, "-ascii")
         no_color = "NO_COLOR" in os.environ
         self.set_reactive(ExplainApp.view, RenderOptions(
-            ascii=self._ascii, color=not no_color))
+            ascii=self._ascii, color=not no_color, row=0))  # one batch row at a time (r moves)
         self._height = self.size.height
         self.set_reactive(ExplainApp.stage_index, self._start)
         stage_view = self.query_one(StageView)
@@ -328,8 +328,8 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         if self.cursor is not None and index == self.stage_index and stage.tensors:
             record = stage.tensors[-1]
             # The numbers first: the box folds while the panel explains a cell.
-            opts = replace(opts, explain=False,
-                           cursor=(record.name, tensor_index(record, *self.cursor)))
+            opts = replace(opts, explain=False, cursor=(
+                record.name, tensor_index(record, *self.cursor, batch=opts.row or 0)))
         key = (layer, index, opts)
         with self._cache.lock:
             lines = self._cache.get(key)

@@ -61,6 +61,9 @@ class Keys:
                 id="head.prev"),
         Binding("a", "all_heads", "All", show=False, tooltip="Show every head at full strength",
                 id="head.all"),
+        Binding("r", "batch_row(1)", "Row", tooltip="A padded batch (--batch): the next batch row",
+                id="batch.next"),
+        Binding("R", "batch_row(-1)", "Prev row", show=False, id="batch.prev"),
         Binding("v", "numbers", "Nums", tooltip="Numbers on/off over the colours",
                 id="view.numbers"),
         Binding("plus,equals_sign", "decimals(1)", "More decimals", key_display="+",
@@ -102,6 +105,7 @@ class Keys:
         (tuple(f"stage.jump{k}" for k in (*range(1, 10), 0)), "stage 1-9, 0 for stage 10"),
         (("head.next", "head.prev"), "focus the next / previous head (others dim)"),
         (("head.all",), "show every head at full strength"),
+        (("batch.next", "batch.prev"), "with --batch: the next / previous batch row"),
         (("view.numbers",), "numbers on/off over the colours"),
         (("view.more", "view.fewer"), "more / fewer decimals"),
         (("view.explain",), f"explanation on/off (folded where it would fill 1/{BOX_SHARE} "
@@ -166,6 +170,8 @@ class Keys:
             return True if self.config.num_heads > 1 else None
         if action == "all_heads":
             return None if self.view.focus is None else True
+        if action == "batch_row":
+            return True if len(self.config.rows) > 1 else False
         if action == "decimals":
             delta = int(parameters[0]) if parameters else 1  # type: ignore[call-overload]
             return None if not 0 <= self.view.decimals + delta <= MAX_DECIMALS else True
@@ -223,6 +229,11 @@ class Keys:
 
     def action_all_heads(self) -> None:
         self.view = replace(self.view, focus=None)
+
+    def action_batch_row(self, delta: int) -> None:
+        """A padded batch: draw the next (or previous) row of the batch."""
+        rows = len(self.config.rows)
+        self.view = replace(self.view, row=((self.view.row or 0) + delta) % rows)
 
     def action_numbers(self) -> None:
         self.view = replace(self.view, numbers=not self.view.numbers)

@@ -35,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from ..config import DEFAULT_MODEL, Config, Source, parse_init
+from ..records.request import Expect, Request
 from .find import Submission
 from .results import MAX_WRITE, Graded, Limits, unjudged
 from .sandbox import Box, SandboxError, open_box
@@ -318,15 +320,18 @@ def _visible(sub: Submission, limits: Limits, folder: Path) -> list[tuple[str, s
 
 
 def _request(sub: Submission, limits: Limits) -> dict[str, Any]:
-    return {
-        "module": None if sub.module is None else _absolute(sub.module), "model": sub.model,
-        "sentence": limits.sentence, "embed_dim": limits.embed_dim, "heads": limits.heads,
-        "seed": limits.seed, "causal": limits.causal, "max_seq_len": limits.max_seq_len,
-        "init": list(limits.init), "weights": None if limits.weights is None
-        else str(Path(limits.weights).resolve()), "memory": limits.memory,
-        "rotary": limits.rotary, "window": limits.window, "processes": limits.processes,
-        "alibi": limits.alibi, "rotary_base": limits.rotary_base, "max_write": MAX_WRITE,
-    }
+    """The Request `check` builds for one module (records/request.py), as JSON, with the
+    worker's limits beside it."""
+    config = Config(limits.sentence, embed_dim=limits.embed_dim, num_heads=limits.heads,
+                    seed=limits.seed, causal=limits.causal, max_seq_len=limits.max_seq_len)
+    source = Source(model=sub.model or DEFAULT_MODEL,
+                    module=None if sub.module is None else _absolute(sub.module),
+                    init=tuple(parse_init(text) for text in limits.init),
+                    weights=None if limits.weights is None else str(Path(limits.weights).resolve()))
+    expect = Expect(rotary=limits.rotary, window=limits.window, alibi=limits.alibi,
+                    rotary_base=limits.rotary_base)
+    return {**Request(config, source, expect).as_json(), "memory": limits.memory,
+            "processes": limits.processes, "max_write": MAX_WRITE}
 
 
 def _absolute(module: str) -> str:

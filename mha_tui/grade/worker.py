@@ -60,6 +60,13 @@ def preload() -> None:
         judge({"module": None, "model": DEFAULT_MODEL, "sentence": "I love AI !",
                "embed_dim": 4, "heads": 2, "seed": 0, "causal": True, "max_seq_len": 8,
                "init": [], "weights": None, "memory": 0})
+    BEFORE.update(fingerprint())
+    import gc
+
+    gc.collect()
+    # Every object so far is the server's, shared with each forked worker: kept out of the
+    # collector's reach, so that a worker's collections neither walk nor copy them.
+    gc.freeze()
 
 
 def _address_space() -> int | None:
@@ -116,28 +123,20 @@ def _learner_line(error: BaseException, file: str | None) -> int:
 def judge(request: dict[str, Any]) -> dict[str, Any]:
     """The verdict's JSON object for one submission; never raises (but for the learner's
     code ending the process)."""
-    from ..config import DEFAULT_MODEL, Config, Source, parse_init
+    from ..records.request import Request
     from .results import unjudged
 
     module, model = request["module"], request["model"]
     shown = module or model
     file = module.rpartition(":")[0] if module and ".py:" in module else None
     try:
-        config = Config(request["sentence"], embed_dim=request["embed_dim"],
-                        num_heads=request["heads"], seed=request["seed"],
-                        causal=request["causal"], max_seq_len=request["max_seq_len"])
-        source = Source(model=model or DEFAULT_MODEL, module=module,
-                        init=tuple(parse_init(text) for text in request["init"]),
-                        weights=request["weights"])
+        asked = Request.from_json(request)  # the same Request `check` builds for one module
         from ..judge.report import verdict_json
         from ..load.learner import LoadError
-        from ..pipeline import Expect, check_source
+        from ..pipeline import verdict as verdict_of
 
         try:
-            verdict = check_source(config, source, Expect(
-                rotary=bool(request.get("rotary")), window=request.get("window"),
-                alibi=bool(request.get("alibi")),
-                rotary_base=float(request.get("rotary_base", 10000.0))))
+            verdict = verdict_of(asked)
         except LoadError as error:
             return unjudged(shown, "load_error", str(error).removeprefix("--module "))
         return verdict_json(verdict)
@@ -215,13 +214,17 @@ class Audit:
                 self.note(f"tried to open {full}, which is not its own file")
 
 
+_WATCHED_TORCH = ("torch", "torch.functional", "torch.nn.functional", "torch.nn.modules.linear",
+                  "torch.nn.modules.module", "torch.nn.modules.activation")
+
+
 def fingerprint() -> dict[tuple[str, str], int]:
-    """Which object every name of torch's and mha-tui's modules (and torch.Tensor's methods)
-    is bound to now."""
+    """Which object every name of mha-tui's modules, of torch's namespaces a forward calls
+    (torch, torch.nn.functional, nn.Linear, nn.Module, the activations) and of torch.Tensor's
+    methods is bound to now. Taken once in the fork server: every worker starts from it."""
     seen: dict[tuple[str, str], int] = {}
     for name, module in list(sys.modules.items()):
-        if module is None or not (name == "torch" or name.startswith(("mha_tui", "torch.nn",
-                                                                       "torch.functional"))):
+        if module is None or not (name in _WATCHED_TORCH or name.startswith("mha_tui")):
             continue
         for attr, value in list(vars(module).items()):
             if callable(value) or isinstance(value, (int, float, str, tuple, frozenset)):
@@ -231,6 +234,9 @@ def fingerprint() -> dict[tuple[str, str], int]:
         for attr, value in list(vars(torch.Tensor).items()):
             seen[("torch.Tensor", attr)] = id(value)
     return seen
+
+
+BEFORE: dict[tuple[str, str], int] = {}  # the fork server's fingerprint, after preload
 
 
 def tampering(before: dict[tuple[str, str], int]) -> list[str]:
@@ -295,7 +301,7 @@ def run(job: dict[str, Any], log_fd: int, result_fd: int) -> None:
         audit = Audit(file, job.get("watched", []),
                       [scratch, "/tmp"] if job.get("sandbox") else [scratch])
         sys.addaudithook(audit)
-        before = fingerprint()
+        before = BEFORE or fingerprint()
         audit.active = True
         document = judge(request)
         audit.active = False

@@ -42,12 +42,36 @@ def stored_weight(g: Graph, ref: Ref) -> tuple[Ref, bool] | None:
     if ref.kind in ("param", "const", "buffer"):
         return (ref, False) if g.snap(ref).ndim == 2 else None
     op = g.producer(ref)
-    if op is None or op.name not in _TRANSPOSES or g.from_x[op.index] or len(op.inputs) != 1:
+    if op is None or g.from_x[op.index] or not op.inputs:
+        return None
+    if op.name in _MADE_FROM and g.snap(ref).ndim == 2 and _from_parameter(g, op.inputs[0]):
+        return ref, False  # Whisper's weight.to(x.dtype), open_clip's in_proj_weight.chunk(3)
+    if op.name not in _TRANSPOSES or len(op.inputs) != 1:
         return None
     inner = op.inputs[0]
-    if inner.kind not in ("param", "const", "buffer") or g.snap(inner).ndim != 2:
-        return None
-    return inner, True
+    if inner.kind in ("param", "const", "buffer"):
+        return (inner, True) if g.snap(inner).ndim == 2 else None
+    made = stored_weight(g, inner)
+    return (inner, True) if made is not None and made[0] == inner and not made[1] else None
+
+
+# A weight made from a parameter by ops that keep its numbers (a dtype cast, a cut of a
+# fused weight): still the layer's weight.
+_MADE_FROM = {"to", "type_as", "float", "half", "bfloat16", "contiguous", "detach", "clone",
+              "chunk", "split", "unbind", "getitem", "narrow"}
+
+
+def _from_parameter(g: Graph, ref: Ref, steps: int = 6) -> bool:
+    """ref is a parameter, or made from one by _MADE_FROM ops and transposes only."""
+    for _ in range(steps):
+        if ref.kind in ("param", "const", "buffer"):
+            return True
+        op = g.producer(ref)
+        if op is None or g.from_x[op.index] or op.name not in _MADE_FROM | _TRANSPOSES or \
+                not op.inputs:
+            return False
+        ref = op.inputs[0]
+    return False
 
 
 def weight_product(g: Graph, op: OpRecord) -> bool:
@@ -386,7 +410,50 @@ def linear_row(j: Judge, stage: Stage, kind: str) -> Row:
 def judge(j: Judge) -> list[Row]:
     """Each projection stage: Q, K, V are linear maps of x, each role from its own."""
     rows = [linear_row(j, s, "project") for s in j.trace.stages if s.kind == "project"]
-    return rows + own_projections(j)
+    return rows + own_projections(j) + two_sequences(j)
+
+
+_ROLE_WORDS = {"Q": "queries", "K": "keys", "V": "values"}
+
+
+def two_sequences(j: Judge) -> list[Row]:
+    """Cross-attention: Q made from the query sequence, K and V from the context. The
+    classic bug -- keys or values from the query sequence -- is wrong at the projection that
+    read the wrong input (with T_q != T_k the forward then fails further on; with T_q ==
+    T_k nothing else would tell)."""
+    query, context = j.g.query_names, j.g.key_names
+    if not context:
+        return []
+    stage = next((s for s in j.trace.stages if s.kind == "project"), None)
+    found: list[tuple[str, OpRecord]] = []
+    for role, entries in j.head_operands().items():
+        for _, ref, _consumer in entries:
+            _, _, product, _ = j.chain_to_projection(ref, through=True)
+            if product is not None:
+                found.append((role, product))
+    if j.g.rec.error is not None and {role for role, _ in found} == {"Q", "K"}:
+        # The forward failed before the values were used (T_q != T_k): the projection that
+        # is neither Q's nor K's is V's.
+        used = {op.index for _, op in found}
+        found += [("V", op) for op in j.g.ops if j.kind(op) == "project" and op.index not in used
+                  and linear_parts(j.g, op) is not None]
+    for role, product in found:
+        reads = j.g.reads[product.index]
+        want, other = (query, context) if role == "Q" else (context, query)
+        if reads & want or not reads & other:
+            continue
+        made = "the context" if role == "Q" else "the query sequence"
+        should = "the query sequence" if role == "Q" else "the context"
+        given = ", ".join(sorted(reads & other))
+        return [j.row(j.stage_of.get(product.index, stage), "project", False, None,
+                      "Q from the query sequence, K and V from the context",
+                      source=product.source,
+                      diagnosis=("wrong_sequence",
+                                 f"the {_ROLE_WORDS[role]} are made from {made} ({given}): "
+                                 f"cross-attention makes them from {should}"))]
+    return [j.row(stage, "project", True, None,
+                  f"Q from the query sequence ({', '.join(sorted(query))}), K and V from the "
+                  f"context ({', '.join(sorted(context))})")]
 
 
 def own_projections(j: Judge) -> list[Row]:

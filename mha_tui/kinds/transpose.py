@@ -138,8 +138,9 @@ def _wrong_call(m: StageMaker) -> str:
 def _wrong_view(m: StageMaker, q: Snapshot, name: str, differs: bool) -> TensorRecord:
     s = m.s
     B, T, C = m.batched(q.values).shape
-    token_of = np.repeat(np.arange(T), C).reshape(B, s.h, T, s.d_h)[..., 0]
-    head_of = np.tile(np.arange(C) // s.d_h, T).reshape(B, s.h, T, s.d_h)[..., 0]
+    # which token and head each row of one batch row's wrong view holds (every row alike)
+    token_of = np.repeat(np.arange(T), C).reshape(1, s.h, T, s.d_h)[..., 0]
+    head_of = np.tile(np.arange(C) // s.d_h, T).reshape(1, s.h, T, s.d_h)[..., 0]
     tokens = m.b.config.tokens
     counts = Counter(tokens)  # counted once: a count per row is O(T^2) at T 512
 

@@ -98,7 +98,7 @@ def judge(j: Judge) -> list[Row]:
                 if projected.shape[-1] != j.h * j.d_h or got.size != projected.size:
                     continue
                 judged = True
-                expected = (projected.reshape(j.B, j.T, j.h, j.d_h)
+                expected = (projected.reshape(j.B, -1, j.h, j.d_h)  # T, or K's and V's T_k
                             .transpose(0, 2, 1, 3) * factor)
                 got4 = got.reshape(expected.shape) if got.ndim != 4 else got
                 good, d = close(got4, expected)
@@ -160,7 +160,7 @@ def _head_count_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role
     if got.ndim != 4 or got.shape[1] in (j.h, 0) or got.shape[1] * got.shape[3] != j.C:
         return None
     h, d = got.shape[1], got.shape[3]
-    split = projected.reshape(j.B, j.T, h, d).transpose(0, 2, 1, 3)
+    split = projected.reshape(j.B, -1, h, d).transpose(0, 2, 1, 3)
     if split.shape != got.shape or not np.allclose(got, split, atol=ATOL, rtol=RTOL):
         return None
     name = {"Q": "queries", "K": "keys", "V": "values"}[role]

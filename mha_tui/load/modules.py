@@ -140,11 +140,13 @@ def load(config: Config, source: Source | None = None) -> Loaded:
             load_weights(module, source.weights)
         embedding.eval()
         module.eval()
-        ids = torch.tensor([config.ids])  # (B, T)
+        ids = torch.tensor(config.batch_ids)  # (B, T): row 0 the sentence, then --batch
         x = embedding(ids)  # (B, T, C)
         context_ids = torch.tensor([config.context_ids]) if config.context else None  # (B, T_k)
         context = embedding(context_ids) if context_ids is not None else None  # (B, T_k, C)
-    args, forward_kwargs = forward_inputs(module, x, causal=config.causal, context=context)
+    padding = torch.tensor(config.padding) if config.batch else None  # (B, T), True = padding
+    args, forward_kwargs = forward_inputs(module, x, causal=config.causal, context=context,
+                                          padding=padding)
     loaded = Loaded(module=module, embedding=embedding, ids=ids, x=x, args=args,
                     kwargs=forward_kwargs, label=label, file=class_file(cls),
                     construction=_call_text(cls, kwargs), weights=source.weights or "",
@@ -234,16 +236,23 @@ def causal_mask(T: int) -> torch.Tensor:
 
 
 def forward_inputs(module: nn.Module, x: torch.Tensor, *, causal: bool,
-                   context: torch.Tensor | None = None
+                   context: torch.Tensor | None = None, padding: torch.Tensor | None = None
                    ) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor | None]]:
     """What forward is called with, read from its signature (`load.signature.plan`): x, or
     x three times for (query, key, value); with a context (cross-attention) the keys and
     values from it. A parameter named mask or attn_mask gets the causal mask (None with
-    --no-causal, and across two sequences)."""
+    --no-causal, and across two sequences). padding: (B, T) True where a row is padded
+    (`--batch`), given as the module's padding parameter takes it."""
     call = plan(module.forward, f"{type(module).__name__}.forward", causal=causal,
-                context=context is not None)
+                context=context is not None, padding=padding is not None)
     mask = causal_mask(x.shape[1]) if causal and context is None else None
-    args, kwargs = call.build({"x": x, "context": context, "mask": mask})
+    inputs: dict[str, object] = {"x": x, "context": context, "mask": mask}
+    if padding is not None:
+        blocked = padding[:, None, None, :]  # (B, 1, 1, T): a padded key, for every query
+        inputs.update(keep=(~padding).long(),  # (B, T): 1 = a token, 0 = padding (Hugging Face)
+                      pad=padding,  # (B, T): True = padding (torch's key_padding_mask)
+                      **{"mask+pad": blocked | mask if mask is not None else blocked})  # (B, 1, T, T)
+    args, kwargs = call.build(inputs)
     return args, kwargs  # type: ignore[return-value]
 
 

@@ -26,7 +26,15 @@ QUERY_KEY_VALUE = (("query", "key", "value"), ("q", "k", "v"))
 CONTEXT_NAMES = ("context", "encoder_hidden_states", "key_value_states", "xa", "memory",
                  "encoder_output", "encoder_out", "enc_output", "cross_states", "kv_input")
 
-Role = str  # "x", "context", "mask" (the causal mask, or None)
+# The names public code gives a padding mask: Hugging Face's (1 = a token, 0 = padding) and
+# torch's (True = padding).
+PAD_KEEP_NAMES = ("attention_mask",)
+PAD_NAMES = ("key_padding_mask", "padding_mask", "src_key_padding_mask", "pad_mask")
+
+# "x", "context", "mask" (the causal mask, or None), "mask+pad" (the causal mask and the
+# padded keys, True where blocked, (B, 1, T, T)), "keep" ((B, T), 1 = a token, 0 = padding),
+# "pad" ((B, T), True = padding)
+Role = str
 
 
 class Refused(LoadError):
@@ -43,6 +51,8 @@ class Call:
     kwargs: tuple[tuple[str, Role], ...] = ()
     # The parameter the context goes to ("" in self-attention): named in the words.
     context_parameter: str = ""
+    # The parameter the padding mask goes to ("" without --batch).
+    padding_parameter: str = ""
 
     def build(self, inputs: dict[Role, object]) -> tuple[tuple[object, ...], dict[str, object]]:
         """The arguments themselves, from the tensor (or None) each role stands for."""
@@ -62,9 +72,13 @@ def _spelled(name: str, params: list[inspect.Parameter]) -> str:
     return f"{name}({', '.join(shown)})"
 
 
-def plan(forward: Callable[..., object], name: str, *, causal: bool, context: bool = False) -> Call:
+def plan(forward: Callable[..., object], name: str, *, causal: bool, context: bool = False,
+         padding: bool = False) -> Call:
     """How mha-tui calls `forward` (`name`: `Class.forward`, for the refusals): with x alone,
-    or with the context too. Raises Refused (one line) when it cannot be called so."""
+    or with the context too; with padding (a padded batch, `--batch`) the padding mask goes
+    to its parameter: `attention_mask` (1 = a token), `key_padding_mask` or `padding_mask`
+    (True = padding), or else a `mask` / `attn_mask` that then blocks the padded keys and,
+    when causal, the later tokens. Raises Refused (one line) when it cannot be called so."""
     params = _parameters(forward)
     if params is None:
         if context:
@@ -111,9 +125,21 @@ def plan(forward: Callable[..., object], name: str, *, causal: bool, context: bo
                 and p.name not in given:
             raise Refused(f"{safe(name)} needs {p.name!r}, which mha-tui cannot give; give it a "
                           "default")
+    pad = next((p for p in params if p.name in PAD_KEEP_NAMES + PAD_NAMES), None)
+    if padding and pad is not None:
+        kwargs.append((pad.name, "keep" if pad.name in PAD_KEEP_NAMES else "pad"))
+    combined = padding and pad is None
+    if combined and not any(p.name in MASK_NAMES for p in params):
+        raise Refused(f"{safe(_spelled(name, params))} has no parameter for a padding mask "
+                      "(attention_mask, key_padding_mask, padding_mask or mask): --batch pads "
+                      "the shorter rows, and their padded keys must be blocked")
     for p in params:
         # A causal mask is for one sequence attending to itself: none across two sequences
         # (the module may still apply its own, and the words then say so).
-        if p.name in MASK_NAMES and ((causal and not context) or p.default is p.empty):
+        if p.name in MASK_NAMES and combined:
+            kwargs.append((p.name, "mask+pad"))
+        elif p.name in MASK_NAMES and ((causal and not context) or p.default is p.empty):
             kwargs.append((p.name, "mask"))
-    return Call(args=args, kwargs=tuple(kwargs), context_parameter=context_parameter)
+    return Call(args=args, kwargs=tuple(kwargs), context_parameter=context_parameter,
+                padding_parameter=pad.name if padding and pad is not None else
+                next((n for n, r in kwargs if r == "mask+pad"), ""))

@@ -39,6 +39,22 @@ def reaching_output(rec: Recording) -> list[bool]:
     return reaches
 
 
+def two_sequences(rec: Recording) -> tuple[frozenset[str], frozenset[str]]:
+    """Cross-attention's two sequences among the forward's inputs: the names the queries'
+    tensor came in by (x; `query`), and those of a second 3-D float tensor (the context;
+    `key` and `value`). Empty sets in self-attention (x alone, or x given three times)."""
+    floats = [(name, snap) for name, snap in rec.inputs
+              if snap.ndim == 3 and snap.dtype.startswith("float")]
+    if not floats:
+        return frozenset(), frozenset()
+    x = floats[0][1]
+    other = next((snap for _, snap in floats if snap.storage != x.storage), None)
+    if other is None:
+        return frozenset(), frozenset()
+    return (frozenset(name for name, snap in floats if snap.storage == x.storage),
+            frozenset(name for name, snap in floats if snap.storage == other.storage))
+
+
 def read_only_by_python(rec: Recording) -> frozenset[int]:
     """The ops that only feed values to Python: `print(w.sum().item())`, `if mask.any():`.
     Each one's result was read by Python (`Recording.read`) or goes only to such ops, and
@@ -91,10 +107,9 @@ class Graph:
                 elif ref.kind == "op" and ref.op is not None:
                     names |= self.reads[ref.op]
             self.reads.append(frozenset(names))
-        # Cross-attention: the forward's input the queries come from, and those the keys and
-        # values come from (recognise.run sets them; empty in self-attention).
-        self.query_names: frozenset[str] = frozenset()
-        self.key_names: frozenset[str] = frozenset()
+        # Cross-attention: the forward's inputs the queries come from, and those the keys and
+        # values come from (empty in self-attention).
+        self.query_names, self.key_names = two_sequences(rec)
         self.for_python = read_only_by_python(rec)  # no stage: see read_only_by_python
         self.kind: dict[int, str] = {}
         self.head: dict[int, int] = {}
@@ -169,11 +184,13 @@ def scalar_operand(g: Graph, op: OpRecord) -> float | None:
     return None
 
 
-def masks_somewhere(g: Graph, ref: Ref) -> bool:
+def masks_somewhere(g: Graph, ref: Ref, sign: float = 1.0) -> bool:
     """The tensor, or the buffer it was sliced from, holds a mask value (a one-token slice of
-    a causal mask is a single 0, but it is still the mask)."""
+    a causal mask is a single 0, but it is still the mask); sign -1: its negative does (a
+    mask subtracted, `scores - 10000.0 * (1 - tril)`)."""
     for _ in range(8):
-        if very_negative(g.snap(ref).values):
+        values = g.snap(ref).values
+        if very_negative(-values if sign < 0 and values.dtype.kind == "f" else values):
             return True
         op = g.producer(ref)
         if op is None or not op.inputs:

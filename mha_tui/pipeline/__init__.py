@@ -1,5 +1,10 @@
 """One pipeline for every caller: load -> trace -> recognise -> judge.
 
+Every caller enters through one door: it builds a `Request` (records/request.py: which
+module, the sentence and sizes, the options) and hands it to `traced` (a Trace), `verdict`
+(a Verdict) or `comparison` (a Comparison); `load` builds a request's module alone (so that
+bad input is refused before the app opens), `checked` its trace-and-judge pair for the app.
+
 The CLI (`explain`, `check`), the app's loading worker, `--hf`, the NumPy path and the Python
 API (`mha_tui.trace`) all run through here, so each step happens in one place: the loader
 builds the module and its input (`load/`), the tracer records one forward
@@ -13,11 +18,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..records import ModuleInfo, Recorded, Trace
+from ..records.request import Expect, Request
 
 if TYPE_CHECKING:
     from ..config import Source
@@ -130,6 +136,54 @@ def _is_torch_module(module: Any) -> bool:
     return torch is not None and isinstance(module, torch.nn.Module)
 
 
+# ---------------------------------------------------------------- a Request's runs
+
+def _refuse_unwired(request: Request) -> None:
+    """Decode steps have their field but no run yet (#29); batch rows run (config.batch)."""
+    from ..config import ConfigError
+
+    if request.steps:
+        raise ConfigError("decode steps are not supported yet: one forward over the sentence")
+
+
+def load(request: Request) -> Loaded | LoadedNumpy:
+    """The request's module and its input; NumPy code (the blueprint, a NumPy --module
+    class) never imports torch. Raises LoadError (one line) for bad --module, --init,
+    --weights or --context."""
+    from ..load.numpy_modules import load as load_numpy
+
+    _refuse_unwired(request)
+    loaded = load_numpy(request.config, request.source)
+    if loaded is None:
+        from ..load.modules import load as load_torch
+
+        loaded = load_torch(request.config, request.source)
+    return loaded
+
+
+def traced(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
+    """load -> trace -> recognise: the Trace of the request's module on its sentence.
+    loaded: the request's module, already built by `load`."""
+    _refuse_unwired(request)
+    return run_trace(request.config, request.source, loaded=loaded)
+
+
+def verdict(request: Request) -> Verdict:
+    """load -> trace -> judge: `mha-tui check`'s verdict on the request's module, judged
+    against `request.expect`."""
+    _refuse_unwired(request)
+    return check_source(request.config, request.source, request.expect)
+
+
+def comparison(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> Comparison:
+    """`explain --against`: the request's module and `request.against` on the same x."""
+    _refuse_unwired(request)
+    if request.against is None:
+        raise ValueError("comparison() needs a request with `against`")
+    return compared(request.config, request.source, request.against,
+                    loaded=loaded)  # type: ignore[arg-type]
+
+
 # ---------------------------------------------------------------- the CLI's and the app's runs
 
 def run_trace(config: Config, source: Source | None = None, *,
@@ -170,31 +224,14 @@ def numpy_runner(loaded: LoadedNumpy) -> Callable[[Config], Trace]:
 
 # ---------------------------------------------------------------- the check
 
-@dataclass(frozen=True)
-class Expect:
-    """What the learner meant to build, when it is not plain multi-head attention:
-    `--expect rotary` (rotary positions, full, base `rotary_base`), `--expect alibi`
-    (ALiBi's fixed slopes), `--window N` (a causal sliding window of N tokens). The
-    reference grows the mechanism."""
-
-    rotary: bool = False
-    window: int | None = None
-    alibi: bool = False
-    rotary_base: float = 10000.0
-
-    def facts(self) -> dict[str, Any]:
-        return {"rotary": self.rotary, "window": self.window, "alibi": self.alibi,
-                "rotary_base": self.rotary_base}
-
-
-def checked(config: Config, source: Source, expect: Expect | None = None
-            ) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
-    """Build the module now (bad input fails here); return how to trace it and how to judge
-    a trace of it: load -> trace -> what needs running again (torch) -> judge. `expect`:
-    what the learner meant to build (--expect rotary, --window N)."""
+def checked(request: Request) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
+    """Build the request's module now (bad input fails here); return how to trace it and
+    how to judge a trace of it: load -> trace -> what needs running again (torch) -> judge,
+    against `request.expect` (--expect rotary, --window N)."""
     from ..load.numpy_modules import load as load_numpy
 
-    grown = expect or Expect()
+    _refuse_unwired(request)
+    config, source, grown = request.config, request.source, request.expect
     numpy_loaded = load_numpy(config, source)
     if numpy_loaded is not None:  # NumPy code: judged the same way, without torch
         return _checked_numpy(config, numpy_loaded, grown)
@@ -210,23 +247,46 @@ def checked(config: Config, source: Source, expect: Expect | None = None
 
     def checker(traced: Trace) -> Verdict:
         return judge_torch(traced, loaded.module, loaded.x, call, causal=config.causal,
-                           heads=config.num_heads, label=loaded.label, expect=grown)
+                           heads=config.num_heads, label=loaded.label, expect=grown,
+                           context=loaded.context,
+                           padding=config.padding if config.batch else None)
 
     return run, checker
 
 
 def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], object], *,
-                causal: bool, heads: int, label: str, expect: Expect | None = None) -> Verdict:
+                causal: bool, heads: int, label: str, expect: Expect | None = None,
+                context: Any = None, padding: Any = None) -> Verdict:
     """judge a torch module's trace: what needs running again (a second forward, the
     reference with its weights copied in), then the verdict. `mha-tui check` and the
-    notebook's `mha_tui.check` both come here."""
+    notebook's `mha_tui.check` both come here. context: cross-attention's second sequence
+    (the reference then takes its keys and values from it, with no causal mask). padding:
+    (B, T) True where a padded batch's row is padding (the reference blocks those keys)."""
+    from functools import partial
+
     from ..judge import Facts, judge
-    from ..tracing.rerun import parameter_shapes, reference_output, second_recording
+    from ..tracing.rerun import (
+        cross_reference_output,
+        parameter_shapes,
+        reference_output,
+        second_recording,
+    )
     from .threads import one_blas_thread
 
+    reference: Any = reference_output
+    named: dict[str, Any] = {}
+    if context is not None or padding is not None:
+        reference = partial(cross_reference_output,
+                            context=None if context is None else context.detach().numpy(),
+                            padding=padding)
+        named = {"reference_name": "the cross reference (queries from x, keys and values from "
+                                   "the context)" if context is not None else
+                                   "the reference with the padded keys blocked"}
+        causal = causal and context is None
     facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
-                  second=second_recording(module, x, call), reference=reference_output,
-                  training=module.training, **(expect or Expect()).facts())
+                  second=second_recording(module, x, call), reference=reference,
+                  training=module.training, padding=padding, **named,
+                  **(expect or Expect()).facts())
     with one_blas_thread():  # its float64 products beside torch's threads (threads.py)
         return judge(traced, facts, label)
 
@@ -267,7 +327,7 @@ def judge_numpy(trace: Trace, module: object, args: Sequence[object], kwargs: Ma
 
 def check_source(config: Config, source: Source, expect: Expect | None = None) -> Verdict:
     """Judge one module: what `mha-tui check` does for each it is given."""
-    run, checker = checked(config, source, expect)
+    run, checker = checked(Request(config, source, expect or Expect()))
     return checker(run(config))
 
 

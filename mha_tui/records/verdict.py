@@ -125,6 +125,9 @@ class Facts:
     rotary: bool = False
     alibi: bool = False  # `--expect alibi`: ALiBi's fixed slopes on the scores
     rotary_base: float = 10000.0  # `--rotary-base`: the base --expect rotary means
+    # A padded batch (`--batch`): (B, T), True where a row is padding; those keys must be
+    # blocked for every query of the row.
+    padding: tuple[tuple[bool, ...], ...] | None = None
 
 
 def failed_to_load(label: str, message: str) -> Verdict:

@@ -53,7 +53,8 @@ def _sizes(config: Config, batched: bool = True, asked: int | None = None) -> Te
     lengths = (f"T_q={config.seq_len} T_k={len(config.key_tokens)}" if config.cross
                else f"T={config.seq_len}")
     mask = "cross-attention" if config.cross else "causal" if config.causal else "no mask"
-    return Text(f"{'B=1 ' if batched else ''}{lengths} C={config.embed_dim} h={config.num_heads} "
+    B = len(config.rows)
+    return Text(f"{f'B={B} ' if batched else ''}{lengths} C={config.embed_dim} h={config.num_heads} "
                 f"d_h={config.head_dim}{own} seed={config.seed} {mask}", style="cyan", end="")
 
 
@@ -128,6 +129,9 @@ def _sentence_and_sizes(config: Config, opts: RenderOptions, width: int, batched
     sentence = Text("sentence ", style="dim", no_wrap=True, end="")
     sentence.append_text(label(config.sentence, max_cells=max(1, min(40, width - 9)),
                                ascii_only=opts.ascii))
+    for row in config.batch:  # a padded batch's other rows (--batch)
+        sentence.append("  batch ", style="dim")
+        sentence.append_text(label(row, max_cells=max(1, min(40, width - 9)), ascii_only=opts.ascii))
     if config.cross:  # the keys' and values' sentence (its tokens label the T_k axes)
         sentence.append("  context ", style="dim")
         sentence.append_text(label(config.context or " ".join(config.key_tokens),

@@ -30,3 +30,6 @@ class RenderOptions:
     # The app's drill-down: the tensor (by name) the cursor is on and its index there.
     cursor: tuple[str, tuple[int, ...]] | None = None
     explain: bool = True  # the app folds the explanation away on short terminals
+    # A padded batch (--batch): the batch row drawn (the app's key moves it); None draws
+    # every row one after the other (the transcripts).
+    row: int | None = None

@@ -39,13 +39,14 @@ def _channel_axis(n: int, d_h: int | None, prefix: str = "c") -> Axis:
 
 def _token_axis(config: Config, tags: Sequence[str] | None = None,
                 tag_heads: Sequence[int] | None = None, *, n: int | None = None,
-                keys: bool = False) -> Axis:
+                keys: bool = False, row: int = 0) -> Axis:
     """A T axis labelled by its tokens: the queries' (the sentence's), or with keys the
     keys' (the context's, in cross-attention). n: the axis's length; an axis whose length
     is not its tokens' count (one decode step's query) is labelled by position."""
     if tags is not None:  # rows that are not tokens (the wrong view): already unambiguous
         return Axis(list(tags), heads=tag_heads, literal=True)
-    tokens = list(config.key_tokens if keys else config.tokens)
+    tokens = list(config.key_tokens if keys else config.row_tokens(row) if config.batch
+                  else config.tokens)
     if n is not None and n != len(tokens):
         other = list(config.tokens if keys else config.key_tokens)
         tokens = other if n == len(other) else [f"t{i}" for i in range(n)]
@@ -53,18 +54,29 @@ def _token_axis(config: Config, tags: Sequence[str] | None = None,
 
 
 def _head_title(record: TensorRecord, head: int, opts: RenderOptions, batched: bool = True,
-                kv: bool = False) -> Text:
+                kv: bool = False, row: int = 0) -> Text:
     dim = opts.focus is not None and head != opts.focus
     # The index that selects this matrix from the tensor: batch 0, head `head` (a K/V head
     # of K or V before the heads are shared out).
     return Text.assemble((f"{'K/V ' if kv else ''}head {head}", head_style(head, dim)),
-                         (f"  {record.name}[0, {head}]" if batched else f"  {record.name}[{head}]",
+                         (f"  {record.name}[{row}, {head}]" if batched else f"  {record.name}[{head}]",
                           DIM_STYLE if dim else "dim"))
 
 
 # Dims of a tensor with no batch axis (NumPy's (T, C)): drawn as the batched layout's one
 # batch entry, labelled without the B.
 _UNBATCHED = {("T",), ("T", "C"), ("T", "h", "d_h"), ("h", "T", "d_h"), ("h", "T", "T")}
+
+
+def _batch_row(record: TensorRecord, opts: RenderOptions) -> int:
+    """The batch row drawn: the options' (the app's key), within the tensor's batch."""
+    batch = record.values.shape[0] if record.dims[:1] == ("B",) and record.values.ndim else 1
+    return min(opts.row or 0, batch - 1)
+
+
+def batch_rows(record: TensorRecord) -> int:
+    """How many batch rows the tensor has (1 without a batch axis)."""
+    return record.values.shape[0] if record.dims[:1] == ("B",) and record.values.ndim else 1
 
 
 def _heads_shown(h: int, opts: RenderOptions) -> list[int]:
@@ -229,8 +241,17 @@ def heads_in_columns(record: TensorRecord) -> bool:
     return _as_drawn(record).dims in (("B", "T", "C"), ("B", "T", "h", "d_h"))
 
 
-def tensor_index(record: TensorRecord, head: int, row: int, col: int) -> tuple[int, ...]:
-    """The tensor index drawn at (head's matrix, row, column): matrix_cell's inverse."""
+def tensor_index(record: TensorRecord, head: int, row: int, col: int, batch: int = 0
+                 ) -> tuple[int, ...]:
+    """The tensor index drawn at (head's matrix, row, column) of batch row `batch`:
+    matrix_cell's inverse."""
+    index = _tensor_index_in_row(record, head, row, col)
+    if batch and record.dims[:1] == ("B",) and index:  # a padded batch's row (the app's r)
+        index = (min(batch, record.values.shape[0] - 1), *index[1:])
+    return index
+
+
+def _tensor_index_in_row(record: TensorRecord, head: int, row: int, col: int) -> tuple[int, ...]:
     drawn = _as_drawn(record)
     shape, dims = drawn.values.shape, drawn.dims
     if dims in _HEADS:
@@ -294,20 +315,21 @@ def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
                      batched: bool = True, kv: bool = False,
                      keys: tuple[bool, ...] = ()) -> list[Matrix]:
     v, dims, d_h = record.values, record.dims, config.head_dim
+    row = _batch_row(record, opts)  # the batch row drawn (0 without --batch)
 
     def tokens(axis: int, tags: Sequence[str] | None = None,
                tag_heads: Sequence[int] | None = None) -> Axis:  # T axis `axis` of v
         return _token_axis(config, tags, tag_heads, n=v.shape[axis],
-                           keys=axis < len(keys) and keys[axis])
+                           keys=axis < len(keys) and keys[axis], row=row)
 
     split = d_h if record.head_split is not None else None
     if dims == ("B", "T"):
-        return [Matrix(v, record, Axis(["ids"]), tokens(1), None, opts)]
+        return [Matrix(v[row:row + 1], record, Axis(["ids"]), tokens(1), None, opts)]
     if dims == ("vocab", "C"):
         return [Matrix(v, record, Axis(list(config.vocab), literal=True), _channel_axis(v.shape[1], None),
                        None, opts)]
     if dims == ("B", "T", "C"):
-        return [Matrix(v[0], record, tokens(1), _channel_axis(v.shape[2], split),
+        return [Matrix(v[row], record, tokens(1), _channel_axis(v.shape[2], split),
                        None, opts)]
     if dims == ("C_out", "C_in"):
         rows = _channel_axis(v.shape[0], split if record.head_split == 0 else None, "out ")
@@ -325,12 +347,12 @@ def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
     if dims == ("T", "T"):
         return [Matrix(v, record, tokens(0), tokens(1), None, opts)]
     if dims == ("B", "T", "T"):  # head-averaged weights, a (1, T, T) mask: query x key
-        return [Matrix(v[0], record, tokens(1), tokens(2), None, opts)]
+        return [Matrix(v[row], record, tokens(1), tokens(2), None, opts)]
     if dims == ("B", "T", "h", "d_h"):
         # The tensor's own h and d_h (as matrix_cell reads them): a module whose head count
         # is not --heads (hard-coded, or --init num_heads=...) is drawn as it is.
         h, d_h = v.shape[2], v.shape[3]
-        flat = v[0].reshape(v.shape[1], h * d_h)  # memory order: head-major within a token
+        flat = v[row].reshape(v.shape[1], h * d_h)  # memory order: head-major within a token
         heads = [c // d_h for c in range(h * d_h)]
         cols = Axis([f"h{c // d_h}" for c in range(h * d_h)], heads=heads,
                     sub=[f"d{c % d_h}" for c in range(h * d_h)])
@@ -341,9 +363,14 @@ def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
             tags = record.row_tags[i] if record.row_tags is not None else None
             tag_heads = record.row_tag_heads[i] if record.row_tag_heads is not None else None
             cols = (tokens(3) if dims[-1] == "T" else Axis([f"d{j}" for j in range(v.shape[3])]))
-            matrices.append(Matrix(v[0, i], record, tokens(2, tags, tag_heads), cols,
-                                   _head_title(record, i, opts, batched, kv), opts, head=i))
+            matrices.append(Matrix(v[row, i], record, tokens(2, tags, tag_heads), cols,
+                                   _head_title(record, i, opts, batched, kv, row), opts, head=i))
         return matrices
+    if dims and dims[-1] == "T" and v.ndim >= 2 and v.shape[-1] == len(config.tokens) and \
+            v.shape[0] == 1 and all(d in ("B", "1") for d in dims[:-1]):
+        # a key padding mask (B, 1, 1, T) of one sentence: its columns are the keys' tokens
+        return [Matrix(v.reshape(1, -1), record, Axis(["every query"]), _token_axis(config),
+                       None, opts)]
     return _generic_matrices(record, opts)
 
 
@@ -400,11 +427,17 @@ class TensorView:
         yield Unbroken(tensor_meta(record))
         if record.caption:
             yield Unbroken(Text(record.caption, style="italic dim"))
-        matrices = tensor_matrices(record, self.config, opts)
-        if len(matrices) == 1:
-            yield matrices[0]
-        else:
-            yield Columns(matrices, padding=(0, 3))
+        rows = batch_rows(record) if opts.row is None else 1
+        for row in range(rows):  # a padded batch in a transcript: every row, one after another
+            if rows > 1:
+                yield Text.assemble((f"batch row {row}", "bold"), "  ",
+                                    (" ".join(self.config.row_tokens(row)), "dim"))
+            drawn = replace(opts, row=row) if rows > 1 else opts
+            matrices = tensor_matrices(record, self.config, drawn)
+            if len(matrices) == 1:
+                yield matrices[0]
+            else:
+                yield Columns(matrices, padding=(0, 3))
         dims = _canonical(record.dims)
         h = record.values.shape[1] if dims[:2] == ("B", "h") else \
             record.values.shape[0] if dims[:1] == ("h",) else 0

@@ -70,6 +70,37 @@ def reference_output(x: np.ndarray, weights: object, heads: int, causal: bool) -
         return module(data).double().numpy()
 
 
+def cross_reference_output(x: np.ndarray, weights: object, heads: int, causal: bool, *,
+                           context: np.ndarray | None = None,
+                           padding: np.ndarray | None = None) -> np.ndarray:
+    """Cross-attention's and a padded batch's reference: the `cross` tutorial module
+    (examples/cross.py), weights copied in by role, queries from x (B, T_q, C), keys and
+    values from the context (B, T_k, C) when given (no causal mask across two sequences),
+    else from x; padding (B, T_k), True = padding: those keys blocked for every query."""
+    from ..examples.cross import CrossAttention
+
+    data = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))  # (B, T_q, C)
+    other = torch.from_numpy(np.ascontiguousarray(context if context is not None else x,
+                                                   dtype=np.float32))  # (B, T_k, C)
+    C = data.shape[-1]
+    module = CrossAttention(C, heads)
+    module.W_q = _linear(*weights.q)  # type: ignore[attr-defined]
+    module.W_k = _linear(*weights.k)  # type: ignore[attr-defined]
+    module.W_v = _linear(*weights.v)  # type: ignore[attr-defined]
+    o = weights.o  # type: ignore[attr-defined]
+    module.W_o = _linear(*o) if o is not None else _linear(np.eye(C), None)
+    module.eval()
+    T_q, T_k = data.shape[1], (other if context is not None else data).shape[1]
+    blocked = torch.zeros(data.shape[0], 1, T_q, T_k, dtype=torch.bool)  # (B, 1, T_q, T_k)
+    if causal and context is None:
+        blocked = blocked | torch.triu(torch.ones(T_q, T_k, dtype=torch.bool), diagonal=1)
+    if padding is not None:
+        blocked = blocked | torch.from_numpy(np.asarray(padding, dtype=bool))[:, None, None, :]
+    with torch.no_grad():
+        return module(data, other if context is not None else None,
+                      mask=blocked if blocked.any() else None).double().numpy()
+
+
 def parameter_values(module: nn.Module) -> dict[str, np.ndarray]:
     """Every parameter by name, as NumPy (float64 copies)."""
     return {name: p.detach().double().numpy().copy() for name, p in module.named_parameters()}

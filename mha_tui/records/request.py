@@ -1,0 +1,97 @@
+"""What a caller asks mha-tui for: one frozen Request, the one door into `pipeline`.
+
+The CLI (`explain`, `check`), the grader's worker and `screenshots` build a Request and hand
+it to `pipeline` (`pipeline.traced`, `pipeline.verdict`, `pipeline.comparison`), which
+returns a Trace, a Verdict or a Comparison. An option is declared once (in the CLI) and
+reaches every command and the grader through a field here, never through a second
+parameter list. Plain frozen data; never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import DEFAULT_MODEL, Config, Source, parse_init
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What the learner meant to build, when it is not plain multi-head attention:
+    `--expect rotary` (rotary positions, full, base `rotary_base`), `--expect alibi`
+    (ALiBi's fixed slopes), `--window N` (a causal sliding window of N tokens). The
+    reference grows the mechanism."""
+
+    rotary: bool = False
+    window: int | None = None
+    alibi: bool = False
+    rotary_base: float = 10000.0
+
+    def facts(self) -> dict[str, Any]:
+        return {"rotary": self.rotary, "window": self.window, "alibi": self.alibi,
+                "rotary_base": self.rotary_base}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One run asked of mha-tui: which module, on what input, with which options.
+
+    Fields:
+
+    - `config`: the sentence (the queries' tokens), the sizes the module is built with (C =
+      `embed_dim`, h = `num_heads`; T = T_q is the sentence's length), `seed`, `causal`,
+      `max_seq_len`; and the context sentence for cross-attention (`config.context`: the
+      keys' and values' tokens, T_k = `len(config.key_tokens)`; "" for self-attention,
+      where T_q == T_k). Validated when built (`ConfigError`, one line).
+    - `source`: which module runs: a tutorial's (`--model`) or the learner's (`--module`,
+      with `--init` and `--weights`).
+    - `expect`: what the check judges against (`--expect`, `--window`, `--rotary-base`);
+      plain multi-head attention by default. Read by `pipeline.verdict` and
+      `pipeline.checked`.
+    - `against`: `explain --against`'s reference module, or None. Read by
+      `pipeline.comparison`.
+    - `rows` (a property): a padded batch's other sentences (`--batch`), one per batch row
+      after the first (B = 1 + len(rows)), padded with PAD to the longest. They live in
+      `config.batch`, since the vocabulary, the ids and T are made from every row.
+    - `steps`: room for a KV cache (#29): decode this many tokens one at a time after the
+      prompt. 0: one forward over the whole sentence; no caller sets it yet and the
+      pipeline refuses it until it is wired.
+    """
+
+    config: Config
+    source: Source = field(default_factory=Source)
+    expect: Expect = field(default_factory=Expect)
+    against: Source | None = None
+    steps: int = 0
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        """The batch's rows after the sentence's (`--batch`): `config.batch`."""
+        return self.config.batch
+
+    def as_json(self) -> dict[str, Any]:
+        """The request as plain JSON types (the grader hands it to its worker processes).
+        Only a request whose module is named (not --hf) travels this way."""
+        config, source = self.config, self.source
+        return {"sentence": config.sentence, "embed_dim": config.embed_dim,
+                "heads": config.num_heads, "seed": config.seed, "causal": config.causal,
+                "max_seq_len": config.max_seq_len, "context": config.context,
+                "model": source.model, "module": source.module,
+                "init": [f"{name}={value!r}" for name, value in source.init],
+                "weights": source.weights, **self.expect.facts(),
+                "rows": list(self.rows), "steps": self.steps}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Request:
+        """The request `as_json` wrote (extra keys, the grader's limits, are ignored)."""
+        config = Config(data["sentence"], embed_dim=data["embed_dim"], num_heads=data["heads"],
+                        seed=data["seed"], causal=data["causal"],
+                        max_seq_len=data["max_seq_len"], context=data.get("context", ""),
+                        batch=tuple(data.get("rows", ())))
+        source = Source(model=data.get("model") or DEFAULT_MODEL, module=data.get("module"),
+                        init=tuple(parse_init(text) for text in data.get("init", ())),
+                        weights=data.get("weights"))
+        expect = Expect(rotary=bool(data.get("rotary")), window=data.get("window"),
+                        alibi=bool(data.get("alibi")),
+                        rotary_base=float(data.get("rotary_base", 10000.0)))
+        return cls(config, source, expect, steps=int(data.get("steps", 0)))

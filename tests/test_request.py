@@ -1,0 +1,60 @@
+"""One Request for every entry point (records/request.py): the grader's worker gets the same
+Request `check` builds, through JSON; the fields kept for batch rows and decode steps are
+refused until they are wired, never ignored."""
+
+from __future__ import annotations
+
+import pytest
+
+from mha_tui import pipeline
+from mha_tui.config import Config, ConfigError, Source
+from mha_tui.records.request import Expect, Request
+
+
+def test_a_request_survives_the_trip_to_the_grader_worker() -> None:
+    """as_json -> from_json gives an equal Request: every option reaches the worker."""
+    request = Request(Config("the cat sat", embed_dim=8, num_heads=4, seed=3, causal=False,
+                             max_seq_len=16, context="le chat", batch=("a dog",)),
+                      Source(module="tests/fixtures/mechanisms/alibi.py:BloomAttention",
+                             init=(("bias", True), ("dropout", 0.25), ("name", "x"))),
+                      Expect(rotary=True, window=3, alibi=False, rotary_base=500.0))
+    again = Request.from_json(request.as_json())
+    assert vars(again.source) == vars(request.source)  # Source compares by identity
+    assert (again.config, again.expect, again.against, again.rows, again.steps) == \
+        (request.config, request.expect, request.against, request.rows, request.steps)
+    assert again.config.key_tokens == ("le", "chat")
+    assert again.rows == ("a dog",) and again.config.rows[1] == ("a", "dog", "<pad>")
+
+
+def test_the_worker_reads_the_graders_limits_beside_the_request() -> None:
+    """Extra keys (memory, processes) are the pool's, not the Request's."""
+    data = {**Request(Config("I love AI !")).as_json(), "memory": 1 << 20, "processes": 4}
+    again = Request.from_json(data)
+    assert again.config == Config("I love AI !") and again.source.is_default
+
+
+@pytest.mark.parametrize("field, value", [("steps", 2)])
+def test_decode_steps_are_refused_until_wired(field: str, value: object) -> None:
+    request = Request(Config("I love AI !"), **{field: value})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="not supported yet"):
+        pipeline.load(request)
+    with pytest.raises(ConfigError, match="not supported yet"):
+        pipeline.traced(request)
+
+
+def test_traced_is_run_trace_on_the_requests_module() -> None:
+    """The Request door and the config-and-source one give the same stages."""
+    config, source = Config("I love AI !", embed_dim=8, num_heads=2), Source(model="course")
+    through_request = pipeline.traced(Request(config, source))
+    direct = pipeline.run_trace(config, source)
+    assert [s.id for s in through_request.stages] == [s.id for s in direct.stages]
+    assert through_request.module == direct.module
+    assert through_request.module is not None and "course" in through_request.module.file
+
+
+def test_batch_rows_run_through_the_request() -> None:
+    """A padded batch's rows travel in the Request's config (`rows` reads config.batch)."""
+    request = Request(Config("I love AI !", batch=("the cat",)), Source(model="course"))
+    assert request.rows == ("the cat",)
+    trace = pipeline.traced(request)
+    assert trace.stage("scores").tensors[-1].values.shape[0] == 2
