@@ -28,3 +28,29 @@ def test_a_head_axis_w_o_is_never_said_to_be_missing() -> None:
                 if "attn_out = einops.einsum(" in text)
     assert "W_O (2, 4, 8)" in row["checked"] and row["ok"] is None, row
     assert row["line"] in (line, line + 1, line + 2), (row, line)
+
+
+TL = Path(__file__).parent / "fixtures" / "transformerlens_attn.py"
+
+
+def _check(target: str) -> dict:
+    result = CliRunner().invoke(app, ["check", target, "--format", "json", "-H", "2", "-C", "8"])
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("target", [f"{FIXTURE}:Attn", f"{TL}:TLAttention"])
+def test_head_axis_weights_are_found_by_role_and_judged_equivalent(target: str) -> None:
+    # W_Q (h, C, d_h) with b_Q (h, d_h) and W_O (h, d_h, C) with b_O, read by einsum: the
+    # reference gets them as (h*d_h, C) and (C, h*d_h) layers (TL's biases are not zero).
+    verdict = _check(target)
+    (row,) = [row for row in verdict["stages"] if row["kind"] == "end_to_end"]
+    assert row["ok"] is True and "head-axis weight" in row["checked"], row
+    assert verdict["equivalent"] is True, verdict
+
+
+def test_a_head_axis_module_without_its_scale_is_named() -> None:
+    verdict = _check(f"{TL}:NoScale")
+    assert verdict["equivalent"] is False
+    assert verdict["diagnosis"]["kind"] == "not_scaled", verdict["diagnosis"]
+    (row,) = [row for row in verdict["stages"] if row["kind"] == "end_to_end"]
+    assert row["ok"] is False, row
