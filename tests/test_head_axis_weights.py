@@ -1,7 +1,8 @@
 """ARENA / TransformerLens-style attention (issue 27, in part): a W_O of shape
 (h, d_h, C) read by einsum is the module's output projection; `check` never says the
-module lacks one. (Judging these weights by role, and naming the head-axis projections as
-stages, is still to come: the row says so.)"""
+module lacks one. The head-axis weights are found by role (as (h*d_h, C) and (C, h*d_h) layers) and judged
+end to end; the projections and W_O are project / w_o stages. (The separate bias adds,
+`+ self.b_Q`, are still shown as plain `op` stages.)"""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_a_head_axis_w_o_is_never_said_to_be_missing() -> None:
     (row,) = [row for row in verdict["stages"] if row["kind"] == "w_o"]
     line = next(i + 1 for i, text in enumerate(FIXTURE.read_text().splitlines())
                 if "attn_out = einops.einsum(" in text)
-    assert "W_O (2, 4, 8)" in row["checked"] and row["ok"] is None, row
+    assert "concat @ W_O" in row["checked"] and row["ok"] is True, row
     assert row["line"] in (line, line + 1, line + 2), (row, line)
 
 
@@ -54,3 +55,14 @@ def test_a_head_axis_module_without_its_scale_is_named() -> None:
     assert verdict["diagnosis"]["kind"] == "not_scaled", verdict["diagnosis"]
     (row,) = [row for row in verdict["stages"] if row["kind"] == "end_to_end"]
     assert row["ok"] is False, row
+
+
+def test_explain_names_the_head_axis_projections_and_w_o_as_stages() -> None:
+    result = CliRunner().invoke(app, ["explain", "I love AI", "--module", f"{TL}:TLAttention",
+                                      "-H", "2", "-C", "8", "--dump", "-", "--format", "json"])
+    stages = json.loads(result.stdout)["stages"]
+    kinds = [s["kind"] for s in stages]
+    assert kinds.count("project") == 1 and kinds.count("w_o") == 1, kinds
+    (project,) = [s for s in stages if s["kind"] == "project"]
+    weights = [t for t in project["tensors"] if t["name"] == "W_Q"]
+    assert weights and weights[0]["dims"] == ["C_out", "C_in"], project["tensors"]
