@@ -372,6 +372,8 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
         assert inside, process.stderr.read().decode() if process.poll() is not None else \
             "the workers did not reach the forward within 600 s"
         assert not _sigint_ignored(process.pid), "the grader ignores SIGINT"
+        for pid in workers:  # forked from the fork server (torch imported once), not new Pythons
+            assert b"mha_tui.grade.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
         process.send_signal(signal.SIGINT)
         try:
             _, err = process.communicate(timeout=300)  # far below the workers' 3600 s

@@ -55,7 +55,25 @@ def mask(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
             return "mask"
         return "mask" if any(very_negative(g.snap(r).values) for r in others
                              if g.snap(r).dtype != "bool") else None
+    if op.name in _WRITES:
+        return "mask" if _writes_blocks(g, op) else None
     return None
+
+
+# `scores[..., i, j] = -inf` (pbloem's mask_ with torch.triu_indices): an index_put
+_WRITES = {"setitem", "__setitem__", "index_put", "index_put_"}
+
+
+def _writes_blocks(g: Graph, op: OpRecord) -> bool:
+    """An indexed write into the scores whose every changed entry is now blocked."""
+    before = g.snap(g.x_inputs(op)[0]).values.astype(np.float64)
+    after = op.out.values.astype(np.float64)
+    if before.shape != after.shape:
+        return False
+    with np.errstate(invalid="ignore"):
+        changed = ~((before == after) | (np.isnan(before) & np.isnan(after)))
+        blocked = np.isneginf(after) | (after <= LARGE_NEGATIVE)
+    return bool(changed.any() and blocked[changed].all())
 
 
 RULES = (mask,)

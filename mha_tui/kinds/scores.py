@@ -54,7 +54,30 @@ def query_key_product(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
         return None
     if g.op_derives(op, {"softmax", "dropout"}) or g.op_derives(op, {"scores", "attend"}):
         return None
-    return "scores"
+    # only a forward that ran to its output says what follows: one that raised may stop
+    # before its softmax, and its product is still the scores
+    finished = g.rec.output is not None and g.rec.error is None
+    return "scores" if not finished or _normalised_later(g, op) else None
+
+
+_NORMALISERS = {"softmax", "_softmax", "softmax_", "log_softmax", "exp", "sigmoid"}
+
+
+def _normalised_later(g: Graph, op: OpRecord) -> bool:
+    """Scores are turned into weights downstream (a softmax, written out or not): linear
+    attention's φ(K)^T V, a product of two x-derived tensors that nothing normalises, is
+    not a score matrix."""
+    todo, seen = [op.index], set()
+    while todo:
+        i = todo.pop()
+        for c in g.consumers[i]:
+            if c in seen:
+                continue
+            seen.add(c)
+            if g.ops[c].name in _NORMALISERS:
+                return True
+            todo.append(c)
+    return False
 
 
 RULES = (query_key_product,)

@@ -278,7 +278,9 @@ class Recorder:
                 named = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
             for arg_name, value in named:
                 for i, t in enumerate(tensors_in(value)):
-                    label = arg_name if i == 0 else f"{arg_name}[{i}]"
+                    # a tuple argument's tensors by their index (`past_kv[0]`, as the
+                    # module's line reads it); a tensor argument by its name
+                    label = arg_name if isinstance(value, torch.Tensor) else f"{arg_name}[{i}]"
                     if id(t) in session.input_refs:  # the same x passed as query, key, value
                         continue
                     snap = snapshot(t)
