@@ -64,5 +64,5 @@ def test_explain_names_the_head_axis_projections_and_w_o_as_stages() -> None:
     kinds = [s["kind"] for s in stages]
     assert kinds.count("project") == 1 and kinds.count("w_o") == 1, kinds
     (project,) = [s for s in stages if s["kind"] == "project"]
-    weights = [t for t in project["tensors"] if t["name"] == "W_Q"]
-    assert weights and weights[0]["dims"] == ["C_out", "C_in"], project["tensors"]
+    weight = project["tensors"]["W_Q"]  # (h, C, d_h), shown as the (h*d_h, C) layer it is
+    assert weight["dims"] == ["C_out", "C_in"] and weight["shape"] == [8, 8], weight["dims"]
