@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from mha_tui.config import Config
-from mha_tui.dump import to_json, to_text, write_json, write_values
 from mha_tui.pipeline import run_trace
 from mha_tui.render.options import RenderOptions
+from mha_tui.write.dump import to_json, to_text, write_json, write_values
 
 from .conftest import ROOT, default_trace, run_cli
 
@@ -531,7 +531,7 @@ def test_a_forward_that_raises_then_mha_tui_fails_writes_nothing(tmp_path: Path,
                                                                 capsys) -> None:
     """mha-tui's own failure (here: out of memory while drawing) still writes nothing and
     leaves the destination as it was, whatever the module did."""
-    import mha_tui.dump
+    import mha_tui.write.dump
     from mha_tui import cli
 
     def exhausted(*args, **kwargs):
@@ -539,7 +539,7 @@ def test_a_forward_that_raises_then_mha_tui_fails_writes_nothing(tmp_path: Path,
 
     keep = tmp_path / "keep.txt"
     keep.write_text("my notes\n")
-    monkeypatch.setattr(mha_tui.dump, "to_text", exhausted)
+    monkeypatch.setattr(mha_tui.write.dump, "to_text", exhausted)
     monkeypatch.setattr(sys, "argv", ["mha-tui", "explain", "I love AI !", "--module", CRASH,
                                       "--dump", str(keep)])
     with pytest.raises(SystemExit) as stop:
