@@ -95,6 +95,13 @@ How these are reached:
   missing, a special token in the sentence, another transformers major version, an unknown
   model type), transformers decides after its import, as before. It records every layer
   only while they fit in memory (see `--hf`).
+- Grading a class (`grade/`) imports torch and mha-tui once, in a fork server that also
+  runs one whole check of a tutorial's module (torch's first ops, every lazy import) and then
+  freezes its objects out of the collector's reach; each submission is a fork of it, in a
+  bubblewrap sandbox of its own (about 0.07 s to build), two at a time on two cores. A class
+  of 20 correct submissions took 0.10 x the torch import per submission, sandbox included,
+  against 0.56 x when each was a new Python process importing torch (2026-11-28, same
+  machine and hour).
 
 What limits the rows that are hard to meet (profiles, 2026-11-23):
 - First values in the app and every transcript start with `import torch` (the floor) and

@@ -90,10 +90,11 @@ def document(view: ModelView) -> dict[str, Any]:
 
 def to_json(view: ModelView, opts: RenderOptions, width: int = 100,
             selected: tuple[int, int] | None = None) -> str:
-    text = orjson.dumps(document(view), option=orjson.OPT_INDENT_2).decode("utf-8") + "\n"
-    if opts.ascii:
-        text = text.encode("ascii", "backslashreplace").decode("ascii").replace("\\u", "\\u")
-    return text
+    if opts.ascii:  # every non-ASCII character as a \u escape: orjson writes UTF-8 only
+        import json
+
+        return json.dumps(document(view), indent=2, ensure_ascii=True) + "\n"
+    return orjson.dumps(document(view), option=orjson.OPT_INDENT_2).decode("utf-8") + "\n"
 
 
 WRITERS = {"text": to_text, "svg": to_svg, "html": to_html, "md": to_markdown, "json": to_json}

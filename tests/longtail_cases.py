@@ -71,22 +71,22 @@ CASES: dict[str, Case] = {
                    ("rotary",)),
     "Cohere q/k LayerNorm, --expect rotary": Case(
         "longtail/hf_installed.py:CohereQKNormSelfAttention", False, ("LayerNorm", "q"),
-        ("qk_norm", "rotary"), expect=rotary(500000.0)),
+        ("norm", "rotary"), expect=rotary(500000.0)),
     "Qwen3, --expect rotary": Case(
         "longtail/hf_installed.py:Qwen3SelfAttention", False, ("RMSNorm", "per head"),
-        ("qk_norm", "rotary"), expect=rotary(1000000.0)),
+        ("norm", "rotary"), expect=rotary(1000000.0)),
     "OLMo2, --expect rotary": Case(
         "longtail/hf_installed.py:Olmo2SelfAttention", False, ("RMSNorm",),
-        ("qk_norm", "rotary"), expect=rotary(500000.0)),
+        ("norm", "rotary"), expect=rotary(500000.0)),
     "nanochat F.rms_norm, --expect rotary": Case(
         "longtail/nanochat_attn.py:CausalSelfAttention", False, ("RMSNorm",),
-        ("qk_norm", "rotary"), expect=ROTARY),
+        ("norm", "rotary"), expect=ROTARY),
     "Llama 3 rope scaling, --expect rotary": Case(
-        "longtail/hf_installed.py:Llama3ScaledSelfAttention", True, ("rotary", "llama3"),
-        ("rotary",), expect=rotary(500000.0)),
+        "longtail/hf_installed.py:Llama3ScaledSelfAttention", True, ("rotary", "factor 8"),
+        ("rotary",), expect=rotary(500000.0), embed_dim=64),
     "YaRN, --expect rotary": Case(
-        "longtail/hf_installed.py:YarnSelfAttention", True, ("rotary", "yarn"), ("rotary",),
-        expect=rotary(1000000.0)),
+        "longtail/hf_installed.py:YarnSelfAttention", True, ("rotary", "factor 4", "YaRN"),
+        ("rotary",), expect=rotary(1000000.0), embed_dim=64),
     "open_clip cosine attention": Case(
         "longtail/open_clip_attn.py:Attention", False, ("cosine",), ("cosine",), causal=False),
     "open_clip scaled dot product": Case(
@@ -149,19 +149,20 @@ class Measured:
 
 def measure(name: str) -> Measured:
     from mha_tui.config import Config, Source
-    from mha_tui.pipeline import Expect, checked
+    from mha_tui.judge.outcome import outcome
+    from mha_tui.pipeline import checked
+    from mha_tui.records.request import Expect, Request
 
     case = CASES[name]
     config = Config("I love AI !", embed_dim=case.embed_dim, num_heads=case.heads,
                     causal=case.causal)
     source = Source(module=str(FIXTURES / case.ref), init=case.init)
-    run, judge = checked(config, source, Expect(**case.expect))
+    run, judge = checked(Request(config, source, Expect(**case.expect)))
     trace = run(config)
     kinds = tuple(stage.kind for stage in trace.stages)
     ops = tuple(stage.title for stage in trace.stages if stage.kind == "op")
     verdict = judge(trace)
-    no_reference = verdict.end_to_end is None or verdict.end_to_end.ok is None
-    equivalent = None if (not verdict.equivalent and no_reference) else verdict.equivalent
+    equivalent = {"equivalent": True, "NOT equivalent": False}.get(outcome(verdict))
     reason = verdict.reference if verdict.equivalent else (
         verdict.diagnosis.message if verdict.diagnosis else "")
     return Measured(name, not trace.failed, kinds, ops, equivalent, reason)

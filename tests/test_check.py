@@ -455,8 +455,13 @@ def test_a_mask_that_writes_0_is_said_to_write_0_not_minus_inf() -> None:
 
 
 def test_an_unplaced_op_is_named_as_torch_documents_it() -> None:
-    """Gemma 2's soft-capping `torch.tanh` line: `torch.tanh changed the values of the
-    scores`, not `torch._VariableFunctionsClass.tanh`."""
-    verdict = judged(f"{FIXTURES / 'mechanisms' / 'softcap.py'}:Gemma2Attention", C=16, h=4)
+    """A soft-capping written wrong (tanh(s / cap) * 2 cap: no rule places it): `torch.tanh
+    changed the values of the scores`, not `torch._VariableFunctionsClass.tanh`."""
+    verdict = judged(f"{FIXTURES / 'unsound' / 'softcap_wrong_gain.py'}:MultiHeadAttention", C=16,
+                     h=4)
     assert verdict.diagnosis is not None
-    assert verdict.diagnosis.message.startswith("torch.tanh changed the values of the scores")
+    line = verdict.diagnosis.line
+    # placed by its role in the dataflow first (issue 30), then what the op did
+    assert verdict.diagnosis.message.startswith(
+        f"a transform of the scores before softmax, line {line}: torch.tanh changed the values "
+        "of the scores"), verdict.diagnosis.message

@@ -7,6 +7,7 @@ and the first stage where the two part agrees with `check`'s verdict and first w
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -144,14 +145,16 @@ def rows_of(mine: list[tuple[str, float]], theirs: list[tuple[str, float]]) -> C
 
 
 def test_rows_follow_the_reference_and_part_for_good_only() -> None:
-    """Hand-built stages: paired by kind in the reference's order; a stage of the learner's
-    alone sits after its predecessor; a difference that agrees again later is no parting;
-    a step the learner left out, followed by a difference, is where they part."""
-    reordered = rows_of([("scores", 1), ("mask", 3), ("scale", 4), ("softmax", 5)],
-                        [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)])
-    assert [(r.kind, r.status) for r in reordered.rows] == [
-        ("scores", "agree"), ("scale", "differ"), ("mask", "agree"), ("softmax", "agree")]
-    assert reordered.parting is None
+    """Hand-built stages: paired by what they hold first, the others by kind in the
+    reference's order; a stage of the learner's alone sits after its predecessor; a
+    difference that agrees again later is no parting; a step the learner left out, followed
+    by a difference, is where they part."""
+    moved = rows_of([("scores", 1), ("mask", 3), ("scale", 4), ("softmax", 5)],
+                    [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)])
+    assert [(r.kind, r.status) for r in moved.rows] == [
+        ("scores", "agree"), ("scale", "reference"), ("mask", "agree"), ("scale", "mine"),
+        ("softmax", "agree")]
+    assert moved.parting is None
     left_out = rows_of([("scores", 1), ("op", 9), ("mask", 3), ("softmax", 6)],
                        [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)])
     assert [(r.kind, r.status) for r in left_out.rows] == [
@@ -163,6 +166,45 @@ def test_rows_follow_the_reference_and_part_for_good_only() -> None:
     assert missing.parted.kind == "scale" and missing.parted.mine is None
     raised = rows_of([("scores", 1), ("error", 0)], [("scores", 1), ("scale", 2)])
     assert raised.parted.kind == "error" and raised.parted.status == "mine"
+
+
+def test_the_same_steps_in_another_order_are_paired_by_what_they_hold() -> None:
+    """#27: Raschka masks, then scales; nanoGPT scales, then masks. Both reach the same
+    numbers at softmax's input (here 3): mask and scale are paired by kind and marked
+    `reordered`, not wrong, with the two orders in words; a softmax over the wrong axis
+    after them parts at softmax (before: at mask, paired by position within the kind)."""
+    scale_first = [("scores", 1), ("scale", 2), ("mask", 3), ("softmax", 5)]
+    mask_first = [("scores", 1), ("mask", 4), ("scale", 3), ("softmax", 5)]
+    c = rows_of(scale_first, mask_first)
+    assert [(r.kind, r.status) for r in c.rows] == [
+        ("scores", "agree"), ("mask", "reordered"), ("scale", "reordered"), ("softmax", "agree")]
+    assert c.parting is None
+    assert c.rows[1].order == ("yours scale, then mask; the reference mask, then scale: the "
+                               "same numbers after both (at softmax's input)")
+    wrong_axis = rows_of([*scale_first[:3], ("softmax", 6)], mask_first)
+    assert wrong_axis.parted.kind == "softmax" and wrong_axis.parted.status == "differ"
+    other_steps = rows_of([("scores", 1), ("op", 3), ("softmax", 5)], mask_first)
+    assert [r.status for r in other_steps.rows if r.kind in ("mask", "scale")] == [
+        "reference", "reference"]  # not the same steps: no order to speak of
+
+
+def test_mygpt_against_raschka_marks_nothing_wrong() -> None:
+    """The real modules: mygpt (scale, then mask) against raschka (mask, then scale) with
+    mygpt's weights copied in; the header says the order differs, and no row differs."""
+    from rich.console import Console
+
+    from mha_tui.render.compare import comparison_header
+    from mha_tui.render.options import RenderOptions
+
+    c = compared(Config("I love AI !"), Source(model="mygpt"), Source(model="raschka"))
+    statuses = {r.kind: r.status for r in c.rows}
+    assert statuses["mask"] == statuses["scale"] == "reordered"
+    assert "differ" not in statuses.values() and c.parting is None
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(comparison_header(c, RenderOptions()))
+    header = " ".join(console.export_text().split())
+    assert "a different but equivalent order: yours scale, then mask; the reference mask, then " \
+           "scale" in header
 
 
 # ---------------------------------------------------------------- weights by role

@@ -239,7 +239,8 @@ def test_one_module_whose_forward_raises_is_could_not_judge_exit_3() -> None:
 
 
 def test_the_grader_itself_never_imports_torch() -> None:
-    probe = ("import sys, mha_tui.grade.pool, mha_tui.grade.gradebook, mha_tui.judge.report\n"
+    probe = ("import sys, mha_tui.grade.pool, mha_tui.grade.session, mha_tui.grade.options\n"
+             "import mha_tui.grade.lms, mha_tui.grade.feedback, mha_tui.grade.summary\n"
              "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
@@ -371,6 +372,8 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
         assert inside, process.stderr.read().decode() if process.poll() is not None else \
             "the workers did not reach the forward within 600 s"
         assert not _sigint_ignored(process.pid), "the grader ignores SIGINT"
+        for pid in workers:  # forked from the fork server (torch imported once), not new Pythons
+            assert b"mha_tui.grade.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
         process.send_signal(signal.SIGINT)
         try:
             _, err = process.communicate(timeout=300)  # far below the workers' 3600 s

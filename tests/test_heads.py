@@ -299,3 +299,11 @@ def test_the_docs_ablation_table_is_what_the_model_gives_now() -> None:
 
 if __name__ == "__main__":  # python -m tests.test_heads: the table for docs/heads.md
     print(ablation_table())
+
+
+def test_ascii_json_escapes_every_other_character() -> None:
+    done = run_cli("heads", "café naïve café naïve", "--model", "induction", "--ascii",
+                   "--format", "json", "--dump", "-")
+    assert done.returncode == 0, done.stderr.decode()
+    done.stdout.decode("ascii")
+    assert json.loads(done.stdout)["tokens"][:2] == ["café", "naïve"]

@@ -487,7 +487,8 @@ async def test_gpt2_shapes_step_through_the_app(gpt2_shaped: Path) -> None:
         assert app.config.model.layer == 1 and app.view.focus == 0
         assert app.trace.stages[app.stage_index].kind == "softmax"
         shown = app.query_one(StageView).plain
-        assert "head 0" in shown and "head 1" not in shown  # the focused head alone
+        # the focused head's matrix alone (the checks name every head's scores: roles.py)
+        assert "\nhead 0  " in shown and "\nhead 1  " not in shown
 
 
 def test_why_explains_a_cell_of_the_layer_shown(tiny: hf.Loaded, tiny_dir: Path) -> None:

@@ -370,9 +370,53 @@ def test_a_config_object_parameter_gets_a_hint_that_works(signature: str) -> Non
     with pytest.raises(LoadError) as raised:
         constructor_arguments(namespace["Block"], CONFIG, {})
     assert str(raised.value) == (
-        f"Block() needs {name!r}, an object --init cannot give (it takes Python literals): run a "
-        f"subclass whose __init__(self, embed_dim, num_heads) builds the {name} and calls "
-        f"super().__init__({name})")
+        f"Block() needs {name!r}, an object: give it with --init '{name}={{\"key\": VALUE}}' if "
+        f"the class reads {name}[\"key\"] (a dict), or run a subclass whose __init__(self, "
+        f"embed_dim, num_heads) builds the {name} and calls super().__init__({name})")
+
+
+def test_a_cfg_dict_given_with_init_works_as_the_refusal_says() -> None:
+    """#27: the refusal said `--init` could not give `cfg` while `--init 'cfg={"d": 4}'`
+    works for a class that reads cfg["d"]."""
+    class Block(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.proj = nn.Linear(cfg["d"], cfg["d"])
+
+    assert constructor_arguments(Block, CONFIG, {"cfg": {"d": 8}}) == {"cfg": {"d": 8}}
+
+
+def test_hugging_face_names_are_filled() -> None:
+    """#27: a class written with Hugging Face's names gets the run's sizes; the K/V head
+    count and the attention dropout only where the class has no default of its own."""
+    class HfStyle(nn.Module):
+        def __init__(self, hidden_size, num_attention_heads, num_key_value_heads,
+                     attention_dropout):
+            super().__init__()
+
+    class WithDefaults(nn.Module):
+        def __init__(self, hidden_size, num_attention_heads, num_key_value_heads=1,
+                     attention_dropout=0.1):
+            super().__init__()
+
+    assert constructor_arguments(HfStyle, CONFIG, {}) == {
+        "hidden_size": CONFIG.embed_dim, "num_attention_heads": CONFIG.num_heads,
+        "num_key_value_heads": CONFIG.num_heads, "attention_dropout": 0.0}
+    assert constructor_arguments(WithDefaults, CONFIG, {}) == {
+        "hidden_size": CONFIG.embed_dim, "num_attention_heads": CONFIG.num_heads}
+
+
+def test_every_missing_argument_is_named_at_once() -> None:
+    """#27: a class missing two arguments was refused one per run."""
+    class Two(nn.Module):
+        def __init__(self, d_model, vocab_size, rank):
+            super().__init__()
+
+    with pytest.raises(LoadError) as raised:
+        constructor_arguments(Two, CONFIG, {})
+    assert str(raised.value) == ("Two() needs values for 'vocab_size' and 'rank', which mha-tui "
+                                 "cannot guess; give them with --init vocab_size=VALUE --init "
+                                 "rank=VALUE")
 
 
 def test_a_required_literal_parameter_still_asks_for_init() -> None:

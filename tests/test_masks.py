@@ -92,7 +92,7 @@ def test_softmax_counts_every_entry_the_mask_blocked(name: str, layer: int) -> N
 
 
 @pytest.mark.parametrize("padded,title", [
-    ([False, False, False, False, True, True], "Padding mask: padded keys are never looked at"),
+    ([False, False, False, False, True, True], "Padding: keys [PAD]·4, [PAD]·5 blocked for every query"),
     ([False] * 6, "Causal mask: no peeking ahead")])
 def test_torch_mha_names_the_mask_it_adds_inside_baddbmm_by_what_it_blocks(
         padded: list[bool], title: str) -> None:
@@ -116,4 +116,5 @@ def test_torch_mha_names_the_mask_it_adds_inside_baddbmm_by_what_it_blocks(
     blocked = stage.tensors[-1].values[0, 0] <= -1e4
     if any(padded):
         assert blocked[:, 4:].all() and not blocked[:, :4].any()
-        assert "Keys 4, 5 are padding" in stage.explanation and "diagonal" not in stage.explanation
+        assert "Keys [PAD]·4, [PAD]·5 are padding" in stage.explanation
+        assert "diagonal" not in stage.explanation

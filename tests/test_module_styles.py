@@ -200,16 +200,34 @@ def test_a_residual_module_is_not_called_plain_attention_by_check() -> None:
 # ---------------------------------------------------------------- what no rule knows
 
 
-def test_softcapping_no_rule_knows_shows_as_op_stages_titled_like_the_code() -> None:
-    """Gemma 2's `/ softcap, tanh, * softcap`: the one scale stays the scale stage (the
-    capping multiplies are not "the scale"), and each capping line is an op stage titled as
-    the line writes it (`attn_weights / softcap`, not `attn_weights.div(0.5)`)."""
+def test_softcapping_is_its_own_stage_between_the_scale_and_the_mask() -> None:
+    """Gemma 2's `/ softcap, tanh, * softcap`: one soft-capping stage (issue 30), the one
+    scale stays the scale stage (the capping's divide and multiply are not "the scale"),
+    and its numbers are cap · tanh(scores / cap) of the scaled scores, recomputed here."""
     trace, _ = _traced("softcap.py:Gemma2Attention")
     assert len(trace.stage("scale").ops) == 1
-    titles = [stage.title for stage in trace.stages if stage.kind == "op"]
-    assert titles == ["attn_weights / softcap", "torch.tanh(attn_weights)", "attn_weights * softcap"]
     kinds = _kinds(trace)
-    assert kinds.index("scale") < kinds.index("op") < kinds.index("mask") < kinds.index("softmax")
+    assert "op" not in kinds
+    assert kinds.index("scale") < kinds.index("softcap") < kinds.index("mask") < kinds.index("softmax")
+    stage = trace.stage("softcap")
+    assert [op.name for op in stage.ops if op.name in ("div", "tanh", "mul")] == ["div", "tanh", "mul"]
+    scaled = trace.stage("scale").tensors[-1].values.astype(np.float64)
+    capped = stage.tensors[-1].values.astype(np.float64)
+    assert np.allclose(capped, 0.5 * np.tanh(scaled / 0.5), atol=1e-6)
+    assert np.abs(capped).max() < 0.5
+    assert all(check.ok for check in stage.checks)
+
+
+def test_a_wrong_softcapping_stays_op_stages_titled_like_the_code() -> None:
+    """tanh(s / cap) * 2 cap: the factors do not undo each other, so no rule claims it; each
+    line is an op stage titled as the line writes it (`attn_weights / softcap`, not
+    `attn_weights.div(0.5)`)."""
+    source = Source(module=str(Path(__file__).parent / "fixtures" / "unsound" /
+                               "softcap_wrong_gain.py") + ":MultiHeadAttention")
+    trace = run_trace(_config(), source)
+    titles = [stage.title for stage in trace.stages if stage.kind == "op"]
+    assert titles == ["attn_weights / softcap", "torch.tanh(attn_weights)",
+                      "attn_weights * gain"]
 
 
 INTERNAL = ("aux's", "op's", "_VariableFunctionsClass", "TensorArg", "qkv_split's")

@@ -498,3 +498,16 @@ def test_a_boolean_result_is_drawn_as_ones_and_zeros_not_as_floats(tmp_path) -> 
     assert "bool: 1 is True, 0 is False" in table and "1.0000" not in table
     rows = [line.split()[1:] for line in table.splitlines()[5:9]]
     assert rows == [[str(int(v)) for v in row] for row in result.values[0]]
+
+
+def test_an_emoji_with_a_variation_selector_does_not_shift_the_columns() -> None:
+    """#27: `❤️` is U+2764 and VARIATION SELECTOR-16. Rich counted it 2 cells, tmux 3.3 draws
+    it in 1, and every column after it shifted in the app. Shown without the selector it is
+    1 cell for both; an emoji already 2 wide (👍) stays 2."""
+    from rich.cells import cell_len
+
+    from mha_tui.render.text import label, printable
+
+    assert printable("I ❤️ AI") == "I ❤ AI" and cell_len(label("❤️").plain) == 1
+    assert printable("👍\ufe0f") == "👍" and cell_len(printable("👍\ufe0f")) == 2
+    assert printable("\ufe0e") == "\ufe0e"  # the text-presentation selector is left alone

@@ -14,7 +14,7 @@ from mha_tui.records.request import Expect, Request
 def test_a_request_survives_the_trip_to_the_grader_worker() -> None:
     """as_json -> from_json gives an equal Request: every option reaches the worker."""
     request = Request(Config("the cat sat", embed_dim=8, num_heads=4, seed=3, causal=False,
-                             max_seq_len=16, context="le chat"),
+                             max_seq_len=16, context="le chat", batch=("a dog",)),
                       Source(module="tests/fixtures/mechanisms/alibi.py:BloomAttention",
                              init=(("bias", True), ("dropout", 0.25), ("name", "x"))),
                       Expect(rotary=True, window=3, alibi=False, rotary_base=500.0))
@@ -23,6 +23,7 @@ def test_a_request_survives_the_trip_to_the_grader_worker() -> None:
     assert (again.config, again.expect, again.against, again.rows, again.steps) == \
         (request.config, request.expect, request.against, request.rows, request.steps)
     assert again.config.key_tokens == ("le", "chat")
+    assert again.rows == ("a dog",) and again.config.rows[1] == ("a", "dog", "<pad>")
 
 
 def test_the_worker_reads_the_graders_limits_beside_the_request() -> None:
@@ -32,8 +33,8 @@ def test_the_worker_reads_the_graders_limits_beside_the_request() -> None:
     assert again.config == Config("I love AI !") and again.source.is_default
 
 
-@pytest.mark.parametrize("field, value", [("rows", ("a second row",)), ("steps", 2)])
-def test_batch_rows_and_decode_steps_are_refused_until_wired(field: str, value: object) -> None:
+@pytest.mark.parametrize("field, value", [("steps", 2)])
+def test_decode_steps_are_refused_until_wired(field: str, value: object) -> None:
     request = Request(Config("I love AI !"), **{field: value})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="not supported yet"):
         pipeline.load(request)
@@ -49,3 +50,11 @@ def test_traced_is_run_trace_on_the_requests_module() -> None:
     assert [s.id for s in through_request.stages] == [s.id for s in direct.stages]
     assert through_request.module == direct.module
     assert through_request.module is not None and "course" in through_request.module.file
+
+
+def test_batch_rows_run_through_the_request() -> None:
+    """A padded batch's rows travel in the Request's config (`rows` reads config.batch)."""
+    request = Request(Config("I love AI !", batch=("the cat",)), Source(model="course"))
+    assert request.rows == ("the cat",)
+    trace = pipeline.traced(request)
+    assert trace.stage("scores").tensors[-1].values.shape[0] == 2

@@ -246,3 +246,27 @@ def test_one_line_that_binds_three_projections_names_each_by_its_target(ref: str
     project = run(config).stage("project")
     names = [t.name for t in project.tensors if t.shape[-1] != 16 or t.name.startswith("x")]
     assert [n for n in names if n.startswith("x")] == ["xq", "xk", "xv"], names
+
+
+def test_a_cat_of_a_tuple_arguments_first_tensor_is_titled_as_written() -> None:
+    """#27: `torch.cat((past_kv[0], k), dim=1)` with past_kv a forward argument (a tuple of
+    the cached keys and values) was titled `torch.cat((past_kv, k), dim=1)`."""
+    import torch
+    from torch import nn
+
+    from mha_tui.notebook import trace_of
+
+    class Past(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.W_k = nn.Linear(4, 4)
+
+        def forward(self, x, past_kv):
+            k = self.W_k(x)  # (B, T, C)
+            k = torch.cat((past_kv[0], k), dim=1)  # (B, 2 + T, C)
+            return k * 2
+
+    cached = (torch.randn(1, 2, 4), torch.randn(1, 2, 4))
+    traced = trace_of(Past(), torch.randn(1, 3, 4), call=lambda m, x: m(x, cached))
+    assert "torch.cat((past_kv[0], k), dim=1)" in [stage.title for stage in traced.stages]
+    assert [name for name, _ in traced.recording.inputs] == ["x", "past_kv[0]", "past_kv[1]"]

@@ -166,6 +166,7 @@ def test_explain_context_from_the_command_line(tmp_path) -> None:
     assert "T_q=4 T_k=6" in text and "context le chat est sur le tapis" in text
     assert "tapis" in text.split("Raw attention scores", 1)[1]
     assert "each of the 4 query tokens looks at the 6 context tokens" in text
+    assert "✓ context[0, t] is row context_ids[t] of the embedding table for all 6 context tokens" in text
     out = tmp_path / "t.json"
     result = run_cli("explain", "I love AI !", "--context", "le chat est sur le tapis", "--dump", str(out))
     assert result.returncode == 0, result.stderr.decode()
@@ -383,3 +384,35 @@ async def test_the_row_key_is_hidden_without_a_batch() -> None:
     app = make_app()
     async with app.run_test(size=(100, 32)):
         assert app.check_action("batch_row", (1,)) is False
+
+
+# ---------------------------------------------------------------- one decode step (Python API)
+
+
+def test_one_decode_step_against_a_cache_is_traced_and_drawn() -> None:
+    """Raschka's style (the cache kept in the module, use_cache, reset_cache): after a
+    prefill of 4 tokens, the 5th token's step is traced; its (1, 5) scores are drawn with the
+    new token on the row and the cache's positions on the columns, and its output equals row
+    4 of the full, uncached forward."""
+    from .fixtures.kv_cache import CachedMultiHeadAttention
+
+    torch.manual_seed(0)
+    module = CachedMultiHeadAttention(4, 4, 16, 2).eval()
+    x = torch.randn(1, 5, 4)
+    with torch.no_grad():
+        full = module(x)  # (1, 5, 4), no cache
+        module.reset_cache()
+        module(x[:, :4], use_cache=True)  # prefill
+    trace = mha_tui.trace(module, x[:, 4:], ["sat"], call=lambda m, inp: m(inp, use_cache=True))
+    assert not trace.failed, trace.raised
+    step = trace.recording.snapshot(trace.recording.output).values  # (1, 1, 4)
+    np.testing.assert_allclose(step[0, 0], full[0, 4].numpy(), atol=1e-6)
+    scores = trace.stage("scores")
+    assert scores.dims_out == ("B", "h", "T", "T_k") and scores.tensors[-1].values.shape == (1, 2, 1, 5)
+    assert "1 new query looks at 5 keys, 4 from the cache and 1 just made" in scores.explanation
+    per_token = 2 * module.d_out * torch.finfo(torch.float32).bits // 8  # K and V, d_out floats each
+    assert any(f"= {5 * per_token} bytes, {per_token} bytes per token" in c.label
+               for c in scores.checks)
+    matrix = tensor_matrices(trace.stage("softmax").tensors[-1], trace.config, RenderOptions())[0]
+    assert matrix.rows.labels == ["sat"] and matrix.cols.labels == [f"t{i}" for i in range(5)]
+    text_of(trace)  # every stage draws

@@ -296,14 +296,15 @@ def traced(spec: str, sentence: str = "I love AI !") -> Trace:
         return run_trace(Config(sentence), Source(module=spec))
 
 
-def test_softcaps_op_stages_are_div_tanh_mul_of_the_scaled_scores() -> None:
-    trace = traced(f"{FIXTURES / 'mechanisms' / 'softcap.py'}:Gemma2Attention")
+def test_a_wrong_softcaps_op_stages_are_div_tanh_mul_of_the_scaled_scores() -> None:
+    """tanh(s / cap) * 2 cap is not soft-capping: three op stages, each cell recomputed."""
+    trace = traced(f"{FIXTURES / 'unsound' / 'softcap_wrong_gain.py'}:MultiHeadAttention")
     ops = [s for s in trace.stages if s.kind == "op"]
     assert [s.ops[-1].name for s in ops] == ["div", "tanh", "mul"]
     scaled = trace.stage("scale").tensors[-1].values.astype(np.float64)
     cap = float(ops[0].ops[-1].args[1])
     want = {ops[0].id: scaled / cap, ops[1].id: np.tanh(scaled / cap),
-            ops[2].id: np.tanh(scaled / cap) * cap}
+            ops[2].id: np.tanh(scaled / cap) * 2 * cap}
     for stage in ops:
         for cell in every_cell(trace, stage.id):
             assert cell.computed == pytest.approx(want[stage.id][cell.index], rel=1e-6, abs=1e-7)
@@ -448,7 +449,7 @@ def test_numpy_op_names_are_read_like_torchs() -> None:
 
 
 SOFTCAP = ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
-           "tests/fixtures/mechanisms/softcap.py:Gemma2Attention")
+           "tests/fixtures/unsound/softcap_wrong_gain.py:MultiHeadAttention")
 FNET = ("the cat sat on the mat", "-C", "16", "-H", "4", "--module",
         "tests/fixtures/mechanisms/fnet_fourier.py:FNetBasicFourierTransform")
 
@@ -470,7 +471,7 @@ async def test_enter_on_an_op_stage_shows_its_why_panel() -> None:
 
     from .test_app import text_of
 
-    trace = traced(f"{FIXTURES / 'mechanisms' / 'softcap.py'}:Gemma2Attention")
+    trace = traced(f"{FIXTURES / 'unsound' / 'softcap_wrong_gain.py'}:MultiHeadAttention")
     app = ExplainApp(trace.config, trace=trace, start="op-2")
     async with app.run_test(size=(100, 32)) as pilot:
         await pilot.press("enter", "down", "down", "right", "tab")

@@ -82,17 +82,13 @@ class Score:
 
 
 def known_stages() -> set[str]:
-    """Every stage kind a verdict can name (the recogniser's kinds) and END_TO_END."""
-    import importlib
+    """Every stage kind a verdict can name (the registry's kinds, and the kinds a row carries
+    when a kind's judge fails) and END_TO_END."""
+    from ..kinds.registry import KINDS
 
     names = {END_TO_END, "op"}
-    for where in ("mha_tui.kinds.registry", "mha_tui.recognise.registry"):
-        try:
-            registry = importlib.import_module(where)
-        except ImportError:
-            continue
-        names |= {kind.__name__.rpartition(".")[2] for kind in registry.KINDS}
-        break
+    for kind in KINDS:
+        names |= {kind.kind, kind.judged_as[0]}
     return names
 
 

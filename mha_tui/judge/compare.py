@@ -1,10 +1,14 @@
 """Two traces side by side: the learner's module and a reference, stage by stage.
 
 `explain --against` runs both on the same x with the learner's weights copied into the
-reference by role (`roles.copy_by_role`), then pairs their stages by kind (the n-th
-`scores` of one with the n-th `scores` of the other), never by position: a module that
-masks before it scales is compared mask with mask. A stage only one side has (a scale the
-learner left out, an unrecognised op) stays in the list as that side's alone.
+reference by role (`roles.copy_by_role`), then pairs their stages by what their tensors hold,
+never by position or title: stages whose results are the same numbers are paired first (in
+order: the longest such chain), and between two such anchors the stages are paired by kind
+(the n-th `scores` of one with the n-th `scores` of the other). Where both sides take the
+same steps in another order and reach the same numbers after them (Raschka masks, then
+scales; nanoGPT scales, then masks), the steps are paired by kind and marked `reordered`,
+not wrong: a different but equivalent order. A stage only one side has (a scale the learner
+left out, an unrecognised op) stays in the list as that side's alone.
 
 In each pair the stage's results (its last tensor and every other of the same shape: Q, K
 and V at `project`) are paired by role -- the same multiset of numbers when the layout
@@ -31,7 +35,7 @@ import numpy as np
 from ..ops.numeric import ATOL, LARGE_NEGATIVE, RTOL, f64
 from ..records import Stage, TensorRecord, Trace
 
-Status = Literal["agree", "differ", "mine", "reference", "not compared"]
+Status = Literal["agree", "differ", "mine", "reference", "not compared", "reordered"]
 PARAMETER_DIMS = {("C_out", "C_in"), ("C_in", "C_out"), ("C",), ("vocab", "C")}
 TOLERANCE = f"{ATOL:g} + {RTOL:g} x the largest |reference value| that is not a mask value"
 """A cell differs when |yours - reference's| exceeds this (check's tolerance)."""
@@ -86,6 +90,8 @@ class StagePair:
     mine: Stage | None
     theirs: Stage | None
     tensors: tuple[TensorPair, ...] = ()
+    # A step both take in another order (pair_stages): the two orders, in words.
+    order: str = ""
 
     @property
     def status(self) -> Status:
@@ -93,6 +99,8 @@ class StagePair:
             return "mine"
         if self.mine is None:
             return "reference"
+        if self.order:
+            return "reordered"
         judged = [t.agree for t in self.tensors if t.agree is not None]
         if not judged:
             return "not compared"
@@ -235,25 +243,28 @@ def pair_results(mine: Stage, theirs: Stage) -> tuple[TensorPair, ...]:
 UNPAIRED = {"op", "error"}  # an op no rule placed, a raised forward: never paired by kind
 
 
-def pair_stages(mine: Trace, theirs: Trace) -> list[StagePair]:
-    """Rows in the reference's order; the n-th stage of a kind on one side with the n-th
-    of that kind on the other; the learner's other stages after their predecessor."""
+def _by_kind(mine: Trace, theirs: Trace, ours: list[int], refs: list[int]
+             ) -> list[tuple[int | None, int | None]]:
+    """Rows for stages no content pairs: in the reference's order, the n-th stage of a kind
+    among `ours` with the n-th of that kind among `refs`; the learner's other stages after
+    their predecessor."""
     seen: dict[str, int] = {}
     mine_of: dict[tuple[str, int], int] = {}
-    for i, stage in enumerate(mine.stages):
-        n = seen.get(stage.kind, 0)
-        seen[stage.kind] = n + 1
-        if stage.kind not in UNPAIRED:
-            mine_of[(stage.kind, n)] = i
+    for i in ours:
+        kind = mine.stages[i].kind
+        n = seen.get(kind, 0)
+        seen[kind] = n + 1
+        if kind not in UNPAIRED:
+            mine_of[(kind, n)] = i
     rows: list[tuple[int | None, int | None]] = []  # (mine index, theirs index)
     seen = {}
-    for j, stage in enumerate(theirs.stages):
-        n = seen.get(stage.kind, 0)
-        seen[stage.kind] = n + 1
-        rows.append((mine_of.pop((stage.kind, n), None) if stage.kind not in UNPAIRED
-                     else None, j))
+    for j in refs:
+        kind = theirs.stages[j].kind
+        n = seen.get(kind, 0)
+        seen[kind] = n + 1
+        rows.append((mine_of.pop((kind, n), None) if kind not in UNPAIRED else None, j))
     paired = {i for i, _ in rows if i is not None}
-    for i in range(len(mine.stages)):
+    for i in ours:
         if i in paired:
             continue
         # after the row of the learner's nearest earlier stage already placed
@@ -263,13 +274,80 @@ def pair_stages(mine: Trace, theirs: Trace) -> list[StagePair]:
                 place = k + 1
         rows.insert(place, (i, None))
         paired.add(i)
+    return rows
+
+
+def _anchors(mine: Trace, theirs: Trace) -> list[tuple[int, int]]:
+    """The longest chain, in both orders, of stage pairs whose results are the same numbers
+    (same kinds preferred among chains as long)."""
+    n, m = len(mine.stages), len(theirs.stages)
+    agree = [[a.kind not in UNPAIRED and b.kind not in UNPAIRED and
+              StagePair(a.kind, a, b, pair_results(a, b)).status == "agree"
+              for b in theirs.stages] for a in mine.stages]
+    best = [[0] * (m + 1) for _ in range(n + 1)]  # best[i][j]: over mine[i:], theirs[j:]
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            best[i][j] = max(best[i + 1][j], best[i][j + 1])
+            if agree[i][j]:
+                same = mine.stages[i].kind == theirs.stages[j].kind
+                best[i][j] = max(best[i][j], best[i + 1][j + 1] + 1000 + same)
+    chain, i, j = [], 0, 0
+    while i < n and j < m:
+        if agree[i][j] and best[i][j] == best[i + 1][j + 1] + 1000 + (
+                mine.stages[i].kind == theirs.stages[j].kind):
+            chain.append((i, j))
+            i, j = i + 1, j + 1
+        elif best[i][j] == best[i + 1][j]:
+            i += 1
+        else:
+            j += 1
+    return chain
+
+
+def _order_words(mine: Trace, theirs: Trace, ours: list[int], refs: list[int],
+                 after: Stage | None) -> str:
+    """`yours: scale, then mask; the reference: mask, then scale; the same numbers after
+    both`: a different but equivalent order."""
+    def steps(trace: Trace, indices: list[int]) -> str:
+        return ", then ".join(trace.stages[i].kind for i in indices)
+
+    where = f" (at {after.kind}'s input)" if after is not None else ""
+    return (f"yours {steps(mine, ours)}; the reference {steps(theirs, refs)}: the same numbers "
+            f"after both{where}")
+
+
+def pair_stages(mine: Trace, theirs: Trace) -> list[StagePair]:
+    """Rows in the reference's order: stages paired by what they hold (_anchors), those
+    between by kind (_by_kind); the same steps in another order marked `reordered`."""
+    def kinds_of(trace: Trace, indices: list[int]) -> list[str]:
+        return sorted(trace.stages[k].kind for k in indices)
+
+    anchors = _anchors(mine, theirs)
+    rows: list[tuple[int | None, int | None, str]] = []
+    last_i = last_j = -1
+    for i, j in [*anchors, (len(mine.stages), len(theirs.stages))]:
+        ours, refs = list(range(last_i + 1, i)), list(range(last_j + 1, j))
+        last_i, last_j = i, j
+        end = i == len(mine.stages)
+        if not end and mine.stages[i].kind != theirs.stages[j].kind:
+            # the same numbers reached by other steps: the same steps in another order?
+            block_m, block_t = [*ours, i], [*refs, j]
+            if kinds_of(mine, block_m) == kinds_of(theirs, block_t) and len(block_m) > 1:
+                after = theirs.stages[j + 1] if j + 1 < len(theirs.stages) else None
+                words = _order_words(mine, theirs, block_m, block_t, after)
+                rows += [(a, b, words if a is not None and b is not None else "")
+                         for a, b in _by_kind(mine, theirs, block_m, block_t)]
+                continue
+        rows += [(a, b, "") for a, b in _by_kind(mine, theirs, ours, refs)]
+        if not end:
+            rows.append((i, j, ""))
     out = []
-    for i, j in rows:
+    for i, j, order in rows:
         a = mine.stages[i] if i is not None else None
         b = theirs.stages[j] if j is not None else None
         kind = (a or b).kind  # type: ignore[union-attr]
         out.append(StagePair(kind, a, b, pair_results(a, b) if a is not None and b is not None
-                             else ()))
+                             else (), order))
     return out
 
 
@@ -281,10 +359,10 @@ def parting(rows: list[StagePair]) -> int | None:
             return k
     last_agree = -1
     for k, status in enumerate(statuses):
-        if status == "agree":
+        if status in ("agree", "reordered"):  # another order to the same numbers: not wrong
             last_agree = k
             continue
-        if status == "differ" and "agree" not in statuses[k + 1:]:
+        if status == "differ" and not {"agree", "reordered"} & set(statuses[k + 1:]):
             return last_agree + 1
     return None
 

@@ -40,18 +40,22 @@ class Step:
 ROTARY_BASE = 10000.0
 
 
-def rotate(t: np.ndarray, layout: str, base: float = ROTARY_BASE, dims: int | None = None
-           ) -> np.ndarray:
+def rotate(t: np.ndarray, layout: str, base: float = ROTARY_BASE, dims: int | None = None,
+           sign: int = 1, inv_freq: np.ndarray | None = None, factor: float = 1.0) -> np.ndarray:
     """Rotary positions on (B, h, T, d_h): the first `dims` channels of each head (all of
     them, or the largest even number, by default) turned, the rest passed through.
 
     layout "half": Llama's and GPT-NeoX's rotate_half (channel i pairs with i + r/2);
-    "interleaved": GPT-J's and Meta's Llama's (channel 2i pairs with 2i + 1)."""
+    "interleaved": GPT-J's and Meta's Llama's (channel 2i pairs with 2i + 1). sign -1 turns
+    the other way (nanochat's `x1 * cos + x2 * sin`, `x1 * (-sin) + x2 * cos`): q·k still
+    depends on t - s only. inv_freq: the module's own frequencies when they are a rope
+    scaling of base's (Llama 3, YaRN), and factor YaRN's attention factor on cos and sin."""
     T, d = t.shape[-2], t.shape[-1]
     r = dims if dims is not None else d - d % 2
     turned_part, passed = t[..., :r], t[..., r:]
-    inv_freq = 1.0 / base ** (np.arange(0, r, 2, dtype=np.float64) / r)  # (r/2,)
-    angles = np.outer(np.arange(T, dtype=np.float64), inv_freq)  # (T, r/2)
+    if inv_freq is None:
+        inv_freq = 1.0 / base ** (np.arange(0, r, 2, dtype=np.float64) / r)  # (r/2,)
+    angles = sign * np.outer(np.arange(T, dtype=np.float64), inv_freq)  # (T, r/2)
     if layout == "half":
         angles = np.concatenate([angles, angles], axis=-1)  # (T, r)
         half = r // 2
@@ -60,7 +64,7 @@ def rotate(t: np.ndarray, layout: str, base: float = ROTARY_BASE, dims: int | No
         angles = np.repeat(angles, 2, axis=-1)  # (T, r)
         turned = np.stack([-turned_part[..., 1::2], turned_part[..., 0::2]],
                           axis=-1).reshape(turned_part.shape)
-    rotated = turned_part * np.cos(angles) + turned * np.sin(angles)
+    rotated = (turned_part * np.cos(angles) + turned * np.sin(angles)) * factor
     return np.concatenate([rotated, passed], axis=-1)
 
 
@@ -80,7 +84,8 @@ def kv_heads(weights: RoleWeights, heads: int) -> int:
 
 def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
           window: int | None = None, rotary: str | None = None, rotary_dims: int | None = None,
-          base: float = ROTARY_BASE, alibi: bool = False) -> list[Step]:
+          base: float = ROTARY_BASE, alibi: bool = False, rotary_sign: int = 1,
+          rotary_freq: np.ndarray | None = None, rotary_factor: float = 1.0) -> list[Step]:
     """Every intermediate of softmax(Q_i K_i^T / sqrt(d_h) + mask) V_i, heads side by side,
     then W_O (the identity when the module has none); x (T, C) or (B, T, C).
 
@@ -103,8 +108,8 @@ def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
     q, k, v = split(Q), split(K, h_kv), split(V, h_kv)  # (B, h, T, d_h); K, V (B, h_kv, T, d_h)
     grown: list[Step] = []
     if rotary is not None:
-        q = rotate(q, rotary, base, rotary_dims)  # (B, h, T, d_h)
-        k = rotate(k, rotary, base, rotary_dims)  # (B, h_kv, T, d_h)
+        q = rotate(q, rotary, base, rotary_dims, rotary_sign, rotary_freq, rotary_factor)
+        k = rotate(k, rotary, base, rotary_dims, rotary_sign, rotary_freq, rotary_factor)
         grown += [Step("q rotated", q, ("B", "h", "T", "d_h")),
                   Step("k rotated", k, ("B", "h", "T", "d_h"))]
     if h_kv != heads:

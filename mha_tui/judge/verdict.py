@@ -10,9 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..kinds._parts.judging import Judge, Row
-from ..kinds.registry import FORWARD
+from ..kinds.op import role as op_role
+from ..kinds.registry import FORWARD, KINDS
+from ..kinds.rotary import scaled as rotary_scaled
 from ..ops.numeric import close, f64, linear_parts
-from ..records import Ref, Trace
+from ..records import Ref, Stage, Trace
 from ..records.verdict import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
 from .numpy_reference import ROTARY_BASE, alibi_slopes, kv_heads, steps
 from .track import departure, describe
@@ -149,8 +151,12 @@ def _name(j: Judge, weights: RoleWeights, kwargs: dict[str, object]) -> str:
         r = kwargs.get("rotary_dims") or j.d_h
         extent = "full" if r == j.d_h else f"partial: {r} of each head's {j.d_h} channels"
         pairs = "rotate_half" if kwargs["rotary"] == "half" else "interleaved pairs"
+        other_way = ", turning the other way" if kwargs.get("rotary_sign") == -1 else ""
+        if kwargs.get("rotary_freq") is not None:
+            found = rotary_scaled(j)
+            other_way += f", {found.words()}" if found is not None else ""
         grown.append(f"rotary positions ({extent}, base {kwargs.get('base', ROTARY_BASE):g}, "
-                     f"{pairs})")
+                     f"{pairs}{other_way})")
     if kwargs.get("alibi"):
         slopes = ", ".join(f"{m:.4g}" for m in alibi_slopes(j.h)[:4])
         grown.append(f"ALiBi (slopes {slopes}{', ...' if j.h > 4 else ''})")
@@ -181,8 +187,14 @@ def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
     common: dict[str, object] = {"window": f.window, "alibi": f.alibi}
     tries: list[dict[str, object]] = [common]
     if f.rotary:
-        tries = [{**common, "rotary": layout, "rotary_dims": r, "base": f.rotary_base}
-                 for r in _rotary_dims(j) for layout in ("half", "interleaved")] or [common]
+        grown_rope = rotary_scaled(j)
+        if grown_rope is not None:  # Llama 3's / YaRN's rope_scaling: the module's frequencies
+            common = {**common, "rotary_freq": grown_rope.omega,
+                      "rotary_factor": grown_rope.attention}
+        tries = [{**common, "rotary": layout, "rotary_dims": r, "base": f.rotary_base,
+                  "rotary_sign": sign}
+                 for r in _rotary_dims(j) for sign in (1, -1)
+                 for layout in ("half", "interleaved")] or [common]
     best = None
     for kwargs in tries:
         out = steps(x, weights, j.h, f.causal, **kwargs)[-1].values  # type: ignore[arg-type]
@@ -272,21 +284,41 @@ def _find_departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
                       steps(x, weights, j.h, j.facts.causal, **grown))  # type: ignore[arg-type]
     if found is None:
         return None
-    words = _mechanism(j, x, weights) or _missing(j, x, weights, got) or \
+    stage = j.stage_of.get(found.op.index)
+    named = _named(j, stage)
+    words = named or _mechanism(j, x, weights) or _missing(j, x, weights, got) or \
         describe(found, j.T)
     file, line = j.where(found.op.source)
-    stage = j.stage_of.get(found.op.index)
-    mechanism = words.startswith(("ALiBi", "a LayerNorm", "rotary", "no rotary", "no ALiBi"))
+    mechanism = bool(named) or words.startswith(("ALiBi", "a LayerNorm", "rotary", "no rotary",
+                                                 "no ALiBi"))
     kind = "mechanism" if mechanism else "extra_op"
     lead = f"differs: {words} at line {line}" if mechanism else f"{words} (line {line})"
     # Unplaced: no rule put it in a stage, or indexing that reorders (t[:, [1, 0]]) taken in
     # with the reshapes around it.
     reorders = found.op.name == "getitem" and any(_index_list(a) for a in found.op.args[1:])
     unplaced = stage is None or stage.kind == "op" or reorders
+    if unplaced and not mechanism:  # its place in the dataflow, then what it did
+        lead = f"{op_role(j.classified(), found.op)}, line {line}: {words}"
     return Diagnosis(kind, file, line,
                      f"{lead}: the module leaves the attention computation here, and its "
                      f"output differs from the reference's by up to {end.max_diff:.3g}",
                      "op" if unplaced else stage.kind)
+
+
+# kind -> the kind module that names its mechanism in words (rotary, a LayerNorm, ...)
+_MECHANISMS = {row.kind: row.mechanism for row in KINDS if row.mechanism is not None}
+
+
+def _named(j: Judge, stage: Stage | None) -> str | None:
+    """The mechanism the stage holding the departing op shows, said by its own kind with
+    its parameters (the same recognition explain shows); None for a plain stage."""
+    said = _MECHANISMS.get(stage.kind) if stage is not None else None
+    if said is None or stage is None:
+        return None
+    try:
+        return said(j, stage)
+    except (ValueError, IndexError, TypeError):  # a module no layout foresaw: the op's words
+        return None
 
 
 def _crash(j: Judge) -> tuple[StageVerdict, Diagnosis] | None:

@@ -74,6 +74,13 @@ def no_attention(rec: Recording, x_names: set[str], parameters: tuple[tuple[str,
         return Finding("no_attention", where, "no attention found: the forward returns its input "
                                               "x unchanged")
     if not attends:
+        linear = _keys_times_values(rec, x_names, from_x)
+        if linear is not None:
+            return Finding("linear_attention", linear.source,
+                           "linear attention, not softmax attention: no softmax and no (T, T) "
+                           "score matrix; the keys and values are summed over the tokens first "
+                           f"(φ(K)^T V, line {linear.source.line if linear.source else '?'}) and "
+                           "each query reads that sum, out = φ(Q) (φ(K)^T V) / (φ(Q) Σ φ(K))")
         used = sorted({api_name(op) for op in rec.ops if from_x[op.index]})
         did = f" (it computes only: {', '.join(used)})" if used else ""
         return Finding("no_attention", where,
@@ -83,6 +90,39 @@ def no_attention(rec: Recording, x_names: set[str], parameters: tuple[tuple[str,
         return Finding("no_attention", where,
                        "no attention found: the module has no parameters, so there is no W_Q, "
                        "W_K, W_V to find: it attends with x itself, not multi-head attention")
+    return None
+
+
+def _keys_times_values(rec: Recording, x_names: set[str], from_x: list[bool]) -> OpRecord | None:
+    """A product of two tensors made from x that sums over the token axis (einsum
+    "nshd,nshm->nhmd", or K^T @ V): linear attention's φ(K)^T V, which no softmax follows."""
+    x = next((snap for name, snap in rec.inputs if name in x_names), None)
+    if x is None or len(x.shape) < 2:
+        return None
+    T = x.shape[-2]
+    for op in rec.ops:
+        operands = [r for r in value_inputs(op) if r.kind == "op" and r.op is not None
+                    and from_x[r.op]]
+        if not from_x[op.index] or len(operands) < 2 or T < 2:
+            continue
+        if op.name == "einsum":
+            equation = next((a for a in op.args if isinstance(a, str)), "").replace(" ", "")
+            if "->" not in equation or "." in equation:
+                continue
+            ins, out = equation.split("->")
+            terms = ins.split(",")
+            if len(terms) != 2:
+                continue
+            a, b = (rec.snapshot(r).shape for r in operands[:2])
+            summed = [c for c in terms[0] if c in terms[1] and c not in out]
+            if len(terms[0]) == len(a) and len(terms[1]) == len(b) and any(
+                    a[terms[0].index(c)] == T and b[terms[1].index(c)] == T for c in summed):
+                return op
+        elif op.name in ("matmul", "bmm"):
+            a, b = (rec.snapshot(r).shape for r in operands[:2])
+            if len(a) >= 2 and len(b) >= 2 and a[-1] == T and b[-2] == T and \
+                    tuple(op.outputs[0].shape[-2:]) != (T, T):
+                return op
     return None
 
 

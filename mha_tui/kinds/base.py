@@ -20,6 +20,10 @@ name, so a new mechanism is one module here and one row in the registry.
   from the recorded numbers (`explain --why`).
 - `quiz(stage, trace) -> tuple[Question, ...]` (optional): questions whose answers are read
   from this trace's records.
+- `mechanism(j, stage) -> str | None` (optional): for a mechanism plain attention lacks
+  (rotary, a norm, soft-capping, sinks, a residual add), what `check` says when the module
+  leaves plain attention at this stage: the mechanism with its parameters, read from the
+  same recognition `explain` shows, and the option that makes it the exercise.
 - its title: the catalogue entry in `mha_tui.stages` for the eleven stages of the textbook
   forward, or `TITLE` in the module for a mechanism beyond them (rotary, shared K/V heads).
 - its place: the registry row says why its rules are asked where they are.
@@ -63,3 +67,4 @@ class KindModule(Protocol):
 Judging = Callable[["Judge"], "list[Row]"]
 Explaining = Callable[["Cell"], "Why"]
 Quizzing = Callable[["Stage", "Trace"], "tuple[Question, ...]"]
+Naming = Callable[["Judge", "Stage"], "str | None"]

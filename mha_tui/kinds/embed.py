@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..records import Check, Embedded, Stage, Trace
+from ..records import Check, Embedded, Stage, TensorRecord, Trace
 from ._parts.builder import BTC
 from ._parts.cell import Cell, Term, Why, where
 from ._parts.maker import StageMaker, words
@@ -21,19 +21,38 @@ def build(m: StageMaker, e: Embedded) -> Stage:
     ids, table, x = e.ids, e.table, e.x
     title, explanation = words("embed")
     n = m.s.T
+    tensors = [m.b.record("ids", ids, ("B", "T"), kind="int"),
+               m.b.record(e.table_name, table, ("vocab", "C"),
+                          caption="one learned row per vocabulary entry"),
+               m.b.record("x", x, BTC, share=(e.table_name, table))]
+    checks = [Check(f"x[{'0, ' if m.s.batched else ''}t] is row ids[t] of the embedding table for "
+                    f"{_all(n, 'token')}", e.looked_up)]
+    context = _context(m, e)
+    if context is not None:  # cross-attention (--context): the keys' sequence, the same table
+        tensors.append(context[0])
+        checks.append(context[1])
     return Stage(
         id="embed", title=title, code=e.source.text, explanation=explanation,
         shape_in=ids.shape, shape_out=x.shape, dims_in=("B", "T"), dims_out=BTC,
-        tensors=(
-            m.b.record("ids", ids, ("B", "T"), kind="int"),
-            m.b.record(e.table_name, table, ("vocab", "C"),
-                          caption="one learned row per vocabulary entry"),
-            m.b.record("x", x, BTC, share=(e.table_name, table)),
-        ),
-        checks=(Check(f"x[{'0, ' if m.s.batched else ''}t] is row ids[t] of the embedding table for "
-                      f"{_all(n, 'token')}", e.looked_up),),
-        kind="embed", source=e.source,
+        tensors=tuple(tensors), checks=tuple(checks), kind="embed", source=e.source,
     )
+
+
+def _context(m: StageMaker, e: Embedded) -> tuple[TensorRecord, Check] | None:
+    """The context of a cross-attention run from the CLI (--context), as the forward got it:
+    its tokens' rows of the same embedding table (config.context_ids), checked row by row."""
+    config = m.b.config
+    if not m.g.key_names or not config.context:
+        return None
+    name = min(m.g.key_names)
+    snap = dict(m.g.rec.inputs)[name]
+    ids = list(config.context_ids)
+    rows = e.table.values[ids]  # (T_k, C)
+    looked_up = snap.values.shape[-2:] == rows.shape and bool(np.array_equal(snap.values[0], rows))
+    record = m.b.record(name, snap, ("B", "T_k", "C"),
+                        caption=f"the context: rows {', '.join(map(str, ids))} of the same table")
+    return record, Check(f"{name}[0, t] is row context_ids[t] of the embedding table for "
+                         f"{_all(len(ids), 'context token')}", looked_up)
 
 
 def _all(n: int, noun: str) -> str:

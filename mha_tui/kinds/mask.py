@@ -19,8 +19,8 @@ from ..records import Check, OpRecord, Source, Stage, Trace
 from ..stages import NO_MASK, NO_MASK_ARGUMENT
 from ._parts.builder import BHTT, Builder
 from ._parts.maker import StageMaker, possessive
-from ._parts.mask_fill import fill_check, fill_value
-from ._parts.mask_shape import MaskShape, mask_shape  # noqa: F401  (MaskShape: the kind's words, re-exported)
+from ._parts.mask_fill import fill_check, fill_of, fill_value, written
+from ._parts.mask_shape import MaskShape, mask_shape, token_names  # noqa: F401  (MaskShape: the kind's words, re-exported)
 from ._parts.mask_why import why  # noqa: F401  (the kind's why, in mask_why.py: why.py reads mask.why)
 from ._parts.quizzing import Question, head_of_interest, recorded
 from ._parts.unit import Unit
@@ -38,8 +38,11 @@ def mask(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     if not g.x_inputs(op) or not g.op_derives(op, {"scores"}) or g.op_derives(op, {"softmax"}):
         return None
     others = g.other_inputs(op)
-    if op.name in {"add", "add_", "sub", "sub_"}:
+    if op.name in {"add", "add_"}:
         return "mask" if others and masks_somewhere(g, others[0]) else None
+    if op.name in {"sub", "sub_"}:  # scores - M: M's negative is what is added
+        return "mask" if others and g.is_x(op.inputs[0]) and \
+            masks_somewhere(g, others[0], sign=-1.0) else None
     if op.name in {"masked_fill", "masked_fill_"}:
         value = fill_value(op)
         if value is not None and value <= LARGE_NEGATIVE:
@@ -52,7 +55,25 @@ def mask(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
             return "mask"
         return "mask" if any(very_negative(g.snap(r).values) for r in others
                              if g.snap(r).dtype != "bool") else None
+    if op.name in _WRITES:
+        return "mask" if _writes_blocks(g, op) else None
     return None
+
+
+# `scores[..., i, j] = -inf` (pbloem's mask_ with torch.triu_indices): an index_put
+_WRITES = {"setitem", "__setitem__", "index_put", "index_put_"}
+
+
+def _writes_blocks(g: Graph, op: OpRecord) -> bool:
+    """An indexed write into the scores whose every changed entry is now blocked."""
+    before = g.snap(g.x_inputs(op)[0]).values.astype(np.float64)
+    after = op.out.values.astype(np.float64)
+    if before.shape != after.shape:
+        return False
+    with np.errstate(invalid="ignore"):
+        changed = ~((before == after) | (np.isnan(before) & np.isnan(after)))
+        blocked = np.isneginf(after) | (after <= LARGE_NEGATIVE)
+    return bool(changed.any() and blocked[changed].all())
 
 
 RULES = (mask,)
@@ -109,7 +130,13 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     tensors.append(m.b.record(name, snap, BHTT if values.ndim == 4 else None, values=values,
                                  share=(f"{possessive(stage_name)} {before_name}", m.snap(before_ref))))
     floats = values.dtype.kind == "f"
-    blocked = values <= -1e4 if floats else np.zeros(values.shape, bool)
+    # What the mask op wrote (the added tensor, the filled positions), and what was blocked
+    # before it; a threshold on the result only when the op does not say.
+    blocked = written_4d(m, unit, values.shape)
+    if blocked is None:
+        blocked = values <= LARGE_NEGATIVE if floats else np.zeros(values.shape, bool)
+    elif before_values.shape == values.shape and before_values.dtype.kind == "f":
+        blocked = blocked | (before_values <= LARGE_NEGATIVE)
     n_total = int(np.count_nonzero(blocked))  # counted once, read below
     T = values.shape[-1]
     above = np.triu(np.ones((values.shape[-2], T), dtype=bool), 1)
@@ -120,7 +147,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     kept = bool(((values == before_values) | blocked).all()) \
         if before_values.shape == values.shape else True
     where = "above the diagonal" if causal else "the mask blocks"
-    shape = mask_shape(blocked)
+    shape = mask_shape(blocked, token_names(m.b.config.tokens))
     checks = [
         fill_check(m, groups, values, before_values, blocked, n_total, n_inf, where),
         Check(f"entries {'on and below the diagonal' if causal else 'the mask lets through'} "
@@ -148,12 +175,19 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                        "large negative number elsewhere; softmax turns those into (almost) 0.")
     if n_total and n_inf < n_total:
         # The words follow the recorded values: -1e9 or finfo.min is not -inf.
-        fill = float(values[blocked].max())
+        written_as = fill_of(m.g, first)
+        if written_as is not None and written_as[0] == "added" and how == "sub":
+            done = (f"get {-written_as[1]:.6g} subtracted (the subtracted tensor holds 0 where "
+                    f"a token may look and {-written_as[1]:.6g} where it may not)")
+        elif written_as is not None and written_as[0] == "added":
+            done = (f"get the mask's {written_as[1]:.6g} added (the mask tensor holds 0 where "
+                    f"a token may look and {written_as[1]:.6g} where it may not)")
+        else:
+            done = f"are set to a large negative number ({float(values[blocked].max()):.3g})"
         explanation = ("A token may only attend to itself and earlier tokens. The scores it "
-                       f"may not look at are set to a large negative number ({fill:.3g}"
-                       "), not -inf; softmax turns them into 0 to within float32 precision "
-                       "(their exp underflows). The same (T, T) mask broadcasts over every "
-                       "batch and head.")
+                       f"may not look at {done}, not -inf; softmax turns them into 0 to within "
+                       "float32 precision (their exp underflows). The same (T, T) mask "
+                       "broadcasts over every batch and head.")
     title = None
     if shape.kind != "causal" and n_total:
         title, explanation = shape.title, shape.explanation
@@ -161,6 +195,28 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, "mask", tensors, checks, shape_in=before_values.shape,
                       shape_out=values.shape, dims_in=tensors[-1].dims, dims_out=tensors[-1].dims,
                       note=note, explanation=explanation, title=title)
+
+
+def written_4d(m: StageMaker, unit: Unit, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The entries the stage's mask op(s) wrote a mask value into, laid out as the stage's
+    (B, h, T, T) tensor (stacked per head as out_4d stacks the values); None when an op
+    does not say (mask_fill.written)."""
+    marks = []
+    for group in m.per_head_ops(unit):
+        # every mask op of the stage, in order (GPT-Neo's local layer: torch.where with its
+        # window, then the added causal mask): an entry any of them wrote is blocked
+        ops = [op for op in group if op.name in MASK_OPS | {"baddbmm"}]
+        wrote = [written(m.g, op) for op in ops]
+        last = group[-1].out.shape
+        if not ops or any(w is None or w.shape != last for w in wrote):
+            return None
+        marks.append(np.logical_or.reduce(wrote))
+    mark = np.stack(marks, axis=m.b.head_axis) if len(marks) > 1 else marks[0]
+    if mark.shape != shape and mark.size == int(np.prod(shape)):
+        mark = mark.reshape(shape)  # torch's (B*h, T, T) regrouped, as out_4d does
+    elif mark.shape != shape:
+        return None
+    return mark
 
 
 def _where_keeps(op: OpRecord) -> bool:
@@ -254,7 +310,10 @@ def judge(j: Judge) -> list[Row]:
             before = f64(j.g.snap(j.g.x_inputs(op)[0]).values)
         if before.shape != after.shape:
             before = np.broadcast_to(before, after.shape)
-        newly = blocked(after) & ~blocked(before)
+        # what the op wrote, not a threshold on its result (mask_fill.written)
+        wrote = written(j.g, op)
+        newly = (wrote if wrote is not None and wrote.shape == after.shape else blocked(after)) \
+            & ~blocked(before)
         square = newly.ndim >= 2 and newly.shape[-1] == j.T
         flat = newly.reshape(-1, j.T, j.T) if square else None
         same = flat is not None and all(np.array_equal(f, flat[0]) for f in flat)
@@ -265,8 +324,16 @@ def judge(j: Judge) -> list[Row]:
         mask_ok &= good
         values = after[newly]
         if good and values.size and np.isfinite(values).all():
-            value_note = (f"masks with {float(values.max()):.3g} instead of -inf: softmax gives "
-                          f"those entries weight 0 in float32, the same weights: equivalent")
+            written_as = fill_of(j.g, op)
+            how = (f"subtracts {-written_as[1]:.6g} from the entries it blocks"
+                   if written_as is not None and written_as[0] == "added" and
+                   op.name.startswith("sub") else
+                   f"adds {written_as[1]:.6g} to the entries it blocks" if written_as is not None
+                   and written_as[0] == "added" else
+                   f"masks with {written_as[1]:.6g}" if written_as is not None else
+                   f"masks with {float(values.max()):.3g}")
+            value_note = (f"{how} instead of -inf: softmax gives those entries weight 0 in "
+                          f"float32, the same weights: equivalent")
         diag = None if good else _mask_diagnosis(j, pattern, expected, d)
         n = int(expected.sum())
         rows.append(j.row(stage, "mask", good, d,
@@ -459,6 +526,18 @@ def _mask_after_softmax(j: Judge, soft: OpRecord, expected: np.ndarray
     return None
 
 
+def _stage_written(stage: Stage, trace: Trace, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The entries the stage's one mask op wrote a mask value into, in the shape of the
+    stage's tensor (None: several ops, or one that does not say)."""
+    ops = [op for op in stage.ops if op.name in MASK_OPS | {"baddbmm"}]
+    if len(ops) != 1 or trace.recording is None:
+        return None
+    mark = written(Graph(trace.recording), ops[0])
+    if mark is None or mark.size != int(np.prod(shape)):
+        return None
+    return mark.reshape(shape)
+
+
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     """How many entries of one head's T x T scores the mask blocks."""
     if not stage.tensors or len(stage.tensors[-1].shape) < 2:
@@ -469,11 +548,19 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     if "h" in record.dims:
         index[record.dims.index("h")] = head
     grid = record.values[tuple(index)]
-    count = int(blocked(grid).sum())
+    held = blocked(grid)  # entries holding a mask value after the stage
+    wrote = _stage_written(stage, trace, record.shape)
+    if wrote is not None and not np.array_equal(wrote[tuple(index)], held):
+        # an added -10000 leaves -9999.3 where the score was 0.7: count what the op wrote
+        held = wrote[tuple(index)]
+        how = "into which the mask op wrote a mask value (the added mask holds -1e4 or below there)"
+    else:
+        how = "that hold a mask value (-inf, or -1e4 and below) after this stage"
+    count = int(held.sum())
     T = grid.shape[-1]
     return (Question(stage.id, "blocked", f"How many of the {grid.size} entries of head {head}'s "
                      f"{grid.shape[0]} x {T} scores does the mask block?", "integer", count,
                      str(count), f"the entries of "
                      f"{recorded(stage, record.name)}[{', '.join(map(str, index))}] "
-                     f"that hold a mask value (-inf, or -1e4 and below) after this stage: {count} "
+                     f"{how}: {count} "
                      f"(counted by mha-tui)"),)

@@ -18,6 +18,7 @@ from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage, TensorArg
 from ._parts.builder import BTC
 from ._parts.cell import Cell, Term, Why, WhyError, where
+from ._parts.hand_norm import BY_HAND, HandNorm, hand_norms, recompute
 from ._parts.maker import StageMaker
 from ._parts.unit import Unit
 
@@ -35,7 +36,14 @@ def normalises(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     return KIND
 
 
-RULES = (normalises,)
+def normalises_by_hand(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """An op of a LayerNorm or RMSNorm written out (pow, mean, rsqrt, mul), before the scores."""
+    if op.name not in BY_HAND or g.op_derives(op, {"scores", "attend"}):
+        return None
+    return KIND if any(op.index in norm.ops for norm in hand_norms(g)) else None
+
+
+RULES = (normalises, normalises_by_hand)
 
 
 def eps_of(op: OpRecord) -> float:
@@ -67,7 +75,53 @@ def recomputed(m: StageMaker, op: OpRecord) -> tuple[bool, float]:
     return bool(np.allclose(expected, op.out.values, rtol=1e-4, atol=1e-5)), eps
 
 
+def _by_hand(g: Graph, ops: set[int]) -> HandNorm | None:
+    return next((norm for norm in hand_norms(g) if norm.ops & ops), None)
+
+
+def _axis_words(norm_width: int, sizes: Sizes) -> str:
+    """Per head (over d_h channels, Qwen3) or over the whole projection (OLMo 2)."""
+    if norm_width == sizes.d_h and sizes.d_h != sizes.C:
+        return f"each head's {norm_width} channels (per head)"
+    return f"all {norm_width} channels of the projection, before the head split"
+
+
+def _build_by_hand(m: StageMaker, unit: Unit, stage_id: str, norm: HandNorm) -> Stage:
+    before, after = m.snap(norm.before), m.snap(norm.after)
+    x = before.values.astype(np.float64)
+    expected = recompute(x, norm.rms, norm.eps) * norm.weight + (
+        norm.bias if norm.bias is not None else 0.0)
+    same = bool(np.allclose(expected, after.values, rtol=1e-3, atol=1e-4))
+    role = m.b.role(m.op(norm.after.op)) if norm.after.op is not None else "?"  # type: ignore[arg-type]
+    who = {"Q": "q", "K": "k", "V": "v"}.get(role, "the tensor")
+    dims_in = m.dims(before.shape, BTC)
+    tensors = [m.b.record(f"{who} before {norm.name}", before, dims_in,
+                          caption="as the projection made it"),
+               m.b.record(f"{who} after {norm.name}", after, m.dims(after.shape, BTC),
+                          caption="normalised over its last axis: what goes on to the scores")]
+    how = ("divided by their root mean square" if norm.rms
+           else "minus their mean, divided by their standard deviation")
+    over = _axis_words(x.shape[-1], m.s)
+    checks = [Check(f"{over}: numbers {how}, then times the module's weight"
+                    f"{'' if norm.bias is None else ' plus its bias'} (recomputed by mha-tui, "
+                    f"eps = {norm.eps:g}; the norm is written out op by op)", same)]
+    title = f"{norm.name} on {who} before the scores (QK-norm, written out op by op)"
+    explanation = (
+        f"The module normalises {who} itself before the scores: over {over}, each vector's "
+        f"numbers are {how}, then multiplied by a learned weight. The ops spell the "
+        f"{norm.name} out ({', '.join(sorted({m.op(i).name for i in norm.ops}))}); mha-tui "
+        f"recognises it from the values, not the names. Normalising q and k keeps the scores "
+        f"from growing with the vectors' lengths (Qwen3, OLMo 2, Gemma 3 do this).")
+    return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=before.shape,
+                   shape_out=after.shape, dims_in=dims_in, dims_out=tensors[-1].dims,
+                   title=title, explanation=explanation, extra_ops=sorted(norm.ops))
+
+
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    hand = _by_hand(m.g, set(unit.ops)) if not any(
+        m.op(i).name in _NORMS for i in unit.ops) else None
+    if hand is not None:
+        return _build_by_hand(m, unit, stage_id, hand)
     op = m.op(unit.ops[0])
     before_ref = m.x_in(op)
     before, after = m.snap(before_ref), op.out
@@ -189,6 +243,18 @@ def judge(j: Judge) -> list[Row]:
     rows = []
     for stage in (s for s in j.trace.stages if s.kind == KIND):
         op = next((o for o in stage.ops if o.name in _NORMS and j.g.x_inputs(o)), None)
+        hand = _by_hand(j.classified(), {o.index for o in stage.ops}) if op is None else None
+        if hand is not None:
+            x = j.g.snap(hand.before).values
+            got = j.g.snap(hand.after).values.astype(np.float64)
+            expected = recompute(x, hand.rms, hand.eps) * hand.weight + (
+                hand.bias if hand.bias is not None else 0.0)
+            diff = float(np.abs(got - expected).max()) if got.size else 0.0
+            rows.append(j.row(stage, KIND, bool(np.allclose(expected, got, rtol=1e-3, atol=1e-4)),
+                              diff, f"{hand.name} written out op by op: normalised over the last "
+                              f"axis, times the module's weight (eps {hand.eps:g}; not part of "
+                              f"plain attention)", source=j.g.ops[hand.after.op].source))  # type: ignore[index]
+            continue
         if op is None:
             rows.append(j.row(stage, KIND, None, None, "not judged: no norm op recorded"))
             continue
@@ -206,3 +272,23 @@ def judge(j: Judge) -> list[Row]:
                                                      f"does not compute what it should "
                                                      f"(off by up to {diff:.3g})")))
     return rows
+
+
+def mechanism(j: Judge, stage: Stage) -> str:
+    """What `check` says when the module leaves plain attention at this stage: the norm,
+    on what (x, or q and k), over which channels."""
+    op = next((o for o in stage.ops if o.name in _NORMS and j.g.x_inputs(o)), None)
+    hand = _by_hand(j.classified(), {o.index for o in stage.ops}) if op is None else None
+    if hand is not None:
+        name, width, end = hand.name, j.g.snap(hand.before).shape[-1], hand.after.op
+    elif op is not None:
+        name = "RMSNorm" if op.name == "rms_norm" else "LayerNorm"
+        width, end = op.out.values.shape[-1], op.index
+    else:
+        return "a norm inside the module"
+    role = j.roles_on_path().get(end, "")  # type: ignore[arg-type]
+    on = {"Q": "Q (and K: QK-norm)", "K": "K (and Q: QK-norm)", "V": "V"}.get(role, "x")
+    over = "per head, over each head's" if width == j.d_h and j.d_h != j.C else "over all"
+    article = "an" if name == "RMSNorm" else "a"
+    return (f"{article} {name} on {on}, {over} {width} channels: a learned normalisation that plain "
+            f"multi-head attention does not have")

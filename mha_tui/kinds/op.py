@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..ops.graph import Graph
 from ..records import OpRecord, Ref, Stage
 from ._parts.cell import Cell, Why
 from ._parts.maker import StageMaker, public_name
@@ -25,6 +26,27 @@ if TYPE_CHECKING:
 KIND = "op"
 RULES = ()  # the default: what no rule claims
 
+# Where an op sits in the attention dataflow, from the kinds of the ops it is made from,
+# latest first: what a learner can be told about an op no kind names.
+_ROLES = (
+    ({"w_o", "residual"}, "a transform of the output, after W_O"),
+    ({"attend", "concat", "sdpa"}, "a transform of the heads' outputs, after the weights are applied"),
+    ({"softmax", "dropout"}, "a transform of the weights, after softmax"),
+    ({"scores", "scale", "mask", "pos_bias", "softcap", "sinks"},
+     "a transform of the scores before softmax"),
+    ({"project", "qkv_split", "view", "transpose", "rotary", "norm", "kv_repeat"},
+     "a transform of q, k or v before the scores"),
+)
+
+
+def role(g: Graph, op: OpRecord) -> str:
+    """The op's place in the dataflow, in words: between x and the projections, on q, k or
+    v, on the scores before softmax, on the weights, on the output."""
+    for kinds, words in _ROLES:
+        if g.op_derives(op, kinds):
+            return words
+    return "a transform of x before the projections"
+
 
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     ops = [m.op(i) for i in unit.ops]
@@ -40,8 +62,9 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                                          output_dims(m, op, out.shape)))
     first = ops[0]
     title = m.call_text(first)
-    explanation = ("No rule of mha-tui places this op in the attention recipe, so it is shown "
-                   "as it ran: its line, what it consumed and what it made.")
+    where = role(m.g, first)
+    explanation = (f"{where[0].upper()}{where[1:]} that no rule of mha-tui names, so it is "
+                   "shown as it ran: its line, what it consumed and what it made.")
     if unit.runs > 1:
         explanation += (f" A Python loop ran this line {unit.runs:,} times ({len(ops):,} ops in "
                         "all): the tensors shown are those of its last pass.")
@@ -103,9 +126,10 @@ def _reduced(op: OpRecord, dims: tuple[str, ...], ndim: int) -> tuple[str, ...] 
 
 
 def judge(j: Judge) -> list[Row]:
-    return [j.row(s, "op", None, None, "an op no rule of mha-tui recognises: not judged "
-                                          "on its own") for s in j.trace.stages
-            if s.kind == "op"]
+    g = j.classified()
+    return [j.row(s, "op", None, None, f"{role(g, s.ops[-1]) if s.ops else 'an op'} that no rule "
+                                          f"of mha-tui names: not judged on its own")
+            for s in j.trace.stages if s.kind == "op"]
 
 
 def why(cell: Cell) -> Why:

@@ -21,7 +21,7 @@ import numpy as np
 from ..ops.graph import Graph
 from ..ops.sizes import Sizes
 from ..ops.vocab import very_negative
-from ..records import Check, OpRecord, Snapshot, Stage, TensorRecord, Trace
+from ..records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ._parts.builder import BHTT
 from ._parts.cell import Cell, Term, Why, WhyError, dot, maker, where
 from ._parts.maker import StageMaker, synthetic
@@ -52,7 +52,63 @@ def adds_position_bias(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     return KIND
 
 
-RULES = (adds_position_bias,)
+_PRODUCTS = {"einsum", "matmul", "bmm", "mul"}
+_CARRY = {"getitem", "unsqueeze", "view", "reshape", "expand", "contiguous", "to", "float",
+          "type_as", "permute", "transpose", "flatten", "squeeze"}
+
+
+def _term_of_q(g: Graph, ref: Ref) -> bool:
+    """ref is made from the queries (a projection, not the scores) times a table not made
+    from x: SAM's einsum("bhwc,hkc->bhwk", q, R_h), DeBERTa's q @ pos_key^T."""
+    for _ in range(8):
+        op = g.producer(ref)
+        if op is None or g.derives(ref, {"scores", "scale", "softmax"}):
+            return False
+        if op.name in _PRODUCTS and g.op_derives(op, {"project"}) and g.other_inputs(op) and \
+                any(g.snap(r).ndim >= 2 for r in g.other_inputs(op)):
+            return True
+        if op.name not in _CARRY or not g.x_inputs(op):
+            return False
+        ref = g.x_inputs(op)[0]
+    return False
+
+
+def adds_relative_terms(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """scores + q · R: relative-position terms made from the queries and a learned table
+    (SAM's decomposed 2-D height and width terms), added before softmax; and the ops that
+    make the terms from q."""
+    if op.name in {"add", "add_"} and len(op.inputs) == 2 and \
+            g.op_derives(op, {"scores", "scale", KIND}) and not g.op_derives(op, {"softmax", "mask"}):
+        terms = [r for r in op.inputs if not g.derives(r, {"scores", "scale"})]
+        return KIND if len(terms) == 1 and _term_of_q(g, terms[0]) else None
+    if op.name in _PRODUCTS | _CARRY and g.op_derives(op, {"project"}) and \
+            not g.op_derives(op, {"scores", "scale", "softmax"}):
+        return KIND if _feeds_relative_add(g, op) else None
+    return None
+
+
+def _feeds_relative_add(g: Graph, op: OpRecord, depth: int = 6) -> bool:
+    """The op's result goes, through a few shape ops, into an add onto the scores as a
+    q · R term."""
+    todo, seen = [op.index], set()
+    while todo and depth:
+        depth -= 1
+        nxt = []
+        for i in todo:
+            for c in g.consumers[i]:
+                if c in seen:
+                    continue
+                seen.add(c)
+                user = g.ops[c]
+                if user.name in {"add", "add_"} and g.op_derives(user, {"scores", "scale"}):
+                    return _term_of_q(g, Ref("op", op=i))
+                if user.name in _CARRY | _PRODUCTS:
+                    nxt.append(c)
+        todo = nxt
+    return False
+
+
+RULES = (adds_position_bias, adds_relative_terms)
 
 
 @dataclass(frozen=True)
@@ -141,7 +197,43 @@ def bias_stage(m: StageMaker, stage_id: str, bias: np.ndarray, before: np.ndarra
                  kind=KIND, source=base.source, ops=base.ops)
 
 
+def _build_terms(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    """q · R terms added to the scores: the terms (the scores after minus before) per head."""
+    g = m.g
+    mine = [i for i in unit.ops if g.from_x[i]]  # not the helpers that index the tables
+    adds = [m.op(i) for i in mine if m.op(i).name in {"add", "add_"}]
+    first, last = adds[0], m.op(max(mine))
+    scores_ref = next(r for r in first.inputs if g.derives(r, {"scores", "scale"}))
+    start = scores_ref
+    while True:  # back from the add's view of the scores to the scores themselves
+        producer = g.producer(start)
+        if producer is None or producer.name not in _CARRY or not g.x_inputs(producer) or \
+                g.kind.get(producer.index) not in (None, "aux", KIND):
+            break
+        start = g.x_inputs(producer)[0]
+    before_snap = m.snap(start)
+    after = last.out.values
+    if after.size != before_snap.values.size:
+        raise ValueError("the terms' sum is not the scores' shape")
+    after4 = after.reshape(m.s.B, -1, m.s.T, m.s.T) if after.ndim != 4 else after
+    before4 = before_snap.values.reshape(after4.shape)
+    stage = bias_stage(m, stage_id, after4 - before4, before4, after4, unit=unit,
+                       bias_name="q · R terms")
+    words = ("Relative position terms made from the queries: each query's vector is dotted with "
+             "a learned table of relative positions (SAM: one for the height, one for the width "
+             "of the image grid, add_decomposed_rel_pos) and the results are added to its "
+             "scores before softmax. Unlike ALiBi or T5's bias they depend on the query's "
+             "content as well as on the distance.")
+    from dataclasses import replace as _replace
+
+    return _replace(stage, title="Relative position terms: q · R added to the scores",
+                    explanation=words)
+
+
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    if any(m.op(i).name in _PRODUCTS and m.g.op_derives(m.op(i), {"project"}) and
+           not m.g.op_derives(m.op(i), {"scores", "scale"}) for i in unit.ops):
+        return _build_terms(m, unit, stage_id)  # q · R made here, not a bias handed in
     op = m.op(unit.ops[0])
     g = m.g
     scores_ref = next(ref for ref in op.inputs if g.derives(ref, {"scores", "scale"}))
@@ -304,3 +396,24 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
                      f"{token_name(trace, j)} (column {j})?", "number", value, number_text(value),
                      f"{bias.name}[{spot}], recorded: the bias depends on the positions and "
                      "the head, never on the tokens"),)
+
+
+def mechanism(j: Judge, stage: Stage) -> str | None:
+    """What `check` says when the module leaves plain attention at this stage: the position
+    terms or bias added to the scores, from the same recognition the stage shows."""
+    g = j.classified()
+    if any(op.name in _PRODUCTS and g.op_derives(op, {"project"}) and
+           not g.op_derives(op, {"scores", "scale"}) for op in stage.ops):
+        return ("relative position terms added to the scores before softmax, made from the "
+                "queries: q · R with learned tables of relative positions (decomposed over the "
+                "grid's height and width, as SAM's add_decomposed_rel_pos); plain multi-head "
+                "attention has no positions")
+    if not stage.tensors or stage.tensors[0].values.ndim < 2:
+        return None
+    T = stage.tensors[0].values.shape[-1]
+    bias = np.asarray(stage.tensors[0].values, dtype=np.float64).reshape(-1, T, T)[-j.h:]
+    shape = bias_shape(bias) if bias.shape[0] == j.h else BiasShape("other")
+    if shape.kind == "relative":
+        return ("a relative position bias added to the scores: a learned number per head and "
+                "distance j − i (T5's buckets); plain multi-head attention has no positions")
+    return None  # ALiBi and other biases: said from the values (check --expect alibi)

@@ -42,12 +42,36 @@ def stored_weight(g: Graph, ref: Ref) -> tuple[Ref, bool] | None:
     if ref.kind in ("param", "const", "buffer"):
         return (ref, False) if g.snap(ref).ndim == 2 else None
     op = g.producer(ref)
-    if op is None or op.name not in _TRANSPOSES or g.from_x[op.index] or len(op.inputs) != 1:
+    if op is None or g.from_x[op.index] or not op.inputs:
+        return None
+    if op.name in _MADE_FROM and g.snap(ref).ndim == 2 and _from_parameter(g, op.inputs[0]):
+        return ref, False  # Whisper's weight.to(x.dtype), open_clip's in_proj_weight.chunk(3)
+    if op.name not in _TRANSPOSES or len(op.inputs) != 1:
         return None
     inner = op.inputs[0]
-    if inner.kind not in ("param", "const", "buffer") or g.snap(inner).ndim != 2:
-        return None
-    return inner, True
+    if inner.kind in ("param", "const", "buffer"):
+        return (inner, True) if g.snap(inner).ndim == 2 else None
+    made = stored_weight(g, inner)
+    return (inner, True) if made is not None and made[0] == inner and not made[1] else None
+
+
+# A weight made from a parameter by ops that keep its numbers (a dtype cast, a cut of a
+# fused weight): still the layer's weight.
+_MADE_FROM = {"to", "type_as", "float", "half", "bfloat16", "contiguous", "detach", "clone",
+              "chunk", "split", "unbind", "getitem", "narrow"}
+
+
+def _from_parameter(g: Graph, ref: Ref, steps: int = 6) -> bool:
+    """ref is a parameter, or made from one by _MADE_FROM ops and transposes only."""
+    for _ in range(steps):
+        if ref.kind in ("param", "const", "buffer"):
+            return True
+        op = g.producer(ref)
+        if op is None or g.from_x[op.index] or op.name not in _MADE_FROM | _TRANSPOSES or \
+                not op.inputs:
+            return False
+        ref = op.inputs[0]
+    return False
 
 
 def weight_product(g: Graph, op: OpRecord) -> bool:

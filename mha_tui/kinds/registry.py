@@ -42,12 +42,14 @@ from . import (
     scale,
     scores,
     sdpa,
+    sinks,
+    softcap,
     softmax,
     transpose,
     view,
     w_o,
 )
-from .base import Explaining, Judging, Quizzing, Rule
+from .base import Explaining, Judging, Naming, Quizzing, Rule
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,12 @@ class Kind:
         return getattr(self.module, "quiz", None)
 
     @property
+    def mechanism(self) -> Naming | None:
+        """What `check` says when the module leaves plain attention at a stage of this kind
+        (a mechanism plain attention lacks, with its parameters), or None."""
+        return getattr(self.module, "mechanism", None)
+
+    @property
     def judged_as(self) -> tuple[str, str]:
         return self.judged or (self.kind, self.kind)
 
@@ -102,8 +110,10 @@ KINDS: tuple[Kind, ...] = (
     Kind(cache, "before concat and plumbing: torch.cat onto an empty key/value cache only "
          "passes its input through; concat would otherwise claim a cat downstream of attention.",
          None),
-    Kind(norm, "anywhere before plumbing: it claims only layer_norm / rms_norm ops, which no "
-         "other rule claims; placed early, next to the other ops on x.", 1,
+    Kind(norm, "anywhere before plumbing and before rotary, scale and mask: it claims "
+         "layer_norm / rms_norm ops, which no other rule claims, and the ops of a norm written "
+         "out (pow, mean, rsqrt, mul) whose multiplies scale would otherwise claim; placed "
+         "early, next to the other ops on x.", 1,
          judged=("norm", "LayerNorm")),
     Kind(w_o, "before project: both claim x @ W; downstream of attend it is the output "
          "projection.", 17, judged=("w_o", "output projection")),
@@ -128,6 +138,12 @@ KINDS: tuple[Kind, ...] = (
          "and plumbing claims every shape op nobody claimed before it. Its judge judges the "
          "head split, over the view and transpose stages.", 6, judged=("split", "split")),
     Kind(transpose, "after view (see view).", 7),
+    Kind(sinks, "before softmax, mask, scale and concat: its cat of a sink column onto the "
+         "scores, and the shift by the row max before softmax, would otherwise be concat's or "
+         "no one's.", 11.5, judged=("sinks", "attention sinks")),
+    Kind(softcap, "before softmax, mask and scale: the divide and multiply around its tanh "
+         "are by one number each, and scale would otherwise claim them.", 9.5,
+         judged=("softcap", "soft-capping")),
     Kind(softmax, "(a call, then one written by hand) before mask and scale: a hand-written "
          "softmax's sub and div must not be read as a mask or a scale.", 12),
     Kind(dropout, "anywhere before plumbing: it claims only dropout ops on x-derived tensors, "

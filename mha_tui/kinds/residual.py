@@ -55,6 +55,16 @@ def adds_the_input_back(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
 RULES = (adds_the_input_back,)
 
 
+def mechanism(j: object, stage: Stage) -> str:
+    """What `check` says when the module leaves plain attention at this stage."""
+    norm = next((op for op in stage.ops if op.name in _NORMS), None)
+    then = (f", then a {'LayerNorm' if norm.name == 'layer_norm' else 'RMSNorm'} of the sum "
+            f"(post-norm, as BERT's attention block)") if norm is not None else ""
+    return (f"a residual add inside the module: the output is x + attention(x){then}, not "
+            f"the attention alone; check judges multi-head attention, so return its output "
+            f"before the add if that is the exercise")
+
+
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     ops = [m.op(i) for i in unit.ops]
     add = next(op for op in ops if op.name in _ADDS)

@@ -189,7 +189,7 @@ def scale_chain(j: Judge, soft: OpRecord) -> tuple[float, list[OpRecord], OpReco
                 alpha = op.kwarg("alpha", 1.0)
                 factor *= float(alpha) if isinstance(alpha, int | float) else 1.0
             for operand in operands[:2]:
-                _, f, _, passed = j.chain_to_projection(operand)
+                _, f, _, passed = j.chain_to_projection(operand, over_rotary=True)
                 factor *= f
                 ops.extend(p for p in passed if p.name in SCALE_OPS)
             return factor, ops, op

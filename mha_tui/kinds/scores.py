@@ -33,7 +33,8 @@ from ._parts.cell import (
     where,
 )
 from ._parts.maker import StageMaker, batched_product, broadcast_heads, synthetic, words
-from ._parts.mask_shape import mask_shape
+from ._parts.mask_fill import written
+from ._parts.mask_shape import mask_shape, token_names
 from ._parts.op_cell.reading import bracket
 from ._parts.product_cell import by_rows, called, generic, summed_over
 from ._parts.quizzing import EXPANDED, Question, cell_index, head_of_interest, number_text, token_name
@@ -53,7 +54,30 @@ def query_key_product(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
         return None
     if g.op_derives(op, {"softmax", "dropout"}) or g.op_derives(op, {"scores", "attend"}):
         return None
-    return "scores"
+    # only a forward that ran to its output says what follows: one that raised may stop
+    # before its softmax, and its product is still the scores
+    finished = g.rec.output is not None and g.rec.error is None
+    return "scores" if not finished or _normalised_later(g, op) else None
+
+
+_NORMALISERS = {"softmax", "_softmax", "softmax_", "log_softmax", "exp", "sigmoid"}
+
+
+def _normalised_later(g: Graph, op: OpRecord) -> bool:
+    """Scores are turned into weights downstream (a softmax, written out or not): linear
+    attention's φ(K)^T V, a product of two x-derived tensors that nothing normalises, is
+    not a score matrix."""
+    todo, seen = [op.index], set()
+    while todo:
+        i = todo.pop()
+        for c in g.consumers[i]:
+            if c in seen:
+                continue
+            seen.add(c)
+            if g.ops[c].name in _NORMALISERS:
+                return True
+            todo.append(c)
+    return False
 
 
 RULES = (query_key_product,)
@@ -136,13 +160,16 @@ def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
         [Check(f"q @ k^T, {m.s.h} heads, computed here from baddbmm's inputs", None)],
         shape_in=src.shape, shape_out=snap.shape, dims_in=m.dims(src.shape, BHTD),
         dims_out=BHTT, note=label, title="Raw attention scores (mha-tui's expansion)")
-    blocked = values <= -1e4
+    wrote = written(m.g, op)  # what baddbmm's added mask holds, not a threshold on the sum
+    blocked = wrote.reshape(values.shape) if wrote is not None and wrote.size == values.size \
+        else values <= -1e4
     kept = bool(np.allclose(values[~blocked], raw4[~blocked], rtol=1e-5, atol=1e-6)) \
         if raw4.shape == values.shape else True
     n_inf = int(np.isneginf(values).sum())
     bias = m.snap(bias_ref)
     title, explanation = words("mask")
-    shape = mask_shape(blocked)  # what the mask blocks, read from the entries (padding ...)
+    # what the mask blocks, read from the entries (padding ...)
+    shape = mask_shape(blocked, token_names(m.b.config.tokens))
     if shape.kind != "causal" and blocked.any():
         title, explanation = shape.title, shape.explanation
     mask = Stage(

@@ -21,6 +21,7 @@ from ..roles import find, role_checks, role_notes, roles_of
 from ._parts.builder import BHTT, plural, yes
 from ._parts.cell import Cell, Term, Why, where
 from ._parts.maker import StageMaker, words
+from ._parts.mask_fill import written_upstream
 from ._parts.quizzing import Question, cell_index, head_of_interest, number_text, recorded, token_name
 from ._parts.unit import Unit
 from .scores import scaled_inside
@@ -55,13 +56,15 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     first = m.op(unit.ops[0])
     values, snap = m.four_d(unit, BHTT)
     groups = m.per_head_ops(unit)
+    masked = None
     if m.b.per_head and len(groups) > 1:
         before = np.stack([m.snap(m.x_in(grp[0])).values for grp in groups],
                                  axis=m.b.head_axis)
     else:
         ref = m.x_in(first)
         before = m.b.out_4d([ref.op], BHTT)[0] if ref.op is not None else m.snap(ref).values
-    checks = softmax_checks(values, before)
+        masked = written_upstream(m.g, ref)
+    checks = softmax_checks(values, before, masked)
     config = m.b.config  # what each head is for, from these weights (mha_tui.roles)
     checks += role_checks(values, config.ids, config.model.layer if config.model else 0)
     ops = [m.op(i) for i in unit.ops]
@@ -100,13 +103,18 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                       explanation=explanation)
 
 
-def softmax_checks(weights: np.ndarray, before: np.ndarray) -> list[Check]:
+def softmax_checks(weights: np.ndarray, before: np.ndarray,
+                   masked: np.ndarray | None = None) -> list[Check]:
+    """Rows sum to 1; every masked entry gets weight 0. masked: the entries the mask op
+    wrote a mask value into (an added -10000 leaves a score above -1e4), else those holding
+    -inf or a large negative such as finfo.min or -1e9 (a mask that fills -3.4e38 blocks as
+    surely as -inf)."""
     deviation = float(np.abs(weights.sum(axis=-1, dtype=weights.dtype) - 1).max()) if weights.size else 0.0
     checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e})", deviation < 1e-5)]
     if before.shape == weights.shape:
-        # the entries the mask stage counts as blocked: -inf or a large negative such as
-        # finfo.min or -1e9 (a mask that fills -3.4e38 blocks as surely as -inf)
         blocked = before <= LARGE_NEGATIVE if before.dtype.kind == "f" else np.isneginf(before)
+        if masked is not None and masked.size == blocked.size:
+            blocked = blocked | masked.reshape(blocked.shape)
         n_blocked = int(np.count_nonzero(blocked))
         if n_blocked:
             n_zero = int(np.count_nonzero((weights == 0) & blocked))  # without indexing

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..ops.graph import Graph
 from ..ops.sizes import Sizes
+from ..ops.vocab import PRODUCTS
 from ..records import Check, OpRecord, Stage, Trace
 from ._parts.builder import BTC
 from ._parts.cell import Cell, Why, WhyError, linear
@@ -86,10 +87,32 @@ def judge(j: Judge) -> list[Row]:
                                     f"no output projection: the module has {name} "
                                     f"{tuple(shape)} but its forward never uses it, so the "
                                     "concatenated heads are returned unmixed"))]
+    unplaced = _unplaced_output_weight(j)
+    if unplaced is not None:  # a W_O it has, in a form no rule places (a head axis)
+        op, name, shape = unplaced
+        return [j.row(j.stage_of.get(op.index), "w_o", None, None,
+                      f"its output projection {name} {tuple(shape)} (line {op.source.line}) is "
+                      "a weight mha-tui does not place as W_O yet: not judged on its own",
+                      source=op.source)]
     j.differences.append("has no output projection (the heads' concatenation is the "
                             "output, as in Raschka's MultiHeadAttentionWrapper): compared "
                             "with a reference whose W_O is the identity")
     return []
+
+
+def _unplaced_output_weight(j: Judge) -> tuple[OpRecord, str, tuple[int, ...]] | None:
+    """A product of the attention's result with a weight parameter after attend that no rule
+    placed (TransformerLens' and ARENA's W_O of shape (h, d_h, C), read by einsum): the
+    module has an output projection, so it is never said to lack one."""
+    g = j.classified()
+    for op in g.ops:
+        if op.name not in PRODUCTS or not g.from_x[op.index] or g.kind.get(op.index) == "w_o" \
+                or not g.op_derives(op, {"attend", "concat", "sdpa"}):
+            continue
+        params = [r for r in op.inputs if r.kind == "param" and g.snap(r).ndim >= 2]
+        if params and op.out.shape and op.out.shape[-1] == j.C:
+            return op, params[0].name or "a weight", g.snap(params[0]).shape
+    return None
 
 # ------------------------------------------------------------ sdpa
 

@@ -36,8 +36,11 @@ class LoadError(ValueError):
 
 # Constructor parameters filled by name (whatever default they have); every other
 # parameter keeps its default or needs --init NAME=VALUE.
-EMBED_NAMES = ("embed_dim", "d_model", "d_in", "d_out", "n_embd", "dim")
-HEAD_NAMES = ("num_heads", "n_heads", "n_head")
+EMBED_NAMES = ("embed_dim", "d_model", "d_in", "d_out", "n_embd", "dim", "hidden_size")
+HEAD_NAMES = ("num_heads", "n_heads", "n_head", "num_attention_heads")
+# Hugging Face's grouped-query count: as many K/V heads as query heads (plain multi-head
+# attention) where the class has no default of its own.
+KV_HEAD_NAMES = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
 LENGTH_NAMES = ("max_seq_len", "context_length", "block_size")
 MASK_NAMES = ("mask", "attn_mask")
 # A parameter that holds a whole configuration (nanoGPT's `config`, Meta's `args`): --init
@@ -51,9 +54,17 @@ def filled_by_name(config: Config) -> dict[str, object]:
     values: dict[str, object] = dict.fromkeys(EMBED_NAMES, config.embed_dim)
     values.update(dict.fromkeys(HEAD_NAMES, config.num_heads))
     values.update(dict.fromkeys(LENGTH_NAMES, config.max_seq_len))
-    # Eval mode switches dropout off anyway; 0.0 also keeps a training-mode module honest.
-    values.update(dropout=0.0, batch_first=True, causal=config.causal)
+    values.update(dict.fromkeys(KV_HEAD_NAMES, config.num_heads))
+    # dropout only where the class has no default of its own (AUTHORS_DEFAULT).
+    values.update(dropout=0.0, attention_dropout=0.0, attn_dropout=0.0, batch_first=True,
+                  causal=config.causal)
     return values
+
+
+# Filled only when the class gives no default: a module is run as its author builds it. A
+# class default `dropout=0.1` handed to F.scaled_dot_product_attention(dropout_p=...) drops
+# weights in eval mode too: filling 0.0 over it would hide that bug (issue 27).
+AUTHORS_DEFAULT = frozenset({"dropout", "attention_dropout", "attn_dropout", *KV_HEAD_NAMES})
 
 
 def describe(value: object) -> str:
@@ -199,6 +210,7 @@ def constructor_arguments(cls: type, config: Config, init: Mapping[str, object])
             raise LoadError(f"--init {name}: {cls.__name__}() has no parameter {name!r}; "
                             f"it takes: {', '.join(named) or 'nothing'}")
     kwargs: dict[str, object] = {}
+    missing: list[inspect.Parameter] = []
     for name, param in params.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
@@ -208,13 +220,20 @@ def constructor_arguments(cls: type, config: Config, init: Mapping[str, object])
                 raise LoadError(f"--init {name}={init[name]!r} disagrees with --heads "
                                 f"{config.num_heads}: give --heads {init[name]!r} instead")
             kwargs[name] = init[name]
-        elif name in by_name:
+        elif name in by_name and not (name in AUTHORS_DEFAULT and param.default is not param.empty):
             kwargs[name] = by_name[name]
         elif param.default is param.empty:
-            raise LoadError(_needs_a_value(cls, name, param))
+            missing.append(param)  # every one named at once, after the loop
         if param.kind is param.POSITIONAL_ONLY and name in kwargs:
             raise LoadError(f"{cls.__name__}() takes {name!r} as positional-only; mha-tui "
                             "passes constructor arguments by name")
+    if len(missing) == 1:
+        raise LoadError(_needs_a_value(cls, missing[0].name, missing[0]))
+    if missing:
+        names = [p.name for p in missing]
+        said = ", ".join(repr(n) for n in names[:-1]) + f" and {names[-1]!r}"
+        raise LoadError(f"{cls.__name__}() needs values for {said}, which mha-tui cannot "
+                        f"guess; give them with {' '.join(f'--init {n}=VALUE' for n in names)}")
     kwargs.update((k, v) for k, v in init.items() if k not in kwargs)  # into **kwargs
     return kwargs
 
@@ -234,9 +253,10 @@ def _needs_a_value(cls: type, name: str, param: inspect.Parameter) -> str:
     if not is_object:
         return (f"{cls_name}() needs a value for {name!r}, which mha-tui cannot guess; give it "
                 f"with --init {name}=VALUE")
-    return (f"{cls_name}() needs {name!r}, an object --init cannot give (it takes Python "
-            f"literals): run a subclass whose __init__(self, embed_dim, num_heads) builds the "
-            f"{name} and calls super().__init__({name})")
+    return (f"{cls_name}() needs {name!r}, an object: give it with --init "
+            f"'{name}={{\"key\": VALUE}}' if the class reads {name}[\"key\"] (a dict), or run a "
+            f"subclass whose __init__(self, embed_dim, num_heads) builds the {name} and calls "
+            f"super().__init__({name})")
 
 
 def forward_of(module: object) -> Callable[..., object]:

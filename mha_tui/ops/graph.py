@@ -184,11 +184,13 @@ def scalar_operand(g: Graph, op: OpRecord) -> float | None:
     return None
 
 
-def masks_somewhere(g: Graph, ref: Ref) -> bool:
+def masks_somewhere(g: Graph, ref: Ref, sign: float = 1.0) -> bool:
     """The tensor, or the buffer it was sliced from, holds a mask value (a one-token slice of
-    a causal mask is a single 0, but it is still the mask)."""
+    a causal mask is a single 0, but it is still the mask); sign -1: its negative does (a
+    mask subtracted, `scores - 10000.0 * (1 - tril)`)."""
     for _ in range(8):
-        if very_negative(g.snap(ref).values):
+        values = g.snap(ref).values
+        if very_negative(-values if sign < 0 and values.dtype.kind == "f" else values):
             return True
         op = g.producer(ref)
         if op is None or not op.inputs:

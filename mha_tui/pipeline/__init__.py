@@ -139,11 +139,9 @@ def _is_torch_module(module: Any) -> bool:
 # ---------------------------------------------------------------- a Request's runs
 
 def _refuse_unwired(request: Request) -> None:
-    """Batch rows and decode steps have their fields but no run yet (#29)."""
+    """Decode steps have their field but no run yet (#29); batch rows run (config.batch)."""
     from ..config import ConfigError
 
-    if request.rows:
-        raise ConfigError("batch rows are not supported yet: give one sentence")
     if request.steps:
         raise ConfigError("decode steps are not supported yet: one forward over the sentence")
 

@@ -15,9 +15,10 @@ from ..kinds import embed, mask, project
 from ..kinds import error as error_kind
 from ..kinds import op as op_kind
 from ..kinds._parts.builder import Builder
-from ..kinds._parts.maker import StageMaker
+from ..kinds._parts.maker import StageMaker, api_name
 from ..kinds._parts.unit import Unit
 from ..kinds.registry import builder
+from ..ops.graph import reaching_output
 from ..records import Check, Embedded, Recording, Stage
 from ..stages import stage_info
 
@@ -29,8 +30,16 @@ def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Emb
     if embedded is not None:
         stages.append(embed.build(maker, embedded))
     counts: dict[str, int] = {}
+    reaches = reaching_output(rec) if rec.error is None else None
+    unused: list[str] = []
     for unit in units:
         kind = unit.kind
+        if kind == "op" and reaches is not None and not any(reaches[i] for i in unit.ops):
+            # not part of what the module computes (ESM's head-averaged weights returned
+            # beside the output, an unused torch.arange): listed, not a stage
+            op = rec.ops[unit.ops[-1]]
+            unused.append(f"{api_name(op)} (line {op.source.line})" if op.source else api_name(op))
+            continue
         counts[kind] = counts.get(kind, 0) + 1
         stage_id = kind if counts[kind] == 1 else f"{kind}-{counts[kind]}"
         try:
@@ -40,6 +49,10 @@ def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Emb
             fallback = op_kind.build(maker, unit, stage_id if kind == "op" else f"op-{kind}")
             stages.append(replace(fallback, note=f"mha-tui could not lay this out as {kind} "
                                                  f"({type(error).__name__}: {error}); shown as it ran."))
+    if unused and stages:
+        stages[-1] = replace(stages[-1], checks=(*stages[-1].checks, Check(
+            f"not shown as stages: {', '.join(unused)}: their results never reach the output",
+            None)))
     # --no-causal's "no mask ran" is about one sequence attending to itself: across two
     # sequences (cross-attention) no causal mask is expected.
     if not b.config.causal and not b.sizes.cross and not any(st.kind == "mask" for st in stages):

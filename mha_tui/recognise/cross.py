@@ -53,3 +53,34 @@ def cross_words(stages: tuple[Stage, ...], sizes: Sizes, query: str, context: st
                 if KEYS in t.dims else t for t in stage.tensors))
         out.append(stage)
     return tuple(out)
+
+
+def cache_words(stages: tuple[Stage, ...], sizes: Sizes) -> tuple[Stage, ...]:
+    """A decode step: the new queries against every key kept so far (the cache's and the
+    new ones), said where the scores are made."""
+    T_q, T_k = sizes.T, sizes.keys
+    looks = (f"decoding with a KV cache: {plural(T_q, 'new query', 'new queries')} "
+             f"{'looks' if T_q == 1 else 'look'} at {plural(T_k, 'key')}, "
+             f"{T_k - T_q} from the cache and {T_q} just made")
+    # The cache as the module keeps it: the tensors its concatenations made, T_k long.
+    cached = [t for stage in stages if any(op.name in _CONCATS for op in stage.ops)
+              for t in stage.tensors[-1:] if KEYS in t.dims]
+    cost = None
+    if cached:
+        total = sum(int(t.values.nbytes) for t in cached)
+        shapes = ", ".join(str(tuple(t.values.shape)) for t in cached)
+        cost = Check(f"the KV cache: {plural(len(cached), 'tensor')} {shapes} "
+                     f"{cached[0].values.dtype} = {total} bytes, {total // T_k} bytes per token",
+                     None)
+    out = []
+    for stage in stages:
+        if stage.kind == "scores" and KEYS in stage.dims_out:
+            stage = replace(stage, explanation=(
+                f"{stage.explanation} {looks[0].upper()}{looks[1:]}: the scores are T_q x T_k "
+                f"= {T_q} x {T_k}.").replace("(T, T)", "(T_q, T_k)"),
+                checks=(*stage.checks, Check(looks, None), *([cost] if cost else [])))
+        out.append(stage)
+    return tuple(out)
+
+
+_CONCATS = ("cat", "concat", "concatenate")

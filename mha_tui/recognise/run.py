@@ -18,7 +18,7 @@ from ..records import Embedded, Recording, Stage
 from .assemble import build_stages
 from .batch import padding_words
 from .classify import classify
-from .cross import cross_words
+from .cross import cache_words, cross_words
 from .grouping import group
 
 
@@ -39,6 +39,8 @@ def recognise(rec: Recording, config: Config, *, embedded: Embedded | None = Non
     assign_heads(g, calls)
     assign_loop_heads(g, sizes)
     classify(g, sizes)
+    if not sizes.cross:  # a decode step: T new queries against the cache's longer keys
+        sizes = _cached_keys(g, sizes)
     units = group(g)
     builder = Builder(g, sizes, config, calls)
     builder.h_kv = kv_repeat.kv_heads(builder)
@@ -48,9 +50,25 @@ def recognise(rec: Recording, config: Config, *, embedded: Embedded | None = Non
         stages = tuple(replace(stage, dims_in=builder.cross_dims(stage.shape_in, stage.dims_in),
                                dims_out=builder.cross_dims(stage.shape_out, stage.dims_out))
                        for stage in stages)
-        stages = cross_words(stages, sizes, query=" and ".join(sorted(g.query_names)) or "x",
-                             context=" and ".join(sorted(g.key_names)) or "the context")
+        if g.key_names:
+            stages = cross_words(stages, sizes, query=" and ".join(sorted(g.query_names)) or "x",
+                                 context=" and ".join(sorted(g.key_names)) or "the context")
+        else:
+            stages = cache_words(stages, sizes)
     if config.batch:  # the padding, row by row, as the mask op wrote it
         stages = padding_words(stages, config)
     return stages
 
+
+
+def _cached_keys(g: Graph, sizes: Sizes) -> Sizes:
+    """A decode step with a KV cache: the scores are (T, T_k) with T_k the keys kept so far
+    (the cache and the new ones), longer than the T new queries. The keys' axis is then T_k,
+    as in cross-attention (their tokens are positions: the cache's tokens are not inputs)."""
+    for op in g.ops:
+        if g.kind.get(op.index) == "scores" and op.out.ndim >= 2:
+            T_q, T_k = op.out.shape[-2], op.out.shape[-1]
+            if T_q == sizes.T and T_k > sizes.T:
+                return replace(sizes, T_k=T_k)
+            return sizes
+    return sizes

@@ -50,9 +50,9 @@ class Request:
       `pipeline.checked`.
     - `against`: `explain --against`'s reference module, or None. Read by
       `pipeline.comparison`.
-    - `rows`: room for padded batches (#29): more sentences, one per batch row after the
-      first (B = 1 + len(rows)), padded to the longest. Empty: one row, the sentence; no
-      caller sets it yet and the pipeline refuses it until it is wired.
+    - `rows` (a property): a padded batch's other sentences (`--batch`), one per batch row
+      after the first (B = 1 + len(rows)), padded with PAD to the longest. They live in
+      `config.batch`, since the vocabulary, the ids and T are made from every row.
     - `steps`: room for a KV cache (#29): decode this many tokens one at a time after the
       prompt. 0: one forward over the whole sentence; no caller sets it yet and the
       pipeline refuses it until it is wired.
@@ -62,8 +62,12 @@ class Request:
     source: Source = field(default_factory=Source)
     expect: Expect = field(default_factory=Expect)
     against: Source | None = None
-    rows: tuple[str, ...] = ()
     steps: int = 0
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        """The batch's rows after the sentence's (`--batch`): `config.batch`."""
+        return self.config.batch
 
     def as_json(self) -> dict[str, Any]:
         """The request as plain JSON types (the grader hands it to its worker processes).
@@ -82,12 +86,12 @@ class Request:
         """The request `as_json` wrote (extra keys, the grader's limits, are ignored)."""
         config = Config(data["sentence"], embed_dim=data["embed_dim"], num_heads=data["heads"],
                         seed=data["seed"], causal=data["causal"],
-                        max_seq_len=data["max_seq_len"], context=data.get("context", ""))
+                        max_seq_len=data["max_seq_len"], context=data.get("context", ""),
+                        batch=tuple(data.get("rows", ())))
         source = Source(model=data.get("model") or DEFAULT_MODEL, module=data.get("module"),
                         init=tuple(parse_init(text) for text in data.get("init", ())),
                         weights=data.get("weights"))
         expect = Expect(rotary=bool(data.get("rotary")), window=data.get("window"),
                         alibi=bool(data.get("alibi")),
                         rotary_base=float(data.get("rotary_base", 10000.0)))
-        return cls(config, source, expect, rows=tuple(data.get("rows", ())),
-                   steps=int(data.get("steps", 0)))
+        return cls(config, source, expect, steps=int(data.get("steps", 0)))

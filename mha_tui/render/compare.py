@@ -33,6 +33,7 @@ STATUS_WORDS = {
     "mine": "only in yours",
     "reference": "only in the reference",
     "not compared": "not compared",
+    "reordered": "same steps, another order",
 }
 CELLS_LISTED = 8
 LARGEST = re.compile(r"(?:largest|difference|numbers),? [-+]?(?:\d[\d.]*(?:e[-+]?\d+)?|inf|nan)")
@@ -44,12 +45,14 @@ before it, kept on one line when the text wraps (`Unbroken`), as are indices suc
 def marks(ascii_only: bool) -> dict[str, str]:
     """The rail's and the headings' mark for each status."""
     if ascii_only:
-        return {"agree": "+", "differ": "x", "mine": "<", "reference": ">", "not compared": "."}
-    return {"agree": "✓", "differ": "✗", "mine": "◧", "reference": "◨", "not compared": "·"}
+        return {"agree": "+", "differ": "x", "mine": "<", "reference": ">", "not compared": ".",
+                "reordered": "~"}
+    return {"agree": "✓", "differ": "✗", "mine": "◧", "reference": "◨", "not compared": "·",
+            "reordered": "≈"}
 
 
 STATUS_STYLES = {"agree": "green", "differ": "bold red", "mine": "yellow", "reference": "yellow",
-                 "not compared": "dim"}
+                 "not compared": "dim", "reordered": "cyan"}
 
 
 def _index(index: tuple[int, ...]) -> str:
@@ -89,11 +92,13 @@ def comparison_header(c: Comparison, opts: RenderOptions) -> Group:
         [Text("  (none: your forward raised before its weights could be found)", style="dim")]
     parts.append(Text(f"differences computed by mha-tui: a cell differs when |yours - "
                       f"reference's| exceeds {TOLERANCE}", style="dim"))
+    orders = dict.fromkeys(row.order for row in c.rows if row.order)
+    parts += [Text(f"a different but equivalent order: {order}", style="cyan") for order in orders]
     parted = c.parted
     differing = [row.kind for row in c.rows if row.status == "differ"]
     if parted is None and not differing:
-        parts.append(Text("they never part: every stage both have gives the same numbers",
-                          style="green"))
+        parts.append(Text("they never part: every stage both have gives the same numbers" +
+                          (", or the same after both orders" if orders else ""), style="green"))
     elif parted is None:
         parts.append(Text(f"they never part for good: they differ at {', '.join(differing)} "
                           "and give the same numbers again after them", style="green"))

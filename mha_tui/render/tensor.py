@@ -366,6 +366,11 @@ def _tensor_matrices(record: TensorRecord, config: Config, opts: RenderOptions,
             matrices.append(Matrix(v[row, i], record, tokens(2, tags, tag_heads), cols,
                                    _head_title(record, i, opts, batched, kv, row), opts, head=i))
         return matrices
+    if dims and dims[-1] == "T" and v.ndim >= 2 and v.shape[-1] == len(config.tokens) and \
+            v.shape[0] == 1 and all(d in ("B", "1") for d in dims[:-1]):
+        # a key padding mask (B, 1, 1, T) of one sentence: its columns are the keys' tokens
+        return [Matrix(v.reshape(1, -1), record, Axis(["every query"]), _token_axis(config),
+                       None, opts)]
     return _generic_matrices(record, opts)
 
 

@@ -40,6 +40,11 @@ def _stand_in(ch: str) -> str:
 
 
 def _visible(ch: str) -> str:
+    if ch == "\ufe0f":
+        # VARIATION SELECTOR-16 asks for an emoji's picture: Rich counts `❤️` 2 cells wide,
+        # tmux 3.3 and many terminals draw it in 1, and every column after it shifts. Without
+        # it, `❤` is 1 cell for Rich and the terminal alike (an emoji already 2 wide stays so).
+        return ""
     category = unicodedata.category(ch)
     if category in ("Cc", "Cs") or (
         category == "Cf" and ord(ch) not in _KEEP_FORMAT and not 0xE0000 <= ord(ch) <= 0xE007F

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import inspect
 import os
 import sys
@@ -57,6 +58,23 @@ __all__ = ["RecordResult", "Recorder", "op_name", "record", "snapshot", "source_
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _package_dir(name: str) -> str | None:
+    """Where an installed package lives, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    origin = spec.origin if spec is not None else None
+    return os.path.dirname(origin) + os.sep if origin else None
+
+
+# Libraries that only spell tensor ops for the module (einops' rearrange runs as reshape and
+# permute inside einops/_backends.py): an op they run is placed at the module's line that
+# called them, never at theirs.
+_SPELLING_DIRS = tuple(d for d in (_package_dir("einops"),) if d)
+_NOT_THE_MODULE = (_TORCH_DIR, _THIS_DIR, *_SPELLING_DIRS)
 _MHA_FORWARD = F.multi_head_attention_forward
 
 # Operators by their dunder name, as a learner would call them.
@@ -260,7 +278,9 @@ class Recorder:
                 named = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
             for arg_name, value in named:
                 for i, t in enumerate(tensors_in(value)):
-                    label = arg_name if i == 0 else f"{arg_name}[{i}]"
+                    # a tuple argument's tensors by their index (`past_kv[0]`, as the
+                    # module's line reads it); a tensor argument by its name
+                    label = arg_name if isinstance(value, torch.Tensor) else f"{arg_name}[{i}]"
                     if id(t) in session.input_refs:  # the same x passed as query, key, value
                         continue
                     snap = snapshot(t)
@@ -315,9 +335,8 @@ class Recorder:
         while frame is not None:
             code = frame.f_code
             filename = code.co_filename
-            if code in session.codes or code is _MHA_FORWARD.__code__ or not (
-                filename.startswith(_TORCH_DIR) or filename.startswith(_THIS_DIR)
-            ):
+            if code in session.codes or code is _MHA_FORWARD.__code__ or \
+                    not filename.startswith(_NOT_THE_MODULE):
                 return source_at(filename, frame.f_lineno, code.co_name, code)
             fallback = fallback or frame
             frame = frame.f_back

@@ -118,8 +118,8 @@ class Judge:
 
     # ------------------------------------------------------------ project / w_o
 
-    def chain_to_projection(self, ref: Ref, *, through: bool = False
-                             ) -> tuple[np.ndarray | None, float, OpRecord | None, list[OpRecord]]:
+    def chain_to_projection(self, ref: Ref, *, through: bool = False, over_rotary: bool = False
+                            ) -> tuple[np.ndarray | None, float, OpRecord | None, list[OpRecord]]:
         """Walk back from a head-form operand to the projection output it was cut from.
 
         Returns (the projection's part that became this operand -- for a fused projection
@@ -144,6 +144,13 @@ class Judge:
                 return part, factor, op, passed
             if not xs:
                 return None, factor, None, passed
+            if self.kind(op) == "norm" and not through:  # a norm is no scale: stop
+                return None, factor, None, passed
+            if over_rotary and self.kind(op) == "rotary":
+                # a turn keeps every pair's length: on to the tensor it turned (ESM's
+                # `q *= scaling` before its rotary still scales the scores)
+                ref = self._before_kind(ref, "rotary")
+                continue
             if op.name in SCALE_OPS and op.out.values.dtype.kind != "c":  # complex: rotary
                 r = ratio(f64(op.out.values), f64(self.g.snap(xs[0]).values))
                 if r is not None:
@@ -154,6 +161,18 @@ class Judge:
             values.append(op.outputs[ref.output].values)
             ref = xs[0]
         return None, factor, None, passed
+
+    def _before_kind(self, ref: Ref, kind: str) -> Ref:
+        """Back from a tensor made by ops of one kind to the tensor they started from."""
+        for _ in range(64):
+            op = self.g.producer(ref)
+            if op is None or self.kind(op) != kind:
+                return ref
+            xs = self.g.x_inputs(op)
+            if not xs:
+                return ref
+            ref = xs[0]
+        return ref
 
     def canonical_projection(self, values: np.ndarray) -> np.ndarray:
         """A projection output as (B, T, width): torch's MHA works on (T, B, width)."""
@@ -211,12 +230,18 @@ class Judge:
         if len(out) < 2:
             return None
         if kind == "scores":
-            q_letter, k_letter = out[-2], out[-1]
+            # the query's letter is the one only q has, the key's the one only k has (labml's
+            # sequence-first 'ibhd,jbhd->ijbh' puts them first, heads last)
+            q_only = [c for c in out if c in la and c not in lb]
+            k_only = [c for c in out if c in lb and c not in la]
+            if len(q_only) != 1 or len(k_only) != 1:
+                return None
+            q_letter, k_letter = q_only[0], k_only[0]
             contracted = [c for c in la if c in lb and c not in out]
             if len(contracted) != 1:
                 return None
             d = contracted[0]
-            batch = [c for c in out[:-2]]
+            batch = [c for c in out if c not in (q_letter, k_letter)]
             try:
                 a = np.einsum(f"{la}->{''.join(batch)}{q_letter}{d}", self.g.snap(operands[0]).values)
                 b = np.einsum(f"{lb}->{''.join(batch)}{k_letter}{d}", self.g.snap(operands[1]).values)

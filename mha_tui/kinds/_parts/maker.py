@@ -166,6 +166,7 @@ class StageMaker:
             checks.append(Check(f"{who}dropout(p={op.kwarg('p', _p(op))}) "
                                 f"{'in eval mode ' if op.kwarg('training') is False else ''}"
                                 "left the numbers unchanged", None))
+        note = " ".join(filter(None, [note, _einops_note([self.op(i) for i in indices])]))
         stage = Stage(
             id=stage_id, title=title or default_title, code=code,
             explanation=explanation if explanation is not None else default_explanation,
@@ -270,6 +271,32 @@ class StageMaker:
 
     def four_d(self, unit: Unit, dims: tuple[str, ...]) -> tuple[np.ndarray, Snapshot]:
         return self.b.out_4d(unit.ops, dims)
+
+
+_EINOPS_CALL = re.compile(r"""\b(rearrange|reduce|repeat|einsum|pack|unpack)\(\s*[^,()]*,\s*(['"])(.+?)\2""")
+
+
+def _einops_note(ops: list[OpRecord]) -> str:
+    """What an einops call on the stage's line ran as: its pattern, and the torch ops
+    recorded for it (`rearrange(t, 'b n (h d) -> b h n d')` is a reshape then a permute)."""
+    notes = []
+    for line in dict.fromkeys(op.source.text for op in ops if "einops" in op.qualname
+                              or _EINOPS_CALL.search(op.source.text)):
+        found = _EINOPS_CALL.search(line)
+        if found is None:
+            continue
+        ran = list(dict.fromkeys(op.name for op in ops if op.source.text == line))
+        plain = [_PLAIN[name] for name in ran if name in _PLAIN]
+        same = (f"the {' and '.join(dict.fromkeys(plain))} a module without einops would "
+                f"write" if len(plain) == len(ran) else "torch's own ops")
+        notes.append(f"The line's einops.{found.group(1)}('{found.group(3)}') names the axes; "
+                     f"einops runs it as torch's {', then '.join(ran)}, recorded here: {same}.")
+    return " ".join(notes)
+
+
+# einops' backend ops and what a module without einops would write for them
+_PLAIN = {"reshape": "view", "view": "view", "permute": "transpose", "transpose": "transpose",
+          "flatten": "view", "unflatten": "view", "contiguous": "contiguous copy"}
 
 
 _PROPERTIES = {"real", "imag", "T", "mT", "H", "mH"}

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ...ops.vocab import LARGE_NEGATIVE
 from ...records import OpRecord, TensorArg
 from ..scores import baddbmm_factors
 from .cell import Cell, Term, Why, WhyError, where
@@ -136,7 +137,9 @@ def added_why(cell: Cell, before: float, added: float, adds: bool = True, name: 
     minus) the mask's entry, blocked where that is -inf (or -1e9 and below)."""
     *_, i, j = cell.index
     computed = before + added if adds else before - added
-    blocked = math.isinf(computed) or added <= -1e9
+    # blocked: what the mask wrote here is a mask value (-inf, -1e4 and below), whatever
+    # the sum came to (-10000 added to a score of 0.7 is -9999.3)
+    blocked = math.isinf(computed) or (added if adds else -added) <= LARGE_NEGATIVE
     terms = (Term("score before the mask", (), before),
              Term(f"{'+' if adds else '-'} {name}[{i}, {j}]",
                   (before, "+" if adds else "-", added), computed))

@@ -24,11 +24,12 @@ from ...records import Check, OpRecord, Stage
 from .._parts.builder import BHTD, BTHD
 from .._parts.maker import StageMaker, synthetic
 from .._parts.unit import Unit
-from .finding import ELEMENTWISE, KIND, Rotation, angles_of, frequencies, pairs, rotate, rotations, wrapped
-from .judging import judge
+from .finding import CLAIMS, KIND, Rotation, angles_of, frequencies, pairs, rotate, rotations, wrapped
+from .judging import judge, mechanism, scaled
 from .why import quiz, why
 
-__all__ = ["KIND", "RULES", "TITLE", "Rotation", "build", "judge", "quiz", "rotations", "why"]
+__all__ = ["KIND", "RULES", "TITLE", "Rotation", "build", "judge", "mechanism", "quiz", "rotations", "scaled",
+           "why"]
 
 TITLE = "Rotary positions: turn Q and K by each token's position"
 
@@ -39,7 +40,7 @@ def turns_by_position(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     where its output goes, the tables of a rotation checked on the values)."""
     if not g.op_derives(op, {"project"}):
         return KIND if any(op.index in rot.tables for rot in rotations(g, sizes)) else None
-    if op.name not in ELEMENTWISE:
+    if op.name not in CLAIMS:
         return None
     return KIND if any(op.index in rot.ops for rot in rotations(g, sizes)) else None
 

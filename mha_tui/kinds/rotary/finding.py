@@ -17,11 +17,14 @@ import numpy as np
 from ...ops.graph import Graph, value_inputs
 from ...ops.sizes import Sizes
 from ...records import OpRecord, Ref
+from .measured import WALK, measured
 
 KIND = "rotary"
 ELEMENTWISE = {"mul", "add", "sub", "neg", "cat", "stack", "getitem", "flatten", "view",
                 "reshape", "unsqueeze", "float", "to", "type_as", "contiguous", "view_as_complex",
                 "view_as_real", "repeat_interleave", "mul_", "add_"}
+_CASTS = {"to", "type_as", "float", "contiguous"}
+CLAIMS = ELEMENTWISE | WALK  # the ops a rotation may be made of
 _COMPLEX_WRAP = {"view_as_complex", "reshape", "view", "float", "to", "type_as", "contiguous"}
 _COMPLEX_UNWRAP = {"view_as_real", "flatten", "reshape", "view", "type_as", "to", "float"}
 
@@ -39,6 +42,7 @@ class Rotation:
     cos: np.ndarray  # (T, r/2): the module's cos per position and pair
     sin: np.ndarray
     ops: frozenset[int]  # every op from rotated_in to after
+    scale: float = 1.0  # the tables' length: YaRN's attention factor multiplies cos and sin
     # the ops that made the cos and sin tables from tensors the caller passed (Hugging Face
     # hands `position_embeddings` in; transformers 5.24's GPT-J repeats each angle for its
     # pair with `repeat_interleave` inside the forward): no projection feeds them
@@ -258,6 +262,7 @@ def _complete(g: Graph, rotated_in: Ref, site: Ref, r: int, pairing: str, cos: n
     sliced = _slice_of(g, rotated_in)
     if sliced is not None and sliced[1][0] in (None, 0):
         source, _ = sliced
+        site = _cast_after(g, site, extra)  # litgpt's `roped.to(dtype=x.dtype)` before the cat
         for c in g.consumers[site.op]:  # type: ignore[index]
             joined = g.ops[c]
             if joined.name != "cat" or len(joined.inputs) != 2 or not _same(joined.inputs[0], site):
@@ -271,6 +276,18 @@ def _complete(g: Graph, rotated_in: Ref, site: Ref, r: int, pairing: str, cos: n
     return Rotation(before=before, rotated_in=rotated_in, after=after, passed=passed, r=r,
                     pairing=pairing, cos=np.asarray(cos, np.float64),
                     sin=np.asarray(sin, np.float64), ops=frozenset(ops), tables=tables - ops)
+
+
+def _cast_after(g: Graph, site: Ref, extra: set[int]) -> Ref:
+    """site, or the dtype cast it goes through alone (`.to(dtype)`, `.type_as(x)`), whose
+    op joins `extra`."""
+    for _ in range(3):
+        consumers = g.consumers[site.op]  # type: ignore[index]
+        if len(consumers) != 1 or g.ops[consumers[0]].name not in _CASTS:
+            return site
+        site = Ref("op", op=consumers[0])
+        extra.add(consumers[0])
+    return site
 
 
 def _between(g: Graph, start: Ref, end: Ref) -> set[int]:
@@ -298,6 +315,12 @@ def _find(g: Graph, sizes: Sizes) -> list[Rotation]:
         if rotation is not None:
             found.append(rotation)
             claimed |= rotation.ops
+    for before, rotated_in, after, passed, r, pairing, cos, sin, scale, ops in measured(g, sizes):
+        if ops & claimed:
+            continue
+        found.append(Rotation(before=before, rotated_in=rotated_in, after=after, passed=passed,
+                              r=r, pairing=pairing, cos=cos, sin=sin, ops=ops, scale=scale))
+        claimed |= ops
     return found
 
 
@@ -324,3 +347,50 @@ def wrapped(a: np.ndarray) -> np.ndarray:
     return (a + math.pi) % (2 * math.pi) - math.pi
 
 
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """Rotary frequencies scaled from base^(-2i/r), as Llama 3's and YaRN's rope_scaling do:
+    the fast pairs as they are, the slow ones turning `factor` times slower, and (YaRN) cos
+    and sin multiplied by an attention factor."""
+
+    omega: np.ndarray  # radians per position of each pair, measured
+    factor: float  # how many times slower the slowest pair turns
+    attention: float  # the tables' length (1: none)
+
+    def words(self) -> str:
+        # measured from float32 tables: 3.99 is YaRN's factor 4
+        rounded = float(f"{self.factor:.2g}")
+        factor = f"{rounded:g}" if abs(rounded - self.factor) <= 0.01 * self.factor else \
+            f"{self.factor:.3g}"
+        said = (f"scaled frequencies: the fast pairs as base^(−2i/r), the slowest {factor} "
+                f"times slower (rope scaling, factor {factor}, as Llama 3's and YaRN's "
+                f"rope_scaling)")
+        if not np.isclose(self.attention, 1.0, rtol=1e-4):
+            said += f", cos and sin times {self.attention:.4g} (YaRN's attention factor)"
+        return said
+
+
+def scaling(rotation: Rotation, base: float) -> Scaling | None:
+    """The rope scaling that makes the rotation's frequencies from base, or None when they
+    are base^(-2i/r) already or follow no scaling: each pair's frequency the unscaled one
+    divided by 1 (the fastest pair) up to F, never rising back, F > 1, the slowest pairs all
+    divided by F (a smaller base divides them ever more: that is a wrong base, not this)."""
+    angles = np.arctan2(rotation.sin, rotation.cos)
+    T, n = angles.shape
+    if T < 2 or n < 2:
+        return None
+    if angles[1, 0] < 0:
+        angles = -angles
+    omega = np.unwrap(angles, axis=0)[-1] / (T - 1)  # the last position: the most precise
+    plain = base ** (-np.arange(n) / n)
+    ratio = omega / plain
+    if np.allclose(ratio, 1.0, rtol=1e-3) or not np.isclose(ratio[0], 1.0, rtol=1e-2):
+        return None
+    if (ratio > 1.0 + 1e-2).any() or (np.diff(ratio) > 5e-2 * ratio[:-1]).any():
+        return None
+    if n < 3 or not np.isclose(ratio[-1], ratio[-2], rtol=2e-2):
+        return None  # no plateau at 1/F for the slowest pairs: another base, not a scaling
+    factor = float(1.0 / ratio[-1])
+    return Scaling(omega, factor, rotation.scale) if factor > 1.01 else None

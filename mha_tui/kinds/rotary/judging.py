@@ -13,7 +13,7 @@ from ...records import OpRecord, Stage
 
 if TYPE_CHECKING:
     from .._parts.judging import Judge, Row
-from .finding import KIND, Rotation, angles_of, frequencies, rotations, wrapped
+from .finding import KIND, Rotation, Scaling, angles_of, frequencies, rotations, scaling, wrapped
 
 # ---------------------------------------------------------------------- judging
 
@@ -42,8 +42,25 @@ def judge(j: Judge) -> list[Row]:
     return rows
 
 
+def _turns_back(rot: Rotation) -> bool:
+    angles = angles_of(rot)
+    return angles.shape[0] >= 2 and bool(angles[1, 0] < 0)
+
+
+def forward(angles: np.ndarray) -> np.ndarray:
+    """The angles as a turn the usual way: a module that turns the other way (nanochat's
+    `x1 * (-sin) + x2 * cos`) has every angle negated, and q·k depends on t - s all the same."""
+    return -angles if angles.shape[0] >= 2 and angles[1, 0] < 0 else angles
+
+
 def _base(base: float) -> str:
-    """A base read from float32 tables, as a person writes it: 500, 10000, 500000."""
+    """A base read from float32 tables, as a person writes it: 500, 10000, 500000 (the
+    fewest significant digits within 1e-4 of it: angles measured in float32 give 500021)."""
+    for digits in range(1, 7):
+        rounded = float(f"{base:.{digits}g}")
+        if abs(rounded - base) <= 1e-4 * base:
+            base = rounded
+            break
     return f"{base:.4g}" if base < 1e4 else f"{base:.0f}"
 
 
@@ -51,7 +68,7 @@ def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Rotation]
     by_role.sort(key=lambda p: "QKV?".index(p[0]))
     roles = [role for role, _ in by_role]
     first = by_role[0][1]
-    angles = angles_of(first)
+    angles = forward(angles_of(first))
     T, n = angles.shape
     r = first.r
     _, base, _ = frequencies(angles)
@@ -97,7 +114,9 @@ def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Rotation]
     (_, q_rot), (_, k_rot) = by_role[:2]
     if q_rot.cos.shape != k_rot.cos.shape or not np.allclose(q_rot.cos, k_rot.cos, atol=1e-5) \
             or not np.allclose(q_rot.sin, k_rot.sin, atol=1e-5):
-        return wrong(k_rot, "rotary_angles", "Q and K are turned by different angles: q·k then "
+        # the one turning against the usual direction (a sign flipped on sin) is the odd one
+        odd = q_rot if _turns_back(q_rot) and not _turns_back(k_rot) else k_rot
+        return wrong(odd, "rotary_angles", "Q and K are turned by different angles: q·k then "
                                              "depends on where the tokens are, not only on how "
                                              "far apart they are")
     if T >= 2:
@@ -107,6 +126,11 @@ def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Rotation]
                          f"the angles do not grow as t × angle(1) (off by up to {linear:.3g} "
                          f"rad): position t must turn pair i by t·ω_i, so that q·k depends on "
                          f"t − s only")
+    scaled = scaling(q_rot, expected_base) if j.facts.rotary and diff > 1e-3 else None
+    if scaled is not None:  # Llama 3's or YaRN's rope_scaling of the expected base
+        return j.row(stage, KIND, True, None, f"Q and K turned pair by pair from base "
+                     f"{expected_base:g} with {scaled.words()} ({extent}, {pairs})",
+                     source=line_of(q_rot).source)
     if j.facts.rotary and diff > 1e-3:
         said = f"rotary base {_base(base)}" if base is not None else "rotary angles"
         return wrong(q_rot, "rotary_base",
@@ -118,3 +142,31 @@ def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Rotation]
                  source=line_of(q_rot).source)
 
 
+
+
+def mechanism(j: Judge, stage: Stage) -> str | None:
+    """What this rotary stage does, with the parameters read from its own tables, and the
+    option that makes it the exercise: the words `check` gives when the module leaves plain
+    attention here."""
+    ops = {op.index for op in stage.ops}
+    here = [rot for rot in rotations(j.classified(), Sizes(j.B, j.T, j.C, j.h, j.d_h))
+            if rot.ops & ops]
+    if not here:
+        return None
+    rot = here[0]
+    _, base, _ = frequencies(forward(angles_of(rot)))
+    pairs = "rotate_half" if rot.pairing == "half" else "interleaved pairs"
+    extent = "full" if rot.r == j.d_h else f"partial: {rot.r} of {j.d_h} channels"
+    option = "--expect rotary"
+    if base is not None and abs(base - 10000) > 1:
+        option += f" --rotary-base {_base(base)}"
+    said = f"base {_base(base)}" if base is not None else "its own angles"
+    return (f"rotary positions on Q and K ({pairs}, {extent}, {said}): pass `{option}` if "
+            f"that is the exercise; plain multi-head attention has no positions")
+
+
+def scaled(j: Judge) -> Scaling | None:
+    """The rope scaling of the module's rotary, from the base the learner expects
+    (`--rotary-base`), for the reference to grow it; None when there is none."""
+    found = rotations(j.classified(), Sizes(j.B, j.T, j.C, j.h, j.d_h))
+    return scaling(found[0], j.facts.rotary_base) if found else None

@@ -1,0 +1,156 @@
+"""sinks: attention sinks (gpt-oss): one learned logit per head appended to every row of the
+scores as an extra key column before softmax, and dropped after it, so that a query may
+give part of its weight to no token at all.
+
+Recognised from the ops and checked on the values, never from names: a `cat` along the key
+axis of the scores and a tensor not made from x, whose result (after an optional shift by
+the row max, which softmax ignores) goes to softmax, and whose extra columns are cut off the
+weights right after.
+
+Never import torch, rich, textual or typer here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..ops.graph import Graph
+from ..ops.sizes import Sizes
+from ..ops.vocab import SOFTMAXES
+from ..records import Check, OpRecord, Stage
+from ._parts.builder import BHTT
+from ._parts.maker import StageMaker
+from ._parts.unit import Unit
+
+if TYPE_CHECKING:
+    from ._parts.judging import Judge, Row
+
+KIND = "sinks"
+TITLE = "Attention sinks: a learned extra key per head, dropped after softmax"
+_SHIFT = {"max", "amax", "sub", "getitem"}  # combined - combined.max(-1, keepdim=True).values
+
+
+@dataclass(frozen=True)
+class Sink:
+    cat: OpRecord
+    softmax: OpRecord
+    shift: tuple[int, ...]  # the row-max shift between them (max, its .values, sub)
+    extra: int  # columns appended
+
+    @property
+    def ops(self) -> frozenset[int]:
+        return frozenset({self.cat.index, *self.shift})
+
+
+def _last_axis(op: OpRecord) -> bool:
+    dim = op.kwarg("dim", next((a for a in op.args[1:] if isinstance(a, int)), 0))
+    return dim in (-1, op.out.values.ndim - 1)
+
+
+def sink_at(g: Graph, cat: OpRecord) -> Sink | None:
+    if cat.name not in ("cat", "concat", "concatenate") or not _last_axis(cat):
+        return None
+    x_parts, others = g.x_inputs(cat), g.other_inputs(cat)
+    if len(x_parts) != 1 or not others or not g.derives(x_parts[0], {"scores"}):
+        return None
+    T = g.snap(x_parts[0]).shape[-1]
+    extra = cat.out.values.shape[-1] - T
+    if extra < 1:
+        return None
+    shift: list[int] = []
+    ref_op = cat
+    for _ in range(6):  # on to softmax, through the row-max shift
+        nexts = [g.ops[i] for i in g.consumers[ref_op.index]]
+        soft = next((o for o in nexts if o.name in SOFTMAXES), None)
+        if soft is not None:
+            break
+        sub = next((o for o in nexts if o.name == "sub"), None)
+        if sub is None:
+            return None
+        shift.extend(o.index for o in nexts if o.name in _SHIFT)
+        shift.extend(i for o in nexts if o.name in ("max", "amax") for i in g.consumers[o.index]
+                     if g.ops[i].name == "getitem")
+        ref_op = sub
+    else:
+        return None
+    dropped = any(g.ops[i].name == "getitem" and g.ops[i].out.values.shape[-1] == T
+                  for i in g.consumers[soft.index])
+    return Sink(cat, soft, tuple(sorted(set(shift))), extra) if dropped else None
+
+
+def sinks(g: Graph) -> list[Sink]:
+    return [s for op in g.ops if op.name in ("cat", "concat", "concatenate") and g.from_x[op.index]
+            for s in [sink_at(g, op)] if s is not None]
+
+
+def appends_a_sink(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """The cat of a sink column onto the scores, and the row-max shift before softmax."""
+    if op.name not in {"cat", "concat", "concatenate", *_SHIFT} or not g.op_derives(op, {"scores"}):
+        return None
+    return KIND if any(op.index in s.ops for s in sinks(g)) else None
+
+
+RULES = (appends_a_sink,)
+
+
+def _weights_kept(g: Graph, sink: Sink) -> np.ndarray:
+    """What the weights on the real keys sum to, per row (1 minus the sink's weight)."""
+    weights = sink.softmax.out.values.astype(np.float64)
+    return weights[..., : weights.shape[-1] - sink.extra].sum(axis=-1)
+
+
+def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
+    found = next(s for s in sinks(m.g) if s.ops & set(unit.ops))
+    combined = found.cat.out
+    dims = BHTT if combined.values.ndim == 4 else m.dims(combined.shape, BHTT)
+    column = combined.values[..., -found.extra:]
+    tensors = [m.b.record("sink logits", combined, (*dims[:-1], "sink"), values=column,
+                          caption="the learned logit each head appends to every row"),
+               m.b.record("scores with the sink", combined, dims, values=combined.values,
+                          caption=f"T + {found.extra} columns: the keys, then the sink")]
+    kept = _weights_kept(m.g, found)
+    per_head = column.reshape(-1, *column.shape[-2:]) if column.ndim >= 2 else column
+    same = bool(np.allclose(per_head, per_head[..., :1, :], atol=0)) if per_head.ndim == 3 else True
+    checks = [Check("the sink logit is the same for every query of a head (a learned number, "
+                    "not made from x)", same),
+              Check(f"after softmax the sink column is dropped: each query's weights on the "
+                    f"{combined.shape[-1] - found.extra} keys sum to {kept.min():.4f} .. "
+                    f"{kept.max():.4f}, less than 1 (computed by mha-tui)",
+                    bool((kept < 1.0 + 1e-6).all()))]
+    explanation = (
+        "Attention sinks (gpt-oss): every head has a learned logit that is appended to each "
+        "row of the scores as if it were one more key. Softmax spreads each query's weight "
+        "over the real keys and this sink; the sink's column is then dropped, so the weights "
+        "on the real keys sum to less than 1. A head can so attend to 'nothing' instead of "
+        "being forced to put all its weight on some token.")
+    return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=combined.shape,
+                   shape_out=combined.shape, dims_in=dims, dims_out=dims, title=TITLE,
+                   explanation=explanation, extra_ops=sorted(found.ops))
+
+
+def judge(j: Judge) -> list[Row]:
+    rows = []
+    found = sinks(j.classified())
+    for stage in (s for s in j.trace.stages if s.kind == KIND):
+        sink = next((s for s in found if s.ops & {op.index for op in stage.ops}), None)
+        ok = sink is not None and bool((_weights_kept(j.g, sink) < 1.0 + 1e-6).all())
+        rows.append(j.row(stage, KIND, ok if sink is not None else None, None,
+                          "a learned sink logit per head appended to the scores before softmax "
+                          "and dropped after (not part of plain attention)",
+                          source=sink.cat.source if sink is not None else None))
+    return rows
+
+
+def mechanism(j: Judge, stage: Stage) -> str | None:
+    ops = {op.index for op in stage.ops}
+    sink = next((s for s in sinks(j.classified()) if s.ops & ops), None)
+    if sink is None:
+        return None
+    kept = _weights_kept(j.g, sink)
+    return (f"attention sinks: a learned logit per head appended to the scores as "
+            f"{'an extra key' if sink.extra == 1 else f'{sink.extra} extra keys'} before "
+            f"softmax and dropped after (gpt-oss), so each query's weights on the real keys sum "
+            f"to {kept.min():.3f} .. {kept.max():.3f}, not 1; plain multi-head attention has no sink")
