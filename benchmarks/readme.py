@@ -73,7 +73,7 @@ How these are reached:
 - The JSON transcript is streamed into its temporary file tensor by tensor (a slice of at
   most a million values at a time); its float32 text comes from orjson, and the values the
   two spell differently (tiny or huge ones, -inf) are nans in a copy, so that orjson's
-  `null`s mark their places and NumPy's own text goes there (`floats.py`): the bytes are
+  `null`s mark their places and NumPy's own text goes there (`write/floats.py`): the bytes are
   NumPy's `astype(str)`.
 - The text transcript formats a matrix's values in one `%` for all its columns (--full),
   each row in one `%`, and hands Rich its plain lines 16 at a time; without colour it checks

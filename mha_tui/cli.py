@@ -41,15 +41,16 @@ from .config import (
 )
 from .records.request import Expect, Request
 from .stages import STAGE_IDS
+from .write import FORMATS, Page, format_of
 
 if TYPE_CHECKING:
-    from .destination import Destination
     from .grade.options import GradingOutputs
     from .grade.rubric import Rubric
     from .judge import Verdict
     from .load.modules import Loaded
     from .load.numpy_modules import LoadedNumpy
     from .records import Trace
+    from .write.destination import Destination
 
 app = typer.Typer(
     name="mha-tui",
@@ -70,13 +71,8 @@ class _PlainUsage(typer.core.TyperCommand):
                 for piece in super().collect_usage_pieces(ctx)]
 
 
-class Format(StrEnum):
-    text = "text"
-    json = "json"
-    # Pictures for slides and notes (mha_tui.pictures); --dump's extension chooses them too.
-    svg = "svg"
-    html = "html"
-    md = "md"
+# --format's choices: the rows of write.FORMATS (text, json, svg, html, md).
+Format = StrEnum("Format", [(name, name) for name in FORMATS])  # type: ignore[misc]
 
 
 class CheckFormat(StrEnum):
@@ -216,10 +212,10 @@ def explain(
         if reference is not None:
             fail("--quiz and --against both say what to write; give one of them")
         _check_quiz(dump=dump, fmt=fmt, why=cell is not None, check=check_stages, only=only)
-    if color and fmt in (Format.svg, Format.html, Format.md):
+    if color and not FORMATS[fmt.value].colours and FORMATS[fmt.value].sized:
         _say(f"mha-tui: note: in {fmt.value}, --color changes nothing (SVG and HTML "
              "are always in the app's colours; Markdown is plain text)")
-    if fmt is Format.json:
+    if not FORMATS[fmt.value].sized:
         _note_unused_for_json(width=width, full=full, color=color)
     elif width is not None and not 40 <= width <= 400:
         fail(f"--width must be between 40 and 400, got {width}")
@@ -228,7 +224,7 @@ def explain(
         fail(f"{'--dump -: ' if dump else ''}standard output is closed; give --dump PATH "
              "to write the transcript to a file")
     if dump is not None:
-        from .destination import DumpError, resolve
+        from .write.destination import DumpError, resolve
 
         try:
             destination = resolve(dump)
@@ -303,7 +299,7 @@ def _check_quiz(*, dump: str | None, fmt: Format, why: bool, check: bool, only: 
         fail("--quiz hides the numbers that --check judges; give one of them")
     if _interactive(dump):
         return  # the app asks, stage by stage
-    if fmt not in (Format.text, Format.json, Format.md):
+    if not FORMATS[fmt.value].worksheet:
         fail(f"--quiz writes a worksheet as text, JSON or Markdown, not {fmt.value}")
     if only:
         fail("--quiz writes the questions of every stage; --only does not apply")
@@ -320,7 +316,7 @@ def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: 
     for flag, given in (("--why", why is not None), ("--check", check), ("--stage", stage)):
         if given:
             fail(f"--against does not take {flag} yet")
-    if not _interactive(dump) and fmt not in (Format.text, Format.json):
+    if not _interactive(dump) and not FORMATS[fmt.value].comparison:
         fail(f"--against writes text or JSON, not {fmt.value}")
     if text in NUMPY_MODEL_NAMES:
         fail(f"--against {text}: the reference must be a torch module (your weights are "
@@ -364,12 +360,12 @@ def _write_comparison(request: Request, destination: Destination | None, fmt: Fo
                       color: bool, ascii_only: bool) -> None:
     """explain --against --dump: both modules built and compared before anything is opened,
     so bad input writes nothing."""
-    from .destination import DumpError, opened, resolve
-    from .dump import TranscriptError, comparison_text, write_comparison_json
     from .judge.roles import RoleCopyError
     from .load.learner import LoadError
     from .pipeline import comparison
     from .render.options import RenderOptions
+    from .write.destination import DumpError, opened, resolve
+    from .write.dump import TranscriptError, comparison_text, write_comparison_json
 
     if destination is None:
         destination = resolve("-")
@@ -406,7 +402,7 @@ def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
 
     if _interactive(dump):
         fail("--why prints how one number was made: give --dump - (or --dump PATH)")
-    if fmt is not Format.text:
+    if not FORMATS[fmt.value].cell:
         fail(f"--why writes text, not {fmt.value}")
     try:
         cell = parse_cell(text)
@@ -439,14 +435,7 @@ def _dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str
         fail("--only writes the one stage --stage names: give --stage ID and --dump PATH")
     if fmt is not None:
         return fmt
-    suffix = Path(dump or "").suffix.lower()
-    if suffix == ".json":
-        return Format.json
-    if dump is None or not suffix:  # the app, or text: no need to import the picture writers
-        return Format.text  # (~40 ms; an --hf refusal needs nothing else of drawing)
-    from .pictures import EXTENSIONS
-
-    return Format(EXTENSIONS.get(suffix, "text"))
+    return Format(format_of(dump or ""))
 
 
 def _source(model: Model | None, module: str | None, init: list[str], weights: Path | None) -> Source:
@@ -613,13 +602,12 @@ def _write_transcript(request: Request, destination: Destination | None, fmt: Fo
                       loaded: Loaded | LoadedNumpy | None = None,
                       trace: Trace | None = None, only: bool = False,
                       why: tuple[str, tuple[int, ...]] | None = None, quiz: bool = False) -> None:
-    from .destination import DumpError, opened, resolve
-    from .dump import TranscriptError
+    from .write.destination import DumpError, opened, resolve
+    from .write.dump import TranscriptError
 
     if destination is None:
         destination = resolve("-")
     try:
-        from .dump import to_text, write_json
         from .pipeline import traced
         from .render.options import RenderOptions
 
@@ -631,12 +619,12 @@ def _write_transcript(request: Request, destination: Destination | None, fmt: Fo
         first = _first_stage(trace, stage, only=only)
         last = first + 1 if only else None
         if quiz:  # the worksheet is built whole before anything is opened
-            from .dump import worksheet_json, worksheet_text
             from .quiz import questions
+            from .write.dump import worksheet_json, worksheet_text
 
             asked = questions(trace)
             if fmt is Format.md:
-                from .pictures import worksheet_markdown
+                from .write.pictures import worksheet_markdown
 
                 text = worksheet_markdown(trace, asked, RenderOptions(ascii=ascii_only), width)
             else:
@@ -646,9 +634,9 @@ def _write_transcript(request: Request, destination: Destination | None, fmt: Fo
                 out.write(text.encode("utf-8"))
             _ended(trace, destination)
         if why is not None:  # computed before anything is opened: a bad cell writes nothing
-            from .dump import why_text
             from .why import WhyError
             from .why import why as explain_cell
+            from .write.dump import why_text
 
             try:
                 text = why_text(explain_cell(trace, *why), RenderOptions(ascii=ascii_only),
@@ -658,21 +646,10 @@ def _write_transcript(request: Request, destination: Destination | None, fmt: Fo
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
             _ended(trace, destination)
-        with opened(destination) as out:
-            if fmt in (Format.svg, Format.html, Format.md):
-                from .pictures import Selection, picture
-
-                out.write(picture(fmt.value, trace, RenderOptions(full=full, ascii=ascii_only),
-                                  width, Selection(first, last)).encode("utf-8"))
-            elif fmt is Format.json:
-                write_json(replace(trace, stages=trace.stages[:last]), out, first=first,
-                           ascii_only=ascii_only)
-            else:
-                with collector.off() if _STANDALONE else nullcontext():  # collector.py
-                    text = to_text(trace, RenderOptions(full=full, ascii=ascii_only),
-                                   width=width, color=color, first=first, last=last)
-                # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
-                out.write(text.encode("utf-8"))
+        page = Page(trace, RenderOptions(full=full, ascii=ascii_only), width, color, first, last)
+        with opened(destination) as out, (collector.off() if _STANDALONE  # collector.py
+                                          else nullcontext()):
+            FORMATS[fmt.value].write(page, out)
         _ended(trace, destination)
     except DumpError as error:
         fail(str(error), error.code)
@@ -776,7 +753,7 @@ def heads(
         fail(str(error))
     destination = None
     if dump is not None:
-        from .destination import DumpError, resolve
+        from .write.destination import DumpError, resolve
 
         try:
             destination = resolve(dump)
@@ -807,8 +784,8 @@ def heads(
     if _interactive(dump):
         _heads_app(view, loaded, sentence, opts, head)
         return
-    from .destination import DumpError, opened, resolve
     from .heads_transcript import WRITERS
+    from .write.destination import DumpError, opened, resolve
 
     text = WRITERS[fmt.value](view, opts, width, **({"color": color} if fmt is Format.text else {}),
                               selected=head)

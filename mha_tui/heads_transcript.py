@@ -15,11 +15,11 @@ from typing import Any
 
 import orjson
 
-from .dump import transcript_console
-from .pictures import _PAGE, APP_THEME, SVG_FORMAT, fenced, html_fragment, picture_console, plain_text
 from .render.heads import heads_view
 from .render.options import ASCII_GLYPHS, RenderOptions
 from .roles import KINDS, LABEL_THRESHOLD, ModelView, Predictions
+from .write.dump import transcript_console
+from .write.pictures import _PAGE, APP_THEME, SVG_FORMAT, fenced, html_fragment, picture_console, plain_text
 
 TITLE = "mha-tui heads"
 

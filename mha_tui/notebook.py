@@ -2,7 +2,7 @@
 
 `mha_tui.trace(...)` returns a `Trace` from here (a `records.Trace` that knows how to show
 itself); `mha_tui.show(...)` traces and displays; `mha_tui.check(...)` judges a module and
-returns a `Checked` that displays its verdict table. Every picture is `mha_tui.pictures`'
+returns a `Checked` that displays its verdict table. Every picture is `mha_tui.write.pictures`'
 HTML: Rich's export of the very renderables the app and the transcripts draw.
 
 With ipywidgets installed and a kernel running, a trace shows a stage chooser (a dropdown
@@ -49,7 +49,7 @@ class Stage(records.Stage):
     shown_in: records.Trace | None = field(default=None, compare=False)
 
     def _repr_html_(self) -> str:
-        from .pictures import picture_console, stage_section
+        from .write.pictures import picture_console, stage_section
 
         assert self.shown_in is not None
         plain = self.shown_in.stages[self.shown_in.index(self.id)]
@@ -82,18 +82,18 @@ class Trace(records.Trace):
 
     def stage_html(self, index: int) -> str:
         """Stage `index` (from 0) as an HTML section."""
-        from .pictures import picture_console, stage_section
+        from .write.pictures import picture_console, stage_section
 
         return stage_section(self, self.stages[index], _options(), picture_console(WIDTH))
 
     def head_html(self) -> str:
-        from .pictures import head_section, picture_console
+        from .write.pictures import head_section, picture_console
 
         return head_section(self, _options(), picture_console(WIDTH))
 
     def _repr_html_(self) -> str:
         """The header, then every stage in order."""
-        from .pictures import head_section, picture_console, stage_section
+        from .write.pictures import head_section, picture_console, stage_section
 
         console, opts = picture_console(WIDTH), _options()
         parts = [head_section(self, opts, console)]
@@ -189,7 +189,7 @@ def display(obj: Any) -> None:
 
 def text_of(obj: Any) -> str:
     """What a terminal shows for a trace, a stage or a verdict: the text transcript's drawing."""
-    from .dump import to_text
+    from .write.dump import to_text
 
     if isinstance(obj, Trace):
         return to_text(obj, _options())
@@ -197,7 +197,7 @@ def text_of(obj: Any) -> str:
         index = obj.shown_in.index(obj.id)
         return to_text(obj.shown_in, _options(), first=index, last=index + 1)
     if isinstance(obj, Checked):
-        from .pictures import plain_text
+        from .write.pictures import plain_text
 
         return plain_text([obj.renderable()], _options(), WIDTH)
     return repr(obj)
@@ -223,7 +223,7 @@ class Checked:
         return verdict_renderable(self.verdict)
 
     def _repr_html_(self) -> str:
-        from .pictures import html_fragment, picture_console
+        from .write.pictures import html_fragment, picture_console
 
         return html_fragment(picture_console(WIDTH), [self.renderable()], _options())
 

@@ -87,7 +87,8 @@ def test_help_version_and_refusals_import_neither_torch_nor_textual(argv: list[s
 
 def test_transcript_path_never_imports_textual() -> None:
     code = ("from mha_tui.config import Config\nfrom mha_tui.pipeline import run_trace\n"
-            "from mha_tui.dump import to_text, to_json\nfrom mha_tui.render.options import RenderOptions\n"
+            "from mha_tui.write.dump import to_text, to_json\n"
+            "from mha_tui.render.options import RenderOptions\n"
             "t = run_trace(Config('I love AI !'))\nto_text(t, RenderOptions()); to_json(t)")
     loaded = _modules_after(code)
     assert "torch" in loaded and "rich" in loaded
@@ -238,7 +239,7 @@ def test_an_address_space_limit_too_small_is_refused_before_the_run(tmp_path: Pa
     import resource
 
     probe = subprocess.run(
-        [sys.executable, "-c", "import torch, numpy, rich, mha_tui.tracing, mha_tui.dump\n"
+        [sys.executable, "-c", "import torch, numpy, rich, mha_tui.tracing, mha_tui.write.dump\n"
          "print(open('/proc/self/status').read().split('VmSize:')[1].split()[0])"],
         capture_output=True, text=True, cwd=ROOT, check=True)
     limit = (int(probe.stdout) << 10) + (350 << 20)

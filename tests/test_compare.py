@@ -335,8 +335,8 @@ def test_a_numpy_module_parts_where_check_finds_its_first_wrong_line() -> None:
     """ScaledBySqrtC divides by sqrt(C): they part at scale, check's first wrong stage and
     line; the differing cells are marked on both sides (yours drawn without its batch axis)
     and in mha-tui's difference."""
-    from mha_tui.dump import comparison_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import comparison_text
 
     source = Source(module=f"{NUMPY}:ScaledBySqrtC")
     verdict = check_source(CONFIG, source)
@@ -369,8 +369,8 @@ def test_the_cli_compares_a_numpy_module(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_text_comparison_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None:
     """Regenerate with `make golden` only after reading the diff."""
-    from mha_tui.dump import comparison_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import comparison_text
 
     monkeypatch.chdir(ROOT)
     c = compared(CONFIG, Source(module="tests/fixtures/mistakes/no_scale.py:MultiHeadAttention"),
@@ -387,8 +387,8 @@ def test_text_comparison_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None
 def test_both_sides_show_the_same_columns_and_heads_at_any_width(name: str, width: int) -> None:
     """The dump at --width 80, 100 and 120: each side half the width, the two matrices of a
     pair elided alike (the columns the wider numbers leave room for), heads level."""
-    from mha_tui.dump import comparison_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import comparison_text
 
     for decimals in (2, 4, 6):
         text = comparison_text(against(spec(name)), RenderOptions(decimals=decimals), width=width)
@@ -403,8 +403,8 @@ def test_a_wrap_never_splits_a_figure(mine: str, reference: str) -> None:
     """At any width, the largest difference stays with its words (`the largest, 0`, never a
     `0` on a line of its own), and an index (`at [0, 1, 2, 0]`, the cells that differ) or a
     shape (`(1, 4, 2, 2)`, in a side's metadata, caption, note or error) is never cut in two."""
-    from mha_tui.dump import comparison_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import comparison_text
 
     c = against(spec(mine), reference) if mine != "mygpt" else against(mine, reference, module=False)
     for width in (*range(60, 131, 7), 80, 100, 120):
@@ -417,8 +417,8 @@ def test_each_sides_line_names_its_file_or_mha_tuis_lookup_and_wraps_under_its_c
     """The embed row's line is mha-tui's own lookup (the same x for both), never a file of
     mha-tui's named like the learner's; a code line too long for the width goes on under
     the code, not under `yours`."""
-    from mha_tui.dump import comparison_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import comparison_text
 
     text = comparison_text(against(spec("no_scale")), RenderOptions(), width=80)
     embed = text[text.index("\n1/11 embed"):text.index("\n2/11 project")]
@@ -497,10 +497,10 @@ def test_marked_cells_keep_every_column_where_it_was() -> None:
     layout the marks cannot be placed in says so (0)."""
     import io
 
-    from mha_tui.dump import transcript_console
     from mha_tui.render.matrix import MARK
     from mha_tui.render.options import RenderOptions
     from mha_tui.render.tensor import mark_cells, tensor_matrices
+    from mha_tui.write.dump import transcript_console
 
     values = np.arange(16, dtype=np.float32).reshape(1, 4, 4) / 7
     tensor = TensorRecord("x", ("B", "T", "C"), values, (16, 4, 1), True)
@@ -531,8 +531,8 @@ def test_a_forward_that_raises_is_named_with_torchs_words_on_either_side(tmp_pat
     """Yours raises: its error row says what raised, in torch's words. The reference raises:
     the refusal gives the error, the file and the line, not "The forward raised RuntimeError"
     alone."""
-    from mha_tui.dump import comparison_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import comparison_text
 
     path = tmp_path / "raises.py"
     path.write_text("import torch.nn as nn\n\n\nclass MultiHeadAttention(nn.Module):\n"

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from mha_tui.config import Config, Source
-from mha_tui.dump import to_json, to_text
 from mha_tui.load.modules import load
 from mha_tui.pipeline import run_trace
 from mha_tui.records import TensorRecord, Trace
 from mha_tui.render.options import RenderOptions
+from mha_tui.write.dump import to_json, to_text
 
 FNET = str(Path(__file__).parent / "fixtures" / "mechanisms" / "fnet_fourier.py") + \
     ":FNetBasicFourierTransform"

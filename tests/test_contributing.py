@@ -120,3 +120,28 @@ def test_the_stage_kind_example_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert after.exit_code == 0, after.output
     assert "7/10 clamp  ·  Clamp the scores: each bounded before softmax" in after.stdout
     assert "clamp changed 5 of 32 scores" in after.stdout
+
+
+def test_the_format_example_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """CONTRIBUTING's reStructuredText format, its FORMATS row and its test, exactly as
+    written: installed for this test only (the CLI, whose --format choices are read from the
+    table when it is imported, is imported again around it)."""
+    import importlib
+
+    from mha_tui import cli as cli_module
+    from mha_tui import write
+
+    writer, row, test = _python_blocks(_section("## Add a format"))
+    namespace = dict(vars(write))
+    exec(compile(writer, "CONTRIBUTING.md: mha_tui/write/__init__.py", "exec"), namespace)
+    added = eval(row.strip().rstrip(","), namespace)
+    monkeypatch.setitem(write.FORMATS, added.name, added)
+    try:
+        importlib.reload(cli_module)
+        checks: dict[str, object] = {"Path": Path}
+        exec(compile(test, "CONTRIBUTING.md: tests/test_pictures.py", "exec"), checks)
+        checks["test_rst_notes_hold_the_text_transcript"](tmp_path)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(cli_module)
+    assert "rst" not in write.FORMATS

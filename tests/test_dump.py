@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from mha_tui.config import Config
-from mha_tui.dump import to_json, to_text, write_json, write_values
 from mha_tui.pipeline import run_trace
 from mha_tui.render.options import RenderOptions
+from mha_tui.write.dump import to_json, to_text, write_json, write_values
 
 from .conftest import ROOT, default_trace, run_cli
 
@@ -323,7 +323,7 @@ def test_float_text_of_masked_scores_and_every_kind_of_special() -> None:
     """The shapes the transcript writes (4-D scores, a mask's -inf beside tiny values and
     zeros, several kinds of non-finite value in one tensor) against NumPy itself, whole and
     written a slice of the first axis at a time."""
-    from mha_tui import dump
+    from mha_tui.write import dump
 
     rng = np.random.default_rng(3)
     scores = (rng.standard_normal((2, 3, 40, 40)) * 10.0 ** rng.integers(-9, 9, (2, 3, 40, 40))
@@ -381,7 +381,7 @@ def test_text_drawn_uncropped_is_the_text_rich_crops(monkeypatch, opts: RenderOp
     """Without colour, to_text draws without Rich's crop and checks that every line fits;
     where one does not (a width of 12), it draws again, cropped as Rich crops. The bytes are
     the cropped drawing's at every width."""
-    from mha_tui import dump
+    from mha_tui.write import dump
 
     trace = run_trace(Config("猫 が I love AI ! e\u0301", embed_dim=16, num_heads=4))
     uncropped = dump._drawn(trace, opts, 12, False, 0, None, crop=False)
@@ -531,7 +531,7 @@ def test_a_forward_that_raises_then_mha_tui_fails_writes_nothing(tmp_path: Path,
                                                                 capsys) -> None:
     """mha-tui's own failure (here: out of memory while drawing) still writes nothing and
     leaves the destination as it was, whatever the module did."""
-    import mha_tui.dump
+    import mha_tui.write.dump
     from mha_tui import cli
 
     def exhausted(*args, **kwargs):
@@ -539,7 +539,7 @@ def test_a_forward_that_raises_then_mha_tui_fails_writes_nothing(tmp_path: Path,
 
     keep = tmp_path / "keep.txt"
     keep.write_text("my notes\n")
-    monkeypatch.setattr(mha_tui.dump, "to_text", exhausted)
+    monkeypatch.setattr(mha_tui.write.dump, "to_text", exhausted)
     monkeypatch.setattr(sys, "argv", ["mha-tui", "explain", "I love AI !", "--module", CRASH,
                                       "--dump", str(keep)])
     with pytest.raises(SystemExit) as stop:
@@ -563,7 +563,7 @@ def test_the_docs_quoted_transcript_is_the_start_of_the_golden_file() -> None:
 def test_float_text_falls_back_to_numpy_when_orjson_cannot_be_mapped(monkeypatch) -> None:
     """Where orjson's nulls cannot be matched one to one with the values NumPy spells
     otherwise, the values go through NumPy itself: the bytes stay NumPy's."""
-    from mha_tui import floats
+    from mha_tui.write import floats
 
     values = np.array([[1e-5, 0.5, -np.inf], [2e7, np.nan, 3.0]], dtype=np.float32)
     assert floats.float32_json(values) is not None  # each null matched in order

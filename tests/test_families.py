@@ -473,7 +473,7 @@ def test_the_json_transcript_of_each_family_finishes(name: str) -> None:
     """The JSON transcript parses, holds every stage, and says encoder or not."""
     import json
 
-    from mha_tui.dump import to_json
+    from mha_tui.write.dump import to_json
 
     trace = hf_trace(name, _layer(name))
     document = json.loads(to_json(trace))
@@ -526,8 +526,8 @@ async def test_an_encoder_steps_through_the_app(name: str) -> None:
 
 def test_an_encoder_says_so_on_screen_and_in_transcripts() -> None:
     """The header of an encoder's transcript (and app) says so; a decoder's does not."""
-    from mha_tui.dump import to_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import to_text
 
     for name in ("bert", "t5", "llama"):
         text = to_text(hf_trace(name, 0), RenderOptions(), width=120)

@@ -14,11 +14,11 @@ from rich.cells import cell_len
 
 from mha_tui.app.explain import ExplainApp
 from mha_tui.config import Config
-from mha_tui.destination import opened, resolve
-from mha_tui.dump import to_json, to_text
 from mha_tui.pipeline import run_trace
 from mha_tui.render.options import RenderOptions
 from mha_tui.render.text import label, printable
+from mha_tui.write.destination import opened, resolve
+from mha_tui.write.dump import to_json, to_text
 
 from .conftest import run_cli
 

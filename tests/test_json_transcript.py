@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from mha_tui.config import MODEL_NAMES, NUMPY_MODEL_NAMES, Config, Source
-from mha_tui.dump import TranscriptError, to_json, to_text, write_json
 from mha_tui.records import Stage, TensorRecord, Trace
 from mha_tui.render.options import RenderOptions
 from mha_tui.render.stage import labelled
+from mha_tui.write.dump import TranscriptError, to_json, to_text, write_json
 
 from .conftest import ROOT, run_cli
 

@@ -494,9 +494,9 @@ def test_the_header_and_the_json_say_which_weights_file_the_numbers_come_from(
     import io
     import json
 
-    from mha_tui.dump import to_text, write_json
     from mha_tui.pipeline import run_trace
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import to_text, write_json
 
     path = tmp_path / "trained.pt"
     torch.save(_trained(attn_file), path)

@@ -111,8 +111,8 @@ def test_stage_chooser_switches_stages(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_show_outside_a_notebook_prints_the_text_transcript(capsys: pytest.CaptureFixture[str]) -> None:
     """No IPython shell: show() prints what `explain --dump -` would, from the same trace."""
-    from mha_tui.dump import to_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import to_text
 
     module, x = _module(), torch.randn(1, 4, 4)
     mha_tui.show(module, x, TOKENS)

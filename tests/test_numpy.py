@@ -177,8 +177,8 @@ def test_strides_are_numpys_bytes_and_dims_have_no_batch_axis() -> None:
 
 
 def test_text_and_json_transcripts_say_bytes_and_no_batch() -> None:
-    from mha_tui.dump import to_json, to_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import to_json, to_text
 
     config = Config("I love AI !", embed_dim=4, num_heads=2)
     result = numpy_runner(build_blueprint(config))(config)
@@ -311,7 +311,7 @@ def test_a_blueprint_transcript_never_imports_torch() -> None:
             "from mha_tui.config import Config\n"
             "from mha_tui.load.numpy_modules import build_blueprint\n"
             "from mha_tui.pipeline import numpy_runner\n"
-            "from mha_tui.dump import to_json, to_text\n"
+            "from mha_tui.write.dump import to_json, to_text\n"
             "from mha_tui.render.options import RenderOptions\n"
             "config = Config('I love AI !', embed_dim=8, num_heads=2)\n"
             "trace = numpy_runner(build_blueprint(config))(config)\n"
@@ -490,7 +490,7 @@ def test_per_head_weight_lists_come_out_as_h_head_slices() -> None:
 def test_a_boolean_mask_is_json_true_false() -> None:
     import io
 
-    from mha_tui.dump import write_values
+    from mha_tui.write.dump import write_values
 
     out = io.BytesIO()
     write_values(np.array([[True, False], [False, True]]), out)

@@ -16,9 +16,9 @@ import pytest
 from markdown_it import MarkdownIt
 
 from mha_tui.config import Config
-from mha_tui.pictures import APP_THEME, SVG_FORMAT, Selection, md_escape, picture
 from mha_tui.render.options import RenderOptions
 from mha_tui.render.stage import stage_heading
+from mha_tui.write.pictures import APP_THEME, SVG_FORMAT, Selection, md_escape, picture
 
 from .conftest import ROOT, default_trace, run_cli
 

@@ -242,8 +242,8 @@ def test_the_worksheet_is_the_golden_text(name: str) -> None:
 def test_a_worksheet_question_never_wraps_inside_an_index_or_a_shape(trace) -> None:
     """`scores[0, 1, 3, 0]` or `shape (1, 2, 4, 2)` stays on one line at any width (at 100
     columns the index was split after `scores[0, 1,`)."""
-    from mha_tui.dump import worksheet_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import worksheet_text
 
     t = trace()
     asked = questions(t)

@@ -100,7 +100,7 @@ async def test_a_wrong_answer_is_repeated_literally_and_short() -> None:
         mark = " ".join(text_of(app, "#quiz-mark").split())
         assert "✗ you answered 7; the answer is 3" in mark
     from mha_tui.kinds._parts.quizzing import Marked
-    from mha_tui.quiz_view import GIVEN_CELLS, mark_text
+    from mha_tui.write.quiz_view import GIVEN_CELLS, mark_text
 
     long = mark_text(Marked("wrong", "the answer is 3", "1" * 100 + "\x1b[31m")).plain
     assert "1" * (GIVEN_CELLS - 1) + "…;" in long and "\x1b" not in long

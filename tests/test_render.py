@@ -13,7 +13,6 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from mha_tui.config import Config
-from mha_tui.dump import to_text
 from mha_tui.pipeline import run_trace
 from mha_tui.records import TensorRecord, Trace
 from mha_tui.render.header import header
@@ -22,6 +21,7 @@ from mha_tui.render.options import RenderOptions
 from mha_tui.render.stage import stage_view
 from mha_tui.render.tensor import TensorView
 from mha_tui.render.text import label
+from mha_tui.write.dump import to_text
 
 from .conftest import default_trace
 
@@ -464,7 +464,7 @@ def test_a_forward_that_returns_a_scalar_is_drawn(tmp_path) -> None:
     import json
 
     from mha_tui.config import Source
-    from mha_tui.dump import write_json
+    from mha_tui.write.dump import write_json
 
     path = tmp_path / "scalar.py"
     path.write_text("import torch.nn as nn\n\n\nclass Sum(nn.Module):\n"

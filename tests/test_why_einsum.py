@@ -80,20 +80,20 @@ def heads_first(x: torch.Tensor, p: dict[str, torch.Tensor], h: int) -> dict[str
 
 def per_head(x: torch.Tensor, p: dict[str, torch.Tensor], h: int) -> dict[str, torch.Tensor]:
     """einsum_styles.py:PerHeadWeights: W_Q (h, C, d), W_O (h, d, C), TransformerLens' way.
-    Its projections and W_O are op stages (a weight with a head axis is not placed as a
-    projection): their cells are explained by the einsum itself."""
+    Its projections and W_O are project / w_o stages: a weight with a head axis is shown as
+    the (h*d_h, C) / (C, h*d_h) layer it is."""
     T, C = x.shape[1:]
     d = C // h
     q, k, v = (torch.stack([x @ p[n][head] for head in range(h)], dim=1)  # (B, h, T, d)
-               for n in ("W_Q", "W_K", "W_V"))
+               for n in ("W_Q", "W_K", "W_V"))  # the project stage's result is its last, v
     scores = q @ k.transpose(-2, -1)
     scaled = scores / d ** 0.5
     masked = scaled.masked_fill(causal(T), -1e5)
     weights = masked.softmax(dim=-1)
     z = weights @ v
     out = sum(z[:, head] @ p["W_O"][head] for head in range(h))
-    return {"op": q.permute(0, 2, 1, 3), "scores": scores, "scale": scaled, "mask": masked,
-            "softmax": weights, "attend": z, "op-4": out}
+    return {"project": v.permute(0, 2, 1, 3), "scores": scores, "scale": scaled, "mask": masked,
+            "softmax": weights, "attend": z, "w_o": out}
 
 
 def matmul_parameters(x: torch.Tensor, p: dict[str, torch.Tensor], h: int) -> dict[str, torch.Tensor]:

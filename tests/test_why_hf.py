@@ -211,7 +211,7 @@ def test_an_hf_layers_input_is_explained_step_by_step(name: str, layer: int) -> 
 
 
 def _drawn(trace: Trace, index: tuple[int, ...]) -> str:
-    from mha_tui.dump import why_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import why_text
 
     return why_text(why(trace, "embed", index), RenderOptions(), width=100)

@@ -284,8 +284,8 @@ def test_a_row_with_no_key_left_is_nan_and_the_fused_op_says_0() -> None:
 def test_the_panel_says_whose_numbers_they_are() -> None:
     """The drawn panel: mha-tui's expansion's number, never "the module's own", except the
     fused output at attend."""
-    from mha_tui.dump import why_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import why_text
 
     for stage in EXPANSION:
         text = why_text(cell("is_causal", stage, 0, 1, 2, 1), RenderOptions(), width=200)

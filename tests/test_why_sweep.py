@@ -135,8 +135,8 @@ def problems(trace: Trace) -> tuple[list[str], int]:
 
 
 def _first_drawn(trace: Trace) -> str:
-    from mha_tui.dump import why_text
     from mha_tui.render.options import RenderOptions
+    from mha_tui.write.dump import why_text
 
     stage = trace.stages[len(trace.stages) // 2]
     index = cells(main_tensor(stage))[0]

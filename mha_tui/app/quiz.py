@@ -87,7 +87,7 @@ class Quizzing:
         """Quiz mode: the stage's mark on the rail (right, wrong, open, or a blank)."""
         if self.quiz is None:
             return ()
-        from ..quiz_view import rail_mark
+        from ..write.quiz_view import rail_mark
 
         return (rail_mark(self.quiz.stage_state(stage_id), self._ascii), Text(" "))
 
@@ -108,7 +108,7 @@ class Quizzing:
         self._show()
 
     def _hidden_screen(self, trace: Trace, index: int) -> RenderableType:
-        from ..quiz_view import hidden_stage
+        from ..write.quiz_view import hidden_stage
 
         return hidden_stage(trace, trace.stages[index], self.quiz.current, self.view)
 
@@ -117,7 +117,7 @@ class Quizzing:
         on arrival), or where the next one is; the last mark; the score."""
         if self.quiz is None or self.trace is None:
             return
-        from ..quiz_view import how_text, mark_text, question_text, score_text
+        from ..write.quiz_view import how_text, mark_text, question_text, score_text
 
         stage_id = self.stage_ids[self.stage_index]
         current = self.quiz.current

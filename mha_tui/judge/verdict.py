@@ -13,7 +13,7 @@ from ..kinds._parts.judging import Judge, Row
 from ..kinds.op import role as op_role
 from ..kinds.registry import FORWARD, KINDS
 from ..kinds.rotary import scaled as rotary_scaled
-from ..ops.numeric import close, f64, linear_parts
+from ..ops.numeric import close, f64, head_axis_bias, head_axis_product, linear_parts
 from ..records import Ref, Stage, Trace
 from ..records.verdict import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
 from .numpy_reference import ROTARY_BASE, alibi_slopes, kv_heads, steps
@@ -381,7 +381,12 @@ def role_weights(j: Judge) -> RoleWeights | None:
             done.add(product.index)
             _, w, b = linear_parts(j.g, product)  # type: ignore[misc]
             out = f64(product.out.values)
-            if out.shape[-1] > j.C:  # a fused projection: this role's columns of it
+            if head_axis_product(j.g, product):  # W_Q (h, C, d_h): a (h*d_h, C) layer
+                if out.size != j.B * j.T * w.shape[0]:
+                    return None
+                b = head_axis_bias(j.g, product)
+                how.append("a head-axis weight read as a (h*d_h, C) layer, head by head")
+            elif out.shape[-1] > j.C:  # a fused projection: this role's columns of it
                 rows = _fused_rows(j, out, chain, f64(part))
                 if rows is None:
                     return None
@@ -412,11 +417,14 @@ def role_weights(j: Judge) -> RoleWeights | None:
         how.append(f"K and V: {shared} shared head{'s' if shared > 1 else ''}, "
                    f"({result['K'][0].shape[0]}, {j.C}) layers")
     o = None
+    classified = j.classified()
     for op in j.g.ops:
-        if j.kind(op) == "w_o":
+        head_axis = head_axis_product(j.g, op) and j.g.from_x[op.index] \
+            and classified.op_derives(op, {"attend", "concat", "sdpa"})
+        if j.kind(op) == "w_o" or head_axis:
             lin = linear_parts(j.g, op)
             if lin is not None and lin[1].shape == (j.C, j.C):
-                o = (lin[1], lin[2])
+                o = (lin[1], head_axis_bias(j.g, op) if head_axis else lin[2])
     return RoleWeights(result["Q"], result["K"], result["V"], o, tuple(dict.fromkeys(how)))
 
 

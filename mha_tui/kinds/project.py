@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph, reaching_output
-from ..ops.numeric import allclose, close, einsum_spec, f64, linear_parts
+from ..ops.numeric import allclose, close, einsum_spec, f64, head_axis_product, linear_parts
 from ..ops.sizes import Sizes
 from ..ops.vocab import PRODUCTS, PROJECTIONS, SHAPE_OPS, SPLITS
 from ..records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
@@ -78,6 +78,8 @@ def weight_product(g: Graph, op: OpRecord) -> bool:
     """x times a weight parameter (nn.Linear, x @ W, x @ W.T, addmm, einsum with W)."""
     if op.name not in PROJECTIONS or len(g.x_inputs(op)) != 1:
         return False
+    if head_axis_product(g, op):  # W_Q (h, C, d_h) read by einsum: a (h*d_h, C) layer
+        return linear_parts(g, op) is not None
     return any(stored_weight(g, r) is not None for r in g.other_inputs(op))
 
 
@@ -127,6 +129,10 @@ EINSUM_ROWS_W_O = (
     "A final C x C projection mixes the heads: the einsum reads W stored as (out, in), as "
     "nn.Linear stores it (x @ W.T), so every output channel is a weighted sum over all C input "
     "channels, so over every head.")
+HEAD_AXIS_PROJECT = (
+    "Each weight has a head axis (TransformerLens' and ARENA's W_Q of shape (h, C, d_h)): the "
+    "einsum gives every token d_h channels per head at once. It is one (h*d_h, C) linear "
+    "layer, shown as such: rows d_h at a time are one head's.")
 MATMUL_W_O = (
     "A final C x C projection, x @ W with W stored as (in, out), mixes the heads: every output "
     "channel is a weighted sum over all C input channels, so over every head.")
@@ -160,8 +166,10 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
         weights, biases, outs = [], [], []
         for op in ops:
             found = [f for f in (stored_weight(g, r) for r in g.other_inputs(op)) if f]
+            head_axis = not found and head_axis_product(g, op)  # W_Q (h, C, d_h)
             w_ref, transposed = found[0] if found else \
-                (next(r for r in g.other_inputs(op) if m.snap(r).ndim == 2), False)
+                (next(r for r in g.other_inputs(op) if m.snap(r).ndim == (3 if head_axis else 2)),
+                 False)
             any_transposed |= transposed
             w = m.snap(w_ref)
             bias_refs = [r for r in g.other_inputs(op) if m.snap(r).ndim == 1]
@@ -173,7 +181,7 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
             wv = w.values.astype(precision, copy=False)
             # nn.Linear stores (out, in) and computes x @ W.T; addmm / x @ W use (in, out);
             # an einsum reads W as its subscripts say ("btc,oc->bto": (out, in))
-            read_out_in = op.name == "einsum" and _einsum_reads_rows(g, op, w_ref)
+            read_out_in = op.name == "einsum" and (head_axis or _einsum_reads_rows(g, op, w_ref))
             stored_out_in = op.name == "linear" or transposed or read_out_in
             any_transposed |= read_out_in
             einsum_rows |= read_out_in
@@ -221,7 +229,11 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
             explanation = FUSED_WHOLE.format(W=products[0].out.shape[-1])
         elif layer != "nn.Linear":
             explanation = EINSUM_ROWS_PROJECT if einsum_rows else MATMUL_PROJECT
-        widths = {role: ops[0].out.shape[-1] for role, ops in by_role.items() if ops}
+        head_axis_all = all(head_axis_product(g, op) for op in products)
+        if head_axis_all and products:
+            explanation = HEAD_AXIS_PROJECT
+        widths = {role: int(np.prod(ops[0].out.shape[2:])) if head_axis_product(g, ops[0])
+                  else ops[0].out.shape[-1] for role, ops in by_role.items() if ops}
         if not m.b.per_head and not splits and not fused and any(w != s.C for w in widths.values()):
             explanation = _narrow_explanation(widths, s.C, s.d_h)
     elif layer != "nn.Linear":
@@ -318,7 +330,15 @@ def _projection_records(m: StageMaker, role: str, ops: list[OpRecord], weights: 
                        "stored as (in, out); rows in blocks of d_h come from one head each, "
                        "and every column reads all of them")
             split_axis = 1 if out_in else 0
-        w_rec = b.record(first_w_ref.name, first_w, dims,
+        laid = None
+        if first_w.values.ndim == 3:  # a head-axis weight, shown as the layer it is
+            lin = linear_parts(m.g, ops[0])
+            laid = None if lin is None else lin[1]
+            caption = (f"stored with a head axis as {tuple(first_w.values.shape)}; shown as the "
+                       f"{'(h*d_h, C)' if kind == 'project' else '(C, h*d_h)'} (out, in) layer "
+                       f"it is, blocks of d_h={s.d_h} one head each")
+            wide = True
+        w_rec = b.record(first_w_ref.name, first_w, dims, values=laid,
                          head_split=split_axis if (wide or kind == "w_o") and s.h > 1 else None,
                          caption=caption)
         # What the trace knows the output is: K or V with h_kv heads (where it goes), a
@@ -394,7 +414,8 @@ def linear_row(j: Judge, stage: Stage, kind: str) -> Row:
     worst, ok, bias = 0.0, True, False
     for op in ops:
         x, w, b = linear_parts(j.g, op)  # type: ignore[misc]
-        expected = f64(j.g.snap(x).values) @ w.T + (0 if b is None else b)
+        # a head-axis W_O reads z (B, T, h, d_h) as its (B, T, h*d_h) flattening
+        expected = f64(j.g.snap(x).values).reshape(-1, w.shape[1]) @ w.T + (0 if b is None else b)
         good, d = close(op.out.values, expected.reshape(op.out.shape))
         ok &= good
         worst = max(worst, d)

@@ -173,6 +173,8 @@ def linear_parts(g: Graph, op: OpRecord) -> tuple[Ref, np.ndarray, np.ndarray | 
     others = [r for r in op.inputs if not g.is_x(r)]
     mats = [r for r in others if g.snap(r).ndim == 2]
     vecs = [r for r in others if g.snap(r).ndim == 1]
+    if not mats and op.name == "einsum":
+        return _head_axis_einsum(g, op, x[0], others)
     if len(mats) != 1:
         return None
     w = f64(g.snap(mats[0]).values)
@@ -200,6 +202,56 @@ def linear_parts(g: Graph, op: OpRecord) -> tuple[Ref, np.ndarray, np.ndarray | 
         if w_letters[1] == contracted:
             return x[0], w, None
     return None
+
+
+def head_axis_product(g: Graph, op: OpRecord) -> bool:
+    """x einsum'd with a 3-D weight parameter (a head axis: TransformerLens' W_Q, W_O)."""
+    return op.name == "einsum" and any(r.kind == "param" and g.snap(r).ndim == 3
+                                       for r in op.inputs)
+
+
+def head_axis_bias(g: Graph, op: OpRecord) -> np.ndarray | None:
+    """The bias added to a head-axis product's output (b_Q of shape (h, d_h), b_O of (C,)),
+    flattened as the product's Linear layout has it, or None."""
+    for later in g.ops[op.index + 1:]:
+        if later.name not in ("add", "add_") or len(later.inputs) != 2:
+            continue
+        refs = list(later.inputs)
+        if not any(r.kind == "op" and r.op == op.index for r in refs):
+            continue
+        bias = [r for r in refs if r.kind == "param"]
+        shape = op.out.shape
+        if bias and tuple(g.snap(bias[0]).shape) == tuple(shape[len(shape) - g.snap(bias[0]).ndim:]):
+            return f64(g.snap(bias[0]).values).reshape(-1)
+        return None
+    return None
+
+
+def _head_axis_einsum(g: Graph, op: OpRecord, x: Ref, others: list[Ref]
+                      ) -> tuple[Ref, np.ndarray, np.ndarray | None] | None:
+    """An einsum with a head-axis weight parameter (TransformerLens' and ARENA's W_Q of shape
+    (h, C, d_h) or (C, h, d_h), W_O of shape (h, d_h, C)), as nn.Linear's (out, in) weight on
+    the flattened axes: `bpd,hde->bphe` is a (h*d_h, C) layer whose output rows go head by
+    head, `bphe,hed->bpd` a (C, h*d_h) layer reading the heads in z's order. None unless the
+    summed letters are x's trailing ones and the weight's kept letters the output's trailing
+    ones, in order (so the flattening is exactly a Linear's)."""
+    spec, operands = einsum_spec(op), g.tensor_operands(op)
+    params = [r for r in others if r.kind == "param" and g.snap(r).ndim == 3]
+    if spec is None or len(operands) != 2 or len(params) != 1 or params[0] not in operands \
+            or x not in operands:
+        return None
+    ins, out = spec
+    w_letters, x_letters = ins[operands.index(params[0])], ins[operands.index(x)]
+    summed = "".join(c for c in x_letters if c in w_letters and c not in out)
+    kept = "".join(c for c in out if c in w_letters and c not in x_letters)
+    if len(set(w_letters)) != 3 or len(summed) + len(kept) != 3 or not summed or not kept \
+            or not x_letters.endswith(summed) or not out.endswith(kept) \
+            or any(c not in out for c in x_letters if c not in summed):
+        return None
+    w = f64(g.snap(params[0]).values)
+    laid = np.einsum(f"{w_letters}->{kept}{summed}", w)
+    n_out = int(np.prod(laid.shape[:len(kept)]))
+    return x, laid.reshape(n_out, -1), None
 
 
 def einsum_spec(op: OpRecord) -> tuple[list[str], str] | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ...ops.graph import Graph, hand_written_softmaxes
-from ...ops.numeric import einsum_spec, f64, linear_parts, max_diff, ratio
+from ...ops.numeric import einsum_spec, f64, head_axis_product, linear_parts, max_diff, ratio
 from ...ops.vocab import SCALE_OPS, SHAPE_OPS, SOFTMAXES
 from ...records import OpRecord, Recording, Ref, Source, Stage, TensorArg, Trace
 from ...records.verdict import Diagnosis, Facts, StageVerdict
@@ -137,7 +137,8 @@ class Judge:
             if op is None:
                 return None, factor, None, passed
             xs = self.g.x_inputs(op)
-            if self.kind(op) == "project" and linear_parts(self.g, op) is not None:
+            if (self.kind(op) == "project" or head_axis_product(self.g, op)) \
+                    and linear_parts(self.g, op) is not None:
                 # the part: the tensor nearest the projection that has the operand's size
                 chain = [op.outputs[ref.output].values, *reversed(values)]
                 part = next((c for c in chain if c.size == want), None)
@@ -204,8 +205,10 @@ class Judge:
                 if len(operands) != 2:
                     continue
                 a, b = operands
+                if op.name == "einsum" and stage.kind == "attend" and self._weights_last(a, b):
+                    a, b = b, a  # einsum(v, pattern, ...): ARENA's order
                 if op.name == "einsum":
-                    laid = self._einsum_layout(op, stage.kind)
+                    laid = self._einsum_layout(op, stage.kind, swapped=a is not operands[0])
                     if laid is None:
                         continue
                     (a_vals, b_vals) = laid
@@ -220,13 +223,21 @@ class Judge:
                     found["V"].append((b_vals, b, op))
         return found
 
-    def _einsum_layout(self, op: OpRecord, kind: str) -> tuple[np.ndarray, np.ndarray] | None:
+    def _weights_last(self, a: Ref, b: Ref) -> bool:
+        """An attend product given (v, weights): b comes from the softmax, a does not."""
+        g = self.classified()
+        return g.derives(b, {"softmax"}) and not g.derives(a, {"softmax"})
+
+    def _einsum_layout(self, op: OpRecord, kind: str, swapped: bool = False
+                       ) -> tuple[np.ndarray, np.ndarray] | None:
         """einsum operands transposed to (batch..., token, channel) for Q/K, V."""
         spec = einsum_spec(op)
         operands = self.g.tensor_operands(op)
         if spec is None or len(operands) != 2:
             return None
         (la, lb), out = spec
+        if swapped:
+            la, lb, operands = lb, la, operands[::-1]
         if len(out) < 2:
             return None
         if kind == "scores":

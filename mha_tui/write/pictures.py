@@ -28,18 +28,14 @@ from rich.console import CONSOLE_SVG_FORMAT, Console, RenderableType
 from rich.terminal_theme import MONOKAI, TerminalTheme
 from rich.text import Text
 
-from .records import Stage, Trace
+from ..records import Stage, Trace
 
 if TYPE_CHECKING:
-    from .quiz import Question
-from .render.header import module_line, trace_header
-from .render.options import ASCII_GLYPHS, RenderOptions
-from .render.stage import check_lines, replace_tensors, stage_heading, stage_tensors, stage_view
-from .render.text import printable
-
-FORMATS = ("svg", "html", "md")
-# --dump's extensions that choose a format when --format is not given.
-EXTENSIONS = {".svg": "svg", ".html": "html", ".htm": "html", ".md": "md", ".markdown": "md"}
+    from ..quiz import Question
+from ..render.header import module_line, trace_header
+from ..render.options import ASCII_GLYPHS, RenderOptions
+from ..render.stage import check_lines, replace_tensors, stage_heading, stage_tensors, stage_view
+from ..render.text import printable
 
 # The app's colours: Textual's "textual-dark" theme (background, foreground), and the ANSI
 # palette Textual uses under a dark theme to turn named colours ("cyan", "bold red") into

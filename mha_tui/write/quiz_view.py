@@ -14,15 +14,15 @@ from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
-from .render.code import code_block
-from .render.options import RenderOptions
-from .render.stage import stage_heading
-from .render.text import Unbroken, printable
-from .render.values import HEAD_COLORS
+from ..render.code import code_block
+from ..render.options import RenderOptions
+from ..render.stage import stage_heading
+from ..render.text import Unbroken, printable
+from ..render.values import HEAD_COLORS
 
 if TYPE_CHECKING:
-    from .quiz import Marked, Question, Quiz
-    from .records import Stage, Trace
+    from ..quiz import Marked, Question, Quiz
+    from ..records import Stage, Trace
 
 
 def question_text(question: Question) -> Unbroken:

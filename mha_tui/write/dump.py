@@ -19,17 +19,17 @@ import numpy as np
 from rich.cells import cell_len
 from rich.console import Console
 
+from ..records import OpRecord, TensorRecord, Trace
+from ..render.header import display_path, module_line, trace_header
+from ..render.options import ASCII_GLYPHS, RenderOptions
+from ..render.stage import labelled, stage_view
+from ..render.why import why_view
 from .floats import float32_json, numpy_texts
-from .records import OpRecord, TensorRecord, Trace
-from .render.header import display_path, module_line, trace_header
-from .render.options import ASCII_GLYPHS, RenderOptions
-from .render.stage import labelled, stage_view
-from .render.why import why_view
 
 if TYPE_CHECKING:
-    from .judge.compare import Comparison
-    from .quiz import Question
-    from .why import Why
+    from ..judge.compare import Comparison
+    from ..quiz import Question
+    from ..why import Why
 
 
 def transcript_console(file: io.StringIO, width: int, color: bool) -> Console:
@@ -355,7 +355,7 @@ def to_json(trace: Trace, *, first: int = 0, ascii_only: bool = False) -> str:
 def comparison_text(comparison: Comparison, opts: RenderOptions, width: int = 100,
                     color: bool = False) -> str:
     """The comparison (`explain --against`) as text: the header, then every row."""
-    from .render.compare import comparison_header, row_view
+    from ..render.compare import comparison_header, row_view
 
     buffer = io.StringIO()
     console = transcript_console(buffer, width, color)
@@ -406,7 +406,7 @@ def write_comparison_json(comparison: Comparison, out: BinaryIO, *, ascii_only: 
     """The comparison as JSON: both modules, how the weights were copied, every row with
     both sides' tensors (their own values) and mha-tui's difference: the largest, where,
     and which cells differ (a boolean array in the learner's layout)."""
-    from .judge.compare import TOLERANCE
+    from ..judge.compare import TOLERANCE
 
     c = comparison
     nonce = f"@values-{secrets.token_hex(16)}-"

@@ -1,0 +1,100 @@
+"""Every output mha-tui writes, and where: one FORMATS table (a row per format: its name,
+the --dump extensions that choose it, what it allows, its writer), the writers it names
+(`dump.py`: text and JSON transcripts, worksheets, --why; `pictures.py`: SVG, HTML and
+Markdown; `quiz_view.py`: the quiz's words; `floats.py`: float32 text), and safe
+destinations (`destination.py`: a file replaced only once complete, devices and FIFOs
+written through).
+
+A new format is one writer and one row here. Importing this package is cheap: a writer
+imports its drawing (rich) when it writes, so the CLI can read the table before anything
+heavy is imported. Never import textual, typer or torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..records import Trace
+    from ..render.options import RenderOptions
+
+
+@dataclass(frozen=True)
+class Page:
+    """What a transcript writer is asked to write: the stages from `first` up to `last`
+    (None: to the end), drawn `width` columns wide, in colour or not."""
+
+    trace: Trace
+    options: RenderOptions
+    width: int
+    color: bool
+    first: int
+    last: int | None
+
+
+def _text(page: Page, out: IO[bytes]) -> None:
+    from .dump import to_text
+
+    text = to_text(page.trace, page.options, width=page.width, color=page.color,
+                   first=page.first, last=page.last)
+    # UTF-8 whatever the locale says: the transcript's bytes do not depend on LANG.
+    out.write(text.encode("utf-8"))
+
+
+def _json(page: Page, out: IO[bytes]) -> None:
+    from dataclasses import replace
+
+    from .dump import write_json
+
+    write_json(replace(page.trace, stages=page.trace.stages[:page.last]), out, first=page.first,
+               ascii_only=page.options.ascii)
+
+
+def _picture(name: str) -> Callable[[Page, IO[bytes]], None]:
+    def write(page: Page, out: IO[bytes]) -> None:
+        from .pictures import Selection, picture
+
+        out.write(picture(name, page.trace, page.options, page.width,
+                          Selection(page.first, page.last)).encode("utf-8"))
+
+    return write
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """One row of FORMATS: a transcript format of `explain --dump`."""
+
+    name: str
+    extensions: tuple[str, ...]
+    """--dump's extensions that choose it when --format is not given."""
+    write: Callable[[Page, IO[bytes]], None]
+    colours: bool = False
+    """Whether --color changes it (ANSI codes in text; pictures are always in colour)."""
+    sized: bool = True
+    """Whether --width and --full apply (JSON is always complete and has no width)."""
+    worksheet: bool = False
+    """Whether --quiz writes its worksheet in it."""
+    comparison: bool = False
+    """Whether --against writes its comparison in it."""
+    cell: bool = False
+    """Whether --why writes its cell's explanation in it."""
+
+
+FORMATS: dict[str, OutputFormat] = {row.name: row for row in (
+    OutputFormat("text", (), _text, colours=True, worksheet=True, comparison=True, cell=True),
+    OutputFormat("json", (".json",), _json, sized=False, worksheet=True, comparison=True),
+    OutputFormat("svg", (".svg",), _picture("svg")),
+    OutputFormat("html", (".html", ".htm"), _picture("html")),
+    OutputFormat("md", (".md", ".markdown"), _picture("md"), worksheet=True),
+)}
+"""Every transcript format, by name (--format's choices, in this order)."""
+
+
+def format_of(path: str) -> str:
+    """The format --dump's extension chooses (text for any other)."""
+    from pathlib import PurePath
+
+    suffix = PurePath(path).suffix.lower()
+    return next((row.name for row in FORMATS.values() if suffix in row.extensions), "text")
