@@ -98,10 +98,11 @@ def test_bad_module_references(text: str) -> None:
 def test_constructor_arguments_are_filled_by_name(tmp_path: Path) -> None:
     path = write(tmp_path, "attn.py", PLAIN)
     loaded = load(CONFIG, Source(module=f"{path}:Attn"))
-    # d_model, n_heads, block_size by name; dropout by name despite its default; the rest keep theirs.
-    assert loaded.module.seen == dict(d_model=8, n_heads=2, block_size=32, dropout=0.0, scale=1.0,
+    # d_model, n_heads, block_size by name; the author's own dropout default (0.3) and the rest
+    # keep theirs: the module is judged as its author constructs it (#27).
+    assert loaded.module.seen == dict(d_model=8, n_heads=2, block_size=32, dropout=0.3, scale=1.0,
                                       bias=False)
-    assert loaded.construction == "Attn(d_model=8, n_heads=2, block_size=32, dropout=0.0)"
+    assert loaded.construction == "Attn(d_model=8, n_heads=2, block_size=32)"
 
 
 def test_every_listed_name_gets_its_value() -> None:
@@ -115,7 +116,8 @@ def test_every_listed_name_gets_its_value() -> None:
     assert kwargs == {**dict.fromkeys(("embed_dim", "d_model", "d_in", "d_out", "n_embd", "dim"), 8),
                       **dict.fromkeys(("num_heads", "n_heads", "n_head"), 2),
                       **dict.fromkeys(("max_seq_len", "context_length", "block_size"), 32),
-                      "dropout": 0.0, "batch_first": True, "causal": True}
+                      "batch_first": True, "causal": True}
+    # dropout keeps the class's own default (0.5); a class without one gets 0.0.
     no_causal = Config("I love AI !", embed_dim=8, num_heads=2, causal=False)
     assert constructor_arguments(Everything, no_causal, {})["causal"] is False
 

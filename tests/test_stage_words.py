@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from mha_tui.cli import app
 from mha_tui.config import MODEL_NAMES, Config, Source
 from mha_tui.pipeline import checked
+from mha_tui.records.request import Request
 
 from .test_families import _families_root  # noqa: F401  (the session's checkpoint folder)
 
@@ -42,7 +43,7 @@ EVERY_MODULE = [f"model:{m}" for m in MODEL_NAMES] + MODULE_STYLES
 def traced(spec: str):
     config = Config(SENTENCE)
     source = Source(model=spec[6:]) if spec.startswith("model:") else Source(module=spec)
-    run, _ = checked(config, source)
+    run, _ = checked(Request(config, source))
     return run(config)
 
 
@@ -70,7 +71,7 @@ def test_an_indexed_assignment_is_titled_as_its_line_writes_it() -> None:
     not `to.setitem((:1, 0:6), out)` (the cache named by the op that made it)."""
     config = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
     spec = f"{FIXTURES / 'public' / 'meta_llama.py'}:MetaLlamaAttention"
-    run, _ = checked(config, Source(module=spec))
+    run, _ = checked(Request(config, Source(module=spec)))
     titles = [stage.title for stage in run(config).stages if stage.kind == "op"]
     assert titles[:2] == ["self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk",
                           "self.cache_v[:bsz, start_pos : start_pos + seqlen] = xv"], titles
@@ -242,7 +243,7 @@ def test_one_line_that_binds_three_projections_names_each_by_its_target(ref: str
     config = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
     path, cls = ref.split(":")
     init = (("dim", 16), ("n_heads", 4)) if path.startswith("public") else ()
-    run, _ = checked(config, Source(module=f"{FIXTURES / path}:{cls}", init=init))
+    run, _ = checked(Request(config, Source(module=f"{FIXTURES / path}:{cls}", init=init)))
     project = run(config).stage("project")
     names = [t.name for t in project.tensors if t.shape[-1] != 16 or t.name.startswith("x")]
     assert [n for n in names if n.startswith("x")] == ["xq", "xk", "xv"], names
