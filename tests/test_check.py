@@ -335,10 +335,11 @@ async def test_app_check_marks_the_rail_and_shows_the_diagnosis() -> None:
     from mha_tui.app.stage_view import StageView
     from mha_tui.app.widgets import StageRail
     from mha_tui.pipeline import checked
+    from mha_tui.records.request import Request
 
     config = Config(SENTENCE)
     path = MISTAKES / "softmax_axis.py"
-    run, checker = checked(config, Source(module=f"{path}:MultiHeadAttention"))
+    run, checker = checked(Request(config, Source(module=f"{path}:MultiHeadAttention")))
     app = ExplainApp(config, loader=run, checker=checker)
     async with app.run_test(size=(120, 40)) as pilot:
         await _loaded(app, pilot)
@@ -363,9 +364,10 @@ async def test_app_without_check_has_no_marks() -> None:
     from mha_tui.app.explain import ExplainApp
     from mha_tui.app.widgets import StageRail
     from mha_tui.pipeline import checked
+    from mha_tui.records.request import Request
 
     config = Config(SENTENCE)
-    run, _ = checked(config, Source(model="course"))
+    run, _ = checked(Request(config, Source(model="course")))
     app = ExplainApp(config, loader=run)
     async with app.run_test(size=(120, 40)) as pilot:
         await _loaded(app, pilot)

@@ -273,9 +273,10 @@ def test_the_transcript_marks_no_nan_carrying_stage_wrong() -> None:
     """explain's own checks: attend, concat and w_o compare NaN with NaN, and agree."""
     from mha_tui.config import Config, Source
     from mha_tui.pipeline import checked
+    from mha_tui.records.request import Request
 
     config = Config("I love AI !")
-    run, _ = checked(config, Source(module=spec("fully_masked_row")))
+    run, _ = checked(Request(config, Source(module=spec("fully_masked_row"))))
     trace = run(config)
     for stage in trace.stages:
         if stage.kind in ("attend", "concat", "w_o"):

@@ -14,8 +14,7 @@ from mha_tui.config import Config, Source
 from mha_tui.kinds._parts.builder import BHTD, BHTT, Builder
 from mha_tui.ops.sizes import Sizes
 from mha_tui.pipeline import checked
-
-from .conftest import run_cli
+from mha_tui.records.request import Request
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SENTENCE = "I love AI !"  # T = 4
@@ -23,7 +22,7 @@ SENTENCE = "I love AI !"  # T = 4
 
 def traced(spec: str, **config: object):
     cfg = Config(SENTENCE, **config)  # type: ignore[arg-type]
-    run, _ = checked(cfg, Source(module=spec))
+    run, _ = checked(Request(cfg, Source(module=spec)))
     return run(cfg)
 
 
@@ -63,31 +62,16 @@ def test_sizes_alone_never_pick_one_of_two_label_sets_that_fit() -> None:
     assert one_head.dims((1, 3, 4)) == ("B", "T", "C")  # (B, T, d_h) is the same axes
 
 
-def test_an_op_stage_takes_its_inputs_dims_from_the_stage_that_made_it() -> None:
-    """nn.MultiheadAttention's head-averaged weights, C = 8 (T = d_h = 4): the view of
-    softmax's (B * h, T, T) weights is (B, h, T, T), not (B, h, T, d_h), and its mean over
-    the heads is (B, T, T)."""
-    op = traced("torch.nn:MultiheadAttention", embed_dim=8).stages[-1]
-    assert op.kind == "op" and "mean(dim=1)" in op.title
-    assert op.dims_transition == "(B, h, T, T) -> (B, T, T)"
-    assert [r.dims for r in op.tensors] == [BHTT, ("B", "T", "T")]
-
-
-def test_the_head_averaged_weights_are_not_called_b_t_c_when_t_equals_c() -> None:
-    op = traced("torch.nn:MultiheadAttention").stages[-1]  # C = 4 = T
-    assert op.dims_transition == "(B, h, T, T) -> (B, T, T)"
+def test_the_head_averaged_weights_are_no_stage_and_the_mask_keeps_its_dims() -> None:
+    """nn.MultiheadAttention's head-averaged weights (a mean over h of softmax's output) do
+    not reach the attention output: since #30 they are no stage (they were an `op` stage whose
+    dims these tests pinned). The mask's (B, T, T) input keeps its labels at C = 4 = T."""
+    for embed_dim in (4, 8):
+        trace = traced("torch.nn:MultiheadAttention", embed_dim=embed_dim)
+        assert trace.stages[-1].kind == "w_o", embed_dim
+        assert not any("mean(dim=1)" in s.title for s in trace.stages), embed_dim
     mask = stage(traced("torch.nn:MultiheadAttention"), "mask")
     assert mask.tensors[0].dims == ("B", "T", "T"), mask.tensors[0]
-
-
-def test_why_on_the_head_averaged_weights_names_a_key_column() -> None:
-    """Trial finding 25: column 2 is key AI, not channel 2."""
-    result = run_cli("explain", SENTENCE, "--module", "torch.nn:MultiheadAttention",
-                     "--why", "op[0,1,2]", "--dump", "-")
-    assert result.returncode == 0, result.stderr
-    first = result.stdout.decode().splitlines()[0]
-    assert "query love (row 1), key AI (column 2)" in first, first
-    assert "channel" not in first
 
 
 def test_shared_kv_heads_are_named_from_where_they_go_when_t_equals_d_h() -> None:

@@ -12,6 +12,7 @@ import pytest
 from mha_tui.app.explain import ExplainApp
 from mha_tui.config import Config, Source
 from mha_tui.pipeline import checked
+from mha_tui.records.request import Request
 from mha_tui.render.tensor import heads_in_columns
 
 from .test_app import text_of
@@ -21,7 +22,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def _trace(source: Source):
     config = Config("the cat sat")
-    run, _ = checked(config, source)
+    run, _ = checked(Request(config, source))
     return run(config)
 
 

@@ -21,6 +21,7 @@ import pytest
 from mha_tui.config import Config, Source
 from mha_tui.pipeline import checked
 from mha_tui.records import Trace
+from mha_tui.records.request import Request
 from mha_tui.why import main_tensor, why
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -29,7 +30,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @cache
 def trace_of(ref: str) -> Trace:
     config = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
-    run, _ = checked(config, Source(module=str(FIXTURES / ref)))
+    run, _ = checked(Request(config, Source(module=str(FIXTURES / ref))))
     return run(config)
 
 
@@ -94,7 +95,7 @@ def test_without_a_mask_the_mask_stage_is_the_scaled_score_unchanged(model: str)
     """--no-causal: the mask stage holds no op (the module's mask lines did not run; it was
     "holds no op"); each cell is Q·K / √d_h, computed here from the transpose stage's q and k."""
     config = Config("the cat sat on the mat", embed_dim=16, num_heads=4, causal=False)
-    run, _ = checked(config, Source(model=model))
+    run, _ = checked(Request(config, Source(model=model)))
     trace = run(config)
     q, k = (r.values.astype(np.float64) for r in trace.stage("transpose").tensors[:2])
     _every_cell(trace, "mask", q @ np.swapaxes(k, -1, -2) / 2.0)  # d_h = 4
@@ -109,7 +110,7 @@ def test_a_where_mask_of_one_token_and_one_head_keeps_its_score(ref: str) -> Non
     """One token, one head: torch.where / np.where get two one-number arguments (it was
     "cannot tell the scores from the fill value"); the score is told by its value, kept."""
     config = Config("hi", embed_dim=16, num_heads=1)
-    run, _ = checked(config, Source(module=str(FIXTURES / ref)))
+    run, _ = checked(Request(config, Source(module=str(FIXTURES / ref))))
     trace = run(config)
     stages = [s.id for s in trace.stages]
     before = main_tensor(trace.stages[stages.index("mask") - 1]).values

@@ -25,6 +25,7 @@ import pytest
 from mha_tui.config import MODEL_NAMES, NUMPY_MODEL_NAMES, Config, Source
 from mha_tui.pipeline import checked
 from mha_tui.records import TensorRecord, Trace
+from mha_tui.records.request import Request
 from mha_tui.why import main_tensor, why
 
 from .hf_families import FAMILIES
@@ -85,7 +86,7 @@ def module_trace(ref: str, init: tuple[tuple[str, object], ...], causal: bool) -
     config = Config(SENTENCE, embed_dim=16, num_heads=4, causal=causal)
     source = Source(model=ref) if ":" not in ref else Source(
         module=ref if ref.startswith("torch.") else str(FIXTURES / ref), init=init)
-    run, _ = checked(config, source)
+    run, _ = checked(Request(config, source))
     return run(config)
 
 
@@ -177,7 +178,7 @@ def test_edge_sizes_explain_their_cells(ref: str, init: tuple, sentence: str, em
                     causal=sentence != SENTENCE)  # the long sentence: --no-causal
     source = Source(model=ref) if ":" not in ref else Source(
         module=ref if ref.startswith("torch.") else str(FIXTURES / ref), init=init)
-    run, _ = checked(config, source)
+    run, _ = checked(Request(config, source))
     found, asked = problems(run(config))
     assert not found, "\n".join(found)
     assert asked

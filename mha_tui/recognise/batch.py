@@ -71,20 +71,19 @@ def _mask_words(stage: Stage, padding: np.ndarray) -> Stage:
             checks.append(Check(f"row {b}: padded keys {_positions(cols)} blocked for every "
                                 "query", False))
             continue
-        if every_query[b][pads].all():
+        blocked_for_all = bool(every_query[b][pads].all())
+        if blocked_for_all:
             sentences.append(f"padding: the {_plural(len(cols), 'padded key')} of row {b} "
                              f"({_positions(cols)}) {'is' if len(cols) == 1 else 'are'} blocked "
                              "for every query")
-            checks.append(Check(f"row {b}: padded keys {_positions(cols)} blocked for every "
-                                "query", True))
         else:
             open_cols = [c for c in cols if not every_query[b][c]]
             sentences.append(f"padding: row {b}'s padded keys {_positions(open_cols)} are NOT "
                              "blocked for every query"
                              + (f" (the keys blocked for every query: {_positions(shut)})"
                                 if shut else ""))
-            checks.append(Check(f"row {b}: padded keys {_positions(cols)} blocked for every "
-                                "query", False))
+        checks.append(Check(f"row {b}: padded keys {_positions(cols)} blocked for every query",
+                            blocked_for_all))
     if not sentences:
         return stage
     written = int(blocked.sum())
