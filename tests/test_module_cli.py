@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from mha_tui.cli import app
-from mha_tui.config import MODEL_NAMES, NUMPY_MODEL_NAMES
+from mha_tui.config import MODEL_NAMES, NUMPY_MODEL_NAMES, TRAINED_MODEL_NAMES
 
 from .conftest import run_cli
 
@@ -37,7 +37,8 @@ def test_help_lists_the_new_options_and_the_models() -> None:
     assert result.exit_code == 0
     for flag in ("--model", "--module", "--init", "--weights", "FILE.py:CLASS", "NAME=VALUE"):
         assert flag in result.output
-    assert "<" + "|".join(MODEL_NAMES + NUMPY_MODEL_NAMES) + ">" in " ".join(result.output.split())
+    names = MODEL_NAMES + NUMPY_MODEL_NAMES + TRAINED_MODEL_NAMES
+    assert "<" + "|".join(names) + ">" in " ".join(result.output.split())
 
 
 class Evil:
