@@ -173,9 +173,7 @@ class Audit:
         self.writable = [w.rstrip("/") + "/" for w in writable]
         # Python, its packages and mha-tui are read-only, wherever they live: a checkout (or a
         # CI clone) under /tmp must not make torch's files count as the private /tmp.
-        import mha_tui
-
-        fixed = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.abspath(mha_tui.__file__)),
+        fixed = {sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[1]),  # mha_tui/
                  *(p for p in sys.path if "site-packages" in p)}
         self.read_only = [os.path.realpath(p).rstrip("/") + "/" for p in fixed if p] + \
             [p.rstrip("/") + "/" for p in fixed if p]
