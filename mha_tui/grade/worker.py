@@ -171,6 +171,12 @@ class Audit:
         self.own = os.path.realpath(own_file) if own_file else None
         self.watched = [w.rstrip("/") + "/" for w in watched]
         self.writable = [w.rstrip("/") + "/" for w in writable]
+        # Python, its packages and mha-tui are read-only, wherever they live: a checkout (or a
+        # CI clone) under /tmp must not make torch's files count as the private /tmp.
+        fixed = {sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[1]),  # mha_tui/
+                 *(p for p in sys.path if "site-packages" in p)}
+        self.read_only = [os.path.realpath(p).rstrip("/") + "/" for p in fixed if p] + \
+            [p.rstrip("/") + "/" for p in fixed if p]
         self.active = False
 
     def note(self, what: str) -> None:
@@ -207,8 +213,9 @@ class Audit:
                 (isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
             theirs = any(full.startswith(w) for w in self.watched) and \
                 self.own != os.path.realpath(full) and "/__pycache__/" not in full
-            if writes and (theirs or not any(full.startswith(w) for w in self.writable)) and \
-                    not full.startswith("/dev/"):
+            fixed = any(full.startswith(r) for r in self.read_only)
+            if writes and (theirs or fixed or not any(full.startswith(w) for w in self.writable)) \
+                    and not full.startswith("/dev/"):
                 self.note(f"tried to write {full}")
             elif theirs:
                 self.note(f"tried to open {full}, which is not its own file")
