@@ -18,10 +18,9 @@ from ..ops.sizes import Sizes
 from ..ops.vocab import PRODUCTS, PROJECTIONS, SHAPE_OPS, SPLITS
 from ..records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ._parts.builder import BTC, Builder
-from ._parts.cell import Cell, Why, WhyError, linear
+from ._parts.cell import Cell, Why
 from ._parts.maker import StageMaker, api_name
-from ._parts.product_cell import PRODUCTS as PRODUCT_OPS
-from ._parts.product_cell import weight_row_why
+from ._parts.product_cell import projection_why
 from ._parts.quizzing import Question, shape_question
 from ._parts.unit import Unit
 
@@ -523,12 +522,7 @@ def why(cell: Cell) -> Why:
     """A channel of Q, K or V: the token's x dotted with one row of the weight (nn.Linear,
     F.linear, NumPy's x @ W), or with the column or row of a raw weight parameter the product
     reads (x @ W, torch.matmul, x @ W.T, einsum: product_cell)."""
-    if not cell.ops("linear") and cell.ops(*PRODUCT_OPS):
-        try:
-            return linear(cell, "W")  # NumPy's 2-d x @ W
-        except WhyError:
-            return weight_row_why(cell, "W")
-    return linear(cell, "W")
+    return projection_why(cell, "W")
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:

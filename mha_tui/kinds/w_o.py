@@ -13,10 +13,9 @@ from ..ops.sizes import Sizes
 from ..ops.vocab import PRODUCTS
 from ..records import Check, OpRecord, Stage, Trace
 from ._parts.builder import BTC
-from ._parts.cell import Cell, Why, WhyError, linear
+from ._parts.cell import Cell, Why
 from ._parts.maker import StageMaker
-from ._parts.product_cell import PRODUCTS as PRODUCT_OPS
-from ._parts.product_cell import weight_row_why
+from ._parts.product_cell import projection_why
 from ._parts.quizzing import Question, shape_question
 from ._parts.unit import Unit
 from .project import build_projection, linear_row, weight_product
@@ -120,12 +119,7 @@ def _unplaced_output_weight(j: Judge) -> tuple[OpRecord, str, tuple[int, ...]] |
 def why(cell: Cell) -> Why:
     """An output channel: the concatenated heads' row dotted with one row of W_O (or the
     column or row of a raw W_O parameter the product reads: product_cell)."""
-    if not cell.ops("linear") and cell.ops(*PRODUCT_OPS):
-        try:
-            return linear(cell, "W_O")  # NumPy's 2-d x @ W
-        except WhyError:
-            return weight_row_why(cell, "W_O")
-    return linear(cell, "W_O")
+    return projection_why(cell, "W_O")
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:

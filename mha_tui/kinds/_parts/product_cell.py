@@ -15,7 +15,7 @@ import numpy as np
 
 from ...records import TensorArg
 from .builder import einsum_swapped
-from .cell import Cell, Term, Why, WhyError, dot, fused_part, reindex, where
+from .cell import Cell, Term, Why, WhyError, dot, fused_part, linear, reindex, where
 from .op_cell import explain
 from .op_cell.arith import Factors, factors
 from .op_cell.reading import OpCell, tensor_name
@@ -163,3 +163,15 @@ def _is_weight(c: OpCell, k: int) -> bool:
     if ref.kind in _WEIGHTS:
         return True
     return operand_name(c, k).endswith(".T") and ref.kind == "op"
+
+
+def projection_why(cell: Cell, role: str) -> Why:
+    """A channel of a projection (Q, K, V or W_O): the input row dotted with one row of the
+    weight (nn.Linear, F.linear, NumPy's x @ W), or with the column or row of a raw weight
+    parameter the product reads (x @ W, torch.matmul, x @ W.T, einsum)."""
+    if not cell.ops("linear") and cell.ops(*PRODUCTS):
+        try:
+            return linear(cell, role)  # NumPy's 2-d x @ W
+        except WhyError:
+            return weight_row_why(cell, role)
+    return linear(cell, role)
