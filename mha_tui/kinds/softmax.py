@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph, hand_written_softmaxes
-from ..ops.numeric import ATOL, RTOL, close, f64
+from ..ops.numeric import ATOL, HALF, RTOL, close, f64, precision, tolerance
 from ..ops.sizes import Sizes
 from ..ops.vocab import LARGE_NEGATIVE, SOFTMAXES
 from ..ops.vocab import softmax as softmax_of
@@ -110,7 +110,11 @@ def softmax_checks(weights: np.ndarray, before: np.ndarray,
     -inf or a large negative such as finfo.min or -1e9 (a mask that fills -3.4e38 blocks as
     surely as -inf)."""
     deviation = float(np.abs(weights.sum(axis=-1, dtype=weights.dtype) - 1).max()) if weights.size else 0.0
-    checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e})", deviation < 1e-5)]
+    p = precision()  # bfloat16 weights: each rounded by up to 2^-9 of itself
+    half = p.dtype in HALF
+    checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e}"
+                    + (f", {p.words()})" if half else ")"),
+                    deviation < (p.rtol if half else 1e-5))]
     if before.shape == weights.shape:
         blocked = before <= LARGE_NEGATIVE if before.dtype.kind == "f" else np.isneginf(before)
         if masked is not None and masked.size == blocked.size:
@@ -152,7 +156,7 @@ def _softmax_diagnosis(j: Judge, logits: np.ndarray, got: np.ndarray) -> tuple[s
              logits.ndim - 3: "the head axis: the heads' weights for one entry sum to 1",
              0: "the batch axis"}
     for axis in range(logits.ndim - 1):
-        if np.allclose(got, softmax_of(logits, axis), atol=ATOL, rtol=RTOL, equal_nan=True):
+        if np.allclose(got, softmax_of(logits, axis), equal_nan=True, **tolerance(atol=ATOL, rtol=RTOL)):
             dim = axis - logits.ndim
             return "softmax_wrong_axis", (f"softmax over the wrong axis (dim={dim}, "
                                           f"{names.get(axis, 'axis ' + str(axis))}): each "

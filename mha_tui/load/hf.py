@@ -49,6 +49,12 @@ ALL_LAYERS_BUDGET = 256 * 2**20
 # float32 each.
 MAPS_PER_LAYER = 7
 CHANNEL_TENSORS_PER_LAYER = 24
+# `--dtype`: what the model runs and is recorded in. "auto" is the checkpoint's own dtype.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+# safetensors' names for the float dtypes (its header says each tensor's).
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
 
 def _offline() -> None:
@@ -95,6 +101,10 @@ class ModelInfo:
     # An encoder (BERT, RoBERTa, DistilBERT, T5's encoder), loaded as the bare encoder: its
     # self-attention lets every token see every token. False: a causal language model.
     encoder: bool = False
+    # What the model runs and is recorded in, and the checkpoint's own dtype (they differ
+    # only when `--dtype` asked for another one: "upcast from bfloat16 on request").
+    dtype: str = "float32"
+    stored_dtype: str = "float32"
 
 
 @dataclass(eq=False)
@@ -174,11 +184,45 @@ def auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
     return transformers.AutoModel, True
 
 
-def load(source: str, sentence: str | None = None) -> Loaded:
+def stored_dtype(config: Any, path: Path) -> str:
+    """The checkpoint's own float dtype: config.json's `dtype` (`torch_dtype` before
+    transformers 5), else the first float tensor's in a safetensors file's header, else
+    float32 (a `.bin` checkpoint without the field: transformers' own default)."""
+    said = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    name = str(said).removeprefix("torch.") if said is not None else ""
+    if name in DTYPES:
+        return name
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt") as weights:
+                for key in weights.keys():
+                    kind = _SAFETENSORS_DTYPES.get(weights.get_slice(key).get_dtype())
+                    if kind is not None:
+                        return kind
+        except Exception:  # an unreadable header: transformers says so when it loads
+            break
+    return "float32"
+
+
+def chosen_dtype(asked: str, stored: str) -> str:
+    """`--dtype`: auto is the checkpoint's own; anything else is what was asked for."""
+    if asked == "auto":
+        return stored
+    if asked not in DTYPES:
+        raise HfError(f"--dtype {asked!r} is not one of {', '.join(DTYPE_CHOICES)}")
+    return asked
+
+
+def load(source: str, sentence: str | None = None, dtype: str = "auto") -> Loaded:
     """Find, check and load the model and tokenizer; every refusal is an HfError.
 
     sentence: when given, it is tokenized and refused if it has more tokens than the
     model's config.json says the model reads, before any weight is loaded.
+    dtype: what the model runs in; "auto", the checkpoint's own dtype (a bfloat16 model is
+    explained in bfloat16, with its own numbers), or a name from DTYPE_CHOICES (upcast or
+    cast on request; the header says so).
     """
     transformers = _transformers()
     path = checked_directory(source)
@@ -196,10 +240,12 @@ def load(source: str, sentence: str | None = None) -> Loaded:
     except HfError as error:
         raise HfError(f"--hf {source}: {error}") from None
     what = "an encoder" if encoder else "a causal language model"
+    stored = stored_dtype(config, path)
+    runs_in = chosen_dtype(dtype, stored)
     try:
         model = auto.from_pretrained(
             path, config=config, local_files_only=True, trust_remote_code=False,
-            weights_only=True, attn_implementation="eager", dtype=torch.float32,
+            weights_only=True, attn_implementation="eager", dtype=DTYPES[runs_in],
         )
     except Exception as error:  # transformers raises many kinds; the learner gets one line
         raise HfError(f"--hf {source}: could not load {what} from {path}: "
@@ -225,6 +271,7 @@ def load(source: str, sentence: str | None = None) -> Loaded:
         vocab_size=int(config.vocab_size),
         max_positions=getattr(config, "max_position_embeddings", None),
         attention_params=sum(p.numel() for p in attention.parameters()), encoder=encoder,
+        dtype=runs_in, stored_dtype=stored,
     )
     return Loaded(model=model, tokenizer=tokenizer, info=info, blocks_path=blocks_path,
                   attention_name=attention_name, blocks=blocks)
