@@ -98,9 +98,35 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                        + ("exp(s - max(s)) / sum(exp(s - max(s))) along each row. Subtracting "
                           "the row maximum changes nothing in the result and keeps exp from "
                           "overflowing." if stable else "exp(s) / sum(exp(s)) along each row."))
-    return m.stage(unit, stage_id, "softmax", [rec], checks, shape_in=before.shape,
+    tensors = [rec]
+    cast = None if m.b.per_head else _rounded(m, unit, first)
+    if cast is not None:  # a bfloat16 model's softmax in float32, then `.to(query.dtype)`
+        cast_values, cast_snap = m.b.out_4d([cast.index], BHTT)
+        tensors.append(m.b.record(
+            f"{m.tensor_name(cast, fallback='weights')} ({cast.out.dtype})", cast_snap,
+            BHTT if cast_values.ndim == 4 else None, values=cast_values, kind="prob",
+            caption=f"the weights rounded to {cast.out.dtype}: what the module passes on"))
+        moved = float(np.abs(cast_values.astype(np.float64) - values).max()) if values.size else 0.0
+        checks.append(Check(f"softmax computed in {first.out.dtype}, then rounded to "
+                            f"{cast.out.dtype}: the largest weight moved by {moved:.2e}", None))
+    return m.stage(unit, stage_id, "softmax", tensors, checks, shape_in=before.shape,
                       shape_out=values.shape, dims_in=rec.dims, dims_out=rec.dims, note=note,
                       explanation=explanation)
+
+
+_CASTS = {"to", "type", "type_as", "half", "bfloat16"}
+
+
+def _rounded(m: StageMaker, unit: Unit, softmax_op: OpRecord) -> OpRecord | None:
+    """The cast of the softmax's weights to half precision that the stage holds (Llama's
+    `softmax(..., dtype=torch.float32).to(query.dtype)`), or None."""
+    found = None
+    for i in sorted({*unit.helpers, *unit.folded}):
+        op = m.op(i)
+        if i > softmax_op.index and op.name in _CASTS and op.outputs and op.out.dtype in HALF \
+                and op.out.dtype != softmax_op.out.dtype and op.out.shape == softmax_op.out.shape:
+            found = op
+    return found
 
 
 def softmax_checks(weights: np.ndarray, before: np.ndarray,
