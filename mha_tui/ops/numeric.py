@@ -90,6 +90,21 @@ def computed_in(dtype: str) -> Iterator[Precision]:
         _CURRENT.reset(token)
 
 
+def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
+    """values (float32) rounded to dtype as torch rounds them (to nearest, ties to even),
+    held as float32: what a bfloat16 or float16 op writes for those exact results. Any other
+    dtype: the values as they are."""
+    x = np.asarray(values, dtype=np.float32)
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).astype(np.float32)
+    if dtype != "bfloat16":
+        return x
+    bits = x.view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16  # c10's round_to_nearest_even
+    return np.where(np.isnan(x), x, bits.astype(np.uint32).view(np.float32))
+
+
 def f64(values: np.ndarray) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
 
