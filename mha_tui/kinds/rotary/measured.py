@@ -77,7 +77,7 @@ def fit(before: np.ndarray, after: np.ndarray, T: int
             if not (np.allclose(cos[0], 1.0, **tolerance(atol=1e-4, rtol=1e-5))
                     and np.allclose(sin[0], 0.0, **tolerance(atol=1e-4, rtol=1e-5))):
                 continue  # position 0 is not turned (a swap of halves is not rotary)
-            if np.abs(sin).max() <= max(1e-6, 4 * tolerance()["atol"]):
+            if np.abs(sin).max() <= max(1e-6, 4 * tolerance(atol=0.0)["atol"]):
                 continue  # nothing turned (in bfloat16, a scaling's rounding is no turn)
             return pairing, axis, cos, sin, m
     return None
