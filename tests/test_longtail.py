@@ -23,7 +23,7 @@ from .longtail_cases import CASES, FIXTURES, measure
 
 LEFT = {
     "open_clip cosine attention", "DeBERTa-v3 c2p/p2c",
-    "T5 buckets", "differential attention (unilm)", "DiffLlama", "labml sequence-first einsum",
+    "T5 buckets", "differential attention (unilm)", "DiffLlama",
     "picoGPT NumPy", "linear attention",
 }
 
