@@ -188,3 +188,40 @@ def test_a_product_no_softmax_follows_is_not_the_scores() -> None:
 
     assert kind_of_scores(with_softmax=False) != "scores"
     assert kind_of_scores(with_softmax=True) == "scores"
+
+
+def _unit(values: np.ndarray) -> np.ndarray:
+    return values / np.linalg.norm(values, axis=-1, keepdims=True)
+
+
+def test_cosine_attention_claims_the_normalize_of_q_and_k_and_the_learned_scale() -> None:
+    """open_clip's scaled_cosine: F.normalize(q), F.normalize(k), their product, times
+    exp(logit_scale) per head: the normalizes and the multiply are one cosine stage; the
+    product between them stays the scores."""
+    tape = Tape()
+    q, k, v = (tape.heads(tape.linear(tape.x, f"W_{r}.weight")) for r in "QKV")
+    qn = tape.op("normalize", [q], _unit(tape.values(q)), p=2.0, dim=-1)
+    kn = tape.op("normalize", [k], _unit(tape.values(k)), p=2.0, dim=-1)
+    kt = tape.op("transpose", [kn], np.swapaxes(tape.values(kn), -2, -1), -2, -1)
+    cosines = tape.op("matmul", [qn, kt], tape.values(qn) @ tape.values(kt))
+    scale = _param("logit_scale", np.full((H, 1, 1), 10.0, np.float32))
+    scaled = tape.op("mul", [cosines, scale], tape.values(cosines) * 10.0)
+    tape.op("softmax", [scaled], _softmax(tape.values(scaled)), dim=-1)
+    kinds = tape.kinds()
+    assert [kinds[r.op] for r in (qn, kn, cosines, scaled)] == [  # type: ignore[index]
+        "cosine", "cosine", "scores", "cosine"]
+
+
+def test_a_normalize_of_x_or_of_the_weights_is_not_cosine_attention() -> None:
+    """F.normalize of the input (before any projection), or over another axis, is not q or k
+    put at unit length; a scale of plain scores stays scale's."""
+    tape = Tape()
+    on_x = tape.op("normalize", [tape.x], _unit(tape.x_values), p=2.0, dim=-1)
+    q, kt, v, scores = _attention_upto_scores(tape)
+    other_axis = tape.op("normalize", [q], tape.values(q) / np.linalg.norm(
+        tape.values(q), axis=-2, keepdims=True), p=2.0, dim=-2)
+    scaled = tape.op("div", [scores], tape.values(scores) / 2.0, 2.0)
+    tape.op("softmax", [scaled], _softmax(tape.values(scaled)), dim=-1)
+    kinds = tape.kinds()
+    assert kinds[on_x.op] != "cosine" and kinds[other_axis.op] != "cosine"  # type: ignore[index]
+    assert kinds[scaled.op] == "scale"  # type: ignore[index]

@@ -26,6 +26,7 @@ from . import (
     attend,
     cache,
     concat,
+    cosine,
     dropout,
     embed,
     error,
@@ -138,6 +139,10 @@ KINDS: tuple[Kind, ...] = (
          "and plumbing claims every shape op nobody claimed before it. Its judge judges the "
          "head split, over the view and transpose stages.", 6, judged=("split", "split")),
     Kind(transpose, "after view (see view).", 7),
+    Kind(cosine, "after project, before softcap, scale and plumbing: its multiply of the "
+         "scores by a learned scale would otherwise be scale's (or no one's), and it claims "
+         "only F.normalize of a projection's tensor and a multiply of scores made from it.", 4.5,
+         judged=("cosine", "cosine attention")),
     Kind(sinks, "before softmax, mask, scale and concat: its cat of a sink column onto the "
          "scores, and the shift by the row max before softmax, would otherwise be concat's or "
          "no one's.", 11.5, judged=("sinks", "attention sinks")),

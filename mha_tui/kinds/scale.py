@@ -182,6 +182,8 @@ def scale_chain(j: Judge, soft: OpRecord) -> tuple[float, list[OpRecord], OpReco
         if op is None:
             return None
         inputs = j.g.x_inputs(op)
+        if j.kind(op) == "cosine":  # a learned scale of cosines: cosine's to judge
+            return None
         if op.name in ("matmul", "bmm", "baddbmm", "einsum") and len(inputs) >= 2:
             operands = j.g.tensor_operands(op)
             if op.name == "baddbmm":  # bias + alpha * (batch1 @ batch2): alpha scales
