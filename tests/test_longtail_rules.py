@@ -199,7 +199,7 @@ def test_cosine_attention_claims_the_normalize_of_q_and_k_and_the_learned_scale(
     exp(logit_scale) per head: the normalizes and the multiply are one cosine stage; the
     product between them stays the scores."""
     tape = Tape()
-    q, k, v = (tape.heads(tape.linear(tape.x, f"W_{r}.weight")) for r in "QKV")
+    q, k, _ = (tape.heads(tape.linear(tape.x, f"W_{r}.weight")) for r in "QKV")
     qn = tape.op("normalize", [q], _unit(tape.values(q)), p=2.0, dim=-1)
     kn = tape.op("normalize", [k], _unit(tape.values(k)), p=2.0, dim=-1)
     kt = tape.op("transpose", [kn], np.swapaxes(tape.values(kn), -2, -1), -2, -1)
@@ -217,7 +217,7 @@ def test_a_normalize_of_x_or_of_the_weights_is_not_cosine_attention() -> None:
     put at unit length; a scale of plain scores stays scale's."""
     tape = Tape()
     on_x = tape.op("normalize", [tape.x], _unit(tape.x_values), p=2.0, dim=-1)
-    q, kt, v, scores = _attention_upto_scores(tape)
+    q, _, _, scores = _attention_upto_scores(tape)
     other_axis = tape.op("normalize", [q], tape.values(q) / np.linalg.norm(
         tape.values(q), axis=-2, keepdims=True), p=2.0, dim=-2)
     scaled = tape.op("div", [scores], tape.values(scores) / 2.0, 2.0)
