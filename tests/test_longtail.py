@@ -22,8 +22,6 @@ from mha_tui.why import why
 from .longtail_cases import CASES, FIXTURES, measure
 
 LEFT = {
-    "DeBERTa-v3 c2p/p2c",
-    "T5 buckets", "differential attention (unilm)", "DiffLlama",
     "picoGPT NumPy", "linear attention",
 }
 

@@ -225,3 +225,48 @@ def test_a_normalize_of_x_or_of_the_weights_is_not_cosine_attention() -> None:
     kinds = tape.kinds()
     assert kinds[on_x.op] != "cosine" and kinds[other_axis.op] != "cosine"  # type: ignore[index]
     assert kinds[scaled.op] == "scale"  # type: ignore[index]
+
+
+def test_two_softmax_maps_subtracted_with_lambda_are_differential_attention() -> None:
+    """Diff Transformer: w1 − λ · w2 of two softmax maps is one differential stage (the
+    multiply by λ and the subtraction); a subtraction of two maps with no λ, or of a map and
+    a tensor not from softmax, is not."""
+    tape = Tape()
+    *_, scores = _attention_upto_scores(tape)
+    weights = tape.op("softmax", [scores], _softmax(tape.values(scores)), dim=-1)
+    maps = tape.op("view", [weights], tape.values(weights).reshape(B, H // 2, 2, T, T))
+    first = tape.op("getitem", [maps], tape.values(maps)[:, :, 0])
+    second = tape.op("getitem", [maps], tape.values(maps)[:, :, 1])
+    lam = _param("lambda_full", np.array(0.3, np.float32))
+    times = tape.op("mul", [lam, second], 0.3 * tape.values(second))
+    diff = tape.op("sub", [first, times], tape.values(first) - tape.values(times))
+    plain = tape.op("sub", [first, second], tape.values(first) - tape.values(second))
+    kinds = tape.kinds()
+    assert (kinds[times.op], kinds[diff.op]) == ("differential", "differential")  # type: ignore[index]
+    assert kinds[plain.op] != "differential"  # type: ignore[index]
+
+
+def test_a_forward_with_no_softmax_is_linear_attention_and_one_with_softmax_is_not() -> None:
+    """fast-transformers' φ(K)^T V with no softmax anywhere: its ops are linear_attn; the same
+    products in a forward that has a softmax are never linear_attn."""
+    from mha_tui.ops.graph import Graph
+    from mha_tui.recognise.classify import classify
+    from mha_tui.records import Recording
+
+    from .test_rules import SIZES, _snap
+
+    def kinds(with_softmax: bool) -> set[str | None]:
+        tape = Tape()
+        q, kt, v, _ = _attention_upto_scores(tape)
+        kv = tape.op("matmul", [kt, v], tape.values(kt) @ tape.values(v))  # (B, h, d_h, d_h)
+        out = tape.op("matmul", [q, kv], tape.values(q) @ tape.values(kv))
+        last = tape.op("softmax", [out], _softmax(tape.values(out)), dim=-1) if with_softmax \
+            else out
+        rec = Recording("Attn", "attn.py", (("x", _snap(tape.x_values)),), tuple(tape.ops),
+                        output=last)
+        g = Graph(rec)
+        classify(g, SIZES)
+        return {g.kind.get(kv.op), g.kind.get(out.op)}  # type: ignore[arg-type]
+
+    assert kinds(with_softmax=False) == {"linear_attn"}
+    assert "linear_attn" not in kinds(with_softmax=True)
