@@ -22,7 +22,7 @@ from mha_tui.why import why
 from .longtail_cases import CASES, FIXTURES, measure
 
 LEFT = {
-    "picoGPT NumPy", "linear attention",
+    "picoGPT NumPy",
 }
 
 

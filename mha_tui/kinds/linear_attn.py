@@ -23,8 +23,12 @@ TITLE = "Linear attention, not softmax attention: φ(Q) (φ(K)^T V), no (T, T) s
 
 
 def _no_softmax(g: Graph) -> bool:
-    """The forward ran to its end and nothing in it is a softmax (called, or written out)."""
+    """The forward ran to its end, mixes tokens (a product of two x-derived tensors: K^T V)
+    and nothing in it is a softmax (called, or written out)."""
     if g.rec.output is None or g.rec.error is not None:
+        return False
+    if not any(op.name in ("einsum", "matmul", "bmm") and len(g.x_inputs(op)) >= 2
+               for op in g.ops):
         return False
     return not any(op.name in SOFTMAXES or op.name == "scaled_dot_product_attention"
                    for op in g.ops) and not hand_written_softmaxes(g)
