@@ -156,6 +156,7 @@ def explain(
     check_stages: Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")] = False,
     hf_source: Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Explain one attention layer of a Hugging Face model (a causal LM, or an encoder such as BERT or T5): a local directory, or a name in the local Hugging Face cache (gpt2). Never downloads. Needs pip install "mha-tui[hf]".')] = None,
     layer: Annotated[int | None, typer.Option("--layer", help="With --hf or --model induction: the layer to explain, from 0; in the app [ and ] move between layers.")] = None,
+    no_stream: Annotated[bool, typer.Option("--no-stream", help="With --hf: load every weight of the model at once, instead of only the blocks up to the layer shown, one at a time from the checkpoint (streamed: the default for safetensors checkpoints).")] = False,
     repeat: Annotated[bool, typer.Option("--repeat", help="Run the sentence twice in a row (a b c -> a b c a b c): what an induction head needs to show itself.")] = False,
     quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text, JSON or Markdown).")] = False,
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
@@ -187,6 +188,8 @@ def explain(
     elif layer is not None:
         fail("--layer picks a layer of a whole model: use it with --hf PATH_OR_NAME or "
              "--model induction")
+    if no_stream and (hf_source is None or trained):
+        fail("--no-stream applies with --hf PATH_OR_NAME: it loads a checkpoint whole")
     if hf_source is None:
         if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
                 "utf-8", "replace"):
@@ -234,7 +237,7 @@ def explain(
         _explain_hf(sentence, hf_source, layer or 0, destination=destination,
                     interactive=_interactive(dump), fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
-                    quiz=quiz, why=cell, trained=trained)
+                    quiz=quiz, why=cell, trained=trained, stream=not no_stream)
         return
     _check_budget(config, destination, fmt)
     # The default module on one sentence needs no building before the app opens; anything
@@ -541,6 +544,37 @@ def _check_budget(config: Config, destination: Destination | None, fmt: Format) 
             fail(problem)
 
 
+def _check_hf_budget(source: str, sentence: str, tokens: int | None, layer: int, *,
+                     stream: bool, destination: Destination | None, fmt: Format, full: bool,
+                     why: bool, quiz: bool) -> None:
+    """--hf: refuse, before torch, transformers or any weight, a run that cannot fit in
+    memory (streamed or whole, from config.json and the weight files' headers) or a JSON or
+    --full transcript that cannot fit on its disk."""
+    from . import budget
+    from .load.hf_files import exact_tokens, run_shape
+
+    shape = run_shape(source, tokens, sentence)
+    if shape is None:
+        return
+    available = budget.available_memory()
+    big = fmt is Format.json or (full and FORMATS[fmt.value].sized)
+    folder = str(destination.folder) if destination is not None else ""
+    free = budget.free_disk(folder) if destination is not None and big and not why and not quiz \
+        else None
+
+    def problem(shape: budget.HfShape) -> str | None:
+        return (budget.hf_memory_problem(source, shape, layer, stream, available)
+                or budget.hf_disk_problem(source, shape, folder, free))
+
+    found = problem(shape)
+    if found is not None:  # estimated from a bound on the tokens: counted exactly first
+        count = exact_tokens(source, sentence)
+        if count is not None and count != shape.tokens:
+            found = problem(replace(shape, tokens=count))
+    if found is not None:
+        fail(found)
+
+
 def _out_of_memory(error: BaseException) -> bool:
     if isinstance(error, MemoryError):
         return True
@@ -554,16 +588,20 @@ def _out_of_memory(error: BaseException) -> bool:
 def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destination | None,
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
-                why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False) -> None:
+                why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
+                stream: bool = True) -> None:
     """--hf (or --model induction, trained: a model of mha_tui/models): load the model
     (refusals here, before any app), then the app, a transcript or --why's cell of the layer
-    shown."""
+    shown. stream: read the blocks from the checkpoint one at a time (load.hf_stream)."""
     from .load.hf_error import HfError
     from .load.hf_files import refuse_early
 
     try:  # what the checkpoint's files refuse, before torch and transformers are imported
         if not trained:
-            refuse_early(source, sentence, layer)
+            tokens = refuse_early(source, sentence, layer)
+            _check_hf_budget(source, sentence, tokens, layer, stream=stream,
+                             destination=destination, fmt=fmt, full=full, why=why is not None,
+                             quiz=quiz)
     except HfError as error:
         fail(str(error))
     from .load import trained as trained_models
@@ -572,7 +610,10 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
 
     try:
         # too many tokens: refused before the weights load
-        loaded = trained_models.load(source, sentence) if trained else load(source, sentence)
+        loaded = (trained_models.load(source, sentence) if trained
+                  else load(source, sentence, stream=stream))
+        if loaded.note:
+            _say(f"mha-tui: note: {loaded.note}")
         check_layer(loaded, layer)
         session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except HfError as error:
