@@ -58,6 +58,7 @@ def explain(
     check_stages: options.Check = False,
     hf_source: options.Hf = None,
     layer: options.Layer = None,
+    no_stream: options.NoStream = False,
     repeat: options.Repeat = False,
     quiz: options.Quiz = False,
     against: options.Against = None,
@@ -89,6 +90,8 @@ def explain(
     elif layer is not None:
         fail("--layer picks a layer of a whole model: use it with --hf PATH_OR_NAME or "
              "--model induction")
+    if no_stream and (hf_source is None or trained):
+        fail("--no-stream applies with --hf PATH_OR_NAME: it loads a checkpoint whole")
     if hf_source is None:
         if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
                 "utf-8", "replace"):
@@ -136,7 +139,7 @@ def explain(
         explain_hf(sentence, hf_source, layer or 0, destination=destination,
                     interactive=interactive(dump), fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
-                    quiz=quiz, why=cell, trained=trained)
+                    quiz=quiz, why=cell, trained=trained, stream=not no_stream)
         return
     _check_budget(config, destination, fmt)
     # The default module on one sentence needs no building before the app opens; anything

@@ -106,6 +106,7 @@ Hf = Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Ex
 HfWhole = Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help="A Hugging Face model in a local directory or the local cache. Never downloads.")]
 HfRefused = Annotated[str | None, typer.Option("--hf", hidden=True)]
 Layer = Annotated[int | None, typer.Option("--layer", help="With --hf or --model induction: the layer to explain, from 0; in the app [ and ] move between layers.")]
+NoStream = Annotated[bool, typer.Option("--no-stream", help="With --hf: load every weight of the model at once, instead of only the blocks up to the layer shown, one at a time from the checkpoint (streamed: the default for safetensors checkpoints).")]
 Against = Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")]
 
 # ---------------------------------------------------------------------------- what is judged

@@ -8,6 +8,7 @@ A forward that raised is explained up to its error, and the run ends with exit c
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import TYPE_CHECKING, NoReturn
 
 from .. import collector
@@ -28,16 +29,20 @@ if TYPE_CHECKING:
 def explain_hf(sentence: str, source: str, layer: int, *, destination: Destination | None,
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
-                why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False) -> None:
+                why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
+                stream: bool = True) -> None:
     """--hf (or --model induction, trained: a model of mha_tui/models): load the model
     (refusals here, before any app), then the app, a transcript or --why's cell of the layer
-    shown."""
+    shown. stream: read the blocks from the checkpoint one at a time (load.hf_stream)."""
     from ..load.hf_error import HfError
     from ..load.hf_files import refuse_early
 
     try:  # what the checkpoint's files refuse, before torch and transformers are imported
         if not trained:
-            refuse_early(source, sentence, layer)
+            tokens = refuse_early(source, sentence, layer)
+            _check_hf_budget(source, sentence, tokens, layer, stream=stream,
+                             destination=destination, fmt=fmt, full=full, why=why is not None,
+                             quiz=quiz)
     except HfError as error:
         fail(str(error))
     from ..load import trained as trained_models
@@ -46,7 +51,10 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
 
     try:
         # too many tokens: refused before the weights load
-        loaded = trained_models.load(source, sentence) if trained else load(source, sentence)
+        loaded = (trained_models.load(source, sentence) if trained
+                  else load(source, sentence, stream=stream))
+        if loaded.note:
+            say(f"mha-tui: note: {loaded.note}")
         check_layer(loaded, layer)
         session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except HfError as error:
@@ -208,6 +216,37 @@ def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
     say(f"mha-tui: note: this forward has no {stage!r} stage; the transcript starts at the "
          "first stage")
     return 0
+
+
+def _check_hf_budget(source: str, sentence: str, tokens: int | None, layer: int, *,
+                     stream: bool, destination: Destination | None, fmt: Format, full: bool,
+                     why: bool, quiz: bool) -> None:
+    """--hf: refuse, before torch, transformers or any weight, a run that cannot fit in
+    memory (streamed or whole, from config.json and the weight files' headers) or a JSON or
+    --full transcript that cannot fit on its disk."""
+    from .. import budget
+    from ..load.hf_files import exact_tokens, run_shape
+
+    shape = run_shape(source, tokens, sentence)
+    if shape is None:
+        return
+    available = budget.available_memory()
+    big = fmt is Format.json or (full and FORMATS[fmt.value].sized)
+    folder = str(destination.folder) if destination is not None else ""
+    free = budget.free_disk(folder) if destination is not None and big and not why and not quiz \
+        else None
+
+    def problem(shape: budget.HfShape) -> str | None:
+        return (budget.hf_memory_problem(source, shape, layer, stream, available)
+                or budget.hf_disk_problem(source, shape, folder, free))
+
+    found = problem(shape)
+    if found is not None:  # estimated from a bound on the tokens: counted exactly first
+        count = exact_tokens(source, sentence)
+        if count is not None and count != shape.tokens:
+            found = problem(replace(shape, tokens=count))
+    if found is not None:
+        fail(found)
 
 
 def _out_of_memory(error: BaseException) -> bool:
