@@ -26,8 +26,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..budget import FLOAT, recorded_elements
+from . import hf_stream
 from .hf_error import HfError
 from .hf_files import checked_directory, hub_cache, locate
+from .hf_stream import Streamer
 
 # HfError is raised here, defined where the tracer can raise it too (hf_error.py); where the
 # model is, and the files it needs, are hf_files' (read without torch, before this module).
@@ -43,18 +46,13 @@ ASCII_SPACE_MARK = "_"
 # Every layer's stages are recorded in the one forward pass while the copies the tracer
 # keeps stay below this many bytes (estimated from the model's sizes: see all_layers_limit).
 ALL_LAYERS_BUDGET = 256 * 2**20
-# What one recorded GPT-2 attention layer keeps, measured: about 7 (h, T, T) maps (raw,
-# scaled and masked scores, softmax, its cast, dropout, and one more) and 24 (T, C)-sized
-# tensors (the fused projection counts 3, its split 3, views, transposes, heads, c_proj),
-# float32 each.
-MAPS_PER_LAYER = 7
-CHANNEL_TENSORS_PER_LAYER = 24
 # `--dtype`: what the model runs and is recorded in. "auto" is the checkpoint's own dtype.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 # safetensors' names for the float dtypes (its header says each tensor's).
 _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
 
 
 def _offline() -> None:
@@ -118,6 +116,11 @@ class Loaded:
     blocks_path: str
     attention_name: str
     blocks: Sequence[nn.Module] = field(repr=False)
+    # Streamed (load.hf_stream): the blocks are on the meta device and read from the
+    # checkpoint as a forward reaches them. None: every weight is in memory.
+    stream: Streamer | None = field(default=None, repr=False)
+    # Why a checkpoint asked to stream was loaded whole ("" when it streams or was not asked).
+    note: str = ""
 
     def attention(self, layer: int) -> nn.Module:
         return self.blocks[layer].get_submodule(self.attention_name)
@@ -215,11 +218,15 @@ def chosen_dtype(asked: str, stored: str) -> str:
     return asked
 
 
-def load(source: str, sentence: str | None = None, dtype: str = "auto") -> Loaded:
+def load(source: str, sentence: str | None = None, *, stream: bool = False,
+         dtype: str = "auto") -> Loaded:
     """Find, check and load the model and tokenizer; every refusal is an HfError.
 
     sentence: when given, it is tokenized and refused if it has more tokens than the
     model's config.json says the model reads, before any weight is loaded.
+    stream: build the model on the meta device and read its blocks from the checkpoint as a
+    forward needs them (load.hf_stream); a checkpoint that cannot be read tensor by tensor
+    is loaded whole, and `Loaded.note` says why.
     dtype: what the model runs in; "auto", the checkpoint's own dtype (a bfloat16 model is
     explained in bfloat16, with its own numbers), or a name from DTYPE_CHOICES (upcast or
     cast on request; the header says so).
@@ -242,14 +249,29 @@ def load(source: str, sentence: str | None = None, dtype: str = "auto") -> Loade
     what = "an encoder" if encoder else "a causal language model"
     stored = stored_dtype(config, path)
     runs_in = chosen_dtype(dtype, stored)
-    try:
-        model = auto.from_pretrained(
-            path, config=config, local_files_only=True, trust_remote_code=False,
-            weights_only=True, attn_implementation="eager", dtype=DTYPES[runs_in],
-        )
-    except Exception as error:  # transformers raises many kinds; the learner gets one line
-        raise HfError(f"--hf {source}: could not load {what} from {path}: "
-                      f"{first_line(error)}") from None
+    torch_dtype = DTYPES[runs_in]
+    streamer, note, model = None, "", None
+    if stream:
+        n_config_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+        try:
+            built = hf_stream.build(auto, path, config, torch_dtype,
+                                    lambda empty: _find_blocks(empty, n_config_layers))
+        except Exception as error:  # transformers raises many kinds: then load it whole
+            built = f"{type(error).__name__}: {first_line(error)}"
+        if isinstance(built, str):
+            note = f"{source} is loaded whole, not streamed: {built}"
+        else:
+            streamer, _ = built
+            model = streamer.model
+    if model is None:
+        try:
+            model = auto.from_pretrained(
+                path, config=config, local_files_only=True, trust_remote_code=False,
+                weights_only=True, attn_implementation="eager", dtype=torch_dtype,
+            )
+        except Exception as error:  # transformers raises many kinds; the learner gets one line
+            raise HfError(f"--hf {source}: could not load {what} from {path}: "
+                          f"{first_line(error)}") from None
     model.eval()
     config = model.config
     n_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
@@ -274,7 +296,7 @@ def load(source: str, sentence: str | None = None, dtype: str = "auto") -> Loade
         dtype=runs_in, stored_dtype=stored,
     )
     return Loaded(model=model, tokenizer=tokenizer, info=info, blocks_path=blocks_path,
-                  attention_name=attention_name, blocks=blocks)
+                  attention_name=attention_name, blocks=blocks, stream=streamer, note=note)
 
 
 def _config(source: str, path: Path) -> Any:
@@ -309,8 +331,7 @@ def recorded_bytes(info: ModelInfo, T: int, layers: int | None = None) -> int:
     layer's recorded activations and its copy of the layer's parameters, float32."""
     C = info.embed_dim
     params = info.attention_params if info.attention_params is not None else 4 * C * C + 4 * C
-    per_layer = 4 * (MAPS_PER_LAYER * info.num_heads * T * T
-                     + CHANNEL_TENSORS_PER_LAYER * C * T + params)
+    per_layer = FLOAT * recorded_elements(T, C, info.num_heads, params)
     return (info.n_layers if layers is None else layers) * per_layer
 
 
