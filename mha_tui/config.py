@@ -19,6 +19,10 @@ PAD = "<pad>"
 MAX_EMBED_DIM = 4096
 MAX_SEQ_LEN = 4096
 MAX_SEED = 2**63 - 1
+# `--dtype` (with --hf): auto is the checkpoint's own dtype; the others are asked for. Bytes
+# per weight in each, for the memory estimate (auto: as the checkpoint stores them).
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 class ConfigError(ValueError):

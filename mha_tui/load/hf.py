@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..budget import FLOAT, recorded_elements
+from ..config import DTYPE_CHOICES
 from . import hf_stream
 from .hf_error import HfError
 from .hf_files import checked_directory, hub_cache, locate
@@ -49,7 +50,6 @@ ALL_LAYERS_BUDGET = 256 * 2**20
 # `--dtype`: what the model runs and is recorded in. "auto" is the checkpoint's own dtype.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 # safetensors' names for the float dtypes (its header says each tensor's).
 _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
