@@ -160,6 +160,7 @@ def explain(
     quiz: Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text, JSON or Markdown).")] = False,
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
     why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
+    decode: Annotated[int, typer.Option("--decode", metavar="N", help="Decode with a KV cache: the last N tokens of the sentence are generated one at a time after a prefill of the others, each step its own walk-through (d / D in the app), compared with the same row of the full, uncached forward. The cache is found from the forward's signature: passed in and returned (layer_past, past_key_value, past_kv), or kept in the module (use_cache with reset_cache(), start_pos, input_pos).")] = 0,
     batch: Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable): the rows are padded with <pad> to the longest, and the module gets the padding mask by its parameter (attention_mask: 1 = a token; key_padding_mask or padding_mask: True = padding; else a mask that blocks the padded keys).")] = None,
     context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross.")] = None,
 ) -> None:
@@ -177,7 +178,7 @@ def explain(
                             ("--max-seq-len", max_seq_len != 64), ("--check", check_stages),
                             ("--model", model is not None), ("--module", module is not None),
                             ("--init", bool(init)), ("--weights", weights is not None),
-                            ("--batch", bool(batch))):
+                            ("--batch", bool(batch)), ("--decode", bool(decode))):
             if given:
                 fail(f"{flag} does not apply with {'--model ' + hf_source if trained else '--hf'}: "
                      f"the model brings its own sizes, weights and mask")
@@ -200,7 +201,8 @@ def explain(
         if context is not None and model is None and module is None:
             model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
         source = _source(model, module, init or [], weights)
-        request = Request(config, source)
+        _check_decode(decode, config)
+        request = Request(config, source, steps=decode)
         if stage is not None and stage not in STAGE_IDS and not _a_stage_kind(stage):
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)} (or "
                  "one of a module's own: rotary, qkv_split, kv_repeat, op-2 ...)")
@@ -239,7 +241,7 @@ def explain(
     _check_budget(config, destination, fmt)
     # The default module on one sentence needs no building before the app opens; anything
     # else is built first, so that bad input (a forward that takes no context) exits 2.
-    plain = source.is_default and not config.cross and not config.batch
+    plain = source.is_default and not config.cross and not config.batch and not request.steps
 
     if check_stages:
         _explain_checked(request, dump=dump, stage=stage, ascii_only=ascii_only)
@@ -267,10 +269,11 @@ def explain(
             # return. Bad --module/--init/--weights end the app: one line here, exit 2.
             from .app.run import run_app  # after _open_app paused the collector
 
+            decoding = {"loader": partial(_decoded, request)} if request.steps else {}
             refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                              build=None if plain else partial(_load, request),
+                              build=None if plain or request.steps else partial(_load, request),
                               running=_whose_forward(source), refusals=(LoadError,),
-                              quiz=quiz)
+                              quiz=quiz, **decoding)
             if refusal is not None:
                 fail(refusal)
 
@@ -418,6 +421,24 @@ def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
 def _load(request: Request, config: Config) -> Loaded | LoadedNumpy:
     """The request's module built for the config the app runs (pipeline.load)."""
     return pipeline.load(replace(request, config=config))
+
+
+def _decoded(request: Request, config: Config) -> Trace:
+    """`--decode N` in the app: every step traced in the loading thread (pipeline.decoded)."""
+    return pipeline.traced(replace(request, config=config))
+
+
+def _check_decode(steps: int, config: Config) -> None:
+    """--decode N: between 1 and T - 1 (the rest is the prompt), one sentence attending to
+    itself."""
+    if not steps:
+        return
+    if config.cross or config.batch:
+        fail(f"--decode with {'--context' if config.cross else '--batch'} is not there yet: "
+             "decode one sentence attending to itself")
+    if not 1 <= steps < config.seq_len:
+        fail(f"--decode {steps}: the sentence has {config.seq_len} tokens; decode between 1 and "
+             f"{config.seq_len - 1} of them (at least one token is the prompt)")
 
 
 def _whose_forward(source: Source) -> str:
@@ -918,6 +939,7 @@ def check(
     resume: Annotated[bool, typer.Option("--resume", help="With --results: do not grade again what FILE already holds (same file, same settings).")] = False,
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Grading several modules: each runs in a bubblewrap sandbox (no network, no other file of yours, its own scratch folder). auto: where bwrap works, else without one, said once; required: refuse to grade without it; off.", case_sensitive=False)] = SandboxMode.auto,
     hf_source: Annotated[str | None, typer.Option("--hf", hidden=True)] = None,
+    decode: Annotated[int, typer.Option("--decode", metavar="N", help="Judge decoding with a KV cache: the last N tokens generated one at a time against the module's cache must equal the full forward's rows, and a second run after the module's reset the first; a cache joined on the wrong axis, a mask or rotary position that ignores the cache's offset, a cache not reset between runs are named at their line.")] = 0,
     batch: Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable), padded with <pad> to the longest; the module gets the padding mask by its parameter.")] = None,
     context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: judge the module with queries from --sentence and keys and values from this sentence, against a reference that takes both (no causal mask across two sequences).")] = None,
 ) -> None:
@@ -961,6 +983,7 @@ def check(
         fail(f"--rotary-base must be above 1, got {rotary_base:g}")
     wanted = Expect(rotary=expect is ExpectKind.rotary, window=window,
                     alibi=expect is ExpectKind.alibi, rotary_base=rotary_base)
+    _check_decode(decode, config)
     from .grade import GradeError, Submission, find_submissions, is_batch
 
     if class_name is not None and not all(part.isidentifier() for part in class_name.split(".")):
@@ -992,9 +1015,10 @@ def check(
         fail(str(error))
     verdict = None
     lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
-    if (context is not None or batch) and (len(submissions) > 1 or is_batch(specs or []) or lms
-                                           or outputs.grading):
-        fail(f"{'--context' if context is not None else '--batch'} judges one module at a time; "
+    if (context is not None or batch or decode) and (len(submissions) > 1 or is_batch(specs or [])
+                                                     or lms or outputs.grading):
+        fail(f"{'--context' if context is not None else '--batch' if batch else '--decode'} judges "
+             "one module at a time; "
              "grading several with it is not there yet")
     if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
         reports = _grade(config, submissions, init=init or [], weights=weights,
@@ -1011,7 +1035,7 @@ def check(
         one = submissions[0]
         try:
             verdict = verdict_of(Request(config, _check_source(one.model, one.module, init or [],
-                                                               weights), wanted))
+                                                               weights), wanted, steps=decode))
         except LoadError as error:
             # here the module is an argument, not --module
             fail(str(error).removeprefix("--module: ").removeprefix("--module "))

@@ -88,6 +88,9 @@ class Config:
     # and values the cache holds. The sentence is then the step's new token(s): the queries;
     # the keys are `cached` and the new tokens (`key_tokens`). () outside decoding.
     cached: tuple[str, ...] = ()
+    # A decode step's vocabulary: the whole sentence's (the embedding table has a row for
+    # the tokens still to come too). () : made from the tokens.
+    vocabulary: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _positive("--embed-dim", self.embed_dim, MAX_EMBED_DIM)
@@ -181,6 +184,8 @@ class Config:
     @property
     def vocab(self) -> tuple[str, ...]:
         """Distinct tokens in order of first appearance (the sentence's, then the context's)."""
+        if self.vocabulary:
+            return self.vocabulary
         # A decode step's cached tokens come first: the ids are the whole sentence's.
         words = self.cached + tuple(token for row in self.rows for token in row)
         return tuple(dict.fromkeys(words + (tokenize(self.context) if self.context else ())))

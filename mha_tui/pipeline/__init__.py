@@ -173,10 +173,18 @@ def load(request: Request) -> Loaded | LoadedNumpy:
 
     _refuse_unwired(request)
     loaded = load_numpy(request.config, request.source)
+    if loaded is not None and request.steps:
+        from ..load.learner import LoadError
+
+        raise LoadError("--decode needs a torch module that keeps a KV cache; this one is NumPy code")
     if loaded is None:
         from ..load.modules import load as load_torch
 
         loaded = load_torch(request.config, request.source)
+        if request.steps:  # a forward that keeps no cache is refused now, in one line
+            from ..tracing.decode import style_of
+
+            style_of(loaded.module)
     return loaded
 
 
@@ -225,6 +233,9 @@ def verdict(request: Request) -> Verdict:
     """load -> trace -> judge: `mha-tui check`'s verdict on the request's module, judged
     against `request.expect`."""
     _refuse_unwired(request)
+    if request.steps:  # the steps traced, then judged with the full forward (judge.decode)
+        run, checker = checked(request)
+        return checker(run(request.config))
     return check_source(request.config, request.source, request.expect)
 
 
@@ -295,6 +306,9 @@ def checked(request: Request) -> tuple[Callable[[Config], Trace], Callable[[Trac
     def call(module: object, x: object) -> object:  # x once, as query, key and value, or with the context
         return loaded.call(module, x)  # type: ignore[arg-type]
 
+    if request.steps:
+        return _checked_decode(request, loaded, call)
+
     def run(config: Config) -> Trace:
         return run_trace(config, loaded=loaded)
 
@@ -305,6 +319,52 @@ def checked(request: Request) -> tuple[Callable[[Config], Trace], Callable[[Trac
                            padding=config.padding if config.batch else None)
 
     return run, checker
+
+
+def _checked_decode(request: Request, loaded: Loaded, call: Callable[[Any, Any], object]
+                    ) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
+    """checked() for `--decode N`: the steps traced (run), then the full forward judged
+    against the reference, each step against the full forward's row, and a second run
+    after the module's own reset against the first (`judge.decode`)."""
+    from ..load.learner import LoadError
+    from ..tracing.decode import style_of
+
+    config = request.config
+    try:
+        style = style_of(loaded.module)
+    except LoadError:
+        raise
+    reset = _reset_place(loaded.module, style.reset)
+
+    def run(config: Config) -> Trace:
+        return decoded(request, loaded=loaded)
+
+    def checker(traced: Trace) -> Verdict:
+        from ..judge.decode import decode_verdict
+        from .decode import trace_decode
+
+        full = run_trace(config, loaded=loaded)
+        base = judge_torch(full, loaded.module, loaded.x, call, causal=config.causal,
+                           heads=config.num_heads, label=loaded.label, expect=request.expect)
+        again = trace_decode(loaded.module, loaded.x, config.tokens, request.steps, config=config,
+                             embedding=loaded.embedding, ids=loaded.ids)
+        return decode_verdict(base, traced.steps or (traced,), again.steps, reset=reset,
+                              asked=request.steps)
+
+    return run, checker
+
+
+def _reset_place(module: Any, name: str) -> tuple[str, int, str] | None:
+    """Where the module's cache reset is written (file, line, name), None without one."""
+    import inspect
+
+    method = getattr(type(module), name, None) if name else None
+    if method is None:
+        return None
+    try:
+        return inspect.getsourcefile(method) or "", inspect.getsourcelines(method)[1], name
+    except (OSError, TypeError):
+        return None
 
 
 def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], object], *,

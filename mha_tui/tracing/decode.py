@@ -156,31 +156,53 @@ def _state(module: nn.Module) -> list[tuple[nn.Module, str, object, bool]]:
     return kept
 
 
-def _restore(state: list[tuple[nn.Module, str, object, bool]]) -> None:
+def _live(module: nn.Module) -> dict[tuple[int, str], object]:
+    """The tensors the module keeps besides its parameters, as they are now (no copy)."""
     import torch
 
+    out: dict[tuple[int, str], object] = {}
+    for sub in module.modules():
+        for name, buffer in sub._buffers.items():
+            out[(id(sub), name)] = buffer
+        for name, value in vars(sub).items():
+            if not name.startswith("_") and isinstance(value, torch.Tensor) and \
+                    not isinstance(value, torch.nn.Parameter):
+                out[(id(sub), name)] = value
+    return out
+
+
+def _restore(state: list[tuple[nn.Module, str, object, bool]]
+             ) -> dict[tuple[int, str], tuple[object, int]]:
+    """Put the kept state back (fresh copies); returns each tensor put back with its
+    version counter, so that what the run then writes or replaces can be told."""
+    import torch
+
+    installed: dict[tuple[int, str], tuple[object, int]] = {}
     for sub, name, value, buffer in state:
         copy = value.clone() if isinstance(value, torch.Tensor) else value
         if buffer:
             sub._buffers[name] = copy  # type: ignore[assignment]
         else:
             sub.__dict__[name] = copy
+        if isinstance(copy, torch.Tensor):
+            # `_version` counts in-place writes; torch has no public reader (tracing/__init__.py)
+            installed[(id(sub), name)] = (copy, copy._version)
+    return installed
 
 
-def _changed(before: list[tuple[nn.Module, str, object, bool]], module: nn.Module
+def _changed(installed: dict[tuple[int, str], tuple[object, int]], module: nn.Module
              ) -> list[torch.Tensor]:
-    """The module's tensors a step wrote or replaced: its cache."""
+    """The module's tensors the step wrote into or replaced: its cache (a cache allocated up
+    front is written in place even where the new numbers equal the old)."""
     import torch
 
-    now = {(id(sub), name): value for sub, name, value, _ in _state(module)}
     out = []
-    for sub, name, value, _ in before:
-        after = now.get((id(sub), name))
-        if not isinstance(after, torch.Tensor):
+    for key, value in _live(module).items():
+        if not isinstance(value, torch.Tensor):
             continue
-        if not isinstance(value, torch.Tensor) or value.shape != after.shape or \
-                not torch.equal(value, after):
-            out.append(after)
+        before = installed.get(key)
+        if before is None or before[0] is not value or before[1] != value._version:
+            out.append(value)
     return out
 
 
@@ -235,17 +257,18 @@ def record_decode(module: nn.Module, x: torch.Tensor, tokens: Sequence[str], ste
     for position in range(prefill, T):
         before = _state(module)
         returned: list[object] = []
+        installed: list[dict[tuple[int, str], tuple[object, int]]] = [{}]
         step = cached_call(style, past, position)
 
         def call(m: nn.Module, inp: torch.Tensor, step: Any = step, before: Any = before,
-                 returned: list[object] = returned) -> object:
-            _restore(before)  # a second run of the step starts from the same cache
+                 returned: list[object] = returned, installed: Any = installed) -> object:
+            installed[0] = _restore(before)  # a second run of the step starts from the same cache
             result = step(m, inp)
             returned[:] = [result]
             return result
 
         step_config = replace(config, sentence=tokens[position], cached=tuple(tokens[:position]),
-                              batch=(), context="", context_labels=())
+                              batch=(), context="", context_labels=(), vocabulary=config.vocab)
         one = slice(position, position + 1)
         got = record_forward(module, None if embedding is not None else x[:, one],
                              [tokens[position]], call=call, embedding=embedding,
@@ -257,7 +280,7 @@ def record_decode(module: nn.Module, x: torch.Tensor, tokens: Sequence[str], ste
             past = _present(returned[0], style)
             cache = _tensors(past)
         else:
-            cache = _changed(before, module)
+            cache = _changed(installed[0], module)
         shapes, size, room, dtype = _cache_size(cache, position + 1)
         recorded.append(RecordedStep(got, position, full[:, position].numpy(), shapes, size,
                                      room, dtype))
