@@ -178,7 +178,7 @@ def explain(
                             ("--max-seq-len", max_seq_len != 64), ("--check", check_stages),
                             ("--model", model is not None), ("--module", module is not None),
                             ("--init", bool(init)), ("--weights", weights is not None),
-                            ("--batch", bool(batch)), ("--decode", bool(decode))):
+                            ("--batch", bool(batch))):
             if given:
                 fail(f"{flag} does not apply with {'--model ' + hf_source if trained else '--hf'}: "
                      f"the model brings its own sizes, weights and mask")
@@ -236,7 +236,7 @@ def explain(
         _explain_hf(sentence, hf_source, layer or 0, destination=destination,
                     interactive=_interactive(dump), fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
-                    quiz=quiz, why=cell, trained=trained)
+                    quiz=quiz, why=cell, trained=trained, decode=decode)
         return
     _check_budget(config, destination, fmt)
     # The default module on one sentence needs no building before the app opens; anything
@@ -575,10 +575,12 @@ def _out_of_memory(error: BaseException) -> bool:
 def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destination | None,
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
-                why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False) -> None:
+                why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
+                decode: int = 0) -> None:
     """--hf (or --model induction, trained: a model of mha_tui/models): load the model
     (refusals here, before any app), then the app, a transcript or --why's cell of the layer
-    shown."""
+    shown. decode: the last N tokens decoded against the model's own cache (a trace per
+    step, pipeline.hf_decode)."""
     from .load.hf_error import HfError
     from .load.hf_files import refuse_early
 
@@ -598,6 +600,26 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
         session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except HfError as error:
         fail(str(error))
+    if decode:
+        from .pipeline.hf_decode import decode_trace
+
+        try:
+            decoded = decode_trace(loaded, sentence, layer, decode, ascii_only=ascii_only)
+        except HfError as error:
+            fail(str(error))
+        if interactive:
+            def decoding_app() -> None:
+                from .app.run import run_app  # after _open_app paused the collector
+
+                run_app(decoded.config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                        loader=lambda config: decoded, quiz=quiz)
+
+            _open_app(decoding_app)
+            return
+        _write_transcript(Request(decoded.config), destination, fmt, width=width, full=full,
+                          color=color, ascii_only=ascii_only, stage=stage, trace=decoded,
+                          only=only, quiz=quiz, why=why)
+        return
     if interactive:
         def app() -> None:
             from .app.run import run_app  # after _open_app paused the collector

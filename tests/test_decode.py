@@ -206,3 +206,55 @@ async def test_the_step_key_is_hidden_without_decoding() -> None:
     app = make_app()
     async with app.run_test(size=(100, 32)):
         assert app.check_action("decode_step", (1,)) is False
+
+
+def test_the_python_api_checks_decoding() -> None:
+    """mha_tui.check(decode=N) judges as `check --decode N` does."""
+    good = mha_tui.check(kv.NanoGPTKVAttention(4, 2).eval(), _x(), TOKENS, decode=2)
+    assert good.equivalent, good.verdict.diagnosis
+    assert len(good.trace.steps) == 2
+    bad = mha_tui.check(kv.CacheNotReset(4, 4, 16, 2).eval(), _x(), TOKENS, decode=2)
+    assert not bad.equivalent and bad.verdict.diagnosis.kind == "cache_not_reset"
+    assert "decode step 2 of 2" in text_of(bad.trace)
+
+
+# ---------------------------------------------------------------- --hf: Hugging Face's Cache
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2_dir(tmp_path_factory: pytest.TempPathFactory):
+    pytest.importorskip("transformers")
+    from .hf_models import save_tiny_gpt2
+
+    return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2-decode"))
+
+
+def test_hf_decode_steps_equal_the_models_own_attention(tiny_gpt2_dir) -> None:
+    """A causal LM's decode step against its DynamicCache: the recorded weights are the
+    model's own (output_attentions), the output its full forward's row, and the cache costs
+    layers x 2 x kv-heads x d_h x 4 bytes a token, as measured from its tensors."""
+    from mha_tui.load import hf
+    from mha_tui.pipeline.hf_decode import decode_trace
+
+    loaded = hf.load(str(tiny_gpt2_dir))
+    trace = decode_trace(loaded, "The cat sat on the mat.", 1, 2)
+    info = loaded.info
+    per_token = info.n_layers * 2 * info.num_heads * info.head_dim * 4
+    for step in trace.steps:
+        assert step.step.equal, step.step.max_diff
+        said = {c.label: c.ok for c in step.stages[-1].checks}
+        own = [ok for label, ok in said.items() if "the model's own attention weights" in label]
+        assert own == [True]
+        cost = [label for label in said if label.startswith("the model's KV cache")]
+        assert len(cost) == 1 and f"= {per_token} bytes per token" in cost[0]
+        assert f"measured {per_token * (step.step.position + 1)} bytes" in cost[0]
+        assert step.config.key_tokens[-1] == step.config.tokens[0]
+    assert trace.steps[1].step.position == trace.steps[0].step.position + 1
+
+
+def test_hf_decode_from_the_command_line(tiny_gpt2_dir) -> None:
+    result = run_cli("explain", "The cat sat on the mat.", "--hf", str(tiny_gpt2_dir), "--layer", "1",
+                     "--decode", "2", "--dump", "-")
+    assert result.returncode == 0, result.stderr.decode()
+    text = result.stdout.decode()
+    assert "decode step 2 of 2" in text and "DynamicCache" in text

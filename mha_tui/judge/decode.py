@@ -19,8 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-import numpy as np
-
+from ..ops.numeric import zero_columns
 from ..records import Stage, Trace
 from ..records.verdict import Diagnosis, StageVerdict, Verdict
 
@@ -64,11 +63,10 @@ def _blocked_visible(step: Trace) -> list[int]:
     softmax = _stage(step, "softmax")
     if softmax is None or not softmax.tensors or step.step is None:
         return []
-    weights = np.asarray(softmax.tensors[-1].values)
+    weights = softmax.tensors[-1].values
     if weights.ndim < 2 or weights.shape[-2] != 1:
         return []
-    seen = weights.reshape(-1, weights.shape[-1])[:, :step.step.position + 1]
-    return [int(j) for j in np.flatnonzero((seen == 0).all(axis=0))]
+    return zero_columns(weights, step.step.position + 1)
 
 
 def step_diagnosis(step: Trace) -> Diagnosis:

@@ -326,32 +326,45 @@ def _checked_decode(request: Request, loaded: Loaded, call: Callable[[Any, Any],
     """checked() for `--decode N`: the steps traced (run), then the full forward judged
     against the reference, each step against the full forward's row, and a second run
     after the module's own reset against the first (`judge.decode`)."""
-    from ..load.learner import LoadError
-    from ..tracing.decode import style_of
-
     config = request.config
-    try:
-        style = style_of(loaded.module)
-    except LoadError:
-        raise
-    reset = _reset_place(loaded.module, style.reset)
 
     def run(config: Config) -> Trace:
         return decoded(request, loaded=loaded)
 
     def checker(traced: Trace) -> Verdict:
-        from ..judge.decode import decode_verdict
-        from .decode import trace_decode
-
-        full = run_trace(config, loaded=loaded)
-        base = judge_torch(full, loaded.module, loaded.x, call, causal=config.causal,
-                           heads=config.num_heads, label=loaded.label, expect=request.expect)
-        again = trace_decode(loaded.module, loaded.x, config.tokens, request.steps, config=config,
-                             embedding=loaded.embedding, ids=loaded.ids)
-        return decode_verdict(base, traced.steps or (traced,), again.steps, reset=reset,
-                              asked=request.steps)
+        return judge_decode(traced, loaded.module, loaded.x, call, steps=request.steps,
+                            config=config, embedding=loaded.embedding, ids=loaded.ids,
+                            label=loaded.label, expect=request.expect)
 
     return run, checker
+
+
+def judge_decode(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], object], *,
+                 steps: int, config: Config, embedding: Any = None, ids: Any = None,
+                 label: str = "", expect: Expect | None = None) -> Verdict:
+    """judge a decode run (`traced`: the first step's Trace, holding every step's): the full
+    forward traced again and judged against the reference, each step against its row, and
+    a second run after the module's own reset against the first (`judge.decode`). `check
+    --decode` and the notebook's `mha_tui.check(decode=N)` both come here."""
+    from ..judge.decode import decode_verdict
+    from ..tracing.decode import style_of
+    from .decode import trace_decode
+
+    full = recognised(_record_full(module, x, config, call, embedding, ids))
+    base = judge_torch(full, module, x, call, causal=config.causal, heads=config.num_heads,
+                       label=label, expect=expect)
+    again = trace_decode(module, x, config.tokens, steps, config=config, embedding=embedding,
+                         ids=ids)
+    return decode_verdict(base, traced.steps or (traced,), again.steps,
+                          reset=_reset_place(module, style_of(module).reset), asked=steps)
+
+
+def _record_full(module: Any, x: Any, config: Config, call: Callable[[Any, Any], object],
+                 embedding: Any, ids: Any) -> Recorded:
+    from ..tracing import record_forward
+
+    return record_forward(module, None if embedding is not None else x, config.tokens, call=call,
+                          embedding=embedding, ids=ids, config=config)
 
 
 def _reset_place(module: Any, name: str) -> tuple[str, int, str] | None:

@@ -44,7 +44,9 @@ def drawn_config(trace: Trace) -> Config:
 
 def _sizes(config: Config, batched: bool = True, asked: int | None = None) -> Text:
     if config.model is not None:  # C, h and d_h are on the model's line
-        sizes = Text(f"{'B=1 ' if batched else ''}T={config.seq_len}", style="cyan", end="")
+        lengths = (f"T_q={config.seq_len} T_k={len(config.key_tokens)} ({len(config.cached)} cached)"
+                   if config.cached else f"T={config.seq_len}")
+        sizes = Text(f"{'B=1 ' if batched else ''}{lengths}", style="cyan", end="")
         if config.model.encoder:  # said where a toy module's header says causal or no mask
             sizes.append(f" {ENCODER}", style="bold cyan")
         return sizes
@@ -176,7 +178,7 @@ def step_line(trace: Trace, opts: RenderOptions) -> Text:
     line = Text()
     line.append(f"decode step {step.index + 1} of {step.steps}", style="bold")
     line.append("  new token ", style="dim")
-    line.append_text(label(trace.config.sentence, max_cells=20, ascii_only=opts.ascii,
+    line.append_text(label(" ".join(trace.config.tokens), max_cells=20, ascii_only=opts.ascii,
                            style="bold"))
     line.append(f" at position {step.position}, after a prompt of {step.prefill} "
                 f"token{'s' if step.prefill != 1 else ''}", style="dim")
