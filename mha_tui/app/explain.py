@@ -34,7 +34,7 @@ from textual.widgets.option_list import Option
 
 from ..config import Config
 from ..records import Trace
-from ..render.header import header, module_line, trace_header
+from ..render.header import header, module_line, step_line, trace_header
 from ..render.options import RenderOptions
 from ..render.stage import pending_box, pending_screen, stage_box, stage_screen
 from ..render.tensor import tensor_index
@@ -225,6 +225,13 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         show); once traced, also the module's class and file."""
         opts = RenderOptions(ascii=self._ascii)
         batched = self.trace.batched if self.trace is not None else self._batched
+        if self.trace is not None and self.trace.step is not None:
+            # --decode: the step's line (d / D move) in the header's three lines
+            step = step_line(self.trace, opts)
+            step.no_wrap, step.overflow = True, "ellipsis"  # one line: the module's below
+            return Group(trace_header(self.trace, opts, max_lines=1, step=False), step,
+                         *([module_line(self.trace.module, opts)]
+                           if self.trace.module is not None and self.config.model is None else []))
         if self.trace is not None and self.trace.module is not None and self.config.model is None:
             # The header holds three lines: two for the sentence, tokens and sizes. (A
             # pretrained model's header names its attention module on the model's line.)
