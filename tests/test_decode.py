@@ -96,7 +96,7 @@ def test_each_step_equals_the_same_row_of_the_full_forward(style: str) -> None:
 
 def test_every_transcript_format_has_every_step() -> None:
     from mha_tui.write.dump import to_json
-    from mha_tui.write.pictures import to_html, to_markdown
+    from mha_tui.write.pictures import to_html, to_markdown, to_svg
 
     trace = mha_tui.trace(kv.GPT2Attention(4, 2).eval(), _x(), TOKENS, decode=3)
     text = text_of(trace)
@@ -108,6 +108,8 @@ def test_every_transcript_format_has_every_step() -> None:
     html = to_html(trace, RenderOptions())
     assert 'id="step-3-stage-1"' in html and html.count("<header>") == 3
     assert to_markdown(trace, RenderOptions()).count("# decode step") == 3
+    svg = to_svg(trace, RenderOptions())
+    assert [f"decode&#160;step&#160;{i}&#160;of&#160;3" in svg for i in (1, 2, 3)] == [True] * 3
 
 
 def test_a_step_that_differs_says_so_on_its_last_stage() -> None:
