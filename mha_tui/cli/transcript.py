@@ -30,7 +30,7 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
                 why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
-                stream: bool = True) -> None:
+                stream: bool = True, preflight: bool = False) -> None:
     """--hf (or --model induction, trained: a model of mha_tui/models): load the model
     (refusals here, before any app), then the app, a transcript or --why's cell of the layer
     shown. stream: read the blocks from the checkpoint one at a time (load.hf_stream)."""
@@ -61,14 +61,14 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
         fail(str(error))
     if interactive:
         def app() -> None:
-            from ..app.run import run_app  # after _open_app paused the collector
+            from ..app.run import run_app  # after open_app paused the collector
 
             run_app(session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                     loader=lambda config: session.trace(config.model.layer if config.model
                                                         else layer),
                     layers=session, quiz=quiz)
 
-        open_app(app)
+        open_app(app, preflight=preflight)
         return
     try:
         trace = session.trace(layer)
