@@ -13,7 +13,14 @@ import typer
 from ..config import ConfigError, parse_module_ref
 from ..records.request import Request
 from . import options
-from .options import DEFAULT_SENTENCE, CheckFormat, ExpectKind, SandboxMode, source_of
+from .options import (
+    DEFAULT_SENTENCE,
+    CheckFormat,
+    ExpectKind,
+    SandboxMode,
+    check_decode,
+    source_of,
+)
 from .process import fail
 
 if TYPE_CHECKING:
@@ -52,6 +59,7 @@ def check(
     hf_source: options.HfRefused = None,
     batch: options.BatchJudged = None,
     context: options.ContextJudged = None,
+    decode: options.DecodeJudged = 0,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
@@ -99,7 +107,7 @@ def check(
         fail("give the module to check: FILE.py:Class (or package.module:Class), "
              "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")
     # What every submission is judged with; each one's own module replaces the source's.
-    request = Request(config, source_of(None, None, init or [], weights), wanted)
+    request = Request(config, source_of(None, None, init or [], weights), wanted, steps=decode)
     from ..grade.options import grading_outputs
     from ..judge.outcome import EXIT_CODES, worst
 
@@ -111,9 +119,11 @@ def check(
         fail(str(error))
     verdict = None
     lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
-    if (context is not None or batch) and (len(submissions) > 1 or is_batch(specs or []) or lms
+    check_decode(decode, config)
+    if (context is not None or batch or decode) and (len(submissions) > 1 or is_batch(specs or []) or lms
                                            or outputs.grading):
-        fail(f"{'--context' if context is not None else '--batch'} judges one module at a time; "
+        fail(f"{'--context' if context is not None else '--batch' if batch else '--decode'} judges "
+             "one module at a time; "
              "grading several with it is not there yet")
     if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
         reports = _grade(request, submissions, timeout=timeout, jobs=jobs, memory=memory,

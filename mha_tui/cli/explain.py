@@ -26,7 +26,7 @@ from ..stages import STAGE_IDS
 from ..write import FORMATS
 from . import options, process
 from .explain_app import open_checked, open_compared, open_explained
-from .options import Format, Model, dump_format, source_of, valid_text
+from .options import Format, Model, check_decode, dump_format, source_of, valid_text
 from .process import fail, interactive, say
 from .transcript import explain_hf, write_comparison, write_transcript
 
@@ -66,6 +66,7 @@ def explain(
     why_cell: options.Why = None,
     batch: options.Batch = None,
     context: options.Context = None,
+    decode: options.Decode = 0,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     valid_text(sentence, "the sentence")
@@ -101,7 +102,8 @@ def explain(
         if context is not None and model is None and module is None:
             model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
         source = _source(model, module, init or [], weights)
-        request = Request(config, source)
+        check_decode(decode, config)
+        request = Request(config, source, steps=decode)
         if stage is not None and stage not in STAGE_IDS and not _a_stage_kind(stage):
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)} (or "
                  "one of a module's own: rotary, qkv_split, kv_repeat, op-2 ...)")
@@ -135,7 +137,8 @@ def explain(
         explain_hf(sentence, hf_source, layer or 0, destination=destination,
                     interactive=in_app, preflight=preflight, fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
-                    quiz=quiz, why=cell, trained=trained, stream=not no_stream)
+                    quiz=quiz, why=cell, trained=trained, stream=not no_stream and not decode,
+                    decode=decode)
         return
     _check_budget(config, destination, fmt)
     if check_stages:
@@ -163,7 +166,7 @@ def explain(
     # The default module on one sentence needs no building before the transcript; anything
     # else is built now, so that bad input (--module, --init, --weights, a forward that takes
     # no context) exits 2 before anything is written.
-    if not (source.is_default and not config.cross and not config.batch):
+    if not (source.is_default and not config.cross and not config.batch and not request.steps):
         from ..load.learner import LoadError
 
         try:

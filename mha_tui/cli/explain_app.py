@@ -30,7 +30,7 @@ def open_explained(request: Request, *, stage: str | None, ascii_only: bool, qui
     from ..load.learner import LoadError
 
     config, source = request.config, request.source
-    plain = source.is_default and not config.cross and not config.batch
+    plain = source.is_default and not config.cross and not config.batch and not request.steps
     if preflight and not plain:  # serve checks the input before the app
         try:
             pipeline.load(request)
@@ -43,10 +43,12 @@ def open_explained(request: Request, *, stage: str | None, ascii_only: bool, qui
         # return. Bad --module/--init/--weights end the app: one line here, exit 2.
         from ..app.run import run_app  # after open_app paused the collector
 
+        # --decode: every step traced in the loading thread (pipeline.traced)
+        decoding = {"loader": partial(decoded_for, request)} if request.steps else {}
         refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                          build=None if plain else partial(load_for, request),
+                          build=None if plain or request.steps else partial(load_for, request),
                           running=whose_forward(source), refusals=(LoadError,),
-                          quiz=quiz)
+                          quiz=quiz, **decoding)
         if refusal is not None:
             fail(refusal)
 
@@ -101,7 +103,7 @@ def open_checked(request: Request, *, in_app: bool, stage: str | None, ascii_onl
         return traced(config)
 
     def app() -> None:
-        from ..app.run import run_app  # after _open_app paused the collector
+        from ..app.run import run_app  # after open_app paused the collector
 
         refusal = run_app(request.config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                           loader=run, checker=lambda trace: judges[-1](trace),
@@ -115,6 +117,11 @@ def open_checked(request: Request, *, in_app: bool, stage: str | None, ascii_onl
 def load_for(request: Request, config: Config) -> Loaded | LoadedNumpy:
     """The request's module built for the config the app runs (pipeline.load)."""
     return pipeline.load(replace(request, config=config))
+
+
+def decoded_for(request: Request, config: Config) -> Trace:
+    """`--decode N` in the app: every step traced in the loading thread (pipeline.traced)."""
+    return pipeline.traced(replace(request, config=config))
 
 
 def whose_forward(source: Source) -> str:

@@ -335,3 +335,14 @@ def ratio(after: np.ndarray, before: np.ndarray) -> float | None:
 
 
 # ---------------------------------------------------------------------------- entry point
+
+
+def zero_columns(weights: np.ndarray, visible: int) -> list[int]:
+    """Columns 0..visible-1 of attention weights (..., T_q, T_k) that are exactly 0 in every
+    row of every leading index: the keys a mask blocked for all queries (a decode step's
+    one new query may see keys 0..t: one blocked there means the mask forgot the cache)."""
+    values = np.asarray(weights)
+    if values.ndim < 2 or not values.size:
+        return []
+    seen = values.reshape(-1, values.shape[-1])[:, :visible]
+    return [int(j) for j in np.flatnonzero((seen == 0).all(axis=0))]
