@@ -226,10 +226,10 @@ class SideBySide:
         half = max(1, (options.max_width - self.GAP) // 2)
         matrices = [m for row in self.rows for m in row if isinstance(m, Matrix)]
         needs = [m.whole_width() for m in matrices]
-        if (any(n > half for n in needs) and not any(n > options.max_width for n in needs)) \
-                or options.max_width < 2 * MIN_SIDE + self.GAP:
+        if any(n > half for n in needs) or options.max_width < 2 * MIN_SIDE + self.GAP:
             # Beside each other they would each show part of their columns (2 of 4 at 80
-            # columns): yours above the reference's instead, each whole and at full width.
+            # columns): yours above the reference's instead, each at the full width (whole
+            # where it fits in it).
             share_columns(matrices, options.max_width)
             blank = Text("")
             yield Group(*(left for left, _ in self.rows), blank,
