@@ -25,7 +25,7 @@ def _sizes_line(*args: str) -> str:
     (("--model", "mygpt", "--no-causal"), "seed=0 no mask"),
     # a module whose mask is its own (an IGNORE buffer), whatever the flag asks
     (("--module", f"{FIXTURES / 'transformerlens_attn.py'}:TLAttention", "-H", "2", "-C", "8",
-      "--no-causal"), "causal (the module's own; --no-causal did not remove it)"),
+      "--no-causal"), "causal (the module's own; --no-causal ignored)"),
     # a module that forgets its mask, under the default --causal
     (("--module", f"{FIXTURES / 'unmasked_sdpa.py'}:Unmasked", "-H", "2", "-C", "8"),
      "no mask (the module applies none)"),

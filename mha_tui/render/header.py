@@ -64,7 +64,7 @@ def masking(trace: Trace) -> str | None:
     if did == "none" and causal_flag and not trace.config.cross:
         return f"{word} (the module applies none)"
     if did != "none" and not causal_flag and "causal" in did:
-        return f"{word} (the module's own; --no-causal did not remove it)"
+        return f"{word} (the module's own; --no-causal ignored)"
     return word
 
 
