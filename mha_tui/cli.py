@@ -89,6 +89,13 @@ class SandboxMode(StrEnum):
     off = "off"
 
 
+class AttentionKind(StrEnum):
+    """--attention: which attention of an encoder-decoder's decoder layer --hf shows."""
+
+    cross = "cross"
+    self = "self"
+
+
 class ExpectKind(StrEnum):
     attention = "attention"
     rotary = "rotary"
@@ -161,7 +168,8 @@ def explain(
     against: Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")] = None,
     why_cell: Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')] = None,
     batch: Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable): the rows are padded with <pad> to the longest, and the module gets the padding mask by its parameter (attention_mask: 1 = a token; key_padding_mask or padding_mask: True = padding; else a mask that blocks the padded keys).")] = None,
-    context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross.")] = None,
+    context: Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross. With --hf on an encoder-decoder (T5, BART, Marian): the encoder's input, the sentence the decoder's.")] = None,
+    attention: Annotated[AttentionKind | None, typer.Option("--attention", help="With --hf and --context on an encoder-decoder: the decoder layer's cross-attention (default: keys and values from the encoder's output on the context) or its self-attention.", case_sensitive=False, show_default=False)] = None,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
@@ -181,13 +189,25 @@ def explain(
             if given:
                 fail(f"{flag} does not apply with {'--model ' + hf_source if trained else '--hf'}: "
                      f"the model brings its own sizes, weights and mask")
-        if context is not None:
-            fail(f"--context with {'--model ' + hf_source if trained else '--hf'} is not there "
-                 f"yet: it explains one self-attention layer")
+        if context is not None and trained:
+            fail(f"--context with --model {hf_source} is not there: it explains one "
+                 f"self-attention layer")
+        if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
+                "utf-8", "replace"):
+            fail("--context is not valid UTF-8 text")
+        if context is not None and not context.split():
+            fail("--context is empty; give the encoder's input sentence, e.g. --context "
+                 "\"le chat est sur le tapis\"")
+        if attention is not None and context is None:
+            fail("--attention picks the cross- or self-attention of an encoder-decoder's "
+                 "decoder layer: give the encoder's input with --context SENTENCE")
     elif layer is not None:
         fail("--layer picks a layer of a whole model: use it with --hf PATH_OR_NAME or "
              "--model induction")
     if hf_source is None:
+        if attention is not None:
+            fail("--attention picks the cross- or self-attention of an encoder-decoder's "
+                 "decoder layer: use it with --hf PATH_OR_NAME and --context SENTENCE")
         if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
                 "utf-8", "replace"):
             fail("--context is not valid UTF-8 text")
@@ -234,7 +254,8 @@ def explain(
         _explain_hf(sentence, hf_source, layer or 0, destination=destination,
                     interactive=_interactive(dump), fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
-                    quiz=quiz, why=cell, trained=trained)
+                    quiz=quiz, why=cell, trained=trained, context=context,
+                    attention=(attention or AttentionKind.cross).value)
         return
     _check_budget(config, destination, fmt)
     # The default module on one sentence needs no building before the app opens; anything
@@ -554,15 +575,17 @@ def _out_of_memory(error: BaseException) -> bool:
 def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destination | None,
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
-                why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False) -> None:
+                why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
+                context: str | None = None, attention: str = "cross") -> None:
     """--hf (or --model induction, trained: a model of mha_tui/models): load the model
     (refusals here, before any app), then the app, a transcript or --why's cell of the layer
-    shown."""
+    shown. context: an encoder-decoder's encoder input; the sentence is its decoder's, and
+    layer L of the decoder is shown, its cross- or self-attention (attention)."""
     from .load.hf_error import HfError
     from .load.hf_files import refuse_early
 
     try:  # what the checkpoint's files refuse, before torch and transformers are imported
-        if not trained:
+        if not trained and context is None:
             refuse_early(source, sentence, layer)
     except HfError as error:
         fail(str(error))
@@ -572,9 +595,18 @@ def _explain_hf(sentence: str, source: str, layer: int, *, destination: Destinat
 
     try:
         # too many tokens: refused before the weights load
-        loaded = trained_models.load(source, sentence) if trained else load(source, sentence)
-        check_layer(loaded, layer)
-        session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
+        if context is not None:
+            from .load import hf_seq2seq
+            from .pipeline.hf_cross import CrossSession
+
+            seq2seq = hf_seq2seq.load(source, attention)
+            check_layer(seq2seq, layer)
+            session: Session = CrossSession(seq2seq, sentence, context, ascii_only=ascii_only,
+                                            one_layer=not interactive)
+        else:
+            loaded = trained_models.load(source, sentence) if trained else load(source, sentence)
+            check_layer(loaded, layer)
+            session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except HfError as error:
         fail(str(error))
     if interactive:
@@ -992,10 +1024,6 @@ def check(
         fail(str(error))
     verdict = None
     lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
-    if (context is not None or batch) and (len(submissions) > 1 or is_batch(specs or []) or lms
-                                           or outputs.grading):
-        fail(f"{'--context' if context is not None else '--batch'} judges one module at a time; "
-             "grading several with it is not there yet")
     if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
         reports = _grade(config, submissions, init=init or [], weights=weights,
                          timeout=timeout, jobs=jobs, memory=memory, expect=wanted,
@@ -1042,7 +1070,8 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
                     seed=config.seed, causal=config.causal, max_seq_len=config.max_seq_len,
                     init=tuple(init), weights=None if weights is None else str(weights),
                     timeout=timeout, memory=memory << 20, rotary=expect.rotary,
-                    window=expect.window, alibi=expect.alibi, rotary_base=expect.rotary_base)
+                    window=expect.window, alibi=expect.alibi, rotary_base=expect.rotary_base,
+                    context=config.context, batch=config.batch)
     jobs = jobs or max(1, min(os.cpu_count() or 1, 4))
     if not (sys.stderr is not None and sys.stderr.isatty()):
         return grade_class(submissions, limits, outputs, jobs=jobs, sandbox=sandboxed,

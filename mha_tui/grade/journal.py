@@ -27,7 +27,10 @@ _RETRY = frozenset({"timeout", "out_of_memory", "internal_error"})
 
 def fingerprint(sub: Submission, limits: Limits) -> str:
     """What a verdict depends on: the submission's bytes and the grading's settings."""
-    settings = {k: v for k, v in asdict(limits).items() if k not in _LIMITS}
+    # --context and --batch only when given: a results file written before they existed
+    # resumes with the same fingerprints.
+    settings = {k: v for k, v in asdict(limits).items() if k not in _LIMITS
+                and not (k in ("context", "batch") and not v)}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     digest.update((sub.module or sub.model or sub.shown).encode())
     if sub.file:

@@ -323,7 +323,8 @@ def _request(sub: Submission, limits: Limits) -> dict[str, Any]:
     """The Request `check` builds for one module (records/request.py), as JSON, with the
     worker's limits beside it."""
     config = Config(limits.sentence, embed_dim=limits.embed_dim, num_heads=limits.heads,
-                    seed=limits.seed, causal=limits.causal, max_seq_len=limits.max_seq_len)
+                    seed=limits.seed, causal=limits.causal, max_seq_len=limits.max_seq_len,
+                    context=limits.context, batch=limits.batch)
     source = Source(model=sub.model or DEFAULT_MODEL,
                     module=None if sub.module is None else _absolute(sub.module),
                     init=tuple(parse_init(text) for text in limits.init),

@@ -36,6 +36,8 @@ class Limits:
     alibi: bool = False  # --expect alibi
     rotary_base: float = 10000.0  # --rotary-base
     processes: int = MAX_PROCESSES
+    context: str = ""  # --context: cross-attention's second sentence
+    batch: tuple[str, ...] = ()  # --batch: a padded batch's other rows
 
 
 @dataclass(frozen=True)
