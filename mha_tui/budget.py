@@ -138,3 +138,145 @@ def disk_problem(config: Config, folder: str, free: int | None) -> str | None:
         return None
     return (f"the JSON transcript of {sizes(config)} takes about {human(need)}; {folder} has "
             f"{human(free)} free")
+
+
+# ---------------------------------------------------------------- --hf: a checkpoint
+
+
+# The interpreter with torch, transformers and tokenizers imported, before any weight
+# (measured: benchmarks/bench.py's --hf rows).
+HF_IMPORTS = 600 << 20
+# What one recorded attention layer keeps, per layer (the recorder's copies): about 7 (h, T, T)
+# maps (raw, scaled and masked scores, softmax, its cast, dropout, and one more) and 24
+# (T, C)-sized tensors (projections, their splits, views, transposes, heads, the output),
+# and a copy of the layer's attention parameters, float32 each (measured on GPT-2:
+# tests/test_hf.py::test_memory_estimate_counts_what_the_recorder_keeps).
+MAPS_PER_LAYER = 7
+CHANNEL_TENSORS_PER_LAYER = 24
+# The model's own forward at one block, beyond the records: a few (h, T, T) maps and
+# (T, C) or (T, MLP width) tensors alive at once.
+FORWARD_MAPS = 4
+FORWARD_CHANNELS = 12
+
+
+def recorded_elements(T: int, C: int, h: int, attention_params: int) -> int:
+    """Values the tracer keeps for one recorded attention layer on T tokens (what a JSON
+    transcript of that layer writes, too)."""
+    return MAPS_PER_LAYER * h * T * T + CHANNEL_TENSORS_PER_LAYER * C * T + attention_params
+
+
+@dataclass(frozen=True)
+class HfShape:
+    """An `--hf` run's sizes, from config.json and the checkpoint's headers (hf_files)."""
+
+    tokens: int  # T: the sentence's token count, or a bound above it
+    embed_dim: int  # C
+    num_heads: int  # h
+    mlp_width: int  # the MLP's hidden width (4 C when config.json does not say)
+    elements: int  # every tensor of the checkpoint
+    block_elements: tuple[int, ...]  # each block's (empty: the blocks were not found)
+    head_elements: int  # an output head stored apart (the streamed forward stops before it)
+    element_bytes: int  # what one element takes in the dtype the model runs in
+    stored: int  # bytes of the weight files
+    safetensors: bool  # readable tensor by tensor: streamable
+
+
+def _activations(shape: HfShape, T: int) -> int:
+    C, h = shape.embed_dim, shape.num_heads
+    recorded = recorded_elements(T, C, h, 4 * C * C) * FLOAT
+    forward = (FORWARD_MAPS * h * T * T + FORWARD_CHANNELS * T * max(C, shape.mlp_width)) * FLOAT
+    return recorded + forward
+
+
+def hf_whole_bytes(shape: HfShape, T: int | None = None) -> int:
+    """Peak memory of the full load: every weight in the model's dtype, the activations; a
+    `.bin` is read whole (torch.load) before its tensors are copied into the model."""
+    T = shape.tokens if T is None else T
+    weights = shape.elements * shape.element_bytes
+    return HF_IMPORTS + weights + (0 if shape.safetensors else shape.stored) + _activations(shape, T)
+
+
+def hf_streamed_bytes(shape: HfShape, layer: int, T: int | None = None) -> int | None:
+    """Peak memory streamed (load.hf_stream): what lies outside the blocks but the output
+    head, block `layer`, the largest block before it (read one at a time), every earlier
+    block's output kept (B, T, C), the activations. None: not streamable."""
+    blocks = shape.block_elements
+    if not shape.safetensors or not blocks or not 0 <= layer < len(blocks):
+        return None
+    T = shape.tokens if T is None else T
+    outside = shape.elements - sum(blocks) - shape.head_elements
+    before = max(blocks[:layer], default=0)
+    weights = (outside + blocks[layer] + before) * shape.element_bytes
+    kept = layer * T * shape.embed_dim * FLOAT
+    return HF_IMPORTS + weights + kept + _activations(shape, T)
+
+
+def hf_memory_problem(source: str, shape: HfShape, layer: int, stream: bool,
+                      available: Available | None) -> str | None:
+    """Why `--hf source --layer layer` cannot fit in memory, in one line with both figures
+    and what would fit; or None."""
+    if available is None:
+        return None
+    have = available.bytes
+    streamed = hf_streamed_bytes(shape, layer)
+    whole = hf_whole_bytes(shape)
+    need = streamed if stream and streamed is not None else whole
+    if need <= have:
+        return None
+    T = shape.tokens
+    if stream and streamed is not None:
+        figures = (f"needs about {human(streamed)} of memory streamed ({human(whole)} loaded "
+                   f"whole)")
+    elif streamed is not None:
+        figures = (f"needs about {human(whole)} of memory loaded whole with --no-stream "
+                   f"({human(streamed)} streamed)")
+    else:
+        figures = f"needs about {human(whole)} of memory (its checkpoint cannot be streamed)"
+    head = (f"--hf {source} at layer {layer} on {T} token{'s' if T != 1 else ''} {figures}; "
+            f"{human(have)} is available ({available.source})")
+    return f"{head}; {_what_fits(shape, layer, stream, have)}"
+
+
+def _what_fits(shape: HfShape, layer: int, stream: bool, have: int) -> str:
+    """The option that would fit: streaming on, an earlier layer, fewer tokens; or none."""
+    streamable = hf_streamed_bytes(shape, 0) is not None
+    if not stream and streamable and (hf_streamed_bytes(shape, layer) or have + 1) <= have:
+        return "without --no-stream (streamed) it fits"
+
+    def need(at: int, T: int) -> int:
+        found = hf_streamed_bytes(shape, at, T) if stream and streamable else None
+        return found if found is not None else hf_whole_bytes(shape, T)
+
+    earlier = [at for at in range(layer) if need(at, shape.tokens) <= have]
+    if earlier:
+        return f"--layer {earlier[-1]} fits"
+    fewer = [T for T in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+             if T < shape.tokens and need(layer, T) <= have]
+    if fewer:
+        low, high = fewer[-1], shape.tokens  # the longest sentence that fits, by bisection
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if need(layer, middle) <= have else (low, middle)
+        return f"a sentence of at most {low} tokens fits"
+    least = need(0, 1)
+    return (f"no layer or sentence fits: the model's weights alone take about {human(least)} "
+            f"this way; free memory or use a smaller model")
+
+
+def hf_json_bytes(shape: HfShape, layers: int = 1) -> int:
+    """About how large the JSON transcript of `layers` recorded layers is."""
+    C, h, T = shape.embed_dim, shape.num_heads, shape.tokens
+    per_layer = recorded_elements(T, C, h, 4 * C * C) + 6 * T * C  # + the first stage's
+    return layers * per_layer * JSON_BYTES_PER_VALUE + 20_000
+
+
+def hf_disk_problem(source: str, shape: HfShape, folder: str, free: int | None) -> str | None:
+    """Why the JSON transcript of one `--hf` layer cannot fit in folder, or None."""
+    if free is None:
+        return None
+    need = hf_json_bytes(shape)
+    if need <= free:
+        return None
+    return (f"the JSON transcript of --hf {source} on {shape.tokens} tokens takes about "
+            f"{human(need)}; {folder} has {human(free)} free; use fewer tokens or write it "
+            f"where there is room")

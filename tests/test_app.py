@@ -590,7 +590,7 @@ async def test_a_forward_that_never_returns_shows_the_app_and_quits(
     stage keys work, and q or ctrl+c quits while the forward still runs."""
     import mha_tui.app.loading
     import mha_tui.app.run
-    from mha_tui.cli import _load, _whose_forward
+    from mha_tui.cli.explain_app import load_for, whose_forward
     from mha_tui.config import Source
     from mha_tui.load.learner import LoadError
     from mha_tui.records.request import Request
@@ -601,8 +601,8 @@ async def test_a_forward_that_never_returns_shows_the_app_and_quits(
     source = Source(module=f"tests.fixtures.endless:{cls}")
     config = Config("I love AI !")
     endless.RELEASE.clear()
-    app = mha_tui.app.run.explain_app(config, build=partial(_load, Request(config, source)),
-                                  running=_whose_forward(source), refusals=(LoadError,))
+    app = mha_tui.app.run.explain_app(config, build=partial(load_for, Request(config, source)),
+                                  running=whose_forward(source), refusals=(LoadError,))
     try:
         async with app.run_test(size=(100, 32)) as pilot:
             await pilot.pause()
@@ -632,7 +632,7 @@ async def test_bad_module_input_ends_the_app_with_the_clis_refusal() -> None:
     and the one line the transcript path prints for the same input."""
     import mha_tui.app.loading
     import mha_tui.app.run
-    from mha_tui.cli import _load, _whose_forward
+    from mha_tui.cli.explain_app import load_for, whose_forward
     from mha_tui.config import Source
     from mha_tui.load.learner import LoadError
     from mha_tui.records.request import Request
@@ -640,9 +640,9 @@ async def test_bad_module_input_ends_the_app_with_the_clis_refusal() -> None:
     source = Source(module="tests/fixtures/endless.py:Missing")
     config = Config("I love AI !")
     with pytest.raises(LoadError) as refused:
-        _load(Request(config, source), config)
-    app = mha_tui.app.run.explain_app(config, build=partial(_load, Request(config, source)),
-                                  running=_whose_forward(source), refusals=(LoadError,))
+        load_for(Request(config, source), config)
+    app = mha_tui.app.run.explain_app(config, build=partial(load_for, Request(config, source)),
+                                  running=whose_forward(source), refusals=(LoadError,))
     async with app.run_test(size=(100, 32)) as pilot:
         await app.workers.wait_for_complete()
         await pilot.pause()
@@ -845,7 +845,7 @@ async def test_hostile_text_is_shown_literally() -> None:
 async def test_c_on_a_module_with_its_own_mask_is_refused_with_the_clis_message() -> None:
     import mha_tui.app.loading
     import mha_tui.app.run
-    from mha_tui.cli import _load, _whose_forward
+    from mha_tui.cli.explain_app import load_for, whose_forward
     from mha_tui.config import Source
     from mha_tui.load.learner import LoadError
     from mha_tui.records.request import Request
@@ -853,9 +853,9 @@ async def test_c_on_a_module_with_its_own_mask_is_refused_with_the_clis_message(
     source = Source(model="raschka")
     config = Config("I love AI !")
     with pytest.raises(LoadError) as cli:
-        _load(Request(Config("I love AI !", causal=False), source), Config("I love AI !", causal=False))
-    app = mha_tui.app.run.explain_app(config, build=partial(_load, Request(config, source)),
-                                  running=_whose_forward(source), refusals=(LoadError,))
+        load_for(Request(Config("I love AI !", causal=False), source), Config("I love AI !", causal=False))
+    app = mha_tui.app.run.explain_app(config, build=partial(load_for, Request(config, source)),
+                                  running=whose_forward(source), refusals=(LoadError,))
     async with app.run_test(size=(100, 32)) as pilot:
         await _settle(app, pilot)
         first = app.trace

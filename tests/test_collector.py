@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from mha_tui import cli, collector
+from mha_tui import collector
 from mha_tui.app.explain import ExplainApp
+from mha_tui.cli import process
 from mha_tui.config import Config
 from mha_tui.load.learner import learner_code
 from mha_tui.records import Trace
@@ -73,14 +74,14 @@ def test_the_command_opens_the_app_with_the_collector_paused(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The `mha-tui` process: paused while the app runs (it imports the app then), started
     again when the app returns, also through an exit."""
-    monkeypatch.setattr(cli, "_STANDALONE", True)
+    monkeypatch.setattr(process, "STANDALONE", True)
     monkeypatch.setenv(SERVE_ENV, "1")  # no terminal to prepare here
     seen: list[tuple[bool, bool]] = []
 
     def app() -> None:
         seen.append((gc.isenabled(), collector.paused()))
 
-    cli._open_app(app)
+    process.open_app(app)
     assert seen == [(False, True)]
     assert gc.isenabled() and not collector.paused()
 
@@ -88,7 +89,7 @@ def test_the_command_opens_the_app_with_the_collector_paused(
         raise SystemExit(2)
 
     with pytest.raises(SystemExit):
-        cli._open_app(refused)
+        process.open_app(refused)
     assert gc.isenabled() and not collector.paused()
 
 
@@ -96,7 +97,7 @@ def test_a_caller_of_the_cli_keeps_its_collector(monkeypatch: pytest.MonkeyPatch
     """In-process (CliRunner, a notebook): never paused."""
     monkeypatch.setenv(SERVE_ENV, "1")
     seen: list[bool] = []
-    cli._open_app(lambda: seen.append(gc.isenabled()))
+    process.open_app(lambda: seen.append(gc.isenabled()))
     assert seen == [True]
 
 

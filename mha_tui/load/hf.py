@@ -26,8 +26,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..budget import FLOAT, recorded_elements
+from . import hf_stream
 from .hf_error import HfError
 from .hf_files import checked_directory, hub_cache, locate
+from .hf_stream import Streamer
 
 # HfError is raised here, defined where the tracer can raise it too (hf_error.py); where the
 # model is, and the files it needs, are hf_files' (read without torch, before this module).
@@ -43,12 +46,7 @@ ASCII_SPACE_MARK = "_"
 # Every layer's stages are recorded in the one forward pass while the copies the tracer
 # keeps stay below this many bytes (estimated from the model's sizes: see all_layers_limit).
 ALL_LAYERS_BUDGET = 256 * 2**20
-# What one recorded GPT-2 attention layer keeps, measured: about 7 (h, T, T) maps (raw,
-# scaled and masked scores, softmax, its cast, dropout, and one more) and 24 (T, C)-sized
-# tensors (the fused projection counts 3, its split 3, views, transposes, heads, c_proj),
-# float32 each.
-MAPS_PER_LAYER = 7
-CHANNEL_TENSORS_PER_LAYER = 24
+
 
 
 def _offline() -> None:
@@ -108,6 +106,11 @@ class Loaded:
     blocks_path: str
     attention_name: str
     blocks: Sequence[nn.Module] = field(repr=False)
+    # Streamed (load.hf_stream): the blocks are on the meta device and read from the
+    # checkpoint as a forward reaches them. None: every weight is in memory.
+    stream: Streamer | None = field(default=None, repr=False)
+    # Why a checkpoint asked to stream was loaded whole ("" when it streams or was not asked).
+    note: str = ""
 
     def attention(self, layer: int) -> nn.Module:
         return self.blocks[layer].get_submodule(self.attention_name)
@@ -173,11 +176,14 @@ def auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
     return transformers.AutoModel, True
 
 
-def load(source: str, sentence: str | None = None) -> Loaded:
+def load(source: str, sentence: str | None = None, *, stream: bool = False) -> Loaded:
     """Find, check and load the model and tokenizer; every refusal is an HfError.
 
     sentence: when given, it is tokenized and refused if it has more tokens than the
     model's config.json says the model reads, before any weight is loaded.
+    stream: build the model on the meta device and read its blocks from the checkpoint as a
+    forward needs them (load.hf_stream); a checkpoint that cannot be read tensor by tensor
+    is loaded whole, and `Loaded.note` says why.
     """
     transformers = import_transformers()
     path = checked_directory(source)
@@ -195,14 +201,29 @@ def load(source: str, sentence: str | None = None) -> Loaded:
     except HfError as error:
         raise HfError(f"--hf {source}: {error}") from None
     what = "an encoder" if encoder else "a causal language model"
-    try:
-        model = auto.from_pretrained(
-            path, config=config, local_files_only=True, trust_remote_code=False,
-            weights_only=True, attn_implementation="eager", dtype=torch.float32,
-        )
-    except Exception as error:  # transformers raises many kinds; the learner gets one line
-        raise HfError(f"--hf {source}: could not load {what} from {path}: "
-                      f"{first_line(error)}") from None
+    dtype = torch.float32
+    streamer, note, model = None, "", None
+    if stream:
+        n_config_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+        try:
+            built = hf_stream.build(auto, path, config, dtype,
+                                    lambda empty: _find_blocks(empty, n_config_layers))
+        except Exception as error:  # transformers raises many kinds: then load it whole
+            built = f"{type(error).__name__}: {first_line(error)}"
+        if isinstance(built, str):
+            note = f"{source} is loaded whole, not streamed: {built}"
+        else:
+            streamer, _ = built
+            model = streamer.model
+    if model is None:
+        try:
+            model = auto.from_pretrained(
+                path, config=config, local_files_only=True, trust_remote_code=False,
+                weights_only=True, attn_implementation="eager", dtype=dtype,
+            )
+        except Exception as error:  # transformers raises many kinds; the learner gets one line
+            raise HfError(f"--hf {source}: could not load {what} from {path}: "
+                          f"{first_line(error)}") from None
     model.eval()
     config = model.config
     n_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
@@ -226,7 +247,7 @@ def load(source: str, sentence: str | None = None) -> Loaded:
         attention_params=sum(p.numel() for p in attention.parameters()), encoder=encoder,
     )
     return Loaded(model=model, tokenizer=tokenizer, info=info, blocks_path=blocks_path,
-                  attention_name=attention_name, blocks=blocks)
+                  attention_name=attention_name, blocks=blocks, stream=streamer, note=note)
 
 
 def _config(source: str, path: Path) -> Any:
@@ -261,8 +282,7 @@ def recorded_bytes(info: ModelInfo, T: int, layers: int | None = None) -> int:
     layer's recorded activations and its copy of the layer's parameters, float32."""
     C = info.embed_dim
     params = info.attention_params if info.attention_params is not None else 4 * C * C + 4 * C
-    per_layer = 4 * (MAPS_PER_LAYER * info.num_heads * T * T
-                     + CHANNEL_TENSORS_PER_LAYER * C * T + params)
+    per_layer = FLOAT * recorded_elements(T, C, info.num_heads, params)
     return (info.n_layers if layers is None else layers) * per_layer
 
 

@@ -21,11 +21,15 @@ Imported by the CLI before `load.hf`; never imports torch, transformers or huggi
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import struct
+from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 
+from ..budget import HfShape
 from .hf_error import HfError
 from .hf_tokens import read_json, token_bound, token_count
 
@@ -120,21 +124,23 @@ def checked_directory(source: str) -> Path:
 # ---------------------------------------------------------------- refusals from the files
 
 
-def refuse_early(source: str, sentence: str, layer: int) -> None:
+def refuse_early(source: str, sentence: str, layer: int) -> int | None:
     """Every refusal `--hf` would make before the model's forward that the files decide,
     in the order `load.hf.load`, `check_layer` and `tokenize` make them, with their words.
-    Returns when the files do not refuse (or do not decide): the full path follows."""
+    Returns when the files do not refuse (or do not decide): the full path follows. What it
+    returns is the sentence's token count, or a bound above it, when the files say one
+    (for the memory estimate); None when they do not."""
     if not _transformers_5():
-        return  # not installed, or another version: load.hf says so, or decides itself
+        return None  # not installed, or another version: load.hf says so, or decides itself
     path = checked_directory(source)
     config = read_json(path / "config.json")
     fields = _LAYERS_AND_POSITIONS.get(str(config.get("model_type"))) if config else None
     if config is None or fields is None:
-        return
+        return None
     layers_key, positions_key = fields
     limit = config.get(positions_key) if positions_key else None
     if positions_key is not None and not isinstance(limit, int):
-        return  # the field is missing: transformers' default applies
+        return None  # the field is missing: transformers' default applies
     # A sentence that surely fits is not tokenized here (reading the vocabulary costs more
     # than the rest of this check): only its token count's upper bound is.
     bound = token_bound(path, config, sentence)
@@ -143,17 +149,18 @@ def refuse_early(source: str, sentence: str, layer: int) -> None:
     else:
         n = token_count(path, config, sentence)
         if n is None:
-            return
+            return None
     if limit is not None and n is not None and n > limit:
         raise HfError(f"the sentence has {n} tokens but {source} reads at most {limit}")
     n_layers = config.get(layers_key)
     if not isinstance(n_layers, int) or n_layers <= 0:
-        return
+        return n if n is not None else bound
     if not 0 <= layer < n_layers:
         raise HfError(f"--layer {layer} is out of range: {source} has {n_layers} layers, "
                       f"0 to {n_layers - 1}")
     if n == 0:  # (a sentence that gives no tokens yet has a bound above 0: transformers says it)
         raise HfError("the sentence gives no tokens; give at least one word, e.g. \"The cat sat\"")
+    return n if n is not None else bound
 
 
 def _transformers_5() -> bool:
@@ -169,3 +176,140 @@ def _transformers_5() -> bool:
     versions = [d.name[len("transformers-"):-len(".dist-info")]
                 for d in site.glob("transformers-*.dist-info")]
     return len(versions) == 1 and versions[0].startswith("5.")
+
+
+# ---------------------------------------------------------------- the checkpoint's sizes
+
+# Bytes per element of safetensors' dtypes (its header names each tensor's).
+_ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2,
+                  "F16": 2, "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1,
+                  "BOOL": 1}
+_BLOCK = re.compile(r"^(.*?)\.(\d+)\.")
+_CONFIG_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+
+@dataclass(frozen=True)
+class CheckpointSizes:
+    """What the weights take, read from the files' headers (no tensor is read).
+
+    Bytes as stored; `elements` per group, so that an estimate can count them in the dtype
+    the model runs in. Blocks are the largest group of `<path>.<i>.` names with as many
+    indices as the config's layers.
+    """
+
+    stored: int  # bytes of every weight file
+    elements: int  # every tensor's elements
+    block_elements: tuple[int, ...]  # each block's
+    head_elements: int  # an output head stored apart (lm_head.weight ...), never run streamed
+    element_bytes: int  # as stored (the largest float tensor's)
+    safetensors: bool  # tensor by tensor readable (streamable)
+
+
+def _safetensors_header(file: Path) -> dict[str, object] | None:
+    try:
+        with open(file, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > 100 * 2**20:
+                return None
+            header = json.loads(handle.read(length))
+    except (OSError, ValueError, struct.error):
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def checkpoint_sizes(path: Path, n_layers: int | None) -> CheckpointSizes | None:
+    """The checkpoint's sizes from its safetensors headers, or from a .bin's file size and
+    config.json's dtype; None when neither says."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        bins = sorted(path.glob("pytorch_model*.bin"))
+        if not bins:
+            return None
+        stored = sum(file.stat().st_size for file in bins)
+        config = read_json(path / "config.json") or {}
+        size = _CONFIG_DTYPE_BYTES.get(str(config.get("dtype") or config.get("torch_dtype")), 4)
+        return CheckpointSizes(stored, stored // size, (), 0, size, False)
+    groups: dict[str, dict[int, int]] = {}
+    elements = head = 0
+    widths: dict[int, int] = {}
+    stored = 0
+    for file in files:
+        header = _safetensors_header(file)
+        if header is None:
+            return None
+        stored += file.stat().st_size
+        for name, entry in header.items():
+            if name == "__metadata__" or not isinstance(entry, dict):
+                continue
+            count = 1
+            for extent in entry.get("shape", []):
+                count *= int(extent)
+            elements += count
+            width = _ELEMENT_BYTES.get(str(entry.get("dtype")), 4)
+            widths[width] = widths.get(width, 0) + count
+            if name.rsplit(".", 2)[-2:-1] == ["lm_head"] or name == "lm_head.weight":
+                head += count
+            found = _BLOCK.match(name)
+            if found:
+                blocks = groups.setdefault(found.group(1), {})
+                index = int(found.group(2))
+                blocks[index] = blocks.get(index, 0) + count
+    fitting = [g for g in groups.values() if n_layers is None or len(g) == n_layers]
+    chosen = max(fitting, key=lambda g: sum(g.values()), default={})
+    block_elements = tuple(chosen[i] for i in sorted(chosen))
+    width = max(widths, key=lambda w: widths[w]) if widths else 4
+    return CheckpointSizes(stored, elements, block_elements, head, width, True)
+
+
+def layer_count(path: Path) -> int | None:
+    """config.json's number of layers, for the families whose field is known here."""
+    config = read_json(path / "config.json")
+    fields = _LAYERS_AND_POSITIONS.get(str(config.get("model_type"))) if config else None
+    n = config.get(fields[0] if fields else "num_hidden_layers") if config else None
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def _first_int(config: dict[str, object], *names: str) -> int | None:
+    for name in names:
+        value = config.get(name)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def run_shape(source: str, tokens: int | None, sentence: str,
+              element_bytes: int | None = 4) -> HfShape | None:
+    """An `--hf` run's sizes for the memory and disk estimates (budget), from config.json and
+    the weight files' headers; None when they do not say enough.
+
+    tokens: the count (or a bound) refuse_early found; None: a bound from the sentence's
+    UTF-8 bytes (a byte-level tokenizer's worst case) and a few special tokens.
+    element_bytes: what one weight takes in the dtype the model runs in (None: as stored).
+    """
+    path = locate(source)
+    config = read_json(path / "config.json")
+    if config is None:
+        return None
+    C = _first_int(config, "hidden_size", "n_embd", "d_model", "dim")
+    h = _first_int(config, "num_attention_heads", "n_head", "num_heads", "n_heads")
+    if C is None or h is None:
+        return None
+    sizes = checkpoint_sizes(path, layer_count(path) or _first_int(
+        config, "num_hidden_layers", "n_layer", "num_layers", "n_layers"))
+    if sizes is None:
+        return None
+    mlp = _first_int(config, "intermediate_size", "n_inner", "ffn_dim", "d_ff", "hidden_dim",
+                     "ffn_hidden_size") or 4 * C
+    T = tokens if tokens is not None else len(sentence.encode("utf-8")) + 4
+    return HfShape(tokens=T, embed_dim=C, num_heads=h, mlp_width=mlp, elements=sizes.elements,
+                   block_elements=sizes.block_elements, head_elements=sizes.head_elements,
+                   element_bytes=element_bytes or sizes.element_bytes, stored=sizes.stored,
+                   safetensors=sizes.safetensors)
+
+
+def exact_tokens(source: str, sentence: str) -> int | None:
+    """The sentence's token count from tokenizer.json when the files decide it (refuse_early
+    may have given only a bound, which is cheaper to read); None when they do not."""
+    path = locate(source)
+    config = read_json(path / "config.json")
+    return token_count(path, config, sentence) if config is not None else None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -109,16 +110,21 @@ def trace_layers(loaded: Loaded, session: Session, layers: Sequence[int]) -> dic
 
     roots = {loaded.attention_path(layer): loaded.attention(layer) for layer in layers}
     result: Any = None
+    stream = loaded.stream
 
     def around(call: Callable[[], Any]) -> Any:
         nonlocal result
-        result = record(call, roots)
+        # Streamed, the forward ends after the deepest recorded block (load.hf_stream).
+        result = record(stream.until_stopped(call) if stream is not None else call, roots)
+        if isinstance(result.error, HfError):
+            raise result.error
         if result.error is not None:
             raise HfError(f"{loaded.info.name}: the model's forward raised "
                           f"{type(result.error).__name__}: {first_line(result.error)}")
         return result.value
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), (
+            stream.running(session.ids, layers) if stream is not None else nullcontext()):
         warnings.simplefilter("ignore")
         run = run_forward(loaded, session.ids, layers, around, forward=session.forward())
     traces = {}

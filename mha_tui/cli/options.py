@@ -1,0 +1,200 @@
+"""Every option and argument of every command, declared once.
+
+Each is an `Annotated` type: a command takes `heads: Heads = 2`, and the same declaration
+(flag, help, metavar) serves every command that takes it. Where two commands give one flag
+different words (`--width` of a transcript and of a table), each meaning has its own entry
+here, side by side. The choices (`Format`, `Model`, ...) are read from the tables they
+choose from (`write.FORMATS`, `config.MODEL_NAMES`).
+
+A new option: its entry here, a parameter of the commands that take it, and its field on the
+`Request` (`records/request.py`) set where the command builds it. Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .. import __version__
+from ..config import (
+    DEFAULT_MODEL,
+    MAX_EMBED_DIM,
+    MAX_SEQ_LEN,
+    MODEL_NAMES,
+    NUMPY_MODEL_NAMES,
+    TRAINED_MODEL_NAMES,
+    ConfigError,
+    Source,
+    parse_init,
+)
+from ..write import FORMATS, format_of
+from .process import fail
+
+# ---------------------------------------------------------------------------- choices
+
+# --format's choices: the rows of write.FORMATS (text, json, svg, html, md).
+Format = StrEnum("Format", [(name, name) for name in FORMATS])  # type: ignore[misc]
+
+
+class CheckFormat(StrEnum):
+    text = "text"
+    json = "json"
+    csv = "csv"
+    gradescope = "gradescope"
+    prairielearn = "prairielearn"
+
+
+class SandboxMode(StrEnum):
+    auto = "auto"
+    required = "required"
+    off = "off"
+
+
+class AttentionKind(StrEnum):
+    """--attention: which attention of an encoder-decoder's decoder layer --hf shows."""
+
+    cross = "cross"
+    self = "self"
+
+
+class ExpectKind(StrEnum):
+    attention = "attention"
+    rotary = "rotary"
+    alibi = "alibi"
+
+
+class Ablation(StrEnum):
+    zero = "zero"
+    mean = "mean"
+
+
+# --model's choices, listed in --help: the tutorials' modules in mha_tui/examples.
+Model = StrEnum("Model", [(name.replace("-", "_"), name)
+                         for name in MODEL_NAMES + NUMPY_MODEL_NAMES + TRAINED_MODEL_NAMES])
+
+DEFAULT_SENTENCE = "I love AI !"
+
+# ---------------------------------------------------------------------------- the input
+
+Sentence = Annotated[str, typer.Argument(metavar="SENTENCE", help="The sentence; tokens are split on whitespace.", show_default=False)]
+SentenceOption = Annotated[str, typer.Option("--sentence", "-s", help="The input sentence; tokens are split on whitespace.")]
+WholeModelSentence = Annotated[str, typer.Argument(help='The sentence, e.g. "a b c d a b c d" (words numbered by first appearance with --model induction).')]
+Repeat = Annotated[bool, typer.Option("--repeat", help="Run the sentence twice in a row (a b c -> a b c a b c): what an induction head needs to show itself.")]
+RepeatHeads = Annotated[bool, typer.Option("--repeat", help="Run the sentence twice in a row (a b c -> a b c a b c): what an induction head needs.")]
+Batch = Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable): the rows are padded with <pad> to the longest, and the module gets the padding mask by its parameter (attention_mask: 1 = a token; key_padding_mask or padding_mask: True = padding; else a mask that blocks the padded keys).")]
+BatchJudged = Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable), padded with <pad> to the longest; the module gets the padding mask by its parameter.")]
+Context = Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross. With --hf on an encoder-decoder (T5, BART, Marian): the encoder's input, the sentence the decoder's.")]
+Attention = Annotated[AttentionKind | None, typer.Option("--attention", help="With --hf and --context on an encoder-decoder: the decoder layer's cross-attention (default: keys and values from the encoder's output on the context) or its self-attention.", case_sensitive=False, show_default=False)]
+ContextJudged = Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: judge the module with queries from --sentence and keys and values from this sentence, against a reference that takes both (no causal mask across two sequences).")]
+
+# ---------------------------------------------------------------------------- the sizes
+
+Heads = Annotated[int, typer.Option("--heads", "-H", help="Number of heads h; must divide --embed-dim.")]
+EmbedDim = Annotated[int, typer.Option("--embed-dim", "-C", help=f"Embedding width C (at most {MAX_EMBED_DIM}).")]
+Seed = Annotated[int, typer.Option("--seed", help="torch.manual_seed before building the modules.")]
+Causal = Annotated[bool, typer.Option("--causal/--no-causal", help="Apply the causal mask.")]
+CausalJudged = Annotated[bool, typer.Option("--causal/--no-causal", help="Judge against causal attention (and pass the mask to a forward that takes one).")]
+MaxSeqLen = Annotated[int, typer.Option("--max-seq-len", help=f"Longest sentence the module accepts (at most {MAX_SEQ_LEN}).")]
+
+# ---------------------------------------------------------------------------- the module
+
+ModelChoice = Annotated[Model | None, typer.Option("--model", help=f"A tutorial's module (default {DEFAULT_MODEL}).", case_sensitive=False)]
+Models = Annotated[list[str] | None, typer.Option("--model", metavar="NAME", help=f"Also judge a tutorial's module (repeatable): {', '.join(MODEL_NAMES + NUMPY_MODEL_NAMES)}.")]
+WholeModel = Annotated[str | None, typer.Option("--model", help="A model trained by this repository: induction.")]
+Module = Annotated[str | None, typer.Option("--module", metavar="FILE.py:CLASS", help="Your own module instead: FILE.py:Class or package.module:Class.")]
+Submissions = Annotated[list[str] | None, typer.Argument(metavar="SUBMISSION", help="The modules to judge: FILE.py:Class, package.module:Class, or (with --class) FILE.py, a folder of .py files or a quoted glob ('submissions/*/attn.py').", show_default=False)]
+ClassName = Annotated[str | None, typer.Option("--class", metavar="CLASS", help="The class in every FILE.py, folder or glob given without one (check submissions/ --class MultiHeadAttention).")]
+Init = Annotated[list[str] | None, typer.Option("--init", metavar="NAME=VALUE", help="A constructor argument, VALUE a Python literal; repeatable.")]
+Weights = Annotated[Path | None, typer.Option("--weights", metavar="FILE", help="Load the module's tensors from a state dict (.pt via torch.load(weights_only=True), or .safetensors).")]
+Hf = Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Explain one attention layer of a Hugging Face model (a causal LM, or an encoder such as BERT or T5): a local directory, or a name in the local Hugging Face cache (gpt2). Never downloads. Needs pip install "mha-tui[hf]".')]
+HfWhole = Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help="A Hugging Face model in a local directory or the local cache. Never downloads.")]
+HfRefused = Annotated[str | None, typer.Option("--hf", hidden=True)]
+Layer = Annotated[int | None, typer.Option("--layer", help="With --hf or --model induction: the layer to explain, from 0; in the app [ and ] move between layers.")]
+NoStream = Annotated[bool, typer.Option("--no-stream", help="With --hf: load every weight of the model at once, instead of only the blocks up to the layer shown, one at a time from the checkpoint (streamed: the default for safetensors checkpoints).")]
+Against = Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")]
+
+# ---------------------------------------------------------------------------- what is judged
+
+ExpectChoice = Annotated[ExpectKind, typer.Option("--expect", help="What you meant to build: plain multi-head attention, with rotary positions on Q and K (full, base --rotary-base; a partial rotary as the module turns it), or with ALiBi's fixed slopes on the scores. Shared K/V heads are read from the K and V weights.", case_sensitive=False)]
+RotaryBase = Annotated[float, typer.Option("--rotary-base", metavar="BASE", help="With --expect rotary: the base of the angles, pair i turning by BASE^(-2i/d_h) per position.")]
+Window = Annotated[int | None, typer.Option("--window", metavar="N", help="You meant a causal sliding window: each token sees itself and the N - 1 tokens before it.", show_default=False)]
+Check = Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")]
+
+# ---------------------------------------------------------------------------- what is shown
+
+Stage = Annotated[str | None, typer.Option("--stage", help="Stage to start at: in the app, or the transcript from that stage on.")]
+Only = Annotated[bool, typer.Option("--only", help="With --stage and --dump: the transcript holds that one stage (a slide).")]
+Quiz = Annotated[bool, typer.Option("--quiz", help="Quiz yourself: in the app each stage's numbers stay hidden until you answer a question about them, computed from this run; with --dump, a worksheet of the questions and an answer key (text, JSON or Markdown).")]
+Why = Annotated[str | None, typer.Option("--why", metavar="STAGE[i, j, ...]", help='With --dump: instead of the transcript, how one number of a stage\'s result was made, recomputed by mha-tui from the recorded tensors, e.g. "softmax[0, 1, 2, 1]".')]
+Ablate = Annotated[str | None, typer.Option("--ablate", metavar="LAYER.HEAD", help="Remove one head (e.g. 1.2) and run the model again: the change in loss and in each position's top prediction.")]
+AblateWith = Annotated[Ablation, typer.Option("--ablate-with", help="zero: the head's slice of the input to W_O set to 0; mean: to its mean over the positions.", case_sensitive=False)]
+
+# ---------------------------------------------------------------------------- where it is written
+
+Dump = Annotated[str | None, typer.Option("--dump", metavar="PATH", help="Write the transcript to PATH ('-' for stdout) instead of opening the app. Devices, FIFOs and /dev/fd/N are written through; a file is replaced only once the transcript is complete.")]
+DumpHeads = Annotated[str | None, typer.Option("--dump", metavar="PATH", help="Write the model view to PATH ('-' for stdout) instead of opening the app.")]
+FormatChoice = Annotated[Format | None, typer.Option("--format", help="Transcript format; default: from --dump's extension (.json, .svg, .html, .md), else text.", case_sensitive=False, show_default=False)]
+FormatHeads = Annotated[Format | None, typer.Option("--format", help="text, json, svg, html or md; default: from --dump's extension.", case_sensitive=False, show_default=False)]
+FormatCheck = Annotated[CheckFormat, typer.Option("--format", help="text: a table and the diagnosis; json: for graders; csv: one row per student (points per stage), for a gradebook; gradescope, prairielearn: that LMS's results.json for one submission (judged in the sandbox).", case_sensitive=False)]
+Width = Annotated[int | None, typer.Option("--width", help="Text transcript width in columns (40 to 400, default 100); JSON has no width.")]
+WidthTable = Annotated[int, typer.Option("--width", help="Table width in columns when not on a terminal (40 to 400).")]
+WidthHeads = Annotated[int, typer.Option("--width", help="Columns (40 to 400); GPT-2 small's 12 x 12 heads fit 120.")]
+Full = Annotated[bool, typer.Option("--full", help="Never elide rows, columns or heads in the text transcript.")]
+Color = Annotated[bool, typer.Option("--color", help="Keep colours (ANSI codes) in the text transcript.")]
+Ascii = Annotated[bool, typer.Option("--ascii", help="Plain ASCII only (in JSON: every non-ASCII character as a \\u escape).")]
+AsciiTable = Annotated[bool, typer.Option("--ascii", help="Draw with plain ASCII only.")]
+AsciiHeads = Annotated[bool, typer.Option("--ascii", help="Plain ASCII only.")]
+
+# ---------------------------------------------------------------------------- grading
+
+Timeout = Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Grading several modules: the time each may take in its own process, torch's import included.")]
+Jobs = Annotated[int | None, typer.Option("--jobs", "-j", help="Grading several modules: how many run at once (default: the number of CPUs, at most 4).", show_default=False)]
+Memory = Annotated[int, typer.Option("--memory", metavar="MB", help="Grading several modules: the memory each may take beyond what mha-tui itself uses (Linux).")]
+Rubric = Annotated[Path | None, typer.Option("--rubric", metavar="FILE.toml", help="Points per stage and for the whole module equivalent, and hidden stages (default: 1 a stage, 5 end to end). See docs/grading.md.", show_default=False)]
+Feedback = Annotated[Path | None, typer.Option("--feedback", metavar="DIR", help="Grading: write one Markdown file per student into DIR, as each is graded.", show_default=False)]
+Summary = Annotated[Path | None, typer.Option("--summary", metavar="FILE", help="Grading: write the class summary (verdicts, the stage that fails first most often, the common diagnoses) as JSON to FILE.", show_default=False)]
+Results = Annotated[Path | None, typer.Option("--results", metavar="FILE", help="Grading: write each submission's verdict to FILE as it is graded (JSON lines).", show_default=False)]
+Resume = Annotated[bool, typer.Option("--resume", help="With --results: do not grade again what FILE already holds (same file, same settings).")]
+Sandbox = Annotated[SandboxMode, typer.Option("--sandbox", help="Grading several modules: each runs in a bubblewrap sandbox (no network, no other file of yours, its own scratch folder). auto: where bwrap works, else without one, said once; required: refuse to grade without it; off.", case_sensitive=False)]
+
+# ---------------------------------------------------------------------------- serve
+
+Host = Annotated[str, typer.Option("--host", help="Address to listen on. 127.0.0.1: this machine only; 0.0.0.0 opens it to the network (a classroom), with no password.")]
+Port = Annotated[int, typer.Option("--port", help="Port to listen on (1-65535).")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"mha-tui {__version__}\n")
+        raise typer.Exit()
+
+
+Version = Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")]
+
+
+# ---------------------------------------------------------------------------- onto the Request
+
+
+def source_of(model: str | None, module: str | None, init: list[str],
+              weights: Path | None) -> Source:
+    """--model or a module, --init, --weights, checked before anything heavy is imported."""
+    try:
+        return Source(model=model or DEFAULT_MODEL, module=module,
+                      init=tuple(parse_init(text) for text in init),
+                      weights=None if weights is None else str(weights))
+    except ConfigError as error:
+        fail(str(error))
+
+
+def dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str | None) -> Format:
+    """--format, else --dump's extension (.json, .svg, .html, .md), else text; --only needs
+    --stage."""
+    if only and (stage is None or dump is None):
+        fail("--only writes the one stage --stage names: give --stage ID and --dump PATH")
+    if fmt is not None:
+        return fmt
+    return Format(format_of(dump or ""))
