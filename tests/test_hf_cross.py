@@ -204,3 +204,30 @@ def test_t5_without_context_still_shows_its_encoder() -> None:
                                       "--dump", "-"])
     assert result.exit_code == 0, result.stderr
     assert "T5EncoderModel" in result.stdout
+
+
+async def test_the_cross_attention_steps_through_the_app() -> None:
+    """Every stage of both decoder layers draws in the app, the columns labelled with the
+    context's tokens; ] moves to the next decoder layer's cross-attention."""
+    from mha_tui.app.explain import ExplainApp
+    from mha_tui.app.stage_view import StageView
+
+    session = CrossSession(hf_seq2seq.load(str(family_dir("bart"))), SENTENCE, CONTEXT)
+    app = ExplainApp(session.config(0), loader=lambda config: session.trace(
+        config.model.layer if config.model else 0), layers=session)
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.trace is None:
+            await pilot.pause(0.05)
+        for layer in (0, 1):
+            assert app.config.model.layer == layer and app.config.cross
+            for index, stage in enumerate(app.trace.stages):
+                app.stage_index = index
+                await pilot.pause()
+                shown = app.query_one(StageView).plain
+                assert stage.title in shown
+                if stage.kind == "softmax":
+                    assert "␣dog" in shown and "cross_attentions" in shown
+            await pilot.press("right_square_bracket")
+            await pilot.pause()
+            while app.trace is None or app.trace.config.model.layer != min(layer + 1, 1):
+                await pilot.pause(0.05)

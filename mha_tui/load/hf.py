@@ -172,7 +172,7 @@ def auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
     if encoder_decoder:
         raise HfError(f"{config.model_type} is an encoder-decoder model: its decoder attends to "
                       f"the encoder's output, so give the encoder's input with --context "
-                      f"SENTENCE (the sentence is the decoder's input)")
+                      f"SENTENCE (mha-tui explain; the sentence is the decoder's input)")
     return transformers.AutoModel, True
 
 
