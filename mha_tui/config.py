@@ -84,6 +84,13 @@ class Config:
     # A padded batch (`--batch`): more sentences, rows 1, 2, ... after the sentence's row 0,
     # every row padded with PAD to the longest.
     batch: tuple[str, ...] = ()
+    # One decode step with a KV cache (`--decode`): the tokens before this step's, whose keys
+    # and values the cache holds. The sentence is then the step's new token(s): the queries;
+    # the keys are `cached` and the new tokens (`key_tokens`). () outside decoding.
+    cached: tuple[str, ...] = ()
+    # A decode step's vocabulary: the whole sentence's (the embedding table has a row for
+    # the tokens still to come too). () : made from the tokens.
+    vocabulary: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _positive("--embed-dim", self.embed_dim, MAX_EMBED_DIM)
@@ -170,12 +177,17 @@ class Config:
         """The tokens the keys are made from: the context's, or the sentence's own."""
         if self.context_labels:
             return self.context_labels
+        if self.cached:
+            return self.cached + self.tokens
         return tokenize(self.context) if self.context else self.tokens
 
     @property
     def vocab(self) -> tuple[str, ...]:
         """Distinct tokens in order of first appearance (the sentence's, then the context's)."""
-        words = tuple(token for row in self.rows for token in row)
+        if self.vocabulary:
+            return self.vocabulary
+        # A decode step's cached tokens come first: the ids are the whole sentence's.
+        words = self.cached + tuple(token for row in self.rows for token in row)
         return tuple(dict.fromkeys(words + (tokenize(self.context) if self.context else ())))
 
     @property
@@ -225,6 +237,7 @@ class Config:
             "max_seq_len": self.max_seq_len,
             **({"context": self.context, "context_tokens": list(self.key_tokens)}
                if self.cross else {}),
+            **({"cached": list(self.cached)} if self.cached else {}),
             **({"batch": [list(row) for row in self.rows],
                 "padding": [list(row) for row in self.padding]} if self.batch else {}),
         }

@@ -22,9 +22,7 @@ from mha_tui.why import why
 from .longtail_cases import CASES, FIXTURES, measure
 
 LEFT = {
-    "open_clip cosine attention", "DeBERTa-v3 c2p/p2c",
-    "T5 buckets", "differential attention (unilm)", "DiffLlama", "labml sequence-first einsum",
-    "picoGPT NumPy", "linear attention",
+    "picoGPT NumPy",
 }
 
 

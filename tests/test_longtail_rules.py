@@ -188,3 +188,85 @@ def test_a_product_no_softmax_follows_is_not_the_scores() -> None:
 
     assert kind_of_scores(with_softmax=False) != "scores"
     assert kind_of_scores(with_softmax=True) == "scores"
+
+
+def _unit(values: np.ndarray) -> np.ndarray:
+    return values / np.linalg.norm(values, axis=-1, keepdims=True)
+
+
+def test_cosine_attention_claims_the_normalize_of_q_and_k_and_the_learned_scale() -> None:
+    """open_clip's scaled_cosine: F.normalize(q), F.normalize(k), their product, times
+    exp(logit_scale) per head: the normalizes and the multiply are one cosine stage; the
+    product between them stays the scores."""
+    tape = Tape()
+    q, k, _ = (tape.heads(tape.linear(tape.x, f"W_{r}.weight")) for r in "QKV")
+    qn = tape.op("normalize", [q], _unit(tape.values(q)), p=2.0, dim=-1)
+    kn = tape.op("normalize", [k], _unit(tape.values(k)), p=2.0, dim=-1)
+    kt = tape.op("transpose", [kn], np.swapaxes(tape.values(kn), -2, -1), -2, -1)
+    cosines = tape.op("matmul", [qn, kt], tape.values(qn) @ tape.values(kt))
+    scale = _param("logit_scale", np.full((H, 1, 1), 10.0, np.float32))
+    scaled = tape.op("mul", [cosines, scale], tape.values(cosines) * 10.0)
+    tape.op("softmax", [scaled], _softmax(tape.values(scaled)), dim=-1)
+    kinds = tape.kinds()
+    assert [kinds[r.op] for r in (qn, kn, cosines, scaled)] == [  # type: ignore[index]
+        "cosine", "cosine", "scores", "cosine"]
+
+
+def test_a_normalize_of_x_or_of_the_weights_is_not_cosine_attention() -> None:
+    """F.normalize of the input (before any projection), or over another axis, is not q or k
+    put at unit length; a scale of plain scores stays scale's."""
+    tape = Tape()
+    on_x = tape.op("normalize", [tape.x], _unit(tape.x_values), p=2.0, dim=-1)
+    q, _, _, scores = _attention_upto_scores(tape)
+    other_axis = tape.op("normalize", [q], tape.values(q) / np.linalg.norm(
+        tape.values(q), axis=-2, keepdims=True), p=2.0, dim=-2)
+    scaled = tape.op("div", [scores], tape.values(scores) / 2.0, 2.0)
+    tape.op("softmax", [scaled], _softmax(tape.values(scaled)), dim=-1)
+    kinds = tape.kinds()
+    assert kinds[on_x.op] != "cosine" and kinds[other_axis.op] != "cosine"  # type: ignore[index]
+    assert kinds[scaled.op] == "scale"  # type: ignore[index]
+
+
+def test_two_softmax_maps_subtracted_with_lambda_are_differential_attention() -> None:
+    """Diff Transformer: w1 − λ · w2 of two softmax maps is one differential stage (the
+    multiply by λ and the subtraction); a subtraction of two maps with no λ, or of a map and
+    a tensor not from softmax, is not."""
+    tape = Tape()
+    *_, scores = _attention_upto_scores(tape)
+    weights = tape.op("softmax", [scores], _softmax(tape.values(scores)), dim=-1)
+    maps = tape.op("view", [weights], tape.values(weights).reshape(B, H // 2, 2, T, T))
+    first = tape.op("getitem", [maps], tape.values(maps)[:, :, 0])
+    second = tape.op("getitem", [maps], tape.values(maps)[:, :, 1])
+    lam = _param("lambda_full", np.array(0.3, np.float32))
+    times = tape.op("mul", [lam, second], 0.3 * tape.values(second))
+    diff = tape.op("sub", [first, times], tape.values(first) - tape.values(times))
+    plain = tape.op("sub", [first, second], tape.values(first) - tape.values(second))
+    kinds = tape.kinds()
+    assert (kinds[times.op], kinds[diff.op]) == ("differential", "differential")  # type: ignore[index]
+    assert kinds[plain.op] != "differential"  # type: ignore[index]
+
+
+def test_a_forward_with_no_softmax_is_linear_attention_and_one_with_softmax_is_not() -> None:
+    """fast-transformers' φ(K)^T V with no softmax anywhere: its ops are linear_attn; the same
+    products in a forward that has a softmax are never linear_attn."""
+    from mha_tui.ops.graph import Graph
+    from mha_tui.recognise.classify import classify
+    from mha_tui.records import Recording
+
+    from .test_rules import SIZES, _snap
+
+    def kinds(with_softmax: bool) -> set[str | None]:
+        tape = Tape()
+        q, kt, v, _ = _attention_upto_scores(tape)
+        kv = tape.op("matmul", [kt, v], tape.values(kt) @ tape.values(v))  # (B, h, d_h, d_h)
+        out = tape.op("matmul", [q, kv], tape.values(q) @ tape.values(kv))
+        last = tape.op("softmax", [out], _softmax(tape.values(out)), dim=-1) if with_softmax \
+            else out
+        rec = Recording("Attn", "attn.py", (("x", _snap(tape.x_values)),), tuple(tape.ops),
+                        output=last)
+        g = Graph(rec)
+        classify(g, SIZES)
+        return {g.kind.get(kv.op), g.kind.get(out.op)}  # type: ignore[arg-type]
+
+    assert kinds(with_softmax=False) == {"linear_attn"}
+    assert "linear_attn" not in kinds(with_softmax=True)

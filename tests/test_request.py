@@ -33,13 +33,20 @@ def test_the_worker_reads_the_graders_limits_beside_the_request() -> None:
     assert again.config == Config("I love AI !") and again.source.is_default
 
 
-@pytest.mark.parametrize("field, value", [("steps", 2)])
-def test_decode_steps_are_refused_until_wired(field: str, value: object) -> None:
-    request = Request(Config("I love AI !"), **{field: value})  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="not supported yet"):
-        pipeline.load(request)
-    with pytest.raises(ConfigError, match="not supported yet"):
-        pipeline.traced(request)
+def test_decode_steps_run_through_the_request() -> None:
+    """`steps` (--decode N) reaches the pipeline: a trace per step; a module that keeps no
+    cache is refused in one line when it is built, and steps travel to the grader's worker."""
+    from mha_tui.load.learner import LoadError
+
+    source = Source(module="tests/fixtures/kv_caches.py:GPT2Attention")
+    request = Request(Config("I love AI !"), source, steps=2)
+    assert Request.from_json(request.as_json()).steps == 2
+    trace = pipeline.traced(request)
+    assert [t.step.position for t in trace.steps] == [2, 3]
+    with pytest.raises(LoadError, match="keeps no KV cache"):
+        pipeline.load(Request(Config("I love AI !"), steps=2))
+    with pytest.raises(ConfigError, match="decode between 1 and 3"):
+        pipeline.traced(Request(Config("I love AI !"), source, steps=4))
 
 
 def test_traced_is_run_trace_on_the_requests_module() -> None:

@@ -14,7 +14,14 @@ import typer
 from ..config import Config, ConfigError, parse_module_ref
 from ..records.request import Expect, Request
 from . import options
-from .options import DEFAULT_SENTENCE, CheckFormat, ExpectKind, SandboxMode, source_of
+from .options import (
+    DEFAULT_SENTENCE,
+    CheckFormat,
+    ExpectKind,
+    SandboxMode,
+    check_decode,
+    source_of,
+)
 from .process import fail
 
 if TYPE_CHECKING:
@@ -53,6 +60,7 @@ def check(
     hf_source: options.HfRefused = None,
     batch: options.BatchJudged = None,
     context: options.ContextJudged = None,
+    decode: options.DecodeJudged = 0,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
@@ -125,6 +133,9 @@ def check(
         fail(str(error))
     verdict = None
     lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
+    check_decode(decode, config)
+    if decode and (len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading):
+        fail("--decode judges one module at a time; grading several with it is not there yet")
     if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
         reports = _grade(config, submissions, init=init or [], weights=weights,
                          timeout=timeout, jobs=jobs, memory=memory, expect=wanted,
@@ -140,7 +151,7 @@ def check(
         one = submissions[0]
         try:
             verdict = verdict_of(Request(config, source_of(one.model, one.module, init or [],
-                                                               weights), wanted))
+                                                               weights), wanted, steps=decode))
         except LoadError as error:
             # here the module is an argument, not --module
             fail(str(error).removeprefix("--module: ").removeprefix("--module "))

@@ -25,8 +25,8 @@ from ..records.request import Request
 from ..stages import STAGE_IDS
 from ..write import FORMATS
 from . import options, process
-from .explain_app import load_for, open_checked, open_compared, whose_forward
-from .options import AttentionKind, Format, Model, dump_format, source_of
+from .explain_app import decoded_for, load_for, open_checked, open_compared, whose_forward
+from .options import AttentionKind, Format, Model, check_decode, dump_format, source_of
 from .process import fail, interactive, open_app, say
 from .transcript import explain_hf, write_comparison, write_transcript
 
@@ -66,6 +66,7 @@ def explain(
     batch: options.Batch = None,
     context: options.Context = None,
     attention: options.Attention = None,
+    decode: options.Decode = 0,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
     if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
@@ -94,6 +95,9 @@ def explain(
         if context is not None and not context.split():
             fail("--context is empty; give the encoder's input sentence, e.g. --context "
                  "\"le chat est sur le tapis\"")
+        if context is not None and decode:
+            fail("--decode with --context on --hf is not there yet: it decodes a causal LM's "
+                 "own cache; explain the encoder-decoder's layer without --decode")
         if attention is not None and context is None:
             fail("--attention picks the cross- or self-attention of an encoder-decoder's "
                  "decoder layer: give the encoder's input with --context SENTENCE")
@@ -118,7 +122,8 @@ def explain(
         if context is not None and model is None and module is None:
             model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
         source = _source(model, module, init or [], weights)
-        request = Request(config, source)
+        check_decode(decode, config)
+        request = Request(config, source, steps=decode)
         if stage is not None and stage not in STAGE_IDS and not _a_stage_kind(stage):
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)} (or "
                  "one of a module's own: rotary, qkv_split, kv_repeat, op-2 ...)")
@@ -152,13 +157,14 @@ def explain(
         explain_hf(sentence, hf_source, layer or 0, destination=destination,
                     interactive=interactive(dump), fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
-                    quiz=quiz, why=cell, trained=trained, stream=not no_stream,
-                    context=context, attention=(attention or AttentionKind.cross).value)
+                    quiz=quiz, why=cell, trained=trained, stream=not no_stream and not decode,
+                    decode=decode, context=context,
+                    attention=(attention or AttentionKind.cross).value)
         return
     _check_budget(config, destination, fmt)
     # The default module on one sentence needs no building before the app opens; anything
     # else is built first, so that bad input (a forward that takes no context) exits 2.
-    plain = source.is_default and not config.cross and not config.batch
+    plain = source.is_default and not config.cross and not config.batch and not request.steps
 
     if check_stages:
         open_checked(request, dump=dump, stage=stage, ascii_only=ascii_only)
@@ -186,10 +192,12 @@ def explain(
             # return. Bad --module/--init/--weights end the app: one line here, exit 2.
             from ..app.run import run_app  # after _open_app paused the collector
 
+            # --decode: every step traced in the loading thread (pipeline.traced)
+            decoding = {"loader": partial(decoded_for, request)} if request.steps else {}
             refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                              build=None if plain else partial(load_for, request),
+                              build=None if plain or request.steps else partial(load_for, request),
                               running=whose_forward(source), refusals=(LoadError,),
-                              quiz=quiz)
+                              quiz=quiz, **decoding)
             if refusal is not None:
                 fail(refusal)
 

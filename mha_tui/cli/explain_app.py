@@ -86,6 +86,11 @@ def load_for(request: Request, config: Config) -> Loaded | LoadedNumpy:
     return pipeline.load(replace(request, config=config))
 
 
+def decoded_for(request: Request, config: Config) -> Trace:
+    """`--decode N` in the app: every step traced in the loading thread (pipeline.traced)."""
+    return pipeline.traced(replace(request, config=config))
+
+
 def whose_forward(source: Source) -> str:
     """Whose forward the app waits for, in its words: "M.forward from loop.py"."""
     if source.module is not None:

@@ -30,11 +30,13 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
                 why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
-                stream: bool = True, context: str | None = None,
+                stream: bool = True, decode: int = 0, context: str | None = None,
                 attention: str = "cross") -> None:
     """--hf (or --model induction, trained: a model of mha_tui/models): load the model
     (refusals here, before any app), then the app, a transcript or --why's cell of the layer
     shown. stream: read the blocks from the checkpoint one at a time (load.hf_stream).
+    decode: the last N tokens decoded against the model's own cache, a trace per step
+    (pipeline.hf_decode; the whole model runs each step, so it is loaded whole).
     context: an encoder-decoder's encoder input (load.hf_seq2seq, loaded whole); the sentence
     is its decoder's, and layer L of the decoder is shown, its cross- or self-attention
     (attention)."""
@@ -72,6 +74,11 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
             session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except HfError as error:
         fail(str(error))
+    if decode:
+        _explain_hf_decode(loaded, sentence, layer, decode, destination=destination,
+                           interactive=interactive, fmt=fmt, width=width, full=full, color=color,
+                           ascii_only=ascii_only, stage=stage, only=only, quiz=quiz, why=why)
+        return
     if interactive:
         def app() -> None:
             from ..app.run import run_app  # after _open_app paused the collector
@@ -127,6 +134,32 @@ def write_comparison(request: Request, destination: Destination | None, fmt: For
         fail(f"could not write the transcript to {where(destination)}: "
              f"{error.strerror or error}", 1)
     exit_now(0)
+
+
+def _explain_hf_decode(loaded: object, sentence: str, layer: int, steps: int, *,
+                       destination: Destination | None, interactive: bool, fmt: Format,
+                       width: int, full: bool, color: bool, ascii_only: bool, stage: str | None,
+                       only: bool, quiz: bool, why: tuple[str, tuple[int, ...]] | None) -> None:
+    """--hf --decode N: every step traced now, then the app (d / D) or a transcript."""
+    from ..load.hf_error import HfError
+    from ..pipeline.hf_decode import decode_trace
+
+    try:
+        decoded = decode_trace(loaded, sentence, layer, steps, ascii_only=ascii_only)  # type: ignore[arg-type]
+    except HfError as error:
+        fail(str(error))
+    if interactive:
+        def app() -> None:
+            from ..app.run import run_app  # after _open_app paused the collector
+
+            run_app(decoded.config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                    loader=lambda config: decoded, quiz=quiz)
+
+        open_app(app)
+        return
+    write_transcript(Request(decoded.config), destination, fmt, width=width, full=full,
+                     color=color, ascii_only=ascii_only, stage=stage, trace=decoded, only=only,
+                     quiz=quiz, why=why)
 
 
 def write_transcript(request: Request, destination: Destination | None, fmt: Format, *, width: int,

@@ -60,6 +60,7 @@ def run(j: Judge) -> Verdict:
     end = None
     if crash is None:
         end, diagnosis = _whole(j, diagnosis)
+        diagnosis = _besides(j, diagnosis)
     # Equivalent only when the output equals the reference's end to end: a row that could
     # not be computed (ok None) is never a pass.
     equivalent = diagnosis is None and all(v.ok is not False for v in verdicts) and (
@@ -319,6 +320,41 @@ def _named(j: Judge, stage: Stage | None) -> str | None:
         return said(j, stage)
     except (ValueError, IndexError, TypeError):  # a module no layout foresaw: the op's words
         return None
+
+
+def _besides(j: Judge, diagnosis: Diagnosis | None) -> Diagnosis | None:
+    """A diagnosis that is not a mechanism, in a module that also has a mechanism plain
+    attention lacks and the learner did not ask for: the mechanism is said too, at its line,
+    so that the verdict never keeps quiet about it (T5: its scores are not scaled, and it
+    adds a relative position bias). A mechanism that changes the heads' layout (a row that
+    `leads`) comes first: the rows about heads are its consequences."""
+    if diagnosis is None or diagnosis.kind in ("mechanism", "crash"):
+        return diagnosis
+    said, first = [], None
+    for stage in j.trace.stages:
+        if stage.kind == diagnosis.stage or (stage.kind == "rotary" and j.facts.rotary):
+            continue
+        words = _named(j, stage)
+        ops = [op for op in stage.ops if j.g.from_x[op.index]]
+        if not words or not ops:
+            continue
+        if first is None and stage.kind in _LEADING:
+            first = (words, ops[-1].source)
+        else:
+            said.append(f"{words} (line {ops[-1].source.line})")
+    if first is not None:
+        words, (file, line) = first[0], j.where(first[1])
+        also = "; ".join([diagnosis.message, *said])
+        return Diagnosis("mechanism", file, line, f"differs: {words} at line {line} (and so: "
+                         f"{also})", stage=next(s.kind for s in j.trace.stages
+                                                 if s.kind in _LEADING))
+    if not said:
+        return diagnosis
+    return Diagnosis(diagnosis.kind, diagnosis.file, diagnosis.line,
+                     f"{diagnosis.message}; besides, {'; '.join(said)}", diagnosis.stage)
+
+
+_LEADING = {row.kind for row in KINDS if row.leads}
 
 
 def _crash(j: Judge) -> tuple[StageVerdict, Diagnosis] | None:

@@ -300,18 +300,19 @@ def judge(j: Judge) -> list[Row]:
             rows.append(j.row(stage, "mask", None, None, "no masking op recognised"))
             continue
         op = ops[-1]
-        after = f64(op.out.values)
+        after = j.tokens_last(f64(op.out.values))
         if op.name == "baddbmm":  # mask + q @ k^T in one op (torch's own MHA)
             operands = [f64(j.g.snap(r).values) for r in j.g.tensor_operands(op)]
             before = float(op.kwarg("alpha", 1) or 1) * (operands[1] @ operands[2])
             j.differences.append("adds the mask inside the scores product (baddbmm): "
                                     "equivalent")
         else:
-            before = f64(j.g.snap(j.g.x_inputs(op)[0]).values)
+            before = j.tokens_last(f64(j.g.snap(j.g.x_inputs(op)[0]).values))
         if before.shape != after.shape:
             before = np.broadcast_to(before, after.shape)
         # what the op wrote, not a threshold on its result (mask_fill.written)
         wrote = written(j.g, op)
+        wrote = j.tokens_last(wrote) if wrote is not None else None
         newly = (wrote if wrote is not None and wrote.shape == after.shape else blocked(after)) \
             & ~blocked(before)
         square = newly.ndim >= 2 and newly.shape[-1] == j.T
@@ -345,7 +346,7 @@ def judge(j: Judge) -> list[Row]:
     soft = j.softmax_ops()
     if not soft or not mask_ok:
         return rows
-    logits = f64(j.g.snap(j.g.x_inputs(soft[0])[0]).values)
+    logits = j.tokens_last(f64(j.g.snap(j.g.x_inputs(soft[0])[0]).values))
     pattern = blocked_pattern(logits) if logits.ndim >= 2 and logits.shape[-1] == j.T else None
     if pattern is not None and np.array_equal(pattern, expected):
         if not stages and expected.any():

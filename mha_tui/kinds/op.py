@@ -34,7 +34,8 @@ _ROLES = (
     ({"softmax", "dropout"}, "a transform of the weights, after softmax"),
     ({"scores", "scale", "mask", "pos_bias", "softcap", "sinks"},
      "a transform of the scores before softmax"),
-    ({"project", "qkv_split", "view", "transpose", "rotary", "norm", "kv_repeat"},
+    ({"project", "qkv_split", "view", "transpose", "rotary", "norm", "kv_repeat",
+      "cosine"},
      "a transform of q, k or v before the scores"),
 )
 

@@ -13,6 +13,7 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -57,39 +58,53 @@ _CARRY = {"getitem", "unsqueeze", "view", "reshape", "expand", "contiguous", "to
           "type_as", "permute", "transpose", "flatten", "squeeze"}
 
 
+# What a relative term passes through on its way to the scores: shape ops, a gather of
+# each query's relative positions (DeBERTa), a division by a number (DeBERTa's sqrt(3 d_h)),
+# and the sum of several terms (DeBERTa's c2p + p2c).
+_THROUGH = _CARRY | {"gather", "div", "div_", "true_divide", "add", "add_"}
+
+
 def _term_of_q(g: Graph, ref: Ref) -> bool:
-    """ref is made from the queries (a projection, not the scores) times a table not made
-    from x: SAM's einsum("bhwc,hkc->bhwk", q, R_h), DeBERTa's q @ pos_key^T."""
-    for _ in range(8):
-        op = g.producer(ref)
-        if op is None or g.derives(ref, {"scores", "scale", "softmax"}):
+    """ref is made from the queries (or the keys: a projection, not the scores) times a
+    table not made from x, through shape ops, gathers, a division and sums of such terms:
+    SAM's einsum("bhwc,hkc->bhwk", q, R_h), DeBERTa's gather(q @ pos_key^T) / sqrt(3 d_h)
+    + its position-to-content twin made from k."""
+    todo, seen, found = [ref], set(), False
+    while todo:
+        r = todo.pop()
+        op = g.producer(r)
+        if op is None or g.derives(r, {"scores", "scale", "softmax"}) or len(seen) > 32:
             return False
+        if op.index in seen:
+            continue
+        seen.add(op.index)
         if op.name in _PRODUCTS and g.op_derives(op, {"project"}) and g.other_inputs(op) and \
-                any(g.snap(r).ndim >= 2 for r in g.other_inputs(op)):
-            return True
-        if op.name not in _CARRY or not g.x_inputs(op):
+                any(g.snap(o).ndim >= 2 for o in g.other_inputs(op)):
+            found = True
+            continue
+        if op.name not in _THROUGH or not g.x_inputs(op):
             return False
-        ref = g.x_inputs(op)[0]
-    return False
+        todo.extend(g.x_inputs(op))
+    return found
 
 
 def adds_relative_terms(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     """scores + q · R: relative-position terms made from the queries and a learned table
-    (SAM's decomposed 2-D height and width terms), added before softmax; and the ops that
-    make the terms from q."""
+    (SAM's decomposed 2-D height and width terms, DeBERTa's content-to-position and
+    position-to-content terms), added before softmax; and the ops that make the terms."""
     if op.name in {"add", "add_"} and len(op.inputs) == 2 and \
-            g.op_derives(op, {"scores", "scale", KIND}) and not g.op_derives(op, {"softmax", "mask"}):
+            g.op_derives(op, {"scores", "scale"}) and not g.op_derives(op, {"softmax", "mask"}):
         terms = [r for r in op.inputs if not g.derives(r, {"scores", "scale"})]
         return KIND if len(terms) == 1 and _term_of_q(g, terms[0]) else None
-    if op.name in _PRODUCTS | _CARRY and g.op_derives(op, {"project"}) and \
+    if op.name in _PRODUCTS | _THROUGH and g.op_derives(op, {"project"}) and \
             not g.op_derives(op, {"scores", "scale", "softmax"}):
         return KIND if _feeds_relative_add(g, op) else None
     return None
 
 
-def _feeds_relative_add(g: Graph, op: OpRecord, depth: int = 6) -> bool:
-    """The op's result goes, through a few shape ops, into an add onto the scores as a
-    q · R term."""
+def _feeds_relative_add(g: Graph, op: OpRecord, depth: int = 8) -> bool:
+    """The op's result goes, through a few shape ops, gathers and sums of terms, into an
+    add onto the scores as a q · R term."""
     todo, seen = [op.index], set()
     while todo and depth:
         depth -= 1
@@ -102,7 +117,7 @@ def _feeds_relative_add(g: Graph, op: OpRecord, depth: int = 6) -> bool:
                 user = g.ops[c]
                 if user.name in {"add", "add_"} and g.op_derives(user, {"scores", "scale"}):
                     return _term_of_q(g, Ref("op", op=i))
-                if user.name in _CARRY | _PRODUCTS:
+                if user.name in _THROUGH | _PRODUCTS:
                     nxt.append(c)
         todo = nxt
     return False
@@ -201,7 +216,8 @@ def _build_terms(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     """q · R terms added to the scores: the terms (the scores after minus before) per head."""
     g = m.g
     mine = [i for i in unit.ops if g.from_x[i]]  # not the helpers that index the tables
-    adds = [m.op(i) for i in mine if m.op(i).name in {"add", "add_"}]
+    adds = [m.op(i) for i in mine if m.op(i).name in {"add", "add_"}
+            and any(g.derives(r, {"scores", "scale"}) for r in m.op(i).inputs)]
     first, last = adds[0], m.op(max(mine))
     scores_ref = next(r for r in first.inputs if g.derives(r, {"scores", "scale"}))
     start = scores_ref
@@ -224,6 +240,15 @@ def _build_terms(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
              "of the image grid, add_decomposed_rel_pos) and the results are added to its "
              "scores before softmax. Unlike ALiBi or T5's bias they depend on the query's "
              "content as well as on the distance.")
+    if any(m.op(i).name == "gather" for i in mine):
+        n = len(relative_terms(g, (m.op(i) for i in mine))) + 1
+        words = ("Disentangled attention (DeBERTa): besides content-to-content q · k, each "
+                 "query is dotted with a learned table of relative positions "
+                 "(content-to-position) and each key with another (position-to-content); "
+                 "gather picks, for every (query, key) pair, the entry of their relative "
+                 f"position δ(i, j), and the terms are added to the scores. All {n} terms are "
+                 f"divided by sqrt({n} d_h), not sqrt(d_h), so that their sum keeps the scale "
+                 "of one.")
     from dataclasses import replace as _replace
 
     return _replace(stage, title="Relative position terms: q · R added to the scores",
@@ -398,12 +423,37 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
                      "the head, never on the tokens"),)
 
 
+def relative_terms(g: Graph, ops: Iterable[OpRecord]) -> list[OpRecord]:
+    """The products that make relative-position terms from q or k among a stage's ops
+    (SAM's two einsums, DeBERTa's c2p and p2c bmm)."""
+    return [op for op in ops if op.name in _PRODUCTS and g.from_x[op.index]
+            and any(g.snap(r).ndim >= 2 for r in g.other_inputs(op))]
+
+
+def disentangled_scale(j: Judge) -> int | None:
+    """DeBERTa's scale: n + 1 when the module adds n relative terms gathered by position
+    (c2p, p2c) and so divides every term by sqrt((n + 1) d_h); None without such terms."""
+    g = j.classified()
+    for stage in (s for s in j.trace.stages if s.kind == KIND):
+        if any(op.name == "gather" for op in stage.ops):
+            return len(relative_terms(g, stage.ops)) + 1
+    return None
+
+
 def mechanism(j: Judge, stage: Stage) -> str | None:
     """What `check` says when the module leaves plain attention at this stage: the position
     terms or bias added to the scores, from the same recognition the stage shows."""
     g = j.classified()
-    if any(op.name in _PRODUCTS and g.op_derives(op, {"project"}) and
-           not g.op_derives(op, {"scores", "scale"}) for op in stage.ops):
+    terms = relative_terms(g, stage.ops)
+    if terms and any(op.name == "gather" for op in stage.ops):
+        n = len(terms) + 1
+        return (f"relative position terms added to the scores (DeBERTa's disentangled "
+                f"attention): besides content-to-content q · k, {len(terms)} terms made from the "
+                f"queries and keys with learned tables of relative positions (content-to-position "
+                f"q · R[δ(i, j)], position-to-content k · R[δ(j, i)], gathered by relative "
+                f"position), every term divided by sqrt({n} d_h) = {np.sqrt(n * j.d_h):.4g} "
+                f"instead of sqrt(d_h); plain multi-head attention has no positions")
+    if terms:
         return ("relative position terms added to the scores before softmax, made from the "
                 "queries: q · R with learned tables of relative positions (decomposed over the "
                 "grid's height and width, as SAM's add_decomposed_rel_pos); plain multi-head "

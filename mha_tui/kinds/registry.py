@@ -26,10 +26,13 @@ from . import (
     attend,
     cache,
     concat,
+    cosine,
+    differential,
     dropout,
     embed,
     error,
     kv_repeat,
+    linear_attn,
     mask,
     norm,
     op,
@@ -66,6 +69,10 @@ class Kind:
     judged: tuple[str, str] | None = None
     """For a kind the check judges: (the kind a row carries when its judge fails on an
     unforeseen module, how the row names it). None: its judge is the module's KIND and name."""
+    leads: bool = False
+    """Its mechanism changes how the heads are laid out (differential attention's two maps
+    per head): a row about heads or values is its consequence, so `check` names the
+    mechanism first."""
 
     @property
     def kind(self) -> str:
@@ -138,6 +145,14 @@ KINDS: tuple[Kind, ...] = (
          "and plumbing claims every shape op nobody claimed before it. Its judge judges the "
          "head split, over the view and transpose stages.", 6, judged=("split", "split")),
     Kind(transpose, "after view (see view).", 7),
+    Kind(cosine, "after project, before softcap, scale and plumbing: its multiply of the "
+         "scores by a learned scale would otherwise be scale's (or no one's), and it claims "
+         "only F.normalize of a projection's tensor and a multiply of scores made from it.", 4.5,
+         judged=("cosine", "cosine attention")),
+    Kind(differential, "before softmax, attend, scale, mask and norm: its λ multiply and "
+         "subtraction of two softmax maps, and the norm and scale of their difference, would "
+         "otherwise be no one's (or scale's, mask's); it claims only ops made from softmax.",
+         14.5, judged=("differential", "differential attention"), leads=True),
     Kind(sinks, "before softmax, mask, scale and concat: its cat of a sink column onto the "
          "scores, and the shift by the row max before softmax, would otherwise be concat's or "
          "no one's.", 11.5, judged=("sinks", "attention sinks")),
@@ -156,6 +171,8 @@ KINDS: tuple[Kind, ...] = (
     Kind(position_bias, "after mask and before scale and concat: it claims an add onto the "
          "scores of a finite tensor not made from x.", 11, judged=("pos_bias", "position bias")),
     Kind(scale, "before concat.", 9),
+    Kind(linear_attn, "after every kind of softmax attention, before concat and plumbing: it "
+         "claims only what no earlier rule did, in a forward with no softmax at all.", 14.2),
     Kind(concat, "after mask and scale, before plumbing.", 16),
     Kind(plumbing, "last of the rules: it is the catch-all for shape ops.", None),
     Kind(embed, "no rule: the embedding lookup before the forward, placed first by assemble.py.",

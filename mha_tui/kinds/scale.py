@@ -15,11 +15,13 @@ from ..ops.numeric import f64, finite_std, ratio
 from ..ops.sizes import Sizes
 from ..ops.vocab import LARGE_NEGATIVE, MASK_OPS, SCALE_OPS, SHAPE_OPS
 from ..records import Check, OpRecord, Stage, Trace
+from . import position_bias
 from ._parts.builder import BHTD, BHTT, yes
 from ._parts.cell import Cell, Term, Why, expanded_from, where
 from ._parts.maker import StageMaker
 from ._parts.quizzing import EXPANDED, Question, number_text
 from ._parts.unit import Unit
+from .position_bias import disentangled_scale
 
 if TYPE_CHECKING:
     from ._parts.judging import Judge, Row
@@ -185,6 +187,8 @@ def scale_chain(j: Judge, soft: OpRecord) -> tuple[float, list[OpRecord], OpReco
         if op is None:
             return None
         inputs = j.g.x_inputs(op)
+        if j.kind(op) == "cosine":  # a learned scale of cosines: cosine's to judge
+            return None
         if op.name in ("matmul", "bmm", "baddbmm", "einsum") and len(inputs) >= 2:
             operands = j.g.tensor_operands(op)
             if op.name == "baddbmm":  # bias + alpha * (batch1 @ batch2): alpha scales
@@ -225,6 +229,12 @@ def judge(j: Judge) -> list[Row]:
     diff = float(np.abs(finite - finite * expected / total).max()) if finite.size and total else 0.0
     checked = f"scores * 1/sqrt(d_h) = {expected:.4f} before softmax (measured {total:.4f})"
     diagnosis = None if ok else scale_diagnosis(j, total)
+    terms = disentangled_scale(j)
+    if not ok and terms is not None and math.isclose(total, 1 / math.sqrt(terms * j.d_h),
+                                                     rel_tol=1e-5):
+        # DeBERTa: every one of its terms over sqrt(3 d_h): the position terms' mechanism
+        stage = next(s for s in j.trace.stages if s.kind == "pos_bias")
+        diagnosis = ("mechanism", f"differs: {position_bias.mechanism(j, stage)}")
     note = ""
     per_chain = len(chains[0][1])
     if ok and per_chain == 1 and scale_ops[0].name.startswith("mul"):

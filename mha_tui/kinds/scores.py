@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph, masks_somewhere
-from ..ops.numeric import products_agree, recomputed_agrees
+from ..ops.numeric import products_agree, recomputed_agrees, token_axes
 from ..ops.sizes import Sizes
 from ..ops.vocab import MATMULS
 from ..records import Check, OpRecord, Snapshot, Stage, Trace
@@ -263,7 +263,8 @@ def _very_negative_anywhere(m: StageMaker, op: OpRecord) -> bool:
 def scores_row(j: Judge, stage: Stage) -> Row:
     ops = j.main_ops(stage, {"matmul", "bmm", "baddbmm", "einsum"})
     ok, worst = products_agree(j.g, ops)
-    shapes_ok = all(op.out.shape[-2:] == (j.T, j.T_k) for op in ops)
+    shapes_ok = all((op.out.shape[q], op.out.shape[k]) == (j.T, j.T_k)
+                    for op in ops for q, k in [token_axes(op)])
     shape = "(T_q, T_k)" if j.g.key_names else "(T, T)"
     return j.row(stage, "scores", ok and shapes_ok, worst,
                     f"scores = Q_i @ K_i^T, a {shape} matrix per head")

@@ -144,8 +144,8 @@ def judge(j: Judge) -> list[Row]:
         if not ops:
             continue
         op = ops[0]
-        logits = f64(j.g.snap(j.g.x_inputs(op)[0]).values)
-        got = f64(op.out.values)
+        logits = j.tokens_last(f64(j.g.snap(j.g.x_inputs(op)[0]).values))
+        got = j.tokens_last(f64(op.out.values))
         good, d = close(got, softmax_of(logits, -1), 1.0)
         diag = None
         if not good:

@@ -262,6 +262,21 @@ def einsum_spec(op: OpRecord) -> tuple[list[str], str] | None:
     return lhs.split(","), out
 
 
+def token_axes(op: OpRecord) -> tuple[int, int]:
+    """The output axes of a scores product that hold its query and key tokens: the last two
+    of a matmul's; an einsum's letters that only the first or only the second operand has
+    (labml's sequence-first 'ibhd,jbhd->ijbh' puts them first, heads last)."""
+    spec = einsum_spec(op) if op.name == "einsum" else None
+    if spec is None or len(spec[0]) != 2:
+        return -2, -1
+    (la, lb), out = spec
+    q_only = [c for c in out if c in la and c not in lb]
+    k_only = [c for c in out if c in lb and c not in la]
+    if len(q_only) != 1 or len(k_only) != 1:
+        return -2, -1
+    return out.index(q_only[0]), out.index(k_only[0])
+
+
 def recompute(g: Graph, op: OpRecord) -> np.ndarray | None:
     """What a product op computes from its recorded inputs (NumPy, float64), or None."""
     operands = [f64(g.snap(r).values) for r in g.tensor_operands(op)]
@@ -320,3 +335,14 @@ def ratio(after: np.ndarray, before: np.ndarray) -> float | None:
 
 
 # ---------------------------------------------------------------------------- entry point
+
+
+def zero_columns(weights: np.ndarray, visible: int) -> list[int]:
+    """Columns 0..visible-1 of attention weights (..., T_q, T_k) that are exactly 0 in every
+    row of every leading index: the keys a mask blocked for all queries (a decode step's
+    one new query may see keys 0..t: one blocked there means the mask forgot the cache)."""
+    values = np.asarray(weights)
+    if values.ndim < 2 or not values.size:
+        return []
+    seen = values.reshape(-1, values.shape[-1])[:, :visible]
+    return [int(j) for j in np.flatnonzero((seen == 0).all(axis=0))]

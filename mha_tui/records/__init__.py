@@ -361,11 +361,47 @@ class ModuleInfo:
 
 
 @dataclass(frozen=True, eq=False)
+class DecodeStep:
+    """One token generated against a KV cache (`--decode N`): the step's place in the run
+    and how its output compares with the full, uncached forward's row for the same token.
+
+    index: 0 .. steps - 1; position: the new token's position t (prefill + index); style:
+    how the module keeps its cache, in words ("passed in as layer_past and returned");
+    full_row: the uncached forward's output at position t, (B, C) as computed by the module;
+    max_diff: the largest |step output - full_row|; equal: within float32 rounding.
+    cache_bytes / cache_tokens: what the cache held after the step (its tensors as the
+    module keeps them), None when it could not be read."""
+
+    index: int
+    steps: int
+    position: int
+    prefill: int
+    style: str
+    full_row: np.ndarray | None = None
+    max_diff: float | None = None
+    equal: bool | None = None
+    cache_bytes: int | None = None
+    cache_tokens: int | None = None
+    cache_shapes: tuple[tuple[int, ...], ...] = ()
+    cache_dtype: str = ""
+
+    @property
+    def bytes_per_token(self) -> int | None:
+        if self.cache_bytes is None or not self.cache_tokens:
+            return None
+        return self.cache_bytes // self.cache_tokens
+
+
+@dataclass(frozen=True, eq=False)
 class Trace:
     config: Config
     stages: tuple[Stage, ...]
     module: ModuleInfo | None = None
     recording: Recording | None = None
+    # `--decode N`: this trace is one decode step (its place and its comparison with the
+    # full forward); the first step's trace also holds every step's, in order (itself first).
+    step: DecodeStep | None = None
+    steps: tuple[Trace, ...] = ()
 
     def stage(self, stage_id: str) -> Stage:
         for stage in self.stages:

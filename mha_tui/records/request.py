@@ -53,9 +53,9 @@ class Request:
     - `rows` (a property): a padded batch's other sentences (`--batch`), one per batch row
       after the first (B = 1 + len(rows)), padded with PAD to the longest. They live in
       `config.batch`, since the vocabulary, the ids and T are made from every row.
-    - `steps`: room for a KV cache (#29): decode this many tokens one at a time after the
-      prompt. 0: one forward over the whole sentence; no caller sets it yet and the
-      pipeline refuses it until it is wired.
+    - `steps`: `--decode N`: the last N tokens of the sentence are generated one at a time
+      against the module's KV cache after a prefill of the others (`pipeline.decoded`: a
+      Trace per step). 0: one forward over the whole sentence.
     """
 
     config: Config

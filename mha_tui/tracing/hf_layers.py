@@ -127,14 +127,16 @@ def is_norm(path: str, module: nn.Module) -> bool:
 
 def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
                 around: Callable[[Callable[[], Any]], Any] | None = None,
-                forward: Callable[[torch.Tensor], Any] | None = None) -> ForwardRun:
+                forward: Callable[[torch.Tensor], Any] | None = None, *,
+                extra: dict[str, Any] | None = None) -> ForwardRun:
     """Run the model's own forward once; hooks keep every named layer's input and output.
 
     around(call) runs call() (the model's forward) and may watch it (the tracer): the model
     is never run twice. Hooks only keep references to the tensors the model made.
     forward(ids): how the model is called on the ids (B, T) (default
     `model(input_ids=ids, use_cache=False)`; an encoder-decoder's decoder gets them as
-    decoder_input_ids beside the encoder's output).
+    decoder_input_ids beside the encoder's output). extra: more keywords for the model's
+    forward (a decode step's cache, use_cache=True).
     """
     model = loaded.model
     seen: dict[str, tuple[Any, Line]] = {}
@@ -203,7 +205,7 @@ def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
     def call() -> Any:
         if forward is not None:
             return forward(batch)
-        return model(input_ids=batch, use_cache=False)
+        return model(input_ids=batch, **{"use_cache": False, **(extra or {})})
 
     try:
         with torch.no_grad():

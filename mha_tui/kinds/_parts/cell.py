@@ -215,7 +215,12 @@ def where(cell: Cell, row_axis: str = "query", col_axis: str = "key") -> str:
     t_axes = [k for k, d in enumerate(dims) if d in ("T", KEYS)]
     if len(t_axes) == 2:
         i, j = index[t_axes[0]], index[t_axes[1]]
-        parts += [f"{row_axis} {cell.token(i)} (row {i})", f"{col_axis} {cell.key_token(j)} (column {j})"]
+        # a decode step (--decode): keys before the new tokens' were read back from the cache
+        cached = cell.trace.config.cached
+        kept = (": a key read back from the cache, made at an earlier step" if j < len(cached)
+                else ": the new token's own key, just made" if cached else "")
+        parts += [f"{row_axis} {cell.token(i)} (row {i})",
+                  f"{col_axis} {cell.key_token(j)} (column {j}{kept})"]
     elif t_axes:
         t = index[t_axes[0]]
         word = cell.key_token(t) if dims[t_axes[0]] == KEYS else cell.token(t)

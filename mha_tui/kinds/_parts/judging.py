@@ -13,7 +13,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ...ops.graph import Graph, hand_written_softmaxes
-from ...ops.numeric import einsum_spec, f64, head_axis_product, linear_parts, max_diff, ratio
+from ...ops.numeric import (
+    einsum_spec,
+    f64,
+    head_axis_product,
+    linear_parts,
+    max_diff,
+    ratio,
+    token_axes,
+)
 from ...ops.vocab import SCALE_OPS, SHAPE_OPS, SOFTMAXES
 from ...records import OpRecord, Recording, Ref, Source, Stage, TensorArg, Trace
 from ...records.verdict import Diagnosis, Facts, StageVerdict
@@ -110,6 +118,22 @@ class Judge:
             return values[:, None]
         if values.ndim == 2:
             return values[None, None]
+        return values
+
+    def tokens_last(self, values: np.ndarray) -> np.ndarray:
+        """A tensor laid out as the scores product's output with its query and key token axes
+        last, (..., T_q, T_k): labml's sequence-first einsum 'ibhd,jbhd->ijbh' keeps them
+        first and the heads last, and every later step (scale, mask, softmax) keeps that
+        layout. Any other tensor is returned as it is."""
+        values = np.asarray(values)
+        for stage in self.trace.stages:
+            if stage.kind != "scores" or self.is_sdpa(stage):
+                continue
+            for op in self.main_ops(stage, {"einsum"}):
+                q, k = token_axes(op)
+                n = len(op.out.shape)
+                if values.shape == op.out.shape and (q % n, k % n) != (n - 2, n - 1):
+                    return np.moveaxis(values, (q, k), (-2, -1))
         return values
 
     def head_index(self, op: OpRecord) -> int | None:
