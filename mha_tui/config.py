@@ -19,6 +19,10 @@ PAD = "<pad>"
 MAX_EMBED_DIM = 4096
 MAX_SEQ_LEN = 4096
 MAX_SEED = 2**63 - 1
+# `--dtype` (with --hf): auto is the checkpoint's own dtype; the others are asked for. Bytes
+# per weight in each, for the memory estimate (auto: as the checkpoint stores them).
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 class ConfigError(ValueError):
@@ -62,6 +66,21 @@ class ModelSource:
     attention: str = ""  # the attention submodule's path, e.g. transformer.h.5.attn
     # An encoder (BERT, T5's encoder): its self-attention lets every token see every token.
     encoder: bool = False
+    # What the model ran and was recorded in, and the checkpoint's own dtype (they differ
+    # only when `--dtype` asked for another: see `dtype_words`).
+    dtype: str = "float32"
+    stored_dtype: str = "float32"
+
+    def dtype_words(self) -> str:
+        """`bfloat16`, or `float32 (upcast from bfloat16 on request)`."""
+        if self.dtype == self.stored_dtype:
+            return self.dtype
+        wider = _BITS.get(self.dtype, 0) > _BITS.get(self.stored_dtype, 0)
+        return f"{self.dtype} ({'upcast' if wider else 'cast'} from {self.stored_dtype} on request)"
+
+
+# Significant bits of each float dtype: which way a cast goes.
+_BITS = {"bfloat16": 8, "float16": 11, "float32": 24, "float64": 53}
 
 
 @dataclass(frozen=True)
@@ -219,7 +238,9 @@ class Config:
                 "head_dim": self.head_dim,
                 "model": {"name": self.model.name, "class": self.model.class_name,
                           "layer": self.model.layer, "n_layers": self.model.n_layers,
-                          "vocab_size": self.model.vocab_size, "encoder": self.model.encoder},
+                          "vocab_size": self.model.vocab_size, "encoder": self.model.encoder,
+                          "dtype": self.model.dtype,
+                          "checkpoint_dtype": self.model.stored_dtype},
                 # an encoder-decoder's decoder layer: the encoder's input, as its tokenizer cut it
                 **({"context": self.context, "context_tokens": list(self.key_tokens)}
                    if self.cross else {}),

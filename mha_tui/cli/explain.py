@@ -59,6 +59,7 @@ def explain(
     hf_source: options.Hf = None,
     layer: options.Layer = None,
     no_stream: options.NoStream = False,
+    dtype: options.Dtype = options.DtypeName.auto,  # type: ignore[attr-defined]
     repeat: options.Repeat = False,
     quiz: options.Quiz = False,
     against: options.Against = None,
@@ -106,6 +107,9 @@ def explain(
              "--model induction")
     if no_stream and (hf_source is None or trained):
         fail("--no-stream applies with --hf PATH_OR_NAME: it loads a checkpoint whole")
+    if dtype.value != "auto" and (hf_source is None or trained):
+        fail(f"--dtype {dtype.value} applies with --hf PATH_OR_NAME: the dtype a checkpoint "
+             f"runs in")
     if hf_source is None:
         if attention is not None:
             fail("--attention picks the cross- or self-attention of an encoder-decoder's "
@@ -158,7 +162,7 @@ def explain(
                     interactive=interactive(dump), fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
                     quiz=quiz, why=cell, trained=trained, stream=not no_stream and not decode,
-                    decode=decode, context=context,
+                    decode=decode, dtype=dtype.value, context=context,
                     attention=(attention or AttentionKind.cross).value)
         return
     _check_budget(config, destination, fmt)

@@ -22,6 +22,7 @@ import typer
 from .. import __version__
 from ..config import (
     DEFAULT_MODEL,
+    DTYPE_CHOICES,
     MAX_EMBED_DIM,
     MAX_SEQ_LEN,
     MODEL_NAMES,
@@ -39,6 +40,8 @@ from .process import fail
 
 # --format's choices: the rows of write.FORMATS (text, json, svg, html, md).
 Format = StrEnum("Format", [(name, name) for name in FORMATS])  # type: ignore[misc]
+# --dtype's choices (config.DTYPE_CHOICES): auto, float32, bfloat16, float16.
+DtypeName = StrEnum("DtypeName", [(name, name) for name in DTYPE_CHOICES])  # type: ignore[misc]
 
 
 class CheckFormat(StrEnum):
@@ -117,6 +120,7 @@ Hf = Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Ex
 HfWhole = Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help="A Hugging Face model in a local directory or the local cache. Never downloads.")]
 HfRefused = Annotated[str | None, typer.Option("--hf", hidden=True)]
 Layer = Annotated[int | None, typer.Option("--layer", help="With --hf or --model induction: the layer to explain, from 0; in the app [ and ] move between layers.")]
+Dtype = Annotated[DtypeName, typer.Option("--dtype", help="With --hf: the dtype the model runs and is recorded in. auto: the checkpoint's own (a bfloat16 checkpoint is explained in bfloat16, with the model's own numbers); float32, bfloat16 or float16 on request (the header says so: float32 (upcast from bfloat16 on request)).", case_sensitive=False)]
 NoStream = Annotated[bool, typer.Option("--no-stream", help="With --hf: load every weight of the model at once, instead of only the blocks up to the layer shown, one at a time from the checkpoint (streamed: the default for safetensors checkpoints).")]
 Against = Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")]
 

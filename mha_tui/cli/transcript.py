@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, NoReturn
 
 from .. import collector
+from ..config import DTYPE_BYTES
 from ..records.request import Request
 from ..stages import STAGE_IDS
 from ..write import FORMATS, Page
@@ -30,23 +31,23 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
                 why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
-                stream: bool = True, decode: int = 0, context: str | None = None,
-                attention: str = "cross") -> None:
+                stream: bool = True, decode: int = 0, dtype: str = "auto",
+                context: str | None = None, attention: str = "cross") -> None:
     """--hf (or --model induction, trained: a model of mha_tui/models): load the model
     (refusals here, before any app), then the app, a transcript or --why's cell of the layer
     shown. stream: read the blocks from the checkpoint one at a time (load.hf_stream).
     decode: the last N tokens decoded against the model's own cache, a trace per step
-    (pipeline.hf_decode; the whole model runs each step, so it is loaded whole).
-    context: an encoder-decoder's encoder input (load.hf_seq2seq, loaded whole); the sentence
-    is its decoder's, and layer L of the decoder is shown, its cross- or self-attention
-    (attention)."""
+    (pipeline.hf_decode; the whole model runs each step, so it is loaded whole). dtype: what
+    the model runs in (--dtype: auto, the checkpoint's own). context: an encoder-decoder's
+    encoder input (load.hf_seq2seq, loaded whole, in float32); the sentence is its decoder's,
+    and layer L of the decoder is shown, its cross- or self-attention (attention)."""
     from ..load.hf_error import HfError
     from ..load.hf_files import refuse_early
 
     try:  # what the checkpoint's files refuse, before torch and transformers are imported
         if not trained and context is None:
             tokens = refuse_early(source, sentence, layer)
-            _check_hf_budget(source, sentence, tokens, layer, stream=stream,
+            _check_hf_budget(source, sentence, tokens, layer, stream=stream, dtype=dtype,
                              destination=destination, fmt=fmt, full=full, why=why is not None,
                              quiz=quiz)
     except HfError as error:
@@ -67,7 +68,7 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
         else:
             # too many tokens: refused before the weights load
             loaded = (trained_models.load(source, sentence) if trained
-                      else load(source, sentence, stream=stream))
+                      else load(source, sentence, stream=stream, dtype=dtype))
             if loaded.note:
                 say(f"mha-tui: note: {loaded.note}")
             check_layer(loaded, layer)
@@ -265,7 +266,8 @@ def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
 
 
 def _check_hf_budget(source: str, sentence: str, tokens: int | None, layer: int, *,
-                     stream: bool, destination: Destination | None, fmt: Format, full: bool,
+                     stream: bool, dtype: str, destination: Destination | None, fmt: Format,
+                     full: bool,
                      why: bool, quiz: bool) -> None:
     """--hf: refuse, before torch, transformers or any weight, a run that cannot fit in
     memory (streamed or whole, from config.json and the weight files' headers) or a JSON or
@@ -273,7 +275,7 @@ def _check_hf_budget(source: str, sentence: str, tokens: int | None, layer: int,
     from .. import budget
     from ..load.hf_files import exact_tokens, run_shape
 
-    shape = run_shape(source, tokens, sentence)
+    shape = run_shape(source, tokens, sentence, DTYPE_BYTES.get(dtype))  # auto: as stored
     if shape is None:
         return
     available = budget.available_memory()

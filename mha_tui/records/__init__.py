@@ -262,10 +262,19 @@ class TensorRecord:
     # For a tensor whose rows are not tokens (the wrong view): what each row holds.
     row_tags: tuple[tuple[str, ...], ...] | None = None
     row_tag_heads: tuple[tuple[int, ...], ...] | None = None
+    # The tensor's own dtype when `values` holds it in a wider one: a bfloat16 tensor is kept
+    # as float32 (NumPy has no bfloat16; float32 holds every bfloat16 number exactly).
+    # "": the values' own dtype.
+    dtype: str = ""
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.values.shape)
+
+    @property
+    def own_dtype(self) -> str:
+        """The dtype the module computed this tensor in (`bfloat16`, `float32` ...)."""
+        return self.dtype or str(self.values.dtype)
 
     def complex_parts(self) -> tuple[TensorRecord, ...]:
         """A complex tensor (Meta's Llama keeps its rotary angles as complex `freqs_cis`) as

@@ -120,7 +120,8 @@ def model_line(config: Config, opts: RenderOptions, width: int | None = None) ->
         names.append(f"  {model.attention}", style="dim")
     sizes = Text.assemble((f"layer {model.layer}", "bold"), (f" of 0-{model.n_layers - 1}", "dim"),
                           (f"  C={config.embed_dim} h={config.num_heads} d_h={config.head_dim} "
-                           f"vocab={model.vocab_size} layers={model.n_layers}", "cyan"), end="")
+                           f"vocab={model.vocab_size} layers={model.n_layers}", "cyan"),
+                          ("  ", ""), (model.dtype_words(), "bold cyan"), end="")
     line = Text.assemble(names, "  ", sizes, no_wrap=True, end="")
     if width is None or line.cell_len <= width:
         return line

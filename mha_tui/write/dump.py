@@ -251,6 +251,8 @@ def _tensor_json(record: TensorRecord, tensors: list[np.ndarray], nonce: str) ->
         "stride_unit": record.stride_unit,
         "contiguous": record.contiguous,
     }
+    if record.dtype:  # a half-precision module's: its numbers, exact in the float32 text
+        data["dtype"] = record.dtype
     if record.shares_storage is not None:
         data["shares_storage_with_input"] = record.shares_storage
     data["values"] = f"{nonce}{len(tensors)}"
