@@ -33,6 +33,7 @@ from ..config import (
     Source,
     parse_init,
 )
+from ..records.request import Expect
 from ..write import FORMATS, format_of
 from .process import fail
 
@@ -184,17 +185,48 @@ Version = Annotated[bool, typer.Option("--version", callback=_version, is_eager=
 
 
 # ---------------------------------------------------------------------------- onto the Request
+# Each option reaches the Request here, checked (one line, exit 2) before anything heavy.
+
+
+def valid_text(text: str, what: str) -> str:
+    """A sentence as given on the command line, refused when it is not valid UTF-8."""
+    if text != text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
+        fail(f"{what} is not valid UTF-8 text")
+    return text
+
+
+def config_of(sentence: str, *, heads: int, embed_dim: int, seed: int, causal: bool,
+              max_seq_len: int, context: str | None, batch: list[str] | None) -> Config:
+    """The sentence, --context, --batch and the sizes: the Request's `config`."""
+    if context is not None:
+        valid_text(context, "--context")
+    try:
+        return Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed, causal=causal,
+                      max_seq_len=max_seq_len, context=context or "", batch=tuple(batch or ()))
+    except ConfigError as error:
+        fail(str(error))
 
 
 def source_of(model: str | None, module: str | None, init: list[str],
               weights: Path | None) -> Source:
-    """--model or a module, --init, --weights, checked before anything heavy is imported."""
+    """--model or a module, --init, --weights: the Request's `source`."""
     try:
         return Source(model=model or DEFAULT_MODEL, module=module,
                       init=tuple(parse_init(text) for text in init),
                       weights=None if weights is None else str(weights))
     except ConfigError as error:
         fail(str(error))
+
+
+def expect_of(expect: ExpectKind, *, window: int | None, rotary_base: float) -> Expect:
+    """--expect, --window, --rotary-base: what the check judges against, the Request's
+    `expect`."""
+    if window is not None and window < 1:
+        fail(f"--window must be at least 1, got {window}")
+    if not rotary_base > 1:
+        fail(f"--rotary-base must be above 1, got {rotary_base:g}")
+    return Expect(rotary=expect is ExpectKind.rotary, window=window,
+                  alibi=expect is ExpectKind.alibi, rotary_base=rotary_base)
 
 
 def dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str | None) -> Format:

@@ -32,7 +32,8 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
                 why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
                 stream: bool = True, decode: int = 0, dtype: str = "auto",
-                context: str | None = None, attention: str = "cross") -> None:
+                preflight: bool = False, context: str | None = None,
+                attention: str = "cross") -> None:
     """--hf (or --model induction, trained: a model of mha_tui/models): load the model
     (refusals here, before any app), then the app, a transcript or --why's cell of the layer
     shown. stream: read the blocks from the checkpoint one at a time (load.hf_stream).
@@ -78,18 +79,19 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
     if decode:
         _explain_hf_decode(loaded, sentence, layer, decode, destination=destination,
                            interactive=interactive, fmt=fmt, width=width, full=full, color=color,
-                           ascii_only=ascii_only, stage=stage, only=only, quiz=quiz, why=why)
+                           ascii_only=ascii_only, stage=stage, only=only, quiz=quiz, why=why,
+                           preflight=preflight)
         return
     if interactive:
         def app() -> None:
-            from ..app.run import run_app  # after _open_app paused the collector
+            from ..app.run import run_app  # after open_app paused the collector
 
             run_app(session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                     loader=lambda config: session.trace(config.model.layer if config.model
                                                         else layer),
                     layers=session, quiz=quiz)
 
-        open_app(app)
+        open_app(app, preflight=preflight)
         return
     try:
         trace = session.trace(layer)
@@ -140,7 +142,8 @@ def write_comparison(request: Request, destination: Destination | None, fmt: For
 def _explain_hf_decode(loaded: object, sentence: str, layer: int, steps: int, *,
                        destination: Destination | None, interactive: bool, fmt: Format,
                        width: int, full: bool, color: bool, ascii_only: bool, stage: str | None,
-                       only: bool, quiz: bool, why: tuple[str, tuple[int, ...]] | None) -> None:
+                       only: bool, quiz: bool, why: tuple[str, tuple[int, ...]] | None,
+                       preflight: bool) -> None:
     """--hf --decode N: every step traced now, then the app (d / D) or a transcript."""
     from ..load.hf_error import HfError
     from ..pipeline.hf_decode import decode_trace
@@ -151,12 +154,12 @@ def _explain_hf_decode(loaded: object, sentence: str, layer: int, steps: int, *,
         fail(str(error))
     if interactive:
         def app() -> None:
-            from ..app.run import run_app  # after _open_app paused the collector
+            from ..app.run import run_app  # after open_app paused the collector
 
             run_app(decoded.config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                     loader=lambda config: decoded, quiz=quiz)
 
-        open_app(app)
+        open_app(app, preflight=preflight)
         return
     write_transcript(Request(decoded.config), destination, fmt, width=width, full=full,
                      color=color, ascii_only=ascii_only, stage=stage, trace=decoded, only=only,
