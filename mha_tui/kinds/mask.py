@@ -20,7 +20,7 @@ from ..stages import NO_MASK, NO_MASK_ARGUMENT
 from ._parts.builder import BHTT, Builder
 from ._parts.maker import StageMaker, possessive
 from ._parts.mask_fill import fill_check, fill_of, fill_value, written
-from ._parts.mask_shape import MaskShape, mask_shape, token_names  # noqa: F401  (MaskShape: the kind's words, re-exported)
+from ._parts.mask_shape import MaskShape, blocks_word, mask_shape, token_names  # noqa: F401  (MaskShape: the kind's words, re-exported)
 from ._parts.mask_why import why  # noqa: F401  (the kind's why, in mask_why.py: why.py reads mask.why)
 from ._parts.quizzing import Question, head_of_interest, recorded
 from ._parts.unit import Unit
@@ -192,9 +192,10 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     if shape.kind != "causal" and n_total:
         title, explanation = shape.title, shape.explanation
         checks.insert(0, Check(f"{n_total} entries blocked: {shape.what}", None))
-    return m.stage(unit, stage_id, "mask", tensors, checks, shape_in=before_values.shape,
-                      shape_out=values.shape, dims_in=tensors[-1].dims, dims_out=tensors[-1].dims,
-                      note=note, explanation=explanation, title=title)
+    stage = m.stage(unit, stage_id, "mask", tensors, checks, shape_in=before_values.shape,
+                    shape_out=values.shape, dims_in=tensors[-1].dims, dims_out=tensors[-1].dims,
+                    note=note, explanation=explanation, title=title)
+    return replace(stage, blocks=blocks_word(shape) if n_total else "none")
 
 
 def written_4d(m: StageMaker, unit: Unit, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -279,7 +280,7 @@ def add_skipped_mask(stages: list[Stage], b: Builder) -> None:
         dims_out=scaled.dims, tensors=(passed,),
         checks=(Check("no mask was applied: the scores are the scaled scores, the same tensor",
                       same),),
-        kind="mask", source=source, ops=()))
+        kind="mask", source=source, ops=(), blocks="none"))
 
 
 # ---------------------------------------------------------------------- judging

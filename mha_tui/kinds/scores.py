@@ -34,7 +34,7 @@ from ._parts.cell import (
 )
 from ._parts.maker import StageMaker, batched_product, broadcast_heads, synthetic, words
 from ._parts.mask_fill import written
-from ._parts.mask_shape import mask_shape, token_names
+from ._parts.mask_shape import blocks_word, mask_shape, token_names
 from ._parts.op_cell.reading import bracket
 from ._parts.product_cell import by_rows, called, generic, summed_over
 from ._parts.quizzing import (
@@ -193,7 +193,8 @@ def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
                       n_inf == int(blocked.sum())),
                 Check("entries the mask lets through equal the product "
                       "(allclose, rtol=1e-05, atol=1e-06)", kept)),
-        kind="mask", source=scores.source, ops=scores.ops)
+        kind="mask", source=scores.source, ops=scores.ops,
+        blocks=blocks_word(shape) if blocked.any() else "none")
     m.made["mask"] = mask
     m.out_of_kind["scores"] = (raw4, snap)
     return [scores, mask]

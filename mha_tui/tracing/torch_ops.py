@@ -349,12 +349,32 @@ class Recorder:
             filename = code.co_filename
             if code in session.codes or code is _MHA_FORWARD.__code__ or \
                     not filename.startswith(_NOT_THE_MODULE):
-                return source_at(filename, frame.f_lineno, code.co_name, code)
+                source = source_at(filename, frame.f_lineno, code.co_name, code)
+                callers = self._callers(session, frame)
+                return replace(source, callers=callers) if callers else source
             fallback = fallback or frame
             frame = frame.f_back
         if fallback is not None:
             return source_at(fallback.f_code.co_filename, fallback.f_lineno, fallback.f_code.co_name)
         return Source(file="", line=0, text="")
+
+    def _callers(self, session: _Session, frame: FrameType) -> tuple[Source, ...]:
+        """The module's own statements that called the helper `frame` runs in, innermost
+        first (at most 3), up to the first frame that is not the module's code (torch's
+        module call machinery above a forward)."""
+        callers: list[Source] = []
+        if frame.f_code in session.codes:
+            return ()
+        up = frame.f_back
+        while up is not None and len(callers) < 3:
+            code = up.f_code
+            if not (code in session.codes or not code.co_filename.startswith(_NOT_THE_MODULE)):
+                break
+            callers.append(source_at(code.co_filename, up.f_lineno, code.co_name, code))
+            if code in session.codes:
+                break
+            up = up.f_back
+        return tuple(callers)
 
     def op(self, session: _Session, func: Callable[..., object], args: tuple[object, ...],
            kwargs: dict[str, object], result: object) -> None:
