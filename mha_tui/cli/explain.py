@@ -94,9 +94,9 @@ def explain(
              "--model induction")
     if no_stream and (hf_source is None or trained):
         fail("--no-stream applies with --hf PATH_OR_NAME: it loads a checkpoint whole")
-    if dtype.value != "auto" and (hf_source is None or trained):
-        fail(f"--dtype {dtype.value} applies with --hf PATH_OR_NAME: the dtype a checkpoint "
-             f"runs in")
+    if dtype.value != "auto" and trained:
+        fail(f"--dtype {dtype.value} applies with --hf PATH_OR_NAME or a torch module built "
+             f"here (--model, --module)")
     if hf_source is None:
         if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
                 "utf-8", "replace"):
@@ -104,7 +104,8 @@ def explain(
         try:
             config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
                             causal=causal, max_seq_len=max_seq_len, context=context or "",
-                            batch=tuple(batch or ()))
+                            batch=tuple(batch or ()),
+                            dtype="" if dtype.value == "auto" else dtype.value)
         except ConfigError as error:
             fail(str(error))
         if context is not None and model is None and module is None:

@@ -58,8 +58,10 @@ def _sizes(config: Config, batched: bool = True, asked: int | None = None) -> Te
     mask = ("cross-attention" if config.cross else "decoding" if config.cached
             else "causal" if config.causal else "no mask")
     B = len(config.rows)
+    dtype = f" {config.dtype}" if config.dtype else ""  # --dtype: what the module ran in
     return Text(f"{f'B={B} ' if batched else ''}{lengths} C={config.embed_dim} h={config.num_heads} "
-                f"d_h={config.head_dim}{own} seed={config.seed} {mask}", style="cyan", end="")
+                f"d_h={config.head_dim}{own} seed={config.seed} {mask}{dtype}", style="cyan",
+                end="")
 
 
 def _token_list(config: Config, opts: RenderOptions, room: int) -> Text:
