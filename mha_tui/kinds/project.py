@@ -445,6 +445,9 @@ def two_sequences(j: Judge) -> list[Row]:
     if not context:
         return []
     stage = next((s for s in j.trace.stages if s.kind == "project"), None)
+    given = _torch_attention_given(j)
+    if given is not None:
+        return [given]
     found: list[tuple[str, OpRecord]] = []
     for role, entries in j.head_operands().items():
         for _, ref, _consumer in entries:
@@ -474,6 +477,35 @@ def two_sequences(j: Judge) -> list[Row]:
     return [j.row(stage, "project", True, None,
                   f"Q from the query sequence ({', '.join(sorted(query))}), K and V from the "
                   f"context ({', '.join(sorted(context))})")]
+
+
+def _torch_attention_given(j: Judge) -> Row | None:
+    """nn.MultiheadAttention called with its key or value from the query sequence
+    (`self.attn(x, x, context)`): wrong at the learner's call, from the arguments torch's
+    module was given (its forward may fail before any projection: key and value of other
+    lengths)."""
+    query, context = j.g.query_names, j.g.key_names
+    for call in j.g.rec.calls:
+        if call.class_name != "MultiheadAttention" or not call.library:
+            continue
+        given = dict(call.inputs)
+        for name, role in (("key", "keys"), ("value", "values")):
+            ref = given.get(name)
+            if ref is None:
+                continue
+            reads = (frozenset({ref.name}) if ref.kind == "input" else
+                     j.g.reads[ref.op] if ref.kind == "op" and ref.op is not None else frozenset())
+            if reads & query and not reads & context:
+                stage = next((s for s in j.trace.stages if s.kind == "project"), None)
+                return j.row(stage, "project", False, None,
+                             "Q from the query sequence, K and V from the context",
+                             source=call.source,
+                             diagnosis=("wrong_sequence",
+                                        f"the {role} are made from the query sequence "
+                                        f"({', '.join(sorted(reads & query))}): "
+                                        f"nn.MultiheadAttention's {name} is the context in "
+                                        f"cross-attention"))
+    return None
 
 
 def own_projections(j: Judge) -> list[Row]:

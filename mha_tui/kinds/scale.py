@@ -117,10 +117,13 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         caption = f"{raw} {'/' if divides else '*'} {factor:.6g}"
     else:
         caption = raw
-    rec = m.b.record(m.tensor_name(first, fallback="scores"), snap,
-                        BHTT if values.ndim == 4 and values.shape[-1] == s.T
-                        else m.dims(values.shape, BHTD),
-                        values=values, caption=caption)
+    # Scores in cross-attention are (B, h, T_q, T_k): T_k may equal d_h (8 context tokens,
+    # d_h = 8), so scaled scores are named as scores, never by their sizes alone.
+    dims = (BHTT if values.ndim == 4 and values.shape[-1] == s.T else
+            m.dims(values.shape, BHTT) if values.ndim == 4 and not on_q
+            and values.shape[-1] == s.keys else m.dims(values.shape, BHTD))
+    rec = m.b.record(m.tensor_name(first, fallback="scores"), snap, dims, values=values,
+                     caption=caption)
     groups = m.per_head_ops(unit)
     if m.b.per_head and len(groups) > 1:  # every head's input, not only the first's
         before_values = np.stack([m.snap(m.x_in(grp[0])).values for grp in groups],

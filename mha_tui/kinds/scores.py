@@ -37,7 +37,16 @@ from ._parts.mask_fill import written
 from ._parts.mask_shape import mask_shape, token_names
 from ._parts.op_cell.reading import bracket
 from ._parts.product_cell import by_rows, called, generic, summed_over
-from ._parts.quizzing import EXPANDED, Question, cell_index, head_of_interest, number_text, token_name
+from ._parts.quizzing import (
+    EXPANDED,
+    Question,
+    cell_index,
+    head_of_interest,
+    key_name,
+    last_query,
+    number_text,
+    token_name,
+)
 from ._parts.unit import Unit
 
 if TYPE_CHECKING:
@@ -359,7 +368,7 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
         return ()
     record = stage.tensors[-1]
     head = head_of_interest(record)
-    i = record.shape[-2] - 1
+    i = last_query(trace, record)
     index = cell_index(record, head=head, row=i, col=0)
     value = float(record.values[index])
     spot = f"{record.name}[{', '.join(map(str, index))}]"
@@ -382,7 +391,7 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
                   f"baddbmm's sum with its input")
     questions = [Question(
         stage.id, "value", f"In head {head}, what is the score of query "
-        f"{token_name(trace, i)} (row {i}) against key {token_name(trace, 0)} "
+        f"{token_name(trace, i)} (row {i}) against key {key_name(trace, 0)} "
         f"(column 0), {spot}? {asked}", "number", value, number_text(value), source)]
     if per_kv > 1 and "h" in record.dims:
         last = record.shape[record.dims.index("h")] - 1

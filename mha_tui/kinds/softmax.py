@@ -22,7 +22,16 @@ from ._parts.builder import BHTT, plural, yes
 from ._parts.cell import Cell, Term, Why, where
 from ._parts.maker import StageMaker, words
 from ._parts.mask_fill import written_upstream
-from ._parts.quizzing import Question, cell_index, head_of_interest, number_text, recorded, token_name
+from ._parts.quizzing import (
+    Question,
+    cell_index,
+    head_of_interest,
+    key_name,
+    last_query,
+    number_text,
+    recorded,
+    token_name,
+)
 from ._parts.unit import Unit
 from .scores import scaled_inside
 
@@ -309,7 +318,7 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
         return ()
     record = stage.tensors[-1]
     head = head_of_interest(record)
-    i = record.shape[-2] - 1
+    i = last_query(trace, record)
     row_index = cell_index(record, head=head, row=i)[:-1]
     row = record.values[row_index].astype(np.float64)
     total = float(row.sum())
@@ -322,9 +331,11 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     if np.isfinite(row).all() and row.size > 1:
         top = tuple(int(j) for j in np.flatnonzero(row == row.max()))  # a tie: any of them
         questions.append(Question(
-            stage.id, "most_attended", f"In head {head}, which token does query "
-            f"{token_name(trace, i)} (row {i}) attend to most?", "token", top,
-            " or ".join(f"{token_name(trace, j)} (position {j})" for j in top),
+            stage.id, "most_attended", f"In head {head}, which "
+            f"{'context token' if trace.config.cross else 'token'} does query "
+            f"{token_name(trace, i)} (row {i}) attend to most?",
+            "key" if trace.config.cross else "token", top,
+            " or ".join(f"{key_name(trace, j)} (position {j})" for j in top),
             f"the largest weight in {recorded(stage, 'row')} {record.name}[{spot}, :] is "
             f"{row[top[0]]:.4f}, at key {' and '.join(map(str, top))}"))
     return (*questions, *_role_question(stage, trace))
@@ -339,6 +350,10 @@ def _role_question(stage: Stage, trace: Trace) -> list[Question]:
     scores on these very weights (mha_tui.roles)."""
     record = stage.tensors[-1]
     config = trace.config
+    if config.cross or config.batch:
+        # A head's role reads positions of one sequence (the previous token, the first):
+        # across two sequences it means nothing, and a padded row's pad queries would skew it.
+        return []
     roles = roles_of(record.values, config.ids, config.model.layer if config.model else 0)
     if len(roles) < 2:
         return []

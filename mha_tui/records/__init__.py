@@ -158,6 +158,9 @@ class ModuleCall:
     """A submodule's forward running inside the root's, from op `first` to op `end` - 1.
 
     library: the class is defined by torch (nn.Linear, nn.Dropout, nn.MultiheadAttention).
+    inputs: a library module's tensor arguments by its forward's parameter names, where each
+    came from (nn.MultiheadAttention's query, key and value: which sequence each one is,
+    even when its forward fails before any op reads them).
     """
 
     path: str
@@ -166,6 +169,7 @@ class ModuleCall:
     first: int
     end: int
     source: Source | None = None
+    inputs: tuple[tuple[str, Ref], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,9 @@ def drawn_config(trace: Trace) -> Config:
 def _sizes(config: Config, batched: bool = True, asked: int | None = None) -> Text:
     if config.model is not None:  # C, h and d_h are on the model's line
         lengths = (f"T_q={config.seq_len} T_k={len(config.key_tokens)} ({len(config.cached)} cached)"
-                   if config.cached else f"T={config.seq_len}")
+                   if config.cached else
+                   f"T_q={config.seq_len} T_k={len(config.key_tokens)} cross-attention"
+                   if config.cross else f"T={config.seq_len}")  # cross: an encoder-decoder's decoder
         sizes = Text(f"{'B=1 ' if batched else ''}{lengths}", style="cyan", end="")
         if config.model.encoder:  # said where a toy module's header says causal or no mask
             sizes.append(f" {ENCODER}", style="bold cyan")

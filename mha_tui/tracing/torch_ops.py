@@ -157,7 +157,8 @@ class _Session:
     input_refs: dict[int, Ref] = field(default_factory=dict)
     const_refs: dict[int, Ref] = field(default_factory=dict)
     alive: list[object] = field(default_factory=list)
-    stack: list[tuple[str, str, int, Source | None]] = field(default_factory=list)
+    stack: list[tuple[str, str, int, Source | None, tuple[tuple[str, Ref], ...]]] = field(
+        default_factory=list)
     output: Ref | None = None
     error: RecordedError | None = None
     failed_at: Source | None = None
@@ -256,7 +257,8 @@ class Recorder:
             for path, sub in root.named_modules():
                 if sub is root:
                     continue
-                handles.append(sub.register_forward_pre_hook(self._sub_pre(path), prepend=True))
+                handles.append(sub.register_forward_pre_hook(self._sub_pre(path), prepend=True,
+                                                             with_kwargs=True))
                 handles.append(sub.register_forward_hook(self._sub_post(path), always_call=True))
         return handles
 
@@ -306,12 +308,21 @@ class Recorder:
         return hook
 
     def _sub_pre(self, path: str) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple[object, ...]) -> None:
+        def hook(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
             session = self.active
             if session is None:
                 return
             source = self.where(session)
-            session.stack.append((path, type(module).__name__, len(session.ops), source))
+            inputs: tuple[tuple[str, Ref], ...] = ()
+            if type(module).__module__.startswith("torch."):  # a library module's arguments
+                try:
+                    bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+                    named = list(bound.arguments.items())
+                except (TypeError, ValueError):
+                    named = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+                inputs = tuple((name, session.ref(value)) for name, value in named
+                               if isinstance(value, torch.Tensor))
+            session.stack.append((path, type(module).__name__, len(session.ops), source, inputs))
 
         return hook
 
@@ -320,9 +331,10 @@ class Recorder:
             session = self.active
             if session is None or not session.stack or session.stack[-1][0] != path:
                 return
-            _, cls, first, source = session.stack.pop()
+            _, cls, first, source, inputs = session.stack.pop()
             library = type(module).__module__.startswith("torch.")
-            session.calls.append(ModuleCall(path, cls, library, first, len(session.ops), source))
+            session.calls.append(ModuleCall(path, cls, library, first, len(session.ops), source,
+                                            inputs))
 
         return hook
 
