@@ -134,15 +134,14 @@ def check(
     verdict = None
     lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
     check_decode(decode, config)
-    if (context is not None or batch or decode) and (len(submissions) > 1 or is_batch(specs or []) or lms
+    if (context is not None or batch) and (len(submissions) > 1 or is_batch(specs or []) or lms
                                            or outputs.grading):
-        fail(f"{'--context' if context is not None else '--batch' if batch else '--decode'} judges "
-             "one module at a time; "
+        fail(f"{'--context' if context is not None else '--batch'} judges one module at a time; "
              "grading several with it is not there yet")
     if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
         reports = _grade(config, submissions, init=init or [], weights=weights,
                          timeout=timeout, jobs=jobs, memory=memory, expect=wanted,
-                         sandbox=sandbox, outputs=outputs.session)
+                         sandbox=sandbox, outputs=outputs.session, steps=decode)
         if summary is not None:
             from ..grade.options import write_summary
 
@@ -166,7 +165,7 @@ def check(
 
 def _grade(config: Config, submissions: list, *, init: list[str], weights: Path | None,
            timeout: float, jobs: int | None, memory: int, expect: Expect,
-           sandbox: SandboxMode, outputs: GradingOutputs) -> list[dict]:
+           sandbox: SandboxMode, outputs: GradingOutputs, steps: int = 0) -> list[dict]:
     """Each submission in its own process (grade/pool.py); a progress bar on stderr while
     they run, when stderr is a terminal."""
     from ..grade import Limits, sandbox_or_why, watched_folders
@@ -185,7 +184,8 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
                     seed=config.seed, causal=config.causal, max_seq_len=config.max_seq_len,
                     init=tuple(init), weights=None if weights is None else str(weights),
                     timeout=timeout, memory=memory << 20, rotary=expect.rotary,
-                    window=expect.window, alibi=expect.alibi, rotary_base=expect.rotary_base)
+                    window=expect.window, alibi=expect.alibi, rotary_base=expect.rotary_base,
+                    steps=steps)
     jobs = jobs or max(1, min(os.cpu_count() or 1, 4))
     if not (sys.stderr is not None and sys.stderr.isatty()):
         return grade_class(submissions, limits, outputs, jobs=jobs, sandbox=sandboxed,

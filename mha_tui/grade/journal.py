@@ -27,7 +27,9 @@ _RETRY = frozenset({"timeout", "out_of_memory", "internal_error"})
 
 def fingerprint(sub: Submission, limits: Limits) -> str:
     """What a verdict depends on: the submission's bytes and the grading's settings."""
-    settings = {k: v for k, v in asdict(limits).items() if k not in _LIMITS}
+    # --decode's steps count only when given: results written before it keep their fingerprint
+    settings = {k: v for k, v in asdict(limits).items()
+                if k not in _LIMITS and not (k == "steps" and not v)}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     digest.update((sub.module or sub.model or sub.shown).encode())
     if sub.file:

@@ -330,7 +330,7 @@ def _request(sub: Submission, limits: Limits) -> dict[str, Any]:
                     weights=None if limits.weights is None else str(Path(limits.weights).resolve()))
     expect = Expect(rotary=limits.rotary, window=limits.window, alibi=limits.alibi,
                     rotary_base=limits.rotary_base)
-    return {**Request(config, source, expect).as_json(), "memory": limits.memory,
+    return {**Request(config, source, expect, steps=limits.steps).as_json(), "memory": limits.memory,
             "processes": limits.processes, "max_write": MAX_WRITE}
 
 

@@ -35,6 +35,7 @@ class Limits:
     window: int | None = None  # --window N
     alibi: bool = False  # --expect alibi
     rotary_base: float = 10000.0  # --rotary-base
+    steps: int = 0  # --decode N: judge decoding with a KV cache
     processes: int = MAX_PROCESSES
 
 
