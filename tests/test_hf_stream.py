@@ -85,6 +85,22 @@ def test_streamed_transcripts_are_the_full_loads_byte_for_byte(
         assert got == want, f"{name}: the transcript of visit {layer} differs"
 
 
+@pytest.mark.parametrize(("name", "dtype"), [("llama", "bfloat16"), ("t5", "bfloat16"),
+                                           ("gemma", "float16")])
+def test_a_half_precision_checkpoint_streams_in_its_own_dtype(
+        tmp_path: Path, name: str, dtype: str) -> None:
+    """A checkpoint shipped in bfloat16 (float16) runs in it streamed as loaded whole (T5 keeps
+    some weights in float32 when loaded whole: the streamed model must too), with the same
+    transcripts byte for byte."""
+    directory = build(name, tmp_path / name, dtype=dtype)
+    full, whole = _transcripts(directory, (1, 0), stream=False)
+    streamed, loaded = _transcripts(directory, (1, 0), stream=True)
+    assert loaded.stream is not None and loaded.info.dtype == dtype
+    assert {p.dtype for p in loaded.blocks[0].parameters()} == {
+        p.dtype for p in whole.blocks[0].parameters()}
+    assert streamed == full
+
+
 def test_only_the_blocks_before_the_layer_are_read(checkpoints: dict[str, Path]) -> None:
     """Layer 1 of 3: block 1 kept, block 0 read and dropped, block 2 never read; moving to
     layer 2 reuses blocks 0 and 1's kept outputs and reads block 2 alone."""
@@ -242,3 +258,28 @@ def test_the_estimate_counts_blocks_from_the_headers(checkpoints: dict[str, Path
             sum(p.numel() for p in block.parameters()) for block in loaded.blocks)
         own = {id(p): p.numel() for p in loaded.model.parameters()}
         assert shape.elements >= sum(own.values())
+
+
+async def test_the_app_moves_between_streamed_layers_reading_one_block(
+        checkpoints: dict[str, Path]) -> None:
+    """In the app, `]` and `[` to another layer run the model's forward again with the
+    blocks before it skipped (their outputs kept): only the new layer's block is read."""
+    from mha_tui.app.explain import ExplainApp
+
+    loaded = hf.load(str(checkpoints["sharded"]), SENTENCE, stream=True)
+    assert loaded.stream is not None
+    session = Session(loaded, SENTENCE)
+    session.all_layers = False  # one layer per forward, as for a long sentence
+    app = ExplainApp(session.config(1), loader=lambda config: session.trace(1), layers=session)
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.trace is None:
+            await pilot.pause(0.05)
+        assert loaded.stream.reads == [1, 0]
+        for key, layer in [("right_square_bracket", 2), ("left_square_bracket", 1)]:
+            await pilot.press(key)
+            while app.config.model is None or app.config.model.layer != layer:
+                await pilot.pause(0.05)
+        assert loaded.stream.reads == [1, 0, 2, 1]  # block 0 is never read again
+    full = Session(hf.load(str(checkpoints["sharded"]), SENTENCE), SENTENCE, one_layer=True)
+    for layer in (1, 2):
+        assert to_json(session.trace(layer)) == to_json(full.trace(layer))

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, NoReturn
 
 from .. import collector
+from ..config import DTYPE_BYTES
 from ..records.request import Request
 from ..stages import STAGE_IDS
 from ..write import FORMATS, Page
@@ -30,19 +31,24 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
                 why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
-                stream: bool = True, decode: int = 0) -> None:
+                stream: bool = True, decode: int = 0, dtype: str = "auto",
+                preflight: bool = False, context: str | None = None,
+                attention: str = "cross") -> None:
     """--hf (or --model induction, trained: a model of mha_tui/models): load the model
     (refusals here, before any app), then the app, a transcript or --why's cell of the layer
     shown. stream: read the blocks from the checkpoint one at a time (load.hf_stream).
     decode: the last N tokens decoded against the model's own cache, a trace per step
-    (pipeline.hf_decode; the whole model runs each step, so it is loaded whole)."""
+    (pipeline.hf_decode; the whole model runs each step, so it is loaded whole). dtype: what
+    the model runs in (--dtype: auto, the checkpoint's own). context: an encoder-decoder's
+    encoder input (load.hf_seq2seq, loaded whole, in float32); the sentence is its decoder's,
+    and layer L of the decoder is shown, its cross- or self-attention (attention)."""
     from ..load.hf_error import HfError
     from ..load.hf_files import refuse_early
 
     try:  # what the checkpoint's files refuse, before torch and transformers are imported
-        if not trained:
+        if not trained and context is None:
             tokens = refuse_early(source, sentence, layer)
-            _check_hf_budget(source, sentence, tokens, layer, stream=stream,
+            _check_hf_budget(source, sentence, tokens, layer, stream=stream, dtype=dtype,
                              destination=destination, fmt=fmt, full=full, why=why is not None,
                              quiz=quiz)
     except HfError as error:
@@ -52,30 +58,40 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
     from ..pipeline.hf import Session
 
     try:
-        # too many tokens: refused before the weights load
-        loaded = (trained_models.load(source, sentence) if trained
-                  else load(source, sentence, stream=stream))
-        if loaded.note:
-            say(f"mha-tui: note: {loaded.note}")
-        check_layer(loaded, layer)
-        session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
+        if context is not None:  # an encoder-decoder's decoder layer
+            from ..load import hf_seq2seq
+            from ..pipeline.hf_cross import CrossSession
+
+            seq2seq = hf_seq2seq.load(source, attention)
+            check_layer(seq2seq, layer)
+            session: Session = CrossSession(seq2seq, sentence, context, ascii_only=ascii_only,
+                                            one_layer=not interactive)
+        else:
+            # too many tokens: refused before the weights load
+            loaded = (trained_models.load(source, sentence) if trained
+                      else load(source, sentence, stream=stream, dtype=dtype))
+            if loaded.note:
+                say(f"mha-tui: note: {loaded.note}")
+            check_layer(loaded, layer)
+            session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except HfError as error:
         fail(str(error))
     if decode:
         _explain_hf_decode(loaded, sentence, layer, decode, destination=destination,
                            interactive=interactive, fmt=fmt, width=width, full=full, color=color,
-                           ascii_only=ascii_only, stage=stage, only=only, quiz=quiz, why=why)
+                           ascii_only=ascii_only, stage=stage, only=only, quiz=quiz, why=why,
+                           preflight=preflight)
         return
     if interactive:
         def app() -> None:
-            from ..app.run import run_app  # after _open_app paused the collector
+            from ..app.run import run_app  # after open_app paused the collector
 
             run_app(session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                     loader=lambda config: session.trace(config.model.layer if config.model
                                                         else layer),
                     layers=session, quiz=quiz)
 
-        open_app(app)
+        open_app(app, preflight=preflight)
         return
     try:
         trace = session.trace(layer)
@@ -126,7 +142,8 @@ def write_comparison(request: Request, destination: Destination | None, fmt: For
 def _explain_hf_decode(loaded: object, sentence: str, layer: int, steps: int, *,
                        destination: Destination | None, interactive: bool, fmt: Format,
                        width: int, full: bool, color: bool, ascii_only: bool, stage: str | None,
-                       only: bool, quiz: bool, why: tuple[str, tuple[int, ...]] | None) -> None:
+                       only: bool, quiz: bool, why: tuple[str, tuple[int, ...]] | None,
+                       preflight: bool) -> None:
     """--hf --decode N: every step traced now, then the app (d / D) or a transcript."""
     from ..load.hf_error import HfError
     from ..pipeline.hf_decode import decode_trace
@@ -137,12 +154,12 @@ def _explain_hf_decode(loaded: object, sentence: str, layer: int, steps: int, *,
         fail(str(error))
     if interactive:
         def app() -> None:
-            from ..app.run import run_app  # after _open_app paused the collector
+            from ..app.run import run_app  # after open_app paused the collector
 
             run_app(decoded.config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                     loader=lambda config: decoded, quiz=quiz)
 
-        open_app(app)
+        open_app(app, preflight=preflight)
         return
     write_transcript(Request(decoded.config), destination, fmt, width=width, full=full,
                      color=color, ascii_only=ascii_only, stage=stage, trace=decoded, only=only,
@@ -252,7 +269,8 @@ def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
 
 
 def _check_hf_budget(source: str, sentence: str, tokens: int | None, layer: int, *,
-                     stream: bool, destination: Destination | None, fmt: Format, full: bool,
+                     stream: bool, dtype: str, destination: Destination | None, fmt: Format,
+                     full: bool,
                      why: bool, quiz: bool) -> None:
     """--hf: refuse, before torch, transformers or any weight, a run that cannot fit in
     memory (streamed or whole, from config.json and the weight files' headers) or a JSON or
@@ -260,7 +278,7 @@ def _check_hf_budget(source: str, sentence: str, tokens: int | None, layer: int,
     from .. import budget
     from ..load.hf_files import exact_tokens, run_shape
 
-    shape = run_shape(source, tokens, sentence)
+    shape = run_shape(source, tokens, sentence, DTYPE_BYTES.get(dtype))  # auto: as stored
     if shape is None:
         return
     available = budget.available_memory()

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..budget import FLOAT, recorded_elements
+from ..config import DTYPE_CHOICES
 from . import hf_stream
 from .hf_error import HfError
 from .hf_files import checked_directory, hub_cache, locate
@@ -46,6 +47,11 @@ ASCII_SPACE_MARK = "_"
 # Every layer's stages are recorded in the one forward pass while the copies the tracer
 # keeps stay below this many bytes (estimated from the model's sizes: see all_layers_limit).
 ALL_LAYERS_BUDGET = 256 * 2**20
+# `--dtype`: what the model runs and is recorded in. "auto" is the checkpoint's own dtype.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+# safetensors' names for the float dtypes (its header says each tensor's).
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
 
 
@@ -59,7 +65,7 @@ def _offline() -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
-def _transformers() -> Any:
+def import_transformers() -> Any:
     _offline()
     try:
         import transformers
@@ -93,6 +99,10 @@ class ModelInfo:
     # An encoder (BERT, RoBERTa, DistilBERT, T5's encoder), loaded as the bare encoder: its
     # self-attention lets every token see every token. False: a causal language model.
     encoder: bool = False
+    # What the model runs and is recorded in, and the checkpoint's own dtype (they differ
+    # only when `--dtype` asked for another one: "upcast from bfloat16 on request").
+    dtype: str = "float32"
+    stored_dtype: str = "float32"
 
 
 @dataclass(eq=False)
@@ -157,8 +167,9 @@ def auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
     decoder (BERT, RoBERTa, DistilBERT: `is_decoder` False) load as the bare encoder with
     AutoModelForTextEncoding (T5EncoderModel, BertModel ...), never with a causal-LM head
     (BERT and RoBERTa have one, BertLMHeadModel, which would run them as what they are not).
-    An encoder-decoder whose encoder transformers cannot load alone but which has a causal-LM
-    class (BART) loads that, its decoder, as before. Everything else loads with
+    An encoder-decoder whose encoder transformers cannot load alone (BART, Marian) is
+    refused with the option that explains it: its decoder reads the encoder's output, so it
+    needs `--context` (the encoder's input; `load.hf_seq2seq`). Everything else loads with
     AutoModelForCausalLM.
     """
     kind = type(config)
@@ -168,16 +179,46 @@ def auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
         return transformers.AutoModelForCausalLM, False
     if kind in transformers.MODEL_FOR_TEXT_ENCODING_MAPPING:
         return transformers.AutoModelForTextEncoding, True
-    if encoder_decoder and kind in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
-        return transformers.AutoModelForCausalLM, False  # BART: its decoder, as before
     if encoder_decoder:
-        raise HfError(f"{config.model_type} is an encoder-decoder model whose encoder "
-                      f"transformers cannot load alone (AutoModelForTextEncoding does not know "
-                      f"it); mha-tui explains causal LMs, BERT-like encoders and T5's encoder")
+        raise HfError(f"{config.model_type} is an encoder-decoder model: its decoder attends to "
+                      f"the encoder's output, so give the encoder's input with --context "
+                      f"SENTENCE (mha-tui explain; the sentence is the decoder's input)")
     return transformers.AutoModel, True
 
 
-def load(source: str, sentence: str | None = None, *, stream: bool = False) -> Loaded:
+def stored_dtype(config: Any, path: Path) -> str:
+    """The checkpoint's own float dtype: config.json's `dtype` (`torch_dtype` before
+    transformers 5), else the first float tensor's in a safetensors file's header, else
+    float32 (a `.bin` checkpoint without the field: transformers' own default)."""
+    said = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    name = str(said).removeprefix("torch.") if said is not None else ""
+    if name in DTYPES:
+        return name
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt") as weights:
+                for key in weights.keys():
+                    kind = _SAFETENSORS_DTYPES.get(weights.get_slice(key).get_dtype())
+                    if kind is not None:
+                        return kind
+        except Exception:  # an unreadable header: transformers says so when it loads
+            break
+    return "float32"
+
+
+def chosen_dtype(asked: str, stored: str) -> str:
+    """`--dtype`: auto is the checkpoint's own; anything else is what was asked for."""
+    if asked == "auto":
+        return stored
+    if asked not in DTYPES:
+        raise HfError(f"--dtype {asked!r} is not one of {', '.join(DTYPE_CHOICES)}")
+    return asked
+
+
+def load(source: str, sentence: str | None = None, *, stream: bool = False,
+         dtype: str = "auto") -> Loaded:
     """Find, check and load the model and tokenizer; every refusal is an HfError.
 
     sentence: when given, it is tokenized and refused if it has more tokens than the
@@ -185,8 +226,11 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False) -> L
     stream: build the model on the meta device and read its blocks from the checkpoint as a
     forward needs them (load.hf_stream); a checkpoint that cannot be read tensor by tensor
     is loaded whole, and `Loaded.note` says why.
+    dtype: what the model runs in; "auto", the checkpoint's own dtype (a bfloat16 model is
+    explained in bfloat16, with its own numbers), or a name from DTYPE_CHOICES (upcast or
+    cast on request; the header says so).
     """
-    transformers = _transformers()
+    transformers = import_transformers()
     path = checked_directory(source)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(
@@ -202,12 +246,14 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False) -> L
     except HfError as error:
         raise HfError(f"--hf {source}: {error}") from None
     what = "an encoder" if encoder else "a causal language model"
-    dtype = torch.float32
+    stored = stored_dtype(config, path)
+    runs_in = chosen_dtype(dtype, stored)
+    torch_dtype = DTYPES[runs_in]
     streamer, note, model = None, "", None
     if stream:
         n_config_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
         try:
-            built = hf_stream.build(auto, path, config, dtype,
+            built = hf_stream.build(auto, path, config, torch_dtype,
                                     lambda empty: _find_blocks(empty, n_config_layers))
         except Exception as error:  # transformers raises many kinds: then load it whole
             built = f"{type(error).__name__}: {first_line(error)}"
@@ -220,7 +266,7 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False) -> L
         try:
             model = auto.from_pretrained(
                 path, config=config, local_files_only=True, trust_remote_code=False,
-                weights_only=True, attn_implementation="eager", dtype=dtype,
+                weights_only=True, attn_implementation="eager", dtype=torch_dtype,
             )
         except Exception as error:  # transformers raises many kinds; the learner gets one line
             raise HfError(f"--hf {source}: could not load {what} from {path}: "
@@ -246,6 +292,7 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False) -> L
         vocab_size=int(config.vocab_size),
         max_positions=getattr(config, "max_position_embeddings", None),
         attention_params=sum(p.numel() for p in attention.parameters()), encoder=encoder,
+        dtype=runs_in, stored_dtype=stored,
     )
     return Loaded(model=model, tokenizer=tokenizer, info=info, blocks_path=blocks_path,
                   attention_name=attention_name, blocks=blocks, stream=streamer, note=note)
@@ -253,7 +300,7 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False) -> L
 
 def _config(source: str, path: Path) -> Any:
     """The model's config.json, read by transformers (never the model's own code)."""
-    transformers = _transformers()
+    transformers = import_transformers()
     try:
         return transformers.AutoConfig.from_pretrained(
             path, local_files_only=True, trust_remote_code=False)
@@ -318,7 +365,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 _BYTE_OF = {char: byte for byte, char in _bytes_to_unicode().items()}
 
 
-def _is_byte_level(tokenizer: Any) -> bool:
+def is_byte_level(tokenizer: Any) -> bool:
     if not hasattr(tokenizer, "backend_tokenizer"):  # --model induction's words (load.trained)
         return False
     from tokenizers import decoders
@@ -353,7 +400,7 @@ def tokenize(loaded: Loaded, sentence: str, *, ascii_only: bool = False
     if limit is not None and len(ids) > limit:
         raise HfError(f"the sentence has {len(ids)} tokens but {loaded.info.name} reads at most "
                       f"{limit}")
-    byte_level = _is_byte_level(tokenizer)
+    byte_level = is_byte_level(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(ids)
     return ids, tuple(readable_token(str(p), byte_level=byte_level, ascii_only=ascii_only)
                       for p in pieces)

@@ -35,11 +35,15 @@ _SEARCH_LIMIT = 64 * 2**20
 
 def record(name: str, t: torch.Tensor, dims: tuple[str, ...], *, kind: str = "signed",
            caption: str = "") -> TensorRecord:
-    """A window onto the model's own tensor (no copy, no recomputation)."""
+    """A window onto the model's own tensor (no copy, no recomputation); a bfloat16 tensor,
+    which NumPy cannot hold, as a float32 copy of the same numbers (exact) that says its dtype."""
     t = t.detach()
+    dtype = ""
+    if t.dtype == torch.bfloat16:
+        dtype, t = "bfloat16", t.float()  # every bfloat16 number is a float32 number
     return TensorRecord(name=name, dims=dims, values=t.numpy(), strides=tuple(t.stride()),
                         contiguous=t.is_contiguous(), kind=kind,  # type: ignore[arg-type]
-                        caption=caption)
+                        caption=caption, dtype=dtype)
 
 
 def code(*lines: Line | None) -> str:
@@ -294,12 +298,22 @@ def input_stage(loaded: Loaded, run: ForwardRun, layer: int, *,
         records.append(record(f"x = {layer_norm}(hidden_states)", x, BTC,
                               caption=f"layer {layer}'s layer norm: what the attention module "
                                       f"receives as x"))
-        again = captured.norm(captured.residual)  # recomputed only for the check
+        read = captured.residual
+        if captured.norm_input is not None and not torch.equal(captured.norm_input, read):
+            read = captured.norm_input  # a decoder's cross-attention: after its self-attention
+            records.append(record(f"{layer_norm}'s input", read, BTC,
+                                  caption=f"block {layer}'s input plus its self-attention's "
+                                          f"output"))
+        after = read is not captured.residual
+        again = captured.norm(read)  # recomputed only for the check
         same = bool(torch.equal(x, again))
-        checks.append(Check(f"x is {layer_norm} applied to block {layer}'s input (recomputed by "
+        what = (f"the stream after block {layer}'s self-attention (its input plus the "
+                f"self-attention's output)" if after else f"block {layer}'s input")
+        checks.append(Check(f"x is {layer_norm} applied to {what} (recomputed by "
                             f"mha-tui for this check): torch.equal = {same}", same))
-        said.append(f"Its layer norm {layer_norm} rescales every token's C numbers before "
-                    f"attention sees them.")
+        said.append(f"{'After the self-attention adds its output, i' if after else 'I'}ts layer "
+                    f"norm {layer_norm} rescales every token's C numbers before attention "
+                    f"sees them.")
     else:
         records.append(record("x", x, BTC, caption="what the attention module receives"))
         same = bool(torch.equal(x, captured.residual))

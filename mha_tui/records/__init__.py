@@ -56,6 +56,10 @@ class Source:
     text: str
     end_line: int = 0
     function: str = ""
+    callers: tuple[Source, ...] = field(default=(), compare=False)
+    """When the statement is inside a helper of the module's own (`def split_heads(t)`,
+    `def attention(q, k, v)`): the statements that called it, innermost first, up to the
+    module's forward (a tensor the helper returns is named by its caller's assignment)."""
 
     @property
     def lines(self) -> tuple[int, int]:
@@ -158,6 +162,9 @@ class ModuleCall:
     """A submodule's forward running inside the root's, from op `first` to op `end` - 1.
 
     library: the class is defined by torch (nn.Linear, nn.Dropout, nn.MultiheadAttention).
+    inputs: a library module's tensor arguments by its forward's parameter names, where each
+    came from (nn.MultiheadAttention's query, key and value: which sequence each one is,
+    even when its forward fails before any op reads them).
     """
 
     path: str
@@ -166,6 +173,7 @@ class ModuleCall:
     first: int
     end: int
     source: Source | None = None
+    inputs: tuple[tuple[str, Ref], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -258,10 +266,19 @@ class TensorRecord:
     # For a tensor whose rows are not tokens (the wrong view): what each row holds.
     row_tags: tuple[tuple[str, ...], ...] | None = None
     row_tag_heads: tuple[tuple[int, ...], ...] | None = None
+    # The tensor's own dtype when `values` holds it in a wider one: a bfloat16 tensor is kept
+    # as float32 (NumPy has no bfloat16; float32 holds every bfloat16 number exactly).
+    # "": the values' own dtype.
+    dtype: str = ""
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.values.shape)
+
+    @property
+    def own_dtype(self) -> str:
+        """The dtype the module computed this tensor in (`bfloat16`, `float32` ...)."""
+        return self.dtype or str(self.values.dtype)
 
     def complex_parts(self) -> tuple[TensorRecord, ...]:
         """A complex tensor (Meta's Llama keeps its rotary angles as complex `freqs_cis`) as
@@ -320,6 +337,10 @@ class Stage:
     source: Source | None = None
     ops: tuple[OpRecord, ...] = ()
     raised: str = ""
+    blocks: str = ""
+    """On a stage that masks (mask, sdpa's mask, a mask inside baddbmm): what its blocked
+    entries are, read from what the mask op wrote (kinds/_parts/mask_shape.MaskShape.kind:
+    causal, window, padding, causal+padding, none, other; "window 3" with its w)."""
 
     @property
     def transition(self) -> str:

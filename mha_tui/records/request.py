@@ -9,7 +9,7 @@ parameter list. Plain frozen data; never import torch, rich, textual or typer he
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config import DEFAULT_MODEL, Config, Source, parse_init
@@ -63,6 +63,12 @@ class Request:
     expect: Expect = field(default_factory=Expect)
     against: Source | None = None
     steps: int = 0
+
+    def of_module(self, model: str | None = None, module: str | None = None) -> Request:
+        """The same run of another module (`check`'s submissions, one by one): --model NAME
+        or a module FILE.py:Class, with the same --init and --weights."""
+        return replace(self, source=replace(self.source, model=model or DEFAULT_MODEL,
+                                            module=module))
 
     @property
     def rows(self) -> tuple[str, ...]:
