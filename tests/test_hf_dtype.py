@@ -269,3 +269,14 @@ def test_dtype_is_refused_for_numpy_code() -> None:
                      "--dump", "-")
     assert result.returncode == 2
     assert result.stderr.decode().count("\n") == 1 and "NumPy code" in result.stderr.decode()
+
+
+def test_dtype_with_context_on_hf_is_refused_not_ignored() -> None:
+    """An encoder-decoder's decoder layer (--context) loads in float32 for now: --dtype there is
+    refused in one line rather than silently ignored."""
+    path = str(checkpoint("t5", "bfloat16"))
+    result = run_cli("explain", "The cat", "--hf", path, "--context", "The mat", "--dtype",
+                     "bfloat16", "--dump", "-")
+    assert result.returncode == 2
+    assert "--dtype with --context" in result.stderr.decode()
+    assert result.stderr.decode().count("\n") == 1
