@@ -21,9 +21,7 @@ from mha_tui.why import why
 
 from .longtail_cases import CASES, FIXTURES, measure
 
-LEFT = {
-    "picoGPT NumPy",
-}
+LEFT: set[str] = set()
 
 
 def test_left_names_only_configurations_that_exist() -> None:

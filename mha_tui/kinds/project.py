@@ -102,7 +102,22 @@ def fused_split(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     return "project"
 
 
-RULES = (projection, fused_split)
+def adds_its_bias(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """`x @ w + b` (picoGPT's linear): the add of one bias per channel to a projection's
+    product that has none is part of that projection, Q/K/V's or W_O's (its kind is the
+    product's)."""
+    if op.name not in ("add", "add_") or len(g.x_inputs(op)) != 1:
+        return None
+    product = g.producer(g.x_inputs(op)[0])
+    kind = g.kind.get(product.index) if product is not None else None
+    if product is None or kind not in ("project", "w_o") or linear_parts(g, op) is None:
+        return None
+    if product.index in g.fused:
+        g.fused.add(op.index)  # still the whole fused q|k|v, now with its bias
+    return kind
+
+
+RULES = (projection, adds_its_bias, fused_split)
 
 PER_HEAD_PROJECT = (
     "Each of the {h} heads is its own module with its own query, key and value layers, C in "
@@ -172,6 +187,9 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
             any_transposed |= transposed
             w = m.snap(w_ref)
             bias_refs = [r for r in g.other_inputs(op) if m.snap(r).ndim == 1]
+            added = _bias_add(m, op, unit) if not bias_refs else None
+            if added is not None:  # x @ w + b: the add's bias, and its result
+                bias_refs = [r for r in g.other_inputs(added) if m.snap(r).ndim == 1]
             # Recomputed at the module's own precision (float32 at least): the tolerance below
             # is float32's, and a float64 copy of x and W cost more than the forward at C 768.
             xin = m.snap(m.x_in(op)).values
@@ -186,7 +204,7 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
             einsum_rows |= read_out_in
             product = xin @ (wv.T if stored_out_in else wv) if op.name != "einsum" else \
                 _einsum_product(g, op, m, precision)
-            last = _result_of(m, op, unit)
+            last = _result_of(m, added or op, unit)
             if product is not None:
                 if bias_refs:
                     product = product + m.snap(bias_refs[0]).values
@@ -274,6 +292,14 @@ def _narrow_explanation(widths: dict[str, int], C: int, d_h: int) -> str:
             f"offers) and a value (what it passes on). They are not all C x C here: {shapes} "
             f"(weights stored as (out, in), x @ W.T). The key and value layers make fewer heads "
             f"than the query layer; those K/V heads are shared between query heads further on.")
+
+
+def _bias_add(m: StageMaker, op: OpRecord, unit: Unit) -> OpRecord | None:
+    """The add of the product's bias, in the same unit (picoGPT's `x @ w + b`)."""
+    for i in m.g.consumers[op.index]:
+        if i in unit.ops and linear_parts(m.g, m.op(i)) is not None:
+            return m.op(i)
+    return None
 
 
 def _result_of(m: StageMaker, op: OpRecord, unit: Unit) -> Snapshot:

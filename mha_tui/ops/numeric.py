@@ -166,10 +166,13 @@ def blocked_pattern(values: np.ndarray) -> np.ndarray | None:
 
 
 def linear_parts(g: Graph, op: OpRecord) -> tuple[Ref, np.ndarray, np.ndarray | None] | None:
-    """(input, weight as (out, in), bias) of a projection op, from its recorded arguments."""
+    """(input, weight as (out, in), bias) of a projection op, from its recorded arguments;
+    of `x @ w + b` (picoGPT's linear), the add: the product's with the add's bias."""
     x = g.x_inputs(op)
     if len(x) != 1:
         return None
+    if op.name in ("add", "add_"):
+        return _bias_added(g, op, x[0])
     others = [r for r in op.inputs if not g.is_x(r)]
     mats = [r for r in others if g.snap(r).ndim == 2]
     vecs = [r for r in others if g.snap(r).ndim == 1]
@@ -202,6 +205,19 @@ def linear_parts(g: Graph, op: OpRecord) -> tuple[Ref, np.ndarray, np.ndarray | 
         if w_letters[1] == contracted:
             return x[0], w, None
     return None
+
+
+def _bias_added(g: Graph, op: OpRecord, ref: Ref) -> tuple[Ref, np.ndarray, np.ndarray | None] | None:
+    """`x @ w + b`: the add of one bias per output channel (a 1-D tensor not made from x) to a
+    product that has none, as (x, w, b)."""
+    product = g.producer(ref)
+    biases = [r for r in op.inputs if not g.is_x(r) and g.snap(r).ndim == 1]
+    if product is None or product.name not in ("matmul", "mm", "linear") or len(biases) != 1:
+        return None
+    parts = linear_parts(g, product)
+    if parts is None or parts[2] is not None or g.snap(biases[0]).shape[0] != parts[1].shape[0]:
+        return None
+    return parts[0], parts[1], f64(g.snap(biases[0]).values)
 
 
 def head_axis_product(g: Graph, op: OpRecord) -> bool:
