@@ -42,6 +42,12 @@ JSON_OUT = os.path.join(tempfile.gettempdir(), "mha-tui-bench.json")
 HF_SENTENCE = "The cat sat on the mat"
 ROOT = Path(__file__).resolve().parent.parent
 HF_ROWS = Path(__file__).with_name("hf_rows.py")
+HF_SHAPES = Path(__file__).with_name("hf_shapes.py")
+# The checkpoints of hf_shapes.py (GBs): built once, kept between runs, never committed.
+SHAPES_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mha-tui-bench"
+# (name, layer shown, what else runs: the full load and transformers' forward need the
+# whole model in memory: not for the 8B, 15 GiB of bf16 weights)
+SHAPE_ROWS = (("llama-3.2-1b", 8, True), ("llama-3.2-3b", 14, True), ("llama-3-8b", 16, False))
 # Every measured process starts from this small launcher (see its docstring).
 LAUNCH = [PYTHON, "-I", "-S", str(Path(__file__).with_name("launch.py"))]
 # Rounds of every command: 5 keep `make bench` near 5 minutes on the 2-core development
@@ -49,7 +55,7 @@ LAUNCH = [PYTHON, "-I", "-S", str(Path(__file__).with_name("launch.py"))]
 # load of 4; --runs changes it.
 RUNS = 5
 # `--only` names of the app's rows (beside the whole-process commands' names).
-APP_ROWS = ("app", "app_big", "app_numpy", "repaint", "keys", "grade300")
+APP_ROWS = ("app", "app_big", "app_numpy", "repaint", "keys", "grade300", "hf_shapes")
 # Grading: a class of 20 correct submissions every round; once, 300 generated from the
 # tests' mistakes (a class's mix: right, wrong in 15 ways, one crashing), end to end, sandboxed
 # where bwrap works (as `check` does by default).
@@ -381,7 +387,8 @@ def main() -> int:
                         help="run only these rows beside the floor (whole processes: version, "
                              "help, completion, grade, dump, raschka, module, numpy, full, "
                              "json_gpt2, "
-                             "hf, hf_refuse; the app: " + ", ".join(APP_ROWS) + ") and print "
+                             "hf, hf_refuse; the app: " + ", ".join(APP_ROWS) + "; hf_shapes: "
+                             "the 1B, 3B and 8B Llama shapes) and print "
                              "their table; the page is left as it is")
     args = parser.parse_args()
     only = None if args.only is None else set(args.only.split(","))
@@ -498,6 +505,8 @@ def main() -> int:
                             f"{statistics.median(a[2] for a in apps) / 1024:.0f} MiB", None, "",
                             None))
         _key_rows(rows, n, "repaint" in only, "keys" in only)
+        if "hf_shapes" in only and tiny is not None:
+            _shape_rows(rows)
         hf_dir.cleanup()
         classes.cleanup()
         return _report(rows, started, load_before, n, args)
@@ -539,10 +548,53 @@ def main() -> int:
                         f"{ours_hf.max_rss_kib / 1024:.0f} MiB", None,
                         f"<= {own.max_rss_kib / 1024:.0f} + 300 MiB (its own forward with "
                         "output_attentions)", ours_hf.max_rss_kib <= own.max_rss_kib + 300 * 1024))
+        _shape_rows(rows)
     hf_dir.cleanup()
     classes.cleanup()
     Path(JSON_OUT).unlink(missing_ok=True)
     return _report(rows, started, load_before, n, args)
+
+
+def _mib(run: Run) -> str:
+    return f"{run.max_rss_kib / 1024:.0f} MiB"
+
+
+def _shape_rows(rows: list[Row]) -> None:
+    """Llama-3.2-1B, -3B and Llama-3-8B shapes in bf16 (benchmarks/hf_shapes.py), once each:
+    mha-tui streamed (the default), loaded whole (--no-stream), and transformers' own bf16
+    forward with output_attentions, on the same 12 tokens."""
+    for name, layer, whole in SHAPE_ROWS:
+        directory = SHAPES_CACHE / name
+        subprocess.run([PYTHON, str(HF_SHAPES), "build", name, str(directory)], check=True)
+        sentence = subprocess.run([PYTHON, str(HF_SHAPES), "sentence", str(directory)],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        explain = [*MHA, "explain", sentence, "--hf", str(directory), "--layer", str(layer),
+                   "--dump", JSON_OUT]
+        streamed = run_process(explain)
+        what = f"--hf {name} shapes (bf16 file), layer {layer}, 12 tokens"
+        if not whole:
+            rows.append(Row(f"{what}: streamed", f"{_mib(streamed)}, {streamed.seconds:.1f} s",
+                            None, "<= 4 GiB", streamed.max_rss_kib <= 4 * 2**20))
+            continue
+        own = run_process([PYTHON, str(HF_SHAPES), "forward", str(directory)])
+        rows.append(Row(f"{what}: peak memory streamed", _mib(streamed), None,
+                        f"<= transformers' bf16 forward ({_mib(own)})",
+                        streamed.max_rss_kib <= own.max_rss_kib))
+        rows.append(Row("  same, time streamed", f"{streamed.seconds:.1f} s", None,
+                        f"<= 1.5 x transformers' {own.seconds:.1f} s",
+                        streamed.seconds <= 1.5 * own.seconds))
+        # Loaded whole: refused (exit 2) where the estimate says it cannot fit.
+        with tempfile.TemporaryDirectory() as tmp:
+            result = Path(tmp) / "result.json"
+            subprocess.run([*LAUNCH, str(result), *explain, "--no-stream"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            done = _launched(result)
+        rows.append(Row("  same, --no-stream (every weight loaded)",
+                        f"{done['max_rss_kib'] / 1024:.0f} MiB, {done['seconds']:.1f} s"
+                        if done["code"] == 0 else f"refused before loading (exit {done['code']})",
+                        None, "", None))
+        rows.append(Row("  same, transformers' bf16 forward, output_attentions",
+                        f"{_mib(own)}, {own.seconds:.1f} s", None, "", None))
 
 
 def _report(rows: list[Row], started: float, load_before: tuple[float, float, float], n: int,

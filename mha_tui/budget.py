@@ -144,8 +144,8 @@ def disk_problem(config: Config, folder: str, free: int | None) -> str | None:
 
 
 # The interpreter with torch, transformers and tokenizers imported, before any weight
-# (measured: benchmarks/bench.py's --hf rows).
-HF_IMPORTS = 600 << 20
+# (measured: a whole `--hf` run on a tiny checkpoint peaks at about 360 MiB).
+HF_IMPORTS = 400 << 20
 # What one recorded attention layer keeps, per layer (the recorder's copies): about 7 (h, T, T)
 # maps (raw, scaled and masked scores, softmax, its cast, dropout, and one more) and 24
 # (T, C)-sized tensors (projections, their splits, views, transposes, heads, the output),
@@ -189,11 +189,15 @@ def _activations(shape: HfShape, T: int) -> int:
 
 
 def hf_whole_bytes(shape: HfShape, T: int | None = None) -> int:
-    """Peak memory of the full load: every weight in the model's dtype, the activations; a
-    `.bin` is read whole (torch.load) before its tensors are copied into the model."""
+    """Peak memory of the full load: every weight in the model's dtype, the activations, and
+    the file itself where its tensors are copied into another dtype (transformers maps it
+    and converts tensor by tensor: measured, the mapped pages stay in the peak) or read whole
+    (a `.bin`, torch.load)."""
     T = shape.tokens if T is None else T
     weights = shape.elements * shape.element_bytes
-    return HF_IMPORTS + weights + (0 if shape.safetensors else shape.stored) + _activations(shape, T)
+    same = abs(shape.stored - weights) <= shape.stored // 100  # (the header aside)
+    copied = 0 if same and shape.safetensors else shape.stored
+    return HF_IMPORTS + weights + copied + _activations(shape, T)
 
 
 def hf_streamed_bytes(shape: HfShape, layer: int, T: int | None = None) -> int | None:
