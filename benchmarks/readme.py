@@ -29,7 +29,12 @@ TorchLens's `trace` beside it when the `[bench]` extra is installed), by the wal
 and in CPU time with one thread; on a
 machine others are using, the CPU-time rows are the ones to compare. The `--hf` rows use
 a GPT-2 with GPT-2 small's shapes and random weights, built offline by
-`benchmarks/hf_rows.py`. Peak memory is each process's own `ru_maxrss`.
+`benchmarks/hf_rows.py`; those at the shapes of Llama-3.2-1B, Llama-3.2-3B and Llama-3-8B
+use checkpoints `benchmarks/hf_shapes.py` builds once into `~/.cache/mha-tui-bench` (bf16
+safetensors, random weights; the 8B's all zero, a sparse file), each explained once streamed
+and once with `--no-stream`, beside transformers' own bf16 forward with `output_attentions`
+on the same 12 tokens (`--only hf_shapes` runs them alone). Peak memory is each process's
+own `ru_maxrss`.
 
 Last run:"""
 

@@ -8,7 +8,7 @@ machine those passes took ~40 ms before the first frame and ~200 ms of torch's i
 the app (~120 ms of the same import alone, the floor `python -c "import torch"`) and
 freed next to nothing.
 
-- `pause()`: the `mha-tui` command, before it imports the app (`cli._open_app`). Never in
+- `pause()`: the `mha-tui` command, before it imports the app (`cli.process.open_app`). Never in
   a process that only calls mha-tui (tests, a notebook): their collector is theirs.
 - `resume(freeze=True)`: before a module's own code runs (`load.learner.learner_code`:
   importing a learner's file, building a module). What is alive then is the start-up's

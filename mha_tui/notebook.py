@@ -254,7 +254,7 @@ def _words(tokens: Sequence[str] | None, sentence: str) -> list[str]:
 def check(module: Any, x: Any = None, tokens: Sequence[str] | None = None, *,
           heads: int | None = None, causal: bool = True, seed: int = 0,
           sentence: str = DEFAULT_SENTENCE, context: Any = None,
-          context_tokens: Sequence[str] | None = None) -> Checked:
+          context_tokens: Sequence[str] | None = None, decode: int = 0) -> Checked:
     """Judge `module` stage by stage, as `mha-tui check` does (the same `pipeline` judging),
     and return the verdict.
 
@@ -268,13 +268,16 @@ def check(module: Any, x: Any = None, tokens: Sequence[str] | None = None, *,
     or `h`, else 1. The module is run, never edited. context: cross-attention's second
     sequence (B, T_k, C), given to the forward's parameter for it and to the reference, which
     then takes its keys and values from it (no causal mask across two sequences);
-    context_tokens label it.
+    context_tokens label it. decode: generate the last `decode` tokens one at a time against
+    the module's KV cache (as `check --decode N`): each step must equal the full forward's
+    row, and a second run after the module's reset the first; the Checked's trace is the
+    first step's, its `steps` every step's.
     """
     if not _is_torch_module(module):  # NumPy code: judged without torch
         return _check_numpy(module, x, tokens, heads=heads, causal=causal, seed=seed,
                             sentence=sentence)
     return _check_torch(module, x, tokens, heads=heads, causal=causal, seed=seed, sentence=sentence,
-                        context=context, context_tokens=context_tokens)
+                        context=context, context_tokens=context_tokens, decode=decode)
 
 
 def _config(x: Any, labels: Sequence[str] | None, heads: int | None, seed: int) -> Config | None:
@@ -310,7 +313,7 @@ def _is_torch_module(module: Any) -> bool:
 
 def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: int | None,
                  causal: bool, seed: int, sentence: str, context: Any = None,
-                 context_tokens: Sequence[str] | None = None) -> Checked:
+                 context_tokens: Sequence[str] | None = None, decode: int = 0) -> Checked:
     import torch
 
     from .config import Config
@@ -334,6 +337,16 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
                  **{k: inp if v is x else v for k, v in kwargs.items()})
 
     labels = _labels(words, tokens, x)
+    if decode:
+        from .config import config_for
+        from .pipeline import judge_decode
+
+        run = _config(x, labels, heads, seed) or config_for(module, tuple(x.shape), labels)
+        decoded = trace_of(module, x, labels, decode=decode, embedding=embedding, ids=ids,
+                           config=run)
+        return Checked(judge_decode(decoded, module, x, call, steps=decode, config=run,
+                                    embedding=embedding, ids=ids, label=type(module).__name__),
+                       decoded)
     extra = {} if context is None else {"context": context, "context_tokens": context_tokens}
     traced = trace_of(module, x, labels, call=call, embedding=embedding, ids=ids,
                       config=_config(x, labels, heads, seed), **extra)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 from .kinds import sdpa
 from .kinds._parts.cell import Cell, Term, Why, WhyError, expanded_from, main_tensor
 from .kinds.registry import FORWARD
+from .ops.numeric import HALF
 from .records import Trace
 
 __all__ = ["KINDS", "Term", "Why", "WhyError", "main_tensor", "parse_cell", "why"]
@@ -55,7 +57,9 @@ def why(trace: Trace, stage_id: str, index: tuple[int, ...]) -> Why:
         raise WhyError(f"mha-tui does not explain the cells of a {stage.kind!r} stage yet; it "
                        f"does for: {', '.join(KINDS)}")
     try:
-        return explain(Cell(trace, stage, record, index))
+        made = explain(Cell(trace, stage, record, index))
+        # a bfloat16 or float16 module: the cell's number is one, and its rounding is allowed
+        return replace(made, dtype=record.dtype) if record.dtype in HALF else made
     except WhyError:
         raise
     except (IndexError, KeyError, TypeError, ValueError) as error:

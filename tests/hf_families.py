@@ -330,11 +330,15 @@ def model_for(family: Family, vocab_size: int, *, seed: int = 0) -> Any:
     return getattr(transformers, family.model_class)(config).eval()
 
 
-def build(name: str, directory: Path, *, seed: int = 0) -> Path:
-    """Save family `name`'s tiny checkpoint and tokenizer into directory (save_pretrained)."""
+def build(name: str, directory: Path, *, seed: int = 0, dtype: str = "float32") -> Path:
+    """Save family `name`'s tiny checkpoint and tokenizer into directory (save_pretrained),
+    its weights in dtype (bfloat16, float16: as the checkpoints people download are shipped;
+    config.json then says `"dtype": "bfloat16"`)."""
+    import torch
+
     family = FAMILIES[name]
     tokenizer = tokenizer_for(family)
-    model = model_for(family, len(tokenizer), seed=seed)
+    model = model_for(family, len(tokenizer), seed=seed).to(getattr(torch, dtype))
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

@@ -193,6 +193,10 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     # layers) in a hub cache of the reader's own (HF_HUB_CACHE): mha-tui never downloads.
     save_tiny_gpt2(home / "my-saved-model", n_layer=6)
     hub_cache_layout(home / "hub", "openai-community/gpt2", home / "my-saved-model")
+    # --dtype: a tiny Llama saved in bfloat16, as the checkpoints people download are.
+    from .hf_families import build
+
+    build("llama", home / "llama-bf16", dtype="bfloat16")
     env = {**os.environ, "HF_HUB_CACHE": str(home / "hub")}
     for argv in {tuple(shown.argv) for shown in SHOWN if _grades_a_folder(shown.argv)}:
         GRADING[argv] = subprocess.Popen([sys.executable, "-m", "mha_tui", *argv], cwd=home,

@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from mha_tui.config import Config
 from mha_tui.grade import GradeError, Limits, Submission, find_submissions, is_batch
 from mha_tui.grade.gradebook import csv_rows
 from mha_tui.grade.pool import grade
 from mha_tui.judge.outcome import COULD_NOT_JUDGE, EQUIVALENT, NOT_EQUIVALENT, worst
+from mha_tui.records.request import Request
 
 from .conftest import ROOT, run_cli
 
@@ -130,8 +132,7 @@ def test_a_submission_cannot_change_what_another_sees(tmp_path: Path) -> None:
     _submission(tmp_path, "right")
     source = (tmp_path / "right.py").read_text()
     (tmp_path / "patches.py").write_text(POLLUTER + source)
-    limits = Limits(sentence="I love AI !", embed_dim=4, heads=2, seed=0, causal=True,
-                    max_seq_len=64, timeout=60)
+    limits = Limits(Request(Config("I love AI !")), timeout=60)
     right = Submission(shown="right", module=f"{tmp_path / 'right.py'}:MultiHeadAttention")
     patches = Submission(shown="patches", module=f"{tmp_path / 'patches.py'}:MultiHeadAttention")
     first = grade([patches, right], limits, jobs=1)
@@ -416,8 +417,7 @@ def test_a_stopping_grading_kills_a_worker_its_stop_missed(tmp_path: Path) -> No
     from mha_tui.grade.pool import Grader
 
     folder = _spinning(tmp_path, ("one",))
-    limits = Limits(sentence="I love AI !", embed_dim=4, heads=2, seed=0, causal=True,
-                    max_seq_len=64, timeout=3600)
+    limits = Limits(Request(Config("I love AI !")), timeout=3600)
     grader = Grader(limits, sandbox=False)
     done: list[object] = []
     sub = Submission(shown="one", module=f"{folder / 'one.py'}:MultiHeadAttention")
@@ -443,8 +443,7 @@ def test_a_print_loop_cannot_fill_the_disk(tmp_path: Path) -> None:
     """The worker's files (its log holds the learner's prints) stop growing at MAX_WRITE: the
     print fails, the forward raises, and the submission is could not judge, at its line."""
     line = _submission(tmp_path, "loud", 'while True: print("x" * 65536)')
-    limits = Limits(sentence="I love AI !", embed_dim=4, heads=2, seed=0, causal=True,
-                    max_seq_len=64, timeout=60)
+    limits = Limits(Request(Config("I love AI !")), timeout=60)
     (graded,) = grade([Submission(shown="loud", module=f"{tmp_path / 'loud.py'}:MultiHeadAttention")],
                       limits)
     assert graded.outcome == COULD_NOT_JUDGE

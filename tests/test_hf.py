@@ -360,7 +360,7 @@ def test_transcript_of_one_layer(tiny_dir: Path, tmp_path: Path) -> None:
     assert "\x1b" not in text  # the tokenizer's control byte is shown as a visible stand-in
     name = str(tiny_dir) if len(str(tiny_dir)) <= 40 else "…" + str(tiny_dir)[-39:]
     assert text.splitlines()[0] == (f"model {name} (GPT2LMHeadModel)  transformer.h.2.attn  "
-                                    f"layer 2 of 0-2  C=16 h=4 d_h=4 vocab=300 layers=3")
+                                    f"layer 2 of 0-2  C=16 h=4 d_h=4 vocab=300 layers=3  float32")
     assert "␣cat" in text and "Ġ" not in text
     assert "Where layer 2's input comes from" in text
     for kind in ("project", "scores", "softmax", "attend", "w_o"):

@@ -242,3 +242,28 @@ def test_the_estimate_counts_blocks_from_the_headers(checkpoints: dict[str, Path
             sum(p.numel() for p in block.parameters()) for block in loaded.blocks)
         own = {id(p): p.numel() for p in loaded.model.parameters()}
         assert shape.elements >= sum(own.values())
+
+
+async def test_the_app_moves_between_streamed_layers_reading_one_block(
+        checkpoints: dict[str, Path]) -> None:
+    """In the app, `]` and `[` to another layer run the model's forward again with the
+    blocks before it skipped (their outputs kept): only the new layer's block is read."""
+    from mha_tui.app.explain import ExplainApp
+
+    loaded = hf.load(str(checkpoints["sharded"]), SENTENCE, stream=True)
+    assert loaded.stream is not None
+    session = Session(loaded, SENTENCE)
+    session.all_layers = False  # one layer per forward, as for a long sentence
+    app = ExplainApp(session.config(1), loader=lambda config: session.trace(1), layers=session)
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.trace is None:
+            await pilot.pause(0.05)
+        assert loaded.stream.reads == [1, 0]
+        for key, layer in [("right_square_bracket", 2), ("left_square_bracket", 1)]:
+            await pilot.press(key)
+            while app.config.model is None or app.config.model.layer != layer:
+                await pilot.pause(0.05)
+        assert loaded.stream.reads == [1, 0, 2, 1]  # block 0 is never read again
+    full = Session(hf.load(str(checkpoints["sharded"]), SENTENCE), SENTENCE, one_layer=True)
+    for layer in (1, 2):
+        assert to_json(session.trace(layer)) == to_json(full.trace(layer))

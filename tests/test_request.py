@@ -4,6 +4,8 @@ refused until they are wired, never ignored."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mha_tui import pipeline
@@ -33,13 +35,20 @@ def test_the_worker_reads_the_graders_limits_beside_the_request() -> None:
     assert again.config == Config("I love AI !") and again.source.is_default
 
 
-@pytest.mark.parametrize("field, value", [("steps", 2)])
-def test_decode_steps_are_refused_until_wired(field: str, value: object) -> None:
-    request = Request(Config("I love AI !"), **{field: value})  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="not supported yet"):
-        pipeline.load(request)
-    with pytest.raises(ConfigError, match="not supported yet"):
-        pipeline.traced(request)
+def test_decode_steps_run_through_the_request() -> None:
+    """`steps` (--decode N) reaches the pipeline: a trace per step; a module that keeps no
+    cache is refused in one line when it is built, and steps travel to the grader's worker."""
+    from mha_tui.load.learner import LoadError
+
+    source = Source(module="tests/fixtures/kv_caches.py:GPT2Attention")
+    request = Request(Config("I love AI !"), source, steps=2)
+    assert Request.from_json(request.as_json()).steps == 2
+    trace = pipeline.traced(request)
+    assert [t.step.position for t in trace.steps] == [2, 3]
+    with pytest.raises(LoadError, match="keeps no KV cache"):
+        pipeline.load(Request(Config("I love AI !"), steps=2))
+    with pytest.raises(ConfigError, match="decode between 1 and 3"):
+        pipeline.traced(Request(Config("I love AI !"), source, steps=4))
 
 
 def test_traced_is_run_trace_on_the_requests_module() -> None:
@@ -58,3 +67,42 @@ def test_batch_rows_run_through_the_request() -> None:
     assert request.rows == ("the cat",)
     trace = pipeline.traced(request)
     assert trace.stage("scores").tensors[-1].values.shape[0] == 2
+
+
+def test_the_grader_sends_each_worker_checks_request_with_the_submissions_module() -> None:
+    """grade/pool.py builds each worker's Request from the one `check` made: every option
+    (sizes, --init, --weights, --expect) as given, the module the submission's, and the
+    paths absolute (the worker runs in a folder of its own)."""
+    from mha_tui.grade import Limits, Submission
+    from mha_tui.grade.pool import worker_request
+
+    check = Request(Config("the cat sat", embed_dim=8, num_heads=4, seed=3, causal=False),
+                    Source(init=(("bias", True),), weights="w.pt"),
+                    Expect(window=2, rotary_base=500.0))
+    sub = Submission(shown="ada", module="ada/attn.py:MultiHeadAttention")
+    data = worker_request(sub, Limits(check, timeout=5, memory=1 << 20))
+    sent = Request.from_json(data)
+    assert (sent.config, sent.expect) == (check.config, check.expect)
+    assert sent.source.init == (("bias", True),)
+    assert sent.source.module == f"{Path('ada/attn.py').resolve()}:MultiHeadAttention"
+    assert sent.source.weights == str(Path("w.pt").resolve())
+    assert data["memory"] == 1 << 20
+    model = Request.from_json(worker_request(Submission(shown="course", model="course"),
+                                             Limits(check)))
+    assert (model.source.model, model.source.module) == ("course", None)
+
+
+def test_a_results_files_fingerprint_holds_what_it_held_before_the_request() -> None:
+    """--resume matches a results file's lines by the grading's settings: the Request's
+    fields that were fingerprinted before it carried them all, and a field added since only
+    when it is set, so that a file written before still resumes."""
+    from mha_tui.grade.journal import settings
+
+    check = Request(Config("I love AI !"), Source(init=(("bias", False),)), Expect(window=3))
+    assert settings(check) == {
+        "sentence": "I love AI !", "embed_dim": 4, "heads": 2, "seed": 0, "causal": True,
+        "max_seq_len": 64, "init": ["bias=False"], "weights": None, "rotary": False,
+        "window": 3, "alibi": False, "rotary_base": 10000.0}
+    crossed = Request(Config("I love AI !", context="le chat"))
+    assert settings(crossed)["context"] == "le chat"
+    assert settings(check.of_module("course")) == settings(check)

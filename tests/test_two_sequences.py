@@ -394,7 +394,7 @@ def test_one_decode_step_against_a_cache_is_traced_and_drawn() -> None:
     prefill of 4 tokens, the 5th token's step is traced; its (1, 5) scores are drawn with the
     new token on the row and the cache's positions on the columns, and its output equals row
     4 of the full, uncached forward."""
-    from .fixtures.kv_cache import CachedMultiHeadAttention
+    from .fixtures.kv_caches import CachedMultiHeadAttention
 
     torch.manual_seed(0)
     module = CachedMultiHeadAttention(4, 4, 16, 2).eval()

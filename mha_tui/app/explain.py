@@ -34,7 +34,7 @@ from textual.widgets.option_list import Option
 
 from ..config import Config
 from ..records import Trace
-from ..render.header import header, module_line, trace_header
+from ..render.header import header, module_line, step_line, trace_header
 from ..render.options import RenderOptions
 from ..render.stage import pending_box, pending_screen, stage_box, stage_screen
 from ..render.tensor import tensor_index
@@ -124,6 +124,9 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         self._batched = batched
         self._layers = layers
         self._layer = config.model.layer if config.model is not None else 0
+        # `--decode N`: every step's trace (the first trace's `steps`) and the one shown.
+        self._decode_steps: tuple[Trace, ...] = ()
+        self._step = 0
         self.trace = trace
         self._loader = loader
         # `--check`: judges the trace (in the loading worker); its verdict marks the rail.
@@ -222,6 +225,13 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         show); once traced, also the module's class and file."""
         opts = RenderOptions(ascii=self._ascii)
         batched = self.trace.batched if self.trace is not None else self._batched
+        if self.trace is not None and self.trace.step is not None:
+            # --decode: the step's line (d / D move) in the header's three lines
+            step = step_line(self.trace, opts)
+            step.no_wrap, step.overflow = True, "ellipsis"  # one line: the module's below
+            return Group(trace_header(self.trace, opts, max_lines=1, step=False), step,
+                         *([module_line(self.trace.module, opts)]
+                           if self.trace.module is not None and self.config.model is None else []))
         if self.trace is not None and self.trace.module is not None and self.config.model is None:
             # The header holds three lines: two for the sentence, tokens and sizes. (A
             # pretrained model's header names its attention module on the model's line.)
@@ -315,22 +325,22 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         return ascii_strips(strips) if self._ascii else strips
 
     def _lines(self, index: int, width: int, trace: Trace | None = None,
-               layer: int | None = None) -> list[Strip]:
+               layer: tuple[int, int] | None = None) -> list[Strip]:
         """The stage's rendered lines at this width, from the cache or rendered now."""
         trace = trace or self.trace
         assert trace is not None
-        layer = self._layer if layer is None else layer
+        shown = (self._layer, self._step) if layer is None else layer  # lines cached by both
         stage = trace.stages[index]
         if self._hidden(stage.id):  # quiz mode: code and question only, never cached
             return self._strips(self._hidden_screen(trace, index), width)
-        explain = self._explains(partial(stage_box, stage), (layer, index), width)
+        explain = self._explains(partial(stage_box, stage), (shown, index), width)
         opts = replace(self._window_options(width), explain=explain)
         if self.cursor is not None and index == self.stage_index and stage.tensors:
             record = stage.tensors[-1]
             # The numbers first: the box folds while the panel explains a cell.
             opts = replace(opts, explain=False, cursor=(
                 record.name, tensor_index(record, *self.cursor, batch=opts.row or 0)))
-        key = (layer, index, opts)
+        key = (shown, index, opts)
         with self._cache.lock:
             lines = self._cache.get(key)
             if lines is None:
@@ -380,7 +390,8 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
                             name="warm cache")
 
     def _warm_all(self) -> None:
-        trace, layer = self.trace, self._layer  # a layer switch must not mix two layers' lines
+        # a layer (or decode step) switch must not mix two layers' lines
+        trace, layer = self.trace, (self._layer, self._step)
         assert trace is not None
         width = self.query_one(StageView).text_width
         order = sorted(range(len(trace.stages)), key=lambda i: abs(i - self.stage_index))

@@ -64,6 +64,9 @@ class Keys:
         Binding("r", "batch_row(1)", "Row", tooltip="A padded batch (--batch): the next batch row",
                 id="batch.next"),
         Binding("R", "batch_row(-1)", "Prev row", show=False, id="batch.prev"),
+        Binding("d", "decode_step(1)", "Step", tooltip="Decoding with a KV cache (--decode N): "
+                "the next decode step, at the same stage", id="decode.next"),
+        Binding("D", "decode_step(-1)", "Prev step", show=False, id="decode.prev"),
         Binding("v", "numbers", "Nums", tooltip="Numbers on/off over the colours",
                 id="view.numbers"),
         Binding("plus,equals_sign", "decimals(1)", "More decimals", key_display="+",
@@ -170,6 +173,9 @@ class Keys:
             return True if self.config.num_heads > 1 else None
         if action == "all_heads":
             return None if self.view.focus is None else True
+        if action == "decode_step":
+            steps = self._decode_steps or (self.trace.steps if self.trace is not None else ())
+            return True if len(steps) > 1 else False
         if action == "batch_row":
             return True if len(self.config.rows) > 1 else False
         if action == "decimals":
@@ -246,7 +252,7 @@ class Keys:
         width = self.query_one(StageView).text_width
         if self.trace is not None:
             shown = self._explains(partial(stage_box, self.trace.stages[self.stage_index]),
-                                   (self._layer, self.stage_index), width)
+                                   ((self._layer, self._step), self.stage_index), width)
         else:
             info = stage_info(STAGE_IDS[min(self.stage_index, len(STAGE_IDS) - 1)],
                               causal=self.config.causal)

@@ -1,5 +1,6 @@
 """A pretrained model's layers (`--hf`): `[` and `]` show the same stage of another layer,
-from the session's traces (recorded in one forward, or run again for a long sentence).
+from the session's traces (recorded in one forward, or run again for a long sentence); and
+`--decode N`'s steps: `d` and `D` show the same stage of another decode step.
 
 `LayerSwitch` is mixed into `ExplainApp` (explain.py). Never import typer, torch or the CLI here.
 """
@@ -27,7 +28,8 @@ class Layers(Protocol):
 
 
 class LayerSwitch:
-    """`[` / `]`: another layer of the model, at the same stage."""
+    """`[` / `]`: another layer of the model, at the same stage; `d` / `D`: another decode
+    step (`--decode N`), each its own trace."""
 
     def action_layer(self, delta: int) -> None:
         """`[` / `]`: the same stage of the previous / next layer of the model."""
@@ -52,8 +54,19 @@ class LayerSwitch:
             return
         self.call_from_thread(self._show_layer, layer, trace)
 
+    def action_decode_step(self, delta: int) -> None:
+        """`d` / `D` (`--decode N`): the next / previous decode step, at the same stage."""
+        if not self._decode_steps and self.trace is not None:
+            self._decode_steps = self.trace.steps
+        steps = self._decode_steps
+        if len(steps) < 2:
+            return
+        self._step = (self._step + delta) % len(steps)
+        self._show_layer(self._layer, steps[self._step])
+
     def _show_layer(self, layer: int, trace: Trace) -> None:
-        """Put another layer's trace on screen at the same stage (its lines cached by layer)."""
+        """Put another layer's trace (or decode step's) on screen at the same stage (its
+        lines cached by layer and step)."""
         same_rail = self.trace is not None and [s.id for s in self.trace.stages] == [
             s.id for s in trace.stages]
         self._layer = layer

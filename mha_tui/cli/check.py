@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from ..config import Config, ConfigError, parse_module_ref
-from ..records.request import Expect, Request
+from ..config import ConfigError, parse_module_ref
+from ..records.request import Request
 from . import options
-from .options import DEFAULT_SENTENCE, CheckFormat, ExpectKind, SandboxMode, source_of
+from .options import (
+    DEFAULT_SENTENCE,
+    CheckFormat,
+    ExpectKind,
+    SandboxMode,
+    check_decode,
+    source_of,
+)
 from .process import fail
 
 if TYPE_CHECKING:
@@ -53,6 +59,7 @@ def check(
     hf_source: options.HfRefused = None,
     batch: options.BatchJudged = None,
     context: options.ContextJudged = None,
+    decode: options.DecodeJudged = 0,
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
@@ -67,17 +74,9 @@ def check(
         fail("check does not take --hf: it judges a module you give as FILE.py:Class or "
              "--model NAME; to look at a Hugging Face model's attention use "
              "mha-tui explain --hf PATH_OR_NAME")
-    if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
-        fail("the sentence is not valid UTF-8 text")
-    if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
-            "utf-8", "replace"):
-        fail("--context is not valid UTF-8 text")
-    try:
-        config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                        causal=causal, max_seq_len=max_seq_len, context=context or "",
-                        batch=tuple(batch or ()))
-    except ConfigError as error:
-        fail(str(error))
+    config = options.config_of(options.valid_text(sentence, "the sentence"), heads=heads,
+                               embed_dim=embed_dim, seed=seed, causal=causal,
+                               max_seq_len=max_seq_len, context=context, batch=batch)
     if not 40 <= width <= 400:
         fail(f"--width must be between 40 and 400, got {width}")
     if not 0 < timeout <= 24 * 3600:
@@ -86,14 +85,7 @@ def check(
         fail(f"--jobs must be at least 1, got {jobs}")
     if memory < 64:
         fail(f"--memory must be at least 64 MB, got {memory}")
-    if window is not None and window < 1:
-        fail(f"--window must be at least 1, got {window}")
-    from ..pipeline import verdict as verdict_of
-
-    if not rotary_base > 1:
-        fail(f"--rotary-base must be above 1, got {rotary_base:g}")
-    wanted = Expect(rotary=expect is ExpectKind.rotary, window=window,
-                    alibi=expect is ExpectKind.alibi, rotary_base=rotary_base)
+    wanted = options.expect_of(expect, window=window, rotary_base=rotary_base)
     from ..grade import GradeError, Submission, find_submissions, is_batch
 
     if class_name is not None and not all(part.isidentifier() for part in class_name.split(".")):
@@ -114,6 +106,8 @@ def check(
     if not submissions:
         fail("give the module to check: FILE.py:Class (or package.module:Class), "
              "or --model NAME; e.g. mha-tui check my_attn.py:MultiHeadAttention")
+    # What every submission is judged with; each one's own module replaces the source's.
+    request = Request(config, source_of(None, None, init or [], weights), wanted, steps=decode)
     from ..grade.options import grading_outputs
     from ..judge.outcome import EXIT_CODES, worst
 
@@ -125,13 +119,14 @@ def check(
         fail(str(error))
     verdict = None
     lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
-    if (context is not None or batch) and (len(submissions) > 1 or is_batch(specs or []) or lms
+    check_decode(decode, config)
+    if (context is not None or batch or decode) and (len(submissions) > 1 or is_batch(specs or []) or lms
                                            or outputs.grading):
-        fail(f"{'--context' if context is not None else '--batch'} judges one module at a time; "
+        fail(f"{'--context' if context is not None else '--batch' if batch else '--decode'} judges "
+             "one module at a time; "
              "grading several with it is not there yet")
     if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
-        reports = _grade(config, submissions, init=init or [], weights=weights,
-                         timeout=timeout, jobs=jobs, memory=memory, expect=wanted,
+        reports = _grade(request, submissions, timeout=timeout, jobs=jobs, memory=memory,
                          sandbox=sandbox, outputs=outputs.session)
         if summary is not None:
             from ..grade.options import write_summary
@@ -140,11 +135,11 @@ def check(
     else:  # one module, judged here: the whole report
         from ..judge.report import verdict_json
         from ..load.learner import LoadError
+        from ..pipeline import verdict as verdict_of
 
         one = submissions[0]
         try:
-            verdict = verdict_of(Request(config, source_of(one.model, one.module, init or [],
-                                                               weights), wanted))
+            verdict = verdict_of(request.of_module(one.model, one.module))
         except LoadError as error:
             # here the module is an argument, not --module
             fail(str(error).removeprefix("--module: ").removeprefix("--module "))
@@ -154,11 +149,11 @@ def check(
     raise typer.Exit(EXIT_CODES[worst(report["verdict"] for report in reports)])
 
 
-def _grade(config: Config, submissions: list, *, init: list[str], weights: Path | None,
-           timeout: float, jobs: int | None, memory: int, expect: Expect,
-           sandbox: SandboxMode, outputs: GradingOutputs) -> list[dict]:
-    """Each submission in its own process (grade/pool.py); a progress bar on stderr while
-    they run, when stderr is a terminal."""
+def _grade(request: Request, submissions: list, *, timeout: float, jobs: int | None,
+           memory: int, sandbox: SandboxMode, outputs: GradingOutputs) -> list[dict]:
+    """Each submission in its own process (grade/pool.py), judged with the request, its
+    module replaced by the submission's; a progress bar on stderr while they run, when
+    stderr is a terminal."""
     from ..grade import Limits, sandbox_or_why, watched_folders
 
     sandboxed, why = sandbox_or_why(sandbox.value)
@@ -171,11 +166,7 @@ def _grade(config: Config, submissions: list, *, init: list[str], weights: Path 
     watched = watched_folders(submissions)
     from ..grade.session import grade_class
 
-    limits = Limits(sentence=config.sentence, embed_dim=config.embed_dim, heads=config.num_heads,
-                    seed=config.seed, causal=config.causal, max_seq_len=config.max_seq_len,
-                    init=tuple(init), weights=None if weights is None else str(weights),
-                    timeout=timeout, memory=memory << 20, rotary=expect.rotary,
-                    window=expect.window, alibi=expect.alibi, rotary_base=expect.rotary_base)
+    limits = Limits(request, timeout=timeout, memory=memory << 20)
     jobs = jobs or max(1, min(os.cpu_count() or 1, 4))
     if not (sys.stderr is not None and sys.stderr.isatty()):
         return grade_class(submissions, limits, outputs, jobs=jobs, sandbox=sandboxed,

@@ -7,9 +7,10 @@ Every refusal is made here, before anything heavy is imported: one line, exit co
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import typer
 
 from .. import collector, pipeline
 from ..config import (
@@ -18,16 +19,15 @@ from ..config import (
     NUMPY_MODEL_NAMES,
     TRAINED_MODEL_NAMES,
     Config,
-    ConfigError,
     Source,
 )
 from ..records.request import Request
 from ..stages import STAGE_IDS
 from ..write import FORMATS
 from . import options, process
-from .explain_app import load_for, open_checked, open_compared, whose_forward
-from .options import Format, Model, dump_format, source_of
-from .process import fail, interactive, open_app, say
+from .explain_app import open_checked, open_compared, open_explained
+from .options import Format, Model, check_decode, dump_format, source_of, valid_text
+from .process import fail, interactive, say
 from .transcript import explain_hf, write_comparison, write_transcript
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 
 def explain(
+    ctx: typer.Context,
     sentence: options.Sentence,
     heads: options.Heads = 2,
     embed_dim: options.EmbedDim = 4,
@@ -59,16 +60,19 @@ def explain(
     hf_source: options.Hf = None,
     layer: options.Layer = None,
     no_stream: options.NoStream = False,
+    dtype: options.Dtype = options.DtypeName.auto,  # type: ignore[attr-defined]
     repeat: options.Repeat = False,
     quiz: options.Quiz = False,
     against: options.Against = None,
     why_cell: options.Why = None,
     batch: options.Batch = None,
     context: options.Context = None,
+    decode: options.Decode = 0,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
-    if sentence != sentence.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
-        fail("the sentence is not valid UTF-8 text")
+    valid_text(sentence, "the sentence")
+    preflight = process.preflight(ctx)  # serve's check: stop where the app would open
+    in_app = interactive(dump, preflight=preflight)
     if repeat:
         sentence = f"{sentence} {sentence}"
     trained = model is not None and model.value in TRAINED_MODEL_NAMES
@@ -92,31 +96,29 @@ def explain(
              "--model induction")
     if no_stream and (hf_source is None or trained):
         fail("--no-stream applies with --hf PATH_OR_NAME: it loads a checkpoint whole")
+    if dtype.value != "auto" and (hf_source is None or trained):
+        fail(f"--dtype {dtype.value} applies with --hf PATH_OR_NAME: the dtype a checkpoint "
+             f"runs in")
     if hf_source is None:
-        if context is not None and context != context.encode("utf-8", "surrogateescape").decode(
-                "utf-8", "replace"):
-            fail("--context is not valid UTF-8 text")
-        try:
-            config = Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed,
-                            causal=causal, max_seq_len=max_seq_len, context=context or "",
-                            batch=tuple(batch or ()))
-        except ConfigError as error:
-            fail(str(error))
+        config = options.config_of(sentence, heads=heads, embed_dim=embed_dim, seed=seed,
+                                   causal=causal, max_seq_len=max_seq_len, context=context,
+                                   batch=batch)
         if context is not None and model is None and module is None:
             model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
         source = _source(model, module, init or [], weights)
-        request = Request(config, source)
+        check_decode(decode, config)
+        request = Request(config, source, steps=decode)
         if stage is not None and stage not in STAGE_IDS and not _a_stage_kind(stage):
             fail(f"--stage {stage!r} is not a stage; choose one of: {', '.join(STAGE_IDS)} (or "
                  "one of a module's own: rotary, qkv_split, kv_repeat, op-2 ...)")
     fmt = dump_format(fmt, dump, only=only, stage=stage)
-    reference = _against(against, dump=dump, fmt=fmt, hf=hf_source is not None, why=why_cell,
+    reference = _against(against, in_app=in_app, fmt=fmt, hf=hf_source is not None, why=why_cell,
                          check=check_stages, stage=stage)
-    cell = _why_cell(why_cell, dump=dump, fmt=fmt, hf=hf_source is not None)
+    cell = _why_cell(why_cell, in_app=in_app, fmt=fmt)
     if quiz:
         if reference is not None:
             fail("--quiz and --against both say what to write; give one of them")
-        _check_quiz(dump=dump, fmt=fmt, why=cell is not None, check=check_stages, only=only)
+        _check_quiz(in_app=in_app, fmt=fmt, why=cell is not None, check=check_stages, only=only)
     if color and not FORMATS[fmt.value].colours and FORMATS[fmt.value].sized:
         say(f"mha-tui: note: in {fmt.value}, --color changes nothing (SVG and HTML "
              "are always in the app's colours; Markdown is plain text)")
@@ -137,54 +139,38 @@ def explain(
             fail(str(error), error.code)
     if hf_source is not None:
         explain_hf(sentence, hf_source, layer or 0, destination=destination,
-                    interactive=interactive(dump), fmt=fmt, width=width or 100,
+                    interactive=in_app, preflight=preflight, fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
-                    quiz=quiz, why=cell, trained=trained, stream=not no_stream)
+                    quiz=quiz, why=cell, trained=trained, stream=not no_stream and not decode,
+                    decode=decode, dtype=dtype.value)
         return
     _check_budget(config, destination, fmt)
-    # The default module on one sentence needs no building before the app opens; anything
-    # else is built first, so that bad input (a forward that takes no context) exits 2.
-    plain = source.is_default and not config.cross and not config.batch
-
     if check_stages:
-        open_checked(request, dump=dump, stage=stage, ascii_only=ascii_only)
+        open_checked(request, in_app=in_app, stage=stage, ascii_only=ascii_only,
+                     preflight=preflight)
         return
-    if reference is not None and interactive(dump):
-        open_compared(replace(request, against=reference), ascii_only=ascii_only)
+    if reference is not None and in_app:
+        open_compared(replace(request, against=reference), ascii_only=ascii_only,
+                      preflight=preflight)
         return
     if reference is not None:
         write_comparison(replace(request, against=reference), destination, fmt,
                           width=width or 100, full=full, color=color, ascii_only=ascii_only)
         return
 
-    if interactive(dump):
-        from ..load.learner import LoadError
-
-        if process.PREFLIGHT and not plain:  # serve checks the input before the app
-            try:
-                pipeline.load(request)
-            except LoadError as error:
-                fail(str(error))
-
-        def app() -> None:
-            # The module is built in the app's loading thread: the app is on screen (q
-            # quits) while a learner's file imports and its forward runs, which may never
-            # return. Bad --module/--init/--weights end the app: one line here, exit 2.
-            from ..app.run import run_app  # after _open_app paused the collector
-
-            refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                              build=None if plain else partial(load_for, request),
-                              running=whose_forward(source), refusals=(LoadError,),
-                              quiz=quiz)
-            if refusal is not None:
-                fail(refusal)
-
-        open_app(app)
+    if in_app:
+        open_explained(request, stage=stage, ascii_only=ascii_only, quiz=quiz,
+                       preflight=preflight)
         return
-    if process.STANDALONE:  # as the app starts (collector.py): torch's import without the collector,
-        collector.pause()  # which the module's build (load.learner.learner_code) resumes
+    # As the app starts (collector.py): torch's import without the collector, which the
+    # module's build (load.learner.learner_code) resumes.
+    if process.STANDALONE:
+        collector.pause()
     loaded: Loaded | LoadedNumpy | None = None
-    if not plain:  # build it now: bad --module/--init/--weights/--context fail here, exit 2
+    # The default module on one sentence needs no building before the transcript; anything
+    # else is built now, so that bad input (--module, --init, --weights, a forward that takes
+    # no context) exits 2 before anything is written.
+    if not (source.is_default and not config.cross and not config.batch and not request.steps):
         from ..load.learner import LoadError
 
         try:
@@ -196,13 +182,13 @@ def explain(
                       quiz=quiz)
 
 
-def _check_quiz(*, dump: str | None, fmt: Format, why: bool, check: bool, only: bool) -> None:
+def _check_quiz(*, in_app: bool, fmt: Format, why: bool, check: bool, only: bool) -> None:
     """--quiz: the app asks; with --dump, a worksheet in text, JSON or Markdown."""
     if why:
         fail("--quiz and --why both say what to write; give one of them")
     if check:
         fail("--quiz hides the numbers that --check judges; give one of them")
-    if interactive(dump):
+    if in_app:
         return  # the app asks, stage by stage
     if not FORMATS[fmt.value].worksheet:
         fail(f"--quiz writes a worksheet as text, JSON or Markdown, not {fmt.value}")
@@ -210,7 +196,7 @@ def _check_quiz(*, dump: str | None, fmt: Format, why: bool, check: bool, only: 
         fail("--quiz writes the questions of every stage; --only does not apply")
 
 
-def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: str | None,
+def _against(text: str | None, *, in_app: bool, fmt: Format, hf: bool, why: str | None,
              check: bool, stage: str | None) -> Source | None:
     """--against MODEL or FILE.py:Class, checked before anything heavy runs."""
     if text is None:
@@ -221,7 +207,7 @@ def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: 
     for flag, given in (("--why", why is not None), ("--check", check), ("--stage", stage)):
         if given:
             fail(f"--against does not take {flag} yet")
-    if not interactive(dump) and not FORMATS[fmt.value].comparison:
+    if not in_app and not FORMATS[fmt.value].comparison:
         fail(f"--against writes text or JSON, not {fmt.value}")
     if text in NUMPY_MODEL_NAMES:
         fail(f"--against {text}: the reference must be a torch module (your weights are "
@@ -234,7 +220,7 @@ def _against(text: str | None, *, dump: str | None, fmt: Format, hf: bool, why: 
     return source_of(None, text, [], None)
 
 
-def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
+def _why_cell(text: str | None, *, in_app: bool, fmt: Format
               ) -> tuple[str, tuple[int, ...]] | None:
     """--why STAGE[i, j, ...], checked before anything heavy runs."""
     if text is None:
@@ -242,7 +228,7 @@ def _why_cell(text: str | None, *, dump: str | None, fmt: Format, hf: bool
     from ..why import KINDS as WHY_KINDS
     from ..why import WhyError, parse_cell
 
-    if interactive(dump):
+    if in_app:
         fail("--why prints how one number was made: give --dump - (or --dump PATH)")
     if not FORMATS[fmt.value].cell:
         fail(f"--why writes text, not {fmt.value}")

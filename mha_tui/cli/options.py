@@ -22,15 +22,18 @@ import typer
 from .. import __version__
 from ..config import (
     DEFAULT_MODEL,
+    DTYPE_CHOICES,
     MAX_EMBED_DIM,
     MAX_SEQ_LEN,
     MODEL_NAMES,
     NUMPY_MODEL_NAMES,
     TRAINED_MODEL_NAMES,
+    Config,
     ConfigError,
     Source,
     parse_init,
 )
+from ..records.request import Expect
 from ..write import FORMATS, format_of
 from .process import fail
 
@@ -38,6 +41,8 @@ from .process import fail
 
 # --format's choices: the rows of write.FORMATS (text, json, svg, html, md).
 Format = StrEnum("Format", [(name, name) for name in FORMATS])  # type: ignore[misc]
+# --dtype's choices (config.DTYPE_CHOICES): auto, float32, bfloat16, float16.
+DtypeName = StrEnum("DtypeName", [(name, name) for name in DTYPE_CHOICES])  # type: ignore[misc]
 
 
 class CheckFormat(StrEnum):
@@ -81,6 +86,8 @@ RepeatHeads = Annotated[bool, typer.Option("--repeat", help="Run the sentence tw
 Batch = Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable): the rows are padded with <pad> to the longest, and the module gets the padding mask by its parameter (attention_mask: 1 = a token; key_padding_mask or padding_mask: True = padding; else a mask that blocks the padded keys).")]
 BatchJudged = Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable), padded with <pad> to the longest; the module gets the padding mask by its parameter.")]
 Context = Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross.")]
+Decode = Annotated[int, typer.Option("--decode", metavar="N", help="Decode with a KV cache: the last N tokens of the sentence are generated one at a time after a prefill of the others, each step its own walk-through (d / D in the app), compared with the same row of the full, uncached forward. The cache is found from the forward's signature: passed in and returned (layer_past, past_key_value, past_kv), or kept in the module (use_cache with reset_cache(), start_pos, input_pos); with --hf, the model's own Cache.")]
+DecodeJudged = Annotated[int, typer.Option("--decode", metavar="N", help="Judge decoding with a KV cache: the last N tokens generated one at a time against the module's cache must equal the full forward's rows, and a second run after the module's reset the first; a cache joined on the wrong axis, a mask or rotary position that ignores the cache's offset, a cache not reset between runs are named at their line.")]
 ContextJudged = Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: judge the module with queries from --sentence and keys and values from this sentence, against a reference that takes both (no causal mask across two sequences).")]
 
 # ---------------------------------------------------------------------------- the sizes
@@ -106,6 +113,7 @@ Hf = Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help='Ex
 HfWhole = Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", help="A Hugging Face model in a local directory or the local cache. Never downloads.")]
 HfRefused = Annotated[str | None, typer.Option("--hf", hidden=True)]
 Layer = Annotated[int | None, typer.Option("--layer", help="With --hf or --model induction: the layer to explain, from 0; in the app [ and ] move between layers.")]
+Dtype = Annotated[DtypeName, typer.Option("--dtype", help="With --hf: the dtype the model runs and is recorded in. auto: the checkpoint's own (a bfloat16 checkpoint is explained in bfloat16, with the model's own numbers); float32, bfloat16 or float16 on request (the header says so: float32 (upcast from bfloat16 on request)).", case_sensitive=False)]
 NoStream = Annotated[bool, typer.Option("--no-stream", help="With --hf: load every weight of the model at once, instead of only the blocks up to the layer shown, one at a time from the checkpoint (streamed: the default for safetensors checkpoints).")]
 Against = Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")]
 
@@ -169,17 +177,48 @@ Version = Annotated[bool, typer.Option("--version", callback=_version, is_eager=
 
 
 # ---------------------------------------------------------------------------- onto the Request
+# Each option reaches the Request here, checked (one line, exit 2) before anything heavy.
+
+
+def valid_text(text: str, what: str) -> str:
+    """A sentence as given on the command line, refused when it is not valid UTF-8."""
+    if text != text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"):
+        fail(f"{what} is not valid UTF-8 text")
+    return text
+
+
+def config_of(sentence: str, *, heads: int, embed_dim: int, seed: int, causal: bool,
+              max_seq_len: int, context: str | None, batch: list[str] | None) -> Config:
+    """The sentence, --context, --batch and the sizes: the Request's `config`."""
+    if context is not None:
+        valid_text(context, "--context")
+    try:
+        return Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed, causal=causal,
+                      max_seq_len=max_seq_len, context=context or "", batch=tuple(batch or ()))
+    except ConfigError as error:
+        fail(str(error))
 
 
 def source_of(model: str | None, module: str | None, init: list[str],
               weights: Path | None) -> Source:
-    """--model or a module, --init, --weights, checked before anything heavy is imported."""
+    """--model or a module, --init, --weights: the Request's `source`."""
     try:
         return Source(model=model or DEFAULT_MODEL, module=module,
                       init=tuple(parse_init(text) for text in init),
                       weights=None if weights is None else str(weights))
     except ConfigError as error:
         fail(str(error))
+
+
+def expect_of(expect: ExpectKind, *, window: int | None, rotary_base: float) -> Expect:
+    """--expect, --window, --rotary-base: what the check judges against, the Request's
+    `expect`."""
+    if window is not None and window < 1:
+        fail(f"--window must be at least 1, got {window}")
+    if not rotary_base > 1:
+        fail(f"--rotary-base must be above 1, got {rotary_base:g}")
+    return Expect(rotary=expect is ExpectKind.rotary, window=window,
+                  alibi=expect is ExpectKind.alibi, rotary_base=rotary_base)
 
 
 def dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str | None) -> Format:
@@ -190,3 +229,16 @@ def dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str 
     if fmt is not None:
         return fmt
     return Format(format_of(dump or ""))
+
+
+def check_decode(steps: int, config: Config) -> None:
+    """--decode N: between 1 and T - 1 (the rest is the prompt), on one sentence attending to
+    itself."""
+    if not steps:
+        return
+    if config.cross or config.batch:
+        fail(f"--decode with {'--context' if config.cross else '--batch'} is not there yet: "
+             "decode one sentence attending to itself")
+    if not 1 <= steps < config.seq_len:
+        fail(f"--decode {steps}: the sentence has {config.seq_len} tokens; decode between 1 and "
+             f"{config.seq_len - 1} of them (at least one token is the prompt)")

@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 STDOUT_CLOSED = False
 STANDALONE = False  # True once main() runs: the process is the mha-tui command, nothing else
-PREFLIGHT = False  # serve checks explain's arguments by running it up to the app
+# `ctx.obj` of the explain that `serve` runs to check its arguments (serve.py): explain stops
+# where the app would open, every refusal made and the module built.
+SERVE_CHECK = "mha-tui serve's check of explain's arguments"
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -73,16 +75,22 @@ def where(destination: Destination) -> str:
             else f"--dump {destination.shown}")
 
 
-def interactive(dump: str | None) -> bool:
+def preflight(ctx: typer.Context) -> bool:
+    """Whether this run is `serve`'s check of explain's arguments (ctx.obj is SERVE_CHECK)."""
+    return ctx.obj == SERVE_CHECK
+
+
+def interactive(dump: str | None, *, preflight: bool = False) -> bool:
     """The app rather than a transcript: no --dump, and stdout a terminal, or the app is
-    served to a browser tab (`mha-tui serve` starts it with MHA_TUI_SERVE=1)."""
+    served to a browser tab (`mha-tui serve` starts it with MHA_TUI_SERVE=1, after checking
+    the arguments with `preflight`)."""
     from ..serve import SERVE_ENV
 
     return dump is None and (sys.stdout.isatty() or os.environ.get(SERVE_ENV) == "1"
-                             or PREFLIGHT)
+                             or preflight)
 
 
-def open_app(run: Callable[[], None]) -> None:
+def open_app(run: Callable[[], None], *, preflight: bool = False) -> None:
     """Run the app; in a terminal, prepare it first (keys, size). Under serve textual-serve
     brings the keys and the size; serve's check of its arguments stops here, every
     refusal having been made and the module built.
@@ -90,10 +98,11 @@ def open_app(run: Callable[[], None]) -> None:
     The `mha-tui` process opens the app with the garbage collector paused, until a
     module's code runs or the first forward is done (collector.py: its passes over the
     start-up's objects found nothing to free and delayed the first frame and torch's
-    import); `run` imports the app after this."""
+    import); `run` imports the app after this. With `preflight` (serve's check of the
+    arguments) the app is not opened."""
     from ..serve import SERVE_ENV
 
-    if PREFLIGHT:
+    if preflight:
         return
     if STANDALONE:
         collector.pause()

@@ -41,11 +41,9 @@ def serve(
     except ServeError as error:
         fail(str(error))
     explain_command = ctx.find_root().command.get_command(ctx, "explain")  # type: ignore[attr-defined]
-    process.PREFLIGHT = True  # explain's own checks and loading, stopping where the app would open
-    try:
-        explain_command.main(args=args, prog_name="mha-tui serve", standalone_mode=False)
-    finally:
-        process.PREFLIGHT = False
+    # explain's own checks and loading, stopping where the app would open
+    explain_command.main(args=args, prog_name="mha-tui serve", standalone_mode=False,
+                         obj=process.SERVE_CHECK)
     from ..serve import serve as run_server
 
     def say(line: str) -> None:

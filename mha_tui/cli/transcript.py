@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, NoReturn
 
 from .. import collector
+from ..config import DTYPE_BYTES
 from ..records.request import Request
 from ..stages import STAGE_IDS
 from ..write import FORMATS, Page
@@ -30,17 +31,21 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
                 interactive: bool, fmt: Format, width: int, full: bool, color: bool,
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
                 why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
-                stream: bool = True) -> None:
+                stream: bool = True, decode: int = 0, dtype: str = "auto",
+                preflight: bool = False) -> None:
     """--hf (or --model induction, trained: a model of mha_tui/models): load the model
     (refusals here, before any app), then the app, a transcript or --why's cell of the layer
-    shown. stream: read the blocks from the checkpoint one at a time (load.hf_stream)."""
+    shown. stream: read the blocks from the checkpoint one at a time (load.hf_stream).
+    decode: the last N tokens decoded against the model's own cache, a trace per step
+    (pipeline.hf_decode; the whole model runs each step, so it is loaded whole). dtype: what
+    the model runs in (--dtype: auto, the checkpoint's own)."""
     from ..load.hf_error import HfError
     from ..load.hf_files import refuse_early
 
     try:  # what the checkpoint's files refuse, before torch and transformers are imported
         if not trained:
             tokens = refuse_early(source, sentence, layer)
-            _check_hf_budget(source, sentence, tokens, layer, stream=stream,
+            _check_hf_budget(source, sentence, tokens, layer, stream=stream, dtype=dtype,
                              destination=destination, fmt=fmt, full=full, why=why is not None,
                              quiz=quiz)
     except HfError as error:
@@ -52,23 +57,29 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
     try:
         # too many tokens: refused before the weights load
         loaded = (trained_models.load(source, sentence) if trained
-                  else load(source, sentence, stream=stream))
+                  else load(source, sentence, stream=stream, dtype=dtype))
         if loaded.note:
             say(f"mha-tui: note: {loaded.note}")
         check_layer(loaded, layer)
         session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except HfError as error:
         fail(str(error))
+    if decode:
+        _explain_hf_decode(loaded, sentence, layer, decode, destination=destination,
+                           interactive=interactive, fmt=fmt, width=width, full=full, color=color,
+                           ascii_only=ascii_only, stage=stage, only=only, quiz=quiz, why=why,
+                           preflight=preflight)
+        return
     if interactive:
         def app() -> None:
-            from ..app.run import run_app  # after _open_app paused the collector
+            from ..app.run import run_app  # after open_app paused the collector
 
             run_app(session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                     loader=lambda config: session.trace(config.model.layer if config.model
                                                         else layer),
                     layers=session, quiz=quiz)
 
-        open_app(app)
+        open_app(app, preflight=preflight)
         return
     try:
         trace = session.trace(layer)
@@ -114,6 +125,33 @@ def write_comparison(request: Request, destination: Destination | None, fmt: For
         fail(f"could not write the transcript to {where(destination)}: "
              f"{error.strerror or error}", 1)
     exit_now(0)
+
+
+def _explain_hf_decode(loaded: object, sentence: str, layer: int, steps: int, *,
+                       destination: Destination | None, interactive: bool, fmt: Format,
+                       width: int, full: bool, color: bool, ascii_only: bool, stage: str | None,
+                       only: bool, quiz: bool, why: tuple[str, tuple[int, ...]] | None,
+                       preflight: bool) -> None:
+    """--hf --decode N: every step traced now, then the app (d / D) or a transcript."""
+    from ..load.hf_error import HfError
+    from ..pipeline.hf_decode import decode_trace
+
+    try:
+        decoded = decode_trace(loaded, sentence, layer, steps, ascii_only=ascii_only)  # type: ignore[arg-type]
+    except HfError as error:
+        fail(str(error))
+    if interactive:
+        def app() -> None:
+            from ..app.run import run_app  # after open_app paused the collector
+
+            run_app(decoded.config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                    loader=lambda config: decoded, quiz=quiz)
+
+        open_app(app, preflight=preflight)
+        return
+    write_transcript(Request(decoded.config), destination, fmt, width=width, full=full,
+                     color=color, ascii_only=ascii_only, stage=stage, trace=decoded, only=only,
+                     quiz=quiz, why=why)
 
 
 def write_transcript(request: Request, destination: Destination | None, fmt: Format, *, width: int,
@@ -219,7 +257,8 @@ def _first_stage(trace: Trace, stage: str | None, *, only: bool = False) -> int:
 
 
 def _check_hf_budget(source: str, sentence: str, tokens: int | None, layer: int, *,
-                     stream: bool, destination: Destination | None, fmt: Format, full: bool,
+                     stream: bool, dtype: str, destination: Destination | None, fmt: Format,
+                     full: bool,
                      why: bool, quiz: bool) -> None:
     """--hf: refuse, before torch, transformers or any weight, a run that cannot fit in
     memory (streamed or whole, from config.json and the weight files' headers) or a JSON or
@@ -227,7 +266,7 @@ def _check_hf_budget(source: str, sentence: str, tokens: int | None, layer: int,
     from .. import budget
     from ..load.hf_files import exact_tokens, run_shape
 
-    shape = run_shape(source, tokens, sentence)
+    shape = run_shape(source, tokens, sentence, DTYPE_BYTES.get(dtype))  # auto: as stored
     if shape is None:
         return
     available = budget.available_memory()

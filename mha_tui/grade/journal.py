@@ -14,21 +14,26 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
 
+from ..config import Config
+from ..records.request import Request
 from .find import Submission
 from .results import Limits
 
-_LIMITS = ("timeout", "memory", "processes")  # how long and how big, not what is judged
+# The request's fields that every fingerprint has held since results files were first
+# written; a field added later counts only when it is set (not its default), so that the
+# lines of an older results file still match what it graded.
+_SETTINGS = ("sentence", "embed_dim", "heads", "seed", "causal", "max_seq_len", "init",
+             "weights", "rotary", "window", "alibi", "rotary_base")
+_DEFAULTS = Request(Config("a")).as_json()
 _RETRY = frozenset({"timeout", "out_of_memory", "internal_error"})
 
 
 def fingerprint(sub: Submission, limits: Limits) -> str:
     """What a verdict depends on: the submission's bytes and the grading's settings."""
-    settings = {k: v for k, v in asdict(limits).items() if k not in _LIMITS}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    digest = hashlib.sha256(json.dumps(settings(limits.request), sort_keys=True).encode())
     digest.update((sub.module or sub.model or sub.shown).encode())
     if sub.file:
         try:
@@ -36,6 +41,14 @@ def fingerprint(sub: Submission, limits: Limits) -> str:
         except OSError:
             digest.update(b"(unreadable)")
     return digest.hexdigest()
+
+
+def settings(request: Request) -> dict[str, Any]:
+    """The grading's settings a verdict depends on: the request but its module (each
+    submission's own, hashed by its bytes), and not how long or how big it may run."""
+    data = request.as_json()
+    return {key: value for key, value in data.items()
+            if key in _SETTINGS or (key not in ("model", "module") and value != _DEFAULTS[key])}
 
 
 def graded_before(path: Path) -> dict[str, dict[str, Any]]:

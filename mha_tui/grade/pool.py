@@ -32,11 +32,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..config import DEFAULT_MODEL, Config, Source, parse_init
-from ..records.request import Expect, Request
 from .find import Submission
 from .results import MAX_WRITE, Graded, Limits, unjudged
 from .sandbox import Box, SandboxError, open_box
@@ -191,7 +190,7 @@ class Grader:
         scratch = folder / "scratch"
         scratch.mkdir()
         number = next(self._jobs)
-        request = _request(sub, limits)
+        request = worker_request(sub, limits)
         box = None
         if self.sandbox:
             try:
@@ -313,25 +312,22 @@ def _visible(sub: Submission, limits: Limits, folder: Path) -> list[tuple[str, s
             shown.append((str(copy), real))
         except OSError:
             pass  # the worker says it cannot read it, in load's words
-    if limits.weights:
-        real = str(Path(limits.weights).resolve())
+    if weights := limits.request.source.weights:
+        real = str(Path(weights).resolve())
         shown.append((real, real))
     return shown
 
 
-def _request(sub: Submission, limits: Limits) -> dict[str, Any]:
-    """The Request `check` builds for one module (records/request.py), as JSON, with the
-    worker's limits beside it."""
-    config = Config(limits.sentence, embed_dim=limits.embed_dim, num_heads=limits.heads,
-                    seed=limits.seed, causal=limits.causal, max_seq_len=limits.max_seq_len)
-    source = Source(model=sub.model or DEFAULT_MODEL,
-                    module=None if sub.module is None else _absolute(sub.module),
-                    init=tuple(parse_init(text) for text in limits.init),
-                    weights=None if limits.weights is None else str(Path(limits.weights).resolve()))
-    expect = Expect(rotary=limits.rotary, window=limits.window, alibi=limits.alibi,
-                    rotary_base=limits.rotary_base)
-    return {**Request(config, source, expect).as_json(), "memory": limits.memory,
-            "processes": limits.processes, "max_write": MAX_WRITE}
+def worker_request(sub: Submission, limits: Limits) -> dict[str, Any]:
+    """`check`'s Request for one submission (records/request.py), as JSON, with the worker's
+    limits beside it; paths made absolute, since the worker runs in a folder of its own."""
+    request = limits.request.of_module(sub.model, None if sub.module is None
+                                       else _absolute(sub.module))
+    if (weights := request.source.weights) is not None:
+        request = replace(request, source=replace(request.source,
+                                                  weights=str(Path(weights).resolve())))
+    return {**request.as_json(), "memory": limits.memory, "processes": limits.processes,
+            "max_write": MAX_WRITE}
 
 
 def _absolute(module: str) -> str:

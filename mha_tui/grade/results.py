@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..judge.outcome import COULD_NOT_JUDGE, EXIT_CODES, Outcome
+from ..records.request import Request
 from ..records.verdict import Diagnosis, Verdict
 from .find import Submission
 
@@ -19,22 +20,13 @@ MAX_PROCESSES = 32  # processes (threads count too) a sandboxed submission may h
 
 @dataclass(frozen=True)
 class Limits:
-    """What every submission is run with: the check's sizes and the grading limits."""
+    """What every submission is run with: the Request `check` built (its sentence, sizes,
+    --init, --weights, --expect ...; each submission's module replaces its source's), and
+    the grading's limits (how long and how big)."""
 
-    sentence: str
-    embed_dim: int
-    heads: int
-    seed: int
-    causal: bool
-    max_seq_len: int
-    init: tuple[str, ...] = ()  # --init texts, parsed again by the worker
-    weights: str | None = None
+    request: Request
     timeout: float = DEFAULT_TIMEOUT
     memory: int = DEFAULT_MEMORY
-    rotary: bool = False  # --expect rotary
-    window: int | None = None  # --window N
-    alibi: bool = False  # --expect alibi
-    rotary_base: float = 10000.0  # --rotary-base
     processes: int = MAX_PROCESSES
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph
-from ..ops.numeric import ATOL, RTOL, close, einsum_spec, f64
+from ..ops.numeric import ATOL, RTOL, close, einsum_spec, f64, tolerance
 from ..ops.sizes import Sizes
 from ..ops.vocab import SHAPE_OPS
 from ..records import Check, OpRecord, Stage, TensorRecord, Trace
@@ -179,14 +179,14 @@ def judge(j: Judge) -> list[Row]:
         good, d = close(got, expected)
         diag = None
         if not good:
-            if np.allclose(got.reshape(-1), context.reshape(-1), atol=ATOL, rtol=RTOL):
+            if np.allclose(got.reshape(-1), context.reshape(-1), **tolerance(atol=ATOL, rtol=RTOL)):
                 diag = ("merge_without_transpose",
                         "heads merged without moving the head axis back: (B, h, T, d_h) was "
                         "viewed as (B, T, C) directly, so token t's row holds pieces of other "
                         "tokens from one head; transpose(1, 2) first, then "
                         "contiguous().view(B, T, C)")
             elif np.allclose(np.sort(got.reshape(-1)), np.sort(context.reshape(-1)),
-                             atol=ATOL, rtol=RTOL):
+                    **tolerance(atol=ATOL, rtol=RTOL)):
                 diag = ("merge_permuted", "the concatenated heads hold the right numbers in "
                                           "the wrong places (a permutation)")
             else:

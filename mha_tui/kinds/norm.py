@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph
+from ..ops.numeric import tolerance
 from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage, TensorArg
 from ._parts.builder import BTC
@@ -72,7 +73,7 @@ def recomputed(m: StageMaker, op: OpRecord) -> tuple[bool, float]:
     """Whether a layer_norm / rms_norm op's output is its input normalised over the last
     axis, times its weight, plus its bias (recomputed in float64), and the eps it used."""
     _, expected, eps = normalised(m.g, op)
-    return bool(np.allclose(expected, op.out.values, rtol=1e-4, atol=1e-5)), eps
+    return bool(np.allclose(expected, op.out.values, **tolerance(atol=1e-5, rtol=1e-4))), eps
 
 
 def _by_hand(g: Graph, ops: set[int]) -> HandNorm | None:
@@ -91,7 +92,7 @@ def _build_by_hand(m: StageMaker, unit: Unit, stage_id: str, norm: HandNorm) -> 
     x = before.values.astype(np.float64)
     expected = recompute(x, norm.rms, norm.eps) * norm.weight + (
         norm.bias if norm.bias is not None else 0.0)
-    same = bool(np.allclose(expected, after.values, rtol=1e-3, atol=1e-4))
+    same = bool(np.allclose(expected, after.values, **tolerance(atol=1e-4, rtol=1e-3)))
     role = m.b.role(m.op(norm.after.op)) if norm.after.op is not None else "?"  # type: ignore[arg-type]
     who = {"Q": "q", "K": "k", "V": "v"}.get(role, "the tensor")
     dims_in = m.dims(before.shape, BTC)
@@ -250,7 +251,8 @@ def judge(j: Judge) -> list[Row]:
             expected = recompute(x, hand.rms, hand.eps) * hand.weight + (
                 hand.bias if hand.bias is not None else 0.0)
             diff = float(np.abs(got - expected).max()) if got.size else 0.0
-            rows.append(j.row(stage, KIND, bool(np.allclose(expected, got, rtol=1e-3, atol=1e-4)),
+            rows.append(j.row(stage, KIND, bool(np.allclose(expected, got,
+                    **tolerance(atol=1e-4, rtol=1e-3))),
                               diff, f"{hand.name} written out op by op: normalised over the last "
                               f"axis, times the module's weight (eps {hand.eps:g}; not part of "
                               f"plain attention)", source=j.g.ops[hand.after.op].source))  # type: ignore[index]
@@ -261,7 +263,7 @@ def judge(j: Judge) -> list[Row]:
         _, expected, eps = normalised(j.g, op)
         got = op.out.values.astype(np.float64)
         diff = float(np.abs(got - expected).max()) if got.size else 0.0
-        ok = bool(np.allclose(expected, got, rtol=1e-4, atol=1e-5))
+        ok = bool(np.allclose(expected, got, **tolerance(atol=1e-5, rtol=1e-4)))
         what = "RMSNorm: each token's numbers divided by their root mean square" \
             if op.name == "rms_norm" else \
             "LayerNorm: each token's numbers minus their mean, over their standard deviation"

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph
+from ..ops.numeric import tolerance
 from ..ops.sizes import Sizes
 from ..ops.vocab import very_negative
 from ..records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
@@ -140,15 +141,15 @@ def bias_shape(bias: np.ndarray) -> BiasShape:
     if T >= 2:
         steps = np.diff(bias, axis=-1)  # (h, T, T - 1)
         slopes = steps[:, :, :1]
-        if np.allclose(steps, slopes, rtol=1e-4, atol=1e-6) and np.allclose(
-                slopes, slopes[:, :1], rtol=1e-4, atol=1e-6):
+        if np.allclose(steps, slopes, **tolerance(atol=1e-6, rtol=1e-4)) and \
+                np.allclose(slopes, slopes[:, :1], **tolerance(atol=1e-6, rtol=1e-4)):
             per_head = tuple(float(s) for s in slopes[:, 0, 0])
             if len(set(np.round(per_head, 8))) > 1 or h == 1:
                 return BiasShape("alibi", per_head)
         rows, cols = np.indices((T, T))
         distance = cols - rows
         relative = all(np.allclose(bias[:, distance == d], bias[:, distance == d][:, :1],
-                                   atol=1e-6) for d in range(-T + 1, T))
+                                   **tolerance(atol=1e-6, rtol=1e-5)) for d in range(-T + 1, T))
         if relative:
             return BiasShape("relative")
     return BiasShape("other")
@@ -169,13 +170,13 @@ def bias_stage(m: StageMaker, stage_id: str, bias: np.ndarray, before: np.ndarra
                    caption="what is added to each head's scores: row query, column key"),
         m.b.record("scores + bias", synthetic(after), BHTT if after.ndim == 4 else None)]
     added = after.astype(np.float64) - before.astype(np.float64)
-    ok = bool(np.allclose(added, np.broadcast_to(full, added.shape), rtol=1e-4, atol=1e-5))
+    ok = bool(np.allclose(added, np.broadcast_to(full, added.shape), **tolerance(atol=1e-5, rtol=1e-4)))
     checks = [Check("the scores after minus the scores before equal the bias, for every head "
                     "(computed by mha-tui)", ok)]
     if shape.kind == "alibi":
         slopes = ", ".join(f"{s:.4g}" for s in shape.slopes)
         ratios = [b / a for a, b in zip(shape.slopes, shape.slopes[1:], strict=False) if a]
-        geometric = bool(ratios) and np.allclose(ratios, ratios[0], rtol=1e-3)
+        geometric = bool(ratios) and np.allclose(ratios, ratios[0], **tolerance(atol=1e-8, rtol=1e-3))
         title = "ALiBi position bias: each head penalises distance with its own slope"
         checks.append(Check(f"head h adds m_h × (key position) to every row: slopes m = "
                             f"{slopes}" + (f" (a geometric series, ratio {ratios[0]:.4g})"

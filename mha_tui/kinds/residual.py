@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops.graph import Graph
+from ..ops.numeric import tolerance
 from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Ref, Stage, Trace
 from ._parts.builder import BTC
@@ -82,7 +83,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         m.b.record(name, add.out, m.dims(add.out.shape, BTC), caption="their sum, token by token"),
     ]
     summed = residual.values.astype(np.float64) + attention.values.astype(np.float64)
-    same = bool(np.allclose(summed, add.out.values, rtol=1e-5, atol=1e-6))
+    same = bool(np.allclose(summed, add.out.values, **tolerance(atol=1e-6, rtol=1e-5)))
     checks = [Check(f"the sum is {residual_ref.name} + the attention output, entry by entry "
                     f"(recomputed by mha-tui)", same)]
     title = "Residual connection: the module's input added back"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph, masks_somewhere
-from ..ops.numeric import products_agree, token_axes
+from ..ops.numeric import products_agree, token_axes, tolerance
 from ..ops.sizes import Sizes
 from ..ops.vocab import MATMULS
 from ..records import Check, OpRecord, Snapshot, Stage, Trace
@@ -156,7 +156,7 @@ def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
     wrote = written(m.g, op)  # what baddbmm's added mask holds, not a threshold on the sum
     blocked = wrote.reshape(values.shape) if wrote is not None and wrote.size == values.size \
         else values <= -1e4
-    kept = bool(np.allclose(values[~blocked], raw4[~blocked], rtol=1e-5, atol=1e-6)) \
+    kept = bool(np.allclose(values[~blocked], raw4[~blocked], **tolerance(atol=1e-6, rtol=1e-5))) \
         if raw4.shape == values.shape else True
     n_inf = int(np.isneginf(values).sum())
     bias = m.snap(bias_ref)

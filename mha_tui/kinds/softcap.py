@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph, scalar_operand
+from ..ops.numeric import tolerance
 from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage
 from ._parts.builder import BHTT
@@ -63,13 +64,14 @@ def cap_at(g: Graph, tanh: OpRecord) -> Cap | None:
         return None
     out = outs[0]
     inward, outward = _factor(g, into), _factor(g, out)
-    if inward is None or outward is None or not np.isclose(inward * outward, 1.0, rtol=1e-5):
+    if inward is None or outward is None or \
+            not np.isclose(inward * outward, 1.0, **tolerance(atol=1e-8, rtol=1e-5)):
         return None
     scores = g.snap(g.x_inputs(into)[0]).values.astype(np.float64)
     if scores.ndim < 2:
         return None
     expected = outward * np.tanh(scores * inward)
-    if not np.allclose(expected, out.out.values, rtol=1e-4, atol=1e-5):
+    if not np.allclose(expected, out.out.values, **tolerance(atol=1e-5, rtol=1e-4)):
         return None
     return Cap(into, tanh, out, abs(outward))
 
@@ -111,8 +113,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     checks = [Check(f"every score within (−{found.cap:g}, {found.cap:g}): the largest |score| "
                     f"after is {top:.4f}", top < found.cap),
               Check(f"recomputed by mha-tui: {found.cap:g} · tanh(scores / {found.cap:g}) equals "
-                    f"what the module made", bool(np.allclose(recomputed, after_values,
-                                                               rtol=1e-4, atol=1e-5)))]
+                    f"what the module made",
+                    bool(np.allclose(recomputed, after_values, **tolerance(atol=1e-5, rtol=1e-4))))]
     explanation = (
         f"Logit soft-capping: each score s becomes {found.cap:g} · tanh(s / {found.cap:g}). "
         f"Small scores pass almost unchanged (tanh(u) ≈ u near 0); large ones are bent towards "

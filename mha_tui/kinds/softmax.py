@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph, hand_written_softmaxes
-from ..ops.numeric import ATOL, RTOL, close, f64
+from ..ops.numeric import ATOL, HALF, RTOL, close, f64, precision, tolerance
 from ..ops.sizes import Sizes
 from ..ops.vocab import LARGE_NEGATIVE, SOFTMAXES
 from ..ops.vocab import softmax as softmax_of
@@ -98,9 +98,35 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                        + ("exp(s - max(s)) / sum(exp(s - max(s))) along each row. Subtracting "
                           "the row maximum changes nothing in the result and keeps exp from "
                           "overflowing." if stable else "exp(s) / sum(exp(s)) along each row."))
-    return m.stage(unit, stage_id, "softmax", [rec], checks, shape_in=before.shape,
+    tensors = [rec]
+    cast = None if m.b.per_head else _rounded(m, unit, first)
+    if cast is not None:  # a bfloat16 model's softmax in float32, then `.to(query.dtype)`
+        cast_values, cast_snap = m.b.out_4d([cast.index], BHTT)
+        tensors.append(m.b.record(
+            f"{m.tensor_name(cast, fallback='weights')} ({cast.out.dtype})", cast_snap,
+            BHTT if cast_values.ndim == 4 else None, values=cast_values, kind="prob",
+            caption=f"the weights rounded to {cast.out.dtype}: what the module passes on"))
+        moved = float(np.abs(cast_values.astype(np.float64) - values).max()) if values.size else 0.0
+        checks.append(Check(f"softmax computed in {first.out.dtype}, then rounded to "
+                            f"{cast.out.dtype}: the largest weight moved by {moved:.2e}", None))
+    return m.stage(unit, stage_id, "softmax", tensors, checks, shape_in=before.shape,
                       shape_out=values.shape, dims_in=rec.dims, dims_out=rec.dims, note=note,
                       explanation=explanation)
+
+
+_CASTS = {"to", "type", "type_as", "half", "bfloat16"}
+
+
+def _rounded(m: StageMaker, unit: Unit, softmax_op: OpRecord) -> OpRecord | None:
+    """The cast of the softmax's weights to half precision that the stage holds (Llama's
+    `softmax(..., dtype=torch.float32).to(query.dtype)`), or None."""
+    found = None
+    for i in sorted({*unit.helpers, *unit.folded}):
+        op = m.op(i)
+        if i > softmax_op.index and op.name in _CASTS and op.outputs and op.out.dtype in HALF \
+                and op.out.dtype != softmax_op.out.dtype and op.out.shape == softmax_op.out.shape:
+            found = op
+    return found
 
 
 def softmax_checks(weights: np.ndarray, before: np.ndarray,
@@ -110,7 +136,11 @@ def softmax_checks(weights: np.ndarray, before: np.ndarray,
     -inf or a large negative such as finfo.min or -1e9 (a mask that fills -3.4e38 blocks as
     surely as -inf)."""
     deviation = float(np.abs(weights.sum(axis=-1, dtype=weights.dtype) - 1).max()) if weights.size else 0.0
-    checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e})", deviation < 1e-5)]
+    p = precision()  # bfloat16 weights: each rounded by up to 2^-9 of itself
+    half = p.dtype in HALF
+    checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e}"
+                    + (f", {p.words()})" if half else ")"),
+                    deviation < (p.rtol if half else 1e-5))]
     if before.shape == weights.shape:
         blocked = before <= LARGE_NEGATIVE if before.dtype.kind == "f" else np.isneginf(before)
         if masked is not None and masked.size == blocked.size:
@@ -152,7 +182,7 @@ def _softmax_diagnosis(j: Judge, logits: np.ndarray, got: np.ndarray) -> tuple[s
              logits.ndim - 3: "the head axis: the heads' weights for one entry sum to 1",
              0: "the batch axis"}
     for axis in range(logits.ndim - 1):
-        if np.allclose(got, softmax_of(logits, axis), atol=ATOL, rtol=RTOL, equal_nan=True):
+        if np.allclose(got, softmax_of(logits, axis), equal_nan=True, **tolerance(atol=ATOL, rtol=RTOL)):
             dim = axis - logits.ndim
             return "softmax_wrong_axis", (f"softmax over the wrong axis (dim={dim}, "
                                           f"{names.get(axis, 'axis ' + str(axis))}): each "

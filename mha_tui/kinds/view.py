@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph
-from ..ops.numeric import ATOL, RTOL, close, equal, f64, max_diff
+from ..ops.numeric import ATOL, RTOL, close, equal, f64, max_diff, tolerance
 from ..ops.sizes import Sizes
 from ..ops.vocab import SHAPE_OPS
 from ..records import Check, OpRecord, Stage, Trace
@@ -161,7 +161,7 @@ def _head_count_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role
         return None
     h, d = got.shape[1], got.shape[3]
     split = projected.reshape(j.B, -1, h, d).transpose(0, 2, 1, 3)
-    if split.shape != got.shape or not np.allclose(got, split, atol=ATOL, rtol=RTOL):
+    if split.shape != got.shape or not np.allclose(got, split, **tolerance(atol=ATOL, rtol=RTOL)):
         return None
     name = {"Q": "queries", "K": "keys", "V": "values"}[role]
     return ("head_count",
@@ -172,7 +172,7 @@ def _head_count_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role
 
 def _split_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role: str) -> tuple[str, str]:
     name = {"Q": "queries", "K": "keys", "V": "values"}[role]
-    if np.allclose(got.reshape(-1), projected.reshape(-1), atol=ATOL, rtol=RTOL, equal_nan=True):
+    if np.allclose(got.reshape(-1), projected.reshape(-1), equal_nan=True, **tolerance(atol=ATOL, rtol=RTOL)):
         last = (j.T * j.d_h - 1) // j.C  # the token head 0's last number is from
         tokens = "token 0" if last == 0 else f"tokens 0-{last}"
         return ("split_without_transpose",
@@ -181,8 +181,8 @@ def _split_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role: str
                 f"T*d_h = {j.T * j.d_h} numbers ({tokens}, all channels) instead of "
                 f"channels 0-{j.d_h - 1} of every token; view(B, T, h, d_h), then "
                 f"transpose(1, 2)")
-    if np.allclose(np.sort(got.reshape(-1)), np.sort(projected.reshape(-1)), atol=ATOL,
-                   rtol=RTOL):
+    if np.allclose(np.sort(got.reshape(-1)), np.sort(projected.reshape(-1)),
+                   **tolerance(atol=ATOL, rtol=RTOL)):
         return ("split_permuted",
                 f"the {name} hold the right numbers in the wrong places (a permutation): "
                 f"head i must get channels [i*{j.d_h}, (i+1)*{j.d_h}) of each token")

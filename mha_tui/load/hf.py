@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..budget import FLOAT, recorded_elements
+from ..config import DTYPE_CHOICES
 from . import hf_stream
 from .hf_error import HfError
 from .hf_files import checked_directory, hub_cache, locate
@@ -46,6 +47,11 @@ ASCII_SPACE_MARK = "_"
 # Every layer's stages are recorded in the one forward pass while the copies the tracer
 # keeps stay below this many bytes (estimated from the model's sizes: see all_layers_limit).
 ALL_LAYERS_BUDGET = 256 * 2**20
+# `--dtype`: what the model runs and is recorded in. "auto" is the checkpoint's own dtype.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+# safetensors' names for the float dtypes (its header says each tensor's).
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
 
 
@@ -93,6 +99,10 @@ class ModelInfo:
     # An encoder (BERT, RoBERTa, DistilBERT, T5's encoder), loaded as the bare encoder: its
     # self-attention lets every token see every token. False: a causal language model.
     encoder: bool = False
+    # What the model runs and is recorded in, and the checkpoint's own dtype (they differ
+    # only when `--dtype` asked for another one: "upcast from bfloat16 on request").
+    dtype: str = "float32"
+    stored_dtype: str = "float32"
 
 
 @dataclass(eq=False)
@@ -177,7 +187,39 @@ def auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
     return transformers.AutoModel, True
 
 
-def load(source: str, sentence: str | None = None, *, stream: bool = False) -> Loaded:
+def stored_dtype(config: Any, path: Path) -> str:
+    """The checkpoint's own float dtype: config.json's `dtype` (`torch_dtype` before
+    transformers 5), else the first float tensor's in a safetensors file's header, else
+    float32 (a `.bin` checkpoint without the field: transformers' own default)."""
+    said = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    name = str(said).removeprefix("torch.") if said is not None else ""
+    if name in DTYPES:
+        return name
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt") as weights:
+                for key in weights.keys():
+                    kind = _SAFETENSORS_DTYPES.get(weights.get_slice(key).get_dtype())
+                    if kind is not None:
+                        return kind
+        except Exception:  # an unreadable header: transformers says so when it loads
+            break
+    return "float32"
+
+
+def chosen_dtype(asked: str, stored: str) -> str:
+    """`--dtype`: auto is the checkpoint's own; anything else is what was asked for."""
+    if asked == "auto":
+        return stored
+    if asked not in DTYPES:
+        raise HfError(f"--dtype {asked!r} is not one of {', '.join(DTYPE_CHOICES)}")
+    return asked
+
+
+def load(source: str, sentence: str | None = None, *, stream: bool = False,
+         dtype: str = "auto") -> Loaded:
     """Find, check and load the model and tokenizer; every refusal is an HfError.
 
     sentence: when given, it is tokenized and refused if it has more tokens than the
@@ -185,6 +227,9 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False) -> L
     stream: build the model on the meta device and read its blocks from the checkpoint as a
     forward needs them (load.hf_stream); a checkpoint that cannot be read tensor by tensor
     is loaded whole, and `Loaded.note` says why.
+    dtype: what the model runs in; "auto", the checkpoint's own dtype (a bfloat16 model is
+    explained in bfloat16, with its own numbers), or a name from DTYPE_CHOICES (upcast or
+    cast on request; the header says so).
     """
     transformers = _transformers()
     path = checked_directory(source)
@@ -202,12 +247,14 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False) -> L
     except HfError as error:
         raise HfError(f"--hf {source}: {error}") from None
     what = "an encoder" if encoder else "a causal language model"
-    dtype = torch.float32
+    stored = stored_dtype(config, path)
+    runs_in = chosen_dtype(dtype, stored)
+    torch_dtype = DTYPES[runs_in]
     streamer, note, model = None, "", None
     if stream:
         n_config_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
         try:
-            built = hf_stream.build(auto, path, config, dtype,
+            built = hf_stream.build(auto, path, config, torch_dtype,
                                     lambda empty: _find_blocks(empty, n_config_layers))
         except Exception as error:  # transformers raises many kinds: then load it whole
             built = f"{type(error).__name__}: {first_line(error)}"
@@ -220,7 +267,7 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False) -> L
         try:
             model = auto.from_pretrained(
                 path, config=config, local_files_only=True, trust_remote_code=False,
-                weights_only=True, attn_implementation="eager", dtype=dtype,
+                weights_only=True, attn_implementation="eager", dtype=torch_dtype,
             )
         except Exception as error:  # transformers raises many kinds; the learner gets one line
             raise HfError(f"--hf {source}: could not load {what} from {path}: "
@@ -246,6 +293,7 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False) -> L
         vocab_size=int(config.vocab_size),
         max_positions=getattr(config, "max_position_embeddings", None),
         attention_params=sum(p.numel() for p in attention.parameters()), encoder=encoder,
+        dtype=runs_in, stored_dtype=stored,
     )
     return Loaded(model=model, tokenizer=tokenizer, info=info, blocks_path=blocks_path,
                   attention_name=attention_name, blocks=blocks, stream=streamer, note=note)

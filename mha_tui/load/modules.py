@@ -246,7 +246,9 @@ def forward_inputs(module: nn.Module, x: torch.Tensor, *, causal: bool,
     call = plan(module.forward, f"{type(module).__name__}.forward", causal=causal,
                 context=context is not None, padding=padding is not None)
     mask = causal_mask(x.shape[1]) if causal and context is None else None
-    inputs: dict[str, object] = {"x": x, "context": context, "mask": mask}
+    inputs: dict[str, object] = {"x": x, "context": context, "mask": mask,
+                                 # a cache the module keeps, filled from position 0
+                                 "start": 0, "positions": torch.arange(x.shape[1])}
     if padding is not None:
         blocked = padding[:, None, None, :]  # (B, 1, 1, T): a padded key, for every query
         inputs.update(keep=(~padding).long(),  # (B, T): 1 = a token, 0 = padding (Hugging Face)

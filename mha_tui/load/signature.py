@@ -31,6 +31,17 @@ CONTEXT_NAMES = ("context", "encoder_hidden_states", "key_value_states", "xa", "
 PAD_KEEP_NAMES = ("attention_mask",)
 PAD_NAMES = ("key_padding_mask", "padding_mask", "src_key_padding_mask", "pad_mask")
 
+# The caches of public code, found from the forward's signature (`--decode`): a cache passed
+# in and returned (GPT-2's layer_past, Hugging Face's past_key_value(s), nanoGPT forks'
+# past_kv / kv_cache), a position into a cache the module keeps (Meta Llama's start_pos,
+# gpt-fast's input_pos), or a use_cache switch on a cache the module keeps (Raschka's, with
+# reset_cache()).
+PASSED_CACHE_NAMES = ("layer_past", "past_key_value", "past_key_values", "past_kv", "kv_cache",
+                      "past", "layer_cache")
+START_NAMES = ("start_pos",)
+POSITIONS_NAMES = ("input_pos",)
+RESET_NAMES = ("reset_cache", "reset_kv_cache", "clear_cache", "reset_caches")
+
 # "x", "context", "mask" (the causal mask, or None), "mask+pad" (the causal mask and the
 # padded keys, True where blocked, (B, 1, T, T)), "keep" ((B, T), 1 = a token, 0 = padding),
 # "pad" ((B, T), True = padding)
@@ -53,6 +64,8 @@ class Call:
     context_parameter: str = ""
     # The parameter the padding mask goes to ("" without --batch).
     padding_parameter: str = ""
+    # A required start_pos / input_pos (a cache the module keeps): given 0 / arange(T), the
+    # whole sentence from position 0, as Meta's and gpt-fast's Transformer call it on a prompt.
 
     def build(self, inputs: dict[Role, object]) -> tuple[tuple[object, ...], dict[str, object]]:
         """The arguments themselves, from the tensor (or None) each role stands for."""
@@ -114,6 +127,10 @@ def plan(forward: Callable[..., object], name: str, *, causal: bool, context: bo
         args = ("x",)
     else:
         raise Refused(f"{safe(name)}() takes no input; mha-tui gives it x, shape (B, T, C)")
+    for p in params:
+        if p.default is p.empty and p.name in START_NAMES + POSITIONS_NAMES and \
+                p not in positional[:len(args)]:
+            kwargs.append((p.name, "start" if p.name in START_NAMES else "positions"))
     given = {n for n, _ in kwargs}
     if len([p for p in required if p.name not in given]) > len(args):
         listed = ", ".join(p.name for p in required)
@@ -143,3 +160,55 @@ def plan(forward: Callable[..., object], name: str, *, causal: bool, context: bo
     return Call(args=args, kwargs=tuple(kwargs), context_parameter=context_parameter,
                 padding_parameter=pad.name if padding and pad is not None else
                 next((n for n, r in kwargs if r == "mask+pad"), ""))
+
+
+@dataclass(frozen=True)
+class CacheStyle:
+    """How a forward keeps its KV cache (`--decode`), read from its signature.
+
+    kind: "passed" (the cache goes in by `parameter` and comes back in the result, GPT-2 /
+    Hugging Face tuples), "start_pos" (Meta Llama: the module writes its cache_k / cache_v
+    at start_pos), "input_pos" (gpt-fast: a KVCache module written at the positions given),
+    "kept" (Raschka: `use_cache=True` appends to a cache the module keeps; `reset` empties
+    it). use_cache: the forward has a `use_cache` switch (given True on cached calls)."""
+
+    kind: str
+    parameter: str
+    use_cache: bool = False
+    reset: str = ""
+
+    @property
+    def words(self) -> str:
+        """The style in a few words, for the screen and the verdict."""
+        if self.kind == "passed":
+            return (f"a cache passed in as {self.parameter} and returned"
+                    + (" (use_cache=True)" if self.use_cache else ""))
+        if self.kind == "start_pos":
+            return "a cache kept in the module, written at start_pos (Meta Llama's)"
+        if self.kind == "input_pos":
+            return "a cache kept in the module, written at input_pos (gpt-fast's KVCache)"
+        return ("a cache kept in the module (use_cache=True" +
+                (f", emptied by {self.reset}())" if self.reset else ", no reset method)"))
+
+
+def cache_style(forward: Callable[..., object], name: str, methods: frozenset[str] = frozenset()
+                ) -> CacheStyle:
+    """The KV cache `forward` keeps (`methods`: the module's method names, for its reset).
+    Raises Refused (one line) when the signature shows none."""
+    params = _parameters(forward)
+    names = [p.name for p in params or ()]
+    use_cache = "use_cache" in names
+    reset = next((m for m in RESET_NAMES if m in methods), "")
+    passed = next((n for n in names if n in PASSED_CACHE_NAMES), None)
+    if passed is not None:
+        return CacheStyle("passed", passed, use_cache=use_cache)
+    for kind, spelled in (("start_pos", START_NAMES), ("input_pos", POSITIONS_NAMES)):
+        found = next((n for n in names if n in spelled), None)
+        if found is not None:
+            return CacheStyle(kind, found, use_cache=use_cache, reset=reset)
+    if use_cache:
+        return CacheStyle("kept", "use_cache", use_cache=True, reset=reset)
+    shown = _spelled(name, params) if params is not None else safe(name)
+    raise Refused(f"{safe(shown)} keeps no KV cache: --decode needs a cache passed in and returned "
+                  "(layer_past, past_key_value, past_kv), a position into the module's own cache "
+                  "(start_pos, input_pos), or use_cache=True with reset_cache()")

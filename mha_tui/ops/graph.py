@@ -44,7 +44,7 @@ def two_sequences(rec: Recording) -> tuple[frozenset[str], frozenset[str]]:
     tensor came in by (x; `query`), and those of a second 3-D float tensor (the context;
     `key` and `value`). Empty sets in self-attention (x alone, or x given three times)."""
     floats = [(name, snap) for name, snap in rec.inputs
-              if snap.ndim == 3 and snap.dtype.startswith("float")]
+              if snap.ndim == 3 and snap.dtype.startswith(("float", "bfloat"))]
     if not floats:
         return frozenset(), frozenset()
     x = floats[0][1]
@@ -90,7 +90,8 @@ class Graph:
                     self.consumers[ref.op].append(op.index)
         # x: a 3-D float input (else the first input); the check passes its own (judged_x).
         self.x_names = x_names if x_names is not None else {
-            name for name, snap in rec.inputs if snap.dtype.startswith("float") and snap.ndim == 3}
+            name for name, snap in rec.inputs
+            if snap.dtype.startswith(("float", "bfloat")) and snap.ndim == 3}
         if not self.x_names and rec.inputs:
             self.x_names = {rec.inputs[0][0]}
         self.from_x = [False] * len(rec.ops)

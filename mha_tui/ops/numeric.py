@@ -7,7 +7,10 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,6 +22,90 @@ from .vocab import LARGE_NEGATIVE
 # mask) differs by a few ulps; anything above this is a different computation.
 ATOL = 1e-5
 RTOL = 1e-4
+# The half-precision dtypes a module may compute in; the recording holds their numbers as
+# float32 (exactly: every bfloat16 and float16 number is a float32 number).
+HALF = ("bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How close a recomputation must come to a module's number, for the dtype it computed in.
+
+    mha-tui recomputes from the module's own recorded operands in float32 (float64 on a
+    miss), without rounding between steps; the module rounded every op's result to its
+    dtype. In float32 that rounding is below ATOL and RTOL. In bfloat16 (8 significant bits)
+    one rounding moves a number by up to 2^-9 of itself, and a chain of a few ops (rotary's
+    mul, mul, add; a norm) by a few such steps of the numbers it combined: rtol and atol are
+    4 units in the last place, 2^-6 (atol on numbers of size about 1; `close` scales it by
+    the tensor's largest number). float16 (11 bits): 2^-9.
+    """
+
+    dtype: str
+    atol: float
+    rtol: float
+
+    def words(self) -> str:
+        """How a check or a why states it: `within bfloat16 rounding (rtol 2^-6 = 0.0156)`."""
+        if self.dtype not in HALF:
+            return f"within float32 rounding (atol {self.atol:g}, rtol {self.rtol:g})"
+        bits = round(-math.log2(self.rtol))
+        return (f"within {self.dtype} rounding (rtol = atol = 2^-{bits} = {self.rtol:.4g}: the "
+                f"module rounded every step to {self.dtype})")
+
+    def loosest(self, atol: float, rtol: float) -> dict[str, float]:
+        """A check's own float32 tolerance, or, for a half-precision dtype, the dtype's
+        where that is coarser (float32 and wider: the check's own, unchanged)."""
+        if self.dtype not in HALF:
+            return {"atol": atol, "rtol": rtol}
+        return {"atol": max(atol, self.atol), "rtol": max(rtol, self.rtol)}
+
+
+FLOAT32 = Precision("float32", ATOL, RTOL)
+_PRECISIONS = {"bfloat16": Precision("bfloat16", 2.0 ** -6, 2.0 ** -6),
+               "float16": Precision("float16", 2.0 ** -9, 2.0 ** -9)}
+# The precision of the recording being recognised (set by `computed_in` around it).
+_CURRENT: ContextVar[Precision] = ContextVar("precision", default=FLOAT32)
+
+
+def precision_of(dtype: str) -> Precision:
+    """The tolerance for a module that computed in dtype (float32's for float32 and wider)."""
+    return _PRECISIONS.get(dtype, FLOAT32)
+
+
+def precision() -> Precision:
+    """The precision of the recording being recognised now (float32's outside one)."""
+    return _CURRENT.get()
+
+
+def tolerance(atol: float = ATOL, rtol: float = RTOL) -> dict[str, float]:
+    """`atol=..., rtol=...` for np.allclose: a check's own float32 tolerance, loosened to the
+    dtype the module computed in (`precision()`) when that is coarser."""
+    return _CURRENT.get().loosest(atol, rtol)
+
+
+@contextmanager
+def computed_in(dtype: str) -> Iterator[Precision]:
+    """Every check made inside allows the rounding of dtype (the module's own dtype)."""
+    token = _CURRENT.set(precision_of(dtype))
+    try:
+        yield _CURRENT.get()
+    finally:
+        _CURRENT.reset(token)
+
+
+def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
+    """values (float32) rounded to dtype as torch rounds them (to nearest, ties to even),
+    held as float32: what a bfloat16 or float16 op writes for those exact results. Any other
+    dtype: the values as they are."""
+    x = np.asarray(values, dtype=np.float32)
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).astype(np.float32)
+    if dtype != "bfloat16":
+        return x
+    bits = x.view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16  # c10's round_to_nearest_even
+    return np.where(np.isnan(x), x, bits.astype(np.uint32).view(np.float32))
 
 
 def f64(values: np.ndarray) -> np.ndarray:
@@ -43,16 +130,23 @@ def max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def close(a: np.ndarray, b: np.ndarray, scale: float | None = None) -> tuple[bool, float]:
-    """(within tolerance, largest difference): ATOL + RTOL * the size of the numbers."""
+    """(within tolerance, largest difference): atol + rtol * the size of the numbers (ATOL
+    and RTOL for float32, the recording's own dtype's rounding for half precision)."""
     d = max_diff(a, b)
     finite = f64(b)[np.isfinite(f64(b))] if np.size(b) else np.zeros(0)
     size = scale if scale is not None else (float(np.abs(finite).max()) if finite.size else 0.0)
-    return d <= ATOL + RTOL * size, d
+    p = precision()  # half precision: the rounding is of the numbers' own size
+    return d <= max(ATOL + RTOL * size, p.rtol * size if p.dtype in HALF else 0.0), d
 
 
 
 def allclose(actual: np.ndarray, expected: np.ndarray, *, atol: float = ATOL,
              rtol: float = RTOL) -> bool:
+    """See `_allclose`; atol and rtol are loosened to the recording's dtype (`tolerance`)."""
+    return _allclose(actual, expected, **tolerance(atol, rtol))
+
+
+def _allclose(actual: np.ndarray, expected: np.ndarray, *, atol: float, rtol: float) -> bool:
     """`np.allclose(actual, expected, atol=atol, rtol=rtol, equal_nan=True)`, in two passes.
 
     When `expected` is all finite (the common case), NumPy's own formula reduces to
@@ -351,3 +445,14 @@ def ratio(after: np.ndarray, before: np.ndarray) -> float | None:
 
 
 # ---------------------------------------------------------------------------- entry point
+
+
+def zero_columns(weights: np.ndarray, visible: int) -> list[int]:
+    """Columns 0..visible-1 of attention weights (..., T_q, T_k) that are exactly 0 in every
+    row of every leading index: the keys a mask blocked for all queries (a decode step's
+    one new query may see keys 0..t: one blocked there means the mask forgot the cache)."""
+    values = np.asarray(weights)
+    if values.ndim < 2 or not values.size:
+        return []
+    seen = values.reshape(-1, values.shape[-1])[:, :visible]
+    return [int(j) for j in np.flatnonzero((seen == 0).all(axis=0))]

@@ -61,13 +61,26 @@ def recognised(recorded: Recorded) -> Trace:
 # ---------------------------------------------------------------- trace a module
 
 def trace(module: Any, x: Any, tokens: Sequence[str] | None = None, *, context: Any = None,
-          context_tokens: Sequence[str] | None = None, **options: Any) -> Trace:
+          context_tokens: Sequence[str] | None = None, decode: int = 0, **options: Any) -> Trace:
     """The Python API (`mha_tui.trace`): trace one forward of a torch or a NumPy module.
 
     context: cross-attention's second sequence (B, T_k, C'), given to the forward's
     parameter for it (`load.signature`: `forward(query, key, value)`, `forward(x, context)`,
     `(x, xa)`, `(hidden_states, key_value_states)`, ...); context_tokens label its T_k axis
-    (default c0, c1, ...)."""
+    (default c0, c1, ...).
+
+    decode: generate the last `decode` tokens of x one at a time against the module's KV
+    cache, after a prefill of the others (`pipeline.decode`): the Trace is the first step's,
+    its `steps` every step's."""
+    if decode:
+        if context is not None:
+            from ..config import ConfigError
+
+            raise ConfigError("decode= with context= is not supported: decode a self-attention")
+        from .decode import trace_decode
+
+        return trace_decode(module, x, tokens, decode, config=options.get("config"),
+                            embedding=options.get("embedding"), ids=options.get("ids"))
     if context is not None:
         return recognised(_record_cross(module, x, tokens, context, context_tokens, **options))
     if type(x).__module__ == "numpy" and not _is_torch_module(module):
@@ -139,11 +152,17 @@ def _is_torch_module(module: Any) -> bool:
 # ---------------------------------------------------------------- a Request's runs
 
 def _refuse_unwired(request: Request) -> None:
-    """Decode steps have their field but no run yet (#29); batch rows run (config.batch)."""
+    """Decode steps (#29) run on one sentence attending to itself, with a torch module."""
     from ..config import ConfigError
 
-    if request.steps:
-        raise ConfigError("decode steps are not supported yet: one forward over the sentence")
+    config = request.config
+    if request.steps and (config.cross or config.batch):
+        raise ConfigError(f"--decode with {'--context' if config.cross else '--batch'} is not "
+                          "supported: decode one sentence attending to itself")
+    if request.steps and config.model is None and not 1 <= request.steps < config.seq_len:
+        raise ConfigError(f"--decode {request.steps}: the sentence has {config.seq_len} tokens; "
+                          f"decode between 1 and {config.seq_len - 1} of them (at least one token "
+                          "is the prompt)")
 
 
 def load(request: Request) -> Loaded | LoadedNumpy:
@@ -154,10 +173,18 @@ def load(request: Request) -> Loaded | LoadedNumpy:
 
     _refuse_unwired(request)
     loaded = load_numpy(request.config, request.source)
+    if loaded is not None and request.steps:
+        from ..load.learner import LoadError
+
+        raise LoadError("--decode needs a torch module that keeps a KV cache; this one is NumPy code")
     if loaded is None:
         from ..load.modules import load as load_torch
 
         loaded = load_torch(request.config, request.source)
+        if request.steps:  # a forward that keeps no cache is refused now, in one line
+            from ..tracing.decode import style_of
+
+            style_of(loaded.module)
     return loaded
 
 
@@ -165,13 +192,50 @@ def traced(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> T
     """load -> trace -> recognise: the Trace of the request's module on its sentence.
     loaded: the request's module, already built by `load`."""
     _refuse_unwired(request)
+    if request.steps:
+        return decoded(request, loaded=loaded)
     return run_trace(request.config, request.source, loaded=loaded)
+
+
+def decoded(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
+    """`--decode N`: the module's full forward, a prefill, then each of the last N tokens
+    traced against its KV cache (`pipeline.decode`); the first step's Trace holds them all.
+    Raises LoadError (one line) for a NumPy module or a forward that keeps no cache."""
+    from ..load.learner import LoadError
+
+    if getattr(loaded, "library", "torch") == "numpy" or (
+            loaded is None and load_numpy_source(request)):
+        raise LoadError("--decode needs a torch module that keeps a KV cache; this one is NumPy code")
+    from ..load.modules import load as load_torch
+    from .decode import trace_decode
+
+    loaded = loaded or load_torch(request.config, request.source)
+    trace = trace_decode(loaded.module, loaded.x, request.config.tokens, request.steps,  # type: ignore[union-attr]
+                         config=request.config, embedding=loaded.embedding,  # type: ignore[union-attr]
+                         ids=loaded.ids)  # type: ignore[union-attr]
+    if loaded.weights and trace.module is not None:  # type: ignore[union-attr]
+        module = replace(trace.module, weights=loaded.weights)  # type: ignore[union-attr]
+        steps = tuple(replace(t, module=module) for t in trace.steps)
+        trace = replace(steps[0], steps=steps)
+    return trace
+
+
+def load_numpy_source(request: Request) -> bool:
+    """Whether the request names NumPy code (the blueprint, a NumPy --module class)."""
+    from ..config import NUMPY_MODEL_NAMES
+
+    source = request.source
+    return (source.module is None and source.model in NUMPY_MODEL_NAMES) or (
+        source.module is not None and _is_numpy(source.module))
 
 
 def verdict(request: Request) -> Verdict:
     """load -> trace -> judge: `mha-tui check`'s verdict on the request's module, judged
     against `request.expect`."""
     _refuse_unwired(request)
+    if request.steps:  # the steps traced, then judged with the full forward (judge.decode)
+        run, checker = checked(request)
+        return checker(run(request.config))
     return check_source(request.config, request.source, request.expect)
 
 
@@ -242,6 +306,9 @@ def checked(request: Request) -> tuple[Callable[[Config], Trace], Callable[[Trac
     def call(module: object, x: object) -> object:  # x once, as query, key and value, or with the context
         return loaded.call(module, x)  # type: ignore[arg-type]
 
+    if request.steps:
+        return _checked_decode(request, loaded, call)
+
     def run(config: Config) -> Trace:
         return run_trace(config, loaded=loaded)
 
@@ -252,6 +319,65 @@ def checked(request: Request) -> tuple[Callable[[Config], Trace], Callable[[Trac
                            padding=config.padding if config.batch else None)
 
     return run, checker
+
+
+def _checked_decode(request: Request, loaded: Loaded, call: Callable[[Any, Any], object]
+                    ) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
+    """checked() for `--decode N`: the steps traced (run), then the full forward judged
+    against the reference, each step against the full forward's row, and a second run
+    after the module's own reset against the first (`judge.decode`)."""
+    config = request.config
+
+    def run(config: Config) -> Trace:
+        return decoded(request, loaded=loaded)
+
+    def checker(traced: Trace) -> Verdict:
+        return judge_decode(traced, loaded.module, loaded.x, call, steps=request.steps,
+                            config=config, embedding=loaded.embedding, ids=loaded.ids,
+                            label=loaded.label, expect=request.expect)
+
+    return run, checker
+
+
+def judge_decode(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], object], *,
+                 steps: int, config: Config, embedding: Any = None, ids: Any = None,
+                 label: str = "", expect: Expect | None = None) -> Verdict:
+    """judge a decode run (`traced`: the first step's Trace, holding every step's): the full
+    forward traced again and judged against the reference, each step against its row, and
+    a second run after the module's own reset against the first (`judge.decode`). `check
+    --decode` and the notebook's `mha_tui.check(decode=N)` both come here."""
+    from ..judge.decode import decode_verdict
+    from ..tracing.decode import style_of
+    from .decode import trace_decode
+
+    full = recognised(_record_full(module, x, config, call, embedding, ids))
+    base = judge_torch(full, module, x, call, causal=config.causal, heads=config.num_heads,
+                       label=label, expect=expect)
+    again = trace_decode(module, x, config.tokens, steps, config=config, embedding=embedding,
+                         ids=ids)
+    return decode_verdict(base, traced.steps or (traced,), again.steps,
+                          reset=_reset_place(module, style_of(module).reset), asked=steps)
+
+
+def _record_full(module: Any, x: Any, config: Config, call: Callable[[Any, Any], object],
+                 embedding: Any, ids: Any) -> Recorded:
+    from ..tracing import record_forward
+
+    return record_forward(module, None if embedding is not None else x, config.tokens, call=call,
+                          embedding=embedding, ids=ids, config=config)
+
+
+def _reset_place(module: Any, name: str) -> tuple[str, int, str] | None:
+    """Where the module's cache reset is written (file, line, name), None without one."""
+    import inspect
+
+    method = getattr(type(module), name, None) if name else None
+    if method is None:
+        return None
+    try:
+        return inspect.getsourcefile(method) or "", inspect.getsourcelines(method)[1], name
+    except (OSError, TypeError):
+        return None
 
 
 def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], object], *,

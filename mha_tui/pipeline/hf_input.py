@@ -35,11 +35,15 @@ _SEARCH_LIMIT = 64 * 2**20
 
 def record(name: str, t: torch.Tensor, dims: tuple[str, ...], *, kind: str = "signed",
            caption: str = "") -> TensorRecord:
-    """A window onto the model's own tensor (no copy, no recomputation)."""
+    """A window onto the model's own tensor (no copy, no recomputation); a bfloat16 tensor,
+    which NumPy cannot hold, as a float32 copy of the same numbers (exact) that says its dtype."""
     t = t.detach()
+    dtype = ""
+    if t.dtype == torch.bfloat16:
+        dtype, t = "bfloat16", t.float()  # every bfloat16 number is a float32 number
     return TensorRecord(name=name, dims=dims, values=t.numpy(), strides=tuple(t.stride()),
                         contiguous=t.is_contiguous(), kind=kind,  # type: ignore[arg-type]
-                        caption=caption)
+                        caption=caption, dtype=dtype)
 
 
 def code(*lines: Line | None) -> str:

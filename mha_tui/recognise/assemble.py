@@ -76,7 +76,7 @@ def build_stages(b: Builder, units: list[Unit], rec: Recording, *, embedded: Emb
 
 def _own_forward(rec: Recording) -> str:
     out = rec.snapshot(rec.output) if rec.output is not None else None
-    if out is not None and out.dtype.startswith("float") and np.isnan(out.values).any():
+    if out is not None and out.dtype.startswith(("float", "bfloat")) and np.isnan(out.values).any():
         equal = "np.array_equal" if rec.library == "numpy" else "torch.equal"
         return f"module(x): {equal}, NaN in the same places counted equal"
     if rec.library == "numpy":

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from ..kinds._parts.builder import KEYS, plural
 from ..kinds.softmax import UNMASKED_SELF
+from ..ops.numeric import zero_columns
 from ..ops.sizes import Sizes
 from ..records import Check, Stage
 
@@ -72,6 +73,26 @@ def cache_words(stages: tuple[Stage, ...], sizes: Sizes) -> tuple[Stage, ...]:
         cost = Check(f"the KV cache: {plural(len(cached), 'tensor')} {shapes} "
                      f"{cached[0].values.dtype} = {total} bytes, {total // T_k} bytes per token",
                      None)
+    masked = any(stage.kind == "mask" and stage.ops for stage in stages)
+    one = ("one new query" if T_q == 1 else f"{T_q} new queries") + " at the end of the sequence"
+    softmax = next((s for s in stages if s.kind == "softmax" and s.tensors), None)
+    blocked = (zero_columns(softmax.tensors[-1].values, T_k - T_q + 1)
+               if T_q == 1 and softmax is not None else [])
+    said = {
+        "mask": (f"Decoding with a KV cache: {one}, and every key ({T_k - T_q} from the cache, "
+                 f"{T_q} just made) comes from {'it' if T_q == 1 else 'them'} or before, so a "
+                 "causal mask has "
+                 + ("to block only the later new tokens: its rows start at the cache's offset."
+                    if T_q != 1 else
+                    "nothing to block for it, and this one blocks no entry here." if not blocked
+                    else f"nothing to block for it; yet this one blocks keys "
+                         f"{', '.join(map(str, blocked))}: it ignores the cache's offset.")),
+        "softmax": (f"Decoding with a KV cache: each row is a new query's weights over the "
+                    f"{plural(T_k, 'key')} kept so far. "
+                    + ("The module masks them itself (its mask stage)." if masked else
+                       "No mask is needed: one new query, and every key in the cache comes "
+                       "before it." if T_q == 1 else "")),
+    }
     out = []
     for stage in stages:
         if stage.kind == "scores" and KEYS in stage.dims_out:
@@ -79,8 +100,15 @@ def cache_words(stages: tuple[Stage, ...], sizes: Sizes) -> tuple[Stage, ...]:
                 f"{stage.explanation} {looks[0].upper()}{looks[1:]}: the scores are T_q x T_k "
                 f"= {T_q} x {T_k}.").replace("(T, T)", "(T_q, T_k)"),
                 checks=(*stage.checks, Check(looks, None), *([cost] if cost else [])))
+        sentence = said.get(stage.kind)
+        if sentence is not None:
+            stage = replace(stage, explanation=f"{stage.explanation} {sentence}".strip().replace(
+                "The same (T, T) mask", "The same mask"))
+        if stage.kind == "softmax":  # self-attention's "every token sees every token" is not it
+            stage = replace(stage, note=stage.note.replace(UNMASKED_SELF, "").strip())
         out.append(stage)
     return tuple(out)
 
 
 _CONCATS = ("cat", "concat", "concatenate")
+

@@ -13,8 +13,9 @@ from ..config import Config
 from ..kinds import kv_repeat
 from ..kinds._parts.builder import Builder
 from ..ops.graph import Graph
+from ..ops.numeric import computed_in
 from ..ops.sizes import Sizes, assign_heads, assign_loop_heads, head_calls, infer_sizes
-from ..records import Embedded, Recording, Stage
+from ..records import Embedded, Recording, Snapshot, Stage
 from .assemble import build_stages
 from .batch import padding_words
 from .classify import classify
@@ -25,13 +26,31 @@ from .grouping import group
 def recognise(rec: Recording, config: Config, *, embedded: Embedded | None = None,
               forward_equal: bool | None = None, n_params: int | None = None) -> tuple[Stage, ...]:
     """The stages of one recorded forward, in the module's own order."""
-    x = next((snap for name, snap in rec.inputs if snap.dtype.startswith("float") and snap.ndim == 3),
+    x = next((snap for name, snap in rec.inputs
+              if snap.dtype.startswith(("float", "bfloat")) and snap.ndim == 3),
              rec.inputs[0][1] if rec.inputs else None)
     calls = head_calls(rec)
     if x is None:
         sizes = Sizes(1, config.seq_len, config.embed_dim, config.num_heads, config.head_dim)
     else:
         sizes = infer_sizes(rec, x, config.num_heads, calls)
+    with computed_in(recorded_dtype(rec)):  # every check allows the module's own rounding
+        return _recognise(rec, config, x, sizes, calls, embedded=embedded,
+                          forward_equal=forward_equal, n_params=n_params)
+
+
+def recorded_dtype(rec: Recording) -> str:
+    """The float dtype the module computed in: its float input's (x), else its first float
+    op output's, else float32."""
+    floats = [snap.dtype for _, snap in rec.inputs if snap.dtype.startswith(("float", "bfloat"))]
+    floats += [op.out.dtype for op in rec.ops if op.outputs
+               and op.out.dtype.startswith(("float", "bfloat"))]
+    return floats[0] if floats else "float32"
+
+
+def _recognise(rec: Recording, config: Config, x: Snapshot | None, sizes: Sizes,
+               calls: list, *, embedded: Embedded | None, forward_equal: bool | None,
+               n_params: int | None) -> tuple[Stage, ...]:
     g = Graph(rec)
     if g.key_names:  # cross-attention: T is the queries' T_q, the context's T_k
         context = dict(rec.inputs)[min(g.key_names)]

@@ -258,10 +258,19 @@ class TensorRecord:
     # For a tensor whose rows are not tokens (the wrong view): what each row holds.
     row_tags: tuple[tuple[str, ...], ...] | None = None
     row_tag_heads: tuple[tuple[int, ...], ...] | None = None
+    # The tensor's own dtype when `values` holds it in a wider one: a bfloat16 tensor is kept
+    # as float32 (NumPy has no bfloat16; float32 holds every bfloat16 number exactly).
+    # "": the values' own dtype.
+    dtype: str = ""
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.values.shape)
+
+    @property
+    def own_dtype(self) -> str:
+        """The dtype the module computed this tensor in (`bfloat16`, `float32` ...)."""
+        return self.dtype or str(self.values.dtype)
 
     def complex_parts(self) -> tuple[TensorRecord, ...]:
         """A complex tensor (Meta's Llama keeps its rotary angles as complex `freqs_cis`) as
@@ -357,11 +366,47 @@ class ModuleInfo:
 
 
 @dataclass(frozen=True, eq=False)
+class DecodeStep:
+    """One token generated against a KV cache (`--decode N`): the step's place in the run
+    and how its output compares with the full, uncached forward's row for the same token.
+
+    index: 0 .. steps - 1; position: the new token's position t (prefill + index); style:
+    how the module keeps its cache, in words ("passed in as layer_past and returned");
+    full_row: the uncached forward's output at position t, (B, C) as computed by the module;
+    max_diff: the largest |step output - full_row|; equal: within float32 rounding.
+    cache_bytes / cache_tokens: what the cache held after the step (its tensors as the
+    module keeps them), None when it could not be read."""
+
+    index: int
+    steps: int
+    position: int
+    prefill: int
+    style: str
+    full_row: np.ndarray | None = None
+    max_diff: float | None = None
+    equal: bool | None = None
+    cache_bytes: int | None = None
+    cache_tokens: int | None = None
+    cache_shapes: tuple[tuple[int, ...], ...] = ()
+    cache_dtype: str = ""
+
+    @property
+    def bytes_per_token(self) -> int | None:
+        if self.cache_bytes is None or not self.cache_tokens:
+            return None
+        return self.cache_bytes // self.cache_tokens
+
+
+@dataclass(frozen=True, eq=False)
 class Trace:
     config: Config
     stages: tuple[Stage, ...]
     module: ModuleInfo | None = None
     recording: Recording | None = None
+    # `--decode N`: this trace is one decode step (its place and its comparison with the
+    # full forward); the first step's trace also holds every step's, in order (itself first).
+    step: DecodeStep | None = None
+    steps: tuple[Trace, ...] = ()
 
     def stage(self, stage_id: str) -> Stage:
         for stage in self.stages:

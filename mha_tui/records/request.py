@@ -9,7 +9,7 @@ parameter list. Plain frozen data; never import torch, rich, textual or typer he
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config import DEFAULT_MODEL, Config, Source, parse_init
@@ -53,9 +53,9 @@ class Request:
     - `rows` (a property): a padded batch's other sentences (`--batch`), one per batch row
       after the first (B = 1 + len(rows)), padded with PAD to the longest. They live in
       `config.batch`, since the vocabulary, the ids and T are made from every row.
-    - `steps`: room for a KV cache (#29): decode this many tokens one at a time after the
-      prompt. 0: one forward over the whole sentence; no caller sets it yet and the
-      pipeline refuses it until it is wired.
+    - `steps`: `--decode N`: the last N tokens of the sentence are generated one at a time
+      against the module's KV cache after a prefill of the others (`pipeline.decoded`: a
+      Trace per step). 0: one forward over the whole sentence.
     """
 
     config: Config
@@ -63,6 +63,12 @@ class Request:
     expect: Expect = field(default_factory=Expect)
     against: Source | None = None
     steps: int = 0
+
+    def of_module(self, model: str | None = None, module: str | None = None) -> Request:
+        """The same run of another module (`check`'s submissions, one by one): --model NAME
+        or a module FILE.py:Class, with the same --init and --weights."""
+        return replace(self, source=replace(self.source, model=model or DEFAULT_MODEL,
+                                            module=module))
 
     @property
     def rows(self) -> tuple[str, ...]:

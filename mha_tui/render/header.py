@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import cache
 
-from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.text import Text
 
@@ -44,15 +44,19 @@ def drawn_config(trace: Trace) -> Config:
 
 def _sizes(config: Config, batched: bool = True, asked: int | None = None) -> Text:
     if config.model is not None:  # C, h and d_h are on the model's line
-        sizes = Text(f"{'B=1 ' if batched else ''}T={config.seq_len}", style="cyan", end="")
+        lengths = (f"T_q={config.seq_len} T_k={len(config.key_tokens)} ({len(config.cached)} cached)"
+                   if config.cached else f"T={config.seq_len}")
+        sizes = Text(f"{'B=1 ' if batched else ''}{lengths}", style="cyan", end="")
         if config.model.encoder:  # said where a toy module's header says causal or no mask
             sizes.append(f" {ENCODER}", style="bold cyan")
         return sizes
     own = f" (the module's own; --heads {asked})" if asked not in (None, config.num_heads) else ""
     # Cross-attention: the queries' and the keys' lengths; no causal mask across sequences.
     lengths = (f"T_q={config.seq_len} T_k={len(config.key_tokens)}" if config.cross
-               else f"T={config.seq_len}")
-    mask = "cross-attention" if config.cross else "causal" if config.causal else "no mask"
+               else f"T_q={config.seq_len} T_k={len(config.key_tokens)} ({len(config.cached)} cached)"
+               if config.cached else f"T={config.seq_len}")
+    mask = ("cross-attention" if config.cross else "decoding" if config.cached
+            else "causal" if config.causal else "no mask")
     B = len(config.rows)
     return Text(f"{f'B={B} ' if batched else ''}{lengths} C={config.embed_dim} h={config.num_heads} "
                 f"d_h={config.head_dim}{own} seed={config.seed} {mask}", style="cyan", end="")
@@ -114,7 +118,8 @@ def model_line(config: Config, opts: RenderOptions, width: int | None = None) ->
         names.append(f"  {model.attention}", style="dim")
     sizes = Text.assemble((f"layer {model.layer}", "bold"), (f" of 0-{model.n_layers - 1}", "dim"),
                           (f"  C={config.embed_dim} h={config.num_heads} d_h={config.head_dim} "
-                           f"vocab={model.vocab_size} layers={model.n_layers}", "cyan"), end="")
+                           f"vocab={model.vocab_size} layers={model.n_layers}", "cyan"),
+                          ("  ", ""), (model.dtype_words(), "bold cyan"), end="")
     line = Text.assemble(names, "  ", sizes, no_wrap=True, end="")
     if width is None or line.cell_len <= width:
         return line
@@ -156,11 +161,30 @@ def _sentence_and_sizes(config: Config, opts: RenderOptions, width: int, batched
 
 
 def trace_header(trace: Trace, opts: RenderOptions, width: int | None = None, *,
-                 max_lines: int = 3) -> RenderableType:
+                 max_lines: int = 3, step: bool = True) -> RenderableType:
     """The header of a trace: its sizes as the module split them (`drawn_config`), with
-    --heads beside them when the module's own head count differs."""
-    return header(drawn_config(trace), opts, width, batched=trace.batched, max_lines=max_lines,
-                  asked=trace.config.num_heads)
+    --heads beside them when the module's own head count differs; a decode step's line
+    under it (step: False leaves it to the caller)."""
+    drawn = header(drawn_config(trace), opts, width, batched=trace.batched, max_lines=max_lines,
+                   asked=trace.config.num_heads)
+    if step and trace.step is not None:
+        return Group(drawn, step_line(trace, opts))
+    return drawn
+
+
+def step_line(trace: Trace, opts: RenderOptions) -> Text:
+    """`--decode`: which step this is, the new token and where it stands, and the cache."""
+    step = trace.step
+    assert step is not None
+    line = Text()
+    line.append(f"decode step {step.index + 1} of {step.steps}", style="bold")
+    line.append("  new token ", style="dim")
+    line.append_text(label(" ".join(trace.config.tokens), max_cells=20, ascii_only=opts.ascii,
+                           style="bold"))
+    line.append(f" at position {step.position}, after a prompt of {step.prefill} "
+                f"token{'s' if step.prefill != 1 else ''}", style="dim")
+    line.append(f"  {step.style}", style="cyan")
+    return line
 
 
 class Header:

@@ -403,7 +403,9 @@ def tensor_meta(record: TensorRecord) -> Text:
     text = Text.assemble(
         (record.name, "bold"), "  ",
         ("shape ", "dim"), str(record.shape).replace(",)", ")"), "  ",
-        ("dims ", "dim"), "(" + ", ".join(record.dims) + ")", "\n  ",
+        ("dims ", "dim"), "(" + ", ".join(record.dims) + ")",
+        # a half-precision module's tensors say their dtype (float32 ones are the default)
+        *((("  dtype ", "dim"), (record.dtype, "bold")) if record.dtype else ()), "\n  ",
         ("strides ", "dim"), str(record.strides).replace(",)", ")"),
         (" bytes" if record.stride_unit == "bytes" else "", "dim"),
         # one head's: the heads were separate tensors, stacked by mha-tui (see the caption)

@@ -67,7 +67,7 @@ def why_view(why: Why, opts: RenderOptions) -> Group:
             line.append_text(Text(f"not recomputed: {say(why.reason or 'mha-tui does not know this op')}",
                                   style="yellow"))
         elif agrees:
-            rounding = f" (difference {difference:.1e}: float32 rounding)" if difference else ""
+            rounding = f" (difference {difference:.1e}: {why.rounding})" if difference else ""
             line.append_text(Text.assemble((ok, "green"), " equal" + rounding))
         else:
             by = "" if math.isnan(difference) else f" by {difference:.3g}"
@@ -75,6 +75,9 @@ def why_view(why: Why, opts: RenderOptions) -> Group:
                                            f"{_why_number(why.computed, d)}{by}"))
         return line
 
+    # a half-precision module: say what mha-tui computes in, and from what
+    in_float64 = (f" in float64 (the module computed in {why.dtype}; its {why.dtype} numbers "
+                  f"are exact in float64)" if why.dtype != "float32" else "")
     checks = [verdict(why.recorded_by or "the module's own",
                       f"{why.tensor}[{', '.join(map(str, why.index))}]", why.recorded)]
     if why.witness is not None:  # the module's own number, when `recorded` is mha-tui's
@@ -84,7 +87,8 @@ def why_view(why: Why, opts: RenderOptions) -> Group:
     return Group(
         head,
         Text(say(why.formula)),
-        Text(f"computed by mha-tui from {say(why.basis) if why.basis else 'the recorded tensors'}:"
+        Text(f"computed by mha-tui{in_float64} from "
+             f"{say(why.basis) if why.basis else 'the recorded tensors'}:"
              if why.recomputed else f"{say(why.basis or 'what the op was given')} (recorded):",
              style="italic dim"),
         Padding(steps, (0, 0, 0, 2)),

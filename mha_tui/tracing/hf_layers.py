@@ -123,11 +123,13 @@ def is_norm(path: str, module: nn.Module) -> bool:
 
 
 def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
-                around: Callable[[Callable[[], Any]], Any] | None = None) -> ForwardRun:
+                around: Callable[[Callable[[], Any]], Any] | None = None, *,
+                extra: dict[str, Any] | None = None) -> ForwardRun:
     """Run the model's own forward once; hooks keep every named layer's input and output.
 
     around(call) runs call() (the model's forward) and may watch it (the tracer): the model
-    is never run twice. Hooks only keep references to the tensors the model made.
+    is never run twice. Hooks only keep references to the tensors the model made. extra:
+    more keywords for the model's forward (a decode step's cache, use_cache=True).
     """
     model = loaded.model
     seen: dict[str, tuple[Any, Line]] = {}
@@ -192,7 +194,7 @@ def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
     batch = torch.tensor([list(ids)])  # (B, T)
 
     def call() -> Any:
-        return model(input_ids=batch, use_cache=False)
+        return model(input_ids=batch, **{"use_cache": False, **(extra or {})})
 
     try:
         with torch.no_grad():

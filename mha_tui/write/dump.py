@@ -65,12 +65,13 @@ def _drawn(trace: Trace, opts: RenderOptions, width: int, color: bool, first: in
            last: int | None, crop: bool) -> str:
     buffer = io.StringIO()
     console = transcript_console(buffer, width, color)
-    console.print(trace_header(trace, opts), crop=crop)
-    if trace.module is not None:
-        console.print(module_line(trace.module, opts), crop=crop)
-    console.print(crop=crop)
-    for stage in trace.stages[first:last]:
-        console.print(stage_view(trace, stage, opts), crop=crop)
+    for shown in trace.steps or (trace,):  # --decode: every step in turn, each its own walk-through
+        console.print(trace_header(shown, opts), crop=crop)
+        if shown.module is not None:
+            console.print(module_line(shown.module, opts), crop=crop)
+        console.print(crop=crop)
+        for stage in shown.stages[first:last]:
+            console.print(stage_view(shown, stage, opts), crop=crop)
     return buffer.getvalue()
 
 
@@ -248,6 +249,8 @@ def _tensor_json(record: TensorRecord, tensors: list[np.ndarray], nonce: str) ->
         "stride_unit": record.stride_unit,
         "contiguous": record.contiguous,
     }
+    if record.dtype:  # a half-precision module's: its numbers, exact in the float32 text
+        data["dtype"] = record.dtype
     if record.shares_storage is not None:
         data["shares_storage_with_input"] = record.shares_storage
     data["values"] = f"{nonce}{len(tensors)}"
@@ -267,7 +270,27 @@ def _op_json(op: OpRecord) -> dict[str, Any]:
 
 
 def _document(trace: Trace, first: int, tensors: list[np.ndarray], nonce: str) -> dict[str, Any]:
-    """The transcript's structure, each tensor's values a placeholder naming its index."""
+    """The transcript's structure, each tensor's values a placeholder naming its index.
+    `--decode`: the first step's, and every step's under "decode" (each with its stages)."""
+    document = _one_document(trace, first, tensors, nonce)
+    if trace.steps:
+        document["decode"] = [_step_document(step, first, tensors, nonce) for step in trace.steps]
+    return document
+
+
+def _step_document(trace: Trace, first: int, tensors: list[np.ndarray], nonce: str) -> dict[str, Any]:
+    step = trace.step
+    assert step is not None
+    shown = _one_document(trace, first, tensors, nonce)
+    return {"step": step.index, "steps": step.steps, "position": step.position,
+            "prefill": step.prefill, "token": trace.config.sentence, "cache": step.style,
+            "equal_to_full_forward": step.equal, "max_diff": step.max_diff,
+            "cache_bytes": step.cache_bytes, "cache_tokens": step.cache_tokens,
+            "bytes_per_token": step.bytes_per_token,
+            "config": shown["config"], "stages": shown["stages"]}
+
+
+def _one_document(trace: Trace, first: int, tensors: list[np.ndarray], nonce: str) -> dict[str, Any]:
     return {
         "config": trace.config.as_dict(),
         "module": None if trace.module is None else {

@@ -109,11 +109,12 @@ def to_svg(trace: Trace, opts: RenderOptions, width: int = 100,
            selection: Selection = Selection()) -> str:
     """One SVG: the header, then each selected stage as the text transcript draws it, in colour."""
     console = picture_console(width)
-    for part in _head(trace, opts):
-        console.print(part)
-    stages = selection.stages(trace)
-    for stage in stages:
-        console.print(stage_view(trace, stage, opts))
+    for shown in trace.steps or (trace,):  # --decode: every step in turn
+        for part in _head(shown, opts):
+            console.print(part)
+        stages = selection.stages(shown)
+        for stage in stages:
+            console.print(stage_view(shown, stage, opts))
     svg = console.export_svg(title=_title(trace, stages), theme=APP_THEME, code_format=SVG_FORMAT)
     return _xml_safe(_ascii(svg, opts))
 
@@ -133,7 +134,9 @@ def stage_section(trace: Trace, stage: Stage, opts: RenderOptions, console: Cons
     """One stage as an HTML `<section>`; its id is the stage's position (ids may repeat)."""
     number = trace.index(stage.id) + 1
     heading = html.escape(stage_heading(trace, stage).plain)
-    return (f'<section id="stage-{number}" data-stage="{html.escape(stage.id)}" '
+    # --decode: each step's stages, so ids stay unique across steps
+    where = f"step-{trace.step.index + 1}-" if trace.step is not None else ""
+    return (f'<section id="{where}stage-{number}" data-stage="{html.escape(stage.id)}" '
             f'aria-label="{heading}">\n{html_fragment(console, [stage_view(trace, stage, opts)], opts)}'
             "\n</section>")
 
@@ -164,8 +167,10 @@ def to_html(trace: Trace, opts: RenderOptions, width: int = 100,
     """A standalone HTML page: the header, then one `<section>` per selected stage."""
     console = picture_console(width)
     stages = selection.stages(trace)
-    body = [head_section(trace, opts, console)]
-    body += [stage_section(trace, stage, opts, console) for stage in stages]
+    body = []
+    for shown in trace.steps or (trace,):  # --decode: every step in turn
+        body.append(head_section(shown, opts, console))
+        body += [stage_section(shown, stage, opts, console) for stage in selection.stages(shown)]
     return _PAGE.format(title=html.escape(_title(trace, stages)),
                         background=APP_THEME.background_color.hex,
                         foreground=APP_THEME.foreground_color.hex, body="\n".join(body))
@@ -242,8 +247,12 @@ def stage_markdown(trace: Trace, stage: Stage, opts: RenderOptions, width: int =
 def to_markdown(trace: Trace, opts: RenderOptions, width: int = 100,
                 selection: Selection = Selection()) -> str:
     """Course notes: the header in a fenced block, then one `##` section per selected stage."""
-    parts = ["# mha-tui transcript", fenced(plain_text(_head(trace, opts)[:-1], opts, width), "text")]
-    parts += [stage_markdown(trace, stage, opts, width) for stage in selection.stages(trace)]
+    parts = ["# mha-tui transcript"]
+    for shown in trace.steps or (trace,):  # --decode: every step in turn
+        if shown.step is not None:
+            parts.append(f"# decode step {shown.step.index + 1} of {shown.step.steps}")
+        parts.append(fenced(plain_text(_head(shown, opts)[:-1], opts, width), "text"))
+        parts += [stage_markdown(shown, stage, opts, width) for stage in selection.stages(shown)]
     return "\n\n".join(parts) + "\n"
 
 

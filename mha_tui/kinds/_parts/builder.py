@@ -15,6 +15,7 @@ import numpy as np
 
 from ...config import Config
 from ...ops.graph import Graph
+from ...ops.numeric import HALF, precision
 from ...ops.sizes import Sizes
 from ...records import ModuleCall, OpRecord, Snapshot, TensorRecord
 
@@ -304,6 +305,11 @@ class Builder:
                     f"mha-tui along h; strides are each head's: {own}")
             caption = f"{caption}; {note}" if caption else note
         extra["caption"] = caption
+        if (snap.dtype in HALF and values.dtype == np.float32) or (
+                precision().dtype in HALF and values.dtype.kind == "f"):
+            # held as float32, exactly; in a half-precision module every float tensor says
+            # its dtype (its softmax in float32, say)
+            extra.setdefault("dtype", snap.dtype)
         if values.dtype.kind in "biu":  # True/False and whole numbers: never "1.0000"
             extra.setdefault("kind", "int")
             if values.dtype.kind == "b" and not caption:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ...ops.numeric import HALF, precision_of
 from ...records import OpRecord, Stage, TensorArg, TensorRecord, Trace
 from .builder import KEYS
 
@@ -66,6 +67,10 @@ class Why:
     recorded number again, and is never called equal."""
     reason: str = ""
     """Why `recomputed` is False, when not an op mha-tui does not know (the verdict line)."""
+    dtype: str = "float32"
+    """The dtype the module computed the cell in: mha-tui recomputes in float64 from the
+    recorded operands (a bfloat16 module's own bfloat16 numbers, exactly) and allows that
+    dtype's rounding (`rounding`)."""
 
     @property
     def difference(self) -> float:
@@ -73,14 +78,24 @@ class Why:
 
     @property
     def agrees(self) -> bool:
-        """Equal to the module's number up to float32 rounding (the module sums in float32,
-        in its own order; mha-tui in float64)."""
-        return self.recomputed and agrees(self.computed, self.recorded)
+        """Equal to the module's number up to its dtype's rounding (the module sums in
+        float32, in its own order, and rounds to its dtype; mha-tui in float64)."""
+        return self.recomputed and agrees(self.computed, self.recorded, self.dtype)
 
     def compared(self, number: float) -> tuple[float, bool]:
         """mha-tui's number against another (the witness's): the difference, and whether
-        they agree up to float32 rounding."""
-        return difference(self.computed, number), agrees(self.computed, number)
+        they agree up to the dtype's rounding."""
+        return difference(self.computed, number), agrees(self.computed, number, self.dtype)
+
+    @property
+    def rounding(self) -> str:
+        """What `agrees` allows, in words: `float32 rounding`, or `bfloat16 rounding,
+        allowed up to 2^-6 = 0.01562 x max(1, |number|)`."""
+        if self.dtype not in HALF:
+            return "float32 rounding"
+        rtol = precision_of(self.dtype).rtol
+        return (f"{self.dtype} rounding, allowed up to 2^{round(math.log2(rtol))} = {rtol:.4g} "
+                f"x max(1, |number|)")
 
 
 @dataclass(frozen=True)
@@ -102,10 +117,12 @@ def difference(computed: float, recorded: float) -> float:
     return abs(computed - recorded)
 
 
-def agrees(computed: float, recorded: float) -> bool:
-    """Equal up to float32 rounding."""
+def agrees(computed: float, recorded: float, dtype: str = "float32") -> bool:
+    """Equal up to float32 rounding, or the rounding of dtype (bfloat16, float16): the module
+    rounded its result to it (`ops.numeric.Precision`)."""
     scale = max(1.0, abs(recorded)) if math.isfinite(recorded) else 1.0
-    return difference(computed, recorded) <= 1e-5 * scale
+    rtol = precision_of(dtype).rtol if dtype in HALF else 1e-5
+    return difference(computed, recorded) <= rtol * scale
 
 
 FUSED_ATTENTION = "scaled_dot_product_attention"
@@ -215,7 +232,12 @@ def where(cell: Cell, row_axis: str = "query", col_axis: str = "key") -> str:
     t_axes = [k for k, d in enumerate(dims) if d in ("T", KEYS)]
     if len(t_axes) == 2:
         i, j = index[t_axes[0]], index[t_axes[1]]
-        parts += [f"{row_axis} {cell.token(i)} (row {i})", f"{col_axis} {cell.key_token(j)} (column {j})"]
+        # a decode step (--decode): keys before the new tokens' were read back from the cache
+        cached = cell.trace.config.cached
+        kept = (": a key read back from the cache, made at an earlier step" if j < len(cached)
+                else ": the new token's own key, just made" if cached else "")
+        parts += [f"{row_axis} {cell.token(i)} (row {i})",
+                  f"{col_axis} {cell.key_token(j)} (column {j}{kept})"]
     elif t_axes:
         t = index[t_axes[0]]
         word = cell.key_token(t) if dims[t_axes[0]] == KEYS else cell.token(t)

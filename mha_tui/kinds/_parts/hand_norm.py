@@ -15,6 +15,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from ...ops.graph import Graph
+from ...ops.numeric import tolerance
 from ...records import Ref
 from .chains import region, walk
 
@@ -74,10 +75,10 @@ def _fit(x: np.ndarray, y: np.ndarray, rms: bool, eps: float
             design = np.stack([n[:, c], np.ones(n.shape[0])], axis=1)
             (weight[c], bias[c]), *_ = np.linalg.lstsq(design, target[:, c], rcond=None)
         made = n * weight + bias
-        if np.allclose(bias, 0.0, atol=1e-6):
+        if np.allclose(bias, 0.0, **tolerance(atol=1e-6, rtol=1e-5)):
             bias = None
     size = max(1.0, float(np.abs(target).max(initial=0.0)))
-    if not np.allclose(made, target, rtol=1e-3, atol=1e-4 * size):
+    if not np.allclose(made, target, **tolerance(atol=1e-4 * size, rtol=1e-3)):
         return None
     return weight, bias
 

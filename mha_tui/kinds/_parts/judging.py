@@ -35,7 +35,7 @@ def judged_x(rec: Recording) -> set[str]:
     """The forward's inputs the check follows as x: every float input (q, k and v when given
     apart), never the mask the loader passed by name (NumPy's additive mask is a float array
     too). The recogniser follows only a 3-D x (or the first input)."""
-    float_inputs = {name for name, snap in rec.inputs if snap.dtype.startswith("float")
+    float_inputs = {name for name, snap in rec.inputs if snap.dtype.startswith(("float", "bfloat"))
                     and name not in ("mask", "attn_mask")}
     return float_inputs or {name for name, _ in rec.inputs[:1]}
 

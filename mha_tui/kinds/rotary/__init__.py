@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.graph import Graph
+from ...ops.numeric import HALF, precision, tolerance
 from ...ops.sizes import Sizes
 from ...records import Check, OpRecord, Stage
 from .._parts.builder import BHTD, BTHD
@@ -71,6 +72,10 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                 f"tables, unwrapped along t (computed by mha-tui); {r // 2} pairs of the {r} "
                 f"channels turned")]
     checks: list[Check] = []
+    # bfloat16 and float16: the module rounded its cos and sin tables and every turned
+    # number; the checks allow that rounding and say so.
+    rtol = precision().rtol if precision().dtype in HALF else 0.0
+    half = f", {precision().words()}" if rtol else ""
     for role, rot in by_role:
         label = role if role in "QK" else "?"
         before, after = m.snap(rot.before), m.snap(rot.after)
@@ -88,17 +93,25 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         norm_gap = float(np.abs(np.hypot(xa, xb) - np.hypot(ya, yb)).max()) if x.size else 0.0
         checks.append(Check(
             f"turning keeps every pair's length: max |‖{label} pair after‖ − ‖before‖| = "
-            f"{norm_gap:.1e} over every token, head and pair (computed by mha-tui)",
-            norm_gap <= 1e-4 * max(1.0, float(np.abs(x).max(initial=0.0)))))
-        if not np.allclose(rot.cos, first.cos, atol=1e-6) or not np.allclose(rot.sin, first.sin,
-                                                                                atol=1e-6):
+            f"{norm_gap:.1e} over every token, head and pair (computed by mha-tui)" + half,
+            norm_gap <= max(1e-4, rtol) * max(1.0, float(np.abs(x).max(initial=0.0)))))
+        if not np.allclose(rot.cos, first.cos, **tolerance(atol=1e-6, rtol=1e-5)) or \
+                not np.allclose(rot.sin, first.sin, **tolerance(atol=1e-6, rtol=1e-5)):
             checks.append(Check(f"{label} is turned by the same angles as {by_role[0][0]}", False))
         if rot.passed is not None:
             kept = np.array_equal(m.snap(rot.passed).values, after.values[..., rot.r:])
             checks.append(Check(f"{label}'s channels {rot.r}..{d_h - 1} of every head pass "
                                 f"through unchanged (partial rotary)", kept))
     # Relative positions: angle(t) = t * angle(1), so q_t . k_s depends on t - s only.
-    if T >= 2:
+    if T >= 2 and rtol:  # angle(1) off by the tables' rounding, t × angle(1) by t times it
+        t_index = np.arange(T)[:, None]
+        step = np.unwrap(angles, axis=0)[-1] / (T - 1)  # the last position: the most precise
+        gap = float(np.abs(wrapped(angles - t_index * step[None, :])).max())
+        checks.append(Check(
+            f"angle(t) = t × ω for every position and pair, ω read from the last position "
+            f"(max diff {gap:.1e}): turning q at t and k at s leaves q·k depending on t − s "
+            f"only (computed by mha-tui){half}", gap < max(1e-3, 2 * rtol)))
+    elif T >= 2:
         t_index = np.arange(T)[:, None]
         gap = float(np.abs(wrapped(angles - t_index * angles[1][None, :])).max())
         checks.append(Check(
@@ -158,8 +171,11 @@ def _relative_demo(m: StageMaker, by_role: list[tuple[str, Rotation]], angles: n
         return float(qt @ ks)
 
     a, b = score(1, 0), score(T - 1, T - 2)
+    p = precision()
+    rtol = max(1e-4, p.rtol) if p.dtype in HALF else 1e-4
     return Check(f"the same q and k vectors turned to positions (1, 0) and ({T - 1}, {T - 2}): "
                  f"q·k = {a:.4f} and {b:.4f}, one step apart both times (computed by mha-tui "
-                 f"with the module's angles)", bool(abs(a - b) <= 1e-4 * max(1.0, abs(a))))
+                 f"with the module's angles" + (f", {p.words()})" if p.dtype in HALF else ")"),
+                 bool(abs(a - b) <= rtol * max(1.0, abs(a))))
 
 

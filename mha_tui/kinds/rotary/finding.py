@@ -15,6 +15,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from ...ops.graph import Graph, value_inputs
+from ...ops.numeric import tolerance
 from ...ops.sizes import Sizes
 from ...records import OpRecord, Ref
 from .measured import WALK, measured
@@ -163,9 +164,9 @@ def _real_rotation(g: Graph, op: OpRecord, sizes: Sizes) -> Rotation | None:
     for pairing in ("half", "interleaved"):
         c, _ = pairs(cos_full, pairing)
         s, _ = pairs(sin_full, pairing)
-        if np.allclose(c * c + s * s, 1.0, atol=1e-4) and \
-                np.allclose(rotate(x, c, s, pairing), y, rtol=1e-4, atol=1e-5) and \
-                np.allclose(*pairs(cos_full, pairing), rtol=1e-5, atol=1e-6):
+        if np.allclose(c * c + s * s, 1.0, **tolerance(atol=1e-4, rtol=1e-5)) and \
+                np.allclose(rotate(x, c, s, pairing), y, **tolerance(atol=1e-5, rtol=1e-4)) and \
+                np.allclose(*pairs(cos_full, pairing), **tolerance(atol=1e-6, rtol=1e-5)):
             cos = _per_position(c, c.shape, axis)
             sin = _per_position(s, s.shape, axis)
             return _complete(g, plain, Ref("op", op=op.index), r, pairing, cos, sin,
@@ -191,10 +192,10 @@ def _complex_rotation(g: Graph, op: OpRecord, sizes: Sizes) -> Rotation | None:
         ref = producer.inputs[0]
         if producer.name == "view_as_complex":
             continue
-        if g.snap(ref).dtype.startswith("float") and g.snap(ref).ndim == g.snap(vector).ndim:
+        if g.snap(ref).dtype.startswith(("float", "bfloat")) and g.snap(ref).ndim == g.snap(vector).ndim:
             break
     before = g.snap(ref)
-    if not before.dtype.startswith("float") or before.shape[-1] != 2 * g.snap(vector).shape[-1]:
+    if not before.dtype.startswith(("float", "bfloat")) or before.shape[-1] != 2 * g.snap(vector).shape[-1]:
         return None
     after = Ref("op", op=op.index)  # forward to the real tensor of the same shape again
     for _ in range(6):
@@ -214,8 +215,8 @@ def _complex_rotation(g: Graph, op: OpRecord, sizes: Sizes) -> Rotation | None:
     full = np.broadcast_to(values, g.snap(vector).shape)
     cos, sin = full.real.astype(np.float64), full.imag.astype(np.float64)
     turned = rotate(before.values, cos, sin, "interleaved")
-    if not np.allclose(cos * cos + sin * sin, 1.0, atol=1e-4) or \
-            not np.allclose(turned, g.snap(after).values, rtol=1e-4, atol=1e-5):
+    if not np.allclose(cos * cos + sin * sin, 1.0, **tolerance(atol=1e-4, rtol=1e-5)) or \
+            not np.allclose(turned, g.snap(after).values, **tolerance(atol=1e-5, rtol=1e-4)):
         return None
     return _complete(g, ref, after, before.shape[-1], "interleaved",
                      _per_position(cos, cos.shape, axis), _per_position(sin, sin.shape, axis),
@@ -340,7 +341,7 @@ def frequencies(angles: np.ndarray) -> tuple[np.ndarray, float | None, bool]:
         return omega, None, False
     base = float(omega[1] ** (-n))  # omega_1 = base^(-2/r) = base^(-1/n)
     expected = base ** (-np.arange(n) / n)
-    return omega, base, bool(np.allclose(omega, expected, rtol=1e-4, atol=1e-6))
+    return omega, base, bool(np.allclose(omega, expected, **tolerance(atol=1e-6, rtol=1e-4)))
 
 
 def wrapped(a: np.ndarray) -> np.ndarray:
@@ -367,7 +368,7 @@ class Scaling:
         said = (f"scaled frequencies: the fast pairs as base^(−2i/r), the slowest {factor} "
                 f"times slower (rope scaling, factor {factor}, as Llama 3's and YaRN's "
                 f"rope_scaling)")
-        if not np.isclose(self.attention, 1.0, rtol=1e-4):
+        if not np.isclose(self.attention, 1.0, **tolerance(atol=1e-8, rtol=1e-4)):
             said += f", cos and sin times {self.attention:.4g} (YaRN's attention factor)"
         return said
 

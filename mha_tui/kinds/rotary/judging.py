@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...ops.graph import Graph
+from ...ops.numeric import tolerance
 from ...ops.sizes import Sizes
 from ...records import OpRecord, Stage
 
@@ -106,8 +107,9 @@ def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Rotation]
                      f"{'K' if roles[0] == 'Q' else 'Q'} must be turned by the same angles, "
                      f"so that q·k depends on t − s only")
     (_, q_rot), (_, k_rot) = by_role[:2]
-    if q_rot.cos.shape != k_rot.cos.shape or not np.allclose(q_rot.cos, k_rot.cos, atol=1e-5) \
-            or not np.allclose(q_rot.sin, k_rot.sin, atol=1e-5):
+    if q_rot.cos.shape != k_rot.cos.shape \
+            or not np.allclose(q_rot.cos, k_rot.cos, **tolerance(atol=1e-5, rtol=1e-5)) \
+            or not np.allclose(q_rot.sin, k_rot.sin, **tolerance(atol=1e-5, rtol=1e-5)):
         # the one turning against the usual direction (a sign flipped on sin) is the odd one
         odd = q_rot if _turns_back(q_rot) and not _turns_back(k_rot) else k_rot
         return wrong(odd, "rotary_angles", "Q and K are turned by different angles: q·k then "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...ops.numeric import tolerance
 from ...records import Ref
 from .._parts.chains import region, same, walk
 
@@ -65,18 +66,19 @@ def fit(before: np.ndarray, after: np.ndarray, T: int
             sin = (fa * fb2 - fb * fa2).sum(axis=1) / norm
             turned_a = fa * cos[:, None] - fb * sin[:, None]
             turned_b = fb * cos[:, None] + fa * sin[:, None]
-            if not (np.allclose(turned_a, fa2, rtol=1e-4, atol=1e-5 * size)
-                    and np.allclose(turned_b, fb2, rtol=1e-4, atol=1e-5 * size)):
+            if not (np.allclose(turned_a, fa2, **tolerance(atol=1e-5 * size, rtol=1e-4))
+                    and np.allclose(turned_b, fb2, **tolerance(atol=1e-5 * size, rtol=1e-4))):
                 continue
             scale = np.hypot(cos, sin)
             m = float(scale.mean())
-            if m <= 1e-6 or not np.allclose(scale, m, rtol=1e-4):
+            if m <= 1e-6 or not np.allclose(scale, m, **tolerance(atol=1e-8, rtol=1e-4)):
                 continue
             cos, sin = cos / m, sin / m
-            if not (np.allclose(cos[0], 1.0, atol=1e-4) and np.allclose(sin[0], 0.0, atol=1e-4)):
+            if not (np.allclose(cos[0], 1.0, **tolerance(atol=1e-4, rtol=1e-5))
+                    and np.allclose(sin[0], 0.0, **tolerance(atol=1e-4, rtol=1e-5))):
                 continue  # position 0 is not turned (a swap of halves is not rotary)
-            if np.abs(sin).max() <= 1e-6:
-                continue  # nothing turned
+            if np.abs(sin).max() <= max(1e-6, 4 * tolerance(atol=0.0)["atol"]):
+                continue  # nothing turned (in bfloat16, a scaling's rounding is no turn)
             return pairing, axis, cos, sin, m
     return None
 
@@ -140,7 +142,7 @@ def measured(g, sizes) -> list[tuple]:
                 continue
             pairing, _, cos, sin, scale = turned
             key = (source.kind, source.op, source.output, source.name)
-            if key in found and not np.isclose(found[key][8], scale, rtol=1e-4):
+            if key in found and not np.isclose(found[key][8], scale, **tolerance(atol=1e-8, rtol=1e-4)):
                 break  # a scale after the turn (q * d_h ** -0.5) is not part of it
             for other in [k for k, v in found.items() if k != key and v[9] < frozenset(ops)]:
                 del found[other]  # the same turn seen on the pairs' own shape, inside this one

@@ -1,0 +1,262 @@
+"""Decoding with a KV cache (issue #29, part 3: `--decode N`): the caches of public code
+(tests/fixtures/kv_caches.py, written in GPT-2's, nanoGPT forks', Meta Llama's, gpt-fast's
+and Raschka's styles) found from the forward's signature; each step traced on its own,
+compared with the same row of the full, uncached forward; `check --decode` names the
+classic bugs at their line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import mha_tui
+from mha_tui.config import Config, Source
+from mha_tui.load.signature import Refused, cache_style
+from mha_tui.notebook import text_of
+from mha_tui.pipeline import verdict
+from mha_tui.records.request import Expect, Request
+from mha_tui.render.options import RenderOptions
+from mha_tui.render.tensor import tensor_matrices
+
+from .conftest import run_cli
+from .fixtures import kv_caches as kv
+
+TOKENS = "the cat sat on mats".split()
+FILE = "tests/fixtures/kv_caches.py"
+
+STYLES = {  # the module, the cache's kind, its parameter
+    "raschka": (lambda: kv.CachedMultiHeadAttention(4, 4, 16, 2), "kept", "use_cache"),
+    "gpt-2": (lambda: kv.GPT2Attention(4, 2), "passed", "layer_past"),
+    "nanogpt": (lambda: kv.NanoGPTKVAttention(4, 2), "passed", "past_kv"),
+    "meta llama": (lambda: kv.MetaLlamaDecoding(4, 2), "start_pos", "start_pos"),
+    "gpt-fast": (lambda: kv.GPTFastDecoding(4, 2), "input_pos", "input_pos"),
+}
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(1, 5, 4, generator=torch.Generator().manual_seed(3))  # (B, T, C)
+
+
+def _authors_full(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The module's uncached forward as its authors call it on a prompt, outside mha-tui."""
+    with torch.no_grad():
+        if isinstance(module, kv.MetaLlamaDecoding):
+            return module(x, 0)
+        if isinstance(module, kv.GPTFastDecoding):
+            return module(x, torch.arange(x.shape[1]))
+        out = module(x)
+        return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_each_cache_style_is_found_from_the_signature(style: str) -> None:
+    make, kind, parameter = STYLES[style]
+    module = make()
+    methods = frozenset(n for n in dir(type(module)) if callable(getattr(type(module), n)))
+    found = cache_style(module.forward, type(module).__name__, methods)
+    assert (found.kind, found.parameter) == (kind, parameter)
+    assert found.reset == ("reset_cache" if style == "raschka" else "")
+
+
+def test_a_forward_without_a_cache_is_refused_in_one_line() -> None:
+    from .fixtures.two_sequences import SelfOnly
+
+    with pytest.raises(Refused) as refused:
+        cache_style(SelfOnly(4, 2).forward, "SelfOnly.forward")
+    assert "keeps no KV cache" in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_each_step_equals_the_same_row_of_the_full_forward(style: str) -> None:
+    torch.manual_seed(0)
+    module = STYLES[style][0]().eval()
+    x = _x()
+    full = _authors_full(module, x).numpy()  # (1, 5, 4), the authors' own call
+    trace = mha_tui.trace(module, x, TOKENS, decode=2)
+    assert [s.step.index for s in trace.steps] == [0, 1]
+    for step, position in zip(trace.steps, (3, 4), strict=True):
+        assert not step.failed, step.raised
+        assert step.step.position == position and step.step.equal
+        out = step.recording.snapshot(step.recording.output).values  # (1, 1, C)
+        np.testing.assert_allclose(out[0, 0], full[0, position], atol=1e-5)
+        weights = step.stage("softmax").tensors[-1] if style != "gpt-fast" else None
+        if weights is not None:  # one new query against the cache and itself
+            assert weights.values.shape[-2:] == (1, position + 1)
+            matrix = tensor_matrices(weights, step.config, RenderOptions())[0]
+            assert matrix.rows.labels == [TOKENS[position]]
+            assert matrix.cols.labels == TOKENS[:position + 1]
+        said = " ".join(c.label for c in step.stages[-1].checks)
+        assert f"equals row {position} of the full, uncached forward" in said
+        # K and V, C channels each, float32: the cost of a token in this module's cache
+        assert f"{2 * 4 * 4} bytes per token" in said
+
+
+def test_every_transcript_format_has_every_step() -> None:
+    from mha_tui.write.dump import to_json
+    from mha_tui.write.pictures import to_html, to_markdown, to_svg
+
+    trace = mha_tui.trace(kv.GPT2Attention(4, 2).eval(), _x(), TOKENS, decode=3)
+    text = text_of(trace)
+    assert [f"decode step {i} of 3" in text for i in (1, 2, 3)] == [True] * 3
+    assert "T_q=1 T_k=5 (4 cached)" in text
+    document = json.loads(to_json(trace))
+    assert [s["position"] for s in document["decode"]] == [2, 3, 4]
+    assert all(s["equal_to_full_forward"] for s in document["decode"])
+    html = to_html(trace, RenderOptions())
+    assert 'id="step-3-stage-1"' in html and html.count("<header>") == 3
+    assert to_markdown(trace, RenderOptions()).count("# decode step") == 3
+    svg = to_svg(trace, RenderOptions())
+    assert [f"decode&#160;step&#160;{i}&#160;of&#160;3" in svg for i in (1, 2, 3)] == [True] * 3
+
+
+def test_a_step_that_differs_says_so_on_its_last_stage() -> None:
+    trace = mha_tui.trace(kv.MaskFromZero(4, 4, 16, 2).eval(), _x(), TOKENS, decode=1)
+    step = trace.steps[0]
+    assert step.step.equal is False
+    assert any("is NOT row 4 of the full" in c.label and c.ok is False
+               for c in step.stages[-1].checks)
+
+
+# ---------------------------------------------------------------- check --decode
+
+
+def _verdict(cls: str, expect: Expect | None = None):
+    request = Request(Config("the cat sat on mats"), Source(module=f"{FILE}:{cls}"),
+                      expect or Expect(), steps=2)
+    return verdict(request)
+
+
+@pytest.mark.parametrize(("cls", "expect"), [
+    ("CachedMultiHeadAttention", Expect()), ("GPT2Attention", Expect()),
+    ("NanoGPTKVAttention", Expect()), ("MetaLlamaDecoding", Expect(rotary=True)),
+    ("GPTFastDecoding", Expect(rotary=True))])
+def test_a_correct_cache_is_equivalent(cls: str, expect: Expect) -> None:
+    judged = _verdict(cls, expect)
+    assert judged.equivalent, judged.diagnosis
+    rows = [row for row in judged.stages if row.kind == "decode"]
+    assert [row.ok for row in rows] == [True, True]
+
+
+@pytest.mark.parametrize(("cls", "kind", "line", "expect"), [
+    ("CacheOnHeads", "cache_axis", "torch.cat([self.cache_k, keys_new], dim=2)", Expect()),
+    ("GPT2CacheOnHeads", "cache_axis", "key = torch.cat((past_key, key), dim=-1)", Expect()),
+    ("MaskFromZero", "cache_mask_offset", "mask_bool = self.mask.bool()[:num_tokens_Q", Expect()),
+    ("MetaRotaryFromZero", "cache_rotary_offset", "freqs_cis = self.freqs_cis[0:seqlen]",
+     Expect(rotary=True)),
+    ("CacheNotReset", "cache_not_reset", "def reset_cache(self):", Expect())])
+def test_the_classic_cache_bugs_are_named_at_their_line(cls: str, kind: str, line: str,
+                                                        expect: Expect) -> None:
+    judged = _verdict(cls, expect)
+    assert not judged.equivalent and judged.diagnosis is not None
+    assert judged.diagnosis.kind == kind, judged.diagnosis.message
+    with open(judged.diagnosis.file) as source:
+        assert line in source.read().splitlines()[judged.diagnosis.line - 1]
+
+
+def test_check_decode_from_the_command_line() -> None:
+    good = run_cli("check", f"{FILE}:GPT2Attention", "--decode", "2")
+    assert good.returncode == 0, good.stdout.decode() + good.stderr.decode()
+    bad = run_cli("check", f"{FILE}:MaskFromZero", "--decode", "2")
+    assert bad.returncode == 1
+    assert "[cache_mask_offset] decode step 1: the mask ignores the cache's offset" in " ".join(
+        bad.stdout.decode().split())
+
+
+def test_explain_decode_from_the_command_line(tmp_path) -> None:
+    result = run_cli("explain", "the cat sat on the mat", "--module", f"{FILE}:NanoGPTKVAttention",
+                     "--decode", "2", "--dump", "-")
+    assert result.returncode == 0, result.stderr.decode()
+    text = result.stdout.decode()
+    assert "decode step 1 of 2" in text and "decode step 2 of 2" in text
+    assert "a cache passed in as past_kv and returned" in " ".join(text.split())
+    for bad, said in ((["--decode", "6"], "decode between 1 and 5"),
+                      (["--model", "mygpt", "--decode", "1"], "keeps no KV cache")):
+        refused = run_cli("explain", "the cat sat on the mat", *bad, "--dump", str(tmp_path / "t"))
+        err = refused.stderr.decode().strip()
+        assert refused.returncode == 2 and said in err and "\n" not in err, err
+        assert not (tmp_path / "t").exists()
+
+
+async def test_the_app_moves_between_decode_steps_with_d() -> None:
+    """d draws the next decode step at the same stage: its own new token and numbers."""
+    from mha_tui.app.explain import ExplainApp
+    from mha_tui.app.stage_view import StageView
+    from mha_tui.pipeline import traced
+
+    request = Request(Config("the cat sat on mats"), Source(module=f"{FILE}:GPT2Attention"), steps=2)
+    trace = traced(request)
+    app = ExplainApp(trace.config, trace=trace, start="scores")
+    async with app.run_test(size=(120, 60)) as pilot:
+        await pilot.pause()
+        assert app.check_action("decode_step", (1,)) is True
+        shown = app.query_one(StageView).plain
+        assert "1 x 4" in shown
+        await pilot.press("d")
+        await pilot.pause()
+        assert app.trace is trace.steps[1] and app.stage_index == trace.index("scores")
+        assert "1 x 5" in app.query_one(StageView).plain
+        await pilot.press("D")
+        assert app.trace is trace.steps[0]
+
+
+async def test_the_step_key_is_hidden_without_decoding() -> None:
+    from .test_app import make_app
+
+    app = make_app()
+    async with app.run_test(size=(100, 32)):
+        assert app.check_action("decode_step", (1,)) is False
+
+
+def test_the_python_api_checks_decoding() -> None:
+    """mha_tui.check(decode=N) judges as `check --decode N` does."""
+    good = mha_tui.check(kv.NanoGPTKVAttention(4, 2).eval(), _x(), TOKENS, decode=2)
+    assert good.equivalent, good.verdict.diagnosis
+    assert len(good.trace.steps) == 2
+    bad = mha_tui.check(kv.CacheNotReset(4, 4, 16, 2).eval(), _x(), TOKENS, decode=2)
+    assert not bad.equivalent and bad.verdict.diagnosis.kind == "cache_not_reset"
+    assert "decode step 2 of 2" in text_of(bad.trace)
+
+
+# ---------------------------------------------------------------- --hf: Hugging Face's Cache
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2_dir(tmp_path_factory: pytest.TempPathFactory):
+    pytest.importorskip("transformers")
+    from .hf_models import save_tiny_gpt2
+
+    return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2-decode"))
+
+
+def test_hf_decode_steps_equal_the_models_own_attention(tiny_gpt2_dir) -> None:
+    """A causal LM's decode step against its DynamicCache: the recorded weights are the
+    model's own (output_attentions), the output its full forward's row, and the cache costs
+    layers x 2 x kv-heads x d_h x 4 bytes a token, as measured from its tensors."""
+    from mha_tui.load import hf
+    from mha_tui.pipeline.hf_decode import decode_trace
+
+    loaded = hf.load(str(tiny_gpt2_dir))
+    trace = decode_trace(loaded, "The cat sat on the mat.", 1, 2)
+    info = loaded.info
+    per_token = info.n_layers * 2 * info.num_heads * info.head_dim * 4
+    for step in trace.steps:
+        assert step.step.equal, step.step.max_diff
+        said = {c.label: c.ok for c in step.stages[-1].checks}
+        own = [ok for label, ok in said.items() if "the model's own attention weights" in label]
+        assert own == [True]
+        cost = [label for label in said if label.startswith("the model's KV cache")]
+        assert len(cost) == 1 and f"= {per_token} bytes per token" in cost[0]
+        assert f"measured {per_token * (step.step.position + 1)} bytes" in cost[0]
+        assert step.config.key_tokens[-1] == step.config.tokens[0]
+    assert trace.steps[1].step.position == trace.steps[0].step.position + 1
+
+
+def test_hf_decode_from_the_command_line(tiny_gpt2_dir) -> None:
+    result = run_cli("explain", "The cat sat on the mat.", "--hf", str(tiny_gpt2_dir), "--layer", "1",
+                     "--decode", "2", "--dump", "-")
+    assert result.returncode == 0, result.stderr.decode()
+    text = result.stdout.decode()
+    assert "decode step 2 of 2" in text and "DynamicCache" in text
