@@ -224,3 +224,59 @@ def test_dtype_option_on_the_command_line(tmp_path: Path) -> None:
     result = run_cli("explain", SENTENCE, "--hf", path, "--dtype", "float8", "--dump", "-")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr.decode()
+
+
+# ---------------------------------------------------------------- a module built here
+
+
+@pytest.mark.parametrize("model", ["mygpt", "raschka", "many-eyes"])
+def test_a_tutorial_module_runs_in_the_dtype_asked(model: str) -> None:
+    """--dtype bfloat16 on a module built here: module.to(bfloat16), x in bfloat16; the last
+    stage's tensor is the module's own bfloat16 output, every shown number a bfloat16 number,
+    the same stages as in float32 and no failed check; the header and the JSON say it."""
+    from mha_tui.config import Config, Source
+    from mha_tui.load.modules import load
+    from mha_tui.pipeline import run_trace
+
+    config = Config("I love AI !", embed_dim=8, num_heads=2, dtype="bfloat16")
+    source = Source(model=model)
+    t = run_trace(config, source)
+    loaded = load(config, source)  # built again: the module's own forward, untraced
+    assert next(loaded.module.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():
+        out = loaded.call(loaded.module, loaded.x)
+    out = out[0] if isinstance(out, tuple) else out
+    assert out.dtype == torch.bfloat16
+    final = t.stages[-1].tensors[-1]
+    assert final.own_dtype == "bfloat16"
+    assert torch.equal(torch.from_numpy(final.values).to(torch.bfloat16), out)
+    for stage in t.stages:
+        for record in stage.tensors:
+            if record.dtype == "bfloat16":
+                as_bf16 = torch.from_numpy(record.values).to(torch.bfloat16).float().numpy()
+                assert np.array_equal(as_bf16, record.values, equal_nan=True), record.name
+    plain = run_trace(Config("I love AI !", embed_dim=8, num_heads=2), source)
+    assert [s.kind for s in t.stages] == [s.kind for s in plain.stages]
+    assert [(s.id, c.label) for s in t.stages for c in s.checks if c.ok is False] == []
+    assert to_text(t, RenderOptions()).splitlines()[0].endswith(" causal bfloat16")
+    assert json.loads(to_json(t))["config"]["dtype"] == "bfloat16"
+    assert "dtype" not in json.loads(to_json(plain))["config"]  # float32 transcripts unchanged
+
+
+def test_dtype_is_refused_for_numpy_code() -> None:
+    """NumPy code has no module.to(dtype): one line, exit code 2."""
+    result = run_cli("explain", "I love AI !", "--model", "blueprint", "--dtype", "bfloat16",
+                     "--dump", "-")
+    assert result.returncode == 2
+    assert result.stderr.decode().count("\n") == 1 and "NumPy code" in result.stderr.decode()
+
+
+def test_dtype_with_context_on_hf_is_refused_not_ignored() -> None:
+    """An encoder-decoder's decoder layer (--context) loads in float32 for now: --dtype there is
+    refused in one line rather than silently ignored."""
+    path = str(checkpoint("t5", "bfloat16"))
+    result = run_cli("explain", "The cat", "--hf", path, "--context", "The mat", "--dtype",
+                     "bfloat16", "--dump", "-")
+    assert result.returncode == 2
+    assert "--dtype with --context" in result.stderr.decode()
+    assert result.stderr.decode().count("\n") == 1

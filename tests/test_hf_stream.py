@@ -85,6 +85,22 @@ def test_streamed_transcripts_are_the_full_loads_byte_for_byte(
         assert got == want, f"{name}: the transcript of visit {layer} differs"
 
 
+@pytest.mark.parametrize(("name", "dtype"), [("llama", "bfloat16"), ("t5", "bfloat16"),
+                                           ("gemma", "float16")])
+def test_a_half_precision_checkpoint_streams_in_its_own_dtype(
+        tmp_path: Path, name: str, dtype: str) -> None:
+    """A checkpoint shipped in bfloat16 (float16) runs in it streamed as loaded whole (T5 keeps
+    some weights in float32 when loaded whole: the streamed model must too), with the same
+    transcripts byte for byte."""
+    directory = build(name, tmp_path / name, dtype=dtype)
+    full, whole = _transcripts(directory, (1, 0), stream=False)
+    streamed, loaded = _transcripts(directory, (1, 0), stream=True)
+    assert loaded.stream is not None and loaded.info.dtype == dtype
+    assert {p.dtype for p in loaded.blocks[0].parameters()} == {
+        p.dtype for p in whole.blocks[0].parameters()}
+    assert streamed == full
+
+
 def test_only_the_blocks_before_the_layer_are_read(checkpoints: dict[str, Path]) -> None:
     """Layer 1 of 3: block 1 kept, block 0 read and dropped, block 2 never read; moving to
     layer 2 reuses blocks 0 and 1's kept outputs and reads block 2 alone."""

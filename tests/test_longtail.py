@@ -69,6 +69,7 @@ def test_picogpt_projection_cells_are_explained_with_the_bias_added_after_the_ma
         for index in [(0, 0), (5, record.values.shape[-1] - 1)]:
             cell = why(trace, stage_id, index)
             assert cell.agrees, (stage_id, index, cell.computed, cell.recorded)
-            assert any(term.label.startswith("+ b[") for term in cell.terms), cell.terms
+            assert any(term.label.startswith("+ ") and "_b[" in term.label
+                       for term in cell.terms), cell.terms
     scores = trace.stage("scores").tensors[-1]
     assert scores.dims[-3:] == ("h", "T", "T") and scores.values.shape[-3] == 4

@@ -32,18 +32,21 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
                 why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
                 stream: bool = True, decode: int = 0, dtype: str = "auto",
-                preflight: bool = False) -> None:
+                preflight: bool = False, context: str | None = None,
+                attention: str = "cross") -> None:
     """--hf (or --model induction, trained: a model of mha_tui/models): load the model
     (refusals here, before any app), then the app, a transcript or --why's cell of the layer
     shown. stream: read the blocks from the checkpoint one at a time (load.hf_stream).
     decode: the last N tokens decoded against the model's own cache, a trace per step
     (pipeline.hf_decode; the whole model runs each step, so it is loaded whole). dtype: what
-    the model runs in (--dtype: auto, the checkpoint's own)."""
+    the model runs in (--dtype: auto, the checkpoint's own). context: an encoder-decoder's
+    encoder input (load.hf_seq2seq, loaded whole, in float32); the sentence is its decoder's,
+    and layer L of the decoder is shown, its cross- or self-attention (attention)."""
     from ..load.hf_error import HfError
     from ..load.hf_files import refuse_early
 
     try:  # what the checkpoint's files refuse, before torch and transformers are imported
-        if not trained:
+        if not trained and context is None:
             tokens = refuse_early(source, sentence, layer)
             _check_hf_budget(source, sentence, tokens, layer, stream=stream, dtype=dtype,
                              destination=destination, fmt=fmt, full=full, why=why is not None,
@@ -55,13 +58,22 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
     from ..pipeline.hf import Session
 
     try:
-        # too many tokens: refused before the weights load
-        loaded = (trained_models.load(source, sentence) if trained
-                  else load(source, sentence, stream=stream, dtype=dtype))
-        if loaded.note:
-            say(f"mha-tui: note: {loaded.note}")
-        check_layer(loaded, layer)
-        session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
+        if context is not None:  # an encoder-decoder's decoder layer
+            from ..load import hf_seq2seq
+            from ..pipeline.hf_cross import CrossSession
+
+            seq2seq = hf_seq2seq.load(source, attention)
+            check_layer(seq2seq, layer)
+            session: Session = CrossSession(seq2seq, sentence, context, ascii_only=ascii_only,
+                                            one_layer=not interactive)
+        else:
+            # too many tokens: refused before the weights load
+            loaded = (trained_models.load(source, sentence) if trained
+                      else load(source, sentence, stream=stream, dtype=dtype))
+            if loaded.note:
+                say(f"mha-tui: note: {loaded.note}")
+            check_layer(loaded, layer)
+            session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except HfError as error:
         fail(str(error))
     if decode:

@@ -17,7 +17,7 @@ from ..records import Check, OpRecord, Stage, TensorRecord, Trace
 from ..stages import stage_info
 from ._parts.builder import BHTD, BTC, BTHD, yes
 from ._parts.cell import Cell, Term, Why, expanded_from, main_tensor, previous, where
-from ._parts.maker import StageMaker, single_axes
+from ._parts.maker import StageMaker, called, single_axes
 from ._parts.quizzing import Question, shape_question
 from ._parts.unit import Unit
 
@@ -104,6 +104,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     if moved is not None and any(op.name == "contiguous" for op in ops):
         explanation = stage_info("concat").explain(
             {"strided_contiguous": moved.out.contiguous}, why=single_axes(s.T, s.h))
+    elif moved is not None and final is not moved:  # permute(...).reshape(...), einops ...
+        explanation = _moved_back_explanation(m, moved, final, ops)
     elif moved is None and final.name in ("cat", "concat", "concatenate", "hstack"):
         explanation = _joined_explanation(_joined_name(final), s.batched)
     src_in = m.snap(m.x_in(ops[0])).shape if not m.b.per_head \
@@ -116,6 +118,32 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
 
 def _joined_name(op: OpRecord) -> str:
     return {"concatenate": "np.concatenate", "hstack": "np.hstack"}.get(op.name, "torch.cat")
+
+def _called(m: StageMaker, op: OpRecord) -> str:
+    """An op as the words name it: `permute(0, 2, 1, 3)`, `reshape(B, T, C)` (a shape by the
+    output's own axis names)."""
+    if op.name in ("view", "reshape"):
+        dims = m.dims(op.out.shape, BTC)
+        named = dims if not dims or not dims[0].startswith("d0") else op.out.shape
+        return f"{op.name}({', '.join(map(str, named))})"
+    return called(op)
+
+
+
+def _moved_back_explanation(m: StageMaker, moved: OpRecord, final: OpRecord,
+                            ops: list[OpRecord]) -> str:
+    """The concat stage's words from the ops the module ran (transpose or permute, then
+    view, reshape or flatten, with or without contiguous), not one fixed spelling."""
+    steps = [op for op in ops if op.index >= moved.index and op.name != "contiguous"]
+    later = " then ".join(_called(m, op) for op in steps[1:]) or _called(m, final)
+    strided = moved.out.contiguous
+    copied = final.out.storage != moved.out.storage
+    first = (f"{_called(m, moved)} brings the token axis back in front: (B, T, h, d_h), "
+             + ("a view that is already contiguous" if strided else "a strided view") + ". ")
+    copy = ("it copies the numbers into the new order, since a view cannot read them in this "
+            "order" if copied else "it copies nothing, the memory already being in this order")
+    return (first + f"{later} then lays the h heads' d_h channels side by side, (B, T, C): "
+            + copy + ".")
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:

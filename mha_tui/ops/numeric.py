@@ -260,13 +260,10 @@ def blocked_pattern(values: np.ndarray) -> np.ndarray | None:
 
 
 def linear_parts(g: Graph, op: OpRecord) -> tuple[Ref, np.ndarray, np.ndarray | None] | None:
-    """(input, weight as (out, in), bias) of a projection op, from its recorded arguments;
-    of `x @ w + b` (picoGPT's linear), the add: the product's with the add's bias."""
+    """(input, weight as (out, in), bias) of a projection op, from its recorded arguments."""
     x = g.x_inputs(op)
     if len(x) != 1:
         return None
-    if op.name in ("add", "add_"):
-        return _bias_added(g, op, x[0])
     others = [r for r in op.inputs if not g.is_x(r)]
     mats = [r for r in others if g.snap(r).ndim == 2]
     vecs = [r for r in others if g.snap(r).ndim == 1]
@@ -301,40 +298,39 @@ def linear_parts(g: Graph, op: OpRecord) -> tuple[Ref, np.ndarray, np.ndarray | 
     return None
 
 
-def _bias_added(g: Graph, op: OpRecord, ref: Ref) -> tuple[Ref, np.ndarray, np.ndarray | None] | None:
-    """`x @ w + b`: the add of one bias per output channel (a 1-D tensor not made from x) to a
-    product that has none, as (x, w, b)."""
-    product = g.producer(ref)
-    biases = [r for r in op.inputs if not g.is_x(r) and g.snap(r).ndim == 1]
-    if product is None or product.name not in ("matmul", "mm", "linear") or len(biases) != 1:
-        return None
-    parts = linear_parts(g, product)
-    if parts is None or parts[2] is not None or g.snap(biases[0]).shape[0] != parts[1].shape[0]:
-        return None
-    return parts[0], parts[1], f64(g.snap(biases[0]).values)
-
-
 def head_axis_product(g: Graph, op: OpRecord) -> bool:
     """x einsum'd with a 3-D weight parameter (a head axis: TransformerLens' W_Q, W_O)."""
     return op.name == "einsum" and any(r.kind == "param" and g.snap(r).ndim == 3
                                        for r in op.inputs)
 
 
-def head_axis_bias(g: Graph, op: OpRecord) -> np.ndarray | None:
-    """The bias added to a head-axis product's output (b_Q of shape (h, d_h), b_O of (C,)),
-    flattened as the product's Linear layout has it, or None."""
-    for later in g.ops[op.index + 1:]:
+def added_bias(g: Graph, op: OpRecord) -> tuple[OpRecord, Ref] | None:
+    """The add that puts a bias parameter on a weight product's output, written apart
+    (`x @ self.W_q + self.b_q`, TransformerLens' `einsum(...) + self.b_Q` with b_Q of shape
+    (h, d_h)): (the add, the bias), or None. The bias is a parameter whose shape is the
+    product output's trailing axes, so it adds the same number to every token."""
+    shape = op.out.shape
+    for later in (g.ops[i] for i in g.consumers.get(op.index, ())):
         if later.name not in ("add", "add_") or len(later.inputs) != 2:
             continue
         refs = list(later.inputs)
-        if not any(r.kind == "op" and r.op == op.index for r in refs):
+        if not any(r.kind == "op" and r.op == op.index and r.output == 0 for r in refs):
             continue
         bias = [r for r in refs if r.kind == "param"]
-        shape = op.out.shape
-        if bias and tuple(g.snap(bias[0]).shape) == tuple(shape[len(shape) - g.snap(bias[0]).ndim:]):
-            return f64(g.snap(bias[0]).values).reshape(-1)
+        if not bias:
+            return None
+        held = tuple(g.snap(bias[0]).shape)
+        if 0 < len(held) < len(shape) and held == tuple(shape[len(shape) - len(held):]):
+            return later, bias[0]
         return None
     return None
+
+
+def head_axis_bias(g: Graph, op: OpRecord) -> np.ndarray | None:
+    """The bias added to a head-axis product's output (b_Q of shape (h, d_h), b_O of (C,)),
+    flattened as the product's Linear layout has it, or None."""
+    found = added_bias(g, op)
+    return None if found is None else f64(g.snap(found[1]).values).reshape(-1)
 
 
 def _head_axis_einsum(g: Graph, op: OpRecord, x: Ref, others: list[Ref]

@@ -296,11 +296,7 @@ def _matmul_linear(cell: Cell, role: str) -> Why:
                if np.array_equal(o.out.values, cell.record.values, equal_nan=True)), None)
     t, o = cell.index
     own = None  # (head, its channel): one (C, d_h) matrix per head, outputs side by side
-    biased = _bias_added(cell, matmuls) if op is None else None
-    if biased is not None:  # picoGPT's x @ w + b: the add's output (or a fused part of it)
-        op, _, first = biased
-        o += first
-    elif op is None:
+    if op is None:
         op, own = _own_layer(cell, matmuls)  # WhyError when no block is one head's
         o = own[1]
     x, weight = cell.operand(op, 0), cell.operand(op, 1)
@@ -310,43 +306,13 @@ def _matmul_linear(cell: Cell, role: str) -> Why:
         name = f"head {own[0]}'s W"
     labels = [f"in {k}: x[{t}, {k}] × {name}[{k}, {o}]" for k in range(x.shape[-1])]
     terms, notes, total = dot(cell, x[t], weight[:, o], labels, "products")
-    added = ()
-    if biased is not None:
-        _, (add, k), _ = biased
-        bias = float(cell.operand(add, k)[o])
-        total += bias
-        terms = (*terms[:-1], Term(f"+ b[{o}]", (), bias), Term("sum", (), total))
-        added = (f"then + b: the add right after the matmul adds bias b[{o}] (x @ w + b)",)
     heads = () if own is None else (
         f"one matrix per head: channel {cell.index[-1]} of {cell.record.name} is channel {o} of "
         f"head {own[0]}'s x @ W (d_h = {op.out.shape[-1]} channels each, side by side)",)
     return Why(cell.stage.id, cell.stage.kind, cell.record.name, cell.index, where(cell),
-               f"{cell.name} = Σ_k x[{t}, k] × {name}[k, {o}]"
-               f"{f' + b[{o}]' if biased is not None else ''}", terms,
+               f"{cell.name} = Σ_k x[{t}, k] × {name}[k, {o}]", terms,
                ("x @ W: x and W are the matmul's recorded inputs; column "
-                f"{o} of {name} makes channel {o}", *added, *heads, *notes), total,
-               cell.recorded)
-
-
-def _bias_added(cell: Cell, matmuls: list[OpRecord]
-                ) -> tuple[OpRecord, tuple[OpRecord, int], int] | None:
-    """`x @ w + b` written out (picoGPT's linear): the matmul whose bias add made the cell's
-    tensor (as it is, or one fused block of it), the add with its bias's input position, and
-    the block's first channel."""
-    values = cell.record.values
-    for add in cell.ops("add", "add_"):
-        made = next((m for m in matmuls if any(r.kind == "op" and r.op == m.index
-                                                for r in add.inputs)), None)
-        k = next((i for i, r in enumerate(add.inputs)
-                  if made is not None and not (r.kind == "op" and r.op == made.index)), None)
-        if made is None or k is None or cell.operand(add, k).ndim != 1:
-            continue
-        if np.array_equal(add.out.values, values, equal_nan=True):
-            return made, (add, k), 0
-        part = fused_part(cell, [add])
-        if part is not None:
-            return made, (add, k), part[1][0]
-    return None
+                f"{o} of {name} makes channel {o}", *heads, *notes), total, cell.recorded)
 
 
 _ADDMM = "addmm"
