@@ -271,12 +271,30 @@ def test_dtype_is_refused_for_numpy_code() -> None:
     assert result.stderr.decode().count("\n") == 1 and "NumPy code" in result.stderr.decode()
 
 
-def test_dtype_with_context_on_hf_is_refused_not_ignored() -> None:
-    """An encoder-decoder's decoder layer (--context) loads in float32 for now: --dtype there is
-    refused in one line rather than silently ignored."""
-    path = str(checkpoint("t5", "bfloat16"))
-    result = run_cli("explain", "The cat", "--hf", path, "--context", "The mat", "--dtype",
-                     "bfloat16", "--dump", "-")
-    assert result.returncode == 2
-    assert "--dtype with --context" in result.stderr.decode()
-    assert result.stderr.decode().count("\n") == 1
+def test_an_encoder_decoders_cross_attention_in_its_own_dtype() -> None:
+    """--context on a bfloat16 T5: the decoder's cross-attention runs in bfloat16 and its
+    weights are the model's own cross_attentions, bit for bit; --dtype float32 says the upcast."""
+    import transformers
+
+    from mha_tui.load import hf_seq2seq
+    from mha_tui.pipeline.hf_cross import CrossSession
+
+    path = checkpoint("t5", "bfloat16")
+    loaded = hf_seq2seq.load(str(path), "cross")
+    assert loaded.info.dtype == "bfloat16"
+    session = CrossSession(loaded, "The cat", "The mat sat", one_layer=True)
+    t = session.trace(0)
+    assert t.config.model is not None and t.config.model.dtype_words() == "bfloat16"
+    model = transformers.T5ForConditionalGeneration.from_pretrained(
+        path, attn_implementation="eager", dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([list(session.context_ids)]),
+                    decoder_input_ids=torch.tensor([list(t.config.ids)]), output_attentions=True)
+    own = out.cross_attentions[0]
+    assert own.dtype == torch.bfloat16
+    shown = [r for r in t.stage("softmax").tensors if r.values.shape == tuple(own.shape)][-1]
+    assert shown.own_dtype == "bfloat16"
+    assert torch.equal(torch.from_numpy(shown.values).to(torch.bfloat16), own)
+    assert [c.label for s in t.stages for c in s.checks if c.ok is False] == []
+    upcast = hf_seq2seq.load(str(path), "cross", "float32")
+    assert (upcast.info.dtype, upcast.info.stored_dtype) == ("float32", "bfloat16")

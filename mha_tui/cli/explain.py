@@ -100,9 +100,6 @@ def explain(
         if context is not None and decode:
             fail("--decode with --context on --hf is not there yet: it decodes a causal LM's "
                  "own cache; explain the encoder-decoder's layer without --decode")
-        if context is not None and dtype.value != "auto":
-            fail(f"--dtype with --context on --hf is not there yet: an encoder-decoder's "
-                 f"decoder layer runs in float32; explain it without --dtype {dtype.value}")
         if attention is not None and context is None:
             fail("--attention picks the cross- or self-attention of an encoder-decoder's "
                  "decoder layer: give the encoder's input with --context SENTENCE")

@@ -62,7 +62,7 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
             from ..load import hf_seq2seq
             from ..pipeline.hf_cross import CrossSession
 
-            seq2seq = hf_seq2seq.load(source, attention)
+            seq2seq = hf_seq2seq.load(source, attention, dtype)
             check_layer(seq2seq, layer)
             session: Session = CrossSession(seq2seq, sentence, context, ascii_only=ascii_only,
                                             one_layer=not interactive)
