@@ -110,6 +110,9 @@ class Config:
     # A decode step's vocabulary: the whole sentence's (the embedding table has a row for
     # the tokens still to come too). () : made from the tokens.
     vocabulary: tuple[str, ...] = ()
+    # `--dtype` for a torch module built here: the module and its x in that dtype (bfloat16,
+    # float16, float32). "": as built (float32). `--hf` says its dtype in `model` instead.
+    dtype: str = ""
 
     def __post_init__(self) -> None:
         _positive("--embed-dim", self.embed_dim, MAX_EMBED_DIM)
@@ -121,6 +124,8 @@ class Config:
                 f"valid head counts for {self.embed_dim}: {valid}"
             )
         _positive("--max-seq-len", self.max_seq_len, MAX_SEQ_LEN)
+        if self.dtype and self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPE_CHOICES)}")
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
         if not (self.model.tokens if self.model is not None else tokenize(self.sentence)):
@@ -259,6 +264,7 @@ class Config:
             **({"context": self.context, "context_tokens": list(self.key_tokens)}
                if self.cross else {}),
             **({"cached": list(self.cached)} if self.cached else {}),
+            **({"dtype": self.dtype} if self.dtype else {}),
             **({"batch": [list(row) for row in self.rows],
                 "padding": [list(row) for row in self.padding]} if self.batch else {}),
         }

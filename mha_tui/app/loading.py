@@ -207,6 +207,7 @@ class Loading:
 
     def _loaded(self, trace: Trace) -> None:
         self.trace = trace
+        self._decode_steps, self._step = trace.steps, 0  # --decode: a new run starts at step 1
         self._new_quiz(trace)
         self.query_one("#header", Static).update(self._header())
         rail = self.query_one(StageRail)

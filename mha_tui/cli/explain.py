@@ -108,16 +108,16 @@ def explain(
              "--model induction")
     if no_stream and (hf_source is None or trained):
         fail("--no-stream applies with --hf PATH_OR_NAME: it loads a checkpoint whole")
-    if dtype.value != "auto" and (hf_source is None or trained):
-        fail(f"--dtype {dtype.value} applies with --hf PATH_OR_NAME: the dtype a checkpoint "
-             f"runs in")
+    if dtype.value != "auto" and trained:
+        fail(f"--dtype {dtype.value} applies with --hf PATH_OR_NAME or a torch module built "
+             f"here (--model, --module)")
     if hf_source is None:
         if attention is not None:
             fail("--attention picks the cross- or self-attention of an encoder-decoder's "
                  "decoder layer: use it with --hf PATH_OR_NAME and --context SENTENCE")
         config = options.config_of(sentence, heads=heads, embed_dim=embed_dim, seed=seed,
                                    causal=causal, max_seq_len=max_seq_len, context=context,
-                                   batch=batch)
+                                   batch=batch, dtype=dtype.value)
         if context is not None and model is None and module is None:
             model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
         source = _source(model, module, init or [], weights)

@@ -196,13 +196,15 @@ def valid_text(text: str, what: str) -> str:
 
 
 def config_of(sentence: str, *, heads: int, embed_dim: int, seed: int, causal: bool,
-              max_seq_len: int, context: str | None, batch: list[str] | None) -> Config:
-    """The sentence, --context, --batch and the sizes: the Request's `config`."""
+              max_seq_len: int, context: str | None, batch: list[str] | None,
+              dtype: str = "auto") -> Config:
+    """The sentence, --context, --batch, the sizes and --dtype: the Request's `config`."""
     if context is not None:
         valid_text(context, "--context")
     try:
         return Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed, causal=causal,
-                      max_seq_len=max_seq_len, context=context or "", batch=tuple(batch or ()))
+                      max_seq_len=max_seq_len, context=context or "", batch=tuple(batch or ()),
+                      dtype="" if dtype == "auto" else dtype)
     except ConfigError as error:
         fail(str(error))
 

@@ -62,7 +62,7 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
             from ..load import hf_seq2seq
             from ..pipeline.hf_cross import CrossSession
 
-            seq2seq = hf_seq2seq.load(source, attention)
+            seq2seq = hf_seq2seq.load(source, attention, dtype)
             check_layer(seq2seq, layer)
             session: Session = CrossSession(seq2seq, sentence, context, ascii_only=ascii_only,
                                             one_layer=not interactive)
@@ -112,7 +112,7 @@ def write_comparison(request: Request, destination: Destination | None, fmt: For
     from ..pipeline import comparison
     from ..render.options import RenderOptions
     from ..write.destination import DumpError, opened, resolve
-    from ..write.dump import TranscriptError, comparison_text, write_comparison_json
+    from ..write.dump import TranscriptError
 
     if destination is None:
         destination = resolve("-")
@@ -122,11 +122,8 @@ def write_comparison(request: Request, destination: Destination | None, fmt: For
         fail(str(error))
     try:
         with opened(destination) as out:
-            if fmt is Format.json:
-                write_comparison_json(compared, out, ascii_only=ascii_only)
-            else:
-                out.write(comparison_text(compared, RenderOptions(full=full, ascii=ascii_only),
-                                          width=width, color=color).encode("utf-8"))
+            FORMATS[fmt.value].comparison(compared, RenderOptions(full=full, ascii=ascii_only),  # type: ignore[misc]
+                                          width, color, out)
     except DumpError as error:
         fail(str(error), error.code)
     except TranscriptError as error:
@@ -187,38 +184,29 @@ def write_transcript(request: Request, destination: Destination | None, fmt: For
         # in full; the run then ends with exit 1 and says so (_ended).
         first = _first_stage(trace, stage, only=only)
         last = first + 1 if only else None
+        page = Page(trace, RenderOptions(full=full, ascii=ascii_only), width, color, first, last)
+        row = FORMATS[fmt.value]
         if quiz:  # the worksheet is built whole before anything is opened
             from ..quiz import questions
-            from ..write.dump import worksheet_json, worksheet_text
 
-            asked = questions(trace)
-            if fmt is Format.md:
-                from ..write.pictures import worksheet_markdown
-
-                text = worksheet_markdown(trace, asked, RenderOptions(ascii=ascii_only), width)
-            else:
-                text = (worksheet_json(trace, asked, ascii_only) if fmt is Format.json else
-                        worksheet_text(trace, asked, RenderOptions(ascii=ascii_only), width=width))
+            text = row.worksheet(page, questions(trace))  # type: ignore[misc]
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
             _ended(trace, destination)
         if why is not None:  # computed before anything is opened: a bad cell writes nothing
             from ..why import WhyError
             from ..why import why as explain_cell
-            from ..write.dump import why_text
 
             try:
-                text = why_text(explain_cell(trace, *why), RenderOptions(ascii=ascii_only),
-                                width=width, color=color)
+                text = row.cell(page, explain_cell(trace, *why))  # type: ignore[misc]
             except WhyError as error:
                 fail(f"--why: {error}")
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
             _ended(trace, destination)
-        page = Page(trace, RenderOptions(full=full, ascii=ascii_only), width, color, first, last)
         with opened(destination) as out, (collector.off() if process.STANDALONE  # collector.py
                                           else nullcontext()):
-            FORMATS[fmt.value].write(page, out)
+            row.write(page, out)
         _ended(trace, destination)
     except DumpError as error:
         fail(str(error), error.code)

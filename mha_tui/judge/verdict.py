@@ -427,6 +427,9 @@ def role_weights(j: Judge) -> RoleWeights | None:
             out = f64(product.out.values)
             if b is None:  # `x @ self.W_q + self.b_q`: the bias added apart from the product
                 b = head_axis_bias(j.g, product)
+                apart = added_bias(j.g, product)
+                if apart is not None:  # its parts are cut from the sum (picoGPT: x @ w + b)
+                    out = f64(apart[0].out.values)
             if head_axis_product(j.g, product):  # W_Q (h, C, d_h): a (h*d_h, C) layer
                 if out.size != j.B * j.T * w.shape[0]:
                     return None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph, masks_somewhere
-from ..ops.numeric import products_agree, recomputed_agrees, token_axes, tolerance
+from ..ops.numeric import products_agree, token_axes, tolerance
 from ..ops.sizes import Sizes
 from ..ops.vocab import MATMULS
 from ..records import Check, OpRecord, Snapshot, Stage, Trace
@@ -94,14 +94,7 @@ RULES = (query_key_product,)
 
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     values, snap = m.four_d(unit, BHTT)
-    ok = True
-    for group in m.per_head_ops(unit):
-        for op in group:
-            if op.name not in ("matmul", "bmm", "einsum", "mm", "baddbmm"):
-                continue
-            operands = op.inputs[1:3] if op.name == "baddbmm" else m.g.x_inputs(op)[:2]
-            ok &= recomputed_agrees(_product(m, op), [m.snap(r).values for r in operands],
-                                    op.out.values, atol=1e-5, rtol=1e-4)
+    ok = m.unit_products_agree(unit, lambda op: _product(m, op))
     first = m.op(unit.ops[0])
     name = m.tensor_name(first, fallback="scores")
     h = m.s.h

@@ -22,7 +22,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hf import HfError, Loaded, ModelInfo, first_line, import_transformers, is_byte_level, readable_token
+from .hf import (
+    DTYPES,
+    HfError,
+    Loaded,
+    ModelInfo,
+    chosen_dtype,
+    first_line,
+    import_transformers,
+    is_byte_level,
+    readable_token,
+    stored_dtype,
+)
 from .hf_files import checked_directory
 
 # Which attention of a decoder layer: cross (the default) or self.
@@ -81,8 +92,9 @@ def _decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
     return None
 
 
-def load(source: str, attention: str = "cross") -> Seq2SeqLoaded:
-    """Find, check and load an encoder-decoder and its tokenizer; every refusal is an HfError."""
+def load(source: str, attention: str = "cross", dtype: str = "auto") -> Seq2SeqLoaded:
+    """Find, check and load an encoder-decoder and its tokenizer; every refusal is an HfError.
+    dtype: as `load.hf.load`'s (auto: the checkpoint's own)."""
     transformers = import_transformers()
     path = checked_directory(source)
     try:
@@ -105,10 +117,12 @@ def load(source: str, attention: str = "cross") -> Seq2SeqLoaded:
         raise HfError(f"--hf {source}: {config.model_type}'s encoder does not read a sentence "
                       f"(Whisper's reads audio); --context explains text encoder-decoders "
                       f"such as T5, BART and Marian")
+    stored = stored_dtype(config, path)
+    runs_in = chosen_dtype(dtype, stored)
     try:
         model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
             path, config=config, local_files_only=True, trust_remote_code=False,
-            weights_only=True, attn_implementation="eager", dtype=torch.float32)
+            weights_only=True, attn_implementation="eager", dtype=DTYPES[runs_in])
     except Exception as error:
         raise HfError(f"--hf {source}: could not load an encoder-decoder from {path}: "
                       f"{first_line(error)}") from None
@@ -134,6 +148,7 @@ def load(source: str, attention: str = "cross") -> Seq2SeqLoaded:
         vocab_size=int(config.vocab_size),
         max_positions=getattr(config, "max_position_embeddings", None),
         attention_params=sum(p.numel() for p in module.parameters()),
+        dtype=runs_in, stored_dtype=stored,
     )
     return Seq2SeqLoaded(model=model, tokenizer=tokenizer, info=info, blocks_path=blocks_path,
                          attention_name=name, blocks=blocks, attention_kind=attention,

@@ -88,8 +88,10 @@ def _sizes(config: Config, batched: bool = True, asked: int | None = None,
     mask = (f"cross-attention, {masked}" if config.cross and masked else "cross-attention"
             if config.cross else "decoding" if config.cached else masked or flag)
     B = len(config.rows)
+    dtype = f" {config.dtype}" if config.dtype else ""  # --dtype: what the module ran in
     return Text(f"{f'B={B} ' if batched else ''}{lengths} C={config.embed_dim} h={config.num_heads} "
-                f"d_h={config.head_dim}{own} seed={config.seed} {mask}", style="cyan", end="")
+                f"d_h={config.head_dim}{own} seed={config.seed} {mask}{dtype}", style="cyan",
+                end="")
 
 
 def _token_list(config: Config, opts: RenderOptions, room: int) -> Text:

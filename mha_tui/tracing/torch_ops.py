@@ -176,7 +176,7 @@ class _Session:
             kind, name = self.names[key]
             ref = Ref(kind, name=name, snapshot=snapshot(t))  # type: ignore[arg-type]
             self.const_refs[key] = ref
-            self.names.pop(key)  # snapshot a parameter once
+            self.names.pop(key, None)  # snapshot a parameter once (snapshot() may have re-entered)
             self.input_refs[key] = ref
             self.alive.append(t)
             return ref

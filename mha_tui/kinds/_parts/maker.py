@@ -8,14 +8,15 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from ...ops.graph import Graph
+from ...ops.numeric import recomputed_agrees
 from ...records import Check, OpRecord, Recording, Ref, Snapshot, Source, Stage, TensorArg, TensorRecord
 from ...stages import stage_info
-from .builder import Builder
+from .builder import BHTT, Builder
 from .unit import Unit
 
 
@@ -90,6 +91,12 @@ def words(kind: str) -> tuple[str, str]:
         return info.title, info.explanation
     except KeyError:
         return kind, ""
+
+
+def score_dims(m: StageMaker, values: np.ndarray) -> tuple[str, ...]:
+    """The axes of a (B, h, T, T)-like tensor of scores a mechanism changed (soft-capped,
+    with a sink column): BHTT when it is 4-d, else the labels its shape fits."""
+    return BHTT if values.ndim == 4 else m.dims(values.shape, BHTT)
 
 
 class StageMaker:
@@ -359,6 +366,22 @@ class StageMaker:
 
     def four_d(self, unit: Unit, dims: tuple[str, ...]) -> tuple[np.ndarray, Snapshot]:
         return self.b.out_4d(unit.ops, dims)
+
+    def unit_products_agree(self, unit: Unit, product: Callable[[OpRecord], Callable[..., np.ndarray]],
+                       names: frozenset[str] = frozenset({"matmul", "bmm", "einsum", "mm",
+                                                          "baddbmm"})) -> bool:
+        """Whether every product op of the unit (each head's, one at a time) equals what its
+        recorded operands give: scores' q @ k^T and attend's weights @ v (baddbmm's bias
+        and factors are `product`'s to add; its operands are its second and third)."""
+        ok = True
+        for group in self.per_head_ops(unit):
+            for op in group:
+                if op.name not in names:
+                    continue
+                operands = op.inputs[1:3] if op.name == "baddbmm" else self.g.x_inputs(op)[:2]
+                ok &= recomputed_agrees(product(op), [self.snap(r).values for r in operands],
+                                        op.out.values, atol=1e-5, rtol=1e-4)
+        return ok
 
 
 _EINOPS_CALL = re.compile(r"""\b(rearrange|reduce|repeat|einsum|pack|unpack)\(\s*[^,()]*,\s*(['"])(.+?)\2""")
