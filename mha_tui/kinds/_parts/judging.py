@@ -30,13 +30,20 @@ from ...records.verdict import Diagnosis, Facts, StageVerdict
 
 F = TypeVar("F", bound="Found")
 
+# The parameters the loader passes a mask by (load.learner.MASK_NAMES, load.signature's
+# padding names): a float mask there (Hugging Face's additive (B, 1, T, T) attention_mask)
+# is never x. Spelled here because kinds sit below load.
+_MASK_INPUTS = frozenset({"mask", "attn_mask", "attention_mask", "key_padding_mask",
+                          "padding_mask", "src_key_padding_mask", "pad_mask"})
+
 
 def judged_x(rec: Recording) -> set[str]:
     """The forward's inputs the check follows as x: every float input (q, k and v when given
-    apart), never the mask the loader passed by name (NumPy's additive mask is a float array
-    too). The recogniser follows only a 3-D x (or the first input)."""
+    apart), never a mask the loader passes by name (NumPy's additive mask is a float array
+    too, and so is Hugging Face's 4-D attention_mask). The recogniser follows only a 3-D x
+    (or the first input)."""
     float_inputs = {name for name, snap in rec.inputs if snap.dtype.startswith(("float", "bfloat"))
-                    and name not in ("mask", "attn_mask")}
+                    and name not in _MASK_INPUTS}
     return float_inputs or {name for name, _ in rec.inputs[:1]}
 
 
