@@ -23,7 +23,12 @@ def trace(module: Any, x: Any, tokens: Any = None, **options: Any) -> Trace:
     A NumPy module (x an ndarray, the module not a torch nn.Module) is traced by the NumPy
     adapter instead (`mha_tui.pipeline.trace_numpy`: x (T, C), options args, kwargs, table,
     ids, config), and torch is never imported. In a Jupyter notebook the trace shows itself
-    (`mha_tui.notebook.Trace`), and so does `trace.stage("softmax")`."""
+    (`mha_tui.notebook.Trace`), and so does `trace.stage("softmax")`.
+
+    decode=N: the last N tokens of x are generated one at a time against the module's KV
+    cache after a prefill of the others; the Trace is the first step's and `trace.steps`
+    holds every step's (each compared with the same row of the full, uncached forward).
+    context=: cross-attention's second sequence (see `mha_tui.pipeline.trace`)."""
     from .notebook import trace_of
 
     return trace_of(module, x, tokens, **options)
@@ -39,7 +44,8 @@ def show(module: Any, x: Any, tokens: Any = None, **options: Any) -> None:
 
 def check(module: Any, x: Any = None, tokens: Any = None, **options: Any) -> Checked:
     """Judge `module` stage by stage as `mha-tui check` does; in Jupyter the result shows the
-    verdict table. See `mha_tui.notebook.check` for x's default and the options."""
+    verdict table. See `mha_tui.notebook.check` for x's default and the options (context=,
+    decode=N as `check --decode N`)."""
     from .notebook import check as _check
 
     return _check(module, x, tokens, **options)

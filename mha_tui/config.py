@@ -110,6 +110,9 @@ class Config:
     # A decode step's vocabulary: the whole sentence's (the embedding table has a row for
     # the tokens still to come too). () : made from the tokens.
     vocabulary: tuple[str, ...] = ()
+    # `--dtype` for a torch module built here: the module and its x in that dtype (bfloat16,
+    # float16, float32). "": as built (float32). `--hf` says its dtype in `model` instead.
+    dtype: str = ""
 
     def __post_init__(self) -> None:
         _positive("--embed-dim", self.embed_dim, MAX_EMBED_DIM)
@@ -121,6 +124,8 @@ class Config:
                 f"valid head counts for {self.embed_dim}: {valid}"
             )
         _positive("--max-seq-len", self.max_seq_len, MAX_SEQ_LEN)
+        if self.dtype and self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPE_CHOICES)}")
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
         if not (self.model.tokens if self.model is not None else tokenize(self.sentence)):
@@ -241,6 +246,9 @@ class Config:
                           "vocab_size": self.model.vocab_size, "encoder": self.model.encoder,
                           "dtype": self.model.dtype,
                           "checkpoint_dtype": self.model.stored_dtype},
+                # an encoder-decoder's decoder layer: the encoder's input, as its tokenizer cut it
+                **({"context": self.context, "context_tokens": list(self.key_tokens)}
+                   if self.cross else {}),
             }
         return {
             "sentence": self.sentence,
@@ -256,6 +264,7 @@ class Config:
             **({"context": self.context, "context_tokens": list(self.key_tokens)}
                if self.cross else {}),
             **({"cached": list(self.cached)} if self.cached else {}),
+            **({"dtype": self.dtype} if self.dtype else {}),
             **({"batch": [list(row) for row in self.rows],
                 "padding": [list(row) for row in self.padding]} if self.batch else {}),
         }
@@ -343,18 +352,29 @@ def check_token_count(words: Sequence[str], shape: tuple[int, ...]) -> None:
                           "position")
 
 
-def config_for(module: object, shape: tuple[int, ...], tokens: Sequence[str] | None) -> Config:
-    """The configuration of a run the caller did not describe (the Python API): T and C from
-    x's shape, h from the module's own head-count attribute (else 1), tokens t0, t1, ..."""
-    T, C = int(shape[-2]), int(shape[-1])
-    words = list(tokens) if tokens is not None else [f"t{i}" for i in range(T)]
-    check_token_count(words, shape)
-    heads = 1
+def _own_heads(module: object, C: int) -> int | None:
+    """The module's own head-count attribute, when it splits C evenly."""
     for attribute in ("num_heads", "n_head", "n_heads", "nhead", "h"):
         value = getattr(module, attribute, None)
         if isinstance(value, int) and value > 0 and C % value == 0:
-            heads = value
-            break
+            return value
+    return None
+
+
+def config_for(module: object, shape: tuple[int, ...], tokens: Sequence[str] | None) -> Config:
+    """The configuration of a run the caller did not describe (the Python API): T and C from
+    x's shape, h from the module's own head-count attribute (or the one nn.MultiheadAttention
+    it wraps; else 1), tokens t0, t1, ..."""
+    T, C = int(shape[-2]), int(shape[-1])
+    words = list(tokens) if tokens is not None else [f"t{i}" for i in range(T)]
+    check_token_count(words, shape)
+    heads = _own_heads(module, C)
+    if heads is None:  # a wrapper around torch's nn.MultiheadAttention: its num_heads
+        modules = getattr(module, "modules", None)
+        inner = {value for sub in (list(modules())[1:] if callable(modules) else [])
+                 if type(sub).__name__ == "MultiheadAttention"
+                 and (value := _own_heads(sub, C)) is not None}
+        heads = inner.pop() if len(inner) == 1 else 1
     # w.split() == [w]: w is not empty and holds no whitespace (str.isspace's, as strip's)
     return Config(" ".join(w if w.split() == [w] else "_" for w in words),
                   embed_dim=C, num_heads=heads, max_seq_len=max(64, T))

@@ -47,10 +47,13 @@ class Quiz:
     questions: tuple[Question, ...]
     tokens: tuple[str, ...] = ()
     marks: tuple[Marked, ...] = ()
+    # The keys' tokens, a "key" answer is read against: the context's in cross-attention.
+    keys: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, trace: Trace) -> Quiz:
-        return cls(questions(trace), tuple(trace.config.tokens))
+        return cls(questions(trace), tuple(trace.config.tokens),
+                   keys=tuple(trace.config.key_tokens))
 
     @property
     def current(self) -> Question | None:
@@ -74,10 +77,10 @@ class Quiz:
         question = self.current
         if question is None:
             raise ValueError("the quiz is over: every question has its mark")
-        marked = mark(question, text, self.tokens)
+        marked = mark(question, text, self.keys if question.answer == "key" else self.tokens)
         if marked.outcome == "unreadable":
             return self, marked
-        return Quiz(self.questions, self.tokens, (*self.marks, marked)), marked
+        return Quiz(self.questions, self.tokens, (*self.marks, marked), self.keys), marked
 
     def revealed(self, stage_id: str) -> bool:
         """Whether the stage's numbers may be shown: all its questions are marked."""

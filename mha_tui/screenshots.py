@@ -108,7 +108,8 @@ async def _answer(pilot: Any, shot: Quizzed) -> None:
         question = app.quiz.current
         app.stage_index = app.stage_ids.index(question.stage)
         await pilot.pause()
-        key = question.shown.split(" (")[0] if question.answer == "token" else question.shown
+        key = question.shown.split(" (")[0] if question.answer in ("token", "key") \
+            else question.shown
         answer_line.value = wrong.get(number, key)
         answer_line.focus()
         await pilot.press("enter")

@@ -212,6 +212,47 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
 )}
 
 
+def _bart(vocab: int) -> Any:
+    from transformers import BartConfig
+
+    # BART's layout: learned positions from row 2 on, a norm on the embeddings, post-norm
+    # layers, every projection with a bias, q scaled by 1/sqrt(d_h) before the scores.
+    return BartConfig(vocab_size=vocab, d_model=C, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                      encoder_attention_heads=H, decoder_attention_heads=H,
+                      encoder_ffn_dim=2 * C, decoder_ffn_dim=2 * C,
+                      max_position_embeddings=POSITIONS, pad_token_id=1, bos_token_id=0,
+                      eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2)
+
+
+def _marian(vocab: int) -> Any:
+    from transformers import MarianConfig
+
+    # Marian's layout (opus-mt): sinusoidal positions, embeddings scaled by sqrt(d_model),
+    # the decoder starting from the pad token.
+    return MarianConfig(vocab_size=vocab, decoder_vocab_size=vocab, d_model=C,
+                        encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=H,
+                        decoder_attention_heads=H, encoder_ffn_dim=2 * C, decoder_ffn_dim=2 * C,
+                        max_position_embeddings=POSITIONS, scale_embedding=True, pad_token_id=0,
+                        eos_token_id=2, decoder_start_token_id=0, forced_eos_token_id=2)
+
+
+# Encoder-decoders explained with --context (`load.hf_seq2seq`): the decoder's layers, their
+# cross-attention (`cross`) and self-attention (`attention`). T5 is FAMILIES["t5"] (its
+# encoder is what --hf shows without --context); BART and Marian are refused without it.
+SEQ2SEQ: dict[str, Family] = {family.name: family for family in (
+    Family("t5", "T5ForConditionalGeneration", _t5, "unigram",
+           ("relative_bias", "unscaled"), attention="decoder.block.0.layer.0.SelfAttention",
+           extra={"cross": "decoder.block.0.layer.1.EncDecAttention"}),
+    Family("bart", "BartForConditionalGeneration", _bart, "bytes-roberta",
+           ("offset_positions", "q_scaled"), attention="model.decoder.layers.0.self_attn",
+           extra={"cross": "model.decoder.layers.0.encoder_attn"}),
+    Family("marian", "MarianMTModel", _marian, "sentencepiece",
+           ("sinusoidal_positions", "scaled_embeddings"),
+           attention="model.decoder.layers.0.self_attn",
+           extra={"cross": "model.decoder.layers.0.encoder_attn"}),
+)}
+
+
 # ---------------------------------------------------------------- tokenizers
 
 
@@ -336,7 +377,7 @@ def build(name: str, directory: Path, *, seed: int = 0, dtype: str = "float32") 
     config.json then says `"dtype": "bfloat16"`)."""
     import torch
 
-    family = FAMILIES[name]
+    family = FAMILIES.get(name) or SEQ2SEQ[name]
     tokenizer = tokenizer_for(family)
     model = model_for(family, len(tokenizer), seed=seed).to(getattr(torch, dtype))
     directory.mkdir(parents=True, exist_ok=True)

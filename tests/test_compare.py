@@ -431,7 +431,8 @@ def test_each_sides_line_names_its_file_or_mha_tuis_lookup_and_wraps_under_its_c
 
 
 def test_the_comparison_at_80_columns_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--dump - --width 80`: both sides elide the same column of a 4-wide matrix.
+    """`--dump - --width 80`: a 4-wide matrix does not fit twice in 80 columns, so the two
+    sides are stacked, each whole (they were side by side, each eliding a column).
     Regenerate with `make golden` only after reading the diff."""
     monkeypatch.chdir(ROOT)
     done = run_cli("explain", "I love AI !", "--module",

@@ -260,3 +260,25 @@ def test_hf_decode_from_the_command_line(tiny_gpt2_dir) -> None:
     assert result.returncode == 0, result.stderr.decode()
     text = result.stdout.decode()
     assert "decode step 2 of 2" in text and "DynamicCache" in text
+
+
+def test_grading_several_takes_decode() -> None:
+    """The steps travel to the grader's workers in the Request (each module its own process)."""
+    result = run_cli("check", f"{FILE}:GPT2Attention", f"{FILE}:MaskFromZero", "--decode", "2",
+                     "--sandbox", "off", "--format", "json")
+    reports = json.loads(result.stdout.decode())
+    assert [(r["verdict"], (r["diagnosis"] or {}).get("kind")) for r in reports] == [
+        ("equivalent", None), ("NOT equivalent", "cache_mask_offset")]
+    assert result.returncode == 1
+
+
+def test_zero_columns_are_the_keys_blocked_for_every_query() -> None:
+    """ops.numeric.zero_columns: a key is blocked when its weight is 0 in every head and row;
+    keys past `visible` are not asked about (a cache allocated up front masks them)."""
+    from mha_tui.ops.numeric import zero_columns
+
+    weights = np.array([[[[0.5, 0.0, 0.5, 0.0]]], [[[0.4, 0.0, 0.0, 0.6]]]])  # (h=2, 1, 1, 4)
+    assert zero_columns(weights, 4) == [1]
+    assert zero_columns(weights, 2) == [1]
+    assert zero_columns(weights[:1], 3) == [1]
+    assert zero_columns(np.ones((1, 1, 1, 3)) / 3, 3) == []

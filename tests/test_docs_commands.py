@@ -189,6 +189,17 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         shutil.copy(MISTAKES / f"{mistake}.py", submissions / f"{name}.py")
     _submission(submissions, "eve", "import time; time.sleep(600)")  # waits out --timeout
     _submission(submissions, "fay", "import sys; sys.exit(0)")
+    # The grading page's class graded with --context: a right cross-attention and one whose
+    # keys come from the query sequence, each wrapping torch's nn.MultiheadAttention.
+    cross = home / "cross_submissions"
+    cross.mkdir()
+    right = (FIXTURES / "two_sequences.py").read_text()
+    (cross / "right.py").write_text(f"{right}\n\nAttention = DecoderCrossAttention\n")
+    (cross / "keys_from_x.py").write_text(f"{right}\n\nAttention = MemoryKeysFromTgt\n")
+    # The --hf page's encoder-decoder: a tiny Marian (tests/hf_families.py) in its place.
+    from .hf_families import build
+
+    build("marian", home / "opus-mt-en-fr")
     # --hf: a saved model, also laid out as GPT-2 (a tiny stand-in with its architecture, 6
     # layers) in a hub cache of the reader's own (HF_HUB_CACHE): mha-tui never downloads.
     save_tiny_gpt2(home / "my-saved-model", n_layer=6)

@@ -1,14 +1,16 @@
 """ARENA / TransformerLens-style attention (issue 27, in part): a W_O of shape
 (h, d_h, C) read by einsum is the module's output projection; `check` never says the
 module lacks one. The head-axis weights are found by role (as (h*d_h, C) and (C, h*d_h) layers) and judged
-end to end; the projections and W_O are project / w_o stages. (The separate bias adds,
-`+ self.b_Q`, are still shown as plain `op` stages.)"""
+end to end; the projections and W_O are project / w_o stages, and a bias added apart from
+the product (`+ self.b_Q` of shape (h, d_h), `x @ self.W_q + self.b_q`) is part of its
+projection's stage: shown, checked, judged and explained there."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -66,3 +68,60 @@ def test_explain_names_the_head_axis_projections_and_w_o_as_stages() -> None:
     (project,) = [s for s in stages if s["kind"] == "project"]
     weight = project["tensors"]["W_Q"]  # (h, C, d_h), shown as the (h*d_h, C) layer it is
     assert weight["dims"] == ["C_out", "C_in"] and weight["shape"] == [8, 8], weight["dims"]
+
+
+# ------------------------------------------------ biases added apart from the product
+
+
+RAW = Path(__file__).parent / "fixtures" / "raw_bias_attn.py"
+
+
+def _explain(target: str, *extra: str) -> CliRunner:
+    return CliRunner().invoke(app, ["explain", "I love AI", "--module", target, "-H", "2",
+                                    "-C", "8", "--dump", "-", *extra])
+
+
+@pytest.mark.parametrize("target", [f"{FIXTURE}:Attn", f"{TL}:TLAttention", f"{RAW}:RawBias"])
+def test_a_bias_added_apart_is_part_of_its_projection(target: str) -> None:
+    # `einsum(...) + self.b_Q` / `x @ self.W_q + self.b_q`: the add belongs to the projection
+    # (or W_O) stage, its bias is shown there, and no anonymous `op` stage is left.
+    result = _explain(target, "--format", "json")
+    stages = json.loads(result.stdout)["stages"]
+    assert not [s["kind"] for s in stages if s["kind"] == "op"], [s["title"] for s in stages]
+    (project,) = [s for s in stages if s["kind"] == "project"]
+    (w_o,) = [s for s in stages if s["kind"] == "w_o"]
+    biases = [name for name in project["tensors"] if name.lower().startswith("b_")]
+    assert len(biases) == 3, list(project["tensors"])
+    assert any(name.lower().startswith("b_o") for name in w_o["tensors"]), list(w_o["tensors"])
+    # q as the stage shows it is the product plus the bias, recomputed here from the stage's own
+    # tensors (x from the embed stage, W_Q as the (h*d_h, C) layer it shows, b_Q)
+    x = np.array(stages[0]["tensors"]["x"]["values"], dtype=np.float64)
+    weight = next(t for n, t in project["tensors"].items() if n.lower() == "w_q")
+    w = np.array(weight["values"], dtype=np.float64)
+    b = np.array(project["tensors"][biases[0]]["values"], dtype=np.float64).reshape(-1)
+    q = np.array(project["tensors"]["q"]["values"])
+    product = x @ w.T if weight["dims"][0] == "C_out" else x @ w
+    assert np.allclose(product.reshape(q.shape) + b.reshape(q.shape[2:] if q.ndim == 4 else -1),
+                       q, atol=1e-5)
+    checks = [c["label"] for c in project["checks"]]
+    assert any("+ b" in c and "with bias" in c for c in checks), checks
+    assert "added after the product" in project["explanation"], project["explanation"]
+
+
+@pytest.mark.parametrize("target", [f"{TL}:TLAttention", f"{RAW}:RawBias"])
+def test_the_judge_checks_a_bias_added_apart(target: str) -> None:
+    verdict = _check(target)
+    rows = {row["kind"]: row for row in verdict["stages"]}
+    assert "+ b" in rows["project"]["checked"] and rows["project"]["ok"] is True, rows["project"]
+    assert "+ b" in rows["w_o"]["checked"] and rows["w_o"]["ok"] is True, rows["w_o"]
+    assert verdict["equivalent"] is True, verdict
+    assert any("biases" in d for d in verdict["differences"]), verdict["differences"]
+
+
+@pytest.mark.parametrize(("target", "cell", "bias"),
+                         [(f"{TL}:TLAttention", "project[0, 1, 0, 2]", "b_V[0, 2]"),
+                          (f"{RAW}:RawBias", "w_o[0, 1, 2]", "b_o[2]")])
+def test_why_adds_the_bias_term(target: str, cell: str, bias: str) -> None:
+    result = _explain(target, "--why", cell)
+    assert result.exit_code == 0, result.output
+    assert f"+ {bias}" in result.stdout and "✓ equal" in result.stdout, result.stdout

@@ -224,3 +224,77 @@ def test_dtype_option_on_the_command_line(tmp_path: Path) -> None:
     result = run_cli("explain", SENTENCE, "--hf", path, "--dtype", "float8", "--dump", "-")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr.decode()
+
+
+# ---------------------------------------------------------------- a module built here
+
+
+@pytest.mark.parametrize("model", ["mygpt", "raschka", "many-eyes"])
+def test_a_tutorial_module_runs_in_the_dtype_asked(model: str) -> None:
+    """--dtype bfloat16 on a module built here: module.to(bfloat16), x in bfloat16; the last
+    stage's tensor is the module's own bfloat16 output, every shown number a bfloat16 number,
+    the same stages as in float32 and no failed check; the header and the JSON say it."""
+    from mha_tui.config import Config, Source
+    from mha_tui.load.modules import load
+    from mha_tui.pipeline import run_trace
+
+    config = Config("I love AI !", embed_dim=8, num_heads=2, dtype="bfloat16")
+    source = Source(model=model)
+    t = run_trace(config, source)
+    loaded = load(config, source)  # built again: the module's own forward, untraced
+    assert next(loaded.module.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():
+        out = loaded.call(loaded.module, loaded.x)
+    out = out[0] if isinstance(out, tuple) else out
+    assert out.dtype == torch.bfloat16
+    final = t.stages[-1].tensors[-1]
+    assert final.own_dtype == "bfloat16"
+    assert torch.equal(torch.from_numpy(final.values).to(torch.bfloat16), out)
+    for stage in t.stages:
+        for record in stage.tensors:
+            if record.dtype == "bfloat16":
+                as_bf16 = torch.from_numpy(record.values).to(torch.bfloat16).float().numpy()
+                assert np.array_equal(as_bf16, record.values, equal_nan=True), record.name
+    plain = run_trace(Config("I love AI !", embed_dim=8, num_heads=2), source)
+    assert [s.kind for s in t.stages] == [s.kind for s in plain.stages]
+    assert [(s.id, c.label) for s in t.stages for c in s.checks if c.ok is False] == []
+    assert to_text(t, RenderOptions()).splitlines()[0].endswith(" causal bfloat16")
+    assert json.loads(to_json(t))["config"]["dtype"] == "bfloat16"
+    assert "dtype" not in json.loads(to_json(plain))["config"]  # float32 transcripts unchanged
+
+
+def test_dtype_is_refused_for_numpy_code() -> None:
+    """NumPy code has no module.to(dtype): one line, exit code 2."""
+    result = run_cli("explain", "I love AI !", "--model", "blueprint", "--dtype", "bfloat16",
+                     "--dump", "-")
+    assert result.returncode == 2
+    assert result.stderr.decode().count("\n") == 1 and "NumPy code" in result.stderr.decode()
+
+
+def test_an_encoder_decoders_cross_attention_in_its_own_dtype() -> None:
+    """--context on a bfloat16 T5: the decoder's cross-attention runs in bfloat16 and its
+    weights are the model's own cross_attentions, bit for bit; --dtype float32 says the upcast."""
+    import transformers
+
+    from mha_tui.load import hf_seq2seq
+    from mha_tui.pipeline.hf_cross import CrossSession
+
+    path = checkpoint("t5", "bfloat16")
+    loaded = hf_seq2seq.load(str(path), "cross")
+    assert loaded.info.dtype == "bfloat16"
+    session = CrossSession(loaded, "The cat", "The mat sat", one_layer=True)
+    t = session.trace(0)
+    assert t.config.model is not None and t.config.model.dtype_words() == "bfloat16"
+    model = transformers.T5ForConditionalGeneration.from_pretrained(
+        path, attn_implementation="eager", dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([list(session.context_ids)]),
+                    decoder_input_ids=torch.tensor([list(t.config.ids)]), output_attentions=True)
+    own = out.cross_attentions[0]
+    assert own.dtype == torch.bfloat16
+    shown = [r for r in t.stage("softmax").tensors if r.values.shape == tuple(own.shape)][-1]
+    assert shown.own_dtype == "bfloat16"
+    assert torch.equal(torch.from_numpy(shown.values).to(torch.bfloat16), own)
+    assert [c.label for s in t.stages for c in s.checks if c.ok is False] == []
+    upcast = hf_seq2seq.load(str(path), "cross", "float32")
+    assert (upcast.info.dtype, upcast.info.stored_dtype) == ("float32", "bfloat16")

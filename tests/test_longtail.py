@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 
 from mha_tui.config import Config, Source
-from mha_tui.pipeline import run_trace
-from mha_tui.why import why
+from mha_tui.pipeline import checked, run_trace
+from mha_tui.records.request import Request
+from mha_tui.why import main_tensor, why
 
 from .longtail_cases import CASES, FIXTURES, measure
 
-LEFT = {
-    "picoGPT NumPy",
-}
+LEFT: set[str] = set()
 
 
 def test_left_names_only_configurations_that_exist() -> None:
@@ -55,3 +54,22 @@ def test_every_softcapped_score_is_explained_as_cap_times_tanh() -> None:
         cell = why(trace, "softcap", index)
         assert cell.agrees, (index, cell.computed, cell.recorded)
         assert cell.computed == pytest.approx(0.5 * np.tanh(before[index] / 0.5), abs=1e-6)
+
+
+def test_picogpt_projection_cells_are_explained_with_the_bias_added_after_the_matmul() -> None:
+    """picoGPT's `x @ w + b`: --why on a channel of V (a block of the fused, biased output)
+    and of the output is x's row dotted with W's column, plus b, equal to the module's
+    number; the heads, split by np.split, are each their own (T, T) scores."""
+    config = Config("the cat sat on the mat", embed_dim=16, num_heads=4)
+    source = Source(module=f"{FIXTURES / 'longtail' / 'picogpt_attn.py'}:PicoGPTAttention")
+    run, _ = checked(Request(config, source))  # a NumPy module: the pipeline's own door
+    trace = run(config)
+    for stage_id in ("project", "w_o"):
+        record = main_tensor(trace.stage(stage_id))
+        for index in [(0, 0), (5, record.values.shape[-1] - 1)]:
+            cell = why(trace, stage_id, index)
+            assert cell.agrees, (stage_id, index, cell.computed, cell.recorded)
+            assert any(term.label.startswith("+ ") and "_b[" in term.label
+                       for term in cell.terms), cell.terms
+    scores = trace.stage("scores").tensors[-1]
+    assert scores.dims[-3:] == ("h", "T", "T") and scores.values.shape[-3] == 4

@@ -270,3 +270,19 @@ def test_a_forward_with_no_softmax_is_linear_attention_and_one_with_softmax_is_n
 
     assert kinds(with_softmax=False) == {"linear_attn"}
     assert "linear_attn" not in kinds(with_softmax=True)
+
+
+def test_the_bias_added_after_x_at_w_is_part_of_the_projection() -> None:
+    """picoGPT's linear, `x @ w + b`: the add of one bias per output channel joins the
+    product's projection; an add of a per-channel vector to the scores does not."""
+    tape = Tape()
+    w = _param("c_attn.w", tape.rng.standard_normal((D * H, D * H)).astype(np.float32))
+    product = tape.op("matmul", [tape.x, w], tape.x_values @ tape.values(w))
+    b = _param("c_attn.b", np.arange(D * H, dtype=np.float32))
+    biased = tape.op("add", [product, b], tape.values(product) + tape.values(b))
+    *_, scores = _attention_upto_scores(tape)
+    row = _param("row", np.arange(T, dtype=np.float32))
+    shifted = tape.op("add", [scores, row], tape.values(scores) + tape.values(row))
+    kinds = tape.kinds()
+    assert (kinds[product.op], kinds[biased.op]) == ("project", "project")  # type: ignore[index]
+    assert kinds[shifted.op] != "project"  # type: ignore[index]

@@ -194,6 +194,10 @@ CHECKED = {
     "whisper": (lambda: ts.WhisperAttention(4, 2), None),
     "annotated-transformer": (lambda: ts.AnnotatedMultiHeadedAttention(2, 4), None),
     "bart": (lambda: ts.BartStyleAttention(4, 2), None),
+    "nn.MultiheadAttention": (lambda: nn.MultiheadAttention(4, 2, batch_first=True), None),
+    "nn.Transformer decoder (tgt, memory)": (lambda: ts.DecoderCrossAttention(4, 2), None),
+    "torch's module wrapped, no head count of its own": (lambda: ts.LatentCrossAttention(4, 2),
+                                                         None),
 }
 
 
@@ -220,6 +224,26 @@ def test_keys_or_values_from_the_query_sequence_are_named_at_their_line(cls, rol
     assert f"the {role} are made from the query sequence" in diagnosis.message
     with open(diagnosis.file) as source:
         assert line in source.read().splitlines()[diagnosis.line - 1]
+
+
+@pytest.mark.parametrize(("cls", "role", "argument"), [
+    (ts.MemoryKeysFromTgt, "keys", "key"), (ts.MemoryValuesFromTgt, "values", "value")])
+@pytest.mark.parametrize("T_k", [3, 5])  # T_k != T_q: torch's module fails before any op
+def test_torch_attention_given_the_query_sequence_is_named_at_the_call(cls, role: str,
+                                                                       argument: str,
+                                                                       T_k: int) -> None:
+    """nn.MultiheadAttention called with its key or value from the query sequence: wrong at
+    the learner's call, read from the arguments torch's module got (with T_k != T_q its
+    forward fails on key and value of other lengths before any projection runs)."""
+    x, context = _inputs(3, T_k)
+    checked = mha_tui.check(cls(4, 2).eval(), x, context=context)
+    diagnosis = checked.verdict.diagnosis
+    assert not checked.equivalent and diagnosis is not None
+    assert diagnosis.kind == "wrong_sequence", diagnosis.message
+    assert f"the {role} are made from the query sequence (tgt)" in diagnosis.message
+    assert f"nn.MultiheadAttention's {argument} is the context" in diagnosis.message
+    with open(diagnosis.file) as source:
+        assert "# BUG" in source.read().splitlines()[diagnosis.line - 1]
 
 
 def test_check_context_from_the_command_line() -> None:
@@ -416,3 +440,145 @@ def test_one_decode_step_against_a_cache_is_traced_and_drawn() -> None:
     matrix = tensor_matrices(trace.stage("softmax").tensors[-1], trace.config, RenderOptions())[0]
     assert matrix.rows.labels == ["sat"] and matrix.cols.labels == [f"t{i}" for i in range(5)]
     text_of(trace)  # every stage draws
+
+
+# ---------------------------------------------------------------- grading a class with them
+
+_TORCH_CROSS = '''from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model, nhead):
+        super().__init__()
+        self.nhead = nhead
+        self.attn = nn.MultiheadAttention(d_model, nhead, batch_first=True)
+
+    def forward(self, x, context):
+        out, _ = self.attn(x, context, context, need_weights=False)
+        return out
+'''
+
+_PADDED = '''import math
+
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model, nhead):
+        super().__init__()
+        self.nhead = nhead
+        self.W_q = nn.Linear(d_model, d_model, bias=False)
+        self.W_k = nn.Linear(d_model, d_model, bias=False)
+        self.W_v = nn.Linear(d_model, d_model, bias=False)
+        self.W_o = nn.Linear(d_model, d_model)
+
+    def heads(self, t):
+        B, T, C = t.shape
+        return t.view(B, T, self.nhead, C // self.nhead).transpose(1, 2)  # (B, h, T, d_h)
+
+    def forward(self, x, key_padding_mask=None):
+        q, k, v = self.heads(self.W_q(x)), self.heads(self.W_k(x)), self.heads(self.W_v(x))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, T, T)
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        weights = scores.softmax(dim=-1)
+        return self.W_o((weights @ v).transpose(1, 2).reshape(x.shape))
+'''
+
+
+def _graded(folder, *options: str) -> dict[str, dict]:
+    result = run_cli("check", str(folder), "--class", "Attention", "--init", "d_model=4",
+                     "--init", "nhead=2", *options, "--format", "json", "--sandbox", "off",
+                     timeout=300)
+    assert result.returncode == 1, result.stderr.decode()  # the worst verdict: NOT equivalent
+    return {report["module"].rpartition("/")[2].split(".py")[0]: report
+            for report in json.loads(result.stdout)}
+
+
+def test_grading_a_class_with_context_judges_each_submission_across_two_sequences(tmp_path) -> None:
+    """`check FOLDER --class Attention --context ...`: the option reaches every submission's
+    judgement (each in its worker, through the Request): the right one is equivalent, keys
+    from the query sequence are named at the learner's line."""
+    (tmp_path / "right.py").write_text(_TORCH_CROSS)
+    wrong = _TORCH_CROSS.replace("self.attn(x, context, context,", "self.attn(x, x, context,")
+    (tmp_path / "keys_from_x.py").write_text(wrong)
+    graded = _graded(tmp_path, "--context", "le chat est sur le tapis")
+    assert graded["right"]["verdict"] == "equivalent"
+    assert "keys and values from the context" in json.dumps(graded["right"])
+    diagnosis = graded["keys_from_x"]["diagnosis"]
+    assert diagnosis["kind"] == "wrong_sequence"
+    assert diagnosis["line"] == wrong.splitlines().index(
+        "        out, _ = self.attn(x, x, context, need_weights=False)") + 1
+
+
+def test_grading_a_class_with_batch_names_each_padding_bug(tmp_path) -> None:
+    """`check FOLDER --class Attention --batch ...`: the right padding mask is equivalent; one
+    on the query axis and an inverted one are named, each at its line."""
+    (tmp_path / "right.py").write_text(_PADDED)
+    on_queries = _PADDED.replace("key_padding_mask[:, None, None, :]",
+                                 "key_padding_mask[:, None, :, None]")
+    (tmp_path / "on_queries.py").write_text(on_queries)
+    inverted = _PADDED.replace("masked_fill(key_padding_mask[", "masked_fill(~key_padding_mask[")
+    (tmp_path / "inverted.py").write_text(inverted)
+    graded = _graded(tmp_path, "--batch", "the cat", "--no-causal")
+    assert graded["right"]["verdict"] == "equivalent"
+    line = on_queries.splitlines().index(
+        "            scores = scores.masked_fill(key_padding_mask[:, None, :, None], "
+        "float(\"-inf\"))") + 1
+    assert graded["on_queries"]["diagnosis"]["kind"] == "padding_on_queries"
+    assert graded["on_queries"]["diagnosis"]["line"] == line
+    assert graded["inverted"]["diagnosis"]["kind"] == "padding_inverted"
+    assert graded["inverted"]["diagnosis"]["line"] == line
+
+
+# ---------------------------------------------------------------- the quiz on two sequences
+
+
+def test_the_quiz_asks_about_context_tokens_in_cross_attention() -> None:
+    """The keys are the context's tokens: the score asked about names its key from the
+    context, and "which token does the query weigh most" is answered with a context token
+    (typed as its word, read against the context's tokens, not the sentence's)."""
+    from mha_tui.config import Source
+    from mha_tui.pipeline import run_trace
+    from mha_tui.quiz import Quiz
+    from mha_tui.write.dump import worksheet_json
+
+    trace = run_trace(Config("I love AI !", context="le chat est sur le tapis"),
+                      Source(model="cross"))
+    quiz = Quiz.of(trace)
+    score = next(q for q in quiz.questions if q.stage == "scores")
+    assert "against key le·0 (column 0)" in score.text  # "le" occurs twice in the context
+    top = next(q for q in quiz.questions if q.asks == "most_attended")
+    assert top.answer == "key" and "context token" in top.text and "context" in top.how
+    position = top.expected[0]
+    word = trace.config.key_tokens[position]
+    assert top.shown.startswith(word)
+    while quiz.current is not top:  # answer the others with their keys
+        quiz, _ = quiz.answer(quiz.current.shown.split(" (")[0])
+    typed = word if trace.config.key_tokens.count(word) == 1 else f"{word}·{position}"
+    _, marked = quiz.answer(typed)
+    assert marked.outcome == "right", marked.message
+    number = quiz.questions.index(top) + 1
+    answers = json.loads(worksheet_json(trace, quiz.questions))["answers"]
+    assert answers[number - 1]["tokens"] == [word]
+
+
+def test_the_quiz_asks_about_padded_keys_and_real_queries_in_a_padded_batch() -> None:
+    """--batch: the mask's question counts the padded row's padded keys (blocked for every
+    query); the score and the weights are asked of row 0's last real token, not of a pad."""
+    from mha_tui.config import Source
+    from mha_tui.pipeline import run_trace
+    from mha_tui.quiz import questions
+
+    trace = run_trace(Config("I love", batch=("the cat sat on",), causal=False),
+                      Source(module=PADDED.format("KeyPaddingAttention")))
+    asked = questions(trace)
+    assert trace.config.padding[0] == (False, False, True, True)  # row 0 is the padded one
+    keys = next(q for q in asked if q.asks == "padded_keys")
+    assert keys.expected == 2 and "2 (<pad>), 3 (<pad>)" in keys.source
+    assert "Batch row 0" in keys.text
+    for question in asked:
+        if question.asks in ("value", "row_sum", "most_attended"):
+            assert "(row 1)" in question.text or "row 1 of" in question.text, question.text
+    assert "of batch row 0" in next(q for q in asked if q.asks == "blocked").text
+    assert not any(q.asks == "head_role" for q in asked)  # pad queries would skew it

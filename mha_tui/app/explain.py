@@ -54,7 +54,14 @@ from .layout import (
 from .loading import START_LOADING_AFTER, Loading, load_trace
 from .quiz import QuizBar, Quizzing
 from .stage_view import LineCache, StageView, render_strips
-from .widgets import KeyFooter, StageRail, TooSmall, ascii_strips, use_ascii_scrollbars
+from .widgets import (
+    KeyFooter,
+    SentenceBar,
+    StageRail,
+    TooSmall,
+    ascii_strips,
+    use_ascii_scrollbars,
+)
 
 if TYPE_CHECKING:
     from ..judge import Verdict
@@ -190,6 +197,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         if self._quizzing:  # its answer line takes the focus: only in quiz mode
             yield QuizBar(id="quiz")
         yield Static(id="progress")
+        yield SentenceBar(id="sentence-body")
         yield TooSmall(MIN_WIDTH, MIN_HEIGHT, id="too-small")
         yield KeyFooter(lesser=NARROW_FOOTER_LEAVES_OUT, compact=True, show_command_palette=False)
 

@@ -109,6 +109,7 @@ class Keys:
         (("head.next", "head.prev"), "focus the next / previous head (others dim)"),
         (("head.all",), "show every head at full strength"),
         (("batch.next", "batch.prev"), "with --batch: the next / previous batch row"),
+        (("decode.next", "decode.prev"), "with --decode: the next / previous decode step"),
         (("view.numbers",), "numbers on/off over the colours"),
         (("view.more", "view.fewer"), "more / fewer decimals"),
         (("view.explain",), f"explanation on/off (folded where it would fill 1/{BOX_SHARE} "

@@ -22,7 +22,7 @@ from ..config import Config, ConfigError, divisors
 from ..records import Trace
 from ..render.text import printable
 from .stage_view import StageView
-from .widgets import SentenceScreen, StageRail
+from .widgets import SentenceBar, StageRail
 
 if TYPE_CHECKING:
     from ..judge import Verdict
@@ -179,8 +179,13 @@ class Loading:
 
     def action_sentence(self) -> None:
         """`s`: type another sentence; the module runs on it."""
-        self.push_screen(SentenceScreen(self.config.sentence),
-                         lambda text: None if text is None else self._rerun(sentence=text))
+        self.query_one(SentenceBar).open(self.config.sentence)
+
+    def on_sentence_bar_typed(self, message: SentenceBar.Typed) -> None:
+        """Enter on the sentence line runs the module on it; esc keeps the sentence."""
+        self.query_one(StageView).focus()
+        if message.text is not None:
+            self._rerun(sentence=message.text)
 
     def action_heads(self) -> None:
         """`H`: the next head count that divides C."""
@@ -202,6 +207,7 @@ class Loading:
 
     def _loaded(self, trace: Trace) -> None:
         self.trace = trace
+        self._decode_steps, self._step = trace.steps, 0  # --decode: a new run starts at step 1
         self._new_quiz(trace)
         self.query_one("#header", Static).update(self._header())
         rail = self.query_one(StageRail)

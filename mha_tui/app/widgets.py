@@ -16,6 +16,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.scrollbar import ScrollBarRender
 from textual.strip import Strip
@@ -39,6 +40,7 @@ class KeyFooter(Footer):
     def __init__(self, *, lesser: frozenset[str], **options: Any) -> None:
         super().__init__(**options)
         self.lesser = lesser
+        self._typed = False  # the sentence line had the focus at the last change
 
     def compose(self) -> ComposeResult:
         for widget in super().compose():
@@ -74,7 +76,10 @@ class KeyFooter(Footer):
 
     def _grey_in_place(self, screen: Screen) -> bool:
         """Grey keys in place when only which keys are enabled changed (a step between
-        stages, the usual case); False when the footer must recompose.
+        stages, the usual case); False when the footer must recompose. While the sentence
+        line is focused (`s`), and when the focus comes back from it, nothing changes: the
+        footer keeps the app's keys (the line says enter and esc), and a recompose costs
+        more than the line itself (measured: most of a second on the first `s`).
 
         Footer recomposes on every change of the bindings: it mounts every key again, a
         layout and a style pass over each key, the largest cost of a step. When the keys to
@@ -82,6 +87,10 @@ class KeyFooter(Footer):
         instead; any other change recomposes as before. (Tooltips and descriptions here are
         fixed per key, so the key and its action identify what is shown.)
         """
+        typing = isinstance(screen.focused, Input) and screen.focused.id == "sentence-input"
+        if typing or self._typed:
+            self._typed = typing
+            return True
         shown = list(self.query("FooterKey"))  # FooterKey is not exported by textual.widgets
         enabled: dict[str, bool] = {}
         keys: dict[str, str] = {}
@@ -133,27 +142,51 @@ class HelpScreen(ModalScreen[None]):
         body.focus()  # up/down/page keys scroll the help when it is taller than the screen
 
 
-class SentenceScreen(ModalScreen[str | None]):
-    """`s` in the app: a line to type a sentence in; enter runs it, esc keeps the old one."""
+class SentenceBar(Vertical):
+    """`s` in the app: a line to type a sentence in; enter runs it, esc keeps the old one.
+
+    Built with the app and hidden, shown by a class: opening it composes, styles and mounts
+    nothing, so it is there at the key (a modal screen cost over a second on the first `s`,
+    and the next key typed went to the stage view)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "dismiss(None)", "Cancel", id="sentence.cancel"),
+        Binding("escape", "cancel", "Cancel", id="sentence.cancel"),
     ]
 
-    AUTO_FOCUS = "#sentence-input"
+    class Typed(Message):
+        """The learner pressed enter (text) or esc (None) on the sentence line."""
 
-    def __init__(self, sentence: str) -> None:
-        super().__init__()
-        self.sentence = sentence
+        def __init__(self, text: str | None) -> None:
+            super().__init__()
+            self.text = text
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="sentence-body"):
-            yield Static(Text("A sentence of your own (enter runs it, esc keeps this one):",
-                              style="bold"))
-            yield Input(value=self.sentence, id="sentence-input")
+        yield Static(Text("A sentence of your own (enter runs it, esc keeps this one):",
+                          style="bold"))
+        # Disabled while hidden: a hidden Input is still focusable, and the app's first focus
+        # would land in it (every key typed into a line no one sees).
+        yield Input(id="sentence-input", disabled=True)
+
+    def open(self, sentence: str) -> None:
+        """Show the line holding the sentence on screen, cursor at its end, focused."""
+        field = self.query_one("#sentence-input", Input)
+        field.disabled = False
+        field.value = sentence
+        field.cursor_position = len(sentence)
+        self.display = True
+        field.focus()
+
+    def _close(self, text: str | None) -> None:
+        self.display = False
+        self.query_one("#sentence-input", Input).disabled = True
+        self.post_message(self.Typed(text))
+
+    def action_cancel(self) -> None:
+        self._close(None)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value)
+        event.stop()
+        self._close(event.value)
 
 
 class TooSmall(Static):

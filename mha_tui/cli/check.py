@@ -120,11 +120,6 @@ def check(
     verdict = None
     lms = fmt in (CheckFormat.gradescope, CheckFormat.prairielearn)
     check_decode(decode, config)
-    if (context is not None or batch or decode) and (len(submissions) > 1 or is_batch(specs or []) or lms
-                                           or outputs.grading):
-        fail(f"{'--context' if context is not None else '--batch' if batch else '--decode'} judges "
-             "one module at a time; "
-             "grading several with it is not there yet")
     if len(submissions) > 1 or is_batch(specs or []) or lms or outputs.grading:
         reports = _grade(request, submissions, timeout=timeout, jobs=jobs, memory=memory,
                          sandbox=sandbox, outputs=outputs.session)

@@ -26,7 +26,7 @@ from ..stages import STAGE_IDS
 from ..write import FORMATS
 from . import options, process
 from .explain_app import open_checked, open_compared, open_explained
-from .options import Format, Model, check_decode, dump_format, source_of, valid_text
+from .options import AttentionKind, Format, Model, check_decode, dump_format, source_of, valid_text
 from .process import fail, interactive, say
 from .transcript import explain_hf, write_comparison, write_transcript
 
@@ -67,6 +67,7 @@ def explain(
     why_cell: options.Why = None,
     batch: options.Batch = None,
     context: options.Context = None,
+    attention: options.Attention = None,
     decode: options.Decode = 0,
 ) -> None:
     """Explain one forward pass: open the step-through app, or write a transcript with --dump."""
@@ -88,21 +89,35 @@ def explain(
             if given:
                 fail(f"{flag} does not apply with {'--model ' + hf_source if trained else '--hf'}: "
                      f"the model brings its own sizes, weights and mask")
+        if context is not None and trained:
+            fail(f"--context with --model {hf_source} is not there: it explains one "
+                 f"self-attention layer")
         if context is not None:
-            fail(f"--context with {'--model ' + hf_source if trained else '--hf'} is not there "
-                 f"yet: it explains one self-attention layer")
+            valid_text(context, "--context")
+        if context is not None and not context.split():
+            fail("--context is empty; give the encoder's input sentence, e.g. --context "
+                 "\"le chat est sur le tapis\"")
+        if context is not None and decode:
+            fail("--decode with --context on --hf is not there yet: it decodes a causal LM's "
+                 "own cache; explain the encoder-decoder's layer without --decode")
+        if attention is not None and context is None:
+            fail("--attention picks the cross- or self-attention of an encoder-decoder's "
+                 "decoder layer: give the encoder's input with --context SENTENCE")
     elif layer is not None:
         fail("--layer picks a layer of a whole model: use it with --hf PATH_OR_NAME or "
              "--model induction")
     if no_stream and (hf_source is None or trained):
         fail("--no-stream applies with --hf PATH_OR_NAME: it loads a checkpoint whole")
-    if dtype.value != "auto" and (hf_source is None or trained):
-        fail(f"--dtype {dtype.value} applies with --hf PATH_OR_NAME: the dtype a checkpoint "
-             f"runs in")
+    if dtype.value != "auto" and trained:
+        fail(f"--dtype {dtype.value} applies with --hf PATH_OR_NAME or a torch module built "
+             f"here (--model, --module)")
     if hf_source is None:
+        if attention is not None:
+            fail("--attention picks the cross- or self-attention of an encoder-decoder's "
+                 "decoder layer: use it with --hf PATH_OR_NAME and --context SENTENCE")
         config = options.config_of(sentence, heads=heads, embed_dim=embed_dim, seed=seed,
                                    causal=causal, max_seq_len=max_seq_len, context=context,
-                                   batch=batch)
+                                   batch=batch, dtype=dtype.value)
         if context is not None and model is None and module is None:
             model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
         source = _source(model, module, init or [], weights)
@@ -142,7 +157,8 @@ def explain(
                     interactive=in_app, preflight=preflight, fmt=fmt, width=width or 100,
                     full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
                     quiz=quiz, why=cell, trained=trained, stream=not no_stream and not decode,
-                    decode=decode, dtype=dtype.value)
+                    decode=decode, dtype=dtype.value, context=context,
+                    attention=(attention or AttentionKind.cross).value)
         return
     _check_budget(config, destination, fmt)
     if check_stages:

@@ -59,6 +59,13 @@ class SandboxMode(StrEnum):
     off = "off"
 
 
+class AttentionKind(StrEnum):
+    """--attention: which attention of an encoder-decoder's decoder layer --hf shows."""
+
+    cross = "cross"
+    self = "self"
+
+
 class ExpectKind(StrEnum):
     attention = "attention"
     rotary = "rotary"
@@ -85,7 +92,8 @@ Repeat = Annotated[bool, typer.Option("--repeat", help="Run the sentence twice i
 RepeatHeads = Annotated[bool, typer.Option("--repeat", help="Run the sentence twice in a row (a b c -> a b c a b c): what an induction head needs.")]
 Batch = Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable): the rows are padded with <pad> to the longest, and the module gets the padding mask by its parameter (attention_mask: 1 = a token; key_padding_mask or padding_mask: True = padding; else a mask that blocks the padded keys).")]
 BatchJudged = Annotated[list[str] | None, typer.Option("--batch", metavar="SENTENCE", help="Another row of the batch (repeatable), padded with <pad> to the longest; the module gets the padding mask by its parameter.")]
-Context = Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross.")]
+Context = Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: the queries come from the sentence, the keys and values from this second sentence (looked up in the same embedding); the forward gets it by its parameter (context, encoder_hidden_states, key_value_states, xa, memory, or key and value). Without --model or --module: --model cross. With --hf on an encoder-decoder (T5, BART, Marian): the encoder's input, the sentence the decoder's.")]
+Attention = Annotated[AttentionKind | None, typer.Option("--attention", help="With --hf and --context on an encoder-decoder: the decoder layer's cross-attention (default: keys and values from the encoder's output on the context) or its self-attention.", case_sensitive=False, show_default=False)]
 Decode = Annotated[int, typer.Option("--decode", metavar="N", help="Decode with a KV cache: the last N tokens of the sentence are generated one at a time after a prefill of the others, each step its own walk-through (d / D in the app), compared with the same row of the full, uncached forward. The cache is found from the forward's signature: passed in and returned (layer_past, past_key_value, past_kv), or kept in the module (use_cache with reset_cache(), start_pos, input_pos); with --hf, the model's own Cache.")]
 DecodeJudged = Annotated[int, typer.Option("--decode", metavar="N", help="Judge decoding with a KV cache: the last N tokens generated one at a time against the module's cache must equal the full forward's rows, and a second run after the module's reset the first; a cache joined on the wrong axis, a mask or rotary position that ignores the cache's offset, a cache not reset between runs are named at their line.")]
 ContextJudged = Annotated[str | None, typer.Option("--context", metavar="SENTENCE", help="Cross-attention: judge the module with queries from --sentence and keys and values from this sentence, against a reference that takes both (no causal mask across two sequences).")]
@@ -188,13 +196,15 @@ def valid_text(text: str, what: str) -> str:
 
 
 def config_of(sentence: str, *, heads: int, embed_dim: int, seed: int, causal: bool,
-              max_seq_len: int, context: str | None, batch: list[str] | None) -> Config:
-    """The sentence, --context, --batch and the sizes: the Request's `config`."""
+              max_seq_len: int, context: str | None, batch: list[str] | None,
+              dtype: str = "auto") -> Config:
+    """The sentence, --context, --batch, the sizes and --dtype: the Request's `config`."""
     if context is not None:
         valid_text(context, "--context")
     try:
         return Config(sentence, embed_dim=embed_dim, num_heads=heads, seed=seed, causal=causal,
-                      max_seq_len=max_seq_len, context=context or "", batch=tuple(batch or ()))
+                      max_seq_len=max_seq_len, context=context or "", batch=tuple(batch or ()),
+                      dtype="" if dtype == "auto" else dtype)
     except ConfigError as error:
         fail(str(error))
 

@@ -32,18 +32,21 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
                 ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
                 why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
                 stream: bool = True, decode: int = 0, dtype: str = "auto",
-                preflight: bool = False) -> None:
+                preflight: bool = False, context: str | None = None,
+                attention: str = "cross") -> None:
     """--hf (or --model induction, trained: a model of mha_tui/models): load the model
     (refusals here, before any app), then the app, a transcript or --why's cell of the layer
     shown. stream: read the blocks from the checkpoint one at a time (load.hf_stream).
     decode: the last N tokens decoded against the model's own cache, a trace per step
     (pipeline.hf_decode; the whole model runs each step, so it is loaded whole). dtype: what
-    the model runs in (--dtype: auto, the checkpoint's own)."""
+    the model runs in (--dtype: auto, the checkpoint's own). context: an encoder-decoder's
+    encoder input (load.hf_seq2seq, loaded whole, in float32); the sentence is its decoder's,
+    and layer L of the decoder is shown, its cross- or self-attention (attention)."""
     from ..load.hf_error import HfError
     from ..load.hf_files import refuse_early
 
     try:  # what the checkpoint's files refuse, before torch and transformers are imported
-        if not trained:
+        if not trained and context is None:
             tokens = refuse_early(source, sentence, layer)
             _check_hf_budget(source, sentence, tokens, layer, stream=stream, dtype=dtype,
                              destination=destination, fmt=fmt, full=full, why=why is not None,
@@ -55,13 +58,22 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
     from ..pipeline.hf import Session
 
     try:
-        # too many tokens: refused before the weights load
-        loaded = (trained_models.load(source, sentence) if trained
-                  else load(source, sentence, stream=stream, dtype=dtype))
-        if loaded.note:
-            say(f"mha-tui: note: {loaded.note}")
-        check_layer(loaded, layer)
-        session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
+        if context is not None:  # an encoder-decoder's decoder layer
+            from ..load import hf_seq2seq
+            from ..pipeline.hf_cross import CrossSession
+
+            seq2seq = hf_seq2seq.load(source, attention, dtype)
+            check_layer(seq2seq, layer)
+            session: Session = CrossSession(seq2seq, sentence, context, ascii_only=ascii_only,
+                                            one_layer=not interactive)
+        else:
+            # too many tokens: refused before the weights load
+            loaded = (trained_models.load(source, sentence) if trained
+                      else load(source, sentence, stream=stream, dtype=dtype))
+            if loaded.note:
+                say(f"mha-tui: note: {loaded.note}")
+            check_layer(loaded, layer)
+            session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
     except HfError as error:
         fail(str(error))
     if decode:
@@ -100,7 +112,7 @@ def write_comparison(request: Request, destination: Destination | None, fmt: For
     from ..pipeline import comparison
     from ..render.options import RenderOptions
     from ..write.destination import DumpError, opened, resolve
-    from ..write.dump import TranscriptError, comparison_text, write_comparison_json
+    from ..write.dump import TranscriptError
 
     if destination is None:
         destination = resolve("-")
@@ -110,11 +122,8 @@ def write_comparison(request: Request, destination: Destination | None, fmt: For
         fail(str(error))
     try:
         with opened(destination) as out:
-            if fmt is Format.json:
-                write_comparison_json(compared, out, ascii_only=ascii_only)
-            else:
-                out.write(comparison_text(compared, RenderOptions(full=full, ascii=ascii_only),
-                                          width=width, color=color).encode("utf-8"))
+            FORMATS[fmt.value].comparison(compared, RenderOptions(full=full, ascii=ascii_only),  # type: ignore[misc]
+                                          width, color, out)
     except DumpError as error:
         fail(str(error), error.code)
     except TranscriptError as error:
@@ -175,38 +184,29 @@ def write_transcript(request: Request, destination: Destination | None, fmt: For
         # in full; the run then ends with exit 1 and says so (_ended).
         first = _first_stage(trace, stage, only=only)
         last = first + 1 if only else None
+        page = Page(trace, RenderOptions(full=full, ascii=ascii_only), width, color, first, last)
+        row = FORMATS[fmt.value]
         if quiz:  # the worksheet is built whole before anything is opened
             from ..quiz import questions
-            from ..write.dump import worksheet_json, worksheet_text
 
-            asked = questions(trace)
-            if fmt is Format.md:
-                from ..write.pictures import worksheet_markdown
-
-                text = worksheet_markdown(trace, asked, RenderOptions(ascii=ascii_only), width)
-            else:
-                text = (worksheet_json(trace, asked, ascii_only) if fmt is Format.json else
-                        worksheet_text(trace, asked, RenderOptions(ascii=ascii_only), width=width))
+            text = row.worksheet(page, questions(trace))  # type: ignore[misc]
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
             _ended(trace, destination)
         if why is not None:  # computed before anything is opened: a bad cell writes nothing
             from ..why import WhyError
             from ..why import why as explain_cell
-            from ..write.dump import why_text
 
             try:
-                text = why_text(explain_cell(trace, *why), RenderOptions(ascii=ascii_only),
-                                width=width, color=color)
+                text = row.cell(page, explain_cell(trace, *why))  # type: ignore[misc]
             except WhyError as error:
                 fail(f"--why: {error}")
             with opened(destination) as out:
                 out.write(text.encode("utf-8"))
             _ended(trace, destination)
-        page = Page(trace, RenderOptions(full=full, ascii=ascii_only), width, color, first, last)
         with opened(destination) as out, (collector.off() if process.STANDALONE  # collector.py
                                           else nullcontext()):
-            FORMATS[fmt.value].write(page, out)
+            row.write(page, out)
         _ended(trace, destination)
     except DumpError as error:
         fail(str(error), error.code)

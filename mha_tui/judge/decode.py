@@ -114,9 +114,9 @@ def _row(step: Trace) -> StageVerdict:
     last = step.stages[-1] if step.stages else None
     source = last.source if last is not None else None
     keys = _keys(step)
-    checked = (f"decode step {info.index + 1}: the new token at position {info.position} "
-               f"against {keys if keys is not None else '?'} keys ({info.style}) equals row "
-               f"{info.position} of the full forward")
+    against = f", against {keys} keys" if keys is not None else ""
+    checked = (f"decode step {info.index + 1}: the new token at position {info.position}"
+               f"{against}, equals row {info.position} of the full forward ({info.style})")
     return StageVerdict(f"step-{info.index + 1}", "decode", False if step.failed else info.equal,
                         info.max_diff, source.file if source else "", source.line if source else 0,
                         checked)

@@ -13,7 +13,14 @@ from ..kinds._parts.judging import Judge, Row
 from ..kinds.op import role as op_role
 from ..kinds.registry import FORWARD, KINDS
 from ..kinds.rotary import scaled as rotary_scaled
-from ..ops.numeric import close, f64, head_axis_bias, head_axis_product, linear_parts
+from ..ops.numeric import (
+    added_bias,
+    close,
+    f64,
+    head_axis_bias,
+    head_axis_product,
+    linear_parts,
+)
 from ..records import Ref, Stage, Trace
 from ..records.verdict import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
 from .numpy_reference import ROTARY_BASE, alibi_slopes, kv_heads, steps
@@ -375,7 +382,8 @@ def _notice_differences(j: Judge) -> None:
     names = {op.name for op in ops if j.g.from_x[op.index]}
     project = [op for op in ops if j.kind(op) == "project"
                and linear_parts(j.g, op) is not None]
-    if any(linear_parts(j.g, op)[2] is not None for op in project):  # type: ignore[index]
+    if any(linear_parts(j.g, op)[2] is not None  # type: ignore[index]
+           or added_bias(j.g, op) is not None for op in project):
         j.differences.append("its projections have biases: the reference gets the same "
                                 "biases, equivalent")
     if len(project) == 1 and project[0].out.shape[-1] == 3 * j.C:
@@ -417,10 +425,14 @@ def role_weights(j: Judge) -> RoleWeights | None:
             done.add(product.index)
             _, w, b = linear_parts(j.g, product)  # type: ignore[misc]
             out = f64(product.out.values)
+            if b is None:  # `x @ self.W_q + self.b_q`: the bias added apart from the product
+                b = head_axis_bias(j.g, product)
+                apart = added_bias(j.g, product)
+                if apart is not None:  # its parts are cut from the sum (picoGPT: x @ w + b)
+                    out = f64(apart[0].out.values)
             if head_axis_product(j.g, product):  # W_Q (h, C, d_h): a (h*d_h, C) layer
                 if out.size != j.B * j.T * w.shape[0]:
                     return None
-                b = head_axis_bias(j.g, product)
                 how.append("a head-axis weight read as a (h*d_h, C) layer, head by head")
             elif out.shape[-1] > j.C:  # a fused projection: this role's columns of it
                 rows = _fused_rows(j, out, chain, f64(part))
@@ -460,7 +472,7 @@ def role_weights(j: Judge) -> RoleWeights | None:
         if j.kind(op) == "w_o" or head_axis:
             lin = linear_parts(j.g, op)
             if lin is not None and lin[1].shape == (j.C, j.C):
-                o = (lin[1], head_axis_bias(j.g, op) if head_axis else lin[2])
+                o = (lin[1], head_axis_bias(j.g, op) if lin[2] is None else lin[2])
     return RoleWeights(result["Q"], result["K"], result["V"], o, tuple(dict.fromkeys(how)))
 
 

@@ -5,12 +5,13 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..ops.graph import Graph
-from ..ops.numeric import products_agree, recomputed_agrees
+from ..ops.numeric import products_agree
 from ..ops.sizes import Sizes
 from ..ops.vocab import MATMULS
 from ..records import Check, OpRecord, Stage, Trace
@@ -39,19 +40,16 @@ def weights_times_values(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
 RULES = (weights_times_values,)
 
 
+def _product(op: OpRecord) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """What weights @ v computes from its two operands (an einsum as its subscripts say)."""
+    equation = next((x for x in op.args if isinstance(x, str)), None) \
+        if op.name == "einsum" else None
+    return np.matmul if equation is None else (lambda a, c: np.einsum(equation, a, c))
+
+
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     values, snap = m.four_d(unit, BHTD)
-    ok = True
-    for group in m.per_head_ops(unit):
-        for op in group:
-            if op.name not in ("matmul", "bmm", "einsum", "mm"):
-                continue
-            equation = next(x for x in op.args if isinstance(x, str)) \
-                if op.name == "einsum" else None
-            ok &= recomputed_agrees(
-                np.matmul if equation is None else (lambda a, c, eq=equation: np.einsum(eq, a, c)),
-                [m.snap(r).values for r in m.g.x_inputs(op)[:2]], op.out.values,
-                atol=1e-5, rtol=1e-4)
+    ok = m.unit_products_agree(unit, _product, frozenset({"matmul", "bmm", "einsum", "mm"}))
     first = m.op(unit.ops[0])
     h = m.s.h
     what = "einsum" if first.name == "einsum" else "batched matmul"

@@ -17,7 +17,7 @@ from ..records import Check, OpRecord, Stage, TensorRecord, Trace
 from ..stages import stage_info
 from ._parts.builder import BHTD, BTC, BTHD, yes
 from ._parts.cell import Cell, Term, Why, expanded_from, main_tensor, previous, where
-from ._parts.maker import StageMaker, single_axes
+from ._parts.maker import StageMaker, called, single_axes
 from ._parts.quizzing import Question, shape_question
 from ._parts.unit import Unit
 
@@ -32,7 +32,7 @@ def concat(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     """After attend: moving heads back beside each other (transpose, view, cat)."""
     if not g.x_inputs(op) or not g.op_derives(op, {"attend", "sdpa"}) or g.op_derives(op, {"w_o"}):
         return None
-    if op.name in {"cat", "stack", "concat", "concatenate"} or op.name in SHAPE_OPS:
+    if op.name in {"cat", "stack", "concat", "concatenate", "hstack"} or op.name in SHAPE_OPS:
         return "concat"
     return None
 
@@ -78,7 +78,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                                 f"the result has its own storage: {yes(copied)}",
                                 copied or moved.out.contiguous))
     name = m.tensor_name(final, fallback="context")
-    if final.name in ("cat", "concat", "stack"):
+    if final.name in ("cat", "concat", "stack", "hstack"):
         share = None
     else:
         share = ("the transposed view", moved.out) if moved is not None and final is not moved else None
@@ -91,8 +91,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         blocks = all(np.array_equal(merged[:, :, i * s.d_h:(i + 1) * s.d_h],
                                     per_head[:, i], equal_nan=True) for i in range(s.h))
         checks.append(Check(f"channels i*{s.d_h}..(i+1)*{s.d_h}-1 hold head i's {name}", blocks))
-    if final.name in ("cat", "concat", "concatenate"):
-        joined = "np.concatenate" if final.name == "concatenate" else "torch.cat"
+    if final.name in ("cat", "concat", "concatenate", "hstack"):
+        joined = _joined_name(final)
         checks.insert(0, Check(f"{joined} put the {s.h} heads' outputs side by side along the "
                                f"last axis", None))
     stacked = next((op for op in ops if op.name == "stack"), None)
@@ -104,15 +104,46 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     if moved is not None and any(op.name == "contiguous" for op in ops):
         explanation = stage_info("concat").explain(
             {"strided_contiguous": moved.out.contiguous}, why=single_axes(s.T, s.h))
-    elif moved is None and final.name in ("cat", "concat", "concatenate"):
-        explanation = _joined_explanation(
-            "np.concatenate" if final.name == "concatenate" else "torch.cat", s.batched)
+    elif moved is not None and final is not moved:  # permute(...).reshape(...), einops ...
+        explanation = _moved_back_explanation(m, moved, final, ops)
+    elif moved is None and final.name in ("cat", "concat", "concatenate", "hstack"):
+        explanation = _joined_explanation(_joined_name(final), s.batched)
     src_in = m.snap(m.x_in(ops[0])).shape if not m.b.per_head \
         else b.unbatched((s.B, s.h, s.T, s.d_h), BHTD) if attend_values is not None else src_shape
     # dims_in as the attend op holds it: (B, h, T, d_h), or torch's MHA's (B * h, T, d_h)
     return m.stage(unit, stage_id, "concat", tensors, checks, shape_in=src_in,
                       shape_out=final.out.shape, explanation=explanation,
                       dims_in=m.dims(src_in, BHTD), dims_out=m.dims(final.out.shape, BTC))
+
+
+def _joined_name(op: OpRecord) -> str:
+    return {"concatenate": "np.concatenate", "hstack": "np.hstack"}.get(op.name, "torch.cat")
+
+def _called(m: StageMaker, op: OpRecord) -> str:
+    """An op as the words name it: `permute(0, 2, 1, 3)`, `reshape(B, T, C)` (a shape by the
+    output's own axis names)."""
+    if op.name in ("view", "reshape"):
+        dims = m.dims(op.out.shape, BTC)
+        named = dims if not dims or not dims[0].startswith("d0") else op.out.shape
+        return f"{op.name}({', '.join(map(str, named))})"
+    return called(op)
+
+
+
+def _moved_back_explanation(m: StageMaker, moved: OpRecord, final: OpRecord,
+                            ops: list[OpRecord]) -> str:
+    """The concat stage's words from the ops the module ran (transpose or permute, then
+    view, reshape or flatten, with or without contiguous), not one fixed spelling."""
+    steps = [op for op in ops if op.index >= moved.index and op.name != "contiguous"]
+    later = " then ".join(_called(m, op) for op in steps[1:]) or _called(m, final)
+    strided = moved.out.contiguous
+    copied = final.out.storage != moved.out.storage
+    first = (f"{_called(m, moved)} brings the token axis back in front: (B, T, h, d_h), "
+             + ("a view that is already contiguous" if strided else "a strided view") + ". ")
+    copy = ("it copies the numbers into the new order, since a view cannot read them in this "
+            "order" if copied else "it copies nothing, the memory already being in this order")
+    return (first + f"{later} then lays the h heads' d_h channels side by side, (B, T, C): "
+            + copy + ".")
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -189,7 +220,8 @@ def judge(j: Judge) -> list[Row]:
             else:
                 diag = ("merge_wrong", "the concatenation is not the heads' contexts")
         culprit = next((op for op in reversed(ops) if op.name in ("view", "reshape", "flatten",
-                                                                  "cat", "concat")), ops[-1])
+                                                                  "cat", "concat", "hstack")),
+                       ops[-1])
         rows.append(j.row(stage, "concat", good, d,
                              f"head i's context in channels [{j.d_h}i, {j.d_h}i+"
                              f"{j.d_h}) of its token's row",

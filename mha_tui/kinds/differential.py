@@ -21,6 +21,7 @@ import numpy as np
 from ..ops.graph import Graph, scalar_operand
 from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage
+from ._parts.found import held
 from ._parts.hand_norm import BY_HAND, hand_norms
 from ._parts.maker import StageMaker
 from ._parts.unit import Unit
@@ -109,7 +110,8 @@ RULES = (subtracts_two_maps, normalises_the_difference)
 
 
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
-    found = next(d for d in differences(m.g) if d.ops & set(unit.ops))
+    found = held(differences(m.g), unit)
+    assert found is not None  # the rule claimed its ops
     first_ref = m.g.x_inputs(found.sub)[0]
     first, second = m.snap(first_ref), m.snap(m.g.x_inputs(found.times)[0])
     last = m.op(max(unit.ops))
@@ -140,7 +142,7 @@ def judge(j: Judge) -> list[Row]:
     rows = []
     found = differences(j.classified())
     for stage in (s for s in j.trace.stages if s.kind == KIND):
-        d = next((d for d in found if d.ops & {op.index for op in stage.ops}), None)
+        d = held(found, stage)
         rows.append(j.row(stage, KIND, True if d is not None else None, None,
                           f"first map − λ · second map, λ = {d.lam:.4g} (differential attention: "
                           "not part of plain attention)" if d is not None else
@@ -151,8 +153,7 @@ def judge(j: Judge) -> list[Row]:
 
 def mechanism(j: Judge, stage: Stage) -> str | None:
     """What `check` says when the module leaves plain attention here."""
-    d = next((d for d in differences(j.classified()) if d.ops & {op.index for op in stage.ops}),
-             None)
+    d = held(differences(j.classified()), stage)
     if d is None:
         return None
     return (f"differential attention: two softmax maps per head, the second times a learned "

@@ -245,14 +245,11 @@ def judge(j: Judge) -> list[Row]:
     """Each shared-K/V stage: the repeats found again from its ops (the recogniser's own
     function), judged on the values: query head j must read K/V head j // (h / h_kv), for K
     and for V alike (Llama's repeat_kv, repeat_interleave), never j % h_kv (.repeat)."""
-    stages = [s for s in j.trace.stages if s.kind == KIND]
-    if not stages:
-        return []
-    g = j.classified()
+    from ._parts.judging import judge_found
+
     sizes = Sizes(j.B, j.T, j.C, j.h, j.d_h)
-    roles = j.roles_on_path()
-    rows = []
-    for stage in stages:
+
+    def find(g: Graph, stage: Stage) -> list[Repeat]:
         found: list[Repeat] = []
         for op in sorted(stage.ops, key=lambda o: -o.index):
             if any(op.index in rep.ops for rep in found):
@@ -260,13 +257,9 @@ def judge(j: Judge) -> list[Row]:
             rep = _repeat_ending_at(g, op, sizes)
             if rep is not None:
                 found.append(rep)
-        if not found:
-            rows.append(j.row(stage, KIND, None, None, "not judged: the repeat could not be "
-                                                        "found again from the ops"))
-            continue
-        rows.append(_judged(j, g, stage, [(roles.get(rep.after.op or -1, "?"), rep)
-                                          for rep in found]))
-    return rows
+        return found
+
+    return judge_found(j, KIND, find, _judged, "the repeat")
 
 
 def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Repeat]]) -> Row:

@@ -15,12 +15,12 @@ from ..ops.graph import Graph, masks_somewhere
 from ..ops.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal_set, f64, max_diff
 from ..ops.sizes import Sizes
 from ..ops.vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
-from ..records import Check, OpRecord, Source, Stage, Trace
+from ..records import Check, OpRecord, Source, Stage, TensorRecord, Trace
 from ..stages import NO_MASK, NO_MASK_ARGUMENT
 from ._parts.builder import BHTT, Builder
 from ._parts.maker import StageMaker, possessive
 from ._parts.mask_fill import fill_check, fill_of, fill_value, written
-from ._parts.mask_shape import MaskShape, mask_shape, token_names  # noqa: F401  (MaskShape: the kind's words, re-exported)
+from ._parts.mask_shape import MaskShape, blocks_word, mask_shape, token_names  # noqa: F401  (MaskShape: the kind's words, re-exported)
 from ._parts.mask_why import why  # noqa: F401  (the kind's why, in mask_why.py: why.py reads mask.why)
 from ._parts.quizzing import Question, head_of_interest, recorded
 from ._parts.unit import Unit
@@ -192,9 +192,10 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     if shape.kind != "causal" and n_total:
         title, explanation = shape.title, shape.explanation
         checks.insert(0, Check(f"{n_total} entries blocked: {shape.what}", None))
-    return m.stage(unit, stage_id, "mask", tensors, checks, shape_in=before_values.shape,
-                      shape_out=values.shape, dims_in=tensors[-1].dims, dims_out=tensors[-1].dims,
-                      note=note, explanation=explanation, title=title)
+    stage = m.stage(unit, stage_id, "mask", tensors, checks, shape_in=before_values.shape,
+                    shape_out=values.shape, dims_in=tensors[-1].dims, dims_out=tensors[-1].dims,
+                    note=note, explanation=explanation, title=title)
+    return replace(stage, blocks=blocks_word(shape) if n_total else "none")
 
 
 def written_4d(m: StageMaker, unit: Unit, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -279,7 +280,7 @@ def add_skipped_mask(stages: list[Stage], b: Builder) -> None:
         dims_out=scaled.dims, tensors=(passed,),
         checks=(Check("no mask was applied: the scores are the scaled scores, the same tensor",
                       same),),
-        kind="mask", source=source, ops=()))
+        kind="mask", source=source, ops=(), blocks="none"))
 
 
 # ---------------------------------------------------------------------- judging
@@ -539,8 +540,32 @@ def _stage_written(stage: Stage, trace: Trace, shape: tuple[int, ...]) -> np.nda
     return mark.reshape(shape)
 
 
+def _padded_keys(stage: Stage, trace: Trace, record: TensorRecord, head: int
+                 ) -> tuple[Question, ...]:
+    """A padded batch (`--batch`): how many keys of the first padded row the mask blocks for
+    every query, read from the entries it blocked (its padded keys, when the mask is right)."""
+    config = trace.config
+    padded = next((b for b, row in enumerate(config.padding) if any(row)), None)
+    if not config.batch or padded is None or record.dims[:1] != ("B",) or len(record.shape) != 4:
+        return ()
+    index = (padded, head) if record.dims[1] == "h" else (padded, 0)
+    held = blocked(record.values[index])
+    every = [int(j) for j in np.flatnonzero(held.all(axis=0))]
+    if not every:
+        return ()
+    keys = config.row_tokens(padded)
+    return (Question(stage.id, "padded_keys", f"Batch row {padded} is padded to "
+                     f"{held.shape[-1]} tokens: how many of its keys does the mask block for "
+                     f"every query?", "integer", len(every), str(len(every)),
+                     f"the key columns of {recorded(stage, record.name)}"
+                     f"[{', '.join(map(str, index))}] blocked in every row: "
+                     + ", ".join(f"{j} ({keys[j] if j < len(keys) else j})" for j in every)
+                     + " (counted by mha-tui)"),)
+
+
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
-    """How many entries of one head's T x T scores the mask blocks."""
+    """How many entries of one head's T x T scores the mask blocks; with a padded batch, how
+    many of batch row 0's keys it blocks for every query."""
     if not stage.tensors or len(stage.tensors[-1].shape) < 2:
         return ()
     record = stage.tensors[-1]
@@ -559,8 +584,10 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
         how = "that hold a mask value (-inf, or -1e4 and below) after this stage"
     count = int(held.sum())
     T = grid.shape[-1]
-    return (Question(stage.id, "blocked", f"How many of the {grid.size} entries of head {head}'s "
-                     f"{grid.shape[0]} x {T} scores does the mask block?", "integer", count,
+    row = " of batch row 0" if trace.config.batch else ""
+    return (*_padded_keys(stage, trace, record, head), Question(
+                     stage.id, "blocked", f"How many of the {grid.size} entries of head {head}'s "
+                     f"{grid.shape[0]} x {T} scores{row} does the mask block?", "integer", count,
                      str(count), f"the entries of "
                      f"{recorded(stage, record.name)}[{', '.join(map(str, index))}] "
                      f"{how}: {count} "

@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph, reaching_output
-from ..ops.numeric import allclose, close, einsum_spec, f64, head_axis_product, linear_parts
+from ..ops.numeric import (
+    added_bias,
+    allclose,
+    close,
+    einsum_spec,
+    f64,
+    head_axis_product,
+    linear_parts,
+)
 from ..ops.sizes import Sizes
 from ..ops.vocab import PRODUCTS, PROJECTIONS, SHAPE_OPS, SPLITS
 from ..records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
@@ -102,7 +110,26 @@ def fused_split(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     return "project"
 
 
-RULES = (projection, fused_split)
+def bias_of_projection(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
+    """The bias a projection adds apart from its product (`x @ self.W_q + self.b_q`,
+    TransformerLens' `einsum(...) + self.b_Q` with b_Q of shape (h, d_h), `... + self.b_O`
+    after W_O): still that projection (or W_O), whose kind it takes. The product has no bias
+    of its own, and the add is the one `added_bias` finds for it."""
+    if op.name not in ("add", "add_"):
+        return None
+    for ref in op.inputs:
+        product = g.producer(ref) if ref.kind == "op" else None
+        if product is None or product.name not in PROJECTIONS or \
+                g.kind.get(product.index) not in ("project", "w_o"):
+            continue
+        parts = linear_parts(g, product)
+        found = added_bias(g, product)
+        if parts is not None and parts[2] is None and found is not None and found[0] is op:
+            return g.kind[product.index]
+    return None
+
+
+RULES = (projection, fused_split, bias_of_projection)
 
 PER_HEAD_PROJECT = (
     "Each of the {h} heads is its own module with its own query, key and value layers, C in "
@@ -186,7 +213,12 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
             einsum_rows |= read_out_in
             product = xin @ (wv.T if stored_out_in else wv) if op.name != "einsum" else \
                 _einsum_product(g, op, m, precision)
-            last = _result_of(m, op, unit)
+            added = added_bias(g, op)  # `x @ W + self.b` / `einsum(...) + self.b_Q`, written apart
+            if added is not None and added[0].index not in unit.ops:
+                added = None
+            if added is not None and not bias_refs:
+                bias_refs = [added[1]]
+            last = _result_of(m, added[0] if added is not None else op, unit)
             if product is not None:
                 if bias_refs:
                     product = product + m.snap(bias_refs[0]).values
@@ -230,19 +262,34 @@ def build_projection(m: StageMaker, unit: Unit, stage_id: str, kind: str = "proj
             explanation = EINSUM_ROWS_PROJECT if einsum_rows else MATMUL_PROJECT
         head_axis_all = all(head_axis_product(g, op) for op in products)
         if head_axis_all and products:
-            explanation = HEAD_AXIS_PROJECT
+            explanation = HEAD_AXIS_PROJECT + _apart(m, products)
         widths = {role: int(np.prod(ops[0].out.shape[2:])) if head_axis_product(g, ops[0])
                   else ops[0].out.shape[-1] for role, ops in by_role.items() if ops}
         if not m.b.per_head and not splits and not fused and any(w != s.C for w in widths.values()):
             explanation = _narrow_explanation(widths, s.C, s.d_h)
     elif layer != "nn.Linear":
-        explanation = EINSUM_ROWS_W_O if einsum_rows else MATMUL_W_O
+        explanation = (EINSUM_ROWS_W_O if einsum_rows else MATMUL_W_O) + _apart(m, products)
+    if kind == "project" and explanation and not explanation.endswith(_apart(m, products)):
+        explanation += _apart(m, products)
     stage = m.stage(unit, stage_id, kind, tensors + outputs, checks, explanation=explanation,
                        title=title,
                        shape_in=x_snap.shape, shape_out=shape_out,
                        dims_in=m.dims(x_snap.shape, BTC),
                        dims_out=out_snap.dims if out_snap else BTC)
     return stage
+
+def _apart(m: StageMaker, products: list[OpRecord]) -> str:
+    """The words for biases added apart from the products (`+ self.b_Q`), from their shapes."""
+    found = [f for f in (added_bias(m.g, op) for op in products) if f is not None]
+    if not found:
+        return ""
+    names = ", ".join(f"{ref.name} {tuple(m.snap(ref).shape)}" for _, ref in found)
+    per_head = all(m.snap(ref).ndim == 2 for _, ref in found)
+    return (f" The bias{'es' if len(found) > 1 else ''} ({names}) "
+            f"{'are' if len(found) > 1 else 'is'} added after the product, on a line of "
+            f"{'their' if len(found) > 1 else 'its'} own: the same numbers for every token"
+            + (", one d_h block per head." if per_head else "."))
+
 
 def _einsum_reads_rows(g: Graph, op: OpRecord, w_ref: Ref) -> bool:
     """einsum("btc,oc->bto", x, W): W's second letter is the one summed, so the einsum reads
@@ -360,8 +407,13 @@ def _projection_records(m: StageMaker, role: str, ops: list[OpRecord], weights: 
                            _fused_caption(dims, s.C) if kind == "project" else "")
     tensors.append(w_rec)
     for bias_name, bias in biases[:1] if len(ops) == 1 else []:
-        tensors.append(b.record(bias_name or f"{first_w_ref.name.rsplit('.', 1)[0]}.bias", bias,
-                                ("C",)))
+        name_of_bias = bias_name or f"{first_w_ref.name.rsplit('.', 1)[0]}.bias"
+        if bias.values.ndim == 2:  # b_Q (h, d_h): one d_h block per head, added to each token
+            tensors.append(b.record(name_of_bias, bias, ("h", "d_h"),
+                                    caption=f"added after the product: one d_h = {s.d_h} block "
+                                            f"per head, the same for every token"))
+        else:
+            tensors.append(b.record(name_of_bias, bias, ("C",)))
     outputs.append(out_rec)
 
 def _fused_caption(dims: tuple[str, ...], C: int) -> str:
@@ -413,9 +465,13 @@ def linear_row(j: Judge, stage: Stage, kind: str) -> Row:
     worst, ok, bias = 0.0, True, False
     for op in ops:
         x, w, b = linear_parts(j.g, op)  # type: ignore[misc]
+        made = op.out
+        added = added_bias(j.g, op) if b is None else None
+        if added is not None and added[0] in stage.ops:  # `x @ W + self.b`, written apart
+            made, b = added[0].out, f64(j.g.snap(added[1]).values).reshape(-1)
         # a head-axis W_O reads z (B, T, h, d_h) as its (B, T, h*d_h) flattening
         expected = f64(j.g.snap(x).values).reshape(-1, w.shape[1]) @ w.T + (0 if b is None else b)
-        good, d = close(op.out.values, expected.reshape(op.out.shape))
+        good, d = close(made.values, expected.reshape(made.shape))
         ok &= good
         worst = max(worst, d)
         bias |= b is not None
@@ -445,6 +501,9 @@ def two_sequences(j: Judge) -> list[Row]:
     if not context:
         return []
     stage = next((s for s in j.trace.stages if s.kind == "project"), None)
+    given = _torch_attention_given(j)
+    if given is not None:
+        return [given]
     found: list[tuple[str, OpRecord]] = []
     for role, entries in j.head_operands().items():
         for _, ref, _consumer in entries:
@@ -474,6 +533,35 @@ def two_sequences(j: Judge) -> list[Row]:
     return [j.row(stage, "project", True, None,
                   f"Q from the query sequence ({', '.join(sorted(query))}), K and V from the "
                   f"context ({', '.join(sorted(context))})")]
+
+
+def _torch_attention_given(j: Judge) -> Row | None:
+    """nn.MultiheadAttention called with its key or value from the query sequence
+    (`self.attn(x, x, context)`): wrong at the learner's call, from the arguments torch's
+    module was given (its forward may fail before any projection: key and value of other
+    lengths)."""
+    query, context = j.g.query_names, j.g.key_names
+    for call in j.g.rec.calls:
+        if call.class_name != "MultiheadAttention" or not call.library:
+            continue
+        given = dict(call.inputs)
+        for name, role in (("key", "keys"), ("value", "values")):
+            ref = given.get(name)
+            if ref is None:
+                continue
+            reads = (frozenset({ref.name}) if ref.kind == "input" else
+                     j.g.reads[ref.op] if ref.kind == "op" and ref.op is not None else frozenset())
+            if reads & query and not reads & context:
+                stage = next((s for s in j.trace.stages if s.kind == "project"), None)
+                return j.row(stage, "project", False, None,
+                             "Q from the query sequence, K and V from the context",
+                             source=call.source,
+                             diagnosis=("wrong_sequence",
+                                        f"the {role} are made from the query sequence "
+                                        f"({', '.join(sorted(reads & query))}): "
+                                        f"nn.MultiheadAttention's {name} is the context in "
+                                        f"cross-attention"))
+    return None
 
 
 def own_projections(j: Judge) -> list[Row]:

@@ -117,10 +117,13 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         caption = f"{raw} {'/' if divides else '*'} {factor:.6g}"
     else:
         caption = raw
-    rec = m.b.record(m.tensor_name(first, fallback="scores"), snap,
-                        BHTT if values.ndim == 4 and values.shape[-1] == s.T
-                        else m.dims(values.shape, BHTD),
-                        values=values, caption=caption)
+    # Scores in cross-attention are (B, h, T_q, T_k): T_k may equal d_h (8 context tokens,
+    # d_h = 8), so scaled scores are named as scores, never by their sizes alone.
+    dims = (BHTT if values.ndim == 4 and values.shape[-1] == s.T else
+            m.dims(values.shape, BHTT) if values.ndim == 4 and not on_q
+            and values.shape[-1] == s.keys else m.dims(values.shape, BHTD))
+    rec = m.b.record(m.tensor_name(first, fallback="scores"), snap, dims, values=values,
+                     caption=caption)
     groups = m.per_head_ops(unit)
     if m.b.per_head and len(groups) > 1:  # every head's input, not only the first's
         before_values = np.stack([m.snap(m.x_in(grp[0])).values for grp in groups],
@@ -224,7 +227,7 @@ def judge(j: Judge) -> list[Row]:
     out = f64(last_op.out.values) if last_op is not None else f64(scores_op.out.values)
     finite = out[np.isfinite(out) & (out > LARGE_NEGATIVE)]
     diff = float(np.abs(finite - finite * expected / total).max()) if finite.size and total else 0.0
-    checked = f"scores * 1/sqrt(d_h) = {expected:.4f} before softmax (measured {total:.4f})"
+    checked = f"scores * 1/sqrt(d_h) = {expected:.4f} before softmax (measured {_factor(total)})"
     diagnosis = None if ok else scale_diagnosis(j, total)
     terms = disentangled_scale(j)
     if not ok and terms is not None and math.isclose(total, 1 / math.sqrt(terms * j.d_h),
@@ -284,7 +287,7 @@ def scale_diagnosis(j: Judge, total: float) -> tuple[str, str]:
         if math.isclose(total, value, rel_tol=1e-5) and not math.isclose(
                 value, 1 / math.sqrt(j.d_h), rel_tol=1e-9):
             return kind, message
-    return "wrong_scale", (f"scaled by {total:.4f}; it should be 1/sqrt(d_h) = "
+    return "wrong_scale", (f"scaled by {_factor(total)}; it should be 1/sqrt(d_h) = "
                            f"{1 / math.sqrt(j.d_h):.4f}")
 
 
@@ -344,3 +347,9 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
                      f"at {stage.id}, {origin}: "
                      f"{b[index]:.6g} / {a[index]:.6g} = {divisor:.6g} (sqrt(d_h) = "
                      f"{math.sqrt(trace.config.head_dim):.6g}; computed by mha-tui)"),)
+
+
+def _factor(value: float) -> str:
+    """A measured scale factor as the words print it: 0.5000, or 1e+38 when four decimals
+    would print forty digits (a factor that overflows the scores)."""
+    return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4g}"

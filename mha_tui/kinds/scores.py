@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph, masks_somewhere
-from ..ops.numeric import products_agree, recomputed_agrees, token_axes, tolerance
+from ..ops.numeric import products_agree, token_axes, tolerance
 from ..ops.sizes import Sizes
 from ..ops.vocab import MATMULS
 from ..records import Check, OpRecord, Snapshot, Stage, Trace
@@ -34,10 +34,19 @@ from ._parts.cell import (
 )
 from ._parts.maker import StageMaker, batched_product, broadcast_heads, synthetic, words
 from ._parts.mask_fill import written
-from ._parts.mask_shape import mask_shape, token_names
+from ._parts.mask_shape import blocks_word, mask_shape, token_names
 from ._parts.op_cell.reading import bracket
 from ._parts.product_cell import by_rows, called, generic, summed_over
-from ._parts.quizzing import EXPANDED, Question, cell_index, head_of_interest, number_text, token_name
+from ._parts.quizzing import (
+    EXPANDED,
+    Question,
+    cell_index,
+    head_of_interest,
+    key_name,
+    last_query,
+    number_text,
+    token_name,
+)
 from ._parts.unit import Unit
 
 if TYPE_CHECKING:
@@ -85,14 +94,7 @@ RULES = (query_key_product,)
 
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     values, snap = m.four_d(unit, BHTT)
-    ok = True
-    for group in m.per_head_ops(unit):
-        for op in group:
-            if op.name not in ("matmul", "bmm", "einsum", "mm", "baddbmm"):
-                continue
-            operands = op.inputs[1:3] if op.name == "baddbmm" else m.g.x_inputs(op)[:2]
-            ok &= recomputed_agrees(_product(m, op), [m.snap(r).values for r in operands],
-                                    op.out.values, atol=1e-5, rtol=1e-4)
+    ok = m.unit_products_agree(unit, lambda op: _product(m, op))
     first = m.op(unit.ops[0])
     name = m.tensor_name(first, fallback="scores")
     h = m.s.h
@@ -184,7 +186,8 @@ def _scores_and_mask(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
                       n_inf == int(blocked.sum())),
                 Check("entries the mask lets through equal the product "
                       "(allclose, rtol=1e-05, atol=1e-06)", kept)),
-        kind="mask", source=scores.source, ops=scores.ops)
+        kind="mask", source=scores.source, ops=scores.ops,
+        blocks=blocks_word(shape) if blocked.any() else "none")
     m.made["mask"] = mask
     m.out_of_kind["scores"] = (raw4, snap)
     return [scores, mask]
@@ -359,7 +362,7 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
         return ()
     record = stage.tensors[-1]
     head = head_of_interest(record)
-    i = record.shape[-2] - 1
+    i = last_query(trace, record)
     index = cell_index(record, head=head, row=i, col=0)
     value = float(record.values[index])
     spot = f"{record.name}[{', '.join(map(str, index))}]"
@@ -382,7 +385,7 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
                   f"baddbmm's sum with its input")
     questions = [Question(
         stage.id, "value", f"In head {head}, what is the score of query "
-        f"{token_name(trace, i)} (row {i}) against key {token_name(trace, 0)} "
+        f"{token_name(trace, i)} (row {i}) against key {key_name(trace, 0)} "
         f"(column 0), {spot}? {asked}", "number", value, number_text(value), source)]
     if per_kv > 1 and "h" in record.dims:
         last = record.shape[record.dims.index("h")] - 1

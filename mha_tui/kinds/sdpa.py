@@ -20,6 +20,7 @@ from ._parts.builder import BHTD, BHTT
 from ._parts.cell import Cell, Term, Why, WhyError, Witness, expanded_from
 from ._parts.cell import fused_argument as argument
 from ._parts.maker import StageMaker, synthetic, words
+from ._parts.mask_shape import blocks_word, mask_shape
 from ._parts.mask_why import added_why
 from ._parts.unit import Unit
 from .attend import weighted_sum_why
@@ -112,7 +113,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> list[Stage]:
     before = [(q.shape, m.dims(q.shape, BHTD))]
 
     def make(kind: str, name: str, values: np.ndarray, checks: list[Check], caption: str,
-             value_kind: str = "signed", extra: tuple[TensorRecord, ...] = ()) -> Stage:
+             value_kind: str = "signed", extra: tuple[TensorRecord, ...] = (),
+             blocks: str = "") -> Stage:
         title, explanation = words(kind)
         rec = m.b.record(name, synthetic(values),
                             m.dims(values.shape, BHTD if kind == "attend" else BHTT),
@@ -123,7 +125,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> list[Stage]:
                      explanation=explanation, shape_in=shape_in, shape_out=values.shape,
                      dims_in=dims_in, dims_out=rec.dims,
                      tensors=(*extra, rec), checks=tuple(checks), note=label, kind=kind,
-                     source=source, ops=ops)
+                     source=source, ops=ops, blocks=blocks)
 
     stages.append(make("scores", "q @ k.transpose(-2, -1)", raw,
                        [Check(f"computed here: {s.h} heads' q_i @ k_i^T", None)],
@@ -133,10 +135,12 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> list[Stage]:
                               f" = {factor:.4f}", None)],
                        f"raw scores * {factor:.4f} = raw scores / sqrt({d})"))
     if masked_by:
-        n = int(np.isneginf(np.broadcast_to(bias, masked.shape)).sum())
+        blocked = np.isneginf(np.broadcast_to(bias, masked.shape))
+        n = int(blocked.sum())
         stages.append(make("mask", "scores + attn_bias", masked,
                            [Check(f"{n} entries blocked by {' and '.join(masked_by)} are -inf", None)],
-                           "attn_bias: 0 where a token may look, -inf where it may not"))
+                           "attn_bias: 0 where a token may look, -inf where it may not",
+                           blocks=blocks_word(mask_shape(blocked)) if n else "none"))
     stages.append(make("softmax", "attn_weight", weights, softmax_checks(weights, masked),
                        "row: query token · column: key token it takes from", "prob"))
     fused_rec = m.b.record(m.tensor_name(op, fallback="y") + " (fused, from the module)",

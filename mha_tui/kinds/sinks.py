@@ -21,8 +21,8 @@ from ..ops.graph import Graph
 from ..ops.sizes import Sizes
 from ..ops.vocab import SOFTMAXES
 from ..records import Check, OpRecord, Stage
-from ._parts.builder import BHTT
-from ._parts.maker import StageMaker
+from ._parts.found import held
+from ._parts.maker import StageMaker, score_dims
 from ._parts.unit import Unit
 
 if TYPE_CHECKING:
@@ -103,9 +103,10 @@ def _weights_kept(g: Graph, sink: Sink) -> np.ndarray:
 
 
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
-    found = next(s for s in sinks(m.g) if s.ops & set(unit.ops))
+    found = held(sinks(m.g), unit)
+    assert found is not None  # the rule claimed its ops
     combined = found.cat.out
-    dims = BHTT if combined.values.ndim == 4 else m.dims(combined.shape, BHTT)
+    dims = score_dims(m, combined.values)
     column = combined.values[..., -found.extra:]
     tensors = [m.b.record("sink logits", combined, (*dims[:-1], "sink"), values=column,
                           caption="the learned logit each head appends to every row"),
@@ -135,7 +136,7 @@ def judge(j: Judge) -> list[Row]:
     rows = []
     found = sinks(j.classified())
     for stage in (s for s in j.trace.stages if s.kind == KIND):
-        sink = next((s for s in found if s.ops & {op.index for op in stage.ops}), None)
+        sink = held(found, stage)
         ok = sink is not None and bool((_weights_kept(j.g, sink) < 1.0 + 1e-6).all())
         rows.append(j.row(stage, KIND, ok if sink is not None else None, None,
                           "a learned sink logit per head appended to the scores before softmax "
@@ -145,8 +146,7 @@ def judge(j: Judge) -> list[Row]:
 
 
 def mechanism(j: Judge, stage: Stage) -> str | None:
-    ops = {op.index for op in stage.ops}
-    sink = next((s for s in sinks(j.classified()) if s.ops & ops), None)
+    sink = held(sinks(j.classified()), stage)
     if sink is None:
         return None
     kept = _weights_kept(j.g, sink)

@@ -21,7 +21,8 @@ from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage
 from ._parts.builder import BHTT
 from ._parts.cell import Cell, Term, Why, WhyError, where
-from ._parts.maker import StageMaker
+from ._parts.found import held
+from ._parts.maker import StageMaker, score_dims
 from ._parts.unit import Unit
 
 if TYPE_CHECKING:
@@ -98,10 +99,11 @@ RULES = (squashes_the_scores,)
 
 
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
-    found = next(cap for cap in caps(m.g) if cap.ops & set(unit.ops))
+    found = held(caps(m.g), unit)
+    assert found is not None  # the rule claimed its ops
     before_values, before = m.b.out_4d([m.x_in(found.into).op], BHTT)  # type: ignore[list-item]
     after_values, after = m.b.out_4d([found.out.index], BHTT)
-    dims = BHTT if after_values.ndim == 4 else m.dims(after_values.shape, BHTT)
+    dims = score_dims(m, after_values)
     tensors = [m.b.record("scores before", before, dims, values=before_values,
                           caption="what the scores were"),
                m.b.record("scores after", after, dims, values=after_values,
@@ -128,8 +130,7 @@ def judge(j: Judge) -> list[Row]:
     rows = []
     found = caps(j.classified())
     for stage in (s for s in j.trace.stages if s.kind == KIND):
-        ops = {op.index for op in stage.ops}
-        cap = next((c for c in found if c.ops & ops), None)
+        cap = held(found, stage)
         if cap is None:
             rows.append(j.row(stage, KIND, None, None, "not judged: no tanh found again"))
             continue
@@ -172,8 +173,7 @@ def _cap_of(stage: Stage) -> float:
 
 def mechanism(j: Judge, stage: Stage) -> str | None:
     """What `check` says when the module leaves plain attention here."""
-    ops = {op.index for op in stage.ops}
-    cap = next((c for c in caps(j.classified()) if c.ops & ops), None)
+    cap = held(caps(j.classified()), stage)
     if cap is None:
         return None
     return (f"logit soft-capping: the scores squashed into (−{cap.cap:g}, {cap.cap:g}) by "

@@ -22,7 +22,16 @@ from ._parts.builder import BHTT, plural, yes
 from ._parts.cell import Cell, Term, Why, where
 from ._parts.maker import StageMaker, words
 from ._parts.mask_fill import written_upstream
-from ._parts.quizzing import Question, cell_index, head_of_interest, number_text, recorded, token_name
+from ._parts.quizzing import (
+    Question,
+    cell_index,
+    head_of_interest,
+    key_name,
+    last_query,
+    number_text,
+    recorded,
+    token_name,
+)
 from ._parts.unit import Unit
 from .scores import scaled_inside
 
@@ -47,6 +56,67 @@ def handwritten_softmax(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
 RULES = (softmax, handwritten_softmax)
 
 
+def _row_name(at: tuple[int, ...], tokens: tuple[str, ...]) -> str:
+    """`query AI (row 2) of head 1`, from a row's index in the weights' leading axes."""
+    *lead, t = at
+    word = f"query {tokens[t]} (row {t})" if 0 <= t < len(tokens) else f"query row {t}"
+    if len(lead) >= 2:
+        return f"{word} of head {lead[-1]}" + (f", batch row {lead[0]}" if lead[0] else "")
+    return word + (f" of head {lead[0]}" if lead else "")
+
+
+def nan_words(nan_rows: np.ndarray, before: np.ndarray, tokens: tuple[str, ...] = (),
+              masked: np.ndarray | None = None) -> str:
+    """Why some rows of the weights are NaN, from the scores softmax read: a row whose every
+    score is -inf has every key blocked (by the mask, or by scores that overflowed to -inf),
+    and its softmax is 0/0; a row holding NaN or +inf already carried it in. masked: the
+    entries the mask op wrote, where known."""
+    rows = [tuple(int(i) for i in at) for at in np.argwhere(nan_rows)]
+    first = rows[0]
+    more = f" ({len(rows)} rows in all)" if len(rows) > 1 else ""
+    row = before[first] if before.shape[:-1] == nan_rows.shape else None
+    name = _row_name(first, tokens)
+    if row is not None and bool(np.isneginf(row).all()):
+        unmasked = 0 if masked is None else int(np.count_nonzero(~masked[first]))
+        if unmasked:
+            return (f"{name} has every score -inf, {unmasked} of them not written by the mask "
+                    f"(scores that overflowed float32 before it): its softmax is 0/0 = NaN{more}")
+        return (f"{name} has every key blocked: its softmax is 0/0 = NaN{more}; a mask must "
+                "leave each query at least one key (itself, in causal attention)")
+    if row is not None and bool(np.isnan(row).any()):
+        return f"{name} is NaN: the scores softmax read already held NaN{more}"
+    if row is not None and bool(np.isposinf(row).any()):
+        return (f"{name} is NaN: a score of +inf makes exp overflow, and inf/inf = NaN{more}")
+    return f"{name} is NaN{more}"
+
+
+def weights_words(weights: np.ndarray, tokens: tuple[str, ...] = ()) -> str | None:
+    """The softmax explanation's sentence about row sums when the rows do not all sum to 1
+    (an all-blocked row's NaN, a sink or a dropped column's share): what these weights hold,
+    or None when every row sums to 1."""
+    if not weights.size:
+        return None
+    with np.errstate(invalid="ignore"):
+        sums = weights.sum(axis=-1, dtype=np.float64)
+    nan_rows = np.isnan(sums)
+    finite = sums[~nan_rows]
+    if not nan_rows.any() and (finite.size == 0 or np.abs(finite - 1).max() < 1e-5):
+        return None
+    text = ("Softmax along each row turns scores into attention weights: every entry is in "
+            "[0, 1]")
+    if finite.size and np.abs(finite - 1).max() >= 1e-5:
+        text += (f". Here the rows sum to {finite.min():.4f} to {finite.max():.4f}, not all "
+                 "to 1: part of each row's weight went to entries not shown here (a sink, or "
+                 "a column taken off after softmax)")
+    else:
+        text += " and every row with a key to look at sums to 1"
+    if nan_rows.any():
+        at = tuple(int(i) for i in np.argwhere(nan_rows)[0])
+        text += (f"; {_row_name(at, tokens)} is NaN: with every key blocked, softmax divides "
+                 "0 by 0")
+    return text + ". Row t says how much token t takes from each token."
+
+
 # The note on a softmax no mask ran before (cross-attention says its own instead: cross.py).
 UNMASKED_SELF = ("No mask was applied: every token sees every token, later ones included "
                  "(bidirectional attention, as in an encoder such as BERT).")
@@ -64,7 +134,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         ref = m.x_in(first)
         before = m.b.out_4d([ref.op], BHTT)[0] if ref.op is not None else m.snap(ref).values
         masked = written_upstream(m.g, ref)
-    checks = softmax_checks(values, before, masked)
+    checks = softmax_checks(values, before, masked, m.b.config.tokens)
     config = m.b.config  # what each head is for, from these weights (mha_tui.roles)
     checks += role_checks(values, config.ids, config.model.layer if config.model else 0)
     ops = [m.op(i) for i in unit.ops]
@@ -98,6 +168,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                        + ("exp(s - max(s)) / sum(exp(s - max(s))) along each row. Subtracting "
                           "the row maximum changes nothing in the result and keeps exp from "
                           "overflowing." if stable else "exp(s) / sum(exp(s)) along each row."))
+    if explanation is None:
+        explanation = weights_words(values, m.b.config.tokens)
     tensors = [rec]
     cast = None if m.b.per_head else _rounded(m, unit, first)
     if cast is not None:  # a bfloat16 model's softmax in float32, then `.to(query.dtype)`
@@ -130,25 +202,38 @@ def _rounded(m: StageMaker, unit: Unit, softmax_op: OpRecord) -> OpRecord | None
 
 
 def softmax_checks(weights: np.ndarray, before: np.ndarray,
-                   masked: np.ndarray | None = None) -> list[Check]:
+                   masked: np.ndarray | None = None,
+                   tokens: tuple[str, ...] = ()) -> list[Check]:
     """Rows sum to 1; every masked entry gets weight 0. masked: the entries the mask op
     wrote a mask value into (an added -10000 leaves a score above -1e4), else those holding
     -inf or a large negative such as finfo.min or -1e9 (a mask that fills -3.4e38 blocks as
     surely as -inf)."""
-    deviation = float(np.abs(weights.sum(axis=-1, dtype=weights.dtype) - 1).max()) if weights.size else 0.0
+    with np.errstate(invalid="ignore"):
+        sums = weights.sum(axis=-1, dtype=weights.dtype) if weights.size else np.zeros(0)
+    nan_rows = np.isnan(sums)
+    finite = np.abs(sums[~nan_rows] - 1)
+    deviation = float(finite.max()) if finite.size else 0.0
     p = precision()  # bfloat16 weights: each rounded by up to 2^-9 of itself
     half = p.dtype in HALF
-    checks = [Check(f"every row sums to 1 (largest deviation {deviation:.2e}"
+    rows = "every other row" if nan_rows.any() else "every row"
+    checks = [Check(f"{rows} sums to 1 (largest deviation {deviation:.2e}"
                     + (f", {p.words()})" if half else ")"),
                     deviation < (p.rtol if half else 1e-5))]
+    if nan_rows.any():
+        wrote = masked.reshape(before.shape) if masked is not None and \
+            masked.size == before.size else None
+        checks.insert(0, Check(nan_words(nan_rows, before, tokens, wrote), False))
     if before.shape == weights.shape:
         blocked = before <= LARGE_NEGATIVE if before.dtype.kind == "f" else np.isneginf(before)
         if masked is not None and masked.size == blocked.size:
             blocked = blocked | masked.reshape(blocked.shape)
+        if nan_rows.any() and nan_rows.shape == blocked.shape[:-1]:
+            blocked = blocked & ~nan_rows[..., None]  # an all-blocked row is said above
         n_blocked = int(np.count_nonzero(blocked))
         if n_blocked:
             n_zero = int(np.count_nonzero((weights == 0) & blocked))  # without indexing
-            checks.append(Check(f"{n_zero} of {n_blocked} masked entries are exactly 0",
+            checks.append(Check(f"{n_zero} of {n_blocked} masked entries are exactly 0"
+                                + (" (in the rows that are not NaN)" if nan_rows.any() else ""),
                                 n_zero == n_blocked))
     return checks
 
@@ -309,7 +394,7 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
         return ()
     record = stage.tensors[-1]
     head = head_of_interest(record)
-    i = record.shape[-2] - 1
+    i = last_query(trace, record)
     row_index = cell_index(record, head=head, row=i)[:-1]
     row = record.values[row_index].astype(np.float64)
     total = float(row.sum())
@@ -322,9 +407,11 @@ def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:
     if np.isfinite(row).all() and row.size > 1:
         top = tuple(int(j) for j in np.flatnonzero(row == row.max()))  # a tie: any of them
         questions.append(Question(
-            stage.id, "most_attended", f"In head {head}, which token does query "
-            f"{token_name(trace, i)} (row {i}) attend to most?", "token", top,
-            " or ".join(f"{token_name(trace, j)} (position {j})" for j in top),
+            stage.id, "most_attended", f"In head {head}, which "
+            f"{'context token' if trace.config.cross else 'token'} does query "
+            f"{token_name(trace, i)} (row {i}) attend to most?",
+            "key" if trace.config.cross else "token", top,
+            " or ".join(f"{key_name(trace, j)} (position {j})" for j in top),
             f"the largest weight in {recorded(stage, 'row')} {record.name}[{spot}, :] is "
             f"{row[top[0]]:.4f}, at key {' and '.join(map(str, top))}"))
     return (*questions, *_role_question(stage, trace))
@@ -339,6 +426,10 @@ def _role_question(stage: Stage, trace: Trace) -> list[Question]:
     scores on these very weights (mha_tui.roles)."""
     record = stage.tensors[-1]
     config = trace.config
+    if config.cross or config.batch:
+        # A head's role reads positions of one sequence (the previous token, the first):
+        # across two sequences it means nothing, and a padded row's pad queries would skew it.
+        return []
     roles = roles_of(record.values, config.ids, config.model.layer if config.model else 0)
     if len(roles) < 2:
         return []

@@ -16,7 +16,7 @@ from ..records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ..stages import stage_info
 from ._parts.builder import BHTD, BTHD, yes
 from ._parts.cell import Cell, Why, moved
-from ._parts.maker import StageMaker, single_axes
+from ._parts.maker import StageMaker, called, single_axes
 from ._parts.quizzing import Question, shape_text
 from ._parts.unit import Unit
 
@@ -101,6 +101,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     facts = {"result_contiguous": out.contiguous,
              "wrong_view_equal": bool(aside) and not aside[0].caption.startswith("WRONG")}
     explanation = stage_info("transpose").explain(facts, why=single_axes(s.T, s.h))
+    # The words name the op the module ran (permute(0, 2, 1, 3), swapaxes(1, 2), einops'
+    # rearrange recorded as a permute), not the catalogue's spelling.
+    ran = called(ops[0])
+    if explanation.startswith("transpose(1, 2) swaps") and ran != "transpose(1, 2)":
+        explanation = ran + explanation[len("transpose(1, 2)"):]
     return m.stage(unit, stage_id, "transpose", tensors, checks, shape_in=src.shape,
                       shape_out=out.shape, dims_in=m.dims(src.shape, BTHD),
                       dims_out=m.dims(out.shape, BHTD), aside=aside, explanation=explanation)

@@ -65,7 +65,7 @@ def _offline() -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
-def _transformers() -> Any:
+def import_transformers() -> Any:
     _offline()
     try:
         import transformers
@@ -167,8 +167,9 @@ def auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
     decoder (BERT, RoBERTa, DistilBERT: `is_decoder` False) load as the bare encoder with
     AutoModelForTextEncoding (T5EncoderModel, BertModel ...), never with a causal-LM head
     (BERT and RoBERTa have one, BertLMHeadModel, which would run them as what they are not).
-    An encoder-decoder whose encoder transformers cannot load alone but which has a causal-LM
-    class (BART) loads that, its decoder, as before. Everything else loads with
+    An encoder-decoder whose encoder transformers cannot load alone (BART, Marian) is
+    refused with the option that explains it: its decoder reads the encoder's output, so it
+    needs `--context` (the encoder's input; `load.hf_seq2seq`). Everything else loads with
     AutoModelForCausalLM.
     """
     kind = type(config)
@@ -178,12 +179,10 @@ def auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
         return transformers.AutoModelForCausalLM, False
     if kind in transformers.MODEL_FOR_TEXT_ENCODING_MAPPING:
         return transformers.AutoModelForTextEncoding, True
-    if encoder_decoder and kind in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
-        return transformers.AutoModelForCausalLM, False  # BART: its decoder, as before
     if encoder_decoder:
-        raise HfError(f"{config.model_type} is an encoder-decoder model whose encoder "
-                      f"transformers cannot load alone (AutoModelForTextEncoding does not know "
-                      f"it); mha-tui explains causal LMs, BERT-like encoders and T5's encoder")
+        raise HfError(f"{config.model_type} is an encoder-decoder model: its decoder attends to "
+                      f"the encoder's output, so give the encoder's input with --context "
+                      f"SENTENCE (mha-tui explain; the sentence is the decoder's input)")
     return transformers.AutoModel, True
 
 
@@ -231,7 +230,7 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False,
     explained in bfloat16, with its own numbers), or a name from DTYPE_CHOICES (upcast or
     cast on request; the header says so).
     """
-    transformers = _transformers()
+    transformers = import_transformers()
     path = checked_directory(source)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(
@@ -301,7 +300,7 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False,
 
 def _config(source: str, path: Path) -> Any:
     """The model's config.json, read by transformers (never the model's own code)."""
-    transformers = _transformers()
+    transformers = import_transformers()
     try:
         return transformers.AutoConfig.from_pretrained(
             path, local_files_only=True, trust_remote_code=False)
@@ -366,7 +365,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 _BYTE_OF = {char: byte for byte, char in _bytes_to_unicode().items()}
 
 
-def _is_byte_level(tokenizer: Any) -> bool:
+def is_byte_level(tokenizer: Any) -> bool:
     if not hasattr(tokenizer, "backend_tokenizer"):  # --model induction's words (load.trained)
         return False
     from tokenizers import decoders
@@ -401,7 +400,7 @@ def tokenize(loaded: Loaded, sentence: str, *, ascii_only: bool = False
     if limit is not None and len(ids) > limit:
         raise HfError(f"the sentence has {len(ids)} tokens but {loaded.info.name} reads at most "
                       f"{limit}")
-    byte_level = _is_byte_level(tokenizer)
+    byte_level = is_byte_level(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(ids)
     return ids, tuple(readable_token(str(p), byte_level=byte_level, ascii_only=ascii_only)
                       for p in pieces)

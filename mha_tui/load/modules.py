@@ -140,6 +140,9 @@ def load(config: Config, source: Source | None = None) -> Loaded:
             load_weights(module, source.weights)
         embedding.eval()
         module.eval()
+        if config.dtype:  # --dtype: the module and its x in that dtype (module.to(dtype))
+            module.to(getattr(torch, config.dtype))
+            embedding.to(getattr(torch, config.dtype))
         ids = torch.tensor(config.batch_ids)  # (B, T): row 0 the sentence, then --batch
         x = embedding(ids)  # (B, T, C)
         context_ids = torch.tensor([config.context_ids]) if config.context else None  # (B, T_k)

@@ -195,6 +195,11 @@ def _probe(loaded: LoadedNumpy) -> None:
 
 def load(config: Config, source: Source) -> LoadedNumpy | None:
     """The NumPy module for this run, or None when it is a torch module (load.py's job)."""
+    numpy_code = source.model in NUMPY_MODEL_NAMES if source.module is None else \
+        numpy_class(source.module) is not None
+    if numpy_code and config.dtype:
+        raise LoadError(f"--dtype {config.dtype} casts a torch module (module.to(dtype)); "
+                        f"{safe(source.module or '--model ' + source.model)} is NumPy code")
     if source.module is None:
         if source.model not in NUMPY_MODEL_NAMES:
             return None

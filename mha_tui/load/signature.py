@@ -182,13 +182,13 @@ class CacheStyle:
         """The style in a few words, for the screen and the verdict."""
         if self.kind == "passed":
             return (f"a cache passed in as {self.parameter} and returned"
-                    + (" (use_cache=True)" if self.use_cache else ""))
+                    + (", use_cache=True" if self.use_cache else ""))
         if self.kind == "start_pos":
             return "a cache kept in the module, written at start_pos (Meta Llama's)"
         if self.kind == "input_pos":
             return "a cache kept in the module, written at input_pos (gpt-fast's KVCache)"
-        return ("a cache kept in the module (use_cache=True" +
-                (f", emptied by {self.reset}())" if self.reset else ", no reset method)"))
+        return ("a cache kept in the module, use_cache=True" +
+                (f", emptied by {self.reset}()" if self.reset else ", no reset method"))
 
 
 def cache_style(forward: Callable[..., object], name: str, methods: frozenset[str] = frozenset()

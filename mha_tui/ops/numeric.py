@@ -304,21 +304,33 @@ def head_axis_product(g: Graph, op: OpRecord) -> bool:
                                        for r in op.inputs)
 
 
-def head_axis_bias(g: Graph, op: OpRecord) -> np.ndarray | None:
-    """The bias added to a head-axis product's output (b_Q of shape (h, d_h), b_O of (C,)),
-    flattened as the product's Linear layout has it, or None."""
-    for later in g.ops[op.index + 1:]:
+def added_bias(g: Graph, op: OpRecord) -> tuple[OpRecord, Ref] | None:
+    """The add that puts a bias parameter on a weight product's output, written apart
+    (`x @ self.W_q + self.b_q`, TransformerLens' `einsum(...) + self.b_Q` with b_Q of shape
+    (h, d_h)): (the add, the bias), or None. The bias is a parameter whose shape is the
+    product output's trailing axes, so it adds the same number to every token."""
+    shape = op.out.shape
+    for later in (g.ops[i] for i in g.consumers.get(op.index, ())):
         if later.name not in ("add", "add_") or len(later.inputs) != 2:
             continue
         refs = list(later.inputs)
-        if not any(r.kind == "op" and r.op == op.index for r in refs):
+        if not any(r.kind == "op" and r.op == op.index and r.output == 0 for r in refs):
             continue
         bias = [r for r in refs if r.kind == "param"]
-        shape = op.out.shape
-        if bias and tuple(g.snap(bias[0]).shape) == tuple(shape[len(shape) - g.snap(bias[0]).ndim:]):
-            return f64(g.snap(bias[0]).values).reshape(-1)
+        if not bias:
+            return None
+        held = tuple(g.snap(bias[0]).shape)
+        if 0 < len(held) < len(shape) and held == tuple(shape[len(shape) - len(held):]):
+            return later, bias[0]
         return None
     return None
+
+
+def head_axis_bias(g: Graph, op: OpRecord) -> np.ndarray | None:
+    """The bias added to a head-axis product's output (b_Q of shape (h, d_h), b_O of (C,)),
+    flattened as the product's Linear layout has it, or None."""
+    found = added_bias(g, op)
+    return None if found is None else f64(g.snap(found[1]).values).reshape(-1)
 
 
 def _head_axis_einsum(g: Graph, op: OpRecord, x: Ref, others: list[Ref]

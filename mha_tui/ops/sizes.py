@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from ..records import ModuleCall, Recording, Snapshot
+from ..records import ModuleCall, Recording, Ref, Snapshot
 from .graph import Graph
 from .vocab import MATMULS, PROJECTIONS
 
@@ -112,9 +112,21 @@ def assign_loop_heads(g: Graph, sizes: Sizes) -> None:
             if isinstance(index, int) and not isinstance(index, bool) and -sizes.h <= index < sizes.h:
                 g.head[op.index] = index % sizes.h
                 continue
+        split = {ref.output for ref in g.x_inputs(op) if _split_into_heads(g, ref, sizes)}
+        if len(split) == 1:  # picoGPT: np.split(q, n_head, axis=-1), one head per part
+            g.head[op.index] = split.pop()
+            continue
         heads = {g.head.get(ref.op) for ref in g.x_inputs(op) if ref.kind == "op"}
         if len(heads) == 1 and None not in heads:
             g.head[op.index] = heads.pop()  # type: ignore[assignment]
+
+
+def _split_into_heads(g: Graph, ref: Ref, sizes: Sizes) -> bool:
+    """ref is one of the h parts, d_h channels each, of a split along the last axis
+    (`np.split(q, n_head, axis=-1)`): part i is head i."""
+    op = g.producer(ref)
+    return op is not None and op.name in ("split", "array_split", "chunk", "tensor_split") and \
+        len(op.outputs) == sizes.h and all(o.shape[-1:] == (sizes.d_h,) for o in op.outputs)
 
 
 def _own_head_weights(g: Graph, h: int) -> dict[int, int]:

@@ -28,7 +28,7 @@ from ..config import MAX_SEQ_LEN, Config, ModelSource
 from ..kinds import position_bias, rotary
 from ..load.hf import HfError, Loaded, all_layers_limit, check_layer, first_line, tokenize
 from ..records import Check, ModuleInfo, Recorded, Recording, Stage, Trace
-from ..tracing.hf_layers import LayerInput, run_forward
+from ..tracing.hf_layers import ForwardRun, LayerInput, run_forward
 from . import stages_of
 from .hf_input import input_stage
 
@@ -49,11 +49,14 @@ class Session:
     """
 
     def __init__(self, loaded: Loaded, sentence: str, *, ascii_only: bool = False,
-                 one_layer: bool = False) -> None:
-        """one_layer: record only the layer asked for (a transcript shows one layer)."""
+                 one_layer: bool = False,
+                 tokens: tuple[list[int], tuple[str, ...]] | None = None) -> None:
+        """one_layer: record only the layer asked for (a transcript shows one layer).
+        tokens: the ids and readable pieces, when the sentence is not tokenized as a causal
+        LM's input (an encoder-decoder's decoder input)."""
         self.loaded = loaded
         self.sentence = sentence
-        self.ids, self.tokens = tokenize(loaded, sentence, ascii_only=ascii_only)
+        self.ids, self.tokens = tokens or tokenize(loaded, sentence, ascii_only=ascii_only)
         self.limit = all_layers_limit(loaded.info)
         self.all_layers = len(self.ids) <= self.limit and not one_layer
         self._traces: dict[int, Trace] = {}
@@ -74,6 +77,16 @@ class Session:
         return Config(self.sentence, embed_dim=info.embed_dim, num_heads=info.num_heads,
                       max_seq_len=min(MAX_SEQ_LEN, max(len(self.ids), info.max_positions or 0)),
                       model=model)
+
+    def forward(self) -> Callable[[torch.Tensor], Any] | None:
+        """How the model's forward is called on the ids (None: `model(input_ids=ids)`)."""
+        return None
+
+    def finished(self, layer: int, run: ForwardRun, recording: Recording,
+                 stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+        """Layer's stages, first stage included, with what only this kind of session can
+        check added (an encoder-decoder's: hf_cross.CrossSession)."""
+        return stages
 
     def recorded(self, layer: int) -> bool:
         """Whether layer's trace is ready (moving there costs no forward pass)."""
@@ -113,7 +126,7 @@ def trace_layers(loaded: Loaded, session: Session, layers: Sequence[int]) -> dic
     with warnings.catch_warnings(), (
             stream.running(session.ids, layers) if stream is not None else nullcontext()):
         warnings.simplefilter("ignore")
-        run = run_forward(loaded, session.ids, layers, around)
+        run = run_forward(loaded, session.ids, layers, around, forward=session.forward())
     traces = {}
     for layer in layers:
         config = session.config(layer)
@@ -122,8 +135,8 @@ def trace_layers(loaded: Loaded, session: Session, layers: Sequence[int]) -> dic
         module = ModuleInfo(class_name=recording.module_class, file=recording.module_file)
         inside = next((stage.title for stage in stages if stage.kind in POSITION_KINDS), "")
         first = input_stage(loaded, run, layer, positions_inside=inside)
-        traces[layer] = Trace(config=config, stages=(first, *stages), module=module,
-                              recording=recording)
+        shown = session.finished(layer, run, recording, (first, *stages))
+        traces[layer] = Trace(config=config, stages=shown, module=module, recording=recording)
     return traces
 
 

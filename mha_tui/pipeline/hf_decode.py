@@ -93,7 +93,13 @@ def decode_trace(loaded: Loaded, sentence: str, layer: int, steps: int, *,
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         full = run_forward(loaded, ids, [layer]).layers[layer].output  # (B, T, C), uncached
-        cache = _returned_cache(model(input_ids=torch.tensor([ids[:prefill]]), use_cache=True))
+        try:
+            prompt = model(input_ids=torch.tensor([ids[:prefill]]), use_cache=True)
+        except (TypeError, ValueError, RuntimeError) as error:  # a forward that keeps no cache
+            raise HfError(f"{loaded.info.name}: its forward does not fill a KV cache with "
+                          f"use_cache=True ({type(error).__name__}: {first_line(error)}); "
+                          "--decode needs one") from None
+        cache = _returned_cache(prompt)
     base = session.config(layer)
     traces = []
     for index, position in enumerate(range(prefill, T)):

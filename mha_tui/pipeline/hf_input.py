@@ -298,12 +298,22 @@ def input_stage(loaded: Loaded, run: ForwardRun, layer: int, *,
         records.append(record(f"x = {layer_norm}(hidden_states)", x, BTC,
                               caption=f"layer {layer}'s layer norm: what the attention module "
                                       f"receives as x"))
-        again = captured.norm(captured.residual)  # recomputed only for the check
+        read = captured.residual
+        if captured.norm_input is not None and not torch.equal(captured.norm_input, read):
+            read = captured.norm_input  # a decoder's cross-attention: after its self-attention
+            records.append(record(f"{layer_norm}'s input", read, BTC,
+                                  caption=f"block {layer}'s input plus its self-attention's "
+                                          f"output"))
+        after = read is not captured.residual
+        again = captured.norm(read)  # recomputed only for the check
         same = bool(torch.equal(x, again))
-        checks.append(Check(f"x is {layer_norm} applied to block {layer}'s input (recomputed by "
+        what = (f"the stream after block {layer}'s self-attention (its input plus the "
+                f"self-attention's output)" if after else f"block {layer}'s input")
+        checks.append(Check(f"x is {layer_norm} applied to {what} (recomputed by "
                             f"mha-tui for this check): torch.equal = {same}", same))
-        said.append(f"Its layer norm {layer_norm} rescales every token's C numbers before "
-                    f"attention sees them.")
+        said.append(f"{'After the self-attention adds its output, i' if after else 'I'}ts layer "
+                    f"norm {layer_norm} rescales every token's C numbers before attention "
+                    f"sees them.")
     else:
         records.append(record("x", x, BTC, caption="what the attention module receives"))
         same = bool(torch.equal(x, captured.residual))

@@ -56,6 +56,10 @@ class Source:
     text: str
     end_line: int = 0
     function: str = ""
+    callers: tuple[Source, ...] = field(default=(), compare=False)
+    """When the statement is inside a helper of the module's own (`def split_heads(t)`,
+    `def attention(q, k, v)`): the statements that called it, innermost first, up to the
+    module's forward (a tensor the helper returns is named by its caller's assignment)."""
 
     @property
     def lines(self) -> tuple[int, int]:
@@ -158,6 +162,9 @@ class ModuleCall:
     """A submodule's forward running inside the root's, from op `first` to op `end` - 1.
 
     library: the class is defined by torch (nn.Linear, nn.Dropout, nn.MultiheadAttention).
+    inputs: a library module's tensor arguments by its forward's parameter names, where each
+    came from (nn.MultiheadAttention's query, key and value: which sequence each one is,
+    even when its forward fails before any op reads them).
     """
 
     path: str
@@ -166,6 +173,7 @@ class ModuleCall:
     first: int
     end: int
     source: Source | None = None
+    inputs: tuple[tuple[str, Ref], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -329,6 +337,10 @@ class Stage:
     source: Source | None = None
     ops: tuple[OpRecord, ...] = ()
     raised: str = ""
+    blocks: str = ""
+    """On a stage that masks (mask, sdpa's mask, a mask inside baddbmm): what its blocked
+    entries are, read from what the mask op wrote (kinds/_parts/mask_shape.MaskShape.kind:
+    causal, window, padding, causal+padding, none, other; "window 3" with its w)."""
 
     @property
     def transition(self) -> str:

@@ -207,6 +207,10 @@ def _difference_record(pair: TensorPair) -> TensorRecord:
                         head_split=pair.mine.head_split)
 
 
+MIN_SIDE = 24
+"""Narrower than this a side's metadata wraps word by word: the two sides are stacked."""
+
+
 class SideBySide:
     """Two columns of parts, part beside part, each column half the width whatever it holds:
     a line that wraps on one side moves both, and two matrices beside each other show the
@@ -220,6 +224,17 @@ class SideBySide:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         half = max(1, (options.max_width - self.GAP) // 2)
+        matrices = [m for row in self.rows for m in row if isinstance(m, Matrix)]
+        needs = [m.whole_width() for m in matrices]
+        if any(n > half for n in needs) or options.max_width < 2 * MIN_SIDE + self.GAP:
+            # Beside each other they would each show part of their columns (2 of 4 at 80
+            # columns): yours above the reference's instead, each at the full width (whole
+            # where it fits in it).
+            share_columns(matrices, options.max_width)
+            blank = Text("")
+            yield Group(*(left for left, _ in self.rows), blank,
+                        *(right for _, right in self.rows))
+            return
         grid = Table.grid(padding=(0, self.GAP))
         grid.add_column(width=half)
         grid.add_column(width=half)

@@ -42,10 +42,39 @@ def drawn_config(trace: Trace) -> Config:
     return replace(config, num_heads=heads)
 
 
-def _sizes(config: Config, batched: bool = True, asked: int | None = None) -> Text:
+_BLOCKS = {"causal": "causal", "padding": "padding mask",
+           "causal+padding": "causal + padding mask", "none": "no mask",
+           "other": "a mask (neither causal nor padding)"}
+
+
+def masking(trace: Trace) -> str | None:
+    """What the module did about masking, read from its stages (a mask stage's `blocks`: what
+    the mask op wrote), never from --causal: `causal`, `padding mask`, `window mask
+    (w = 3)`, `no mask`; with the flag's word where the module did otherwise. None for a
+    trace that cannot say (no stages: the app's first frame)."""
+    if not trace.stages:
+        return None
+    found = [s.blocks or "other" for s in trace.stages if s.kind == "mask"]
+    did = next((b for b in found if b != "none"), "none" if found or not trace.failed else "")
+    if not did:
+        return "no mask before the error"
+    word = (f"window mask (w = {did.split()[1]})" if did.startswith("window ")
+            else _BLOCKS.get(did, "a mask"))
+    causal_flag = trace.config.causal
+    if did == "none" and causal_flag and not trace.config.cross:
+        return f"{word} (the module applies none)"
+    if did != "none" and not causal_flag and "causal" in did:
+        return f"{word} (the module's own; --no-causal ignored)"
+    return word
+
+
+def _sizes(config: Config, batched: bool = True, asked: int | None = None,
+           masked: str | None = None) -> Text:
     if config.model is not None:  # C, h and d_h are on the model's line
         lengths = (f"T_q={config.seq_len} T_k={len(config.key_tokens)} ({len(config.cached)} cached)"
-                   if config.cached else f"T={config.seq_len}")
+                   if config.cached else
+                   f"T_q={config.seq_len} T_k={len(config.key_tokens)} cross-attention"
+                   if config.cross else f"T={config.seq_len}")  # cross: an encoder-decoder's decoder
         sizes = Text(f"{'B=1 ' if batched else ''}{lengths}", style="cyan", end="")
         if config.model.encoder:  # said where a toy module's header says causal or no mask
             sizes.append(f" {ENCODER}", style="bold cyan")
@@ -55,11 +84,14 @@ def _sizes(config: Config, batched: bool = True, asked: int | None = None) -> Te
     lengths = (f"T_q={config.seq_len} T_k={len(config.key_tokens)}" if config.cross
                else f"T_q={config.seq_len} T_k={len(config.key_tokens)} ({len(config.cached)} cached)"
                if config.cached else f"T={config.seq_len}")
-    mask = ("cross-attention" if config.cross else "decoding" if config.cached
-            else "causal" if config.causal else "no mask")
+    flag = "causal" if config.causal else "no mask"
+    mask = (f"cross-attention, {masked}" if config.cross and masked else "cross-attention"
+            if config.cross else "decoding" if config.cached else masked or flag)
     B = len(config.rows)
+    dtype = f" {config.dtype}" if config.dtype else ""  # --dtype: what the module ran in
     return Text(f"{f'B={B} ' if batched else ''}{lengths} C={config.embed_dim} h={config.num_heads} "
-                f"d_h={config.head_dim}{own} seed={config.seed} {mask}", style="cyan", end="")
+                f"d_h={config.head_dim}{own} seed={config.seed} {mask}{dtype}", style="cyan",
+                end="")
 
 
 def _token_list(config: Config, opts: RenderOptions, room: int) -> Text:
@@ -84,7 +116,8 @@ def _token_list(config: Config, opts: RenderOptions, room: int) -> Text:
 
 
 def header(config: Config, opts: RenderOptions, width: int | None = None, *,
-           batched: bool = True, max_lines: int = 3, asked: int | None = None) -> RenderableType:
+           batched: bool = True, max_lines: int = 3, asked: int | None = None,
+           masked: str | None = None) -> RenderableType:
     """Sentence, tokens with their ids, and B, T, C, h, d_h, at most max_lines of width.
 
     The sizes are always shown whole; the sentence and the token list give way (cut with an
@@ -92,11 +125,13 @@ def header(config: Config, opts: RenderOptions, width: int | None = None, *,
     width it is drawn at (the app's header follows the terminal's size). batched: False for
     a module whose x has no batch axis (NumPy's (T, C)): no B then. asked: --heads, when
     config (`drawn_config`) holds the module's own head count instead (said beside it).
+    masked: what the module did about masking (`masking(trace)`); without it, what --causal
+    asked (before a trace exists).
     """
     if width is None:
-        return Header(config, opts, batched, max_lines, asked)
+        return Header(config, opts, batched, max_lines, asked, masked)
     if config.model is None:
-        return _sentence_and_sizes(config, opts, width, batched, max_lines, asked)
+        return _sentence_and_sizes(config, opts, width, batched, max_lines, asked, masked)
     body = _sentence_and_sizes(config, opts, width, batched, max(1, max_lines - 1))
     return Text("\n").join([model_line(config, opts, width), body])
 
@@ -129,8 +164,9 @@ def model_line(config: Config, opts: RenderOptions, width: int | None = None) ->
 
 
 def _sentence_and_sizes(config: Config, opts: RenderOptions, width: int, batched: bool,
-                        max_lines: int, asked: int | None = None) -> Text:
-    sizes = _sizes(config, batched, asked)
+                        max_lines: int, asked: int | None = None, masked: str | None = None
+                        ) -> Text:
+    sizes = _sizes(config, batched, asked, masked)
     sentence = Text("sentence ", style="dim", no_wrap=True, end="")
     sentence.append_text(label(config.sentence, max_cells=max(1, min(40, width - 9)),
                                ascii_only=opts.ascii))
@@ -166,7 +202,7 @@ def trace_header(trace: Trace, opts: RenderOptions, width: int | None = None, *,
     --heads beside them when the module's own head count differs; a decode step's line
     under it (step: False leaves it to the caller)."""
     drawn = header(drawn_config(trace), opts, width, batched=trace.batched, max_lines=max_lines,
-                   asked=trace.config.num_heads)
+                   asked=trace.config.num_heads, masked=masking(trace))
     if step and trace.step is not None:
         return Group(drawn, step_line(trace, opts))
     return drawn
@@ -191,13 +227,13 @@ class Header:
     """The header laid out at the width it is given when drawn."""
 
     def __init__(self, config: Config, opts: RenderOptions, batched: bool = True,
-                 max_lines: int = 3, asked: int | None = None) -> None:
+                 max_lines: int = 3, asked: int | None = None, masked: str | None = None) -> None:
         self.config, self.opts, self.batched, self.max_lines = config, opts, batched, max_lines
-        self.asked = asked
+        self.asked, self.masked = asked, masked
 
     def _text(self, width: int) -> RenderableType:
         return header(self.config, self.opts, width, batched=self.batched,
-                      max_lines=self.max_lines, asked=self.asked)
+                      max_lines=self.max_lines, asked=self.asked, masked=self.masked)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield self._text(options.max_width)

@@ -446,6 +446,16 @@ class Matrix:
         table = max((cell_len(line) for line in lines if isinstance(line, str)), default=0)
         return max(table, self.title.cell_len if self.title is not None else 0)
 
+    def whole_width(self) -> int:
+        """The cells it needs to show every column (SideBySide stacks two matrices that do
+        not fit beside each other)."""
+        limit = self.column_limit
+        self.limit_columns(None)
+        try:
+            return self._natural_width(100_000)
+        finally:
+            self.limit_columns(limit)
+
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         width = min(self._natural_width(options.max_width), options.max_width)
         return Measurement(width, width)

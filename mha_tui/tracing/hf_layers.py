@@ -69,6 +69,9 @@ class LayerInput:
     norm_name: str | None  # the block's layer norm whose output that is
     norm: nn.Module | None
     norm_line: Line | None
+    # (B, T, C) what that norm read: the block's input, or in a decoder layer's
+    # cross-attention the stream after the layer's self-attention; None with no norm
+    norm_input: torch.Tensor | None
     attention_line: Line  # the block's line that called the attention module
     output: torch.Tensor  # (B, T, C) the attention module's own output
     weights: torch.Tensor | None  # (B, h, T, T) the attention weights it returned
@@ -123,13 +126,17 @@ def is_norm(path: str, module: nn.Module) -> bool:
 
 
 def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
-                around: Callable[[Callable[[], Any]], Any] | None = None, *,
+                around: Callable[[Callable[[], Any]], Any] | None = None,
+                forward: Callable[[torch.Tensor], Any] | None = None, *,
                 extra: dict[str, Any] | None = None) -> ForwardRun:
     """Run the model's own forward once; hooks keep every named layer's input and output.
 
     around(call) runs call() (the model's forward) and may watch it (the tracer): the model
-    is never run twice. Hooks only keep references to the tensors the model made. extra:
-    more keywords for the model's forward (a decode step's cache, use_cache=True).
+    is never run twice. Hooks only keep references to the tensors the model made.
+    forward(ids): how the model is called on the ids (B, T) (default
+    `model(input_ids=ids, use_cache=False)`; an encoder-decoder's decoder gets them as
+    decoder_input_ids beside the encoder's output). extra: more keywords for the model's
+    forward (a decode step's cache, use_cache=True).
     """
     model = loaded.model
     seen: dict[str, tuple[Any, Line]] = {}
@@ -138,6 +145,8 @@ def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
     def after(key: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             seen.setdefault(key, (output, _caller()))
+            if args:
+                seen.setdefault(f"{key}.input", (args[0], _caller()))
         return hook
 
     def before(key: str) -> Callable[..., None]:
@@ -194,6 +203,8 @@ def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
     batch = torch.tensor([list(ids)])  # (B, T)
 
     def call() -> Any:
+        if forward is not None:
+            return forward(batch)
         return model(input_ids=batch, **{"use_cache": False, **(extra or {})})
 
     try:
@@ -206,17 +217,19 @@ def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
     run_layers = {}
     for layer in layers:
         attention_input, attention_line = seen[f"input{layer}"]
-        norm_name, norm, norm_line = None, None, None
+        norm_name, norm, norm_line, norm_input = None, None, None, None
         for name, child in norms[layer]:
             output, line = seen.get(f"norm{layer}.{name}", (None, None))
             if output is attention_input:
                 norm_name, norm, norm_line = name, child, line
+                norm_input = seen.get(f"norm{layer}.{name}.input", (None, None))[0]
         output = seen[f"output{layer}"][0]
         out, weights = (output[0], output[1] if len(output) > 1 else None) if isinstance(
             output, tuple) else (output, None)
         run_layers[layer] = LayerInput(
             residual=seen[f"residual{layer}"][0], residual_line=seen[f"residual{layer}"][1],
             attention_input=attention_input, norm_name=norm_name, norm=norm, norm_line=norm_line,
+            norm_input=norm_input if isinstance(norm_input, torch.Tensor) else None,
             attention_line=attention_line, output=out,
             weights=weights if isinstance(weights, torch.Tensor) else None)
     if not any(call.tokens for call in embeddings):

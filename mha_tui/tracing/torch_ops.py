@@ -157,7 +157,8 @@ class _Session:
     input_refs: dict[int, Ref] = field(default_factory=dict)
     const_refs: dict[int, Ref] = field(default_factory=dict)
     alive: list[object] = field(default_factory=list)
-    stack: list[tuple[str, str, int, Source | None]] = field(default_factory=list)
+    stack: list[tuple[str, str, int, Source | None, tuple[tuple[str, Ref], ...]]] = field(
+        default_factory=list)
     output: Ref | None = None
     error: RecordedError | None = None
     failed_at: Source | None = None
@@ -175,7 +176,7 @@ class _Session:
             kind, name = self.names[key]
             ref = Ref(kind, name=name, snapshot=snapshot(t))  # type: ignore[arg-type]
             self.const_refs[key] = ref
-            self.names.pop(key)  # snapshot a parameter once
+            self.names.pop(key, None)  # snapshot a parameter once (snapshot() may have re-entered)
             self.input_refs[key] = ref
             self.alive.append(t)
             return ref
@@ -256,7 +257,8 @@ class Recorder:
             for path, sub in root.named_modules():
                 if sub is root:
                     continue
-                handles.append(sub.register_forward_pre_hook(self._sub_pre(path), prepend=True))
+                handles.append(sub.register_forward_pre_hook(self._sub_pre(path), prepend=True,
+                                                             with_kwargs=True))
                 handles.append(sub.register_forward_hook(self._sub_post(path), always_call=True))
         return handles
 
@@ -306,12 +308,21 @@ class Recorder:
         return hook
 
     def _sub_pre(self, path: str) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple[object, ...]) -> None:
+        def hook(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
             session = self.active
             if session is None:
                 return
             source = self.where(session)
-            session.stack.append((path, type(module).__name__, len(session.ops), source))
+            inputs: tuple[tuple[str, Ref], ...] = ()
+            if type(module).__module__.startswith("torch."):  # a library module's arguments
+                try:
+                    bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+                    named = list(bound.arguments.items())
+                except (TypeError, ValueError):
+                    named = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+                inputs = tuple((name, session.ref(value)) for name, value in named
+                               if isinstance(value, torch.Tensor))
+            session.stack.append((path, type(module).__name__, len(session.ops), source, inputs))
 
         return hook
 
@@ -320,9 +331,10 @@ class Recorder:
             session = self.active
             if session is None or not session.stack or session.stack[-1][0] != path:
                 return
-            _, cls, first, source = session.stack.pop()
+            _, cls, first, source, inputs = session.stack.pop()
             library = type(module).__module__.startswith("torch.")
-            session.calls.append(ModuleCall(path, cls, library, first, len(session.ops), source))
+            session.calls.append(ModuleCall(path, cls, library, first, len(session.ops), source,
+                                            inputs))
 
         return hook
 
@@ -337,12 +349,32 @@ class Recorder:
             filename = code.co_filename
             if code in session.codes or code is _MHA_FORWARD.__code__ or \
                     not filename.startswith(_NOT_THE_MODULE):
-                return source_at(filename, frame.f_lineno, code.co_name, code)
+                source = source_at(filename, frame.f_lineno, code.co_name, code)
+                callers = self._callers(session, frame)
+                return replace(source, callers=callers) if callers else source
             fallback = fallback or frame
             frame = frame.f_back
         if fallback is not None:
             return source_at(fallback.f_code.co_filename, fallback.f_lineno, fallback.f_code.co_name)
         return Source(file="", line=0, text="")
+
+    def _callers(self, session: _Session, frame: FrameType) -> tuple[Source, ...]:
+        """The module's own statements that called the helper `frame` runs in, innermost
+        first (at most 3), up to the first frame that is not the module's code (torch's
+        module call machinery above a forward)."""
+        callers: list[Source] = []
+        if frame.f_code in session.codes:
+            return ()
+        up = frame.f_back
+        while up is not None and len(callers) < 3:
+            code = up.f_code
+            if not (code in session.codes or not code.co_filename.startswith(_NOT_THE_MODULE)):
+                break
+            callers.append(source_at(code.co_filename, up.f_lineno, code.co_name, code))
+            if code in session.codes:
+                break
+            up = up.f_back
+        return tuple(callers)
 
     def op(self, session: _Session, func: Callable[..., object], args: tuple[object, ...],
            kwargs: dict[str, object], result: object) -> None:

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..judge.compare import Comparison
+    from ..kinds._parts.cell import Why
+    from ..kinds._parts.quizzing import Question
     from ..records import Trace
     from ..render.options import RenderOptions
 
@@ -62,6 +65,51 @@ def _picture(name: str) -> Callable[[Page, IO[bytes]], None]:
     return write
 
 
+def _plain(page: Page) -> RenderOptions:
+    """A worksheet's and a cell's drawing: --ascii only (they are never elided)."""
+    from ..render.options import RenderOptions
+
+    return RenderOptions(ascii=page.options.ascii)
+
+
+def _worksheet_text(page: Page, asked: tuple[Question, ...]) -> str:
+    from .dump import worksheet_text
+
+    return worksheet_text(page.trace, asked, _plain(page), width=page.width)
+
+
+def _worksheet_json(page: Page, asked: tuple[Question, ...]) -> str:
+    from .dump import worksheet_json
+
+    return worksheet_json(page.trace, asked, page.options.ascii)
+
+
+def _worksheet_md(page: Page, asked: tuple[Question, ...]) -> str:
+    from .pictures import worksheet_markdown
+
+    return worksheet_markdown(page.trace, asked, _plain(page), page.width)
+
+
+def _cell_text(page: Page, why: Why) -> str:
+    from .dump import why_text
+
+    return why_text(why, _plain(page), width=page.width, color=page.color)
+
+
+def _comparison_text(compared: Comparison, options: RenderOptions, width: int, color: bool,
+                     out: IO[bytes]) -> None:
+    from .dump import comparison_text
+
+    out.write(comparison_text(compared, options, width=width, color=color).encode("utf-8"))
+
+
+def _comparison_json(compared: Comparison, options: RenderOptions, width: int, color: bool,
+                     out: IO[bytes]) -> None:
+    from .dump import write_comparison_json
+
+    write_comparison_json(compared, out, ascii_only=options.ascii)
+
+
 @dataclass(frozen=True)
 class OutputFormat:
     """One row of FORMATS: a transcript format of `explain --dump`."""
@@ -74,20 +122,22 @@ class OutputFormat:
     """Whether --color changes it (ANSI codes in text; pictures are always in colour)."""
     sized: bool = True
     """Whether --width and --full apply (JSON is always complete and has no width)."""
-    worksheet: bool = False
-    """Whether --quiz writes its worksheet in it."""
-    comparison: bool = False
-    """Whether --against writes its comparison in it."""
-    cell: bool = False
-    """Whether --why writes its cell's explanation in it."""
+    worksheet: Callable[[Page, tuple[Question, ...]], str] | None = None
+    """--quiz's worksheet (the questions and the answer key) in it; None: not in this format."""
+    comparison: Callable[[Comparison, RenderOptions, int, bool, IO[bytes]], None] | None = None
+    """--against's comparison in it (drawn `width` columns wide, in colour or not)."""
+    cell: Callable[[Page, Why], str] | None = None
+    """--why's explanation of one cell in it."""
 
 
 FORMATS: dict[str, OutputFormat] = {row.name: row for row in (
-    OutputFormat("text", (), _text, colours=True, worksheet=True, comparison=True, cell=True),
-    OutputFormat("json", (".json",), _json, sized=False, worksheet=True, comparison=True),
+    OutputFormat("text", (), _text, colours=True, worksheet=_worksheet_text,
+                 comparison=_comparison_text, cell=_cell_text),
+    OutputFormat("json", (".json",), _json, sized=False, worksheet=_worksheet_json,
+                 comparison=_comparison_json),
     OutputFormat("svg", (".svg",), _picture("svg")),
     OutputFormat("html", (".html", ".htm"), _picture("html")),
-    OutputFormat("md", (".md", ".markdown"), _picture("md"), worksheet=True),
+    OutputFormat("md", (".md", ".markdown"), _picture("md"), worksheet=_worksheet_md),
 )}
 """Every transcript format, by name (--format's choices, in this order)."""
 

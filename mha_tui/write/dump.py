@@ -130,7 +130,7 @@ def worksheet_json(trace: Trace, questions: tuple[Question, ...], ascii_only: bo
             return str(expected)  # "-inf": strict JSON has no infinities
         return expected
 
-    tokens = trace.config.tokens
+    tokens, keys = trace.config.tokens, trace.config.key_tokens
     document = {
         "worksheet": "mha-tui quiz",
         "config": trace.config.as_dict(),
@@ -141,8 +141,10 @@ def worksheet_json(trace: Trace, questions: tuple[Question, ...], ascii_only: bo
                       for n, q in enumerate(questions, 1)],
         "answers": [{"number": n, "answer": value(q.expected), "shown": q.shown,
                      "source": q.source,
-                     **({"tokens": [tokens[t] for t in q.expected if 0 <= t < len(tokens)]}
-                        if q.answer == "token" and isinstance(q.expected, tuple) else {})}
+                     **({"tokens": [words[t] for t in q.expected if 0 <= t < len(words)]}
+                        if q.answer in ("token", "key") and isinstance(q.expected, tuple)
+                        and (words := keys if q.answer == "key" else tokens) is not None
+                        else {})}
                     for n, q in enumerate(questions, 1)],
     }
     return json.dumps(document, indent=2, ensure_ascii=ascii_only, allow_nan=False) + "\n"

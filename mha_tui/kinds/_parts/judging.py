@@ -8,7 +8,9 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -26,14 +28,53 @@ from ...ops.vocab import SCALE_OPS, SHAPE_OPS, SOFTMAXES
 from ...records import OpRecord, Recording, Ref, Source, Stage, TensorArg, Trace
 from ...records.verdict import Diagnosis, Facts, StageVerdict
 
+F = TypeVar("F", bound="Found")
+
+# The parameters the loader passes a mask by (load.learner.MASK_NAMES, load.signature's
+# padding names): a float mask there (Hugging Face's additive (B, 1, T, T) attention_mask)
+# is never x. Spelled here because kinds sit below load.
+_MASK_INPUTS = frozenset({"mask", "attn_mask", "attention_mask", "key_padding_mask",
+                          "padding_mask", "src_key_padding_mask", "pad_mask"})
+
 
 def judged_x(rec: Recording) -> set[str]:
     """The forward's inputs the check follows as x: every float input (q, k and v when given
-    apart), never the mask the loader passed by name (NumPy's additive mask is a float array
-    too). The recogniser follows only a 3-D x (or the first input)."""
+    apart), never a mask the loader passes by name (NumPy's additive mask is a float array
+    too, and so is Hugging Face's 4-D attention_mask). The recogniser follows only a 3-D x
+    (or the first input)."""
     float_inputs = {name for name, snap in rec.inputs if snap.dtype.startswith(("float", "bfloat"))
-                    and name not in ("mask", "attn_mask")}
+                    and name not in _MASK_INPUTS}
     return float_inputs or {name for name, _ in rec.inputs[:1]}
+
+
+class Found(Protocol):
+    """A mechanism found again from a stage's ops (a rotation, a repeat of K/V heads): its
+    ops, and the tensor it made (whose role, Q, K or V, the judge reads)."""
+
+    after: Ref
+
+
+def judge_found(j: Judge, kind: str, find: Callable[[Graph, Stage], Sequence[F]],
+                judged: Callable[[Judge, Graph, Stage, list[tuple[str, F]]], Row],
+                what: str) -> list[Row]:
+    """Each stage of a kind whose judge finds its mechanism again with the recogniser's own
+    functions (rotary's rotations, kv_repeat's repeats) on the classified graph: `find`
+    gives those of one stage, `judged` judges them with the role each one's result became;
+    a stage where none is found again is said not judged."""
+    stages = [s for s in j.trace.stages if s.kind == kind]
+    if not stages:
+        return []
+    g = j.classified()
+    roles = j.roles_on_path()
+    rows = []
+    for stage in stages:
+        found = find(g, stage)
+        if not found:
+            rows.append(j.row(stage, kind, None, None,
+                              f"not judged: {what} could not be found again from the ops"))
+            continue
+        rows.append(judged(j, g, stage, [(roles.get(x.after.op or -1, "?"), x) for x in found]))
+    return rows
 
 
 @dataclass

@@ -8,14 +8,15 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from ...ops.graph import Graph
+from ...ops.numeric import recomputed_agrees
 from ...records import Check, OpRecord, Recording, Ref, Snapshot, Source, Stage, TensorArg, TensorRecord
 from ...stages import stage_info
-from .builder import Builder
+from .builder import BHTT, Builder
 from .unit import Unit
 
 
@@ -33,6 +34,56 @@ def _targets(text: str) -> list[str]:
     return [t.strip() for t in match.group(1).split(",")] if match else []
 
 
+def _context(op: OpRecord) -> tuple[tuple[str, str, int], ...]:
+    """Where an op ran, outermost call first: the module's forward line that called the
+    helper, ..., then the helper itself (its file and function)."""
+    calls = tuple((c.file, c.function, c.line) for c in reversed(op.source.callers))
+    return (*calls, (op.source.file, op.source.function, -1))
+
+
+def _leaves(g: Graph, op: OpRecord) -> bool:
+    """The op's result is read outside the helper it ran in, or by nobody (returned)."""
+    here = _context(op)
+    readers = [g.ops[c] for c in g.consumers.get(op.index, [])]
+    return not readers or any(not _inside(_context(r), here) for r in readers)
+
+
+_RESHAPES = {"view", "reshape", "transpose", "permute", "contiguous", "unsqueeze", "squeeze",
+             "flatten", "unflatten", "swapaxes", "movedim"}
+
+
+def _returned(g: Graph, op: OpRecord) -> OpRecord | None:
+    """The op whose result the helper returns, when it is this op's result: the op itself
+    when its result leaves the helper, or the reshape of it on the same statement that does
+    (`out = t.view(...).transpose(1, 2); return out`); else None."""
+    for _ in range(8):
+        if _leaves(g, op):
+            return op
+        readers = [g.ops[c] for c in g.consumers.get(op.index, [])]
+        same = [r for r in readers if r.source.line == op.source.line
+                and r.source.file == op.source.file and r.name.rstrip("_") in _RESHAPES]
+        if len(readers) != 1 or len(same) != 1:
+            return None
+        op = same[0]
+    return None
+
+
+def _inside(where: tuple[tuple[str, str, int], ...], helper: tuple[tuple[str, str, int], ...]
+            ) -> bool:
+    """`where` is in the same call of the helper, or in a helper it called."""
+    n = len(helper)
+    return len(where) >= n and where[:n - 1] == helper[:n - 1] and \
+        where[n - 1][:2] == helper[n - 1][:2]
+
+
+def called(op: OpRecord) -> str:
+    """`permute(0, 2, 1, 3)`, `transpose(1, 2)`: the op and its number arguments, a tuple of
+    them spelled flat as torch's methods also take them."""
+    args = [a for a in op.scalars() if isinstance(a, int | tuple | list)]
+    flat = args[0] if len(args) == 1 and isinstance(args[0], tuple | list) else args
+    return f"{op.name}({', '.join(str(a) for a in flat)})"
+
+
 def words(kind: str) -> tuple[str, str]:
     """The kind's title and explanation from the catalogue, or the kind itself and nothing."""
     try:
@@ -40,6 +91,12 @@ def words(kind: str) -> tuple[str, str]:
         return info.title, info.explanation
     except KeyError:
         return kind, ""
+
+
+def score_dims(m: StageMaker, values: np.ndarray) -> tuple[str, ...]:
+    """The axes of a (B, h, T, T)-like tensor of scores a mechanism changed (soft-capped,
+    with a sink column): BHTT when it is 4-d, else the labels its shape fits."""
+    return BHTT if values.ndim == 4 else m.dims(values.shape, BHTT)
 
 
 class StageMaker:
@@ -62,6 +119,9 @@ class StageMaker:
         return self.g.x_inputs(op)[0]
 
     def tensor_name(self, op: OpRecord, position: int = 0, fallback: str = "") -> str:
+        outer = self._caller_target(op)
+        if outer is not None:  # a helper's result: `q = split_heads(self.W_q(x))` names it q
+            return outer
         targets = _targets(op.source.text)
         if not targets and op.in_place and op.inputs:  # scores.masked_fill_(...): still scores
             producer = self.g.producer(op.inputs[0])
@@ -76,6 +136,36 @@ class StageMaker:
         if targets and len(op.outputs) == 1:
             return targets[0]
         return fallback or self.b.name(op)
+
+    def _caller_target(self, op: OpRecord) -> str | None:
+        """The name the caller's line gives a tensor a helper of the module returns
+        (`def split_heads(t): out = ...; return out`, called as `q = split_heads(...)`): the
+        op's result leaves the helper (an op outside it reads it, or the forward returns
+        it), and the nearest calling statement that assigns it has a target. None else."""
+        callers = op.source.callers
+        if not callers:
+            return None
+        here = _context(op)
+        returned = _returned(self.g, op)
+        if returned is None:
+            return None  # read only inside the helper (or deeper): not what it returns
+        for depth, caller in enumerate(callers):
+            targets = _targets(caller.text)
+            if not targets:
+                if caller.text.lstrip().startswith("return"):
+                    continue  # `return split_heads(t)`: its caller names it
+                return None
+            if len(targets) == 1:
+                return targets[0]
+            # `q, k, v = map(split, (q, k, v))`: the k-th result leaving this call line
+            line = (caller.file, caller.line)
+            leaving = [o.index for o in self.g.ops if len(o.source.callers) > depth
+                       and (o.source.callers[depth].file, o.source.callers[depth].line) == line
+                       and _context(o) == here and _leaves(self.g, o)]
+            if returned.index in leaving and len(leaving) % len(targets) == 0:
+                return targets[leaving.index(returned.index) * len(targets) // len(leaving)]
+            return None
+        return None
 
     def _target_of(self, op: OpRecord, n: int) -> int | None:
         """Which of a line's n targets a one-output op's result is bound to: the k-th of the
@@ -167,9 +257,14 @@ class StageMaker:
                                 f"{'in eval mode ' if op.kwarg('training') is False else ''}"
                                 "left the numbers unchanged", None))
         note = " ".join(filter(None, [note, _einops_note([self.op(i) for i in indices])]))
+        explanation = explanation if explanation is not None else default_explanation
+        if "(T, T)" in explanation and len(shape_out) >= 2 and shape_out[-1] != shape_out[-2]:
+            # a decode step's (1, T_k), cross-attention's (T_q, T_k): the real matrix, not (T, T)
+            explanation = explanation.replace(
+                "(T, T)", f"T_q x T_k = {shape_out[-2]} x {shape_out[-1]}")
         stage = Stage(
             id=stage_id, title=title or default_title, code=code,
-            explanation=explanation if explanation is not None else default_explanation,
+            explanation=explanation,
             shape_in=tuple(shape_in), shape_out=tuple(shape_out), dims_in=dims_in,
             dims_out=dims_out, tensors=tuple(tensors), checks=tuple(checks), note=note,
             aside=aside, kind=kind, source=source, ops=tuple(self.op(i) for i in indices),
@@ -271,6 +366,22 @@ class StageMaker:
 
     def four_d(self, unit: Unit, dims: tuple[str, ...]) -> tuple[np.ndarray, Snapshot]:
         return self.b.out_4d(unit.ops, dims)
+
+    def unit_products_agree(self, unit: Unit, product: Callable[[OpRecord], Callable[..., np.ndarray]],
+                       names: frozenset[str] = frozenset({"matmul", "bmm", "einsum", "mm",
+                                                          "baddbmm"})) -> bool:
+        """Whether every product op of the unit (each head's, one at a time) equals what its
+        recorded operands give: scores' q @ k^T and attend's weights @ v (baddbmm's bias
+        and factors are `product`'s to add; its operands are its second and third)."""
+        ok = True
+        for group in self.per_head_ops(unit):
+            for op in group:
+                if op.name not in names:
+                    continue
+                operands = op.inputs[1:3] if op.name == "baddbmm" else self.g.x_inputs(op)[:2]
+                ok &= recomputed_agrees(product(op), [self.snap(r).values for r in operands],
+                                        op.out.values, atol=1e-5, rtol=1e-4)
+        return ok
 
 
 _EINOPS_CALL = re.compile(r"""\b(rearrange|reduce|repeat|einsum|pack|unpack)\(\s*[^,()]*,\s*(['"])(.+?)\2""")

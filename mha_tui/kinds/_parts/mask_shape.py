@@ -138,3 +138,8 @@ def mask_shape(blocked: np.ndarray, names: Sequence[str] | None = None) -> MaskS
                      explanation=("The mask blocks a pattern that is neither causal nor a sliding "
                                   "window nor padding; the blocked entries are shown as -inf."),
                      what=f"{int(pattern.sum())} entries per head in another pattern")
+
+
+def blocks_word(shape: MaskShape) -> str:
+    """What a stage's `blocks` says of a mask of this shape (the header's words read it)."""
+    return f"window {shape.window}" if shape.kind == "window" else shape.kind

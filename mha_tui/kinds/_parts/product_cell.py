@@ -168,10 +168,57 @@ def _is_weight(c: OpCell, k: int) -> bool:
 def projection_why(cell: Cell, role: str) -> Why:
     """A channel of a projection (Q, K, V or W_O): the input row dotted with one row of the
     weight (nn.Linear, F.linear, NumPy's x @ W), or with the column or row of a raw weight
-    parameter the product reads (x @ W, torch.matmul, x @ W.T, einsum)."""
+    parameter the product reads (x @ W, torch.matmul, x @ W.T, einsum), plus the bias the
+    module adds apart from the product (`+ self.b_Q`), where it does."""
+    biased = _bias_added(cell)
+    if biased is not None:
+        return biased
     if not cell.ops("linear") and cell.ops(*PRODUCTS):
         try:
             return linear(cell, role)  # NumPy's 2-d x @ W
         except WhyError:
             return weight_row_why(cell, role)
     return linear(cell, role)
+
+
+def _bias_added(cell: Cell) -> Why | None:
+    """The cell of a projection whose bias is added apart from its product
+    (`x @ self.W_q + self.b_q`, `einsum(...) + self.b_Q` with b_Q of shape (h, d_h)): the
+    product's cell explained as any product's, then the bias term, read from the add's own
+    recorded inputs."""
+    shown = cell.record.values
+    recording = cell.trace.recording
+    if recording is None:
+        return None
+    for op in cell.ops("add", "add_"):
+        refs = list(op.inputs)
+        product = [k for k, r in enumerate(refs) if r.kind == "op"]
+        bias = [k for k, r in enumerate(refs) if r.kind in _WEIGHTS]
+        held = op.out.values
+        if len(refs) != 2 or len(product) != 1 or len(bias) != 1 or held.size != shown.size \
+                or not np.array_equal(held.reshape(shown.shape), shown, equal_nan=True):
+            continue
+        before = cell.operand(op, product[0])
+        if before.size != shown.size:
+            continue
+        inner = replace(cell, record=replace(cell.record, values=before.reshape(shown.shape)))
+        why = projection_why(inner, _role_of(cell))
+        b = cell.operand(op, bias[0])
+        at = reindex(cell.index, shown.shape, held.shape)
+        b_at = at[len(at) - b.ndim:]
+        value = float(b[b_at])
+        name = refs[bias[0]].name or "bias"
+        label = f"+ {name}[{', '.join(map(str, b_at))}]"
+        total = why.computed + value
+        terms = (*why.terms[:-1], Term(label, (), value), Term("sum", (), total)) \
+            if why.terms and why.terms[-1].label == "sum" else \
+            (*why.terms, Term(label, (), value), Term("sum", (), total))
+        note = (f"then {name} {tuple(b.shape)} is added apart from the product (line "
+                f"{op.source.line}): {label[2:]} = {value:.4f}, the same for every token")
+        return replace(why, terms=terms, formula=f"{why.formula} + {label[2:]}",
+                       notes=(*why.notes, note), computed=total, recorded=cell.recorded)
+    return None
+
+
+def _role_of(cell: Cell) -> str:
+    return "W_O" if cell.stage.kind == "w_o" else "W"

@@ -20,7 +20,7 @@ from typing import Literal
 from ...records import Stage, TensorRecord, Trace
 from .cell import expanded_from
 
-Answer = Literal["shape", "integer", "number", "token"]
+Answer = Literal["shape", "integer", "number", "token", "key"]
 Outcome = Literal["right", "wrong", "unreadable"]
 
 DECIMALS = 4
@@ -33,6 +33,7 @@ HOW: dict[str, str] = {
     "integer": "a whole number",
     "number": f"a number, to {DECIMALS} decimals",
     "token": "a token of the sentence, or its position (from 0)",
+    "key": "a token of the context, or its position (from 0)",
 }
 """How to type each kind of answer: said with the question and when an answer is unreadable."""
 
@@ -45,7 +46,8 @@ class Question:
     "row_sum", "most_attended", "value", "divisor", "lookup", "kv_head", "angle",
     "channel"); text: the
     question; answer: how the answer is typed; expected: the right answer (a tuple of ints,
-    an int, a float; for a token, the positions that are right: several for a tie); shown:
+    an int, a float; for a token, the positions that are right: several for a tie; a
+    "key" answer is a token of the context in cross-attention, read against its tokens); shown:
     the right answer as the key prints it; source: where the answer comes from in the records."""
 
     stage: str
@@ -111,6 +113,27 @@ def token_name(trace: Trace, t: int) -> str:
     return f"{word}·{t}" if tokens.count(word) > 1 else word
 
 
+def key_name(trace: Trace, t: int) -> str:
+    """The key at position t: a token of the context in cross-attention (the columns' tokens),
+    else of the sentence; with its position when the word occurs more than once."""
+    tokens = trace.config.key_tokens
+    if not 0 <= t < len(tokens):
+        return str(t)
+    word = tokens[t]
+    return f"{word}·{t}" if tokens.count(word) > 1 else word
+
+
+def last_query(trace: Trace, record: TensorRecord) -> int:
+    """The row asked about: the last query of batch row 0 that is a token, not padding
+    (`--batch` pads the shorter rows; a padded query's row is no question about the sentence)."""
+    last = record.shape[-2] - 1
+    config = trace.config
+    if config.batch and config.padding and len(config.padding[0]) == record.shape[-2]:
+        tokens = [t for t, pad in enumerate(config.padding[0]) if not pad]
+        return tokens[-1] if tokens else last
+    return last
+
+
 EXPANDED = ("computed by mha-tui from the q, k, v the module gave F.scaled_dot_product_attention "
             "(the module ran it as one fused op and recorded only its output)")
 
@@ -155,7 +178,8 @@ def read(question: Question, text: str, tokens: tuple[str, ...] = ()
         return int(number)
     if question.answer == "number":
         return _float(typed)
-    # A token: its text (once in the sentence, or written word·position), or a position.
+    # A token (or a key): its text (once in the sentence, or written word·position), or a
+    # position.
     if re.fullmatch(r"\d+", typed):
         position = int(typed)
         return position if position < max(len(tokens), 1) else None
@@ -193,7 +217,7 @@ def _equal(question: Question, given: tuple[int, ...] | int | float) -> bool:
             return given == expected
         # To the precision shown: the key's rounded number, half a unit of its last digit.
         return abs(given - round(expected, DECIMALS)) <= 0.5 * 10 ** -DECIMALS + 1e-12
-    if question.answer == "token":  # the positions that hold the most weight (a tie: several)
+    if question.answer in ("token", "key"):  # the positions that weigh most (a tie: several)
         positions = given if isinstance(given, tuple) else (given,)
         return isinstance(expected, tuple) and bool(set(positions) & set(expected))
     return given == expected

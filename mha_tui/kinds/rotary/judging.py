@@ -24,23 +24,17 @@ def judge(j: Judge) -> list[Row]:
     recognised them), judged on what they turn (Q and K, before the scores; never V), by
     which angles (t x angle(1), the same for Q and K) and, when the learner said they meant
     rotary (`--expect rotary`), with which base."""
-    stages = [s for s in j.trace.stages if s.kind == KIND]
-    if not stages:
-        return []
-    g = j.classified()
-    found = rotations(g, Sizes(j.B, j.T, j.C, j.h, j.d_h))
-    roles = j.roles_on_path()
-    rows = []
-    for stage in stages:
+    from .._parts.judging import judge_found
+
+    found: list[Rotation] = []
+
+    def find(g: Graph, stage: Stage) -> list[Rotation]:
+        if not found:  # once, on the classified graph
+            found.extend(rotations(g, Sizes(j.B, j.T, j.C, j.h, j.d_h)))
         ops = {op.index for op in stage.ops}
-        here = [rot for rot in found if (rot.ops | rot.tables) & ops]
-        if not here:
-            rows.append(j.row(stage, KIND, None, None, "not judged: its rotation could not be "
-                                                        "found again from the ops"))
-            continue
-        rows.append(_judged(j, g, stage, [(roles.get(rot.after.op or -1, "?"), rot)
-                                          for rot in here]))
-    return rows
+        return [rot for rot in found if (rot.ops | rot.tables) & ops]
+
+    return judge_found(j, KIND, find, _judged, "its rotation")
 
 
 def _turns_back(rot: Rotation) -> bool:
