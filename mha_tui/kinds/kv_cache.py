@@ -99,7 +99,7 @@ def _axis(op: OpRecord, past: np.ndarray, new: np.ndarray) -> int | None:
 
 
 def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
-    tensors, checks, lines = [], [], []
+    tensors, checks, lines, steps = [], [], [], []
     shapes: list[tuple[tuple[int, ...], tuple[str, ...], tuple[int, ...], tuple[str, ...]]] = []
     for i in unit.ops:
         op = m.op(i)
@@ -122,30 +122,41 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                                   caption="the new token's, made in this step"))
         tensors.append(m.b.record(f"{name} cached", after, grown,
                                   caption="the cache after this step"))
+        rows = new.values.shape[axis] if axis is not None else 0
+        which = f"the new token's {name}" if rows == 1 else f"{rows} new rows of {name}"
         if op.name in _CAT:
             operands = [m.snap(r).values for r in m.g.tensor_operands(op)]
             same = axis is not None and np.array_equal(
                 np.concatenate(operands, axis=axis), after.values)
-            rows = past[0].values.shape[axis] if axis is not None else 0
-            checks.append(Check(f"recomputed by mha-tui: the {rows} cached rows of {name} then "
-                                f"the new one, joined along axis {axis}, equal the module's "
-                                f"cache", bool(same)))
-            lines.append(f"{name}: {rows} cached rows and the new one, joined along axis "
-                         f"{axis}: {tuple(after.shape)}")
+            kept = past[0].values.shape[axis] if axis is not None else 0
+            checks.append(Check(f"recomputed by mha-tui: the {kept} cached rows of {name} then "
+                                f"{which}, joined along axis {axis}, equal the module's cache",
+                                bool(same)))
+            lines.append(f"{name}: {kept} cached rows and {which}, joined along axis {axis}: "
+                         f"{tuple(after.shape)}")
         else:
             slots = [] if axis is None else [
-                p for p in range(after.values.shape[axis])
-                if np.array_equal(np.take(after.values, [p], axis=axis), new.values)]
-            checks.append(Check(f"the new {name} is in the cache after this step"
-                                f"{f' (slot {slots[0]} of axis {axis})' if slots else ''}",
+                p for p in range(after.values.shape[axis] - rows + 1)
+                if np.array_equal(np.take(after.values, range(p, p + rows), axis=axis),
+                                  new.values)]
+            at = "" if not slots else (f"slot {slots[0]}" if rows == 1 else
+                                       f"slots {slots[0]} to {slots[0] + rows - 1}")
+            checks.append(Check(f"{which} {'is' if rows == 1 else 'are'} in the cache after "
+                                f"this call{f' ({at} of axis {axis})' if at else ''}",
                                 bool(slots)))
-            lines.append(f"{name}: written into a cache allocated up front, "
-                         f"{tuple(after.shape)}"
-                         f"{f', at slot {slots[0]} of axis {axis}' if slots else ''}")
-    explanation = (
-        "Decoding one token at a time, the keys and values of the tokens before are not "
-        "computed again: they were kept in a cache, and this step only adds the new token's. "
-        + "; ".join(lines) + ". The new query is then scored against every key in the cache.")
+            lines.append(f"{which}: written into a cache allocated up front, "
+                         f"{tuple(after.shape)}{f', at {at} of axis {axis}' if at else ''}")
+        steps.append(rows)
+    if steps and max(steps) == 1:
+        opening = ("Decoding one token at a time, the keys and values of the tokens before are "
+                   "not computed again: they were kept in a cache, and this step only adds the "
+                   "new token's. ")
+        closing = " The new query is then scored against every key in the cache."
+    else:
+        opening = ("The keys and values of this call go into the module's KV cache, where the "
+                   "decode steps after it read them back instead of computing them again. ")
+        closing = ""
+    explanation = opening + "; ".join(lines) + "." + closing
     shape_in, dims_in, shape_out, dims_out = shapes[0][:2] + shapes[-1][2:]
     return m.stage(unit, stage_id, KIND, tensors[-4:], checks, shape_in=shape_in,
                    shape_out=shape_out, dims_in=dims_in, dims_out=dims_out, title=TITLE,
