@@ -7,6 +7,7 @@ classic bugs at their line."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from mha_tui.render.tensor import tensor_matrices
 
 from .conftest import run_cli
 from .fixtures import kv_caches as kv
+from .test_why_sweep import problems
 
 TOKENS = "the cat sat on mats".split()
 FILE = "tests/fixtures/kv_caches.py"
@@ -130,12 +132,15 @@ def test_each_step_shows_the_cache_growing_as_a_stage(style: str) -> None:
                     if op.name in ("cat", "setitem")]
         assert [c.ok for c in stage.checks] == [True] * len(stage.checks) and stage.checks
         new, cached = stage.tensors[-2:]
-        assert new.values.shape != cached.values.shape and "T_k" in cached.dims or \
-            "slot" in cached.dims
+        assert new.values.shape != cached.values.shape
+        assert "T_k" in cached.dims or "slot" in cached.dims
         if "T_k" in cached.dims:  # joined: the cache holds every token up to this one
             assert cached.values.shape[cached.dims.index("T_k")] == position + 1
         assert f"{position} cached rows" in stage.explanation or \
             f"at slot {position}" in stage.explanation
+        # why this number: every asked cell of the cache, recomputed from the recorded operands
+        only = replace(step, stages=(stage,))
+        assert problems(only)[0] == [] and problems(only)[1] >= 3
 
 
 def test_learned_memory_keys_are_not_a_cache() -> None:
