@@ -7,6 +7,7 @@ classic bugs at their line."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from mha_tui.render.tensor import tensor_matrices
 
 from .conftest import run_cli
 from .fixtures import kv_caches as kv
+from .test_why_sweep import problems
 
 TOKENS = "the cat sat on mats".split()
 FILE = "tests/fixtures/kv_caches.py"
@@ -92,6 +94,59 @@ def test_each_step_equals_the_same_row_of_the_full_forward(style: str) -> None:
         assert f"equals row {position} of the full, uncached forward" in said
         # K and V, C channels each, float32: the cost of a token in this module's cache
         assert f"{2 * 4 * 4} bytes per token" in said
+
+
+class LearnedMemoryKeys(torch.nn.Module):
+    """Not a cache: learned memory keys and values joined to every forward's (lucidrains'
+    num_mem_kv), a cat whose other operand is a parameter."""
+
+    def __init__(self, d_model: int, n_heads: int, n_mem: int = 2) -> None:
+        super().__init__()
+        self.h, self.d_h = n_heads, d_model // n_heads
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.mem_k = torch.nn.Parameter(torch.randn(n_heads, n_mem, self.d_h))
+        self.mem_v = torch.nn.Parameter(torch.randn(n_heads, n_mem, self.d_h))
+        self.out = torch.nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.h, self.d_h).transpose(1, 2) for t in (q, k, v))
+        k = torch.cat((self.mem_k.expand(B, -1, -1, -1), k), dim=2)
+        v = torch.cat((self.mem_v.expand(B, -1, -1, -1), v), dim=2)
+        w = (q @ k.transpose(-2, -1) / self.d_h ** 0.5).softmax(dim=-1)
+        return self.out((w @ v).transpose(1, 2).reshape(B, T, C))
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_each_step_shows_the_cache_growing_as_a_stage(style: str) -> None:
+    """The cat onto the cached keys (or the slot written into a cache allocated up front) is
+    the kv_cache stage, not an anonymous op: the new token's k and v, the cache after the
+    step, and a check recomputed from the recorded operands."""
+    torch.manual_seed(0)
+    trace = mha_tui.trace(STYLES[style][0]().eval(), _x(), TOKENS, decode=2)
+    for step, position in zip(trace.steps, (3, 4), strict=True):
+        stage = step.stage("kv_cache")
+        assert {op.name for op in stage.ops} & {"cat", "setitem"}
+        assert not [op for s in step.stages if s.kind == "op" for op in s.ops
+                    if op.name in ("cat", "setitem")]
+        assert [c.ok for c in stage.checks] == [True] * len(stage.checks) and stage.checks
+        new, cached = stage.tensors[-2:]
+        assert new.values.shape != cached.values.shape
+        assert "T_k" in cached.dims or "slot" in cached.dims
+        if "T_k" in cached.dims:  # joined: the cache holds every token up to this one
+            assert cached.values.shape[cached.dims.index("T_k")] == position + 1
+        assert f"{position} cached rows" in stage.explanation or \
+            f"at slot {position}" in stage.explanation
+        # why this number: every asked cell of the cache, recomputed from the recorded operands
+        only = replace(step, stages=(stage,))
+        assert problems(only)[0] == [] and problems(only)[1] >= 3
+
+
+def test_learned_memory_keys_are_not_a_cache() -> None:
+    torch.manual_seed(0)
+    trace = mha_tui.trace(LearnedMemoryKeys(4, 2).eval(), _x(), TOKENS)
+    assert "kv_cache" not in [s.kind for s in trace.stages]
 
 
 def test_every_transcript_format_has_every_step() -> None:

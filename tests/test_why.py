@@ -68,7 +68,7 @@ def test_every_cell_of_every_kind_matches_an_independent_computation(
     trace = trace_of(model, embed_dim, heads)
     expected = independent(trace)
     assert set(expected) | {"rotary", "kv_repeat", "pos_bias", "qkv_split", "residual", "norm",
-                                     "dropout", "op", "error", "softcap"} == \
+                                     "dropout", "op", "error", "softcap", "kv_cache"} == \
         set(KINDS)  # those: below (op and error: tests/test_why_op.py)
     for stage in trace.stages:
         record = main_tensor(stage)

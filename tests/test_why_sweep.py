@@ -42,6 +42,10 @@ def _classes(path: Path) -> list[str]:
             and not node.name.startswith("_")]
 
 
+# Classes a fixture file defines as parts of another (a config, an attention that takes its
+# rotary table as an argument, the cache module): they run inside the class that builds them.
+PARTS = {"kv_caches": ("ModelArgs", "MetaAttention", "KVCache", "GPTFastAttention")}
+
 # (id, the module ref or --model name, --init, causal): tiny sizes, C 16, h 4
 MODULES: list[tuple[str, str, tuple[tuple[str, object], ...], bool]] = [
     *((f"model-{name}", name, (), True) for name in MODEL_NAMES + NUMPY_MODEL_NAMES),
@@ -73,13 +77,17 @@ MODULES: list[tuple[str, str, tuple[tuple[str, object], ...], bool]] = [
       # endless: a forward that never returns; two_sequences: forwards that need --context
       # (their cells: test_two_sequences); arena_attn: built from a cfg object (--init cfg=)
       if path.stem not in ("endless", "two_sequences", "arena_attn")
-      for cls in _classes(path)),
+      for cls in _classes(path) if cls not in PARTS.get(path.stem, ())),
     *((f"{folder}-{path.stem}", f"{folder}/{path.name}:{cls}", (), True)
       for folder in ("mistakes", "unsound") for path in sorted((FIXTURES / folder).glob("[!_]*.py"))
       for cls in _classes(path)[-1:]),
 ]
 
-XFAIL: dict[str, str] = {}  # id -> why a module's cells are not all explained yet
+XFAIL: dict[str, str] = {  # id -> why a module's cells are not all explained yet
+    "fixtures-kv_caches-GPTFastDecoding": "gpt-fast's rotary (x.reshape(..., -1, 2) turned as "
+    "pairs, torch.stack, flatten(3)) is recognised, but why cannot yet tell how K after was "
+    "turned (it comes from stack)",
+}
 
 
 @cache

@@ -31,6 +31,7 @@ from . import (
     dropout,
     embed,
     error,
+    kv_cache,
     kv_repeat,
     linear_attn,
     mask,
@@ -117,6 +118,10 @@ KINDS: tuple[Kind, ...] = (
     Kind(cache, "before concat and plumbing: torch.cat onto an empty key/value cache only "
          "passes its input through; concat would otherwise claim a cat downstream of attention.",
          None),
+    Kind(kv_cache, "after cache (a cat onto an empty cache is only plumbing), before concat "
+         "and plumbing: a decode step's cat of the cached keys with the new one would otherwise "
+         "be concat's or an op, and a slice assignment into a cache allocated up front no "
+         "one's.", 7.5, judged=("kv_cache", "KV cache")),
     Kind(norm, "anywhere before plumbing and before rotary, scale and mask: it claims "
          "layer_norm / rms_norm ops, which no other rule claims, and the ops of a norm written "
          "out (pow, mean, rsqrt, mul) whose multiplies scale would otherwise claim; placed "

@@ -22,8 +22,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
-from ..records import ModuleInfo, Recorded, Trace
+from ..records import Recorded, Trace
 from ..records.request import Expect, Request
+from .recognition import recognised
 
 if TYPE_CHECKING:
     from ..config import Source
@@ -31,31 +32,8 @@ if TYPE_CHECKING:
     from ..judge.compare import Comparison
     from ..load.modules import Loaded
     from ..load.numpy_modules import LoadedNumpy
-    from ..records import Stage
 
 
-def stages_of(recorded: Recorded) -> tuple[Stage, ...]:
-    """recognise: the stages of one recorded forward."""
-    from ..recognise import recognise
-    from .threads import one_blas_thread
-
-    with one_blas_thread():  # the recomputed products beside torch's threads (threads.py)
-        return recognise(recorded.recording, recorded.config, embedded=recorded.embedded,
-                         forward_equal=recorded.forward_equal, n_params=recorded.n_params)
-
-
-def recognised(recorded: Recorded) -> Trace:
-    """recognise, then the Trace the app, the transcripts and the check read."""
-    from ..ops.sizes import head_calls
-
-    stages = stages_of(recorded)
-    recording = recorded.recording
-    # The heads ran as modules of their own (a ModuleList of heads) and the projection stage
-    # shows them side by side.
-    per_head = bool(head_calls(recording)) and any(s.kind == "project" for s in stages)
-    info = ModuleInfo(class_name=recording.module_class, file=recording.module_file,
-                      per_head_modules=per_head if recording.library == "torch" else False)
-    return Trace(config=recorded.config, stages=stages, module=info, recording=recording)
 
 
 # ---------------------------------------------------------------- trace a module

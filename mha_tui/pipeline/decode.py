@@ -29,7 +29,7 @@ def step_trace(run: RecordedDecode, step: RecordedStep, index: int, steps: int) 
     full forward said on its last stage."""
     import numpy as np
 
-    from . import recognised
+    from .recognition import recognised
 
     trace = recognised(step.recorded)
     recording = step.recorded.recording

@@ -4,7 +4,7 @@
 on each layer's attention and hooks on its input (`tracing.hf_layers`), and builds each
 layer's stages: the first (`pipeline.hf_input.input_stage`: where the layer's input comes
 from, from the model's own tensors), then the attention's by the recogniser
-(`pipeline.stages_of`).
+(`pipeline.recognition.stages_of`).
 Every tensor shown is the model's own; the few checks that recompute something to compare
 (a lookup, a sum, the layer norm) say so in their label.
 
@@ -29,8 +29,8 @@ from ..kinds import position_bias, rotary
 from ..load.hf import HfError, Loaded, all_layers_limit, check_layer, first_line, tokenize
 from ..records import Check, ModuleInfo, Recorded, Recording, Stage, Trace
 from ..tracing.hf_layers import ForwardRun, LayerInput, run_forward
-from . import stages_of
 from .hf_input import input_stage
+from .recognition import stages_of
 
 # The stages that put positions into attention, named by the first stage when no
 # embedding adds positions.

@@ -65,7 +65,8 @@ def cache_words(stages: tuple[Stage, ...], sizes: Sizes) -> tuple[Stage, ...]:
              f"{T_k - T_q} from the cache and {T_q} just made")
     # The cache as the module keeps it: the tensors its concatenations made, T_k long.
     cached = [t for stage in stages if any(op.name in _CONCATS for op in stage.ops)
-              for t in stage.tensors[-1:] if KEYS in t.dims]
+              for t in (stage.tensors if stage.kind == "kv_cache" else stage.tensors[-1:])
+              if KEYS in t.dims]
     cost = None
     if cached:
         total = sum(int(t.values.nbytes) for t in cached)
