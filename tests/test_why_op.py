@@ -529,3 +529,16 @@ def test_a_softmax_ops_exp_lines_read_as_exp_of_the_difference() -> None:
                 if line.strip().startswith("exp(x[0, 1, 2] - max)"))
     value, top = exps[[t.label for t in exps].index("exp(x[0, 1, 2] - max)")].parts[1:4:2]
     assert f"exp({value:.4f} - {top:.4f}) = " in line, line
+
+
+def test_a_dtype_overflow_to_inf_agrees_with_the_float64_number_beyond_that_dtype() -> None:
+    """mha-tui recomputes in float64: where the module's float32 overflowed to ±inf (scores
+    times 1e76, tests/fixtures/nan_rows.py), a float64 number beyond float32's largest, of
+    the same sign, is the same number; below it, or of the other sign, it is not."""
+    import math
+
+    from mha_tui.kinds._parts.cell import agrees
+
+    assert agrees(1e76, math.inf) and agrees(-1e76, -math.inf)
+    assert not agrees(-1e76, math.inf) and not agrees(1e30, math.inf)
+    assert agrees(7e4, math.inf, "float16") and not agrees(7e4, math.inf)
