@@ -235,6 +235,44 @@ def test_explain_decode_from_the_command_line(tmp_path) -> None:
         assert not (tmp_path / "t").exists()
 
 
+_HOOKED_CACHE = """import torch
+from torch import nn
+
+
+class HookedCache(nn.Module):
+    \"\"\"Whisper's style: kv_cache is a dict that hooks on self.key / self.value fill,
+    installed by the model; the forward itself returns no cache.\"\"\"
+
+    def __init__(self, n_state, n_head):
+        super().__init__()
+        self.n_head = n_head
+        self.query, self.key = nn.Linear(n_state, n_state), nn.Linear(n_state, n_state)
+        self.value, self.out = nn.Linear(n_state, n_state), nn.Linear(n_state, n_state)
+
+    def forward(self, x, xa=None, mask=None, kv_cache=None):
+        q, k, v = self.query(x), self.key(x), self.value(x)
+        B, T, C = q.shape
+        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
+        w = (q @ k.transpose(-1, -2) / (C // self.n_head) ** 0.5).softmax(-1)
+        return self.out((w @ v).transpose(1, 2).reshape(B, T, C))
+"""
+
+
+def test_a_cache_the_forward_does_not_return_is_refused_in_one_line(tmp_path) -> None:
+    """A kv_cache parameter filled by hooks elsewhere (Whisper's): --decode finds no cache
+    in what the forward returns and says so in one line, exit 2, nothing written (it was a
+    traceback)."""
+    (tmp_path / "hooked.py").write_text(_HOOKED_CACHE, encoding="utf-8")
+    out = tmp_path / "t.txt"
+    refused = run_cli("explain", "the cat sat on the mat", "--module",
+                      f"{tmp_path / 'hooked.py'}:HookedCache", "--init", "n_state=4",
+                      "--init", "n_head=2", "--decode", "1", "--dump", str(out))
+    err = refused.stderr.decode().strip()
+    assert refused.returncode == 2 and "Traceback" not in err and "\n" not in err, err
+    assert err.startswith("mha-tui: error: ") and "returned no cache" in err
+    assert not out.exists()
+
+
 async def test_the_app_moves_between_decode_steps_with_d() -> None:
     """d draws the next decode step at the same stage: its own new token and numbers."""
     from mha_tui.app.explain import ExplainApp

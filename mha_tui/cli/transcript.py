@@ -178,7 +178,12 @@ def write_transcript(request: Request, destination: Destination | None, fmt: For
         from ..render.options import RenderOptions
 
         if trace is None:
-            trace = traced(request, loaded=loaded)
+            from ..load.learner import LoadError
+
+            try:
+                trace = traced(request, loaded=loaded)
+            except LoadError as error:  # a forward that cannot decode (--decode): its one line
+                fail(str(error))
         # A forward that raised has been explained up to its error: the stages before it and
         # the error stage (torch's message, the line, what it read) are the document, written
         # in full; the run then ends with exit 1 and says so (_ended).
