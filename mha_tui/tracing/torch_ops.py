@@ -120,6 +120,10 @@ def op_name(func: Callable[..., object]) -> tuple[str, str]:
 # ----------------------------------------------------------------------- snapshots
 
 
+def _is_tensor(value: object) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
 def _plain(value: object) -> object:
     """A non-tensor argument as a plain Python value the recogniser can read."""
     if value is None or isinstance(value, bool | int | float | str):
@@ -164,6 +168,36 @@ class _Session:
     failed_at: Source | None = None
     done: bool = False
     read: set[int] = field(default_factory=set)  # ops whose value Python read (PYTHON_READS)
+    # id(code) -> (code, is it the forward's, is it outside torch and mha-tui, is it own):
+    # a code object hashes its whole body, an id does not; the code is kept, so is its id.
+    seen: dict[int, tuple[CodeType, bool, bool, bool]] = field(default_factory=dict)
+    # (id(code), line, callers' ids and lines) -> the Source there (Recorder.where)
+    sources: dict[tuple[object, ...], Source] = field(default_factory=dict)
+
+    def _facts(self, code: CodeType) -> tuple[CodeType, bool, bool, bool]:
+        facts = self.seen.get(id(code))
+        if facts is None:
+            forward = code in self.codes
+            mine = not code.co_filename.startswith(_NOT_THE_MODULE)
+            facts = self.seen[id(code)] = (code, forward, mine,
+                                           forward or mine or code is _MHA_FORWARD.__code__)
+        return facts
+
+    def is_own(self, code: CodeType) -> bool:
+        """Code an op is placed at: the root's forward, a file outside torch and mha-tui,
+        or torch's F.multi_head_attention_forward."""
+        return self._facts(code)[3]
+
+    def is_forward(self, code: CodeType) -> bool:
+        return self._facts(code)[1]
+
+    def is_mine(self, code: CodeType) -> bool:
+        """A file outside torch, mha-tui and the libraries that only spell ops (einops)."""
+        return self._facts(code)[2]
+
+    def known(self, ids_and_lines: tuple[int, ...]) -> list[CodeType]:
+        """The code objects of `_callers`' ids (every one was seen)."""
+        return [self.seen[i][0] for i in ids_and_lines[0::2]]
 
     def ref(self, t: torch.Tensor) -> Ref:
         key = id(t)
@@ -341,37 +375,47 @@ class Recorder:
     # -------------------------------------------------------------- ops
 
     def where(self, session: _Session, frame: FrameType | None = None) -> Source:
-        """The innermost frame of the module's own code, as a Source."""
+        """The innermost frame of the module's own code, as a Source.
+
+        Every op asks this, so the answer is kept per place: the frame's code and line and
+        those of its callers (a loop's line is read and parsed once, not once a pass)."""
         frame = frame or sys._getframe(1)
         fallback = None
         while frame is not None:
             code = frame.f_code
-            filename = code.co_filename
-            if code in session.codes or code is _MHA_FORWARD.__code__ or \
-                    not filename.startswith(_NOT_THE_MODULE):
-                source = source_at(filename, frame.f_lineno, code.co_name, code)
+            if session.is_own(code):
                 callers = self._callers(session, frame)
-                return replace(source, callers=callers) if callers else source
+                key = (id(code), frame.f_lineno, callers)
+                source = session.sources.get(key)
+                if source is None:
+                    source = source_at(code.co_filename, frame.f_lineno, code.co_name, code)
+                    if callers:
+                        source = replace(source, callers=tuple(
+                            source_at(c.co_filename, line, c.co_name, c)
+                            for c, line in zip(session.known(callers), callers[1::2], strict=True)))
+                    session.sources[key] = source
+                return source
             fallback = fallback or frame
             frame = frame.f_back
         if fallback is not None:
             return source_at(fallback.f_code.co_filename, fallback.f_lineno, fallback.f_code.co_name)
         return Source(file="", line=0, text="")
 
-    def _callers(self, session: _Session, frame: FrameType) -> tuple[Source, ...]:
+    def _callers(self, session: _Session, frame: FrameType) -> tuple[int, ...]:
         """The module's own statements that called the helper `frame` runs in, innermost
         first (at most 3), up to the first frame that is not the module's code (torch's
-        module call machinery above a forward)."""
-        callers: list[Source] = []
-        if frame.f_code in session.codes:
+        module call machinery above a forward): id(code), line, id(code), line, ..."""
+        if session.is_forward(frame.f_code):
             return ()
+        callers: list[int] = []
         up = frame.f_back
-        while up is not None and len(callers) < 3:
+        while up is not None and len(callers) < 6:
             code = up.f_code
-            if not (code in session.codes or not code.co_filename.startswith(_NOT_THE_MODULE)):
+            forward = session.is_forward(code)
+            if not (forward or session.is_mine(code)):
                 break
-            callers.append(source_at(code.co_filename, up.f_lineno, code.co_name, code))
-            if code in session.codes:
+            callers += (id(code), up.f_lineno)
+            if forward:
                 break
             up = up.f_back
         return tuple(callers)
@@ -390,13 +434,13 @@ class Recorder:
                     session.read.add(made[0])
             return
         inputs, plain_args, plain_kwargs = recorded_arguments(
-            args, kwargs.items(), lambda v: isinstance(v, torch.Tensor), session.ref, _plain)
+            args, kwargs.items(), _is_tensor, session.ref, _plain)
         path, cls = (session.stack[-1][0], session.stack[-1][1]) if session.stack else ("", "")
         index = len(session.ops)
         session.ops.append(OpRecord(  # outputs may hold Pending snapshots until finish()
             index=index, name=name, qualname=qualname, module=path, module_class=cls,
             inputs=tuple(inputs), args=plain_args, kwargs=plain_kwargs,
-            outputs=tuple(self.snaps.take(t) for t in outputs),  # type: ignore[misc]
+            outputs=tuple([self.snaps.take(t) for t in outputs]),  # type: ignore[misc]
             source=self.where(session), in_place=in_place,
         ))
         for i, t in enumerate(outputs):
