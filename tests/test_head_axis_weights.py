@@ -125,3 +125,15 @@ def test_why_adds_the_bias_term(target: str, cell: str, bias: str) -> None:
     result = _explain(target, "--why", cell)
     assert result.exit_code == 0, result.output
     assert f"+ {bias}" in result.stdout and "✓ equal" in result.stdout, result.stdout
+
+
+def test_why_names_w_os_input_by_its_role() -> None:
+    """TransformerLens' W_O reads z (B, T, h, d_h), which the attend stage shows as (B, h, T,
+    d_h): --why names it the attend stage's z, says in which layout it is indexed, and never
+    falls back to "z (made by einsum at line N)"."""
+    result = _explain(f"{TL}:TLAttention", "--why", "w_o[0, 1, 3]")
+    assert result.exit_code == 0, result.output
+    assert "made by" not in result.stdout, result.stdout
+    assert "attend's z[b,q,h,e] × W_O[h,e,d]" in result.stdout, result.stdout
+    assert "attend's z is read as this op received it, (1, 3, 2, 4); the attend stage shows it " \
+           "as (1, 2, 3, 4)" in " ".join(result.stdout.split()), result.stdout
