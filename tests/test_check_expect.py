@@ -209,7 +209,7 @@ def test_a_sink_column_never_dropped_is_named_before_the_crash(tmp_path: Path) -
     path, _ = planted(tmp_path, SINKS, "W = W[..., :-1]", "pass")
     code, verdict = check(f"{path}:AttentionBlock", "--expect", "sinks")
     diagnosis = verdict["diagnosis"]
-    assert code == 3  # the forward raised: could not judge, and why
+    assert code == 1  # the forward raised, and the mechanism says why: NOT equivalent
     assert diagnosis["kind"] == "sinks_not_dropped", diagnosis
     assert diagnosis["line"] == line_of(path, "QK = torch.cat([QK, S], dim=-1)")
     assert "never dropped after softmax" in diagnosis["message"]
