@@ -67,6 +67,9 @@ class ModelSource:
     attention: str = ""  # the attention submodule's path, e.g. transformer.h.5.attn
     # An encoder (BERT, T5's encoder): its self-attention lets every token see every token.
     encoder: bool = False
+    # The encoder of an encoder-decoder (T5, BART, Marian; shown without --context): its
+    # model_type; "" for any other model.
+    encoder_of: str = ""
     # What the model ran and was recorded in, and the checkpoint's own dtype (they differ
     # only when `--dtype` asked for another: see `dtype_words`).
     dtype: str = "float32"
@@ -249,7 +252,9 @@ class Config:
                           "layer": self.model.layer, "n_layers": self.model.n_layers,
                           "vocab_size": self.model.vocab_size, "encoder": self.model.encoder,
                           "dtype": self.model.dtype,
-                          "checkpoint_dtype": self.model.stored_dtype},
+                          "checkpoint_dtype": self.model.stored_dtype,
+                          **({"encoder_of": self.model.encoder_of} if self.model.encoder_of
+                             else {})},
                 # an encoder-decoder's decoder layer: the encoder's input, as its tokenizer cut it
                 **({"context": self.context, "context_tokens": list(self.key_tokens)}
                    if self.cross else {}),

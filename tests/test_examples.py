@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from mha_tui.config import MODEL_NAMES, Config, Source
-from mha_tui.load.modules import EXAMPLES, Loaded, causal_mask, load
+from mha_tui.load.modules import EXAMPLES, LoadedTorch, causal_mask, load
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "mha_tui" / "examples"
 ShapeCase = tuple[int, int, int, int]  # C, h, T, seed
@@ -90,7 +90,7 @@ def reference(x: torch.Tensor, heads: list[Head], out: nn.Linear | None, causal:
     return weights, contexts, result[None]
 
 
-def _built(name: str, case: ShapeCase, causal: bool = True) -> tuple[Loaded, Config]:
+def _built(name: str, case: ShapeCase, causal: bool = True) -> tuple[LoadedTorch, Config]:
     config = _config(*case, causal=causal)
     return load(config, Source(model=name)), config
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from mha_tui.config import Config, Source
-from mha_tui.load.modules import Loaded, load
+from mha_tui.load.modules import LoadedTorch, load
 from mha_tui.pipeline import run_trace
 from mha_tui.records import Trace
 
@@ -33,7 +33,7 @@ def _config(embed_dim: int = 32, heads: int = 4) -> Config:
 
 @cache
 def _traced(ref: str, init: tuple[tuple[str, int], ...] = (), embed_dim: int = 32,
-            heads: int = 4) -> tuple[Trace, Loaded]:
+            heads: int = 4) -> tuple[Trace, LoadedTorch]:
     source = Source(module=str(MECHANISMS / ref), init=init)
     return run_trace(_config(embed_dim, heads), source), load(_config(embed_dim, heads), source)
 

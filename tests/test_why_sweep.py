@@ -83,11 +83,7 @@ MODULES: list[tuple[str, str, tuple[tuple[str, object], ...], bool]] = [
       for cls in _classes(path)[-1:]),
 ]
 
-XFAIL: dict[str, str] = {  # id -> why a module's cells are not all explained yet
-    "fixtures-kv_caches-GPTFastDecoding": "gpt-fast's rotary (x.reshape(..., -1, 2) turned as "
-    "pairs, torch.stack, flatten(3)) is recognised, but why cannot yet tell how K after was "
-    "turned (it comes from stack)",
-}
+XFAIL: dict[str, str] = {}  # id -> why a module's cells are not all explained yet
 
 
 @cache

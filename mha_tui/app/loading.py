@@ -26,7 +26,7 @@ from .widgets import SentenceBar, StageRail
 
 if TYPE_CHECKING:
     from ..judge import Verdict
-    from ..load.modules import Loaded
+    from ..load.modules import LoadedTorch
     from ..load.numpy_modules import LoadedNumpy
 
 SHOW_ELAPSED_AFTER = 3
@@ -36,7 +36,7 @@ START_LOADING_AFTER = 0.5
 was never seen (it normally starts at that paint, well before)."""
 
 
-def load_trace(config: Config, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
+def load_trace(config: Config, loaded: LoadedTorch | LoadedNumpy | None = None) -> Trace:
     from ..pipeline import run_trace
 
     trace = run_trace(config, loaded=loaded)

@@ -16,7 +16,7 @@ from .explain import ExplainApp
 from .loading import load_trace
 
 if TYPE_CHECKING:
-    from ..load.modules import Loaded
+    from ..load.modules import LoadedTorch
     from ..load.numpy_modules import LoadedNumpy
 
 
@@ -61,8 +61,8 @@ def wants_ascii() -> bool:
 
 
 def explain_app(config: Config, *, start: str | None = None, ascii_only: bool = False,
-                loaded: Loaded | LoadedNumpy | None = None,
-                build: Callable[[Config], Loaded | LoadedNumpy] | None = None,
+                loaded: LoadedTorch | LoadedNumpy | None = None,
+                build: Callable[[Config], LoadedTorch | LoadedNumpy] | None = None,
                 **options: Any) -> ExplainApp:
     """The app for one run, not started yet.
 

@@ -31,7 +31,7 @@ from .process import fail, interactive, say
 from .transcript import explain_hf, write_comparison, write_transcript
 
 if TYPE_CHECKING:
-    from ..load.modules import Loaded
+    from ..load.modules import LoadedTorch
     from ..load.numpy_modules import LoadedNumpy
     from ..write.destination import Destination
 
@@ -182,7 +182,7 @@ def explain(
     # module's build (load.learner.learner_code) resumes.
     if process.STANDALONE:
         collector.pause()
-    loaded: Loaded | LoadedNumpy | None = None
+    loaded: LoadedTorch | LoadedNumpy | None = None
     # The default module on one sentence needs no building before the transcript; anything
     # else is built now, so that bad input (--module, --init, --weights, a forward that takes
     # no context) exits 2 before anything is written.

@@ -17,7 +17,7 @@ from .process import fail, open_app
 
 if TYPE_CHECKING:
     from ..judge import Verdict
-    from ..load.modules import Loaded
+    from ..load.modules import LoadedTorch
     from ..load.numpy_modules import LoadedNumpy
     from ..records import Trace
 
@@ -114,7 +114,7 @@ def open_checked(request: Request, *, in_app: bool, stage: str | None, ascii_onl
     open_app(app, preflight=preflight)
 
 
-def load_for(request: Request, config: Config) -> Loaded | LoadedNumpy:
+def load_for(request: Request, config: Config) -> LoadedTorch | LoadedNumpy:
     """The request's module built for the config the app runs (pipeline.load)."""
     return pipeline.load(replace(request, config=config))
 

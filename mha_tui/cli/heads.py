@@ -8,7 +8,7 @@ from typing import Any
 
 from ..config import TRAINED_MODEL_NAMES
 from . import options
-from .options import Ablation, Format, dump_format
+from .options import Ablation, dump_format
 from .process import exit_now, fail, interactive, open_app
 
 
@@ -75,11 +75,10 @@ def heads(
     if interactive(dump):
         _heads_app(view, loaded, sentence, opts, head)
         return
-    from ..heads_transcript import WRITERS
+    from ..write import FORMATS
     from ..write.destination import DumpError, opened, resolve
 
-    text = WRITERS[fmt.value](view, opts, width, **({"color": color} if fmt is Format.text else {}),
-                              selected=head)
+    text = FORMATS[fmt.value].heads(view, opts, width, color, head)  # type: ignore[misc]
     try:
         with opened(destination or resolve("-")) as out:
             out.write(text.encode("utf-8"))

@@ -21,7 +21,7 @@ from .options import Format
 from .process import exit_now, fail, open_app, say, where
 
 if TYPE_CHECKING:
-    from ..load.modules import Loaded
+    from ..load.modules import LoadedTorch
     from ..load.numpy_modules import LoadedNumpy
     from ..records import Trace
     from ..write.destination import Destination
@@ -165,7 +165,7 @@ def _explain_hf_decode(loaded: object, sentence: str, layer: int, steps: int, *,
 
 def write_transcript(request: Request, destination: Destination | None, fmt: Format, *, width: int,
                       full: bool, color: bool, ascii_only: bool, stage: str | None,
-                      loaded: Loaded | LoadedNumpy | None = None,
+                      loaded: LoadedTorch | LoadedNumpy | None = None,
                       trace: Trace | None = None, only: bool = False,
                       why: tuple[str, tuple[int, ...]] | None = None, quiz: bool = False) -> None:
     from ..write.destination import DumpError, opened, resolve

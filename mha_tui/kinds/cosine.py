@@ -21,6 +21,7 @@ from ..ops.graph import Graph, scalar_operand
 from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage
 from ._parts.builder import BHTD, BHTT
+from ._parts.grown import Part
 from ._parts.maker import StageMaker
 from ._parts.unit import Unit
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from ._parts.judging import Judge, Row
 
 KIND = "cosine"
+EXPECTED = "cosine"  # check --expect cosine grows the reference by reference(j)
 TITLE = "Cosine attention: q and k at unit length, the scores times a learned scale"
 _NORMALIZE = {"normalize"}
 _TIMES = {"mul", "mul_"}
@@ -136,9 +138,77 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                    dims_out=tensors[-1].dims, title=TITLE, explanation=explanation)
 
 
+def _scales(j: Judge) -> np.ndarray | None:
+    """The learned scale the module multiplies the cosines by, per head (or one)."""
+    g = j.classified()
+    for stage in (s for s in j.trace.stages if s.kind == KIND):
+        cos = found(g, {op.index for op in stage.ops})
+        if cos.scaled is not None:
+            scale = _scale_of(j.g, cos.scaled)
+            return scale if scale.size in (1, j.h) else None
+    return None
+
+
+def reference(j: Judge) -> Part | None:
+    """--expect cosine: unit-length q and k, the cosines times the module's own learned
+    scale per head."""
+    scale = _scales(j)
+    if scale is None:
+        return None
+    shown = ", ".join(f"{s:.4g}" for s in scale[:4]) + (", ..." if scale.size > 4 else "")
+    return Part(f"cosine attention (q and k at unit length, the cosines times the learned "
+                f"scale {shown})", cosine=scale)
+
+
+def _axis_words(j: Judge, op: OpRecord) -> str:
+    """Which axis a normalize ran over, in the words of its input's layout."""
+    dim = op.kwarg("dim", next((a for a in op.args[2:3] if isinstance(a, int)), 1))
+    shape = op.out.values.shape
+    if not isinstance(dim, int) or not shape:
+        return "another axis"
+    size = shape[dim % len(shape)]
+    label = "the heads" if size == j.h and len(shape) == 4 and dim % 4 == 1 else \
+        "the tokens" if size == j.T else f"axis {dim}"
+    return f"axis {dim} ({label}, {size} numbers)" if not label.startswith("axis") else label
+
+
+def _expected(j: Judge) -> list[Row]:
+    """Rows for --expect cosine: a normalize over the wrong axis; no learned scale; none."""
+    g = j.classified()
+    stages = [s for s in j.trace.stages if s.kind == KIND]
+    wrong = [op for op in g.ops if op.name in _NORMALIZE and g.from_x[op.index]
+             and not _last_channels(op) and not g.op_derives(op, {"scores", "softmax"})]
+    if wrong:
+        op = wrong[0]
+        line = j.where(op.source)[1]
+        return [j.row(j.stage_of.get(op.index), KIND, False, None,
+                      "q and k normalised to unit length over each head's d_h channels",
+                      source=op.source,
+                      diagnosis=("cosine_axis", f"cosine attention normalised over the wrong "
+                                 f"axis: F.normalize at line {line} makes unit vectors along "
+                                 f"{_axis_words(j, op)}, not along each head's {j.d_h} channels "
+                                 f"(dim=-1); F.normalize's default is dim=1"))]
+    if stages and _scales(j) is None:
+        stage = stages[-1]
+        return [j.row(stage, KIND, False, None, "the cosines times a learned scale per head",
+                      diagnosis=("mechanism_missing", "cosine attention without its learned "
+                                 "scale: the cosines lie in [−1, 1], too close together for a "
+                                 "sharp softmax; open_clip multiplies them by "
+                                 "exp(logit_scale) per head, clamped at 100"))]
+    if stages:
+        return []
+    scores = next((s for s in j.trace.stages if s.kind in ("scores", "sdpa")), None)
+    return [j.row(None, KIND, False, None, "q and k normalised to unit length",
+                  source=scores.source if scores is not None else None,
+                  position=j.position_before("scores"),
+                  diagnosis=("mechanism_missing", "no cosine attention: --expect cosine wants q "
+                             "and k each normalised to unit length (F.normalize(q, dim=-1)) "
+                             "and the cosines times a learned scale, and neither was"))]
+
+
 def judge(j: Judge) -> list[Row]:
     """Each cosine stage: q and k at unit length, recomputed from their inputs."""
-    rows = []
+    rows = _expected(j) if EXPECTED in j.facts.mechanisms else []
     g = j.classified()
     for stage in (s for s in j.trace.stages if s.kind == KIND):
         cos = found(g, {op.index for op in stage.ops})

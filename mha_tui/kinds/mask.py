@@ -15,7 +15,7 @@ from ..ops.graph import Graph, masks_somewhere
 from ..ops.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal_set, f64, max_diff
 from ..ops.sizes import Sizes
 from ..ops.vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
-from ..records import Check, OpRecord, Source, Stage, TensorRecord, Trace
+from ..records import Check, OpRecord, Stage, Statement, TensorRecord, Trace
 from ..stages import NO_MASK, NO_MASK_ARGUMENT
 from ._parts.builder import BHTT, Builder
 from ._parts.maker import StageMaker, possessive
@@ -226,7 +226,7 @@ def _where_keeps(op: OpRecord) -> bool:
     return len(args) > 1 and hasattr(args[1], "index") and op.inputs[args[1].index].kind == "op"
 
 
-def _skipped_lines(before: Stage, after: Stage) -> tuple[str, Source] | None:
+def _skipped_lines(before: Stage, after: Stage) -> tuple[str, Statement] | None:
     """The module's own lines between the scale stage's statement and softmax's that did not
     run (an `if` that was False and its body), read from the file, each marked as skipped."""
     import linecache
@@ -248,7 +248,7 @@ def _skipped_lines(before: Stage, after: Stage) -> tuple[str, Source] | None:
         text = line[indent:].split("  # ", 1)[0].rstrip()
         marked.append(text + ("  # False: the line below did not run" if n == 0 and text.startswith("if ")
                               else "  # skipped, did not run"))
-    return "\n".join(marked), Source(file=file, line=start + 1, text="\n".join(marked), end_line=end - 1)
+    return "\n".join(marked), Statement(file=file, line=start + 1, text="\n".join(marked), end_line=end - 1)
 
 
 def add_skipped_mask(stages: list[Stage], b: Builder) -> None:

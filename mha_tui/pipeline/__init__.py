@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..config import Source
     from ..judge import Verdict
     from ..judge.compare import Comparison
-    from ..load.modules import Loaded
+    from ..load.modules import LoadedTorch
     from ..load.numpy_modules import LoadedNumpy
 
 
@@ -143,7 +143,7 @@ def _refuse_unwired(request: Request) -> None:
                           "is the prompt)")
 
 
-def load(request: Request) -> Loaded | LoadedNumpy:
+def load(request: Request) -> LoadedTorch | LoadedNumpy:
     """The request's module and its input; NumPy code (the blueprint, a NumPy --module
     class) never imports torch. Raises LoadError (one line) for bad --module, --init,
     --weights or --context."""
@@ -166,7 +166,7 @@ def load(request: Request) -> Loaded | LoadedNumpy:
     return loaded
 
 
-def traced(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
+def traced(request: Request, *, loaded: LoadedTorch | LoadedNumpy | None = None) -> Trace:
     """load -> trace -> recognise: the Trace of the request's module on its sentence.
     loaded: the request's module, already built by `load`."""
     _refuse_unwired(request)
@@ -175,7 +175,7 @@ def traced(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> T
     return run_trace(request.config, request.source, loaded=loaded)
 
 
-def decoded(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
+def decoded(request: Request, *, loaded: LoadedTorch | LoadedNumpy | None = None) -> Trace:
     """`--decode N`: the module's full forward, a prefill, then each of the last N tokens
     traced against its KV cache (`pipeline.decode`); the first step's Trace holds them all.
     Raises LoadError (one line) for a NumPy module or a forward that keeps no cache."""
@@ -217,7 +217,7 @@ def verdict(request: Request) -> Verdict:
     return check_source(request.config, request.source, request.expect)
 
 
-def comparison(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> Comparison:
+def comparison(request: Request, *, loaded: LoadedTorch | LoadedNumpy | None = None) -> Comparison:
     """`explain --against`: the request's module and `request.against` on the same x."""
     _refuse_unwired(request)
     if request.against is None:
@@ -229,7 +229,7 @@ def comparison(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) 
 # ---------------------------------------------------------------- the CLI's and the app's runs
 
 def run_trace(config: Config, source: Source | None = None, *,
-              loaded: Loaded | LoadedNumpy | None = None) -> Trace:
+              loaded: LoadedTorch | LoadedNumpy | None = None) -> Trace:
     """load -> trace -> recognise: the module (`--model`, default mygpt, or `--module`) on the
     sentence.
 
@@ -299,7 +299,7 @@ def checked(request: Request) -> tuple[Callable[[Config], Trace], Callable[[Trac
     return run, checker
 
 
-def _checked_decode(request: Request, loaded: Loaded, call: Callable[[Any, Any], object]
+def _checked_decode(request: Request, loaded: LoadedTorch, call: Callable[[Any, Any], object]
                     ) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
     """checked() for `--decode N`: the steps traced (run), then the full forward judged
     against the reference, each step against the full forward's row, and a second run
@@ -438,7 +438,7 @@ def check_source(config: Config, source: Source, expect: Expect | None = None) -
 # ---------------------------------------------------------------- explain --against
 
 def compared(config: Config, source: Source, against: Source, *,
-             loaded: Loaded | None = None) -> Comparison:
+             loaded: LoadedTorch | None = None) -> Comparison:
     """`explain --against`: the learner's module and a reference on the same x, the
     learner's weights copied into the reference by role (as `check` finds them), their
     stages paired by kind (`judge.compare`).

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..config import config_for
 from ..load.learner import forward_of
-from ..records import Embedded, OpRecord, Recorded, RecordedError, Recording, Ref, Snapshot, Source
+from ..records import Embedded, OpRecord, Recorded, RecordedError, Recording, Ref, Snapshot, Statement
 from .args import recorded_arguments
 from .source import source_at
 
@@ -268,7 +268,7 @@ class _Session:
     producers: dict[int, tuple[int, int]] = field(default_factory=dict)
     refs: dict[int, Ref] = field(default_factory=dict)
     alive: list[object] = field(default_factory=list)
-    failed_at: Source | None = None
+    failed_at: Statement | None = None
 
     def ref(self, a: np.ndarray) -> Ref:
         key = id(a)
@@ -315,7 +315,7 @@ class _Session:
             self.alive.append(a)
         return result
 
-    def where(self, frame: FrameType | None = None) -> Source:
+    def where(self, frame: FrameType | None = None) -> Statement:
         """The innermost frame of the module's own code (outside NumPy and this package)."""
         frame = frame or sys._getframe(1)
         while frame is not None:
@@ -323,7 +323,7 @@ class _Session:
             if not (filename.startswith(_NUMPY_DIR) or filename.startswith(_THIS_DIR)):
                 return source_at(filename, frame.f_lineno, frame.f_code.co_name)
             frame = frame.f_back
-        return Source(file="", line=0, text="")
+        return Statement(file="", line=0, text="")
 
     def error(self, error: BaseException, tb: TracebackType | None) -> RecordedError:
         source = self.failed_at
@@ -437,7 +437,7 @@ def record(module: object, args: tuple[object, ...] = (),
 def record_forward(module: object, x: np.ndarray, tokens: Sequence[str] | None = None, *,
                    args: tuple[object, ...] | None = None, kwargs: Mapping[str, object] | None = None,
                    table: np.ndarray | None = None, ids: np.ndarray | None = None,
-                   config: Config | None = None, lookup: Source | None = None) -> Recorded:
+                   config: Config | None = None, lookup: Statement | None = None) -> Recorded:
     """Run a NumPy module's forward on x (T, C) once and return what it did (see `mha_tui.trace`).
 
     args/kwargs: what forward gets (default `forward(x)`); table and ids: when given, x is

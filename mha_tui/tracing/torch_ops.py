@@ -48,7 +48,7 @@ from ..records import (
     Recording,
     Ref,
     Snapshot,
-    Source,
+    Statement,
 )
 from .args import recorded_arguments
 from .snapshots import Pending, Snapshots, snapshot, tensors_in
@@ -157,11 +157,11 @@ class _Session:
     input_refs: dict[int, Ref] = field(default_factory=dict)
     const_refs: dict[int, Ref] = field(default_factory=dict)
     alive: list[object] = field(default_factory=list)
-    stack: list[tuple[str, str, int, Source | None, tuple[tuple[str, Ref], ...]]] = field(
+    stack: list[tuple[str, str, int, Statement | None, tuple[tuple[str, Ref], ...]]] = field(
         default_factory=list)
     output: Ref | None = None
     error: RecordedError | None = None
-    failed_at: Source | None = None
+    failed_at: Statement | None = None
     done: bool = False
     read: set[int] = field(default_factory=set)  # ops whose value Python read (PYTHON_READS)
 
@@ -340,8 +340,8 @@ class Recorder:
 
     # -------------------------------------------------------------- ops
 
-    def where(self, session: _Session, frame: FrameType | None = None) -> Source:
-        """The innermost frame of the module's own code, as a Source."""
+    def where(self, session: _Session, frame: FrameType | None = None) -> Statement:
+        """The innermost frame of the module's own code, as a Statement."""
         frame = frame or sys._getframe(1)
         fallback = None
         while frame is not None:
@@ -356,13 +356,13 @@ class Recorder:
             frame = frame.f_back
         if fallback is not None:
             return source_at(fallback.f_code.co_filename, fallback.f_lineno, fallback.f_code.co_name)
-        return Source(file="", line=0, text="")
+        return Statement(file="", line=0, text="")
 
-    def _callers(self, session: _Session, frame: FrameType) -> tuple[Source, ...]:
+    def _callers(self, session: _Session, frame: FrameType) -> tuple[Statement, ...]:
         """The module's own statements that called the helper `frame` runs in, innermost
         first (at most 3), up to the first frame that is not the module's code (torch's
         module call machinery above a forward)."""
-        callers: list[Source] = []
+        callers: list[Statement] = []
         if frame.f_code in session.codes:
             return ()
         up = frame.f_back

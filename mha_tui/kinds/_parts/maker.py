@@ -14,7 +14,7 @@ import numpy as np
 
 from ...ops.graph import Graph
 from ...ops.numeric import recomputed_agrees
-from ...records import Check, OpRecord, Recording, Ref, Snapshot, Source, Stage, TensorArg, TensorRecord
+from ...records import Check, OpRecord, Recording, Ref, Snapshot, Stage, Statement, TensorArg, TensorRecord
 from ...stages import stage_info
 from .builder import BHTT, Builder
 from .unit import Unit
@@ -233,8 +233,8 @@ class StageMaker:
                 return found.group(0).removeprefix("self.")
         return composed
 
-    def code(self, indices: Iterable[int]) -> tuple[str, Source | None]:
-        seen: list[Source] = []
+    def code(self, indices: Iterable[int]) -> tuple[str, Statement | None]:
+        seen: list[Statement] = []
         for i in sorted(indices):
             src = self.op(i).source
             if src.text and all((s.file, s.line) != (src.file, src.line) for s in seen):
