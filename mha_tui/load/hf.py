@@ -268,6 +268,7 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False,
         except Exception as error:  # transformers raises many kinds: then load it whole
             built = f"{type(error).__name__}: {first_line(error)}"
         if isinstance(built, str):
+            _refuse_whole(source, built, torch_dtype.itemsize, sentence)
             note = f"{source} is loaded whole, not streamed: {built}"
         else:
             streamer, _ = built
@@ -308,6 +309,24 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False,
     )
     return Loaded(model=model, tokenizer=tokenizer, info=info, blocks_path=blocks_path,
                   attention_name=attention_name, blocks=blocks, stream=streamer, note=note)
+
+
+def _refuse_whole(source: str, why: str, element_bytes: int, sentence: str | None) -> None:
+    """A checkpoint asked to stream that cannot be (a shard too big to map, a weight missing
+    under its name ...) is loaded whole only where it fits: the CLI's estimate before torch
+    counted it streamed."""
+    from .. import budget
+    from .hf_files import run_shape
+
+    shape = run_shape(source, None, sentence or "", element_bytes)
+    available = budget.available_memory()
+    if shape is None or available is None:
+        return
+    need = budget.hf_whole_bytes(shape)
+    if need > available.bytes:
+        raise HfError(f"--hf {source} cannot be streamed ({why}), and loaded whole it needs "
+                      f"about {budget.human(need)} of memory; {budget.human(available.bytes)} is "
+                      f"available ({available.source})")
 
 
 def _config(source: str, path: Path) -> Any:
