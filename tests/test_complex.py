@@ -24,6 +24,8 @@ from mha_tui.records import TensorRecord, Trace
 from mha_tui.render.options import RenderOptions
 from mha_tui.write.dump import to_json, to_text
 
+from .conftest import settle
+
 FNET = str(Path(__file__).parent / "fixtures" / "mechanisms" / "fnet_fourier.py") + \
     ":FNetBasicFourierTransform"
 # 12 tokens, C 32: wide enough that a table elides columns and prints its summary line
@@ -100,8 +102,7 @@ async def test_the_app_shows_both_parts() -> None:
 
     app = ExplainApp(fnet().config, trace=fnet(), start="op")
     async with app.run_test(size=(100, 32)) as pilot:
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(app, pilot)
         shown = re.sub(r"<[^>]+>", "", app.export_screenshot()).replace("&#160;", " ")
         assert "torch.fft.fftn(hidden_states, dim=(1, 2))" in shown
         assert "fftn input: hidden_states" in shown

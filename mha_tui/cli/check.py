@@ -16,7 +16,6 @@ from . import options
 from .options import (
     DEFAULT_SENTENCE,
     CheckFormat,
-    ExpectKind,
     SandboxMode,
     check_decode,
     source_of,
@@ -47,8 +46,9 @@ def check(
     timeout: options.Timeout = 20.0,
     jobs: options.Jobs = None,
     memory: options.Memory = 2048,
-    expect: options.ExpectChoice = ExpectKind.attention,
+    expect: options.ExpectChoice = None,
     rotary_base: options.RotaryBase = 10000.0,
+    softcap: options.Softcap = None,
     window: options.Window = None,
     rubric: options.Rubric = None,
     feedback: options.Feedback = None,
@@ -85,7 +85,8 @@ def check(
         fail(f"--jobs must be at least 1, got {jobs}")
     if memory < 64:
         fail(f"--memory must be at least 64 MB, got {memory}")
-    wanted = options.expect_of(expect, window=window, rotary_base=rotary_base)
+    wanted = options.expect_of(expect, window=window, rotary_base=rotary_base,
+                                softcap=softcap)
     from ..grade import GradeError, Submission, find_submissions, is_batch
 
     if class_name is not None and not all(part.isidentifier() for part in class_name.split(".")):

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, NoReturn
 
 from .. import collector
-from ..config import DTYPE_BYTES
+from ..config import DTYPE_BYTES, ConfigError
 from ..records.request import Checkpoint, Request
 from ..stages import STAGE_IDS
 from ..write import FORMATS, Page
@@ -50,7 +50,7 @@ def explain_hf(checkpoint: Checkpoint, *, destination: Destination | None, inter
             say(f"mha-tui: note: {session.note}")
         trace = (whole.traced(checkpoint, session, ascii_only=ascii_only) if checkpoint.steps
                  else None)
-    except HfError as error:
+    except (HfError, ConfigError) as error:
         fail(str(error))
     layer = checkpoint.layer
     if interactive:
@@ -71,7 +71,7 @@ def explain_hf(checkpoint: Checkpoint, *, destination: Destination | None, inter
     if trace is None:
         try:
             trace = session.trace(layer)
-        except HfError as error:
+        except (HfError, ConfigError) as error:  # (a model's sizes this tool cannot show)
             fail(str(error))
     write_transcript(Request(trace.config), destination, fmt, width=width, full=full, color=color,
                       ascii_only=ascii_only, stage=stage, trace=trace, only=only, quiz=quiz,

@@ -213,7 +213,12 @@ def scale_chain(j: Judge, soft: OpRecord) -> tuple[float, list[OpRecord], OpReco
 
 def judge(j: Judge) -> list[Row]:
     stages = [s for s in j.trace.stages if s.kind == "scale" and not j.is_sdpa(s)]
-    expected = 1 / math.sqrt(j.d_h)
+    terms = disentangled_scale(j)
+    # --expect pos_bias with DeBERTa's n + 1 terms: each over sqrt((n + 1) d_h), as expected
+    grown = terms is not None and position_bias.EXPECTED in j.facts.mechanisms
+    expected = 1 / math.sqrt(j.d_h * (terms if grown else 1))  # type: ignore[operator]
+    unscaled = position_bias.t5_unscaled(j)  # T5: 1/sqrt(d_h) folded into W_Q's init
+    expected = 1.0 if unscaled else expected
     chains = [c for c in (scale_chain(j, op) for op in j.softmax_ops()) if c is not None]
     if not chains:
         return [j.row(s, "scale", None, None, "not judged: no path from the scores to "
@@ -227,9 +232,12 @@ def judge(j: Judge) -> list[Row]:
     out = f64(last_op.out.values) if last_op is not None else f64(scores_op.out.values)
     finite = out[np.isfinite(out) & (out > LARGE_NEGATIVE)]
     diff = float(np.abs(finite - finite * expected / total).max()) if finite.size and total else 0.0
-    checked = f"scores * 1/sqrt(d_h) = {expected:.4f} before softmax (measured {_factor(total)})"
+    checked = (f"scores * 1/sqrt({terms} d_h) = {expected:.4f} before softmax, DeBERTa's "
+               f"{terms} terms (measured {_factor(total)})" if grown else
+               f"scores not scaled before softmax, as T5's with its position bias (measured "
+               f"{_factor(total)})" if unscaled else
+               f"scores * 1/sqrt(d_h) = {expected:.4f} before softmax (measured {_factor(total)})")
     diagnosis = None if ok else scale_diagnosis(j, total)
-    terms = disentangled_scale(j)
     if not ok and terms is not None and math.isclose(total, 1 / math.sqrt(terms * j.d_h),
                                                      rel_tol=1e-5):
         # DeBERTa: every one of its terms over sqrt(3 d_h): the position terms' mechanism
@@ -250,6 +258,9 @@ def judge(j: Judge) -> list[Row]:
     if ok and upstream:
         j.differences.append("scales q (or k) before the product q @ k^T instead of the "
                                 "scores: equivalent")
+    if unscaled and ok:
+        j.differences.append("does not scale the scores, as T5 (which folds 1/sqrt(d_h) into "
+                             "W_Q's initialisation): with --expect pos_bias, equivalent")
     if not stages:
         if ok:
             return []

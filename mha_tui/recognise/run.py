@@ -34,6 +34,7 @@ def recognise(rec: Recording, config: Config, *, embedded: Embedded | None = Non
         sizes = Sizes(1, config.seq_len, config.embed_dim, config.num_heads, config.head_dim)
     else:
         sizes = infer_sizes(rec, x, config.num_heads, calls)
+    sizes = replace(sizes, start=len(config.cached))  # a decode step's new token's position
     with computed_in(recorded_dtype(rec)):  # every check allows the module's own rounding
         return _recognise(rec, config, x, sizes, calls, embedded=embedded,
                           forward_equal=forward_equal, n_params=n_params)
@@ -83,11 +84,15 @@ def _recognise(rec: Recording, config: Config, x: Snapshot | None, sizes: Sizes,
 def _cached_keys(g: Graph, sizes: Sizes) -> Sizes:
     """A decode step with a KV cache: the scores are (T, T_k) with T_k the keys kept so far
     (the cache and the new ones), longer than the T new queries. The keys' axis is then T_k,
-    as in cross-attention (their tokens are positions: the cache's tokens are not inputs)."""
+    as in cross-attention. A cache allocated up front (gpt-fast's KVCache) holds more slots
+    than tokens: the keys' axis is then every slot, those not written yet masked."""
     for op in g.ops:
         if g.kind.get(op.index) == "scores" and op.out.ndim >= 2:
             T_q, T_k = op.out.shape[-2], op.out.shape[-1]
-            if T_q == sizes.T and T_k > sizes.T:
-                return replace(sizes, T_k=T_k)
-            return sizes
+        elif op.name == "scaled_dot_product_attention" and len(op.inputs) >= 2 and \
+                g.snap(op.inputs[0]).ndim >= 2:  # the fused op: its q's and k's lengths
+            T_q, T_k = g.snap(op.inputs[0]).shape[-2], g.snap(op.inputs[1]).shape[-2]
+        else:
+            continue
+        return replace(sizes, T_k=T_k) if T_q == sizes.T and T_k > sizes.T else sizes
     return sizes

@@ -14,22 +14,38 @@ from typing import Any
 
 from ..config import DEFAULT_MODEL, Config, Source, parse_init
 
+# The named mechanisms `--expect` takes besides rotary and alibi, in the forward's order (the
+# stage kind each grows the reference by: norm on q and k, cosine, pos_bias, softcap, sinks).
+MECHANISMS = ("qk_norm", "cosine", "pos_bias", "softcap", "sinks")
+
 
 @dataclass(frozen=True)
 class Expect:
     """What the learner meant to build, when it is not plain multi-head attention:
     `--expect rotary` (rotary positions, full, base `rotary_base`), `--expect alibi`
-    (ALiBi's fixed slopes), `--window N` (a causal sliding window of N tokens). The
-    reference grows the mechanism."""
+    (ALiBi's fixed slopes), `--window N` (a causal sliding window of N tokens), and the
+    named mechanisms of `MECHANISMS` (`--expect softcap`, ... : `mechanisms`, each grown with
+    the parameters the module's own stage shows, the cap `softcap` when given). The
+    reference grows each mechanism. `--expect` is repeatable: several at once."""
 
     rotary: bool = False
     window: int | None = None
     alibi: bool = False
     rotary_base: float = 10000.0
+    mechanisms: tuple[str, ...] = ()
+    softcap: float | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.mechanisms if m not in MECHANISMS]
+        if unknown:
+            raise ValueError(f"no such mechanism to expect: {', '.join(unknown)}")
+        object.__setattr__(self, "mechanisms", tuple(m for m in MECHANISMS
+                                                     if m in self.mechanisms))
 
     def facts(self) -> dict[str, Any]:
         return {"rotary": self.rotary, "window": self.window, "alibi": self.alibi,
-                "rotary_base": self.rotary_base}
+                "rotary_base": self.rotary_base, "mechanisms": self.mechanisms,
+                "softcap": self.softcap}
 
 
 @dataclass(frozen=True)
@@ -125,5 +141,7 @@ class Request:
                         weights=data.get("weights"))
         expect = Expect(rotary=bool(data.get("rotary")), window=data.get("window"),
                         alibi=bool(data.get("alibi")),
-                        rotary_base=float(data.get("rotary_base", 10000.0)))
+                        rotary_base=float(data.get("rotary_base", 10000.0)),
+                        mechanisms=tuple(data.get("mechanisms", ())),
+                        softcap=None if data.get("softcap") is None else float(data["softcap"]))
         return cls(config, source, expect, steps=int(data.get("steps", 0)))

@@ -125,6 +125,11 @@ class Facts:
     rotary: bool = False
     alibi: bool = False  # `--expect alibi`: ALiBi's fixed slopes on the scores
     rotary_base: float = 10000.0  # `--rotary-base`: the base --expect rotary means
+    # `--expect softcap`, `--expect sinks`, ... (records.request.MECHANISMS): the reference
+    # grows each with the parameters the module's own stage of that kind shows; `--softcap`:
+    # the cap --expect softcap means (None: the module's own).
+    mechanisms: tuple[str, ...] = ()
+    softcap: float | None = None
     # A padded batch (`--batch`): (B, T), True where a row is padding; those keys must be
     # blocked for every query of the row.
     padding: tuple[tuple[bool, ...], ...] | None = None
