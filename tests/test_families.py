@@ -549,8 +549,8 @@ def test_an_encoder_says_so_on_screen_and_in_transcripts() -> None:
 
 def test_the_class_is_chosen_from_the_config() -> None:
     """Encoder or causal LM, from config.json alone: BERT as a decoder (is_decoder) stays a
-    causal LM; an encoder-decoder without a text-encoding class (BART, Marian) is refused
-    in one line that names --context (its decoder reads the encoder's output)."""
+    causal LM; an encoder-decoder without a text-encoding class (BART, Marian) loads whole
+    (its encoder is taken out); Whisper's encoder reads audio: refused in one line."""
     import transformers
 
     cases = [(transformers.BertConfig(), "AutoModelForTextEncoding", True),
@@ -558,13 +558,15 @@ def test_the_class_is_chosen_from_the_config() -> None:
              (transformers.DistilBertConfig(), "AutoModelForTextEncoding", True),
              (transformers.T5Config(), "AutoModelForTextEncoding", True),
              (transformers.GPT2Config(), "AutoModelForCausalLM", False),
-             (transformers.LlamaConfig(), "AutoModelForCausalLM", False)]
+             (transformers.LlamaConfig(), "AutoModelForCausalLM", False),
+             # loaded whole; `load` keeps the encoder (get_encoder())
+             (transformers.BartConfig(), "AutoModel", True),
+             (transformers.MarianConfig(), "AutoModel", True)]
     for config, auto, encoder in cases:
         chosen, is_encoder = hf.auto_class(transformers, config)
         assert (chosen.__name__, is_encoder) == (auto, encoder), type(config).__name__
-    for config in (transformers.BartConfig(), transformers.MarianConfig()):
-        with pytest.raises(hf.HfError, match="give the encoder's input with --context"):
-            hf.auto_class(transformers, config)
+    with pytest.raises(hf.HfError, match="does not read a sentence"):
+        hf.auto_class(transformers, transformers.WhisperConfig())
 
 
 def test_embeddings_narrower_than_the_blocks_are_said_not_summed(tmp_path: Path) -> None:

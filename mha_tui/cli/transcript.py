@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, NoReturn
 
 from .. import collector
-from ..config import DTYPE_BYTES
+from ..config import DTYPE_BYTES, ConfigError
 from ..records.request import Request
 from ..stages import STAGE_IDS
 from ..write import FORMATS, Page
@@ -95,7 +95,7 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
         return
     try:
         trace = session.trace(layer)
-    except HfError as error:
+    except (HfError, ConfigError) as error:  # (a model's sizes this tool cannot show)
         fail(str(error))
     write_transcript(Request(trace.config), destination, fmt, width=width, full=full, color=color,
                       ascii_only=ascii_only, stage=stage, trace=trace, only=only, quiz=quiz,
