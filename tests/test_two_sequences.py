@@ -618,3 +618,33 @@ def test_diffusers_scores_ignore_the_empty_input_of_baddbmm(make) -> None:
     assert found == [] and asked
     judged = mha_tui.check(module, x, context=context, heads=2)
     assert judged.equivalent, judged.verdict.diagnosis
+
+
+# ---------------------------------------------------------------- two attentions in one forward
+
+
+def test_a_decoder_layer_of_two_attentions_is_refused_with_context_naming_both(tmp_path) -> None:
+    """nn.TransformerDecoderLayer runs self_attn, then multihead_attn on its output: --context
+    explains one cross-attention, so it is refused in one line that names both (the first
+    would be shown under the cross-attention's name), in explain, check and the Python API."""
+    from mha_tui.load.learner import LoadError
+
+    said = ("TransformerDecoderLayer.forward runs two attentions, one after the other: "
+            "self_attn, then multihead_attn on its output")
+    out = tmp_path / "out.txt"
+    init = ("--init", "d_model=4", "--init", "nhead=2", "--init", "batch_first=True")
+    for args in (("explain", "I love AI !", "--module", "torch.nn:TransformerDecoderLayer", *init,
+                  "--context", "le chat est sur le tapis", "--dump", str(out)),
+                 ("check", "torch.nn:TransformerDecoderLayer", *init, "--context", "le chat")):
+        done = run_cli(*args)
+        err = done.stderr.decode()
+        assert done.returncode == 2 and err.count("\n") == 1 and said in err, err
+        assert not out.exists()
+    torch.manual_seed(0)
+    layer = nn.TransformerDecoderLayer(4, 2, dim_feedforward=8, batch_first=True).eval()
+    with pytest.raises(LoadError, match="multihead_attn on its output"):
+        mha_tui.trace(layer, torch.randn(1, 3, 4), context=torch.randn(1, 5, 4))
+    # its cross-attention alone, called as the layer calls it, is explained
+    trace = mha_tui.trace(ts.DecoderCrossAttention(4, 2).eval(), torch.randn(1, 3, 4),
+                          context=torch.randn(1, 5, 4))
+    assert trace.config.cross and not trace.failed
