@@ -63,12 +63,36 @@ def trace(module: Any, x: Any, tokens: Sequence[str] | None = None, *, context: 
         return trace_decode(module, x, tokens, decode, config=options.get("config"),
                             embedding=options.get("embedding"), ids=options.get("ids"))
     if context is not None:
-        return recognised(_record_cross(module, x, tokens, context, context_tokens, **options))
+        traced = recognised(_record_cross(module, x, tokens, context, context_tokens, **options))
+        refuse_stacked_cross(traced)
+        return traced
     if type(x).__module__ == "numpy" and not _is_torch_module(module):
         return trace_numpy(module, x, tokens, **options)  # NumPy code: torch never loads
     from ..tracing import record_forward  # torch is imported only now
 
     return recognised(record_forward(module, x, tokens, **options))
+
+
+def refuse_stacked_cross(trace: Trace) -> None:
+    """Cross-attention (--context) explains one attention: a forward that runs two, one after
+    the other (nn.TransformerDecoderLayer's self_attn, then multihead_attn), would have its
+    first shown under the second's name. Refused in one line (LoadError) that names both."""
+    if not trace.config.cross or trace.recording is None:
+        return
+    from ..recognise.cross import stacked_attentions
+
+    found = stacked_attentions(trace.recording)
+    if found is None:
+        return
+    from ..load.learner import LoadError
+
+    first, second = found
+    name = trace.module.class_name if trace.module is not None else "the module"
+    raise LoadError(
+        f"{name}.forward runs two attentions, one after the other: {first}, then {second} on "
+        f"its output; --context explains one cross-attention, so give mha-tui the one that "
+        f"reads the context ({second}: an nn.MultiheadAttention is --module "
+        f"torch.nn:MultiheadAttention), or a module of yours that runs only it")
 
 
 def _record_cross(module: Any, x: Any, tokens: Sequence[str] | None, context: Any,
@@ -264,6 +288,7 @@ def run_trace(config: Config, source: Source | None = None, *,
     recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
                               embedding=loaded.embedding, ids=loaded.ids, config=config)
     trace = recognised(recorded)
+    refuse_stacked_cross(trace)
     if loaded.weights and trace.module is not None:  # the header says whose numbers these are
         trace = replace(trace, module=replace(trace.module, weights=loaded.weights))
     return trace
