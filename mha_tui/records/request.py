@@ -15,8 +15,9 @@ from typing import Any
 from ..config import DEFAULT_MODEL, Config, Source, parse_init
 
 # The named mechanisms `--expect` takes besides rotary and alibi, in the forward's order (the
-# stage kind each grows the reference by: norm on q and k, cosine, pos_bias, softcap, sinks).
-MECHANISMS = ("qk_norm", "cosine", "pos_bias", "softcap", "sinks")
+# stage kind each grows the reference by: norm on q and k, cosine, pos_bias, softcap, sinks,
+# differential).
+MECHANISMS = ("qk_norm", "cosine", "pos_bias", "softcap", "sinks", "differential")
 
 
 @dataclass(frozen=True)
