@@ -282,9 +282,12 @@ class Config:
 # ---------------------------------------------------------------- which module to explain
 
 # `--model NAME`: the tutorials' modules shipped in mha_tui/examples (built by mha_tui.load).
-MODEL_NAMES = ("mygpt", "course", "raschka", "raschka-wrapper", "many-eyes", "cross")
+MODEL_NAMES = ("mygpt", "course", "raschka", "raschka-wrapper", "raschka-cache", "many-eyes",
+               "cross")
 # The tutorial module `--context` runs when no --model or --module is given.
 CROSS_MODEL = "cross"
+# ... and `--decode`: one that keeps a KV cache.
+DECODE_MODEL = "raschka-cache"
 # The NumPy blueprint (seed 002): its per-head loop and its einsum form; no torch.
 NUMPY_MODEL_NAMES = ("blueprint", "blueprint-einsum")
 DEFAULT_MODEL = "mygpt"

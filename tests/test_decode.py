@@ -446,3 +446,52 @@ def test_the_rotary_offset_bug_says_which_position_was_used(make, used) -> None:
                f"{used(t)} instead" in diagnosis.message
         offset = step.stage("rotary").checks[0]
         assert offset.ok is False and f"position {used(t)}'s turn" in offset.label
+
+
+# ---------------------------------------------------------------- --decode with --context / --batch
+
+TWO = "tests/fixtures/two_sequences.py"
+
+
+class MetaWithMask(kv.MetaLlamaDecoding):
+    """Meta's decoding wrapper with a mask parameter: one start_pos for every row."""
+
+    def forward(self, h: torch.Tensor, start_pos: int = 0, mask=None):
+        return super().forward(h, start_pos)
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    ((f"{TWO}:SDCrossAttention", "--init", "query_dim=4", "--context", "le chat"),
+     "--decode with --context: SDCrossAttention.forward keeps no KV cache: the context's keys "
+     "and values are made again from the context at every call"),
+    ((f"{TWO}:WhisperAttention", "--init", "n_state=4", "--init", "n_head=2", "--context",
+      "le chat"), "--decode with --context is not built: WhisperAttention.forward takes a KV "
+     "cache (kv_cache) beside its context"),
+    ((f"{FILE}:GPT2Attention", "--batch", "a b"),
+     "--decode with --batch is not built: decoding padded rows needs them padded on the left"),
+    ((f"{FILE}:NanoGPTKVAttention", "--batch", "a b"),
+     "NanoGPTKVAttention.forward(x, past_kv, use_cache) has no parameter for a padding mask"),
+])
+@pytest.mark.parametrize("command", ["explain", "check"])
+def test_decode_with_context_or_batch_is_refused_saying_why(args, said, command, tmp_path) -> None:
+    out = tmp_path / "out.txt"
+    module, *rest = args
+    where = ("--module", module) if command == "explain" else (module,)
+    done = run_cli(command, *(("the cat sat on mats",) if command == "explain" else ()), *where,
+                   *rest, "--decode", "1", *(("--dump", str(out)) if command == "explain" else ()))
+    err = done.stderr.decode()
+    assert done.returncode == 2 and err.count("\n") == 1 and said in err, err
+    assert "Traceback" not in err and not out.exists() and not done.stdout
+
+
+def test_one_position_for_every_row_is_why_a_start_pos_cache_cannot_decode_a_batch() -> None:
+    from mha_tui.tracing.decode import decode_refusal
+
+    said = decode_refusal(MetaWithMask(4, 2), cross=False, batch=True)
+    assert "writes its cache at one start_pos for every row" in said
+    said = decode_refusal(kv.NanoGPTKVAttention(4, 2), cross=False, batch=True)
+    assert "takes no padding mask beside its cache" in said
+    with pytest.raises(mha_tui.config.ConfigError, match=r"decode= with context=: .* keeps no KV"):
+        from .fixtures.two_sequences import SDCrossAttention
+
+        mha_tui.trace(SDCrossAttention(4), _x(), TOKENS, context=_x(), decode=1)

@@ -72,6 +72,11 @@ MODULES: list[tuple[str, str, tuple[tuple[str, object], ...], bool]] = [
                  "GQAAttention", "LlamaAttention", "SelfAttention", "GPTNeoXAttention",
                  "OPTAttention", "BertAttention", "PreNormAttention", "SlidingWindowAttention",
                  "Gemma2Attention")),
+    ("mechanisms-sinks-AttentionBlock", "mechanisms/sinks.py:AttentionBlock", (), True),
+    # issue 30's kinds with no softmax-attention counterpart: cosine, differential, linear
+    ("longtail-open-clip-cosine", "longtail/open_clip_attn.py:Attention", (), False),
+    ("longtail-diff-attn", "longtail/diff_attn.py:MultiheadDiffAttn", (), True),
+    ("longtail-linear-attn", "longtail/linear_attn.py:AttentionLayer", (), False),
     *((f"fixtures-{path.stem}-{cls}", f"{path.name}:{cls}", (), True)
       for path in sorted(FIXTURES.glob("[!_]*.py"))
       # endless: a forward that never returns; two_sequences: forwards that need --context

@@ -15,6 +15,7 @@ import typer
 from .. import collector, pipeline
 from ..config import (
     CROSS_MODEL,
+    DECODE_MODEL,
     MODEL_NAMES,
     NUMPY_MODEL_NAMES,
     TRAINED_MODEL_NAMES,
@@ -120,6 +121,8 @@ def explain(
                                    batch=batch, dtype=dtype.value)
         if context is not None and model is None and module is None:
             model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
+        elif decode and model is None and module is None:
+            model = Model(DECODE_MODEL)  # the tutorial module that keeps a KV cache
         source = _source(model, module, init or [], weights)
         check_decode(decode, config)
         request = Request(config, source, steps=decode)

@@ -12,7 +12,7 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,8 +21,10 @@ from ..ops.graph import Graph, scalar_operand
 from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage
 from ._parts.builder import BHTD, BHTT
+from ._parts.cell import Cell, Term, Why, WhyError, dot, where
 from ._parts.grown import Part
 from ._parts.maker import StageMaker
+from ._parts.op_cell import explain, locate
 from ._parts.unit import Unit
 
 if TYPE_CHECKING:
@@ -234,3 +236,54 @@ def mechanism(j: Judge, stage: Stage) -> str | None:
             f"are cosines in [−1, 1]{scale} (open_clip's scaled_cosine, Swin v2); plain "
             f"multi-head attention takes the raw dot product")
 
+
+
+def why(cell: Cell) -> Why:
+    """A scaled cosine: q̂_i · k̂_j (the unit-length rows the stage shows, d_h products and
+    their sum), times the head's learned scale (the multiply's recorded operand); a unit-
+    length number: q[c] divided by the length of its row."""
+    op, out, at = locate(cell, cell.stage.ops)
+    if op.name in _NORMALIZE:
+        return _unit(cell, op, at)
+    if op.name not in _TIMES or len(cell.stage.tensors) < 3:
+        return replace(explain(cell, op, out, at), kind=KIND)
+    operands = [np.broadcast_to(cell.operand(op, k), op.out.shape) for k in range(len(op.inputs))]
+    if len(operands) == 2:
+        cosines, scales = sorted(operands, key=lambda a: -np.ptp(a))
+        scale = float(scales[at])
+    else:  # a number: times it
+        cosines, scale = operands[0], cell.scalar(op)
+    cosine = float(cosines[at])
+    q_hat, k_hat = (t.values for t in cell.stage.tensors[:2])
+    *lead, i, j = cell.index
+    if q_hat.ndim != len(cell.index) or q_hat.shape[:-2] != tuple(cell.record.values.shape[:-2]):
+        raise WhyError(f"cannot pair {cell.name} with rows of q̂ and k̂")
+    row, col = q_hat[(*lead, i)], k_hat[(*lead, j)]
+    terms, notes, total = dot(cell, row, col, [f"d{c}: q̂[{i}, {c}] × k̂[{j}, {c}]"
+                                               for c in range(len(row))], "products")
+    computed = total * scale
+    spot = ", ".join(map(str, lead))
+    terms = (*terms[:-1], Term("q̂_i · k̂_j: the cosine of their angle, in [−1, 1]", (), total),
+             Term("× the head's learned scale", (total, "×", scale), computed))
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = (q̂[{spot}, {i}, :] · k̂[{spot}, {j}, :]) × scale", terms,
+               (*notes, f"the cosine the module multiplied is {cosine:.6g}; q̂ and k̂: q and "
+                "k each divided by its length (F.normalize)",
+                "the scale: exp(logit_scale) clamped, per head (open_clip), instead of "
+                "1/sqrt(d_h)"), computed, cell.recorded)
+
+
+def _unit(cell: Cell, op: OpRecord, at: tuple[int, ...]) -> Why:
+    """q̂[c] = q[c] / max(|q row|, eps): F.normalize's arithmetic from its recorded input."""
+    before = cell.operand(op, 0).astype(np.float64)
+    *lead, c = at
+    row = before[tuple(lead)]
+    length = float(np.sqrt((row ** 2).sum()))
+    eps = float(op.kwarg("eps", 1e-12))  # type: ignore[arg-type]
+    computed = float(row[c]) / max(length, eps)
+    terms = (Term(f"the row's {row.size} numbers squared and summed", (), length ** 2),
+             Term("its length: the square root", (), length),
+             Term(f"number {c} / the length", (float(row[c]), "/", length), computed))
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = q[{c}] / |q|  (F.normalize: the row at unit length)", terms,
+               ("the row: what F.normalize received (recorded)",), computed, cell.recorded)

@@ -13,7 +13,7 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,9 +21,12 @@ import numpy as np
 from ..ops.graph import Graph, scalar_operand
 from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage
+from ._parts.cell import Cell, Term, Why, where
 from ._parts.found import held
 from ._parts.hand_norm import BY_HAND, hand_norms
+from ._parts.judging import judged_x
 from ._parts.maker import StageMaker
+from ._parts.op_cell import explain, locate
 from ._parts.unit import Unit
 
 if TYPE_CHECKING:
@@ -160,3 +163,71 @@ def mechanism(j: Judge, stage: Stage) -> str | None:
             f"λ = {d.lam:.4g} subtracted from the first, then a per-head norm and × (1 − λ_init) "
             f"(Diff Transformer, DiffLlama); plain multi-head attention has one softmax map per "
             f"head, and its head and value bookkeeping follows from that")
+
+
+def why(cell: Cell) -> Why:
+    """A number of the difference: first map − λ × second map, from the two maps the
+    subtraction received (recorded) and λ; after it (the per-head norm, × (1 − λ_init)), the
+    op that made the number, recomputed from its recorded inputs."""
+    op, out, at = locate(cell, cell.stage.ops)
+    normed = _through_norm(cell, op, at)
+    if normed is not None:
+        return normed
+    if op.name not in _SUBS or len(op.inputs) != 2:
+        made = explain(cell, op, out, at)
+        return replace(made, kind=KIND, notes=(
+            *made.notes, "after the difference of the two maps: each head's output "
+                         "normalised (an RMSNorm over its channels) and times (1 − λ_init)"))
+    first = float(np.broadcast_to(cell.operand(op, 0), op.out.shape)[at])
+    times = next((o for o in cell.stage.ops if o.name in _TIMES), None)
+    second = float(np.broadcast_to(cell.operand(times, 0), times.out.shape)[at]) \
+        if times is not None and times.out.shape == op.out.shape else None
+    weighted = float(np.broadcast_to(cell.operand(op, 1), op.out.shape)[at])
+    if second is None or not second:
+        lam = None
+    else:
+        lam = weighted / second
+    computed = first - weighted
+    terms = [Term("the first map (softmax 1, recorded)", (), first)]
+    if lam is not None:
+        terms.append(Term(f"λ × the second map (softmax 2), λ = {lam:.6g}", (lam, "×", second),
+                          weighted))
+    else:
+        terms.append(Term("λ × the second map (recorded)", (), weighted))
+    terms.append(Term("first − λ × second", (first, "-", weighted), computed))
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = first[...] − λ · second[...]", tuple(terms),
+               ("differential attention: attention both maps give to the same tokens cancels; "
+                "the difference may be negative",), computed, cell.recorded)
+
+
+def _through_norm(cell: Cell, op: OpRecord, at: tuple[int, ...]) -> Why | None:
+    """(1 − λ_init) × RMSNorm(the head's output row)[c] × weight[c], from the row the norm
+    received (recorded): when op is the multiply by (1 − λ_init) of a norm written out."""
+    rec = cell.trace.recording
+    if rec is None or op.name not in _TIMES or not op.inputs:
+        return None
+    g = Graph(rec, x_names=judged_x(rec))
+    ref = g.x_inputs(op)[0] if g.x_inputs(op) else None
+    norm = next((n for n in hand_norms(g) if ref is not None and n.after.op == ref.op), None)
+    factor = _lambda(g, op)
+    if norm is None or factor is None or g.snap(norm.before).shape != op.out.values.shape:
+        return None
+    *lead, c = at
+    row = g.snap(norm.before).values[tuple(lead)].astype(np.float64)
+    square = float((row ** 2).mean()) if norm.rms else float(((row - row.mean()) ** 2).mean())
+    root = float(np.sqrt(square + norm.eps))
+    centred = float(row[c]) - (0.0 if norm.rms else float(row.mean()))
+    gamma = float(norm.weight[c])
+    normed = centred / root * gamma + (float(norm.bias[c]) if norm.bias is not None else 0.0)
+    computed = factor * normed
+    terms = (Term(f"the head's output row: its {row.size} numbers' mean square", (), square),
+             Term(f"√(mean square + eps), eps = {norm.eps:g}", (), root),
+             Term(f"number {c} / √(...) × gamma[{c}]", (centred, "/", root, "×", gamma), normed),
+             Term("× (1 − λ_init)", (normed, "×", factor), computed))
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = (1 − λ_init) · {norm.name}(the head's output row)[{c}]", terms,
+               ("the row: the difference of the two maps times V, as the norm received it "
+                "(recorded); gamma: the norm's own weight",
+                "differential attention normalises each head's output (subln) and scales it by "
+                "(1 − λ_init)"), computed, cell.recorded)

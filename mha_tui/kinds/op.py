@@ -40,6 +40,11 @@ _ROLES = (
 )
 
 
+def code_of(title: str) -> str:
+    """The code an op stage's title shows, without its role and its line."""
+    return title.split(": ", 1)[-1].rsplit(", line ", 1)[0]
+
+
 def role(g: Graph, op: OpRecord) -> str:
     """The op's place in the dataflow, in words: between x and the projections, on q, k or
     v, on the scores before softmax, on the weights, on the output."""
@@ -62,8 +67,10 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
             tensors.append(m.b.record(m.tensor_name(op, n, fallback=op.name), out,
                                          output_dims(m, op, out.shape)))
     first = ops[0]
-    title = m.call_text(first)
     where = role(m.g, first)
+    # titled by its role, then its code and line: what a learner is told about an op no kind
+    # names ("A transform of the scores before softmax: torch.tanh(scores), line 12")
+    title = f"{where[0].upper()}{where[1:]}: {m.call_text(first)}, line {first.source.line}"
     explanation = (f"{where[0].upper()}{where[1:]} that no rule of mha-tui names, so it is "
                    "shown as it ran: its line, what it consumed and what it made.")
     if unit.runs > 1:

@@ -12,7 +12,7 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,9 +21,11 @@ from ..ops.graph import Graph
 from ..ops.sizes import Sizes
 from ..ops.vocab import SOFTMAXES
 from ..records import Check, OpRecord, Stage
+from ._parts.cell import Cell, Why
 from ._parts.found import held
 from ._parts.grown import Part
 from ._parts.maker import StageMaker, score_dims
+from ._parts.op_cell import explain, locate
 from ._parts.unit import Unit
 
 if TYPE_CHECKING:
@@ -232,3 +234,17 @@ def mechanism(j: Judge, stage: Stage) -> str | None:
             f"{'an extra key' if sink.extra == 1 else f'{sink.extra} extra keys'} before "
             f"softmax and dropped after (gpt-oss), so each query's weights on the real keys sum "
             f"to {kept.min():.3f} .. {kept.max():.3f}, not 1; plain multi-head attention has no sink")
+
+
+def why(cell: Cell) -> Why:
+    """A number of the scores with the sink: a key's score or the head's sink logit, copied by
+    the cat from its recorded inputs."""
+    made = explain(cell, *locate(cell, cell.stage.ops))
+    T = cell.record.values.shape[-1]
+    extra = sum(1 for op in cell.stage.ops if op.name in ("cat", "concat", "concatenate"))
+    column = cell.index[-1]
+    said = ("the sink's column: the head's learned logit, the same for every query"
+            if extra and column >= T - extra else "a key's column: the score as it was")
+    return replace(made, kind=KIND, notes=(*made.notes, said, "softmax spreads each row over "
+                                           "the keys and the sink; the sink's column is then "
+                                           "dropped"))

@@ -60,6 +60,8 @@ EXAMPLES: dict[str, Example] = {
     # Each head is d_out wide and there is no projection: C // h keeps the output C wide.
     "raschka-wrapper": Example("mha_tui.examples.raschka", "MultiHeadAttentionWrapper",
                                fixed=lambda config: {"d_out": config.head_dim}, own_mask=True),
+    # Chapter 4's KV cache (--decode): use_cache=True and reset_cache().
+    "raschka-cache": Example("mha_tui.examples.raschka", "CachedMultiHeadAttention", own_mask=True),
     "many-eyes": Example("mha_tui.examples.many_eyes", "MultiHeadAttention", own_mask=True),
     # Cross-attention (--context): queries from the sentence, keys and values from the context.
     "cross": Example("mha_tui.examples.cross", "CrossAttention"),

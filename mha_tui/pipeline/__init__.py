@@ -53,19 +53,46 @@ def trace(module: Any, x: Any, tokens: Sequence[str] | None = None, *, context: 
     if decode:
         if context is not None:
             from ..config import ConfigError
+            from ..tracing.decode import decode_refusal
 
-            raise ConfigError("decode= with context= is not supported: decode a self-attention")
+            raise ConfigError(decode_refusal(module, cross=True, batch=False).replace(
+                "--decode with --context", "decode= with context=").replace(
+                "--context alone", "context= alone"))
         from .decode import trace_decode
 
         return trace_decode(module, x, tokens, decode, config=options.get("config"),
                             embedding=options.get("embedding"), ids=options.get("ids"))
     if context is not None:
-        return recognised(_record_cross(module, x, tokens, context, context_tokens, **options))
+        traced = recognised(_record_cross(module, x, tokens, context, context_tokens, **options))
+        refuse_stacked_cross(traced)
+        return traced
     if type(x).__module__ == "numpy" and not _is_torch_module(module):
         return trace_numpy(module, x, tokens, **options)  # NumPy code: torch never loads
     from ..tracing import record_forward  # torch is imported only now
 
     return recognised(record_forward(module, x, tokens, **options))
+
+
+def refuse_stacked_cross(trace: Trace) -> None:
+    """Cross-attention (--context) explains one attention: a forward that runs two, one after
+    the other (nn.TransformerDecoderLayer's self_attn, then multihead_attn), would have its
+    first shown under the second's name. Refused in one line (LoadError) that names both."""
+    if not trace.config.cross or trace.recording is None:
+        return
+    from ..recognise.cross import stacked_attentions
+
+    found = stacked_attentions(trace.recording)
+    if found is None:
+        return
+    from ..load.learner import LoadError
+
+    first, second = found
+    name = trace.module.class_name if trace.module is not None else "the module"
+    raise LoadError(
+        f"{name}.forward runs two attentions, one after the other: {first}, then {second} on "
+        f"its output; --context explains one cross-attention, so give mha-tui the one that "
+        f"reads the context ({second}: an nn.MultiheadAttention is --module "
+        f"torch.nn:MultiheadAttention), or a module of yours that runs only it")
 
 
 def _record_cross(module: Any, x: Any, tokens: Sequence[str] | None, context: Any,
@@ -130,17 +157,28 @@ def _is_torch_module(module: Any) -> bool:
 # ---------------------------------------------------------------- a Request's runs
 
 def _refuse_unwired(request: Request) -> None:
-    """Decode steps (#29) run on one sentence attending to itself, with a torch module."""
+    """A decode run's number of steps must leave a prompt (with --context or --batch, the
+    module is needed to say why not: `_refuse_decode_with`)."""
     from ..config import ConfigError
 
     config = request.config
-    if request.steps and (config.cross or config.batch):
-        raise ConfigError(f"--decode with {'--context' if config.cross else '--batch'} is not "
-                          "supported: decode one sentence attending to itself")
     if request.steps and config.model is None and not 1 <= request.steps < config.seq_len:
         raise ConfigError(f"--decode {request.steps}: the sentence has {config.seq_len} tokens; "
                           f"decode between 1 and {config.seq_len - 1} of them (at least one token "
                           "is the prompt)")
+
+
+def _refuse_decode_with(request: Request, module: Any) -> None:
+    """`--decode` with `--context` or `--batch`: refused in one line that says why for this
+    module (`tracing.decode.decode_refusal`: no cache to decode against, one position for
+    every row, no padding mask beside the cache, or not built yet)."""
+    config = request.config
+    if not request.steps or not (config.cross or config.batch):
+        return
+    from ..load.learner import LoadError
+    from ..tracing.decode import decode_refusal
+
+    raise LoadError(decode_refusal(module, cross=config.cross, batch=bool(config.batch)))
 
 
 def load(request: Request) -> LoadedTorch | LoadedNumpy:
@@ -159,6 +197,7 @@ def load(request: Request) -> LoadedTorch | LoadedNumpy:
         from ..load.modules import load as load_torch
 
         loaded = load_torch(request.config, request.source)
+        _refuse_decode_with(request, loaded.module)
         if request.steps:  # a forward that keeps no cache is refused now, in one line
             from ..tracing.decode import style_of
 
@@ -188,6 +227,7 @@ def decoded(request: Request, *, loaded: LoadedTorch | LoadedNumpy | None = None
     from .decode import trace_decode
 
     loaded = loaded or load_torch(request.config, request.source)
+    _refuse_decode_with(request, loaded.module)  # type: ignore[union-attr]
     trace = trace_decode(loaded.module, loaded.x, request.config.tokens, request.steps,  # type: ignore[union-attr]
                          config=request.config, embedding=loaded.embedding,  # type: ignore[union-attr]
                          ids=loaded.ids)  # type: ignore[union-attr]
@@ -248,6 +288,7 @@ def run_trace(config: Config, source: Source | None = None, *,
     recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
                               embedding=loaded.embedding, ids=loaded.ids, config=config)
     trace = recognised(recorded)
+    refuse_stacked_cross(trace)
     if loaded.weights and trace.module is not None:  # the header says whose numbers these are
         trace = replace(trace, module=replace(trace.module, weights=loaded.weights))
     return trace
@@ -280,6 +321,7 @@ def checked(request: Request) -> tuple[Callable[[Config], Trace], Callable[[Trac
     from ..load.modules import load
 
     loaded = load(config, source)
+    _refuse_decode_with(request, loaded.module)
 
     def call(module: object, x: object) -> object:  # x once, as query, key and value, or with the context
         return loaded.call(module, x)  # type: ignore[arg-type]
