@@ -99,7 +99,7 @@ class Request:
         return {"sentence": config.sentence, "embed_dim": config.embed_dim,
                 "heads": config.num_heads, "seed": config.seed, "causal": config.causal,
                 "max_seq_len": config.max_seq_len, "context": config.context,
-                "model": source.model, "module": source.module,
+                "dtype": config.dtype, "model": source.model, "module": source.module,
                 "init": [f"{name}={value!r}" for name, value in source.init],
                 "weights": source.weights, **self.expect.facts(),
                 "rows": list(self.rows), "steps": self.steps}
@@ -110,7 +110,7 @@ class Request:
         config = Config(data["sentence"], embed_dim=data["embed_dim"], num_heads=data["heads"],
                         seed=data["seed"], causal=data["causal"],
                         max_seq_len=data["max_seq_len"], context=data.get("context", ""),
-                        batch=tuple(data.get("rows", ())))
+                        batch=tuple(data.get("rows", ())), dtype=data.get("dtype", ""))
         source = Source(model=data.get("model") or DEFAULT_MODEL, module=data.get("module"),
                         init=tuple(parse_init(text) for text in data.get("init", ())),
                         weights=data.get("weights"))
