@@ -15,8 +15,9 @@ from typing import Any
 from ..config import DEFAULT_MODEL, Config, Source, parse_init
 
 # The named mechanisms `--expect` takes besides rotary and alibi, in the forward's order (the
-# stage kind each grows the reference by: norm on q and k, cosine, pos_bias, softcap, sinks).
-MECHANISMS = ("qk_norm", "cosine", "pos_bias", "softcap", "sinks")
+# stage kind each grows the reference by: norm on q and k, cosine, pos_bias, softcap, sinks,
+# differential).
+MECHANISMS = ("qk_norm", "cosine", "pos_bias", "softcap", "sinks", "differential")
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class Request:
         return {"sentence": config.sentence, "embed_dim": config.embed_dim,
                 "heads": config.num_heads, "seed": config.seed, "causal": config.causal,
                 "max_seq_len": config.max_seq_len, "context": config.context,
-                "model": source.model, "module": source.module,
+                "dtype": config.dtype, "model": source.model, "module": source.module,
                 "init": [f"{name}={value!r}" for name, value in source.init],
                 "weights": source.weights, **self.expect.facts(),
                 "rows": list(self.rows), "steps": self.steps}
@@ -135,7 +136,7 @@ class Request:
         config = Config(data["sentence"], embed_dim=data["embed_dim"], num_heads=data["heads"],
                         seed=data["seed"], causal=data["causal"],
                         max_seq_len=data["max_seq_len"], context=data.get("context", ""),
-                        batch=tuple(data.get("rows", ())))
+                        batch=tuple(data.get("rows", ())), dtype=data.get("dtype", ""))
         source = Source(model=data.get("model") or DEFAULT_MODEL, module=data.get("module"),
                         init=tuple(parse_init(text) for text in data.get("init", ())),
                         weights=data.get("weights"))
