@@ -1,4 +1,5 @@
-"""The `--hf` rows at the sizes learners download: Llama-3.2-1B, Llama-3.2-3B and Llama-3-8B.
+"""The `--hf` rows at the sizes learners download: Llama-3.2-1B, Llama-3.2-3B, Llama-3-8B and
+(optional, `--only hf_70b`) Llama-3-70B.
 
     .venv/bin/python benchmarks/hf_shapes.py build NAME DIR   # the checkpoint, if not there yet
     .venv/bin/python benchmarks/hf_shapes.py sentence DIR     # 12 tokens of its tokenizer
@@ -6,8 +7,8 @@
 
 `build` writes a checkpoint of the published shapes (config.json as the model's, every tensor
 of the shape and name transformers saves) in bfloat16 safetensors, with random weights
-(1B, 3B: N(0, 0.02), norms 1), or for the 8B as a sparse file (its weights all zero, holes on
-disk: 16 GB that take no room), and the tests' small byte-level tokenizer (nothing is
+(1B, 3B: N(0, 0.02), norms 1), or for the 8B and 70B as a sparse file (its weights all zero, holes on
+disk: 16 GB or 141 GB that take no room), and the tests' small byte-level tokenizer (nothing is
 downloaded). The safetensors file is written tensor by tensor, so that building takes one
 tensor's memory. DIR is a cache (benchmarks/bench.py puts it under ~/.cache/mha-tui-bench);
 never commit it.
@@ -21,14 +22,14 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 12
 
-# config.json's sizes as published (meta-llama/Llama-3.2-1B, Llama-3.2-3B, Meta-Llama-3-8B).
+# config.json's sizes as published (meta-llama/Llama-3.2-1B, Llama-3.2-3B, Meta-Llama-3-8B,
+# Meta-Llama-3-70B).
 _LLAMA3 = dict(vocab_size=128256, rms_norm_eps=1e-5, num_key_value_heads=8, bos_token_id=0,
                eos_token_id=0)
 _SCALED = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
@@ -47,68 +48,29 @@ SHAPES: dict[str, dict] = {
                        num_attention_heads=32, num_hidden_layers=32, head_dim=128,
                        max_position_embeddings=8192, tie_word_embeddings=False,
                        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+    "llama-3-70b": dict(_LLAMA3, hidden_size=8192, intermediate_size=28672,
+                        num_attention_heads=64, num_hidden_layers=80, head_dim=128,
+                        max_position_embeddings=8192, tie_word_embeddings=False,
+                        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
 }
-SPARSE = {"llama-3-8b"}  # zero weights, a sparse file
-
-
-def _tensors(config) -> list[tuple[str, tuple[int, ...]]]:
-    """Every tensor save_pretrained writes for this config, in its order (tied ones once)."""
-    import torch
-    from transformers import LlamaForCausalLM
-
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    seen: set[int] = set()
-    names = []
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in seen or (config.tie_word_embeddings and name == "lm_head.weight"):
-            continue
-        seen.add(id(param))
-        names.append((name, tuple(param.shape)))
-    return names
+SPARSE = {"llama-3-8b", "llama-3-70b"}  # zero weights, a sparse file (15 GB, 141 GB)
+# Written in shards of 5 GB, as published: one 141 GB file could not even be mapped (torch
+# maps a safetensors file whole, and Linux refuses a private mapping larger than the memory
+# and swap: "unable to mmap ... Cannot allocate memory").
+SHARDED = {"llama-3-70b": 5 * 10**9}
 
 
 def build(name: str, directory: Path) -> None:
     stamp = directory / "built.json"
     if stamp.is_file() and json.loads(stamp.read_text()) == SHAPES[name]:
         return
-    import torch
-    from transformers import LlamaConfig
-
     sys.path.insert(0, str(ROOT))
-    from tests.hf_models import tiny_tokenizer
+    from tests.hf_models import save_llama_shaped
 
-    directory.mkdir(parents=True, exist_ok=True)
-    config = LlamaConfig(**SHAPES[name])
-    config.dtype = torch.bfloat16
-    config.save_pretrained(directory)
-    tiny_tokenizer().save_pretrained(directory)
-    tensors = _tensors(config)
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for key, shape in tensors:
-        size = 2
-        for extent in shape:
-            size *= extent
-        header[key] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    generator = torch.Generator().manual_seed(0)
-    with open(directory / "model.safetensors", "wb") as out:
-        out.write(struct.pack("<Q", len(raw)))
-        out.write(raw)
-        start = out.tell()
-        if name in SPARSE:
-            out.truncate(start + offset)  # holes: zeros that take no disk
-        else:
-            for key, shape in tensors:
-                if key.endswith("norm.weight"):
-                    tensor = torch.ones(shape, dtype=torch.bfloat16)
-                else:
-                    tensor = (torch.randn(shape, generator=generator) * 0.02).to(torch.bfloat16)
-                tensor.view(torch.int16).numpy().tofile(out)
-                del tensor
+    for old in directory.glob("model*.safetensors*"):
+        old.unlink()
+    save_llama_shaped(directory, SHAPES[name], sparse=name in SPARSE,
+                      shard_bytes=SHARDED.get(name))
     stamp.write_text(json.dumps(SHAPES[name]))
 
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 PAD = "<pad>"
 
 # Ceilings that keep a run within a laptop's memory and a terminal's patience. GPT-2 XL
-# has C=1600 and h=25; 4096 leaves room above any textbook model.
+# has C=1600 and h=25; 4096 leaves room above any textbook model (a `--hf` model's own C
+# is not capped: Llama-3-70B's is 8192).
 MAX_EMBED_DIM = 4096
 MAX_SEQ_LEN = 4096
 MAX_SEED = 2**63 - 1
@@ -66,6 +67,9 @@ class ModelSource:
     attention: str = ""  # the attention submodule's path, e.g. transformer.h.5.attn
     # An encoder (BERT, T5's encoder): its self-attention lets every token see every token.
     encoder: bool = False
+    # The encoder of an encoder-decoder (T5, BART, Marian; shown without --context): its
+    # model_type; "" for any other model.
+    encoder_of: str = ""
     # What the model ran and was recorded in, and the checkpoint's own dtype (they differ
     # only when `--dtype` asked for another: see `dtype_words`).
     dtype: str = "float32"
@@ -115,8 +119,11 @@ class Config:
     dtype: str = ""
 
     def __post_init__(self) -> None:
-        _positive("--embed-dim", self.embed_dim, MAX_EMBED_DIM)
-        _positive("--heads", self.num_heads, MAX_EMBED_DIM)
+        # A model's own sizes (--hf: Llama-3-70B's C is 8192) are not the tool's to cap: the
+        # memory estimate decides whether they fit. The ceiling is for sizes asked for here.
+        ceiling = MAX_EMBED_DIM if self.model is None else 2**31
+        _positive("--embed-dim", self.embed_dim, ceiling)
+        _positive("--heads", self.num_heads, ceiling)
         if self.embed_dim % self.num_heads:
             valid = ", ".join(map(str, divisors(self.embed_dim)))
             raise ConfigError(
@@ -245,7 +252,9 @@ class Config:
                           "layer": self.model.layer, "n_layers": self.model.n_layers,
                           "vocab_size": self.model.vocab_size, "encoder": self.model.encoder,
                           "dtype": self.model.dtype,
-                          "checkpoint_dtype": self.model.stored_dtype},
+                          "checkpoint_dtype": self.model.stored_dtype,
+                          **({"encoder_of": self.model.encoder_of} if self.model.encoder_of
+                             else {})},
                 # an encoder-decoder's decoder layer: the encoder's input, as its tokenizer cut it
                 **({"context": self.context, "context_tokens": list(self.key_tokens)}
                    if self.cross else {}),
@@ -273,9 +282,12 @@ class Config:
 # ---------------------------------------------------------------- which module to explain
 
 # `--model NAME`: the tutorials' modules shipped in mha_tui/examples (built by mha_tui.load).
-MODEL_NAMES = ("mygpt", "course", "raschka", "raschka-wrapper", "many-eyes", "cross")
+MODEL_NAMES = ("mygpt", "course", "raschka", "raschka-wrapper", "raschka-cache", "many-eyes",
+               "cross")
 # The tutorial module `--context` runs when no --model or --module is given.
 CROSS_MODEL = "cross"
+# ... and `--decode`: one that keeps a KV cache.
+DECODE_MODEL = "raschka-cache"
 # The NumPy blueprint (seed 002): its per-head loop and its einsum form; no torch.
 NUMPY_MODEL_NAMES = ("blueprint", "blueprint-einsum")
 DEFAULT_MODEL = "mygpt"

@@ -51,3 +51,24 @@ def split_figures(text: str) -> list[str]:
     return [f"{a.strip()!r} / {b.strip()!r}" for a, b in pairwise(lines)
             if (_OPEN_FIGURE.search(a.rstrip()) and b.strip())
             or (_NAMED.search(a.rstrip()) and re.match(r"[-\d]", b.strip()))]
+
+
+async def settle(app, pilot, until=None, timeout: float = 120) -> None:
+    """Until no worker of the app is running (and `until()`, if given: a worker started
+    after the first frame may not exist yet), then a frame: the forward, a rerun, a layer.
+
+    Not `app.workers.wait_for_complete()`: a cache-warming worker is replaced (cancelled) by
+    the next one, and waiting on a cancelled worker raises WorkerCancelled; and a list of
+    named workers read too late is empty, which waits for every worker again."""
+    import asyncio
+
+    from textual.worker import WorkerState
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    await pilot.pause()
+    while (until is not None and not until()) or any(
+            worker.state in (WorkerState.PENDING, WorkerState.RUNNING) for worker in app.workers):
+        assert loop.time() < deadline, f"workers still running after {timeout} s: {app.workers}"
+        await pilot.pause(0.05)
+    await pilot.pause()

@@ -237,8 +237,8 @@ def _marian(vocab: int) -> Any:
 
 
 # Encoder-decoders explained with --context (`load.hf_seq2seq`): the decoder's layers, their
-# cross-attention (`cross`) and self-attention (`attention`). T5 is FAMILIES["t5"] (its
-# encoder is what --hf shows without --context); BART and Marian are refused without it.
+# cross-attention (`cross`) and self-attention (`attention`). Without --context, --hf shows
+# each one's encoder (T5's is also FAMILIES["t5"]).
 SEQ2SEQ: dict[str, Family] = {family.name: family for family in (
     Family("t5", "T5ForConditionalGeneration", _t5, "unigram",
            ("relative_bias", "unscaled"), attention="decoder.block.0.layer.0.SelfAttention",

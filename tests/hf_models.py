@@ -78,3 +78,79 @@ def hub_cache_layout(cache: Path, repo_id: str, model_dir: Path,
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(revision)
     return snapshot
+
+
+def save_llama_shaped(directory: Path, sizes: dict, *, sparse: bool, seed: int = 0,
+                      shard_bytes: int | None = None) -> Path:
+    """A Llama checkpoint of the given config.json sizes in bfloat16 safetensors, beside
+    tiny_tokenizer, written tensor by tensor (building it takes one tensor's memory):
+    random weights (N(0, 0.02), norms 1), or, `sparse`, every weight zero as a sparse file
+    (holes on disk: a checkpoint of tens of GB that takes no room). shard_bytes: in shards of
+    at most that size with their model.safetensors.index.json, as save_pretrained and the
+    published big checkpoints (Llama-3-70B: 30 files of about 5 GB) lay them out."""
+    import json
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory.mkdir(parents=True, exist_ok=True)
+    config = LlamaConfig(**sizes)
+    config.dtype = torch.bfloat16
+    config.save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    # Every tensor save_pretrained writes, in its order, tied ones once.
+    seen: set[int] = set()
+    tensors: list[tuple[str, tuple[int, ...], int]] = []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen or (config.tie_word_embeddings and name == "lm_head.weight"):
+            continue
+        seen.add(id(param))
+        tensors.append((name, tuple(param.shape), 2 * param.numel()))
+    shards: list[list[tuple[str, tuple[int, ...], int]]] = [[]]
+    for tensor in tensors:
+        if shard_bytes and shards[-1] and sum(t[2] for t in shards[-1]) + tensor[2] > shard_bytes:
+            shards.append([])
+        shards[-1].append(tensor)
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    generator = torch.Generator().manual_seed(seed)
+    for name, shard in zip(names, shards, strict=True):
+        _write_safetensors(directory / name, shard, sparse, generator)
+    if len(shards) > 1:
+        weight_map = {key: name for name, shard in zip(names, shards, strict=True)
+                      for key, _, _ in shard}
+        index = {"metadata": {"total_size": sum(t[2] for t in tensors)}, "weight_map": weight_map}
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return directory
+
+
+def _write_safetensors(file: Path, tensors: list[tuple[str, tuple[int, ...], int]],
+                       sparse: bool, generator) -> None:
+    import json
+    import struct
+
+    import torch
+
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for key, shape, size in tensors:
+        header[key] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(file, "wb") as out:
+        out.write(struct.pack("<Q", len(raw)))
+        out.write(raw)
+        start = out.tell()
+        if sparse:
+            out.truncate(start + offset)  # holes: zeros that take no disk
+            return
+        for key, shape, _ in tensors:
+            if key.endswith("norm.weight"):
+                tensor = torch.ones(shape, dtype=torch.bfloat16)
+            else:
+                tensor = (torch.randn(shape, generator=generator) * 0.02).to(torch.bfloat16)
+            tensor.view(torch.int16).numpy().tofile(out)
+            del tensor

@@ -121,6 +121,33 @@ CASES: dict[str, Case] = {
     "nn.MultiheadAttention averaged weights": Case(
         "longtail/leftovers.py:AveragedWeights", True),
     "unused torch.arange(T)": Case("longtail/leftovers.py:UnusedPositions", True),
+    "Gemma 2, --expect rotary softcap": Case(
+        "longtail/hf_installed.py:Gemma2SelfAttention", True, ("soft-capping", "cap 0.5"),
+        ("rotary", "softcap"), expect={**ROTARY, "mechanisms": ("softcap",)}),
+    "gpt-oss, --expect rotary sinks": Case(
+        "longtail/hf_installed.py:GptOssSelfAttention", True, ("attention sinks",),
+        ("rotary", "sinks"), expect={**rotary(150000.0), "mechanisms": ("sinks",)}),
+    "Qwen3, --expect rotary qk_norm": Case(
+        "longtail/hf_installed.py:Qwen3SelfAttention", True, ("RMSNorm on q and k", "per head"),
+        ("norm", "rotary"), expect={**rotary(1000000.0), "mechanisms": ("qk_norm",)}),
+    "OLMo2, --expect rotary qk_norm": Case(
+        "longtail/hf_installed.py:Olmo2SelfAttention", True, ("RMSNorm on q and k", "whole"),
+        ("norm", "rotary"), expect={**rotary(500000.0), "mechanisms": ("qk_norm",)}),
+    "open_clip cosine attention, --expect cosine": Case(
+        "longtail/open_clip_attn.py:Attention", True, ("cosine attention", "learned scale"),
+        ("cosine",), causal=False, expect={"mechanisms": ("cosine",)}),
+    "T5 buckets, --expect pos_bias": Case(
+        "longtail/hf_installed.py:T5SelfAttention", True, ("relative position bias", "T5"),
+        ("pos_bias",), causal=False, expect={"mechanisms": ("pos_bias",)}),
+    "SAM, --expect pos_bias": Case(
+        "longtail/sam_attn.py:SamAttention", True, ("relative position terms",), ("pos_bias",),
+        causal=False, expect={"mechanisms": ("pos_bias",)}),
+    "differential attention (unilm), --expect differential": Case(
+        "longtail/diff_attn.py:MultiheadDiffAttn", True, ("differential attention", "λ"),
+        ("differential",), expect={"mechanisms": ("differential",)}),
+    "DiffLlama, --expect rotary differential": Case(
+        "longtail/hf_installed.py:DiffLlamaSelfAttention", True, ("differential attention",),
+        ("differential",), expect={**ROTARY, "mechanisms": ("differential",)}),
     "post-norm residual": Case("mechanisms/post_norm.py:BertAttention", False,
                                ("residual",), ("residual",), causal=False),
 }

@@ -17,7 +17,7 @@ from mha_tui.config import Config
 from mha_tui.pipeline import run_trace
 from mha_tui.stages import STAGE_IDS
 
-from .conftest import default_trace
+from .conftest import default_trace, settle
 
 
 def make_app(**kwargs: object) -> ExplainApp:
@@ -183,8 +183,7 @@ async def test_keys_pressed_while_loading_are_kept() -> None:
         await pilot.press("right", "right")
         assert stage_id(app) == "view"
         release.set()
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(app, pilot, until=lambda: app.trace is not None)
         assert app.trace is not None and stage_id(app) == "view"
         assert "(1, 4, 4) -> (1, 4, 2, 2)" in text_of(app, "#main")
 
@@ -195,8 +194,7 @@ async def test_a_failed_load_is_shown_not_raised() -> None:
 
     app = ExplainApp(Config("I love AI !"), loader=broken)
     async with app.run_test(size=(100, 32)) as pilot:
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(app, pilot, until=lambda: "Could not run" in text_of(app, "#main"))
         assert "Could not run the module: MemoryError: simulated" in text_of(app, "#main")
 
 
@@ -648,10 +646,7 @@ async def test_bad_module_input_ends_the_app_with_the_clis_refusal() -> None:
     app = mha_tui.app.run.explain_app(config, build=partial(load_for, Request(config, source)),
                                   running=whose_forward(source), refusals=(LoadError,))
     async with app.run_test(size=(100, 32)) as pilot:
-        # the loading worker only: a cache-warming worker may be replaced (cancelled) by the
-        # next one meanwhile, and waiting for every worker then raises WorkerCancelled
-        await app.workers.wait_for_complete([w for w in app.workers if w.name == "trace"])
-        await pilot.pause()
+        await settle(app, pilot, until=lambda: app.return_code is not None)
     assert app.return_code == 2 and app.refusal == str(refused.value)
     assert "Missing" in app.refusal
 
@@ -750,8 +745,7 @@ async def test_a_click_on_a_cell_moves_the_cursor_there() -> None:
 
 async def _settle(app: ExplainApp, pilot) -> None:
     await pilot.pause()
-    await app.workers.wait_for_complete()
-    await pilot.pause()
+    await settle(app, pilot)
 
 
 async def test_s_runs_the_module_on_a_typed_sentence_and_keeps_stage_and_cursor() -> None:

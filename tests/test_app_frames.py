@@ -15,7 +15,7 @@ from mha_tui.app.stage_view import StageView
 from mha_tui.config import Config
 from mha_tui.records import Trace
 
-from .conftest import default_trace
+from .conftest import default_trace, settle
 
 
 def make_app(**kwargs: object) -> ExplainApp:
@@ -100,10 +100,7 @@ async def test_the_forward_starts_after_the_waiting_screen_is_painted(
     app = ExplainApp(trace.config, loader=loader)
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
-        # The trace's worker only: a cache-warming worker may be replaced (cancelled) by
-        # the next one meanwhile, and waiting for it then raises WorkerCancelled.
-        await app.workers.wait_for_complete([w for w in app.workers if w.name == "trace"])
-        await pilot.pause()
+        await settle(app, pilot, until=lambda: app.trace is not None)
         assert app.trace is trace
         assert len(seen_at_start) == 1
         marked, shown = seen_at_start[0]

@@ -19,7 +19,7 @@ from mha_tui.load.learner import learner_code
 from mha_tui.records import Trace
 from mha_tui.serve import SERVE_ENV
 
-from .conftest import default_trace
+from .conftest import default_trace, settle
 
 
 @pytest.fixture(autouse=True)
@@ -116,8 +116,7 @@ async def test_the_first_forward_done_starts_the_collector_again() -> None:
     app = ExplainApp(trace.config, loader=loader)
     async with app.run_test(size=(100, 32)) as pilot:
         await pilot.pause()
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(app, pilot, until=lambda: app.trace is not None)
         assert app.trace is trace
     assert during == [False]
     assert gc.isenabled() and not collector.paused() and gc.get_freeze_count() == frozen

@@ -13,6 +13,7 @@ from mha_tui.config import Config, Source
 from mha_tui.judge.roles import RoleCopyError
 from mha_tui.pipeline import compared
 
+from .conftest import settle
 from .test_compare import unequal_sides
 
 MISTAKES = Path(__file__).parent / "fixtures" / "mistakes"
@@ -88,8 +89,6 @@ async def test_the_comparison_is_computed_in_the_loading_thread() -> None:
     mine = Source(module=f"{MISTAKES / 'mask_reversed'}.py:MultiHeadAttention")
     app = CompareApp(CONFIG, compare=lambda config: compared(config, mine, Source(model="mygpt")))
     async with app.run_test(size=(100, 32)) as pilot:
-        # the loading worker (the forward's thread), not the background rendering, whose
-        # exclusive workers cancel each other; it starts after the first frame
         for _ in range(200):
             loading = [w for w in app.workers if w.name == "trace"]
             if loading or app.comparison is not None:
@@ -110,8 +109,7 @@ async def test_weights_that_cannot_be_copied_end_the_app_with_one_line() -> None
 
     app = CompareApp(CONFIG, compare=refuse, refusals=(RoleCopyError,))
     async with app.run_test(size=(100, 32)) as pilot:
-        await app.workers.wait_for_complete()  # nothing is rendered: no other worker
-        await pilot.pause()
+        await settle(app, pilot)
     assert app.return_code == 2 and "has a bias" in app.refusal
 
 

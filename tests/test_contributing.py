@@ -122,35 +122,35 @@ def test_the_stage_kind_example_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert "clamp changed 5 of 32 scores" in after.stdout
 
 
-def _reload_cli() -> None:
-    """The CLI imported again: `options` (whose Format is made from write.FORMATS), the
-    modules that use its Format, then the package, which registers the commands anew."""
-    import importlib
+_FORMAT_EXAMPLE = """
+import sys
+from pathlib import Path
 
-    from mha_tui import cli
+from mha_tui import write
 
-    for name in ("options", "transcript", "explain_app", "explain", "heads", "check", "serve"):
-        importlib.reload(sys.modules[f"mha_tui.cli.{name}"])
-    importlib.reload(cli)
+writer, row, test = sys.argv[1:4]
+namespace = dict(vars(write))
+exec(compile(writer, "CONTRIBUTING.md: mha_tui/write/__init__.py", "exec"), namespace)
+added = eval(row.strip().rstrip(","), namespace)
+write.FORMATS[added.name] = added
+checks = {"Path": Path}
+exec(compile(test, "CONTRIBUTING.md: tests/test_pictures.py", "exec"), checks)
+checks["test_rst_notes_hold_the_text_transcript"](Path(sys.argv[4]))
+print("ran")
+"""
 
 
-def test_the_format_example_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_format_example_runs(tmp_path: Path) -> None:
     """CONTRIBUTING's reStructuredText format, its FORMATS row and its test, exactly as
-    written: installed for this test only (the CLI, whose --format choices are read from the
-    table when it is imported, is imported again around it)."""
+    written, in a process of their own: the CLI reads its --format choices from the table
+    when it is imported, and importing it again inside this one would leave other test
+    files holding the old Format."""
+    import subprocess
+
     from mha_tui import write
 
     writer, row, test = _python_blocks(_section("## Add a format"))
-    namespace = dict(vars(write))
-    exec(compile(writer, "CONTRIBUTING.md: mha_tui/write/__init__.py", "exec"), namespace)
-    added = eval(row.strip().rstrip(","), namespace)
-    monkeypatch.setitem(write.FORMATS, added.name, added)
-    try:
-        _reload_cli()
-        checks: dict[str, object] = {"Path": Path}
-        exec(compile(test, "CONTRIBUTING.md: tests/test_pictures.py", "exec"), checks)
-        checks["test_rst_notes_hold_the_text_transcript"](tmp_path)
-    finally:
-        monkeypatch.undo()
-        _reload_cli()
+    run = subprocess.run([sys.executable, "-c", _FORMAT_EXAMPLE, writer, row, test, str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ran", run.stderr[-3000:]
     assert "rst" not in write.FORMATS

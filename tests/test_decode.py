@@ -21,6 +21,7 @@ from mha_tui.pipeline import verdict
 from mha_tui.records.request import Expect, Request
 from mha_tui.render.options import RenderOptions
 from mha_tui.render.tensor import tensor_matrices
+from mha_tui.why import why
 
 from .conftest import run_cli
 from .fixtures import kv_caches as kv
@@ -375,3 +376,122 @@ def test_zero_columns_are_the_keys_blocked_for_every_query() -> None:
     assert zero_columns(weights, 2) == [1]
     assert zero_columns(weights[:1], 3) == [1]
     assert zero_columns(np.ones((1, 1, 1, 3)) / 3, 3) == []
+
+
+# ---------------------------------------------------------------- gpt-fast's decode step
+
+
+def test_a_gpt_fast_step_turns_its_new_token_as_a_rotary_stage() -> None:
+    """gpt-fast's stacked pairs (`reshape(..., -1, 2)`, `stack`, `flatten(3)`) on the one new
+    token: one rotary stage, turned for the token's own position, every cell explained; the
+    keys of its KVCache (allocated up front) are the tokens, then the slots not written yet."""
+    torch.manual_seed(0)
+    trace = mha_tui.trace(kv.GPTFastDecoding(8, 2).eval(), _x8(), TOKENS, decode=2)
+    for step, position in zip(trace.steps, (3, 4), strict=True):
+        kinds = [s.kind for s in step.stages]
+        assert kinds.count("rotary") == 1 and "scale" not in kinds[:kinds.index("scores")]
+        assert not [s for s in step.stages if s.kind == "op" and "stack" in " ".join(
+            op.name for op in s.ops)]
+        rotary = step.stage("rotary")
+        offset = rotary.checks[0]
+        assert offset.ok and f"turned for its position {position}" in offset.label
+        only = replace(step, stages=(rotary,))
+        found, asked = problems(only)
+        assert found == [] and asked >= 3
+        cell = why(step, "rotary", (0, 0, 0, 1))
+        assert f"at position {position}" in " ".join(cell.notes)
+        weights = step.stage("softmax").tensors[-1]
+        assert weights.dims == ("B", "h", "T", "T_k") and weights.values.shape[-1] == 16
+        matrix = tensor_matrices(weights, step.config, RenderOptions(full=True))[0]
+        assert matrix.rows.labels == [TOKENS[position]]
+        assert matrix.cols.labels[:position + 1] == TOKENS[:position + 1]
+        assert set(matrix.cols.labels[position + 1:]) == {"<unused>"}
+        # the unused slots are masked: no weight on them
+        assert not weights.values[..., position + 1:].any()
+
+
+def _x8() -> torch.Tensor:
+    return torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(3))  # (B, T, C)
+
+
+class MetaRotaryOffByOne(kv.MetaLlamaDecoding):
+    """The rotary table read one position early (`start_pos - 1`)."""
+
+    def forward(self, h: torch.Tensor, start_pos: int = 0):
+        _bsz, seqlen, _ = h.shape
+        first = max(start_pos - 1, 0)
+        freqs_cis = self.freqs_cis[first: first + seqlen]
+        mask = None
+        if seqlen > 1:
+            mask = torch.full((seqlen, seqlen), float("-inf"), device=h.device)
+            mask = torch.triu(mask, diagonal=1)
+            mask = torch.hstack([torch.zeros((seqlen, start_pos), device=h.device), mask]).type_as(h)
+        return self.attention(h, start_pos, freqs_cis, mask)
+
+
+@pytest.mark.parametrize(("make", "used"), [
+    (lambda: kv.MetaRotaryFromZero(8, 2), lambda t: 0),
+    (lambda: MetaRotaryOffByOne(8, 2), lambda t: t - 1)])
+def test_the_rotary_offset_bug_says_which_position_was_used(make, used) -> None:
+    from mha_tui.judge.decode import step_diagnosis
+
+    torch.manual_seed(0)
+    trace = mha_tui.trace(make().eval(), _x8(), TOKENS, decode=2)
+    for step in trace.steps:
+        t = step.step.position
+        assert step.step.equal is False
+        diagnosis = step_diagnosis(step)
+        assert diagnosis.kind == "cache_rotary_offset"
+        assert f"must be rotated for position {t}, but they were rotated for position " \
+               f"{used(t)} instead" in diagnosis.message
+        offset = step.stage("rotary").checks[0]
+        assert offset.ok is False and f"position {used(t)}'s turn" in offset.label
+
+
+# ---------------------------------------------------------------- --decode with --context / --batch
+
+TWO = "tests/fixtures/two_sequences.py"
+
+
+class MetaWithMask(kv.MetaLlamaDecoding):
+    """Meta's decoding wrapper with a mask parameter: one start_pos for every row."""
+
+    def forward(self, h: torch.Tensor, start_pos: int = 0, mask=None):
+        return super().forward(h, start_pos)
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    ((f"{TWO}:SDCrossAttention", "--init", "query_dim=4", "--context", "le chat"),
+     "--decode with --context: SDCrossAttention.forward keeps no KV cache: the context's keys "
+     "and values are made again from the context at every call"),
+    ((f"{TWO}:WhisperAttention", "--init", "n_state=4", "--init", "n_head=2", "--context",
+      "le chat"), "--decode with --context is not built: WhisperAttention.forward takes a KV "
+     "cache (kv_cache) beside its context"),
+    ((f"{FILE}:GPT2Attention", "--batch", "a b"),
+     "--decode with --batch is not built: decoding padded rows needs them padded on the left"),
+    ((f"{FILE}:NanoGPTKVAttention", "--batch", "a b"),
+     "NanoGPTKVAttention.forward(x, past_kv, use_cache) has no parameter for a padding mask"),
+])
+@pytest.mark.parametrize("command", ["explain", "check"])
+def test_decode_with_context_or_batch_is_refused_saying_why(args, said, command, tmp_path) -> None:
+    out = tmp_path / "out.txt"
+    module, *rest = args
+    where = ("--module", module) if command == "explain" else (module,)
+    done = run_cli(command, *(("the cat sat on mats",) if command == "explain" else ()), *where,
+                   *rest, "--decode", "1", *(("--dump", str(out)) if command == "explain" else ()))
+    err = done.stderr.decode()
+    assert done.returncode == 2 and err.count("\n") == 1 and said in err, err
+    assert "Traceback" not in err and not out.exists() and not done.stdout
+
+
+def test_one_position_for_every_row_is_why_a_start_pos_cache_cannot_decode_a_batch() -> None:
+    from mha_tui.tracing.decode import decode_refusal
+
+    said = decode_refusal(MetaWithMask(4, 2), cross=False, batch=True)
+    assert "writes its cache at one start_pos for every row" in said
+    said = decode_refusal(kv.NanoGPTKVAttention(4, 2), cross=False, batch=True)
+    assert "takes no padding mask beside its cache" in said
+    with pytest.raises(mha_tui.config.ConfigError, match=r"decode= with context=: .* keeps no KV"):
+        from .fixtures.two_sequences import SDCrossAttention
+
+        mha_tui.trace(SDCrossAttention(4), _x(), TOKENS, context=_x(), decode=1)

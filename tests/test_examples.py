@@ -12,12 +12,13 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from mha_tui.config import MODEL_NAMES, Config, Source
-from mha_tui.load.modules import EXAMPLES, Loaded, causal_mask, load
+from mha_tui.load.modules import EXAMPLES, LoadedTorch, causal_mask, load
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "mha_tui" / "examples"
 ShapeCase = tuple[int, int, int, int]  # C, h, T, seed
@@ -42,12 +43,13 @@ def heads_and_output(name: str, module: nn.Module, h: int, C: int
                      ) -> tuple[list[Head], nn.Linear | None]:
     """Where each tutorial keeps head i's projections and the output projection."""
     d_h = C // h
-    if name in ("mygpt", "course", "raschka", "cross"):
+    if name in ("mygpt", "course", "raschka", "raschka-cache", "cross"):
         q, k, v, o = {
             "mygpt": ("W_Q", "W_K", "W_V", "W_O"),
             "course": ("W_q", "W_k", "W_v", "W_o"),
             "cross": ("W_q", "W_k", "W_v", "W_o"),  # without a context it attends to x
             "raschka": ("W_query", "W_key", "W_value", "out_proj"),
+            "raschka-cache": ("W_query", "W_key", "W_value", "out_proj"),
         }[name]
         layers = [getattr(module, n) for n in (q, k, v)]
         heads = [(*_rows(layers[0], i, d_h), *_rows(layers[1], i, d_h), *_rows(layers[2], i, d_h))
@@ -90,7 +92,7 @@ def reference(x: torch.Tensor, heads: list[Head], out: nn.Linear | None, causal:
     return weights, contexts, result[None]
 
 
-def _built(name: str, case: ShapeCase, causal: bool = True) -> tuple[Loaded, Config]:
+def _built(name: str, case: ShapeCase, causal: bool = True) -> tuple[LoadedTorch, Config]:
     config = _config(*case, causal=causal)
     return load(config, Source(model=name)), config
 
@@ -209,8 +211,8 @@ def test_the_construction_lines_in_each_file_give_the_same_numbers(name: str) ->
     exec(compile(file.read_text(), str(file), "exec"), namespace)
     namespace.update(torch=torch, nn=nn, seed=3, V=len(config.vocab), C=8, h=2, L=16)
     lines = _construction_lines(file)
-    target = "wrapper" if name == "raschka-wrapper" else "mha"
-    chosen = [ln for ln in lines if not ln.startswith(("mha =", "wrapper ="))
+    target = {"raschka-wrapper": "wrapper", "raschka-cache": "cached"}.get(name, "mha")
+    chosen = [ln for ln in lines if not ln.startswith(("mha =", "wrapper =", "cached ="))
               or ln.startswith(f"{target} =")]
     assert len(chosen) == 3, lines
     exec("\n".join(chosen), namespace)
@@ -292,3 +294,33 @@ def test_the_docs_construction_lines_give_the_same_numbers(name: str) -> None:
         args = (x, causal_mask(x.shape[1])) if name == "course" else (x,)
         kwargs = {"mask": causal_mask(x.shape[1])} if name == "cross" else {}  # forward(x, context, mask)
         assert torch.equal(mha(*args, **kwargs), loaded.forward())
+
+
+def _decode_block() -> str:
+    """The manual's decoding lines (docs/modules.md, after "Decoding with a KV cache")."""
+    text = MODULES_PAGE.read_text()
+    start = text.index("```python\n", text.index("**Decoding with a KV cache**")) + len("```python\n")
+    return text[start:text.index("```", start)]
+
+
+def test_the_docs_decoding_lines_give_each_steps_numbers() -> None:
+    """`--decode 2` on raschka-cache (what --decode runs without --model): the manual's
+    prefill and two calls of one token, run on the tutorial's class as a reader has it,
+    give each step's output as the walk-through shows it."""
+    from mha_tui.pipeline import decoded
+    from mha_tui.records.request import Request
+
+    config = Config("I love AI ! I", embed_dim=8, num_heads=2, seed=5, max_seq_len=16)
+    trace = decoded(Request(config, Source(model="raschka-cache"), steps=2))
+    shown = [step.recording.snapshot(step.recording.output).values for step in trace.steps]
+    loaded = load(config, Source(model="raschka-cache"))
+    namespace: dict[str, object] = {"mha": loaded.module, "x": loaded.x, "torch": torch}
+    outs = []
+    with torch.no_grad():
+        for line in _decode_block().splitlines():  # each `out = ...` kept as it is made
+            exec(line, namespace)
+            if line.startswith("out = "):
+                outs.append(namespace["out"].numpy())
+    assert len(outs) == len(shown) == 2
+    for mine, theirs in zip(outs, shown, strict=True):
+        assert mine.shape == (1, 1, 8) and np.array_equal(mine, theirs)

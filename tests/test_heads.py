@@ -13,7 +13,7 @@ from mha_tui.load import trained
 from mha_tui.pipeline.heads import model_view
 from mha_tui.roles import ModelView
 
-from .conftest import run_cli
+from .conftest import run_cli, settle
 
 LETTERS = "a b c d e f g h"
 REPEATED = f"{LETTERS} {LETTERS}"
@@ -219,8 +219,7 @@ async def test_x_removes_the_head_under_the_cursor_in_a_worker(view: ModelView) 
     app = HeadsApp(view, selected=(1, induction.head), ablate=ablate)
     async with app.run_test(size=(100, 40)) as pilot:
         await pilot.press("x")
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(app, pilot)
         assert asked == [(1, induction.head, "zero")]
         assert app.model_view.ablation is not None
         assert app.model_view.ablation.after.accuracy <= 0.5

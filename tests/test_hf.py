@@ -513,3 +513,16 @@ def test_why_explains_a_cell_of_the_layer_shown(tiny: hf.Loaded, tiny_dir: Path)
                   "softmax[9, 9, 9, 9]")
     assert bad.returncode == 2 and bad.stdout == b""
     assert bad.stderr.decode().count("\n") == 1 and "outside attn_weights" in bad.stderr.decode()
+
+
+def test_a_models_own_width_is_not_capped_by_the_tools_ceiling() -> None:
+    """`--embed-dim` is capped at 4096 for a module built here; a `--hf` model's own C is
+    not (Llama-3-70B's is 8192, 64 heads): the memory estimate decides whether it fits."""
+    from mha_tui.config import Config, ConfigError, ModelSource
+
+    model = ModelSource(name="llama-3-70b", class_name="LlamaForCausalLM", layer=40,
+                        n_layers=80, vocab_size=128256, tokens=("a", "b"), ids=(1, 2))
+    config = Config("a b", embed_dim=8192, num_heads=64, model=model)
+    assert (config.embed_dim, config.num_heads) == (8192, 64)
+    with pytest.raises(ConfigError, match="above this tool's ceiling of 4096"):
+        Config("a b", embed_dim=8192, num_heads=64)

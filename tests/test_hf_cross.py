@@ -179,8 +179,6 @@ def test_cli_self_attention_and_json() -> None:
 
 
 @pytest.mark.parametrize(("args", "said"), [
-    (("bart",), "give the encoder's input with --context SENTENCE"),
-    (("marian",), "give the encoder's input with --context SENTENCE"),
     (("t5", "--attention", "cross"), "--attention picks the cross- or self-attention"),
     (("gpt-neo", "--context", CONTEXT), "needs an encoder-decoder model"),
     (("bart", "--context", "  "), "--context is empty"),
@@ -198,12 +196,35 @@ def test_cli_refusals_are_one_line(args: tuple[str, ...], said: str) -> None:
     assert result.stderr.count("\n") == 1 and said in result.stderr, result.stderr
 
 
-def test_t5_without_context_still_shows_its_encoder() -> None:
-    """T5 can be loaded as its bare encoder: without --context --hf explains that, as before."""
-    result = CliRunner().invoke(app, ["explain", SENTENCE, "--hf", str(family_dir("t5")),
-                                      "--dump", "-"])
+@pytest.mark.parametrize("name", list(SEQ2SEQ))
+@pytest.mark.parametrize("layer", [0, 1])
+def test_without_context_every_encoder_decoder_shows_its_encoder(name: str, layer: int) -> None:
+    """T5, BART and Marian alike: without --context, layer L of the encoder, said in one
+    header line; its weights are the model's own encoder_attentions (the family's own class,
+    eager), bit for bit."""
+    import transformers
+
+    from mha_tui.load.hf import load
+    from mha_tui.pipeline.hf import Session
+
+    path = family_dir(name)
+    trace = Session(load(str(path), SENTENCE), SENTENCE, one_layer=True).trace(layer)
+    assert trace.config.model.encoder and trace.config.model.encoder_of == name
+    model = getattr(transformers, SEQ2SEQ[name].model_class).from_pretrained(
+        path, attn_implementation="eager", dtype=torch.float32).eval()
+    ids = transformers.AutoTokenizer.from_pretrained(path)(SENTENCE)["input_ids"]
+    assert list(trace.config.model.ids) == list(ids)
+    with torch.no_grad():
+        own = model(input_ids=torch.tensor([ids]), decoder_input_ids=torch.tensor([ids[:2]]),
+                    output_attentions=True).encoder_attentions[layer]  # (1, h, T, T)
+    assert torch.equal(_weights(trace, tuple(own.shape)), own)
+    result = CliRunner().invoke(app, ["explain", SENTENCE, "--hf", str(path), "--layer",
+                                      str(layer), "--dump", "-"])
     assert result.exit_code == 0, result.stderr
-    assert "T5EncoderModel" in result.stdout
+    said = " ".join(result.stdout.split())
+    assert f"({name} is an encoder-decoder: this is its encoder, self-attention over the " \
+           "sentence; --context SENTENCE shows its decoder's cross-attention)" in said
+    assert "encoder: every token sees every token" in said and "✗" not in said
 
 
 async def test_the_cross_attention_steps_through_the_app() -> None:

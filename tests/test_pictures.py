@@ -18,7 +18,7 @@ from markdown_it import MarkdownIt
 from mha_tui.config import Config
 from mha_tui.render.options import RenderOptions
 from mha_tui.render.stage import stage_heading
-from mha_tui.write.pictures import APP_THEME, SVG_FORMAT, Selection, md_escape, picture
+from mha_tui.write.pictures import APP_THEME, SVG_FORMAT, Selection, md_escape, to_html, to_markdown, to_svg
 
 from .conftest import ROOT, default_trace, run_cli
 
@@ -74,7 +74,7 @@ def test_pictures_use_the_apps_colours() -> None:
 
 def test_svg_parses_and_holds_every_stage() -> None:
     trace = default_trace()
-    svg = picture("svg", trace, RenderOptions())
+    svg = to_svg(trace, RenderOptions())
     text = svg_text(svg)
     for stage in trace.stages:
         assert stage_heading(trace, stage).plain in text
@@ -89,8 +89,8 @@ def test_pictures_load_nothing_from_the_internet() -> None:
     """Rich's template fetches Fira Code from a CDN; ours names the font by local() only."""
     assert not re.search(r"url\((?!#)", SVG_FORMAT) and "https://cdn" not in SVG_FORMAT
     trace = default_trace()
-    for fmt in ("svg", "html"):
-        page = picture(fmt, trace, RenderOptions())
+    for draw in (to_svg, to_html):
+        page = draw(trace, RenderOptions())
         addresses = set(re.findall(r"https?://[^\s\"')]+", page))
         assert addresses <= {"http://www.w3.org/2000/svg", "https://www.textualize.io"}, addresses
         assert not re.search(r"url\((?!#)", page)
@@ -102,7 +102,7 @@ def test_svg_converts_with_rsvg_convert(tmp_path: Path) -> None:
     if rsvg is None:
         pytest.skip("rsvg-convert is not installed (apt-get install librsvg2-bin)")
     source = tmp_path / "softmax.svg"
-    source.write_text(picture("svg", default_trace(), RenderOptions(), 100, Selection(7, 8)), "utf-8")
+    source.write_text(to_svg(default_trace(), RenderOptions(), 100, Selection(7, 8)), "utf-8")
     png = tmp_path / "softmax.png"
     subprocess.run([rsvg, "-o", str(png), str(source)], check=True, timeout=60)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -110,7 +110,7 @@ def test_svg_converts_with_rsvg_convert(tmp_path: Path) -> None:
 
 def test_html_holds_every_stage_title_one_section_each() -> None:
     trace = default_trace()
-    page = parse_html(picture("html", trace, RenderOptions()))
+    page = parse_html(to_html(trace, RenderOptions()))
     assert [s["data-stage"] for s in page.sections] == [stage.id for stage in trace.stages]
     text = "".join(page.text)
     for stage in trace.stages:
@@ -126,7 +126,7 @@ def _fences(md: str) -> list[tuple[str, str]]:
 def test_markdown_sections_and_numbers_round_trip() -> None:
     """Each stage a `##` section; the numbers in its text block are the module's, at 4 decimals."""
     trace = default_trace()
-    md = picture("md", trace, RenderOptions(full=True))
+    md = to_markdown(trace, RenderOptions(full=True))
     tokens = MarkdownIt("commonmark").parse(md)
     headings = ["".join(child.content for child in tokens[i + 1].children or [])
                 for i, t in enumerate(tokens) if t.type == "heading_open" and t.tag == "h2"]
@@ -147,9 +147,9 @@ def test_markdown_sections_and_numbers_round_trip() -> None:
 
 def test_user_text_is_shown_literally_in_all_three() -> None:
     trace = hostile_trace()
-    svg = picture("svg", trace, RenderOptions())
-    page = picture("html", trace, RenderOptions())
-    md = picture("md", trace, RenderOptions())
+    svg = to_svg(trace, RenderOptions())
+    page = to_html(trace, RenderOptions())
+    md = to_markdown(trace, RenderOptions())
     assert "\x1b" not in svg + page + md
     shown = [token.replace("\x1b", "␛") for token in HOSTILE]
     svg_shown = svg_text(svg)

@@ -16,7 +16,7 @@ from mha_tui.kinds.registry import KINDS, RULES, builder
 from mha_tui.ops.graph import Graph
 from mha_tui.ops.sizes import Sizes
 from mha_tui.recognise.classify import classify
-from mha_tui.records import ModuleCall, OpRecord, Recording, Ref, Snapshot, Source, TensorArg
+from mha_tui.records import ModuleCall, OpRecord, Recording, Ref, Snapshot, Statement, TensorArg
 
 B, T, C, H, D = 1, 3, 4, 2, 2
 SIZES = Sizes(B, T, C, H, D)
@@ -61,7 +61,7 @@ class Tape:
             index=index, name=name, qualname=name, module="", module_class="", inputs=tuple(inputs),
             args=(*(TensorArg(i) for i in range(len(inputs))), *scalars),
             kwargs=tuple(kwargs.items()), outputs=tuple(_snap(o) for o in outs),
-            source=Source("attn.py", 10 + index, f"t{index} = {name}(...)")))
+            source=Statement("attn.py", 10 + index, f"t{index} = {name}(...)")))
         return Ref("op", op=index)
 
     def weight(self, name: str, rows: int = C) -> Ref:

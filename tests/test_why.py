@@ -68,8 +68,10 @@ def test_every_cell_of_every_kind_matches_an_independent_computation(
     trace = trace_of(model, embed_dim, heads)
     expected = independent(trace)
     assert set(expected) | {"rotary", "kv_repeat", "pos_bias", "qkv_split", "residual", "norm",
-                                     "dropout", "op", "error", "softcap", "kv_cache"} == \
-        set(KINDS)  # those: below (op and error: tests/test_why_op.py)
+                                     "dropout", "op", "error", "softcap", "kv_cache", "sinks",
+                                     "cosine", "differential", "linear_attn"} == \
+        set(KINDS)  # those: below (op and error: tests/test_why_op.py; cosine, differential,
+    # linear_attn: tests/test_why_longtail.py; sinks: tests/test_why_sweep.py)
     for stage in trace.stages:
         record = main_tensor(stage)
         want = expected[stage.kind]

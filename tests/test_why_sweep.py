@@ -72,6 +72,11 @@ MODULES: list[tuple[str, str, tuple[tuple[str, object], ...], bool]] = [
                  "GQAAttention", "LlamaAttention", "SelfAttention", "GPTNeoXAttention",
                  "OPTAttention", "BertAttention", "PreNormAttention", "SlidingWindowAttention",
                  "Gemma2Attention")),
+    ("mechanisms-sinks-AttentionBlock", "mechanisms/sinks.py:AttentionBlock", (), True),
+    # issue 30's kinds with no softmax-attention counterpart: cosine, differential, linear
+    ("longtail-open-clip-cosine", "longtail/open_clip_attn.py:Attention", (), False),
+    ("longtail-diff-attn", "longtail/diff_attn.py:MultiheadDiffAttn", (), True),
+    ("longtail-linear-attn", "longtail/linear_attn.py:AttentionLayer", (), False),
     *((f"fixtures-{path.stem}-{cls}", f"{path.name}:{cls}", (), True)
       for path in sorted(FIXTURES.glob("[!_]*.py"))
       # endless: a forward that never returns; two_sequences: forwards that need --context
@@ -83,11 +88,7 @@ MODULES: list[tuple[str, str, tuple[tuple[str, object], ...], bool]] = [
       for cls in _classes(path)[-1:]),
 ]
 
-XFAIL: dict[str, str] = {  # id -> why a module's cells are not all explained yet
-    "fixtures-kv_caches-GPTFastDecoding": "gpt-fast's rotary (x.reshape(..., -1, 2) turned as "
-    "pairs, torch.stack, flatten(3)) is recognised, but why cannot yet tell how K after was "
-    "turned (it comes from stack)",
-}
+XFAIL: dict[str, str] = {}  # id -> why a module's cells are not all explained yet
 
 
 @cache

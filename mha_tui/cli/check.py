@@ -16,7 +16,6 @@ from . import options
 from .options import (
     DEFAULT_SENTENCE,
     CheckFormat,
-    ExpectKind,
     SandboxMode,
     check_decode,
     source_of,
@@ -47,8 +46,9 @@ def check(
     timeout: options.Timeout = 20.0,
     jobs: options.Jobs = None,
     memory: options.Memory = 2048,
-    expect: options.ExpectChoice = ExpectKind.attention,
+    expect: options.ExpectChoice = None,
     rotary_base: options.RotaryBase = 10000.0,
+    softcap: options.Softcap = None,
     window: options.Window = None,
     rubric: options.Rubric = None,
     feedback: options.Feedback = None,
@@ -60,6 +60,7 @@ def check(
     batch: options.BatchJudged = None,
     context: options.ContextJudged = None,
     decode: options.DecodeJudged = 0,
+    dtype: options.DtypeJudged = options.DtypeName.auto,  # type: ignore[attr-defined]
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
@@ -76,7 +77,8 @@ def check(
              "mha-tui explain --hf PATH_OR_NAME")
     config = options.config_of(options.valid_text(sentence, "the sentence"), heads=heads,
                                embed_dim=embed_dim, seed=seed, causal=causal,
-                               max_seq_len=max_seq_len, context=context, batch=batch)
+                               max_seq_len=max_seq_len, context=context, batch=batch,
+                               dtype=dtype.value)
     if not 40 <= width <= 400:
         fail(f"--width must be between 40 and 400, got {width}")
     if not 0 < timeout <= 24 * 3600:
@@ -85,7 +87,8 @@ def check(
         fail(f"--jobs must be at least 1, got {jobs}")
     if memory < 64:
         fail(f"--memory must be at least 64 MB, got {memory}")
-    wanted = options.expect_of(expect, window=window, rotary_base=rotary_base)
+    wanted = options.expect_of(expect, window=window, rotary_base=rotary_base,
+                                softcap=softcap)
     from ..grade import GradeError, Submission, find_submissions, is_batch
 
     if class_name is not None and not all(part.isidentifier() for part in class_name.split(".")):

@@ -15,13 +15,14 @@ import typer
 from .. import collector, pipeline
 from ..config import (
     CROSS_MODEL,
+    DECODE_MODEL,
     MODEL_NAMES,
     NUMPY_MODEL_NAMES,
     TRAINED_MODEL_NAMES,
     Config,
     Source,
 )
-from ..records.request import Request
+from ..records.request import Checkpoint, Request
 from ..stages import STAGE_IDS
 from ..write import FORMATS
 from . import options, process
@@ -31,7 +32,7 @@ from .process import fail, interactive, say
 from .transcript import explain_hf, write_comparison, write_transcript
 
 if TYPE_CHECKING:
-    from ..load.modules import Loaded
+    from ..load.modules import LoadedTorch
     from ..load.numpy_modules import LoadedNumpy
     from ..write.destination import Destination
 
@@ -120,6 +121,8 @@ def explain(
                                    batch=batch, dtype=dtype.value)
         if context is not None and model is None and module is None:
             model = Model(CROSS_MODEL)  # the tutorial module that takes a second sequence
+        elif decode and model is None and module is None:
+            model = Model(DECODE_MODEL)  # the tutorial module that keeps a KV cache
         source = _source(model, module, init or [], weights)
         check_decode(decode, config)
         request = Request(config, source, steps=decode)
@@ -153,12 +156,14 @@ def explain(
         except DumpError as error:
             fail(str(error), error.code)
     if hf_source is not None:
-        explain_hf(sentence, hf_source, layer or 0, destination=destination,
-                    interactive=in_app, preflight=preflight, fmt=fmt, width=width or 100,
-                    full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
-                    quiz=quiz, why=cell, trained=trained, stream=not no_stream and not decode,
-                    decode=decode, dtype=dtype.value, context=context,
-                    attention=(attention or AttentionKind.cross).value)
+        whole = Checkpoint(hf_source, sentence, trained=trained, layer=layer or 0,
+                           stream=not no_stream and not decode, dtype=dtype.value,
+                           context=context, attention=(attention or AttentionKind.cross).value,
+                           steps=decode)
+        explain_hf(whole, destination=destination,
+                   interactive=in_app, preflight=preflight, fmt=fmt, width=width or 100,
+                   full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
+                   quiz=quiz, why=cell)
         return
     _check_budget(config, destination, fmt)
     if check_stages:
@@ -182,7 +187,7 @@ def explain(
     # module's build (load.learner.learner_code) resumes.
     if process.STANDALONE:
         collector.pause()
-    loaded: Loaded | LoadedNumpy | None = None
+    loaded: LoadedTorch | LoadedNumpy | None = None
     # The default module on one sentence needs no building before the transcript; anything
     # else is built now, so that bad input (--module, --init, --weights, a forward that takes
     # no context) exits 2 before anything is written.

@@ -17,7 +17,7 @@ from .process import fail, open_app
 
 if TYPE_CHECKING:
     from ..judge import Verdict
-    from ..load.modules import Loaded
+    from ..load.modules import LoadedTorch
     from ..load.numpy_modules import LoadedNumpy
     from ..records import Trace
 
@@ -48,7 +48,7 @@ def open_explained(request: Request, *, stage: str | None, ascii_only: bool, qui
         refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                           build=None if plain or request.steps else partial(load_for, request),
                           running=whose_forward(source), refusals=(LoadError,),
-                          quiz=quiz, **decoding)
+                          quiz=quiz, request=request, **decoding)
         if refusal is not None:
             fail(refusal)
 
@@ -114,7 +114,7 @@ def open_checked(request: Request, *, in_app: bool, stage: str | None, ascii_onl
     open_app(app, preflight=preflight)
 
 
-def load_for(request: Request, config: Config) -> Loaded | LoadedNumpy:
+def load_for(request: Request, config: Config) -> LoadedTorch | LoadedNumpy:
     """The request's module built for the config the app runs (pipeline.load)."""
     return pipeline.load(replace(request, config=config))
 

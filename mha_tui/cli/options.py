@@ -33,7 +33,7 @@ from ..config import (
     Source,
     parse_init,
 )
-from ..records.request import Expect
+from ..records.request import MECHANISMS, Expect
 from ..write import FORMATS, format_of
 from .process import fail
 
@@ -70,6 +70,12 @@ class ExpectKind(StrEnum):
     attention = "attention"
     rotary = "rotary"
     alibi = "alibi"
+    qk_norm = "qk_norm"
+    cosine = "cosine"
+    pos_bias = "pos_bias"
+    softcap = "softcap"
+    sinks = "sinks"
+    differential = "differential"
 
 
 class Ablation(StrEnum):
@@ -122,12 +128,14 @@ HfWhole = Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", hel
 HfRefused = Annotated[str | None, typer.Option("--hf", hidden=True)]
 Layer = Annotated[int | None, typer.Option("--layer", help="With --hf or --model induction: the layer to explain, from 0; in the app [ and ] move between layers.")]
 Dtype = Annotated[DtypeName, typer.Option("--dtype", help="The dtype the module runs and is recorded in. With --hf, auto is the checkpoint's own (a bfloat16 checkpoint is explained in bfloat16, with the model's own numbers); float32, bfloat16 or float16 on request (the header says so: float32 (upcast from bfloat16 on request)). With --model or a module file: the module and x are cast to it (auto: as the module is built); NumPy code is refused.", case_sensitive=False)]
+DtypeJudged = Annotated[DtypeName, typer.Option("--dtype", help="The dtype the module is judged in: the module and x are cast to it (module.to(dtype)) before its forward, and every check allows that dtype's rounding (bfloat16: 2^-6 of the numbers' size); auto: as the module is built (float32). NumPy code is refused.", case_sensitive=False)]
 NoStream = Annotated[bool, typer.Option("--no-stream", help="With --hf: load every weight of the model at once, instead of only the blocks up to the layer shown, one at a time from the checkpoint (streamed: the default for safetensors checkpoints).")]
 Against = Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")]
 
 # ---------------------------------------------------------------------------- what is judged
 
-ExpectChoice = Annotated[ExpectKind, typer.Option("--expect", help="What you meant to build: plain multi-head attention, with rotary positions on Q and K (full, base --rotary-base; a partial rotary as the module turns it), or with ALiBi's fixed slopes on the scores. Shared K/V heads are read from the K and V weights.", case_sensitive=False)]
+ExpectChoice = Annotated[list[ExpectKind] | None, typer.Option("--expect", help="What you meant to build: plain multi-head attention, or with a mechanism (repeat --expect for several): rotary positions on Q and K (full, base --rotary-base; a partial rotary as the module turns it), ALiBi's fixed slopes on the scores, q/k normalisation (RMSNorm or LayerNorm, per head or whole), cosine attention with a learned scale, relative position terms added to the scores, logit soft-capping (--softcap), attention sinks, differential attention; each learned parameter is the module's own. Shared K/V heads are read from the K and V weights.", case_sensitive=False, show_default=False)]
+Softcap = Annotated[float | None, typer.Option("--softcap", metavar="CAP", help="With --expect softcap: the cap, each score s becoming CAP * tanh(s / CAP) before softmax (Gemma 2: 50); by default the module's own.", show_default=False)]
 RotaryBase = Annotated[float, typer.Option("--rotary-base", metavar="BASE", help="With --expect rotary: the base of the angles, pair i turning by BASE^(-2i/d_h) per position.")]
 Window = Annotated[int | None, typer.Option("--window", metavar="N", help="You meant a causal sliding window: each token sees itself and the N - 1 tokens before it.", show_default=False)]
 Check = Annotated[bool, typer.Option("--check", help="In the app: judge every stage as `mha-tui check` does, mark it in the rail and show the diagnosis beside it.")]
@@ -220,15 +228,32 @@ def source_of(model: str | None, module: str | None, init: list[str],
         fail(str(error))
 
 
-def expect_of(expect: ExpectKind, *, window: int | None, rotary_base: float) -> Expect:
-    """--expect, --window, --rotary-base: what the check judges against, the Request's
-    `expect`."""
+def expect_of(expect: list[ExpectKind] | None, *, window: int | None, rotary_base: float,
+              softcap: float | None = None) -> Expect:
+    """--expect (repeatable), --window, --rotary-base, --softcap: what the check judges
+    against, the Request's `expect`."""
+    wanted = set(expect or ())
     if window is not None and window < 1:
         fail(f"--window must be at least 1, got {window}")
     if not rotary_base > 1:
         fail(f"--rotary-base must be above 1, got {rotary_base:g}")
-    return Expect(rotary=expect is ExpectKind.rotary, window=window,
-                  alibi=expect is ExpectKind.alibi, rotary_base=rotary_base)
+    if ExpectKind.attention in wanted and len(wanted) > 1:
+        fail("--expect attention means plain multi-head attention: it cannot go with "
+             f"--expect {', '.join(sorted(w.value for w in wanted - {ExpectKind.attention}))}")
+    if ExpectKind.cosine in wanted and ExpectKind.qk_norm in wanted:
+        fail("--expect cosine already normalises q and k (to unit length): it cannot go with "
+             "--expect qk_norm")
+    if ExpectKind.alibi in wanted and ExpectKind.pos_bias in wanted:
+        fail("--expect alibi is a position bias with fixed slopes: it cannot go with "
+             "--expect pos_bias (a bias the module learns)")
+    if softcap is not None and ExpectKind.softcap not in wanted:
+        fail("--softcap CAP goes with --expect softcap")
+    if softcap is not None and not softcap > 0:
+        fail(f"--softcap must be above 0, got {softcap:g}")
+    return Expect(rotary=ExpectKind.rotary in wanted, window=window,
+                  alibi=ExpectKind.alibi in wanted, rotary_base=rotary_base,
+                  mechanisms=tuple(w.value for w in wanted if w.value in MECHANISMS),
+                  softcap=softcap)
 
 
 def dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str | None) -> Format:
@@ -242,13 +267,10 @@ def dump_format(fmt: Format | None, dump: str | None, *, only: bool, stage: str 
 
 
 def check_decode(steps: int, config: Config) -> None:
-    """--decode N: between 1 and T - 1 (the rest is the prompt), on one sentence attending to
-    itself."""
+    """--decode N: between 1 and T - 1 (the rest is the prompt). With --context or --batch the
+    module says why it cannot decode (`pipeline.load`, once it is built)."""
     if not steps:
         return
-    if config.cross or config.batch:
-        fail(f"--decode with {'--context' if config.cross else '--batch'} is not there yet: "
-             "decode one sentence attending to itself")
     if not 1 <= steps < config.seq_len:
         fail(f"--decode {steps}: the sentence has {config.seq_len} tokens; decode between 1 and "
              f"{config.seq_len - 1} of them (at least one token is the prompt)")

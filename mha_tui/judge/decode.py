@@ -69,6 +69,17 @@ def _blocked_visible(step: Trace) -> list[int]:
     return zero_columns(weights, step.step.position + 1)
 
 
+def _rotary_position(rotary: Stage, t: int) -> int | None:
+    """The position the step's rotary turned the new token for, read from its angle table
+    (row 0: the new token; pair 0 turns by one radian per position in every base)."""
+    from ..kinds.rotary.finding import turned_position
+
+    angles = rotary.tensors[0].values if rotary.tensors else None
+    if angles is None or angles.ndim != 2 or not angles.size:
+        return None
+    return turned_position(float(angles[0, 0]), 4 * t + 64)
+
+
 def step_diagnosis(step: Trace) -> Diagnosis:
     """Why a decode step departs from the full forward's row: the mistake and its line."""
     info = step.step
@@ -97,11 +108,15 @@ def step_diagnosis(step: Trace) -> Diagnosis:
             "tokens the cache holds"), mask.id if mask else "")
     rotary = _stage(step, "rotary")
     if rotary is not None:
+        used = _rotary_position(rotary, t)
+        said = (f"they were rotated for position {used} instead" if used is not None else
+                "they were rotated for no position from 0 to the cache's end")
         return Diagnosis("cache_rotary_offset", *_where(step, rotary), (
             f"decode step {n}: the rotary position ignores the cache's offset: the new token's "
-            f"query and key must be rotated for position {t}, yet the step's output is not row "
-            f"{t} of the full forward (max |difference| {info.max_diff:.3g}); the rotary "
-            f"table must be read from position {t}, not from 0"), rotary.id)
+            f"query and key must be rotated for position {t}, but {said}, so the step's output "
+            f"is not row {t} of the full forward (max |difference| {info.max_diff:.3g}); the "
+            f"rotary table must be read from position {t}"
+            + (", not from 0" if used == 0 else "")), rotary.id)
     last = step.stages[-1] if step.stages else None
     return Diagnosis("decode_step", *_where(step, last), (
         f"decode step {n}'s output is not row {t} of the full forward (max |difference| "

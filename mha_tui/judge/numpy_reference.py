@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kinds._parts.grown import Grown
 from ..kinds.position_bias import alibi_slopes
 from ..records.verdict import RoleWeights
 
@@ -85,7 +86,8 @@ def kv_heads(weights: RoleWeights, heads: int) -> int:
 def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
           window: int | None = None, rotary: str | None = None, rotary_dims: int | None = None,
           base: float = ROTARY_BASE, alibi: bool = False, rotary_sign: int = 1,
-          rotary_freq: np.ndarray | None = None, rotary_factor: float = 1.0) -> list[Step]:
+          rotary_freq: np.ndarray | None = None, rotary_factor: float = 1.0,
+          grown: Grown | None = None) -> list[Step]:
     """Every intermediate of softmax(Q_i K_i^T / sqrt(d_h) + mask) V_i, heads side by side,
     then W_O (the identity when the module has none); x (T, C) or (B, T, C).
 
@@ -94,7 +96,15 @@ def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
     j // (h / h_kv) (Llama's repeat_kv); with `rotary` ("half" or "interleaved"), q and k
     are rotated by position first (`rotary_dims` channels of each head, `base`); with
     `alibi`, each head's scaled scores get ALiBi's bias m_h (j - i); with `window` w, each
-    query sees only the keys less than w tokens back; `causal` False blocks nothing."""
+    query sees only the keys less than w tokens back; `causal` False blocks nothing.
+
+    `grown`: the named mechanisms `check --expect` asked for, with the module's own
+    parameters (kinds/_parts/grown.py), each where it acts: a q/k norm over the whole
+    projection before the head split, per head before (or after) the rotary; cosine
+    attention's unit-length q and k and learned scale in place of 1/sqrt(d_h); a position
+    bias on the scaled scores; soft-capping before the mask; sinks appended before softmax
+    and dropped after."""
+    g = grown or Grown()
     x = np.asarray(x, dtype=np.float64)
     batched = x if x.ndim == 3 else x[None]  # (B, T, C)
     B, T, C = batched.shape
@@ -105,35 +115,97 @@ def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
         return t.reshape(B, T, n, d_h).transpose(0, 2, 1, 3)  # (B, n, T, d_h)
 
     Q, K, V = (_linear(batched, w) for w in (weights.q, weights.k, weights.v))  # K, V (B, T, h_kv d_h)
-    q, k, v = split(Q), split(K, h_kv), split(V, h_kv)  # (B, h, T, d_h); K, V (B, h_kv, T, d_h)
+    BTC, BHTD, BHTT = ("B", "T", "C"), ("B", "h", "T", "d_h"), ("B", "h", "T", "T'")
     grown: list[Step] = []
+    Qn, Kn = Q, K
+    if g.q_norm is not None and not g.q_norm.per_head:  # OLMo 2: the whole projection
+        Qn = g.q_norm.apply(Q)
+        grown.append(Step("Q normed", Qn, BTC))
+    if g.k_norm is not None and not g.k_norm.per_head:
+        Kn = g.k_norm.apply(K)
+        grown.append(Step("K normed", Kn, BTC))
+    q, k, v = split(Qn), split(Kn, h_kv), split(V, h_kv)  # (B, h, T, d_h); K, V (B, h_kv, T, d_h)
+
+    def per_head_norms(after_rotary: bool) -> None:
+        nonlocal q, k
+        for role, norm in (("q", g.q_norm), ("k", g.k_norm)):
+            if norm is None or not norm.per_head or norm.after_rotary is not after_rotary:
+                continue
+            if role == "q":
+                q = norm.apply(q)
+            else:
+                k = norm.apply(k)
+            grown.append(Step(f"{role} normed", q if role == "q" else k, BHTD))
+
+    per_head_norms(False)
     if rotary is not None:
         q = rotate(q, rotary, base, rotary_dims, rotary_sign, rotary_freq, rotary_factor)
         k = rotate(k, rotary, base, rotary_dims, rotary_sign, rotary_freq, rotary_factor)
         grown += [Step("q rotated", q, ("B", "h", "T", "d_h")),
                   Step("k rotated", k, ("B", "h", "T", "d_h"))]
+    per_head_norms(True)
+    if g.cosine is not None:  # unit length over each head's channels
+        q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
+        k = k / np.maximum(np.linalg.norm(k, axis=-1, keepdims=True), 1e-12)
+        grown += [Step("q unit", q, BHTD), Step("k unit", k, BHTD)]
     if h_kv != heads:
         k = np.repeat(k, heads // h_kv, axis=1)  # (B, h, T, d_h): head j is K/V head j // n
         v = np.repeat(v, heads // h_kv, axis=1)
         grown += [Step("k shared", k, ("B", "h", "T", "d_h")),
                   Step("v shared", v, ("B", "h", "T", "d_h"))]
-    scale = 1.0 / np.sqrt(d_h)
+    scale = 1.0 / np.sqrt(d_h) if g.score_scale is None else g.score_scale
     raw = q @ k.transpose(0, 1, 3, 2)  # (B, h, T, T)
     blocked = np.triu(np.ones((T, T), dtype=bool), k=1) if causal else np.zeros((T, T), bool)
     if window is not None:
         blocked |= np.tril(np.ones((T, T), dtype=bool), k=-window)
     mask = np.where(blocked, -np.inf, 0.0)
-    scaled = raw * scale
+    if g.cosine is not None:  # the cosines times the learned scale per head
+        per_head = np.broadcast_to(np.asarray(g.cosine, dtype=np.float64).reshape(-1),
+                                   (heads,)) if np.size(g.cosine) in (1, heads) else None
+        if per_head is None:
+            raise ValueError(f"a cosine scale of {np.size(g.cosine)} numbers for {heads} heads")
+        scaled = raw * per_head[None, :, None, None]
+    else:
+        scaled = raw * scale
     biased = scaled + alibi_bias(heads, T) if alibi else scaled  # (B, h, T, T)
+    extra: list[Step] = [Step("biased scores", biased, BHTT)] if alibi else []
+    if g.bias is not None:  # a position bias the module adds, as it adds it
+        biased = biased + np.asarray(g.bias, dtype=np.float64).reshape(
+            (-1, heads, T, T) if np.size(g.bias) % (heads * T * T) == 0 else np.shape(g.bias))
+        extra.append(Step("biased scores", biased, BHTT))
+    if g.softcap is not None:
+        biased = g.softcap * np.tanh(biased / g.softcap)
+        extra.append(Step("capped scores", biased, BHTT))
     masked = biased + mask
     with np.errstate(invalid="ignore", over="ignore"):
-        shifted = masked - masked.max(axis=-1, keepdims=True)
+        if g.sinks is not None:  # one column per sink logit, per head, dropped after softmax
+            sinks = np.asarray(g.sinks, dtype=np.float64).reshape(heads, -1)
+            column = np.broadcast_to(sinks[None, :, None, :], (B, heads, T, sinks.shape[-1]))
+            with_sinks = np.concatenate([masked, column], axis=-1)  # (B, h, T, T + n)
+            extra.append(Step("scores with sinks", with_sinks, ("B", "h", "T", "T+")))
+        else:
+            with_sinks = masked
+        shifted = with_sinks - with_sinks.max(axis=-1, keepdims=True)
         e = np.exp(shifted)
         attention = e / e.sum(axis=-1, keepdims=True)  # (B, h, T, T)
+        if g.sinks is not None:
+            extra.append(Step("weights with sinks", attention, ("B", "h", "T", "T+")))
+            attention = attention[..., :T]
     context = attention @ v  # (B, h, T, d_h)
+    if g.differential is not None:  # two maps per head, their difference times [v_a | v_b]
+        dif = g.differential
+        a, b = dif.heads(heads)
+        difference = attention[:, a] - dif.lam * attention[:, b]  # (B, h/2, T, T)
+        both = np.concatenate([v[:, a], v[:, b]], axis=-1)  # (B, h/2, T, 2 d_h)
+        raw_context = difference @ both
+        normed = raw_context / np.sqrt((raw_context ** 2).mean(axis=-1, keepdims=True) + dif.eps)
+        if dif.weight is not None:
+            normed = normed * np.asarray(dif.weight, dtype=np.float64)
+        context = normed * dif.factor  # (B, h/2, T, 2 d_h)
+        extra += [Step("difference", difference, ("B", "h/2", "T", "T'")),
+                  Step("differential context", raw_context, ("B", "h/2", "T", "2d_h"))]
     merged = context.transpose(0, 2, 1, 3).reshape(B, T, C)  # (B, T, C)
     out = merged if weights.o is None else _linear(merged, weights.o)
-    BTC, BHTD, BHTT = ("B", "T", "C"), ("B", "h", "T", "d_h"), ("B", "h", "T", "T'")
     return [
         Step("x", batched, BTC),
         Step("Q", Q, BTC), Step("K", K, BTC), Step("V", V, BTC),
@@ -142,7 +214,7 @@ def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
         *grown,
         Step("q scaled", q * scale, BHTD),
         Step("raw scores", raw, BHTT), Step("scaled scores", scaled, BHTT),
-        *([Step("biased scores", biased, BHTT)] if alibi else []),
+        *extra,
         Step("masked raw scores", raw + mask, BHTT), Step("masked scores", masked, BHTT),
         Step("weights", attention, BHTT), Step("context", context, BHTD),
         Step("merged", merged, BTC), Step("out", out, BTC),

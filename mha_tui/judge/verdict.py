@@ -7,19 +7,25 @@ Never import torch, rich, textual or typer here, so the same judge serves a NumP
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from ..kinds._parts.grown import Grown, Part
 from ..kinds._parts.judging import Judge, Row
 from ..kinds.op import role as op_role
-from ..kinds.registry import FORWARD, KINDS
+from ..kinds.registry import EXPECTED, FORWARD, KINDS
 from ..kinds.rotary import scaled as rotary_scaled
 from ..ops.numeric import (
+    HALF,
     added_bias,
     close,
+    computed_in,
     f64,
     head_axis_bias,
     head_axis_product,
     linear_parts,
+    recorded_dtype,
 )
 from ..records import Ref, Stage, Trace
 from ..records.verdict import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
@@ -33,7 +39,10 @@ def judge(trace: Trace, facts: Facts, label: str = "") -> Verdict:
     if trace.recording is None:
         raise ValueError("judge() needs a trace that holds its recording")
     label = label or (trace.module.class_name if trace.module else trace.recording.module_class)
-    return run(Judge(trace, facts, label))
+    dtype = recorded_dtype(trace.recording)
+    with computed_in(dtype):  # `check --dtype bfloat16`: every check allows its rounding
+        verdict = run(Judge(trace, facts, label))
+    return replace(verdict, dtype=dtype) if dtype in HALF else verdict
 
 
 def run(j: Judge) -> Verdict:
@@ -54,6 +63,7 @@ def run(j: Judge) -> Verdict:
     claimed = {r.verdict.stage_id for r in rows if r.verdict.kind != "op" and r.verdict.stage_id}
     rows = [r for r in rows if r.verdict.kind != "op" or r.verdict.stage_id not in claimed]
     rows.sort(key=lambda r: r.position)
+    _led(j, rows)
     crash = _crash(j)
     _notice_differences(j)
     verdicts = [r.verdict for r in rows]
@@ -74,6 +84,27 @@ def run(j: Judge) -> Verdict:
         end is not None and end.ok is True)
     return Verdict(j.label, equivalent, tuple(verdicts), diagnosis,
                    tuple(d for d in dict.fromkeys(j.differences) if d), end, j.grown)
+
+
+# The rows about how the heads are laid out, which a mechanism that lays them out its own way
+# (differential attention's pairs of heads, 2 d_h values each) makes fail by design.
+_HEAD_LAYOUT = {"split", "view", "transpose", "kv_repeat", "concat", "attend"}
+
+
+def _led(j: Judge, rows: list[Row]) -> None:
+    """With --expect for a mechanism that changes the heads' layout (a registry row that
+    `leads`), the rows about the heads' layout are not judged on their own: the grown
+    reference's end-to-end row judges them, and the mechanism's own rows name what is
+    wrong or missing."""
+    led = [row for row in KINDS if row.leads and row.expected in j.facts.mechanisms]
+    if not led:
+        return
+    for r in rows:
+        if r.verdict.kind in _HEAD_LAYOUT and r.verdict.ok is False:
+            r.verdict = replace(r.verdict, ok=None, checked=(
+                f"{r.verdict.checked} (not judged on its own: {led[0].kind} attention lays the "
+                f"heads out its own way; the end-to-end row judges them)"))
+            r.diagnosis = None
 
 
 def _whole(j: Judge, diagnosis: Diagnosis | None) -> tuple[StageVerdict, Diagnosis | None]:
@@ -138,7 +169,24 @@ def _diagnosis(found: Finding, stage: str = "", file: str = "") -> Diagnosis:
 def _grows(j: Judge, weights: RoleWeights) -> bool:
     """Does the reference need growing beyond the plain (torch-side) module?"""
     f = j.facts
-    return bool(f.rotary or f.window or f.alibi) or kv_heads(weights, j.h) != j.h
+    return bool(f.rotary or f.window or f.alibi or f.mechanisms) or kv_heads(weights, j.h) != j.h
+
+
+def _part(j: Judge, name: str) -> Part | None:
+    """One named mechanism's share of the reference, read from the module's own stage."""
+    grows = EXPECTED[name].reference
+    try:
+        return grows(j) if grows is not None else None
+    except (ValueError, IndexError, TypeError):  # a module no layout foresaw: not grown
+        return None
+
+
+def _grown(j: Judge, names: tuple[str, ...]) -> Grown | None:
+    """The named mechanisms (--expect softcap, ...) the reference grows, with the module's
+    own parameters; None for none. A mechanism the module lacks is left out: its kind's
+    judge names it missing."""
+    parts = [part for name in names if (part := _part(j, name)) is not None]
+    return Grown.of(parts) if parts else None
 
 
 def _rotary_dims(j: Judge) -> list[int | None]:
@@ -174,6 +222,9 @@ def _name(j: Judge, weights: RoleWeights, kwargs: dict[str, object]) -> str:
     if h_kv != j.h:
         grown.append("one K/V head shared by all query heads (multi-query, h_kv 1)" if h_kv == 1
                      else f"shared K/V heads (h_kv {h_kv})")
+    named = kwargs.get("grown")
+    if isinstance(named, Grown):
+        grown += named.words
     mask = "causal" if j.facts.causal else "unmasked (bidirectional)"
     return f"{mask} multi-head attention" + (f" with {' and '.join(grown)}" if grown else "")
 
@@ -192,7 +243,8 @@ def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
     if not _grows(j, weights):
         assert f.reference is not None
         return f.reference(x, weights, j.h, f.causal), f.reference_name, {}, ""
-    common: dict[str, object] = {"window": f.window, "alibi": f.alibi}
+    common: dict[str, object] = {"window": f.window, "alibi": f.alibi,
+                                 "grown": _grown(j, f.mechanisms)}
     tries: list[dict[str, object]] = [common]
     if f.rotary:
         grown_rope = rotary_scaled(j)
@@ -203,6 +255,11 @@ def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
                   "rotary_sign": sign}
                  for r in _rotary_dims(j) for sign in (1, -1)
                  for layout in ("half", "interleaved")] or [common]
+    named = common.get("grown")
+    if isinstance(named, Grown) and named.differential is not None:  # which heads pair up
+        tries = [{**t, "grown": replace(named, differential=replace(named.differential,
+                                                                     pairs=pairs))}
+                 for t in tries for pairs in ("adjacent", "halves")]
     best = None
     for kwargs in tries:
         out = steps(x, weights, j.h, f.causal, **kwargs)[-1].values  # type: ignore[arg-type]
@@ -241,12 +298,50 @@ def _mechanism(j: Judge, x: np.ndarray, weights: RoleWeights) -> str | None:
     return None
 
 
+def _inferred(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
+              ) -> tuple[str, ...]:
+    """The named mechanisms the module shows and the learner did not expect whose growth
+    makes the output the reference's (with the expected ones): what `--expect` to pass."""
+    f = j.facts
+    shown = tuple(name for name, row in EXPECTED.items() if name not in f.mechanisms
+                  and any(stage.kind == row.kind for stage in j.trace.stages))
+    if not shown:
+        return ()
+    _, _, kwargs, _ = _reference(j, x, weights, got) if _grows(j, weights) else (
+        None, None, {"window": f.window, "alibi": f.alibi}, "")
+    grown = _grown(j, tuple(n for n in EXPECTED if n in f.mechanisms or n in shown))
+    if grown is None:
+        return ()
+    try:
+        out = steps(x, weights, j.h, f.causal, **{**kwargs, "grown": grown})[-1].values  # type: ignore[arg-type]
+    except (ValueError, IndexError, TypeError):
+        return ()
+    out = out if np.ndim(x) == 3 else out[0]
+    if got.size == out.size and close(got.reshape(out.shape), out)[0]:
+        return shown
+    return ()
+
+
+def _hint(j: Judge, names: tuple[str, ...]) -> str:
+    """The options that make the inferred mechanisms the exercise, with those already given."""
+    f = j.facts
+    given = (["--expect rotary"] if f.rotary else []) + (
+        [f"--rotary-base {f.rotary_base:g}"] if f.rotary and f.rotary_base != ROTARY_BASE else [])
+    given += ["--expect alibi"] if f.alibi else []
+    given += [f"--expect {n}" for n in EXPECTED if n in f.mechanisms or n in names]
+    return (f"with {' and '.join(names)} grown into the reference, the output is the "
+            f"reference's: pass `{' '.join(given)}` if that is the exercise")
+
+
 def _missing(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray) -> str | None:
     """--expect rotary or alibi, and the output is attention without that mechanism."""
     f = j.facts
     if not (f.rotary or f.alibi):
         return None
-    out = steps(x, weights, j.h, f.causal, window=f.window)[-1].values  # without it
+    shown = tuple(name for name, row in EXPECTED.items()
+                  if any(stage.kind == row.kind for stage in j.trace.stages))
+    out = steps(x, weights, j.h, f.causal, window=f.window,  # without it, with what it has
+                grown=_grown(j, shown))[-1].values
     out = out if np.ndim(x) == 3 else out[0]
     if not (got.size == out.size and close(got.reshape(out.shape), out)[0]):
         return None
@@ -301,6 +396,10 @@ def _find_departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
                                                  "no ALiBi"))
     kind = "mechanism" if mechanism else "extra_op"
     lead = f"differs: {words} at line {line}" if mechanism else f"{words} (line {line})"
+    hint = ""
+    if named and stage is not None and BY_EXPECTED.get(stage.kind):
+        inferred = _inferred(j, x, weights, got)
+        hint = f"; {_hint(j, inferred)}" if inferred else ""
     # Unplaced: no rule put it in a stage, or indexing that reorders (t[:, [1, 0]]) taken in
     # with the reshapes around it.
     reorders = found.op.name == "getitem" and any(_index_list(a) for a in found.op.args[1:])
@@ -309,7 +408,7 @@ def _find_departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
         lead = f"{op_role(j.classified(), found.op)}, line {line}: {words}"
     return Diagnosis(kind, file, line,
                      f"{lead}: the module leaves the attention computation here, and its "
-                     f"output differs from the reference's by up to {end.max_diff:.3g}",
+                     f"output differs from the reference's by up to {end.max_diff:.3g}{hint}",
                      "op" if unplaced else stage.kind)
 
 
@@ -339,7 +438,8 @@ def _besides(j: Judge, diagnosis: Diagnosis | None) -> Diagnosis | None:
         return diagnosis
     said, first = [], None
     for stage in j.trace.stages:
-        if stage.kind == diagnosis.stage or (stage.kind == "rotary" and j.facts.rotary):
+        if stage.kind == diagnosis.stage or (stage.kind == "rotary" and j.facts.rotary) or \
+                BY_EXPECTED.get(stage.kind) in j.facts.mechanisms:
             continue
         words = _named(j, stage)
         ops = [op for op in stage.ops if j.g.from_x[op.index]]
@@ -362,6 +462,7 @@ def _besides(j: Judge, diagnosis: Diagnosis | None) -> Diagnosis | None:
 
 
 _LEADING = {row.kind for row in KINDS if row.leads}
+BY_EXPECTED = {row.kind: name for name, row in EXPECTED.items()}  # kind -> its --expect name
 
 
 def _crash(j: Judge) -> tuple[StageVerdict, Diagnosis] | None:
@@ -536,8 +637,8 @@ def _end_to_end(j: Judge) -> tuple[StageVerdict, Diagnosis | None]:
     """The output against the reference with the module's weights copied in by role: always
     a row; ok None (never a pass) when the reference cannot be computed, with the reason.
     NaN where the reference has numbers is a difference, counted apart (never `inf`)."""
-    reference = j.facts.reference if not (j.facts.rotary or j.facts.window or j.facts.alibi) \
-        else steps
+    reference = j.facts.reference if not (j.facts.rotary or j.facts.window or j.facts.alibi
+                                          or j.facts.mechanisms) else steps
     out_ref = j.g.rec.output
     last = j.g.ops[out_ref.op] if out_ref is not None and out_ref.op is not None else None
     file, line = j.where(last.source if last is not None else None)

@@ -20,7 +20,7 @@ import numpy as np
 from ..kinds._parts.maker import api_name
 from ..ops.graph import value_inputs
 from ..ops.vocab import LARGE_NEGATIVE
-from ..records import OpRecord, Recording, Ref, Source
+from ..records import OpRecord, Recording, Ref, Statement
 
 SOFTMAXES = {"softmax", "_softmax", "softmax_", "log_softmax"}
 FUSED_ATTENTION = {"scaled_dot_product_attention", "multi_head_attention_forward"}
@@ -31,7 +31,7 @@ class Finding:
     """A judgement of the whole: a diagnosis kind, the line it belongs to, the words."""
 
     kind: str
-    source: Source | None
+    source: Statement | None
     message: str
 
 

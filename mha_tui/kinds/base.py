@@ -24,6 +24,12 @@ name, so a new mechanism is one module here and one row in the registry.
   (rotary, a norm, soft-capping, sinks, a residual add), what `check` says when the module
   leaves plain attention at this stage: the mechanism with its parameters, read from the
   same recognition `explain` shows, and the option that makes it the exercise.
+- `EXPECTED: str` and `reference(j) -> Part | None` (optional, together): the name
+  `check --expect NAME` takes for the kind's mechanism (records.request.MECHANISMS), and the
+  kind's share of the grown reference (`_parts.grown.Part`): its parameters read from the
+  module's own stage of this kind (a cap, a learned scale, a norm's weight, sink logits, a
+  bias) and its words; None when the module has none (its judge then names what is missing,
+  misplaced or wrong, at its line).
 - its title: the catalogue entry in `mha_tui.stages` for the eleven stages of the textbook
   forward, or `TITLE` in the module for a mechanism beyond them (rotary, shared K/V heads).
 - its place: the registry row says why its rules are asked where they are.
@@ -44,6 +50,7 @@ if TYPE_CHECKING:
     from ..ops.sizes import Sizes
     from ..records import OpRecord, Stage, Trace
     from ._parts.cell import Cell, Why
+    from ._parts.grown import Part
     from ._parts.judging import Judge, Row
     from ._parts.maker import StageMaker
     from ._parts.quizzing import Question
@@ -68,3 +75,4 @@ Judging = Callable[["Judge"], "list[Row]"]
 Explaining = Callable[["Cell"], "Why"]
 Quizzing = Callable[["Stage", "Trace"], "tuple[Question, ...]"]
 Naming = Callable[["Judge", "Stage"], "str | None"]
+Growing = Callable[["Judge"], "Part | None"]

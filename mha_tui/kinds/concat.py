@@ -5,6 +5,7 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,8 +17,9 @@ from ..ops.vocab import SHAPE_OPS
 from ..records import Check, OpRecord, Stage, TensorRecord, Trace
 from ..stages import stage_info
 from ._parts.builder import BHTD, BTC, BTHD, yes
-from ._parts.cell import Cell, Term, Why, expanded_from, main_tensor, previous, where
+from ._parts.cell import Cell, Term, Why, agrees, expanded_from, main_tensor, previous, where
 from ._parts.maker import StageMaker, called, single_axes
+from ._parts.op_cell import explain, locate
 from ._parts.quizzing import Question, shape_question
 from ._parts.unit import Unit
 
@@ -250,7 +252,15 @@ def why(cell: Cell) -> Why:
     name = heads.name.split(" (fused")[0]  # sdpa's "y (fused, from the module)": y
     if replayed is not None and (replayed != at or cell.record.values.ndim != len(at) - 1):
         return _moved(cell, name, heads, replayed, notes)
-    computed = float(heads.values[at])
+    computed = float(heads.values[at]) if all(i < n for i, n in zip(at, heads.values.shape,
+                                                                    strict=False)) else np.nan
+    if not agrees(computed, cell.recorded):
+        # heads of another width than C / h (differential attention's 2 d_h), or laid out as
+        # (T, B, C) after (B * h, T, d_h) (open_clip): the stage's own last op, replayed from
+        # its recorded input
+        op, out, index = locate(cell, cell.stage.ops)
+        made = explain(cell, op, out, index)
+        return replace(made, kind="concat", notes=(*made.notes, *notes))
     return Why(cell.stage.id, "concat", cell.record.name, cell.index, where(cell),
                f"{cell.name} = {name}[{', '.join(map(str, at))}]  (column {c} = head "
                f"{head} × d_h {d_h} + channel {channel})",

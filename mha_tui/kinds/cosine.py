@@ -12,7 +12,7 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,13 +21,17 @@ from ..ops.graph import Graph, scalar_operand
 from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage
 from ._parts.builder import BHTD, BHTT
+from ._parts.cell import Cell, Term, Why, WhyError, dot, where
+from ._parts.grown import Part
 from ._parts.maker import StageMaker
+from ._parts.op_cell import explain, locate
 from ._parts.unit import Unit
 
 if TYPE_CHECKING:
     from ._parts.judging import Judge, Row
 
 KIND = "cosine"
+EXPECTED = "cosine"  # check --expect cosine grows the reference by reference(j)
 TITLE = "Cosine attention: q and k at unit length, the scores times a learned scale"
 _NORMALIZE = {"normalize"}
 _TIMES = {"mul", "mul_"}
@@ -136,9 +140,77 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                    dims_out=tensors[-1].dims, title=TITLE, explanation=explanation)
 
 
+def _scales(j: Judge) -> np.ndarray | None:
+    """The learned scale the module multiplies the cosines by, per head (or one)."""
+    g = j.classified()
+    for stage in (s for s in j.trace.stages if s.kind == KIND):
+        cos = found(g, {op.index for op in stage.ops})
+        if cos.scaled is not None:
+            scale = _scale_of(j.g, cos.scaled)
+            return scale if scale.size in (1, j.h) else None
+    return None
+
+
+def reference(j: Judge) -> Part | None:
+    """--expect cosine: unit-length q and k, the cosines times the module's own learned
+    scale per head."""
+    scale = _scales(j)
+    if scale is None:
+        return None
+    shown = ", ".join(f"{s:.4g}" for s in scale[:4]) + (", ..." if scale.size > 4 else "")
+    return Part(f"cosine attention (q and k at unit length, the cosines times the learned "
+                f"scale {shown})", cosine=scale)
+
+
+def _axis_words(j: Judge, op: OpRecord) -> str:
+    """Which axis a normalize ran over, in the words of its input's layout."""
+    dim = op.kwarg("dim", next((a for a in op.args[2:3] if isinstance(a, int)), 1))
+    shape = op.out.values.shape
+    if not isinstance(dim, int) or not shape:
+        return "another axis"
+    size = shape[dim % len(shape)]
+    label = "the heads" if size == j.h and len(shape) == 4 and dim % 4 == 1 else \
+        "the tokens" if size == j.T else f"axis {dim}"
+    return f"axis {dim} ({label}, {size} numbers)" if not label.startswith("axis") else label
+
+
+def _expected(j: Judge) -> list[Row]:
+    """Rows for --expect cosine: a normalize over the wrong axis; no learned scale; none."""
+    g = j.classified()
+    stages = [s for s in j.trace.stages if s.kind == KIND]
+    wrong = [op for op in g.ops if op.name in _NORMALIZE and g.from_x[op.index]
+             and not _last_channels(op) and not g.op_derives(op, {"scores", "softmax"})]
+    if wrong:
+        op = wrong[0]
+        line = j.where(op.source)[1]
+        return [j.row(j.stage_of.get(op.index), KIND, False, None,
+                      "q and k normalised to unit length over each head's d_h channels",
+                      source=op.source,
+                      diagnosis=("cosine_axis", f"cosine attention normalised over the wrong "
+                                 f"axis: F.normalize at line {line} makes unit vectors along "
+                                 f"{_axis_words(j, op)}, not along each head's {j.d_h} channels "
+                                 f"(dim=-1); F.normalize's default is dim=1"))]
+    if stages and _scales(j) is None:
+        stage = stages[-1]
+        return [j.row(stage, KIND, False, None, "the cosines times a learned scale per head",
+                      diagnosis=("mechanism_missing", "cosine attention without its learned "
+                                 "scale: the cosines lie in [−1, 1], too close together for a "
+                                 "sharp softmax; open_clip multiplies them by "
+                                 "exp(logit_scale) per head, clamped at 100"))]
+    if stages:
+        return []
+    scores = next((s for s in j.trace.stages if s.kind in ("scores", "sdpa")), None)
+    return [j.row(None, KIND, False, None, "q and k normalised to unit length",
+                  source=scores.source if scores is not None else None,
+                  position=j.position_before("scores"),
+                  diagnosis=("mechanism_missing", "no cosine attention: --expect cosine wants q "
+                             "and k each normalised to unit length (F.normalize(q, dim=-1)) "
+                             "and the cosines times a learned scale, and neither was"))]
+
+
 def judge(j: Judge) -> list[Row]:
     """Each cosine stage: q and k at unit length, recomputed from their inputs."""
-    rows = []
+    rows = _expected(j) if EXPECTED in j.facts.mechanisms else []
     g = j.classified()
     for stage in (s for s in j.trace.stages if s.kind == KIND):
         cos = found(g, {op.index for op in stage.ops})
@@ -164,3 +236,54 @@ def mechanism(j: Judge, stage: Stage) -> str | None:
             f"are cosines in [−1, 1]{scale} (open_clip's scaled_cosine, Swin v2); plain "
             f"multi-head attention takes the raw dot product")
 
+
+
+def why(cell: Cell) -> Why:
+    """A scaled cosine: q̂_i · k̂_j (the unit-length rows the stage shows, d_h products and
+    their sum), times the head's learned scale (the multiply's recorded operand); a unit-
+    length number: q[c] divided by the length of its row."""
+    op, out, at = locate(cell, cell.stage.ops)
+    if op.name in _NORMALIZE:
+        return _unit(cell, op, at)
+    if op.name not in _TIMES or len(cell.stage.tensors) < 3:
+        return replace(explain(cell, op, out, at), kind=KIND)
+    operands = [np.broadcast_to(cell.operand(op, k), op.out.shape) for k in range(len(op.inputs))]
+    if len(operands) == 2:
+        cosines, scales = sorted(operands, key=lambda a: -np.ptp(a))
+        scale = float(scales[at])
+    else:  # a number: times it
+        cosines, scale = operands[0], cell.scalar(op)
+    cosine = float(cosines[at])
+    q_hat, k_hat = (t.values for t in cell.stage.tensors[:2])
+    *lead, i, j = cell.index
+    if q_hat.ndim != len(cell.index) or q_hat.shape[:-2] != tuple(cell.record.values.shape[:-2]):
+        raise WhyError(f"cannot pair {cell.name} with rows of q̂ and k̂")
+    row, col = q_hat[(*lead, i)], k_hat[(*lead, j)]
+    terms, notes, total = dot(cell, row, col, [f"d{c}: q̂[{i}, {c}] × k̂[{j}, {c}]"
+                                               for c in range(len(row))], "products")
+    computed = total * scale
+    spot = ", ".join(map(str, lead))
+    terms = (*terms[:-1], Term("q̂_i · k̂_j: the cosine of their angle, in [−1, 1]", (), total),
+             Term("× the head's learned scale", (total, "×", scale), computed))
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = (q̂[{spot}, {i}, :] · k̂[{spot}, {j}, :]) × scale", terms,
+               (*notes, f"the cosine the module multiplied is {cosine:.6g}; q̂ and k̂: q and "
+                "k each divided by its length (F.normalize)",
+                "the scale: exp(logit_scale) clamped, per head (open_clip), instead of "
+                "1/sqrt(d_h)"), computed, cell.recorded)
+
+
+def _unit(cell: Cell, op: OpRecord, at: tuple[int, ...]) -> Why:
+    """q̂[c] = q[c] / max(|q row|, eps): F.normalize's arithmetic from its recorded input."""
+    before = cell.operand(op, 0).astype(np.float64)
+    *lead, c = at
+    row = before[tuple(lead)]
+    length = float(np.sqrt((row ** 2).sum()))
+    eps = float(op.kwarg("eps", 1e-12))  # type: ignore[arg-type]
+    computed = float(row[c]) / max(length, eps)
+    terms = (Term(f"the row's {row.size} numbers squared and summed", (), length ** 2),
+             Term("its length: the square root", (), length),
+             Term(f"number {c} / the length", (float(row[c]), "/", length), computed))
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = q[{c}] / |q|  (F.normalize: the row at unit length)", terms,
+               ("the row: what F.normalize received (recorded)",), computed, cell.recorded)

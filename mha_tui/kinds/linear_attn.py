@@ -11,11 +11,15 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ops.graph import Graph, hand_written_softmaxes
 from ..ops.sizes import Sizes
 from ..ops.vocab import SHAPE_OPS, SOFTMAXES
 from ..records import Check, OpRecord, Stage
+from ._parts.cell import Cell, Why
 from ._parts.maker import StageMaker
+from ._parts.op_cell import explain, locate
 from ._parts.unit import Unit
 
 KIND = "linear_attn"
@@ -69,3 +73,14 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=src.shape,
                    shape_out=last.out.shape, dims_in=m.dims(src.shape),
                    dims_out=tensors[-1].dims, title=TITLE, explanation=explanation)
+
+
+def why(cell: Cell) -> Why:
+    """A number of linear attention: the product that made it (φ(Q) with the keys-times-
+    values summary and the normaliser, or φ(K)^T V itself), recomputed from its recorded
+    operands, term by term."""
+    made = explain(cell, *locate(cell, cell.stage.ops))
+    return replace(made, kind=KIND, notes=(
+        *made.notes, "linear attention: no softmax and no (T, T) scores; each query reads "
+                     "φ(K)^T V, the keys times the values summed over the tokens, divided by "
+                     "its dot product with the sum of φ(K)"))

@@ -19,6 +19,7 @@ from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage, TensorArg
 from ._parts.builder import BTC
 from ._parts.cell import Cell, Term, Why, WhyError, where
+from ._parts.grown import Part, QKNorm
 from ._parts.hand_norm import BY_HAND, HandNorm, hand_norms, recompute
 from ._parts.maker import StageMaker
 from ._parts.unit import Unit
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from ._parts.judging import Judge, Row
 
 KIND = "norm"
+EXPECTED = "qk_norm"  # check --expect qk_norm grows the reference by reference(j)
 _NORMS = {"layer_norm", "rms_norm"}
 
 
@@ -54,13 +56,19 @@ def eps_of(op: OpRecord) -> float:
         next((float(a) for a in op.scalars() if isinstance(a, float)), 1e-5)
 
 
+def affine(g: Graph, op: OpRecord) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """A layer_norm / rms_norm op's own weight and bias (None where it has none)."""
+    params = [r for r in g.other_inputs(op) if r.kind in ("param", "buffer")]
+    weight = next((g.snap(r).values for r in params if g.snap(r).ndim == 1), None)
+    bias = next((g.snap(r).values for r in params[1:] if g.snap(r).ndim == 1), None)
+    return weight, bias
+
+
 def normalised(g: Graph, op: OpRecord) -> tuple[np.ndarray, np.ndarray, float]:
     """What a layer_norm / rms_norm op should make from its recorded input and the module's
     own weight and bias (NumPy, float64): (its input, the expected output, eps)."""
     before = g.snap(g.x_inputs(op)[0])
-    params = [r for r in g.other_inputs(op) if r.kind in ("param", "buffer")]
-    weight = next((g.snap(r).values for r in params if g.snap(r).ndim == 1), None)
-    bias = next((g.snap(r).values for r in params[1:] if g.snap(r).ndim == 1), None)
+    weight, bias = affine(g, op)
     x = before.values.astype(np.float64)
     eps = eps_of(op)
     centred = x if op.name == "rms_norm" else x - x.mean(axis=-1, keepdims=True)
@@ -240,8 +248,9 @@ def why(cell: Cell) -> Why:
 def judge(j: Judge) -> list[Row]:
     """Each LayerNorm / RMSNorm stage, recomputed from its own recorded input with the
     module's weight and bias. Judged as itself; a norm is not part of plain attention, so
-    the end-to-end row and the diagnosis say that it differs ("a LayerNorm on x")."""
-    rows = []
+    the end-to-end row and the diagnosis say that it differs ("a LayerNorm on x"). With
+    `--expect qk_norm`, a norm on one side only, or over the wrong axis, or none."""
+    rows = _expected(j) if EXPECTED in j.facts.mechanisms else []
     for stage in (s for s in j.trace.stages if s.kind == KIND):
         op = next((o for o in stage.ops if o.name in _NORMS and j.g.x_inputs(o)), None)
         hand = _by_hand(j.classified(), {o.index for o in stage.ops}) if op is None else None
@@ -294,3 +303,120 @@ def mechanism(j: Judge, stage: Stage) -> str:
     article = "an" if name == "RMSNorm" else "a"
     return (f"{article} {name} on {on}, {over} {width} channels: a learned normalisation that plain "
             f"multi-head attention does not have")
+
+
+# ------------------------------------------------------------- check --expect qk_norm
+
+
+def _qk_norms(j: Judge) -> dict[str, tuple[Stage, QKNorm]]:
+    """The module's norms on q and k ("Q", "K"), each as the reference applies it."""
+    found: dict[str, tuple[Stage, QKNorm]] = {}
+    g = j.classified()
+    roles = j.roles_on_path()
+    for stage in (s for s in j.trace.stages if s.kind == KIND):
+        indices = {o.index for o in stage.ops}
+        norms: list[tuple[int, int, QKNorm]] = []  # (its last op, its width, the norm)
+        for op in (o for o in stage.ops if o.name in _NORMS and j.g.x_inputs(o)):
+            weight, bias = affine(j.g, op)
+            norms.append((op.index, op.out.values.shape[-1],
+                          QKNorm(op.name == "rms_norm", eps_of(op), weight, bias, False)))
+        for hand in (n for n in hand_norms(g) if n.ops & indices and n.after.op is not None):
+            norms.append((hand.after.op, j.g.snap(hand.before).shape[-1],  # type: ignore[arg-type]
+                          QKNorm(hand.rms, hand.eps, hand.weight, hand.bias, False)))
+        for end, width, norm in norms:
+            role = roles.get(end, "")
+            if role not in ("Q", "K") or width % j.d_h:
+                continue
+            per_head = width == j.d_h and j.d_h != j.C
+            after_rotary = g.op_derives(j.g.ops[end], {"rotary"})
+            found.setdefault(role, (stage, QKNorm(norm.rms, norm.eps, norm.weight, norm.bias,
+                                                  per_head, after_rotary)))
+    return found
+
+
+def reference(j: Judge) -> Part | None:
+    """--expect qk_norm: the module's own norms on q and k (RMSNorm or LayerNorm, per head or
+    over the whole projection, its weight, bias and eps), before or after the rotary as the
+    module applies them."""
+    found = _qk_norms(j)
+    if not found:
+        return None
+    norms = [norm for _, norm in found.values()]
+    names = sorted({n.name for n in norms})
+    over = "per head" if all(n.per_head for n in norms) else \
+        "over the whole projection" if not any(n.per_head for n in norms) else "per head and whole"
+    after = " after the rotary" if any(n.after_rotary for n in norms) else ""
+    on = " and ".join(role.lower() for role in ("Q", "K") if role in found)
+    return Part(f"{' and '.join(names)} on {on} ({over}{after}, the module's weights)",
+                q_norm=found["Q"][1] if "Q" in found else None,
+                k_norm=found["K"][1] if "K" in found else None)
+
+
+_REDUCE = {"mean", "var", "std", "norm", "sum"}
+
+
+def _reduced_axis(op: OpRecord) -> int | None:
+    dim = op.kwarg("dim", next((a for a in op.args[1:2] if isinstance(a, int | list | tuple)),
+                               None))
+    if isinstance(dim, list | tuple):
+        dim = dim[0] if len(dim) == 1 else None
+    return dim if isinstance(dim, int) else None
+
+
+def _feeds(g: Graph, op: OpRecord, roles: dict[int, str], hops: int = 6) -> str | None:
+    """The role ("Q" or "K") of the path to the scores the op's result joins within a few
+    ops (a norm's mean joins q or k at its multiply), or None."""
+    todo, seen = [op.index], set()
+    for _ in range(hops):
+        nxt = []
+        for i in todo:
+            if roles.get(i) in ("Q", "K"):
+                return roles[i]
+            nxt += [c for c in g.consumers[i] if c not in seen]
+            seen.update(g.consumers[i])
+        todo = nxt
+    return None
+
+
+def _expected(j: Judge) -> list[Row]:
+    """Rows for --expect qk_norm: a norm that reduces over another axis than each token's
+    channels; a norm on only one of q and k; none at all."""
+    found = _qk_norms(j)
+    g = j.classified()
+    roles = j.roles_on_path()
+    for op in g.ops:
+        if op.name not in _REDUCE or not g.from_x[op.index] or g.kind.get(op.index) == KIND \
+                or g.op_derives(op, {"scores", "softmax"}) or _feeds(g, op, roles) is None:
+            continue
+        axis = _reduced_axis(op)
+        shape = g.snap(g.x_inputs(op)[0]).shape if g.x_inputs(op) else ()
+        if axis is None or not shape or axis % len(shape) == len(shape) - 1:
+            continue
+        size = shape[axis % len(shape)]
+        label = "the tokens" if size == j.T else "the heads" if size == j.h else f"{size} numbers"
+        line = j.where(op.source)[1]
+        role = (_feeds(g, op, roles) or "q").lower()
+        return [j.row(j.stage_of.get(op.index), KIND, False, None,
+                      "q and k normalised over each token's channels", source=op.source,
+                      diagnosis=("qk_norm_axis", f"q/k normalisation over the wrong axis: the "
+                                 f"{op.name} at line {line} reduces {role} over axis {axis} "
+                                 f"({label}), not over each token's channels (the last axis, "
+                                 f"per head or whole)"))]
+    if len(found) == 1:
+        (role, (stage, norm)), = found.items()
+        other = "K" if role == "Q" else "Q"
+        line = j.where(stage.source)[1]
+        return [j.row(stage, KIND, False, None, "q and k both normalised before the scores",
+                      diagnosis=("qk_norm_one_side", f"QK-norm on {role} only: {role} goes "
+                                 f"through its {norm.name} (line {line}), but {other} reaches "
+                                 f"the scores unnormalised; --expect qk_norm normalises both "
+                                 f"(Qwen3's q_norm and k_norm)"))]
+    if found:
+        return []
+    scores = next((s for s in j.trace.stages if s.kind in ("scores", "sdpa")), None)
+    return [j.row(None, KIND, False, None, "q and k normalised before the scores",
+                  source=scores.source if scores is not None else None,
+                  position=j.position_before("scores"),
+                  diagnosis=("mechanism_missing", "no q/k normalisation: --expect qk_norm wants "
+                             "q and k each through an RMSNorm or LayerNorm (per head, or over "
+                             "the whole projection) before the scores, and neither was"))]

@@ -26,6 +26,7 @@ from ..ops.vocab import very_negative
 from ..records import Check, OpRecord, Ref, Snapshot, Stage, TensorRecord, Trace
 from ._parts.builder import BHTT
 from ._parts.cell import Cell, Term, Why, WhyError, dot, maker, where
+from ._parts.grown import Part
 from ._parts.maker import StageMaker, synthetic
 from ._parts.quizzing import Question, cell_index, head_of_interest, number_text, token_name
 from ._parts.unit import Unit
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from ._parts.judging import Judge, Row
 
 KIND = "pos_bias"  # short: the app's rail is narrow
+EXPECTED = "pos_bias"  # check --expect pos_bias grows the reference by reference(j)
 
 
 def adds_position_bias(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
@@ -319,7 +321,7 @@ def judge(j: Judge) -> list[Row]:
     ALiBi's m_h (j - i) with the fixed slopes (alibi_slopes), compared on
     the entries softmax sees, each row from its diagonal (a constant per row changes
     nothing after softmax)."""
-    rows = []
+    rows = _expected(j) if EXPECTED in j.facts.mechanisms else []
     for stage in (s for s in j.trace.stages if s.kind == KIND):
         if len(stage.tensors) < 2 or stage.tensors[0].values.ndim < 2:
             rows.append(j.row(stage, KIND, None, None, "not judged: no bias tensor recorded"))
@@ -468,3 +470,68 @@ def mechanism(j: Judge, stage: Stage) -> str | None:
         return ("a relative position bias added to the scores: a learned number per head and "
                 "distance j − i (T5's buckets); plain multi-head attention has no positions")
     return None  # ALiBi and other biases: said from the values (check --expect alibi)
+
+
+# ------------------------------------------------------------ check --expect pos_bias
+
+
+def t5_unscaled(j: Judge) -> bool:
+    """--expect pos_bias on T5's attention: a learned bias per head and distance (its
+    buckets) and scores that are never scaled (T5 folds 1/sqrt(d_h) into W_Q's
+    initialisation), which the reference then leaves unscaled too."""
+    raw = next((s.tensors[0].values for s in j.trace.stages if s.kind == "scores"
+                and s.tensors), None)
+    if EXPECTED not in j.facts.mechanisms or raw is None:
+        return False
+    for stage in (s for s in j.trace.stages if s.kind == KIND):
+        if relative_terms(j.classified(), stage.ops) or len(stage.tensors) < 2:
+            continue
+        T = stage.tensors[0].values.shape[-1]
+        bias = np.asarray(stage.tensors[0].values, dtype=np.float64).reshape(-1, T, T)[-j.h:]
+        after = np.asarray(stage.tensors[1].values, dtype=np.float64)
+        if bias.shape[0] != j.h or bias_shape(bias).kind != "relative" or after.size != raw.size:
+            continue
+        before = after - np.broadcast_to(stage.tensors[0].values, after.shape)
+        return bool(np.allclose(before, raw.reshape(after.shape), **tolerance(atol=1e-5, rtol=1e-4)))
+    return False
+
+
+def reference(j: Judge) -> Part | None:
+    """--expect pos_bias: the module's own position terms or bias, as its stage shows them
+    added to the scores (one batch row's: the same for every row unless made from q),
+    added to the scores scaled by 1/sqrt(d_h) (DeBERTa's n + 1 terms: 1/sqrt((n + 1) d_h))."""
+    stage = next((s for s in j.trace.stages if s.kind == KIND and s.tensors
+                  and s.tensors[0].values.ndim >= 3), None)
+    if stage is None:
+        return None
+    T = stage.tensors[0].values.shape[-1]
+    bias = np.asarray(stage.tensors[0].values, dtype=np.float64)
+    if bias.size % (j.h * T * T) or bias.shape[-2] != T:
+        return None
+    bias = bias.reshape(-1, j.h, T, T)[:1]  # (1, h, T, T)
+    if j.B > 1 and relative_terms(j.classified(), stage.ops):
+        return None  # made from each row's queries: one row's terms are not the others'
+    n = disentangled_scale(j)
+    said = mechanism(j, stage) or "a position bias added to the scores"
+    said = said.split(";")[0].split(":")[0]
+    if n is not None:
+        return Part(f"{said} (every term divided by sqrt({n} d_h))", bias=bias,
+                    score_scale=1.0 / np.sqrt(n * j.d_h))
+    if t5_unscaled(j):
+        return Part(f"{said} (the module's own, added to scores that are not scaled, as T5's)",
+                    bias=bias, score_scale=1.0)
+    return Part(f"{said} (the module's own, added to the scaled scores)", bias=bias)
+
+
+def _expected(j: Judge) -> list[Row]:
+    """Rows for --expect pos_bias: none added to the scores."""
+    if any(s.kind == KIND for s in j.trace.stages):
+        return []
+    scores = next((s for s in j.trace.stages if s.kind in ("scores", "sdpa")), None)
+    return [j.row(None, KIND, False, None, "relative position terms added to the scores",
+                  source=scores.source if scores is not None else None,
+                  position=j.position_before("mask"),
+                  diagnosis=("mechanism_missing", "no position bias: --expect pos_bias wants "
+                             "relative position terms added to the scores before softmax (T5's "
+                             "buckets, SAM's decomposed q · R, DeBERTa's c2p and p2c), and "
+                             "nothing not made from the tokens' content was added to them"))]

@@ -53,7 +53,7 @@ from . import (
     view,
     w_o,
 )
-from .base import Explaining, Judging, Naming, Quizzing, Rule
+from .base import Explaining, Growing, Judging, Naming, Quizzing, Rule
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,18 @@ class Kind:
         """What `check` says when the module leaves plain attention at a stage of this kind
         (a mechanism plain attention lacks, with its parameters), or None."""
         return getattr(self.module, "mechanism", None)
+
+    @property
+    def expected(self) -> str | None:
+        """The `--expect` name that grows the reference by this kind's mechanism (softcap,
+        qk_norm, ...; records.request.MECHANISMS), or None."""
+        return getattr(self.module, "EXPECTED", None)
+
+    @property
+    def reference(self) -> Growing | None:
+        """With `--expect` its name: the kind's share of the reference, read from the
+        module's own stage (its parameters and words), or None when it has none."""
+        return getattr(self.module, "reference", None)
 
     @property
     def judged_as(self) -> tuple[str, str]:
@@ -196,6 +208,9 @@ FORWARD: tuple[Kind, ...] = tuple(sorted((row for row in KINDS if row.step is no
 
 BY_KIND: dict[str, Kind] = {row.kind: row for row in FORWARD}
 """Stage kind -> its row."""
+
+EXPECTED: dict[str, Kind] = {row.expected: row for row in FORWARD if row.expected}
+"""An `--expect` name (softcap, qk_norm, ...) -> the row of the kind that grows it."""
 
 
 def builder(kind: str) -> ModuleType:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph, scalar_operand
-from ..ops.numeric import f64, finite_std, ratio
+from ..ops.numeric import f64, finite_std, ratio, tolerance
 from ..ops.sizes import Sizes
 from ..ops.vocab import LARGE_NEGATIVE, MASK_OPS, SCALE_OPS, SHAPE_OPS
 from ..records import Check, OpRecord, Stage, Trace
@@ -213,25 +213,36 @@ def scale_chain(j: Judge, soft: OpRecord) -> tuple[float, list[OpRecord], OpReco
 
 def judge(j: Judge) -> list[Row]:
     stages = [s for s in j.trace.stages if s.kind == "scale" and not j.is_sdpa(s)]
-    expected = 1 / math.sqrt(j.d_h)
+    terms = disentangled_scale(j)
+    # --expect pos_bias with DeBERTa's n + 1 terms: each over sqrt((n + 1) d_h), as expected
+    grown = terms is not None and position_bias.EXPECTED in j.facts.mechanisms
+    expected = 1 / math.sqrt(j.d_h * (terms if grown else 1))  # type: ignore[operator]
+    unscaled = position_bias.t5_unscaled(j)  # T5: 1/sqrt(d_h) folded into W_Q's init
+    expected = 1.0 if unscaled else expected
     chains = [c for c in (scale_chain(j, op) for op in j.softmax_ops()) if c is not None]
     if not chains:
         return [j.row(s, "scale", None, None, "not judged: no path from the scores to "
                                                  "softmax was found") for s in stages]
     totals = [c[0] for c in chains]
-    ok = all(math.isclose(t, expected, rel_tol=1e-5) for t in totals)
-    total = next((t for t in totals if not math.isclose(t, expected, rel_tol=1e-5)), totals[0])
+    # A ratio of a half-precision module's rounded numbers is off by up to its rounding
+    # (`check --dtype bfloat16`: 2^-6), far below any wrong scale's (sqrt(h), d_h ...).
+    rel = _rel_tol()
+    ok = all(math.isclose(t, expected, rel_tol=rel) for t in totals)
+    total = next((t for t in totals if not math.isclose(t, expected, rel_tol=rel)), totals[0])
     scale_ops = [op for c in chains for op in c[1]]
     scores_op = chains[0][2]
     last_op = scale_ops[0] if scale_ops else None  # walked backwards: the last applied
     out = f64(last_op.out.values) if last_op is not None else f64(scores_op.out.values)
     finite = out[np.isfinite(out) & (out > LARGE_NEGATIVE)]
     diff = float(np.abs(finite - finite * expected / total).max()) if finite.size and total else 0.0
-    checked = f"scores * 1/sqrt(d_h) = {expected:.4f} before softmax (measured {_factor(total)})"
+    checked = (f"scores * 1/sqrt({terms} d_h) = {expected:.4f} before softmax, DeBERTa's "
+               f"{terms} terms (measured {_factor(total)})" if grown else
+               f"scores not scaled before softmax, as T5's with its position bias (measured "
+               f"{_factor(total)})" if unscaled else
+               f"scores * 1/sqrt(d_h) = {expected:.4f} before softmax (measured {_factor(total)})")
     diagnosis = None if ok else scale_diagnosis(j, total)
-    terms = disentangled_scale(j)
     if not ok and terms is not None and math.isclose(total, 1 / math.sqrt(terms * j.d_h),
-                                                     rel_tol=1e-5):
+                                                     rel_tol=rel):
         # DeBERTa: every one of its terms over sqrt(3 d_h): the position terms' mechanism
         stage = next(s for s in j.trace.stages if s.kind == "pos_bias")
         diagnosis = ("mechanism", f"differs: {position_bias.mechanism(j, stage)}")
@@ -250,6 +261,9 @@ def judge(j: Judge) -> list[Row]:
     if ok and upstream:
         j.differences.append("scales q (or k) before the product q @ k^T instead of the "
                                 "scores: equivalent")
+    if unscaled and ok:
+        j.differences.append("does not scale the scores, as T5 (which folds 1/sqrt(d_h) into "
+                             "W_Q's initialisation): with --expect pos_bias, equivalent")
     if not stages:
         if ok:
             return []
@@ -268,6 +282,11 @@ def judge(j: Judge) -> list[Row]:
     return rows
 
 
+def _rel_tol() -> float:
+    """How close a measured scale must come: 1e-5, or the module's dtype's rounding."""
+    return tolerance(rtol=1e-5)["rtol"]
+
+
 def scale_diagnosis(j: Judge, total: float) -> tuple[str, str]:
     named = [
         ("scaled_by_sqrt_C", 1 / math.sqrt(j.C),
@@ -284,7 +303,7 @@ def scale_diagnosis(j: Judge, total: float) -> tuple[str, str]:
         ("scaled_by_C", 1 / j.C, f"divided by C = {j.C}: scaled / raw = {total:.4f}"),
     ]
     for kind, value, message in named:
-        if math.isclose(total, value, rel_tol=1e-5) and not math.isclose(
+        if math.isclose(total, value, rel_tol=_rel_tol()) and not math.isclose(
                 value, 1 / math.sqrt(j.d_h), rel_tol=1e-9):
             return kind, message
     return "wrong_scale", (f"scaled by {_factor(total)}; it should be 1/sqrt(d_h) = "

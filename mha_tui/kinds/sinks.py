@@ -12,23 +12,27 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..ops.graph import Graph
 from ..ops.sizes import Sizes
-from ..ops.vocab import SOFTMAXES
+from ..ops.vocab import CONCATS, SOFTMAXES
 from ..records import Check, OpRecord, Stage
+from ._parts.cell import Cell, Why
 from ._parts.found import held
+from ._parts.grown import Part
 from ._parts.maker import StageMaker, score_dims
+from ._parts.op_cell import explain, locate
 from ._parts.unit import Unit
 
 if TYPE_CHECKING:
     from ._parts.judging import Judge, Row
 
 KIND = "sinks"
+EXPECTED = "sinks"  # check --expect sinks grows the reference by reference(j)
 TITLE = "Attention sinks: a learned extra key per head, dropped after softmax"
 _SHIFT = {"max", "amax", "sub", "getitem"}  # combined - combined.max(-1, keepdim=True).values
 
@@ -51,7 +55,7 @@ def _last_axis(op: OpRecord) -> bool:
 
 
 def sink_at(g: Graph, cat: OpRecord) -> Sink | None:
-    if cat.name not in ("cat", "concat", "concatenate") or not _last_axis(cat):
+    if cat.name not in CONCATS or not _last_axis(cat):
         return None
     x_parts, others = g.x_inputs(cat), g.other_inputs(cat)
     if len(x_parts) != 1 or not others or not g.derives(x_parts[0], {"scores"}):
@@ -132,9 +136,85 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                    explanation=explanation, extra_ops=sorted(found.ops))
 
 
+def _logits(j: Judge, sink: Sink) -> np.ndarray | None:
+    """The sink logits per head, (h, n), as the cat appended them (the first query's row of
+    the first batch row: the same for every query of a head)."""
+    column = sink.cat.out.values[..., -sink.extra:]  # (B, h, T, n), or (B, h_kv, m, T, n)
+    if column.ndim < 3 or (column.size // (column.shape[-2] * sink.extra)) % j.h:
+        return None
+    rows = column.reshape(-1, j.h, column.shape[-2], sink.extra)  # the leading axes: B, then heads
+    return np.asarray(rows[0, :, 0, :], dtype=np.float64)
+
+
+def _dropped_right(j: Judge, sink: Sink) -> OpRecord | None:
+    """The cut of the weights after softmax that keeps the sink's columns and drops a key's
+    instead (`W[..., 1:]` for a sink appended last); None when the keys' columns are kept."""
+    weights = sink.softmax.out.values
+    T = weights.shape[-1] - sink.extra
+    for i in j.g.consumers[sink.softmax.index]:
+        cut = j.g.ops[i]
+        if cut.name == "getitem" and cut.out.values.shape[-1] == T and \
+                not np.array_equal(cut.out.values, weights[..., :T]):
+            return cut
+    return None
+
+
+def reference(j: Judge) -> Part | None:
+    """--expect sinks: the module's own sink logits per head (its sinks stage)."""
+    found = sinks(j.classified())
+    logits = _logits(j, found[0]) if found else None
+    if logits is None:
+        return None
+    shown = ", ".join(f"{v:.4g}" for v in logits[:, 0][:4]) + (", ..." if j.h > 4 else "")
+    return Part(f"attention sinks (a learned logit per head, {shown}, appended to the scores "
+                f"before softmax and dropped after)", sinks=logits)
+
+
+def _expected(j: Judge, found: list[Sink]) -> list[Row]:
+    """Rows for --expect sinks: the sink's column dropped after softmax (not a key's); a sink
+    appended and never dropped; none at all."""
+    rows = []
+    for sink in found:
+        cut = _dropped_right(j, sink)
+        if cut is not None:
+            line = j.where(cut.source)[1]
+            rows.append(j.row(j.stage_of.get(cut.index), KIND, False, None,
+                              "the sink column dropped after softmax", source=cut.source,
+                              diagnosis=("sinks_not_dropped", f"the sink column is not dropped: "
+                                         f"the cut of the weights at line {line} keeps the "
+                                         f"sink's column and drops a key's; --expect sinks drops "
+                                         f"the {sink.extra} appended column"
+                                         f"{'s' if sink.extra > 1 else ''} after softmax "
+                                         f"(gpt-oss: W[..., :-1])")))
+    if found:
+        return rows
+    g = j.classified()
+    for cat in (op for op in g.ops if op.name in ("cat", "concat", "concatenate")
+                and g.from_x[op.index] and _last_axis(op) and g.other_inputs(op)
+                and g.op_derives(op, {"scores", "scale", "mask"})
+                and not g.op_derives(op, {"softmax"})):
+        line = j.where(cat.source)[1]
+        return [j.row(j.stage_of.get(cat.index), KIND, False, None,
+                      "the sink column dropped after softmax", source=cat.source,
+                      diagnosis=("sinks_not_dropped", f"the sink column appended to the scores "
+                                 f"at line {line} is never dropped after softmax: the weights "
+                                 f"keep its column; --expect sinks drops it (gpt-oss: "
+                                 f"W[..., :-1]) before the weights meet V"))]
+    scores = next((s for s in j.trace.stages if s.kind in ("scores", "sdpa")), None)
+    return [j.row(None, KIND, False, None, "a learned sink logit per head appended to the "
+                  "scores before softmax", source=scores.source if scores is not None else None,
+                  position=j.position_before("softmax"),
+                  diagnosis=("mechanism_missing", "no attention sinks: --expect sinks wants a "
+                             "learned logit per head appended to every row of the scores as an "
+                             "extra key before softmax and dropped after (gpt-oss), and no "
+                             "column was appended to the scores"))]
+
+
 def judge(j: Judge) -> list[Row]:
     rows = []
     found = sinks(j.classified())
+    if EXPECTED in j.facts.mechanisms:
+        rows += _expected(j, found)
     for stage in (s for s in j.trace.stages if s.kind == KIND):
         sink = held(found, stage)
         ok = sink is not None and bool((_weights_kept(j.g, sink) < 1.0 + 1e-6).all())
@@ -154,3 +234,17 @@ def mechanism(j: Judge, stage: Stage) -> str | None:
             f"{'an extra key' if sink.extra == 1 else f'{sink.extra} extra keys'} before "
             f"softmax and dropped after (gpt-oss), so each query's weights on the real keys sum "
             f"to {kept.min():.3f} .. {kept.max():.3f}, not 1; plain multi-head attention has no sink")
+
+
+def why(cell: Cell) -> Why:
+    """A number of the scores with the sink: a key's score or the head's sink logit, copied by
+    the cat from its recorded inputs."""
+    made = explain(cell, *locate(cell, cell.stage.ops))
+    T = cell.record.values.shape[-1]
+    extra = sum(1 for op in cell.stage.ops if op.name in ("cat", "concat", "concatenate"))
+    column = cell.index[-1]
+    said = ("the sink's column: the head's learned logit, the same for every query"
+            if extra and column >= T - extra else "a key's column: the score as it was")
+    return replace(made, kind=KIND, notes=(*made.notes, said, "softmax spreads each row over "
+                                           "the keys and the sink; the sink's column is then "
+                                           "dropped"))

@@ -22,6 +22,7 @@ from ..records import Check, OpRecord, Stage
 from ._parts.builder import BHTT
 from ._parts.cell import Cell, Term, Why, WhyError, where
 from ._parts.found import held
+from ._parts.grown import Part
 from ._parts.maker import StageMaker, score_dims
 from ._parts.unit import Unit
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ._parts.judging import Judge, Row
 
 KIND = "softcap"
+EXPECTED = "softcap"  # check --expect softcap grows the reference by reference(j)
 TITLE = "Soft-capping: the scores squashed into (−cap, cap) by cap · tanh(scores / cap)"
 _INTO = {"div", "div_", "true_divide", "mul", "mul_"}
 _OUT = {"mul", "mul_"}
@@ -126,10 +128,15 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
 
 
 def judge(j: Judge) -> list[Row]:
-    """Each soft-capping stage, recomputed from its own input: cap · tanh(s / cap)."""
+    """Each soft-capping stage, recomputed from its own input: cap · tanh(s / cap); with
+    `--expect softcap`, the cap `--softcap` asked for, and soft-capping that is missing,
+    after softmax or with two different numbers, each named at its line."""
     rows = []
     found = caps(j.classified())
-    for stage in (s for s in j.trace.stages if s.kind == KIND):
+    stages = [s for s in j.trace.stages if s.kind == KIND]
+    if EXPECTED in j.facts.mechanisms:
+        rows += _expected(j, found, stages)
+    for stage in stages:
         cap = held(found, stage)
         if cap is None:
             rows.append(j.row(stage, KIND, None, None, "not judged: no tanh found again"))
@@ -141,6 +148,77 @@ def judge(j: Judge) -> list[Row]:
                           f"scores soft-capped: {cap.cap:g} · tanh(scores / {cap.cap:g}) (not "
                           f"part of plain attention)", source=cap.tanh.source))
     return rows
+
+
+def _words(cap: float) -> str:
+    return f"logit soft-capping (cap {cap:g}: {cap:g} · tanh(scores / {cap:g}) before softmax)"
+
+
+def reference(j: Judge) -> Part | None:
+    """--expect softcap: the cap `--softcap` gave, else the module's own (from its
+    soft-capping stage); None when neither is there (the judge says it is missing)."""
+    g = j.classified()
+    own = [cap for cap in caps(g) if g.kind.get(cap.tanh.index) == KIND]
+    cap = j.facts.softcap if j.facts.softcap is not None else (own[0].cap if own else None)
+    return Part(_words(cap), softcap=cap) if cap is not None else None
+
+
+def _tanhs_of_scores(j: Judge) -> list[OpRecord]:
+    g = j.classified()
+    return [op for op in g.ops if op.name == "tanh" and g.from_x[op.index]
+            and g.op_derives(op, {"scores", "scale", "sdpa"})]
+
+
+def _expected(j: Judge, found: list[Cap], stages: list[Stage]) -> list[Row]:
+    """Rows for --expect softcap: the cap the module uses against --softcap's; a tanh after
+    softmax, or one whose divide and multiply are by different numbers; none at all."""
+    g = j.classified()
+    want = j.facts.softcap
+    rows = []
+    for stage in stages:
+        cap = held(found, stage)
+        if cap is not None and want is not None and \
+                not np.isclose(cap.cap, want, **tolerance(atol=1e-8, rtol=1e-5)):
+            rows.append(j.row(stage, KIND, False, abs(cap.cap - want),
+                              f"scores soft-capped at --softcap {want:g}", source=cap.tanh.source,
+                              diagnosis=("softcap_cap", f"soft-capping at {cap.cap:g} where "
+                                         f"--softcap {want:g} was expected: {cap.cap:g} · "
+                                         f"tanh(scores / {cap.cap:g}) (line {j.where(cap.tanh.source)[1]})"
+                                         f" bounds the scores at ±{cap.cap:g}, not ±{want:g}")))
+    if stages:
+        return rows
+    for tanh in _tanhs_of_scores(j):
+        stage = j.stage_of.get(tanh.index)
+        line = j.where(tanh.source)[1]
+        cap = cap_at(g, tanh)
+        if g.op_derives(tanh, {"softmax", "attend"}):
+            what = f"{cap.cap:g} · tanh(· / {cap.cap:g})" if cap is not None else "tanh"
+            return [j.row(stage, KIND, False, None, "the scores soft-capped before softmax",
+                          source=tanh.source,
+                          diagnosis=("softcap_after_softmax", f"soft-capping after softmax: "
+                                     f"{what} at line {line} squashes the attention weights, not "
+                                     f"the scores; --expect softcap caps the scores before the "
+                                     f"mask and softmax (Gemma 2), so that each row of weights "
+                                     f"still sums to 1"))]
+        into = g.producer(g.x_inputs(tanh)[0]) if g.x_inputs(tanh) else None
+        outs = [g.ops[i] for i in g.consumers[tanh.index]]
+        inward = _factor(g, into) if into is not None and into.name in _INTO else 1.0
+        outward = _factor(g, outs[0]) if len(outs) == 1 and outs[0].name in _OUT else 1.0
+        if inward is not None and outward is not None and \
+                not np.isclose(inward * outward, 1.0, **tolerance(atol=1e-8, rtol=1e-5)):
+            return [j.row(stage, KIND, False, None, "the scores soft-capped: cap · tanh(scores "
+                          "/ cap), one cap for both", source=tanh.source,
+                          diagnosis=("softcap_cap", f"soft-capping with two caps: the scores "
+                                     f"divided by {1 / inward:g} and the tanh multiplied by "
+                                     f"{outward:g} at line {line}; cap · tanh(scores / cap) "
+                                     f"divides and multiplies by the same cap"))]
+    scores = next((s for s in j.trace.stages if s.kind in ("scores", "sdpa")), None)
+    return [j.row(None, KIND, False, None, "the scores soft-capped before softmax",
+                  source=scores.source if scores is not None else None,
+                  position=j.position_after("scale"),
+                  diagnosis=("mechanism_missing", "no soft-capping: --expect softcap wants each "
+                             "score s to become cap · tanh(s / cap) before the mask and softmax "
+                             "(Gemma 2: cap 50), and no tanh of the scores ran"))]
 
 
 def why(cell: Cell) -> Why:

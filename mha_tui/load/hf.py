@@ -99,6 +99,8 @@ class ModelInfo:
     # An encoder (BERT, RoBERTa, DistilBERT, T5's encoder), loaded as the bare encoder: its
     # self-attention lets every token see every token. False: a causal language model.
     encoder: bool = False
+    # The encoder of an encoder-decoder (T5, BART, Marian): its model_type ("t5"); "" else.
+    encoder_of: str = ""
     # What the model runs and is recorded in, and the checkpoint's own dtype (they differ
     # only when `--dtype` asked for another one: "upcast from bfloat16 on request").
     dtype: str = "float32"
@@ -167,10 +169,10 @@ def auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
     decoder (BERT, RoBERTa, DistilBERT: `is_decoder` False) load as the bare encoder with
     AutoModelForTextEncoding (T5EncoderModel, BertModel ...), never with a causal-LM head
     (BERT and RoBERTa have one, BertLMHeadModel, which would run them as what they are not).
-    An encoder-decoder whose encoder transformers cannot load alone (BART, Marian) is
-    refused with the option that explains it: its decoder reads the encoder's output, so it
-    needs `--context` (the encoder's input; `load.hf_seq2seq`). Everything else loads with
-    AutoModelForCausalLM.
+    An encoder-decoder whose encoder transformers cannot load alone (BART, Marian) loads
+    whole with AutoModel, and `load` keeps its encoder: without `--context` every text
+    encoder-decoder shows its encoder (with `--context`, its decoder: `load.hf_seq2seq`).
+    Everything else loads with AutoModelForCausalLM.
     """
     kind = type(config)
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
@@ -179,10 +181,11 @@ def auto_class(transformers: Any, config: Any) -> tuple[Any, bool]:
         return transformers.AutoModelForCausalLM, False
     if kind in transformers.MODEL_FOR_TEXT_ENCODING_MAPPING:
         return transformers.AutoModelForTextEncoding, True
-    if encoder_decoder:
-        raise HfError(f"{config.model_type} is an encoder-decoder model: its decoder attends to "
-                      f"the encoder's output, so give the encoder's input with --context "
-                      f"SENTENCE (mha-tui explain; the sentence is the decoder's input)")
+    if encoder_decoder and kind not in transformers.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING:
+        raise HfError(f"{config.model_type} is an encoder-decoder whose encoder does not read a "
+                      f"sentence (Whisper's reads audio); mha-tui explains text models such as "
+                      f"T5, BART and Marian")
+    # BART, Marian: the whole encoder-decoder, whose encoder `load` takes out (get_encoder())
     return transformers.AutoModel, True
 
 
@@ -246,11 +249,18 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False,
     except HfError as error:
         raise HfError(f"--hf {source}: {error}") from None
     what = "an encoder" if encoder else "a causal language model"
+    # an encoder-decoder's encoder (T5's loads alone; BART's and Marian's are taken out of
+    # the whole model, which is then loaded whole, not streamed)
+    encoder_of = str(config.model_type) if getattr(config, "is_encoder_decoder", False) else ""
+    whole = encoder_of and type(config) not in transformers.MODEL_FOR_TEXT_ENCODING_MAPPING
     stored = stored_dtype(config, path)
     runs_in = chosen_dtype(dtype, stored)
     torch_dtype = DTYPES[runs_in]
     streamer, note, model = None, "", None
-    if stream:
+    if stream and whole:
+        note = (f"{source} is loaded whole, not streamed: its encoder is taken from the whole "
+                f"encoder-decoder")
+    elif stream:
         n_config_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
         try:
             built = hf_stream.build(auto, path, config, torch_dtype,
@@ -258,6 +268,7 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False,
         except Exception as error:  # transformers raises many kinds: then load it whole
             built = f"{type(error).__name__}: {first_line(error)}"
         if isinstance(built, str):
+            _refuse_whole(source, built, torch_dtype.itemsize, sentence)
             note = f"{source} is loaded whole, not streamed: {built}"
         else:
             streamer, _ = built
@@ -272,6 +283,8 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False,
             raise HfError(f"--hf {source}: could not load {what} from {path}: "
                           f"{first_line(error)}") from None
     model.eval()
+    if whole:
+        model = model.get_encoder()
     config = model.config
     n_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
     found = _find_blocks(model, n_layers)
@@ -292,10 +305,28 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False,
         vocab_size=int(config.vocab_size),
         max_positions=getattr(config, "max_position_embeddings", None),
         attention_params=sum(p.numel() for p in attention.parameters()), encoder=encoder,
-        dtype=runs_in, stored_dtype=stored,
+        encoder_of=encoder_of, dtype=runs_in, stored_dtype=stored,
     )
     return Loaded(model=model, tokenizer=tokenizer, info=info, blocks_path=blocks_path,
                   attention_name=attention_name, blocks=blocks, stream=streamer, note=note)
+
+
+def _refuse_whole(source: str, why: str, element_bytes: int, sentence: str | None) -> None:
+    """A checkpoint asked to stream that cannot be (a shard too big to map, a weight missing
+    under its name ...) is loaded whole only where it fits: the CLI's estimate before torch
+    counted it streamed."""
+    from .. import budget
+    from .hf_files import run_shape
+
+    shape = run_shape(source, None, sentence or "", element_bytes)
+    available = budget.available_memory()
+    if shape is None or available is None:
+        return
+    need = budget.hf_whole_bytes(shape)
+    if need > available.bytes:
+        raise HfError(f"--hf {source} cannot be streamed ({why}), and loaded whole it needs "
+                      f"about {budget.human(need)} of memory; {budget.human(available.bytes)} is "
+                      f"available ({available.source})")
 
 
 def _config(source: str, path: Path) -> Any:

@@ -203,6 +203,11 @@ class CheckpointSizes:
     head_elements: int  # an output head stored apart (lm_head.weight ...), never run streamed
     element_bytes: int  # as stored (the largest float tensor's)
     safetensors: bool  # tensor by tensor readable (streamable)
+    # Lookup tables outside the blocks (the token and position embeddings: a 2-D tensor with
+    # one row per vocabulary entry or position), each one's elements: a forward reads only
+    # the rows of its tokens.
+    tables: tuple[int, ...] = ()
+    largest_elements: int = 0  # the largest tensor but the output head (a conversion's copy)
 
 
 def _safetensors_header(file: Path) -> dict[str, object] | None:
@@ -217,9 +222,12 @@ def _safetensors_header(file: Path) -> dict[str, object] | None:
     return header if isinstance(header, dict) else None
 
 
-def checkpoint_sizes(path: Path, n_layers: int | None) -> CheckpointSizes | None:
+def checkpoint_sizes(path: Path, n_layers: int | None,
+                     table_rows: tuple[int, ...] = ()) -> CheckpointSizes | None:
     """The checkpoint's sizes from its safetensors headers, or from a .bin's file size and
-    config.json's dtype; None when neither says."""
+    config.json's dtype; None when neither says. table_rows: the vocabulary size and the
+    positions config.json states (a 2-D tensor outside the blocks with that many rows is a
+    lookup table)."""
     files = sorted(path.glob("*.safetensors"))
     if not files:
         bins = sorted(path.glob("pytorch_model*.bin"))
@@ -228,10 +236,11 @@ def checkpoint_sizes(path: Path, n_layers: int | None) -> CheckpointSizes | None
         stored = sum(file.stat().st_size for file in bins)
         config = read_json(path / "config.json") or {}
         size = _CONFIG_DTYPE_BYTES.get(str(config.get("dtype") or config.get("torch_dtype")), 4)
-        return CheckpointSizes(stored, stored // size, (), 0, size, False)
+        return CheckpointSizes(stored, stored // size, (), 0, size, False, (), stored // size)
     groups: dict[str, dict[int, int]] = {}
-    elements = head = 0
+    elements = head = largest = 0
     widths: dict[int, int] = {}
+    outside: dict[str, tuple[int, list[int]]] = {}  # name -> (elements, shape), not in a block
     stored = 0
     for file in files:
         header = _safetensors_header(file)
@@ -241,24 +250,31 @@ def checkpoint_sizes(path: Path, n_layers: int | None) -> CheckpointSizes | None
         for name, entry in header.items():
             if name == "__metadata__" or not isinstance(entry, dict):
                 continue
+            shape = [int(extent) for extent in entry.get("shape", [])]
             count = 1
-            for extent in entry.get("shape", []):
-                count *= int(extent)
+            for extent in shape:
+                count *= extent
             elements += count
             width = _ELEMENT_BYTES.get(str(entry.get("dtype")), 4)
             widths[width] = widths.get(width, 0) + count
             if name.rsplit(".", 2)[-2:-1] == ["lm_head"] or name == "lm_head.weight":
                 head += count
+                continue
+            largest = max(largest, count)
             found = _BLOCK.match(name)
             if found:
                 blocks = groups.setdefault(found.group(1), {})
                 index = int(found.group(2))
                 blocks[index] = blocks.get(index, 0) + count
+            else:
+                outside[name] = (count, shape)
     fitting = [g for g in groups.values() if n_layers is None or len(g) == n_layers]
     chosen = max(fitting, key=lambda g: sum(g.values()), default={})
     block_elements = tuple(chosen[i] for i in sorted(chosen))
     width = max(widths, key=lambda w: widths[w]) if widths else 4
-    return CheckpointSizes(stored, elements, block_elements, head, width, True)
+    tables = tuple(count for count, shape in outside.values()
+                   if len(shape) == 2 and shape[0] in table_rows and shape[0] > shape[1])
+    return CheckpointSizes(stored, elements, block_elements, head, width, True, tables, largest)
 
 
 def layer_count(path: Path) -> int | None:
@@ -294,17 +310,25 @@ def run_shape(source: str, tokens: int | None, sentence: str,
     h = _first_int(config, "num_attention_heads", "n_head", "num_heads", "n_heads")
     if C is None or h is None:
         return None
+    rows = tuple(n for n in (_first_int(config, "vocab_size", "n_vocab"), _first_int(
+        config, "max_position_embeddings", "n_positions")) if n is not None)
     sizes = checkpoint_sizes(path, layer_count(path) or _first_int(
-        config, "num_hidden_layers", "n_layer", "num_layers", "n_layers"))
+        config, "num_hidden_layers", "n_layer", "num_layers", "n_layers"), rows)
     if sizes is None:
         return None
     mlp = _first_int(config, "intermediate_size", "n_inner", "ffn_dim", "d_ff", "hidden_dim",
                      "ffn_hidden_size") or 4 * C
     T = tokens if tokens is not None else len(sentence.encode("utf-8")) + 4
+    # One layer's attention weights: W_Q and W_O (C x h d_h), W_K and W_V (C x h_kv d_h).
+    d_h = _first_int(config, "head_dim", "d_kv") or C // h
+    h_kv = _first_int(config, "num_key_value_heads", "num_kv_heads") or h
+    attention = 2 * C * h * d_h + 2 * C * h_kv * d_h
     return HfShape(tokens=T, embed_dim=C, num_heads=h, mlp_width=mlp, elements=sizes.elements,
                    block_elements=sizes.block_elements, head_elements=sizes.head_elements,
                    element_bytes=element_bytes or sizes.element_bytes, stored=sizes.stored,
-                   safetensors=sizes.safetensors)
+                   safetensors=sizes.safetensors, stored_element_bytes=sizes.element_bytes,
+                   tables=sizes.tables, largest_elements=sizes.largest_elements,
+                   attention_elements=attention)
 
 
 def exact_tokens(source: str, sentence: str) -> int | None:

@@ -60,6 +60,8 @@ EXAMPLES: dict[str, Example] = {
     # Each head is d_out wide and there is no projection: C // h keeps the output C wide.
     "raschka-wrapper": Example("mha_tui.examples.raschka", "MultiHeadAttentionWrapper",
                                fixed=lambda config: {"d_out": config.head_dim}, own_mask=True),
+    # Chapter 4's KV cache (--decode): use_cache=True and reset_cache().
+    "raschka-cache": Example("mha_tui.examples.raschka", "CachedMultiHeadAttention", own_mask=True),
     "many-eyes": Example("mha_tui.examples.many_eyes", "MultiHeadAttention", own_mask=True),
     # Cross-attention (--context): queries from the sentence, keys and values from the context.
     "cross": Example("mha_tui.examples.cross", "CrossAttention"),
@@ -70,7 +72,7 @@ EXAMPLES: dict[str, Example] = {
 
 
 @dataclass(frozen=True, eq=False)
-class Loaded:
+class LoadedTorch:
     """A built module, its input, and how its forward is called."""
 
     module: nn.Module
@@ -114,7 +116,7 @@ def output_tensor(result: object, module: nn.Module) -> torch.Tensor:
 # ---------------------------------------------------------------- the one entry point
 
 
-def load(config: Config, source: Source | None = None) -> Loaded:
+def load(config: Config, source: Source | None = None) -> LoadedTorch:
     """Import, seed, embed, build, fill weights, eval: the module and x for this run."""
     source = source or Source()
     if source.module is not None:
@@ -150,7 +152,7 @@ def load(config: Config, source: Source | None = None) -> Loaded:
     padding = torch.tensor(config.padding) if config.batch else None  # (B, T), True = padding
     args, forward_kwargs = forward_inputs(module, x, causal=config.causal, context=context,
                                           padding=padding)
-    loaded = Loaded(module=module, embedding=embedding, ids=ids, x=x, args=args,
+    loaded = LoadedTorch(module=module, embedding=embedding, ids=ids, x=x, args=args,
                     kwargs=forward_kwargs, label=label, file=class_file(cls),
                     construction=_call_text(cls, kwargs), weights=source.weights or "",
                     context=context, context_ids=context_ids)
@@ -159,7 +161,7 @@ def load(config: Config, source: Source | None = None) -> Loaded:
     return loaded
 
 
-def on_table(loaded: Loaded, table: object) -> Loaded:
+def on_table(loaded: LoadedTorch, table: object) -> LoadedTorch:
     """The same built module, its x looked up in another embedding table (V, C) for the same
     ids (`explain --against` with a NumPy module: the torch reference reads the NumPy x)."""
     with torch.no_grad():
@@ -174,7 +176,7 @@ def on_table(loaded: Loaded, table: object) -> Loaded:
                    kwargs={k: swap.get(id(v), v) for k, v in loaded.kwargs.items()})
 
 
-def _probe(loaded: Loaded) -> None:
+def _probe(loaded: LoadedTorch) -> None:
     """Run a learner's forward once, untraced, to refuse a result that is not a tensor.
 
     A forward that raises is not refused here: the trace shows every stage up to the

@@ -28,6 +28,9 @@ class Sizes:
     batched: bool = True
     # The context's length (cross-attention), None when the keys are x's own tokens.
     T_k: int | None = None
+    # The position of the first of the T tokens: a decode step's new token comes after the
+    # `start` tokens held in the KV cache (0 outside decoding).
+    start: int = 0
 
     @property
     def cross(self) -> bool:

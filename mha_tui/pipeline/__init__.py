@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..config import Source
     from ..judge import Verdict
     from ..judge.compare import Comparison
-    from ..load.modules import Loaded
+    from ..load.modules import LoadedTorch
     from ..load.numpy_modules import LoadedNumpy
 
 
@@ -53,19 +53,46 @@ def trace(module: Any, x: Any, tokens: Sequence[str] | None = None, *, context: 
     if decode:
         if context is not None:
             from ..config import ConfigError
+            from ..tracing.decode import decode_refusal
 
-            raise ConfigError("decode= with context= is not supported: decode a self-attention")
+            raise ConfigError(decode_refusal(module, cross=True, batch=False).replace(
+                "--decode with --context", "decode= with context=").replace(
+                "--context alone", "context= alone"))
         from .decode import trace_decode
 
         return trace_decode(module, x, tokens, decode, config=options.get("config"),
                             embedding=options.get("embedding"), ids=options.get("ids"))
     if context is not None:
-        return recognised(_record_cross(module, x, tokens, context, context_tokens, **options))
+        traced = recognised(_record_cross(module, x, tokens, context, context_tokens, **options))
+        refuse_stacked_cross(traced)
+        return traced
     if type(x).__module__ == "numpy" and not _is_torch_module(module):
         return trace_numpy(module, x, tokens, **options)  # NumPy code: torch never loads
     from ..tracing import record_forward  # torch is imported only now
 
     return recognised(record_forward(module, x, tokens, **options))
+
+
+def refuse_stacked_cross(trace: Trace) -> None:
+    """Cross-attention (--context) explains one attention: a forward that runs two, one after
+    the other (nn.TransformerDecoderLayer's self_attn, then multihead_attn), would have its
+    first shown under the second's name. Refused in one line (LoadError) that names both."""
+    if not trace.config.cross or trace.recording is None:
+        return
+    from ..recognise.cross import stacked_attentions
+
+    found = stacked_attentions(trace.recording)
+    if found is None:
+        return
+    from ..load.learner import LoadError
+
+    first, second = found
+    name = trace.module.class_name if trace.module is not None else "the module"
+    raise LoadError(
+        f"{name}.forward runs two attentions, one after the other: {first}, then {second} on "
+        f"its output; --context explains one cross-attention, so give mha-tui the one that "
+        f"reads the context ({second}: an nn.MultiheadAttention is --module "
+        f"torch.nn:MultiheadAttention), or a module of yours that runs only it")
 
 
 def _record_cross(module: Any, x: Any, tokens: Sequence[str] | None, context: Any,
@@ -130,20 +157,31 @@ def _is_torch_module(module: Any) -> bool:
 # ---------------------------------------------------------------- a Request's runs
 
 def _refuse_unwired(request: Request) -> None:
-    """Decode steps (#29) run on one sentence attending to itself, with a torch module."""
+    """A decode run's number of steps must leave a prompt (with --context or --batch, the
+    module is needed to say why not: `_refuse_decode_with`)."""
     from ..config import ConfigError
 
     config = request.config
-    if request.steps and (config.cross or config.batch):
-        raise ConfigError(f"--decode with {'--context' if config.cross else '--batch'} is not "
-                          "supported: decode one sentence attending to itself")
     if request.steps and config.model is None and not 1 <= request.steps < config.seq_len:
         raise ConfigError(f"--decode {request.steps}: the sentence has {config.seq_len} tokens; "
                           f"decode between 1 and {config.seq_len - 1} of them (at least one token "
                           "is the prompt)")
 
 
-def load(request: Request) -> Loaded | LoadedNumpy:
+def _refuse_decode_with(request: Request, module: Any) -> None:
+    """`--decode` with `--context` or `--batch`: refused in one line that says why for this
+    module (`tracing.decode.decode_refusal`: no cache to decode against, one position for
+    every row, no padding mask beside the cache, or not built yet)."""
+    config = request.config
+    if not request.steps or not (config.cross or config.batch):
+        return
+    from ..load.learner import LoadError
+    from ..tracing.decode import decode_refusal
+
+    raise LoadError(decode_refusal(module, cross=config.cross, batch=bool(config.batch)))
+
+
+def load(request: Request) -> LoadedTorch | LoadedNumpy:
     """The request's module and its input; NumPy code (the blueprint, a NumPy --module
     class) never imports torch. Raises LoadError (one line) for bad --module, --init,
     --weights or --context."""
@@ -159,6 +197,7 @@ def load(request: Request) -> Loaded | LoadedNumpy:
         from ..load.modules import load as load_torch
 
         loaded = load_torch(request.config, request.source)
+        _refuse_decode_with(request, loaded.module)
         if request.steps:  # a forward that keeps no cache is refused now, in one line
             from ..tracing.decode import style_of
 
@@ -166,7 +205,7 @@ def load(request: Request) -> Loaded | LoadedNumpy:
     return loaded
 
 
-def traced(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
+def traced(request: Request, *, loaded: LoadedTorch | LoadedNumpy | None = None) -> Trace:
     """load -> trace -> recognise: the Trace of the request's module on its sentence.
     loaded: the request's module, already built by `load`."""
     _refuse_unwired(request)
@@ -175,7 +214,7 @@ def traced(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> T
     return run_trace(request.config, request.source, loaded=loaded)
 
 
-def decoded(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> Trace:
+def decoded(request: Request, *, loaded: LoadedTorch | LoadedNumpy | None = None) -> Trace:
     """`--decode N`: the module's full forward, a prefill, then each of the last N tokens
     traced against its KV cache (`pipeline.decode`); the first step's Trace holds them all.
     Raises LoadError (one line) for a NumPy module or a forward that keeps no cache."""
@@ -188,6 +227,7 @@ def decoded(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> 
     from .decode import trace_decode
 
     loaded = loaded or load_torch(request.config, request.source)
+    _refuse_decode_with(request, loaded.module)  # type: ignore[union-attr]
     trace = trace_decode(loaded.module, loaded.x, request.config.tokens, request.steps,  # type: ignore[union-attr]
                          config=request.config, embedding=loaded.embedding,  # type: ignore[union-attr]
                          ids=loaded.ids)  # type: ignore[union-attr]
@@ -217,7 +257,7 @@ def verdict(request: Request) -> Verdict:
     return check_source(request.config, request.source, request.expect)
 
 
-def comparison(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) -> Comparison:
+def comparison(request: Request, *, loaded: LoadedTorch | LoadedNumpy | None = None) -> Comparison:
     """`explain --against`: the request's module and `request.against` on the same x."""
     _refuse_unwired(request)
     if request.against is None:
@@ -229,7 +269,7 @@ def comparison(request: Request, *, loaded: Loaded | LoadedNumpy | None = None) 
 # ---------------------------------------------------------------- the CLI's and the app's runs
 
 def run_trace(config: Config, source: Source | None = None, *,
-              loaded: Loaded | LoadedNumpy | None = None) -> Trace:
+              loaded: LoadedTorch | LoadedNumpy | None = None) -> Trace:
     """load -> trace -> recognise: the module (`--model`, default mygpt, or `--module`) on the
     sentence.
 
@@ -248,6 +288,7 @@ def run_trace(config: Config, source: Source | None = None, *,
     recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
                               embedding=loaded.embedding, ids=loaded.ids, config=config)
     trace = recognised(recorded)
+    refuse_stacked_cross(trace)
     if loaded.weights and trace.module is not None:  # the header says whose numbers these are
         trace = replace(trace, module=replace(trace.module, weights=loaded.weights))
     return trace
@@ -280,6 +321,7 @@ def checked(request: Request) -> tuple[Callable[[Config], Trace], Callable[[Trac
     from ..load.modules import load
 
     loaded = load(config, source)
+    _refuse_decode_with(request, loaded.module)
 
     def call(module: object, x: object) -> object:  # x once, as query, key and value, or with the context
         return loaded.call(module, x)  # type: ignore[arg-type]
@@ -299,7 +341,7 @@ def checked(request: Request) -> tuple[Callable[[Config], Trace], Callable[[Trac
     return run, checker
 
 
-def _checked_decode(request: Request, loaded: Loaded, call: Callable[[Any, Any], object]
+def _checked_decode(request: Request, loaded: LoadedTorch, call: Callable[[Any, Any], object]
                     ) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
     """checked() for `--decode N`: the steps traced (run), then the full forward judged
     against the reference, each step against the full forward's row, and a second run
@@ -441,7 +483,7 @@ def check_source(config: Config, source: Source, expect: Expect | None = None) -
 # ---------------------------------------------------------------- explain --against
 
 def compared(config: Config, source: Source, against: Source, *,
-             loaded: Loaded | None = None) -> Comparison:
+             loaded: LoadedTorch | None = None) -> Comparison:
     """`explain --against`: the learner's module and a reference on the same x, the
     learner's weights copied into the reference by role (as `check` finds them), their
     stages paired by kind (`judge.compare`).

@@ -66,13 +66,19 @@ class Session:
     def n_layers(self) -> int:
         return self.loaded.info.n_layers
 
+    @property
+    def note(self) -> str:
+        """What the loader says of how it loaded the model (whole, not streamed: why), or ""."""
+        return getattr(self.loaded, "note", "")
+
     def config(self, layer: int) -> Config:
         info = self.loaded.info
         model = ModelSource(
             name=info.name, class_name=info.class_name, layer=layer, n_layers=info.n_layers,
             vocab_size=info.vocab_size, tokens=self.tokens, ids=tuple(self.ids),
             all_layers_limit=self.limit, attention=self.loaded.attention_path(layer),
-            encoder=info.encoder, dtype=info.dtype, stored_dtype=info.stored_dtype,
+            encoder=info.encoder, encoder_of=info.encoder_of, dtype=info.dtype,
+            stored_dtype=info.stored_dtype,
         )
         return Config(self.sentence, embed_dim=info.embed_dim, num_heads=info.num_heads,
                       max_seq_len=min(MAX_SEQ_LEN, max(len(self.ids), info.max_positions or 0)),

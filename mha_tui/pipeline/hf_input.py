@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from ..load.hf import Loaded
-from ..records import Check, Source, Stage, TensorRecord
+from ..records import Check, Stage, Statement, TensorRecord
 from ..tracing.hf_layers import ForwardRun, Line, NormCall, is_norm
 
 BTC = ("B", "T", "C")
@@ -350,8 +350,8 @@ def _origin(layer: int, n_parts: int, unfit: bool, norm: NormCall | None) -> str
     return f"{what} through {norm.path}" if norm is not None else what
 
 
-def _source(line: Line) -> Source:
+def _source(line: Line) -> Statement:
     """The model's statement at line, as the tracer reads statements."""
     from ..tracing.torch_ops import source_at
 
-    return source_at(line.file, line.line) if line.file else Source(file="", line=0, text="")
+    return source_at(line.file, line.line) if line.file else Statement(file="", line=0, text="")

@@ -13,7 +13,7 @@ from ..config import Config
 from ..kinds import kv_repeat
 from ..kinds._parts.builder import Builder
 from ..ops.graph import Graph
-from ..ops.numeric import computed_in
+from ..ops.numeric import computed_in, recorded_dtype
 from ..ops.sizes import Sizes, assign_heads, assign_loop_heads, head_calls, infer_sizes
 from ..records import Embedded, Recording, Snapshot, Stage
 from .assemble import build_stages
@@ -34,18 +34,10 @@ def recognise(rec: Recording, config: Config, *, embedded: Embedded | None = Non
         sizes = Sizes(1, config.seq_len, config.embed_dim, config.num_heads, config.head_dim)
     else:
         sizes = infer_sizes(rec, x, config.num_heads, calls)
+    sizes = replace(sizes, start=len(config.cached))  # a decode step's new token's position
     with computed_in(recorded_dtype(rec)):  # every check allows the module's own rounding
         return _recognise(rec, config, x, sizes, calls, embedded=embedded,
                           forward_equal=forward_equal, n_params=n_params)
-
-
-def recorded_dtype(rec: Recording) -> str:
-    """The float dtype the module computed in: its float input's (x), else its first float
-    op output's, else float32."""
-    floats = [snap.dtype for _, snap in rec.inputs if snap.dtype.startswith(("float", "bfloat"))]
-    floats += [op.out.dtype for op in rec.ops if op.outputs
-               and op.out.dtype.startswith(("float", "bfloat"))]
-    return floats[0] if floats else "float32"
 
 
 def _recognise(rec: Recording, config: Config, x: Snapshot | None, sizes: Sizes,
@@ -83,11 +75,15 @@ def _recognise(rec: Recording, config: Config, x: Snapshot | None, sizes: Sizes,
 def _cached_keys(g: Graph, sizes: Sizes) -> Sizes:
     """A decode step with a KV cache: the scores are (T, T_k) with T_k the keys kept so far
     (the cache and the new ones), longer than the T new queries. The keys' axis is then T_k,
-    as in cross-attention (their tokens are positions: the cache's tokens are not inputs)."""
+    as in cross-attention. A cache allocated up front (gpt-fast's KVCache) holds more slots
+    than tokens: the keys' axis is then every slot, those not written yet masked."""
     for op in g.ops:
         if g.kind.get(op.index) == "scores" and op.out.ndim >= 2:
             T_q, T_k = op.out.shape[-2], op.out.shape[-1]
-            if T_q == sizes.T and T_k > sizes.T:
-                return replace(sizes, T_k=T_k)
-            return sizes
+        elif op.name == "scaled_dot_product_attention" and len(op.inputs) >= 2 and \
+                g.snap(op.inputs[0]).ndim >= 2:  # the fused op: its q's and k's lengths
+            T_q, T_k = g.snap(op.inputs[0]).shape[-2], g.snap(op.inputs[1]).shape[-2]
+        else:
+            continue
+        return replace(sizes, T_k=T_k) if T_q == sizes.T and T_k > sizes.T else sizes
     return sizes

@@ -8,14 +8,14 @@ Two layers, one way:
   forward was running (`heads.1.query`), where every tensor argument came from (`Ref`: an
   earlier op, the forward's own input, a parameter, a buffer, a constant), the non-tensor
   arguments (`dim=-1`, the scalar divisor), a `Snapshot` of each output taken when the op
-  ran (so a later in-place `masked_fill_` cannot rewrite history), and the `Source` line of
+  ran (so a later in-place `masked_fill_` cannot rewrite history), and the `Statement` of
   the module's own code that called it. A `Recording` holds them, in the order they ran,
   with the forward's arguments, its result, and the error if it raised. A `Recorded` is
   what the tracer hands on: the recording and the facts only the array library could
   compute (the embedding lookup, `Embedded`; whether a second call gave the same output).
 * **stages** -- what a learner reads. `mha_tui.recognise` (which never imports torch) groups
   the ops into `Stage`s: a `kind` (embed, project, view, transpose, scores, scale, mask,
-  softmax, dropout, attend, concat, w_o, op, error), the `Source` line shown, the ops it
+  softmax, dropout, attend, concat, w_o, op, error), the `Statement` shown, the ops it
   holds, the tensors to draw (`TensorRecord`) and the checks computed from them. A `Trace`
   is the stages of one forward, with the module it came from.
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Source:
+class Statement:
     """A place in the code that ran: the statement of the module's own code behind an op.
 
     `line` is the line Python was executing; `text` is the whole statement around it, as
@@ -56,7 +56,7 @@ class Source:
     text: str
     end_line: int = 0
     function: str = ""
-    callers: tuple[Source, ...] = field(default=(), compare=False)
+    callers: tuple[Statement, ...] = field(default=(), compare=False)
     """When the statement is inside a helper of the module's own (`def split_heads(t)`,
     `def attention(q, k, v)`): the statements that called it, innermost first, up to the
     module's forward (a tensor the helper returns is named by its caller's assignment)."""
@@ -139,7 +139,7 @@ class OpRecord:
     args: tuple[object, ...]
     kwargs: tuple[tuple[str, object], ...]
     outputs: tuple[Snapshot, ...]
-    source: Source
+    source: Statement
     in_place: bool = False
 
     @property
@@ -172,7 +172,7 @@ class ModuleCall:
     library: bool
     first: int
     end: int
-    source: Source | None = None
+    source: Statement | None = None
     inputs: tuple[tuple[str, Ref], ...] = ()
 
 
@@ -182,7 +182,7 @@ class RecordedError:
 
     type: str
     message: str
-    source: Source | None
+    source: Statement | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -222,7 +222,7 @@ class Embedded:
     ids: Snapshot
     table: Snapshot
     x: Snapshot
-    source: Source
+    source: Statement
     looked_up: bool
     table_name: str = "embedding.weight"
 
@@ -334,7 +334,7 @@ class Stage:
     # Shown on request: the tempting wrong alternative (a single view at `transpose`).
     aside: tuple[TensorRecord, ...] = field(default=())
     kind: str = ""
-    source: Source | None = None
+    source: Statement | None = None
     ops: tuple[OpRecord, ...] = ()
     raised: str = ""
     blocks: str = ""

@@ -20,6 +20,12 @@ from .text import label
 ENCODER = "encoder: every token sees every token"
 
 
+def encoder_half(model_type: str) -> str:
+    """What an encoder-decoder's header says without --context: which half is shown."""
+    return (f"{model_type} is an encoder-decoder: this is its encoder, self-attention over the "
+            f"sentence; --context SENTENCE shows its decoder's cross-attention")
+
+
 def module_heads(trace: Trace) -> int | None:
     """The head count the module itself split into: the h axis of its first split into heads
     (the most heads there, for shared K/V heads), read from the recorded tensors; None
@@ -78,6 +84,8 @@ def _sizes(config: Config, batched: bool = True, asked: int | None = None,
         sizes = Text(f"{'B=1 ' if batched else ''}{lengths}", style="cyan", end="")
         if config.model.encoder:  # said where a toy module's header says causal or no mask
             sizes.append(f" {ENCODER}", style="bold cyan")
+        if config.model.encoder_of:  # one half of an encoder-decoder: where the other is
+            sizes.append(f" ({encoder_half(config.model.encoder_of)})", style="cyan")
         return sizes
     own = f" (the module's own; --heads {asked})" if asked not in (None, config.num_heads) else ""
     # Cross-attention: the queries' and the keys' lengths; no causal mask across sequences.

@@ -22,6 +22,8 @@ from .values import DIM_STYLE, head_style
 
 # The keys' axis in cross-attention (recognise.builder.KEYS: render never imports recognise).
 KEYS = "T_k"
+# A slot of a KV cache allocated up front that holds no token of this run yet.
+UNUSED = "<unused>"
 
 if TYPE_CHECKING:
     import numpy as np  # NumPy arrives with torch; the app's first frame must not wait for it
@@ -47,7 +49,11 @@ def _token_axis(config: Config, tags: Sequence[str] | None = None,
         return Axis(list(tags), heads=tag_heads, literal=True)
     tokens = list(config.key_tokens if keys else config.row_tokens(row) if config.batch
                   else config.tokens)
-    if n is not None and n != len(tokens):
+    if keys and config.cached and n is not None and n > len(tokens):
+        # a decode step's KV cache allocated up front (gpt-fast's): the slots after the
+        # tokens written so far
+        tokens = tokens + [UNUSED] * (n - len(tokens))
+    elif n is not None and n != len(tokens):
         other = list(config.tokens if keys else config.key_tokens)
         tokens = other if n == len(other) else [f"t{i}" for i in range(n)]
     return Axis(tokens, literal=True, positions=True)

@@ -19,9 +19,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
-from ..load.signature import CacheStyle, Refused, cache_style
+from ..load.learner import MASK_NAMES
+from ..load.signature import PAD_KEEP_NAMES, PAD_NAMES, CacheStyle, Refused, cache_style
 from ..records import Recorded
 from . import record_forward
+
+# A forward's parameters that can carry a padding mask (load.signature's names).
+PADDING_PARAMETERS = (*PAD_KEEP_NAMES, *PAD_NAMES, *MASK_NAMES)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,6 +62,46 @@ def style_of(module: nn.Module) -> CacheStyle:
     """The module's KV cache as its forward's signature shows it (Refused: one line)."""
     methods = frozenset(name for name in dir(type(module)) if callable(getattr(type(module), name, None)))
     return cache_style(module.forward, f"{type(module).__name__}.forward", methods)
+
+
+def decode_refusal(module: nn.Module, *, cross: bool, batch: bool) -> str:
+    """Why `--decode` cannot run with `--context` (cross) or `--batch` on this module, in one
+    line: from what its forward's signature shows of its cache and its masks."""
+    import inspect
+
+    name = f"{type(module).__name__}.forward"
+    try:
+        params = set(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    try:
+        style: CacheStyle | None = style_of(module)
+    except Refused:
+        style = None
+    if cross:
+        if style is None:
+            return (f"--decode with --context: {name} keeps no KV cache: the context's keys "
+                    f"and values are made again from the context at every call, so a decode "
+                    f"step has nothing cached to show (--context alone shows every query "
+                    f"against the context at once, the rows a decoder computes one by one)")
+        return (f"--decode with --context is not built: {name} takes a KV cache "
+                f"({style.parameter}) beside its context, and mha-tui does not yet decode a "
+                f"cross-attention against it (the context's keys and values made once, read "
+                f"back at every step); explain it with --context alone")
+    if style is None:
+        return (f"--decode with --batch: {name} keeps no KV cache (--decode needs one, and "
+                f"--batch alone shows the padded rows)")
+    if style.kind in ("start_pos", "input_pos"):
+        return (f"--decode with --batch: {name} writes its cache at one {style.parameter} for "
+                f"every row, so rows of different lengths cannot each add their next token "
+                f"at their own position; decode one sentence")
+    if not params & {*PADDING_PARAMETERS}:
+        return (f"--decode with --batch: {name} takes no padding mask beside its cache, so a "
+                f"shorter row's <pad> keys would stay in the cache, visible to its new tokens; "
+                f"decode one sentence")
+    return ("--decode with --batch is not built: decoding padded rows needs them padded on "
+            "the left with a position per row (as Hugging Face's generate does), and --batch "
+            "pads on the right; decode one sentence")
 
 
 def decode_prompt(steps: int, T: int) -> int:

@@ -26,8 +26,8 @@ from torch import nn
 from ..load.hf_error import HfError
 
 
-class Layers(Protocol):
-    """A loaded model and its layers, as `mha_tui.load.hf.Loaded` holds them."""
+class LayeredModel(Protocol):
+    """A loaded model and its blocks, as `mha_tui.load.hf.Loaded` holds them."""
 
     model: nn.Module
     blocks: Sequence[nn.Module]
@@ -125,7 +125,7 @@ def is_norm(path: str, module: nn.Module) -> bool:
     return "norm" in type(module).__name__.lower() or path.rsplit(".", 1)[-1].startswith("ln")
 
 
-def run_forward(loaded: Layers, ids: Sequence[int], layers: Sequence[int],
+def run_forward(loaded: LayeredModel, ids: Sequence[int], layers: Sequence[int],
                 around: Callable[[Callable[[], Any]], Any] | None = None,
                 forward: Callable[[torch.Tensor], Any] | None = None, *,
                 extra: dict[str, Any] | None = None) -> ForwardRun:

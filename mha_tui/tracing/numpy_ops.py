@@ -40,7 +40,7 @@ import numpy as np
 
 from ..config import config_for
 from ..load.learner import forward_of
-from ..records import Embedded, OpRecord, Recorded, RecordedError, Recording, Ref, Snapshot, Source
+from ..records import Embedded, OpRecord, Recorded, RecordedError, Recording, Ref, Snapshot, Statement
 from .args import recorded_arguments
 from .source import source_at
 
@@ -269,7 +269,7 @@ class _Session:
     producers: dict[int, tuple[int, int]] = field(default_factory=dict)
     refs: dict[int, Ref] = field(default_factory=dict)
     alive: list[object] = field(default_factory=list)
-    failed_at: Source | None = None
+    failed_at: Statement | None = None
     codes: frozenset[CodeType] = frozenset()  # the forward's own code: where callers stop
 
     def ref(self, a: np.ndarray) -> Ref:
@@ -317,7 +317,7 @@ class _Session:
             self.alive.append(a)
         return result
 
-    def where(self, frame: FrameType | None = None) -> Source:
+    def where(self, frame: FrameType | None = None) -> Statement:
         """The innermost frame of the module's own code (outside NumPy and this package),
         with the statements that called it when it is a helper (as the torch adapter does:
         a helper's returned array is named by the caller's assignment)."""
@@ -329,14 +329,14 @@ class _Session:
                 callers = self._callers(frame)
                 return replace(source, callers=callers) if callers else source
             frame = frame.f_back
-        return Source(file="", line=0, text="")
+        return Statement(file="", line=0, text="")
 
-    def _callers(self, frame: FrameType) -> tuple[Source, ...]:
+    def _callers(self, frame: FrameType) -> tuple[Statement, ...]:
         """The module's own statements that called the helper `frame` runs in, innermost
         first (at most 3), up to the forward (or the first frame that is not the module's)."""
         if frame.f_code in self.codes or not self.codes:
             return ()
-        callers: list[Source] = []
+        callers: list[Statement] = []
         up = frame.f_back
         while up is not None and len(callers) < 3:
             code = up.f_code
@@ -470,7 +470,7 @@ def record(module: object, args: tuple[object, ...] = (),
 def record_forward(module: object, x: np.ndarray, tokens: Sequence[str] | None = None, *,
                    args: tuple[object, ...] | None = None, kwargs: Mapping[str, object] | None = None,
                    table: np.ndarray | None = None, ids: np.ndarray | None = None,
-                   config: Config | None = None, lookup: Source | None = None) -> Recorded:
+                   config: Config | None = None, lookup: Statement | None = None) -> Recorded:
     """Run a NumPy module's forward on x (T, C) once and return what it did (see `mha_tui.trace`).
 
     args/kwargs: what forward gets (default `forward(x)`); table and ids: when given, x is

@@ -12,7 +12,7 @@ import textwrap
 from functools import lru_cache
 from types import CodeType
 
-from ..records import Source
+from ..records import Statement
 
 # Compound statements: the simple statement inside them is what ran.
 _COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.While,
@@ -60,9 +60,9 @@ def statement_at(filename: str, line: int, code: CodeType | None = None) -> tupl
 
 
 @lru_cache(maxsize=4096)
-def source_at(filename: str, line: int, function: str = "", code: CodeType | None = None) -> Source:
+def source_at(filename: str, line: int, function: str = "", code: CodeType | None = None) -> Statement:
     """The statement that ran at filename:line, read from that file."""
     first, last = statement_at(filename, line, code)
     lines = [linecache.getline(filename, n).rstrip("\n") for n in range(first, last + 1)]
     text = textwrap.dedent("\n".join(lines)).strip("\n")
-    return Source(file=filename, line=first, text=text, end_line=last, function=function)
+    return Statement(file=filename, line=first, text=text, end_line=last, function=function)

@@ -49,7 +49,7 @@ from ..records import (
     Recording,
     Ref,
     Snapshot,
-    Source,
+    Statement,
 )
 from .args import recorded_arguments
 from .snapshots import Pending, Snapshots, snapshot, tensors_in
@@ -129,7 +129,7 @@ def _is_tensor(value: object) -> bool:
 # args, kwargs, outputs (maybe Pending), source, in place. A tuple: building an OpRecord
 # costs as much as the op itself, and a print loop's ops are never built (_Session.build).
 _Draft = tuple[str, str, str, str, tuple[Ref, ...], tuple[object, ...],
-               tuple[tuple[str, object], ...], tuple[object, ...], Source, bool]
+               tuple[tuple[str, object], ...], tuple[object, ...], Statement, bool]
 
 
 def _built(index: int, d: _Draft, inputs: tuple[Ref, ...]) -> OpRecord:
@@ -184,18 +184,18 @@ class _Session:
     input_refs: dict[int, Ref] = field(default_factory=dict)
     const_refs: dict[int, Ref] = field(default_factory=dict)
     alive: list[object] = field(default_factory=list)
-    stack: list[tuple[str, str, int, Source | None, tuple[tuple[str, Ref], ...]]] = field(
+    stack: list[tuple[str, str, int, Statement | None, tuple[tuple[str, Ref], ...]]] = field(
         default_factory=list)
     output: Ref | None = None
     error: RecordedError | None = None
-    failed_at: Source | None = None
+    failed_at: Statement | None = None
     done: bool = False
     read: set[int] = field(default_factory=set)  # ops whose value Python read (PYTHON_READS)
     # id(code) -> (code, is it the forward's, is it outside torch and mha-tui, is it own):
     # a code object hashes its whole body, an id does not; the code is kept, so is its id.
     seen: dict[int, tuple[CodeType, bool, bool, bool]] = field(default_factory=dict)
-    # (id(code), line, callers' ids and lines) -> the Source there (Recorder.where)
-    sources: dict[tuple[object, ...], Source] = field(default_factory=dict)
+    # (id(code), line, callers' ids and lines) -> the Statement there (Recorder.where)
+    sources: dict[tuple[object, ...], Statement] = field(default_factory=dict)
 
     def _facts(self, code: CodeType) -> tuple[CodeType, bool, bool, bool]:
         facts = self.seen.get(id(code))
@@ -439,8 +439,8 @@ class Recorder:
 
     # -------------------------------------------------------------- ops
 
-    def where(self, session: _Session, frame: FrameType | None = None) -> Source:
-        """The innermost frame of the module's own code, as a Source.
+    def where(self, session: _Session, frame: FrameType | None = None) -> Statement:
+        """The innermost frame of the module's own code, as a Statement.
 
         Every op asks this, so the answer is kept per place: the frame's code and line and
         those of its callers (a loop's line is read and parsed once, not once a pass)."""
@@ -464,7 +464,7 @@ class Recorder:
             frame = frame.f_back
         if fallback is not None:
             return source_at(fallback.f_code.co_filename, fallback.f_lineno, fallback.f_code.co_name)
-        return Source(file="", line=0, text="")
+        return Statement(file="", line=0, text="")
 
     def _callers(self, session: _Session, frame: FrameType) -> tuple[int, ...]:
         """The module's own statements that called the helper `frame` runs in, innermost

@@ -1,7 +1,8 @@
 """Every output mha-tui writes, and where: one FORMATS table (a row per format: its name,
 the --dump extensions that choose it, what it allows, its writer), the writers it names
 (`dump.py`: text and JSON transcripts, worksheets, --why; `pictures.py`: SVG, HTML and
-Markdown; `quiz_view.py`: the quiz's words; `floats.py`: float32 text), and safe
+Markdown; `heads.py`: `mha-tui heads`' model view in each format; `quiz_view.py`: the quiz's
+words; `floats.py`: float32 text), and safe
 destinations (`destination.py`: a file replaced only once complete, devices and FIFOs
 written through).
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from ..kinds._parts.quizzing import Question
     from ..records import Trace
     from ..render.options import RenderOptions
+    from ..roles import ModelView
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,32 @@ def _json(page: Page, out: IO[bytes]) -> None:
                ascii_only=page.options.ascii)
 
 
-def _picture(name: str) -> Callable[[Page, IO[bytes]], None]:
-    def write(page: Page, out: IO[bytes]) -> None:
-        from .pictures import Selection, picture
+def _picture(writer: str) -> Callable[[Page, IO[bytes]], None]:
+    """A picture's writer: `pictures.<writer>`, imported when it writes."""
 
-        out.write(picture(name, page.trace, page.options, page.width,
-                          Selection(page.first, page.last)).encode("utf-8"))
+    def write(page: Page, out: IO[bytes]) -> None:
+        from . import pictures
+
+        drawn = getattr(pictures, writer)(page.trace, page.options, page.width,
+                                          pictures.Selection(page.first, page.last))
+        out.write(drawn.encode("utf-8"))
+
+    return write
+
+
+HeadsWriter = Callable[["ModelView", "RenderOptions", int, bool, "tuple[int, int] | None"], str]
+"""`mha-tui heads --dump`: the model view, the render options, the width, --color and the
+head selected (--ablate's), as the format's text."""
+
+
+def _heads(writer: str) -> HeadsWriter:
+    """The model view's writer: `heads.<writer>`, imported when it writes."""
+
+    def write(view: ModelView, options: RenderOptions, width: int, color: bool,
+              selected: tuple[int, int] | None) -> str:
+        from . import heads
+
+        return getattr(heads, writer)(view, options, width, color, selected)  # type: ignore[no-any-return]
 
     return write
 
@@ -128,16 +150,19 @@ class OutputFormat:
     """--against's comparison in it (drawn `width` columns wide, in colour or not)."""
     cell: Callable[[Page, Why], str] | None = None
     """--why's explanation of one cell in it."""
+    heads: HeadsWriter | None = None
+    """`mha-tui heads --dump`'s model view in it."""
 
 
 FORMATS: dict[str, OutputFormat] = {row.name: row for row in (
     OutputFormat("text", (), _text, colours=True, worksheet=_worksheet_text,
-                 comparison=_comparison_text, cell=_cell_text),
+                 comparison=_comparison_text, cell=_cell_text, heads=_heads("to_text")),
     OutputFormat("json", (".json",), _json, sized=False, worksheet=_worksheet_json,
-                 comparison=_comparison_json),
-    OutputFormat("svg", (".svg",), _picture("svg")),
-    OutputFormat("html", (".html", ".htm"), _picture("html")),
-    OutputFormat("md", (".md", ".markdown"), _picture("md"), worksheet=_worksheet_md),
+                 comparison=_comparison_json, heads=_heads("to_json")),
+    OutputFormat("svg", (".svg",), _picture("to_svg"), heads=_heads("to_svg")),
+    OutputFormat("html", (".html", ".htm"), _picture("to_html"), heads=_heads("to_html")),
+    OutputFormat("md", (".md", ".markdown"), _picture("to_markdown"), worksheet=_worksheet_md,
+                 heads=_heads("to_markdown")),
 )}
 """Every transcript format, by name (--format's choices, in this order)."""
 

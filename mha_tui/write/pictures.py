@@ -285,11 +285,3 @@ def worksheet_markdown(trace: Trace, questions: Sequence[Question], opts: Render
                            for n, q in enumerate(questions, 1)) or "(none)")
     return "\n\n".join(parts) + "\n"
 
-
-WRITERS = {"svg": to_svg, "html": to_html, "md": to_markdown}
-
-
-def picture(fmt: str, trace: Trace, opts: RenderOptions, width: int = 100,
-            selection: Selection = Selection()) -> str:
-    """The transcript of trace in fmt (svg, html or md)."""
-    return WRITERS[fmt](trace, opts, width, selection)

@@ -25,7 +25,7 @@ from ...ops.numeric import (
     token_axes,
 )
 from ...ops.vocab import SCALE_OPS, SHAPE_OPS, SOFTMAXES
-from ...records import OpRecord, Recording, Ref, Source, Stage, TensorArg, Trace
+from ...records import OpRecord, Recording, Ref, Stage, Statement, TensorArg, Trace
 from ...records.verdict import Diagnosis, Facts, StageVerdict
 
 F = TypeVar("F", bound="Found")
@@ -122,11 +122,11 @@ class Judge:
 
     # ------------------------------------------------------------ helpers
 
-    def where(self, source: Source | None) -> tuple[str, int]:
+    def where(self, source: Statement | None) -> tuple[str, int]:
         return (source.file, source.line) if source is not None else ("", 0)
 
     def row(self, stage: Stage | None, kind: str, ok: bool | None, diff: float | None,
-            checked: str, *, source: Source | None = None, note: str = "",
+            checked: str, *, source: Statement | None = None, note: str = "",
             diagnosis: tuple[str, str] | None = None, position: float = 0.0) -> Row:
         src = source or (stage.source if stage is not None else None)
         file, line = self.where(src)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...ops.graph import Graph
 from ...ops.numeric import recomputed_agrees
-from ...records import Check, OpRecord, Recording, Ref, Snapshot, Source, Stage, TensorArg, TensorRecord
+from ...records import Check, OpRecord, Recording, Ref, Snapshot, Stage, Statement, TensorArg, TensorRecord
 from ...stages import stage_info
 from .builder import BHTT, Builder
 from .unit import Unit
@@ -68,7 +68,7 @@ def _returned(g: Graph, op: OpRecord) -> OpRecord | None:
     return None
 
 
-def _runs_at(op: OpRecord, statement: Source) -> bool:
+def _runs_at(op: OpRecord, statement: Statement) -> bool:
     """The op ran at that statement itself (not in a helper it called)."""
     return (op.source.file, op.source.function) == (statement.file, statement.function) and \
         statement.line <= op.source.line <= max(statement.line, statement.end_line)
@@ -242,8 +242,8 @@ class StageMaker:
                 return found.group(0).removeprefix("self.")
         return composed
 
-    def code(self, indices: Iterable[int]) -> tuple[str, Source | None]:
-        seen: list[Source] = []
+    def code(self, indices: Iterable[int]) -> tuple[str, Statement | None]:
+        seen: list[Statement] = []
         for i in sorted(indices):
             src = self.op(i).source
             if src.text and all((s.file, s.line) != (src.file, src.line) for s in seen):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...ops.numeric import rounded
-from ...ops.vocab import LARGE_NEGATIVE
+from ...ops.vocab import LARGE_NEGATIVE, MASK_OPS
 from ...records import Check, OpRecord, Ref, TensorArg
 
 if TYPE_CHECKING:
@@ -41,6 +41,9 @@ def fill_check(m: StageMaker, groups: list[list[OpRecord]], values: np.ndarray,
     op does not say one number, or when nothing is blocked."""
     if not n_total:
         return Check("the mask blocks no entry (none holds -1e4 or below)", None)
+    chain = [op for op in groups[0] if op.name in MASK_OPS] if len(groups) == 1 else []
+    if len(chain) > 1:
+        return _chain_check(m.g, chain, values, before, blocked, n_total, where)
     fill = fill_of(m.g, groups[0][0]) if groups and groups[0] else None
     if fill is None:
         return Check(f"{n_inf} of {n_total} entries {where} are exactly -inf" if n_inf else
@@ -68,6 +71,35 @@ def fill_check(m: StageMaker, groups: list[list[OpRecord]], values: np.ndarray,
     return Check(f"{n_ok} of {n_total} entries {where} " + label.format(number=number,
                                                                          minus=-number),
                  n_ok == n_total)
+
+
+def _chain_check(g: Graph, chain: list[OpRecord], values: np.ndarray, before: np.ndarray,
+                 blocked: np.ndarray, n_total: int, where: str) -> Check:
+    """Two mask ops one after the other (GPT-Neo's local layer: torch.where with its window's
+    fill, then the added causal mask): each blocked entry holds what the ops wrote there, in
+    their order (a fill, then the added mask's value on top of it). Replayed from the ops'
+    own arguments; a plain count when one of them does not say what it writes."""
+    said = []
+    expected = before
+    with np.errstate(over="ignore", invalid="ignore"):
+        for op in chain:
+            fill, mark = fill_of(g, op), written(g, op)
+            others = [g.snap(r).values for r in g.other_inputs(op)]
+            if fill is None or mark is None or expected.shape != values.shape or \
+                    mark.shape != values.shape:
+                return Check(f"{n_total} entries {where} hold a mask value, written by "
+                             f"{len(chain)} ops", None)
+            how, number = fill
+            if how == "value":
+                expected = np.where(mark, np.asarray(number, dtype=values.dtype), expected)
+            else:  # the added (subtracted) tensor, as the op adds it
+                added = np.asarray(others[0], dtype=values.dtype)
+                expected = expected - added if op.name.startswith("sub") else expected + added
+            said.append(f"{op.name.rstrip('_')} {'writes' if how == 'value' else 'adds'} "
+                        f"{number:.3g}")
+        n_ok = int(np.count_nonzero(blocked & (values == expected)))
+    return Check(f"{n_ok} of {n_total} entries {where} hold what the {len(chain)} mask ops "
+                 f"wrote, in order ({'; '.join(said)})", n_ok == n_total)
 
 
 def fill_of(g: Graph, op: OpRecord) -> tuple[str, float] | None:

@@ -25,7 +25,18 @@ from ...records import Check, OpRecord, Stage
 from .._parts.builder import BHTD, BTHD
 from .._parts.maker import StageMaker, synthetic
 from .._parts.unit import Unit
-from .finding import CLAIMS, KIND, Rotation, angles_of, frequencies, pairs, rotate, rotations, wrapped
+from .finding import (
+    CLAIMS,
+    KIND,
+    Rotation,
+    angles_of,
+    frequencies,
+    pairs,
+    rotate,
+    rotations,
+    turned_position,
+    wrapped,
+)
 from .judging import judge, mechanism, scaled
 from .why import quiz, why
 
@@ -66,12 +77,17 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     angles = angles_of(first)
     r, d_h = first.r, m.snap(first.before).shape[-1]
     shown = np.unwrap(angles, axis=0).astype(np.float32)  # atan2 gives them modulo 2 pi
+    start = m.s.start  # a decode step: the new token stands after the cached ones
+    at = (f"; row 0 is position {start}, the new token's (a decode step: the {start} tokens "
+          f"before it are in the cache)" if start else "")
     tensors = [m.b.record(
         "angle(t, i)", synthetic(shown), ("T", "pair"),
         caption=f"radians pair i is turned at position t: atan2(sin, cos) of the module's own "
                 f"tables, unwrapped along t (computed by mha-tui); {r // 2} pairs of the {r} "
-                f"channels turned")]
+                f"channels turned{at}")]
     checks: list[Check] = []
+    if start:
+        checks.append(_offset_check(float(angles[0, 0]), start))
     # bfloat16 and float16: the module rounded its cos and sin tables and every turned
     # number; the checks allow that rounding and say so.
     rtol = precision().rtol if precision().dtype in HALF else 0.0
@@ -146,6 +162,21 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=before.shape,
                    shape_out=after.shape, dims_in=tensors[1].dims, dims_out=tensors[2].dims,
                    title=TITLE, explanation=explanation, extra_ops=ops)
+
+
+def _offset_check(angle: float, start: int) -> Check:
+    """A decode step: the new token must be turned for its own position, after the cache's
+    tokens; pair 0 turns by exactly the position in radians (ω_0 = 1 in every base)."""
+    expected = float(wrapped(np.float64(start)))
+    if abs(float(wrapped(np.float64(angle - start)))) < 1e-3:
+        return Check(f"the new token is turned for its position {start}: pair 0 by {angle:.4f} "
+                     f"rad = {start} rad modulo 2π (pair 0 turns by one radian per position in "
+                     f"every base; computed by mha-tui)", True)
+    used = turned_position(angle, 4 * start + 64)
+    said = f"position {used}'s turn" if used is not None else "no position's turn"
+    return Check(f"the new token is NOT turned for its position {start}: pair 0 by {angle:.4f} "
+                 f"rad, {said}; position {start} turns it by {start} rad = {expected:.4f} modulo "
+                 f"2π (computed by mha-tui)", False)
 
 
 def _rotated_part(m: StageMaker, rot: Rotation) -> np.ndarray:

@@ -348,6 +348,14 @@ def wrapped(a: np.ndarray) -> np.ndarray:
     return (a + math.pi) % (2 * math.pi) - math.pi
 
 
+def turned_position(angle: float, most: int) -> int | None:
+    """The position p in 0..most whose rotary turns pair 0 by `angle`: pair 0 turns by p
+    radians at position p in every base (ω_0 = base^0 = 1), so p is the integer that angle
+    is, modulo a full turn. None when no position in range is (scaled frequencies)."""
+    found = [p for p in range(most + 1) if abs(float(wrapped(np.float64(p - angle)))) < 1e-3]
+    return found[0] if found else None
+
+
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,12 @@ def _halves(values: np.ndarray, pairing: str) -> tuple[np.ndarray, np.ndarray]:
     return values[..., 0::2], values[..., 1::2]
 
 
-def fit(before: np.ndarray, after: np.ndarray, T: int
+def fit(before: np.ndarray, after: np.ndarray, T: int, start: int = 0
         ) -> tuple[str, int, np.ndarray, np.ndarray, float] | None:
     """(pairing, token axis, cos (T, r/2), sin (T, r/2), scale) when `after` is `before` turned
     pair by pair by one angle per position (and scaled by one number: YaRN's attention
-    factor, 1 for plain rotary); None otherwise."""
+    factor, 1 for plain rotary); None otherwise. start: the first token's position (a decode
+    step's new token comes after the cached ones)."""
     x, y = before.astype(np.float64), after.astype(np.float64)
     if x.shape != y.shape or x.ndim < 2 or x.shape[-1] < 2 or x.shape[-1] % 2:
         return None
@@ -49,7 +50,9 @@ def fit(before: np.ndarray, after: np.ndarray, T: int
     if np.allclose(x, y):
         return None
     size = max(1.0, float(np.abs(x).max(initial=0.0)))
-    axes = [a for a in range(x.ndim - 1) if x.shape[a] == T] if T > 1 else [x.ndim - 2]
+    # one token (a decode step): every axis but the channels is read as one position
+    axes = [a for a in range(x.ndim - 1) if x.shape[a] == T] if T > 1 else \
+        [a for a in range(x.ndim - 1) if x.shape[a] == 1][-1:] or [x.ndim - 2]
     for pairing in ("half", "interleaved"):
         a, b = _halves(x, pairing)
         a2, b2 = _halves(y, pairing)
@@ -74,13 +77,22 @@ def fit(before: np.ndarray, after: np.ndarray, T: int
             if m <= 1e-6 or not np.allclose(scale, m, **tolerance(atol=1e-8, rtol=1e-4)):
                 continue
             cos, sin = cos / m, sin / m
-            if not (np.allclose(cos[0], 1.0, **tolerance(atol=1e-4, rtol=1e-5))
-                    and np.allclose(sin[0], 0.0, **tolerance(atol=1e-4, rtol=1e-5))):
+            if start == 0 and not (np.allclose(cos[0], 1.0, **tolerance(atol=1e-4, rtol=1e-5))
+                                   and np.allclose(sin[0], 0.0, **tolerance(atol=1e-4, rtol=1e-5))):
                 continue  # position 0 is not turned (a swap of halves is not rotary)
+            if start and _quarter_turns(cos[0], sin[0]):
+                continue  # from position start on: a swap or negation of halves is no rotary
             if np.abs(sin).max() <= max(1e-6, 4 * tolerance(atol=0.0)["atol"]):
                 continue  # nothing turned (in bfloat16, a scaling's rounding is no turn)
             return pairing, axis, cos, sin, m
     return None
+
+
+def _quarter_turns(cos: np.ndarray, sin: np.ndarray) -> bool:
+    """Every pair turned by a multiple of a quarter turn: channels swapped or negated, what no
+    rotary does at a position t >= 1 (pair 0 turns by t·ω_0 radians, ω_0 = 1 in every base)."""
+    quarters = np.arctan2(sin, cos) / (np.pi / 2)
+    return bool(np.allclose(quarters, np.round(quarters), atol=1e-4))
 
 
 def pass_through(before: np.ndarray, after: np.ndarray) -> int:
@@ -137,7 +149,7 @@ def measured(g, sizes) -> list[tuple]:
                 passed = _slice_ref(g, ops, source, r, None)
                 if rotated_in is None or passed is None:
                     continue
-            turned = fit(before[..., :r], out[..., :r], sizes.T)
+            turned = fit(before[..., :r], out[..., :r], sizes.T, sizes.start)
             if turned is None:
                 continue
             pairing, _, cos, sin, scale = turned

@@ -54,6 +54,8 @@ def why(cell: Cell) -> Why:
         op = inner
     if op.name == "mul" and op.out.values.dtype.kind == "c":
         return _why_complex(cell, op, at, x_full)
+    if op.name == "stack" and len(op.inputs) == 2 and at[-1] in (0, 1):
+        return _why_stacked(cell, op, at, x_full)
     if op.name not in {"add", "add_"}:
         raise WhyError(f"cannot tell how {cell.name} was turned: it comes from {op.name}")
     return _why_real(cell, op, at, x_full)
@@ -152,9 +154,75 @@ def _why_complex(cell: Cell, op: OpRecord, at: tuple[int, ...], x_full: np.ndarr
                computed, cell.recorded)
 
 
+def _why_stacked(cell: Cell, op: OpRecord, at: tuple[int, ...], x_full: np.ndarray) -> Why:
+    """gpt-fast's and torchtune's pairs `x.reshape(..., -1, 2)` turned one half at a time and
+    stacked back: `stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], -1)`. The cell is part
+    `at[-1]` of pair `at[-2]`: the recorded sub or add of two recorded products."""
+    recording = cell.trace.recording
+    assert recording is not None
+    *lead, pair, part = at
+    ref = op.inputs[part]
+    combine = recording.ops[ref.op] if ref.kind == "op" and ref.op is not None else None
+    if combine is None or combine.name not in {"add", "sub"} or len(combine.inputs) != 2:
+        raise WhyError(f"cannot tell how {cell.name} was turned: part {part} of its pair is "
+                       f"not a sum or difference of two products")
+    here = (*lead, pair)
+    names = {2 * pair: f"x[{2 * pair}]", 2 * pair + 1: f"x[{2 * pair + 1}]"}
+    terms, values = [], []
+    for k, mul_ref in enumerate(combine.inputs):
+        mul = recording.ops[mul_ref.op] if mul_ref.kind == "op" and mul_ref.op is not None else None
+        if mul is None or mul.name not in {"mul", "mul_"} or len(mul.inputs) != 2:
+            raise WhyError(f"the rotation's {combine.name} in stage {cell.stage.id} is not of "
+                           "two products")
+        a, b = (float(np.broadcast_to(cell.operand(mul, j), combine.out.shape)[here])
+                 for j in (0, 1))
+        # which of the two is a channel of the pair (x), which the module's table
+        channel = _channel_of(x_full, lead, pair, a)
+        x_value, table, xc = (a, b, channel) if channel is not None else \
+            (b, a, _channel_of(x_full, lead, pair, b))
+        if xc is None:
+            raise WhyError(f"cannot find {cell.name}'s pair among the rotation's products")
+        own_channel = xc == 2 * pair + part  # x of this channel times cos, its partner's sin
+        table_name = "cos" if own_channel else "sin"
+        sign = -1.0 if combine.name == "sub" and k == 1 else 1.0
+        product = x_value * table
+        terms.append(Term(f"{'−' if sign < 0 else ''}{names[xc]} × {table_name}",
+                          (sign * x_value, "×", table), sign * product))
+        values.append((table_name, table))
+    computed = sum(term.value for term in terms)
+    tables = dict(values)
+    angle = math.atan2(tables.get("sin", 0.0), tables.get("cos", 1.0))
+    t = _position(cell)
+    c = 2 * pair + part
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = x[{2 * pair}] · cos − x[{2 * pair + 1}] · sin" if part == 0 else
+               f"{cell.name} = x[{2 * pair + 1}] · cos + x[{2 * pair}] · sin",
+               (*terms, Term("sum", (), computed)),
+               (f"channel {c} is in pair {pair} with channel {c ^ 1} (interleaved: the module "
+                f"reshapes each head's channels to (..., {x_full.shape[-1] // 2}, 2) and stacks "
+                f"the two turned halves back); the pair is turned by the angle atan2(sin, cos) = "
+                f"{angle:.6g} rad" + (f" at position {t}" if t is not None else ""),
+                "cos and sin are the module's own recorded tables, read at this cell; each "
+                "product is the module's recorded operands, multiplied by mha-tui"),
+               computed, cell.recorded)
+
+
+def _channel_of(x_full: np.ndarray, lead: list[int], pair: int, value: float) -> int | None:
+    """Which channel of the pair (2·pair or 2·pair + 1) of the head tensor before rotary holds
+    `value` at the cell's place (None: neither, the operand is a table)."""
+    if len(lead) != x_full.ndim - 1:
+        return None
+    for c in (2 * pair, 2 * pair + 1):
+        if float(x_full[(*lead, c)]) == value:
+            return c
+    return None
+
+
 def _position(cell: Cell) -> int | None:
+    """The token's position: its index on the T axis, after the cached tokens in a decode
+    step."""
     dims = cell.record.dims
-    return cell.index[dims.index("T")] if "T" in dims else None
+    return cell.index[dims.index("T")] + len(cell.trace.config.cached) if "T" in dims else None
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:

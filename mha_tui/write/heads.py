@@ -1,4 +1,5 @@
-"""`mha-tui heads --dump`: the model view in every transcript format, drawn by render.heads.
+"""`mha-tui heads --dump`: the model view in every transcript format, drawn by render.heads;
+each writer is the `heads` column of its row in `write.FORMATS`.
 
 Text, SVG, HTML and Markdown print the same renderables (`render.heads.heads_view`) the app's
 heads screen shows; JSON holds the numbers: every head's weights, scores, the entries each
@@ -15,11 +16,11 @@ from typing import Any
 
 import orjson
 
-from .render.heads import heads_view
-from .render.options import ASCII_GLYPHS, RenderOptions
-from .roles import KINDS, LABEL_THRESHOLD, ModelView, Predictions
-from .write.dump import transcript_console
-from .write.pictures import _PAGE, APP_THEME, SVG_FORMAT, fenced, html_fragment, picture_console, plain_text
+from ..render.heads import heads_view
+from ..render.options import ASCII_GLYPHS, RenderOptions
+from ..roles import KINDS, LABEL_THRESHOLD, ModelView, Predictions
+from .dump import transcript_console
+from .pictures import _PAGE, APP_THEME, SVG_FORMAT, fenced, html_fragment, picture_console, plain_text
 
 TITLE = "mha-tui heads"
 
@@ -34,7 +35,7 @@ def to_text(view: ModelView, opts: RenderOptions, width: int = 100, color: bool 
     return text
 
 
-def to_svg(view: ModelView, opts: RenderOptions, width: int = 100,
+def to_svg(view: ModelView, opts: RenderOptions, width: int = 100, color: bool = False,
            selected: tuple[int, int] | None = None) -> str:
     console = picture_console(width)
     console.print(heads_view(view, opts, selected))
@@ -42,14 +43,14 @@ def to_svg(view: ModelView, opts: RenderOptions, width: int = 100,
     return svg.translate(ASCII_GLYPHS) if opts.ascii else svg
 
 
-def to_html(view: ModelView, opts: RenderOptions, width: int = 100,
+def to_html(view: ModelView, opts: RenderOptions, width: int = 100, color: bool = False,
             selected: tuple[int, int] | None = None) -> str:
     body = html_fragment(picture_console(width), [heads_view(view, opts, selected)], opts)
     return _PAGE.format(title=html.escape(TITLE), background=APP_THEME.background_color.hex,
                         foreground=APP_THEME.foreground_color.hex, body=body)
 
 
-def to_markdown(view: ModelView, opts: RenderOptions, width: int = 100,
+def to_markdown(view: ModelView, opts: RenderOptions, width: int = 100, color: bool = False,
                 selected: tuple[int, int] | None = None) -> str:
     return "\n\n".join(["# mha-tui heads",
                         "Every head of every layer, scored from this run's own attention weights.",
@@ -88,7 +89,7 @@ def document(view: ModelView) -> dict[str, Any]:
     }
 
 
-def to_json(view: ModelView, opts: RenderOptions, width: int = 100,
+def to_json(view: ModelView, opts: RenderOptions, width: int = 100, color: bool = False,
             selected: tuple[int, int] | None = None) -> str:
     if opts.ascii:  # every non-ASCII character as a \u escape: orjson writes UTF-8 only
         import json
@@ -96,5 +97,3 @@ def to_json(view: ModelView, opts: RenderOptions, width: int = 100,
         return json.dumps(document(view), indent=2, ensure_ascii=True) + "\n"
     return orjson.dumps(document(view), option=orjson.OPT_INDENT_2).decode("utf-8") + "\n"
 
-
-WRITERS = {"text": to_text, "svg": to_svg, "html": to_html, "md": to_markdown, "json": to_json}
