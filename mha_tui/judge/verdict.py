@@ -17,12 +17,15 @@ from ..kinds.op import role as op_role
 from ..kinds.registry import EXPECTED, FORWARD, KINDS
 from ..kinds.rotary import scaled as rotary_scaled
 from ..ops.numeric import (
+    HALF,
     added_bias,
     close,
+    computed_in,
     f64,
     head_axis_bias,
     head_axis_product,
     linear_parts,
+    recorded_dtype,
 )
 from ..records import Ref, Stage, Trace
 from ..records.verdict import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
@@ -36,7 +39,10 @@ def judge(trace: Trace, facts: Facts, label: str = "") -> Verdict:
     if trace.recording is None:
         raise ValueError("judge() needs a trace that holds its recording")
     label = label or (trace.module.class_name if trace.module else trace.recording.module_class)
-    return run(Judge(trace, facts, label))
+    dtype = recorded_dtype(trace.recording)
+    with computed_in(dtype):  # `check --dtype bfloat16`: every check allows its rounding
+        verdict = run(Judge(trace, facts, label))
+    return replace(verdict, dtype=dtype) if dtype in HALF else verdict
 
 
 def run(j: Judge) -> Verdict:

@@ -58,9 +58,13 @@ class Verdict:
     # What the reference was, when more than plain multi-head attention ("causal multi-head
     # attention with rotary positions (...) and shared K/V heads (h_kv 2)"); "" for plain.
     reference: str = ""
+    # The half-precision dtype the module was judged in (`check --dtype bfloat16`: every
+    # check allowed its rounding); "" for float32 and wider.
+    dtype: str = ""
 
     def as_dict(self) -> dict[str, object]:
-        """The grader's JSON object (docs/grading.md): module, equivalent, stages, diagnosis."""
+        """The grader's JSON object (docs/grading.md): module, equivalent, stages, diagnosis
+        (and dtype, judged in a half-precision one)."""
         rows = [*self.stages, *([self.end_to_end] if self.end_to_end else [])]
         return {
             "module": self.module,
@@ -72,7 +76,7 @@ class Verdict:
                 "kind": self.diagnosis.kind, "file": self.diagnosis.file,
                 "line": self.diagnosis.line, "message": self.diagnosis.message},
             "differences": list(self.differences),
-        }
+        } | ({"dtype": self.dtype} if self.dtype else {})
 
 
 def _json_float(value: float) -> float | str:
