@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..records import OpRecord, Ref
+from ..records import OpRecord, Recording, Ref
 from .graph import Graph
 from .vocab import LARGE_NEGATIVE
 
@@ -91,6 +91,15 @@ def computed_in(dtype: str) -> Iterator[Precision]:
         yield _CURRENT.get()
     finally:
         _CURRENT.reset(token)
+
+
+def recorded_dtype(rec: Recording) -> str:
+    """The float dtype the module computed in: its float input's (x), else its first float
+    op output's, else float32 (what recognising and judging a recording allow for)."""
+    floats = [snap.dtype for _, snap in rec.inputs if snap.dtype.startswith(("float", "bfloat"))]
+    floats += [op.out.dtype for op in rec.ops if op.outputs
+               and op.out.dtype.startswith(("float", "bfloat"))]
+    return floats[0] if floats else "float32"
 
 
 def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
