@@ -29,6 +29,7 @@ SINKS = FIXTURES / "mechanisms" / "sinks.py"
 CLIP = FIXTURES / "longtail" / "open_clip_attn.py"
 NANOCHAT = FIXTURES / "longtail" / "nanochat_attn.py"
 SAM = FIXTURES / "longtail" / "sam_attn.py"
+DIFF = FIXTURES / "longtail" / "diff_attn.py"
 HF = FIXTURES / "longtail" / "hf_installed.py"
 SIZES = ("-H", "4", "-C", "16")
 runner = CliRunner()
@@ -101,6 +102,13 @@ CORRECT = {
     "SAM decomposed relative positions": (
         f"{SAM}:SamAttention", ("--expect", "pos_bias", "--no-causal"),
         ("relative position terms added to the scores before softmax, made from the queries",)),
+    "Diff Transformer (unilm) differential attention": (
+        f"{DIFF}:MultiheadDiffAttn", ("--expect", "differential"),
+        ("differential attention (two softmax maps per head, the second times λ = 0.1771",
+         "× (1 − λ_init) = 0.8")),
+    "DiffLlama (transformers), rotary and differential": (
+        f"{HF}:DiffLlamaSelfAttention", ("--expect", "rotary", "--expect", "differential"),
+        ("rotary positions", "differential attention (two softmax maps per head")),
     "DeBERTa-v2 c2p and p2c": (
         f"{HF}:DebertaV2DisentangledOnly", ("--expect", "pos_bias", "--no-causal"),
         ("DeBERTa's disentangled attention", "every term divided by sqrt(3 d_h)")),
@@ -244,10 +252,21 @@ def test_qk_norm_over_the_tokens(tmp_path: Path) -> None:
     assert "reduces k over axis 1 (the tokens)" in diagnosis["message"]
 
 
+def test_differential_attention_adding_its_second_map(tmp_path: Path) -> None:
+    """`first + λ second`: no difference of two maps is found, and the rows about the heads'
+    layout (2 heads of 2 d_h values) are its consequences: the sign is named at its line."""
+    path, line = planted(tmp_path, DIFF, "attn_weights[:, :, 0] - lambda_full",
+                         "attn_weights[:, :, 0] + lambda_full")
+    code, verdict = check(f"{path}:MultiheadDiffAttn", "--expect", "differential")
+    diagnosis = verdict["diagnosis"]
+    assert code == 1 and diagnosis["kind"] == "differential_sign", diagnosis
+    assert diagnosis["line"] == line
+
+
 @pytest.mark.parametrize(("mechanism", "words"), [
     ("softcap", "no soft-capping"), ("sinks", "no attention sinks"),
     ("cosine", "no cosine attention"), ("qk_norm", "no q/k normalisation"),
-    ("pos_bias", "no position bias")])
+    ("pos_bias", "no position bias"), ("differential", "no differential attention")])
 def test_a_mechanism_expected_and_missing_is_named(mechanism: str, words: str) -> None:
     code, verdict = check("--model=mygpt", "--expect", mechanism)
     diagnosis = verdict["diagnosis"]

@@ -64,10 +64,12 @@ def test_a_complex_op_output_is_shown_as_its_real_and_imaginary_parts() -> None:
     """FNet's fftn: an op stage titled as torch's public API spells it; the stage holds the
     complex tensor torch.fft.fftn returned (recomputed here), and what every format shows
     (`labelled`) is its two parts."""
+    from mha_tui.kinds.op import code_of
     from mha_tui.render.stage import labelled
 
     stage = fnet().stages[1]
-    assert stage.kind == "op" and stage.title == "torch.fft.fftn(hidden_states, dim=(1, 2))"
+    assert stage.kind == "op" and code_of(stage.title) == "torch.fft.fftn(hidden_states, dim=(1, 2))"
+    assert stage.title.startswith("A transform of x before the projections: ")
     expected = _expected()
     assert stage.tensors[1].values.dtype == np.complex64
     assert torch.allclose(torch.from_numpy(stage.tensors[1].values), expected, atol=1e-4)
@@ -75,7 +77,7 @@ def test_a_complex_op_output_is_shown_as_its_real_and_imaginary_parts() -> None:
     assert [t.name for t in shown.tensors] == ["fftn input: hidden_states", "mixed.real", "mixed.imag"]
     assert torch.allclose(torch.from_numpy(shown.tensors[1].values), expected.real, atol=1e-4)
     assert torch.allclose(torch.from_numpy(shown.tensors[2].values), expected.imag, atol=1e-4)
-    assert fnet().stages[2].title == "mixed.real"  # a property, not `mixed.real()`
+    assert code_of(fnet().stages[2].title) == "mixed.real"  # a property, not `mixed.real()`
     for stage in map(labelled, fnet().stages):
         assert all(t.values.dtype.kind != "c" for t in (*stage.tensors, *stage.aside))
 

@@ -54,14 +54,21 @@ def short(spec: str) -> str:
 # ---------------------------------------------------------------------------- op and error
 
 
-def test_op_stage_titles_read_like_the_code() -> None:
-    """`torch.zeros(3, 3)`, not `torch._VariableFunctionsClass.zeros (3, 3)`; a tuple of
+def test_op_stage_titles_say_the_role_then_read_like_the_code() -> None:
+    """An op stage is titled by its place in the dataflow, then its code as written and its
+    line: `torch.zeros(3, 3)`, not `torch._VariableFunctionsClass.zeros (3, 3)`; a tuple of
     tensors is not `(TensorArg(index=0), ...)`."""
+    from mha_tui.kinds.op import code_of
+
     trace = traced(f"{FIXTURES / 'odd_ops.py'}:OddOps")
-    titles = [stage.title for stage in trace.stages if stage.kind == "op"]
+    ops = [stage for stage in trace.stages if stage.kind == "op"]
+    titles = [code_of(stage.title) for stage in ops]
     assert "torch.zeros(3, 3)" in titles, titles
     assert "torch.ones(4, 2)" in titles, titles
     assert any(t.startswith("torch.cat(") and "dim=-1" in t for t in titles), titles
+    for stage in ops:
+        assert stage.title.startswith("A transform of "), stage.title
+        assert stage.title.endswith(f", line {stage.source.line}"), stage.title
     for title in titles:
         assert "_VariableFunctionsClass" not in title and "TensorArg" not in title, title
 
@@ -273,5 +280,8 @@ def test_a_cat_of_a_tuple_arguments_first_tensor_is_titled_as_written() -> None:
 
     cached = (torch.randn(1, 2, 4), torch.randn(1, 2, 4))
     traced = trace_of(Past(), torch.randn(1, 3, 4), call=lambda m, x: m(x, cached))
-    assert "torch.cat((past_kv[0], k), dim=1)" in [stage.title for stage in traced.stages]
+    from mha_tui.kinds.op import code_of
+
+    assert "torch.cat((past_kv[0], k), dim=1)" in [code_of(stage.title) for stage in traced.stages
+                                                   if stage.kind == "op"]
     assert [name for name, _ in traced.recording.inputs] == ["x", "past_kv[0]", "past_kv[1]"]

@@ -586,3 +586,97 @@ def test_the_quiz_asks_about_padded_keys_and_real_queries_in_a_padded_batch() ->
             assert "(row 1)" in question.text or "row 1 of" in question.text, question.text
     assert "of batch row 0" in next(q for q in asked if q.asks == "blocked").text
     assert not any(q.asks == "head_role" for q in asked)  # pad queries would skew it
+
+
+# ---------------------------------------------------------------- baddbmm's ignored input
+
+
+class _EmptyHoldsNaN(ts.DiffusersAttention):
+    """diffusers' scores with the bytes torch.empty may hand back: NaN and a huge negative
+    number (torch ignores the input when beta = 0)."""
+
+    def get_attention_scores(self, query, key, attention_mask=None):
+        baddbmm_input = torch.full((query.shape[0], query.shape[1], key.shape[1]), float("nan"))
+        baddbmm_input[..., 0] = -3.0e38
+        attention_scores = torch.baddbmm(
+            baddbmm_input, query, key.transpose(-1, -2), beta=0, alpha=self.scale
+        )
+        return attention_scores.softmax(dim=-1)
+
+
+@pytest.mark.parametrize("make", [lambda: ts.DiffusersAttention(4, heads=2, dim_head=2),
+                                  lambda: _EmptyHoldsNaN(4, heads=2, dim_head=2)])
+def test_diffusers_scores_ignore_the_empty_input_of_baddbmm(make) -> None:
+    """beta = 0: whatever torch.empty held is never read; the scores are alpha * q @ k^T, a
+    scores stage (not a mask, not a bias), every cell explained, and check says equivalent."""
+    from .test_why_sweep import problems
+
+    torch.manual_seed(0)
+    module = make().eval()
+    x, context = torch.randn(1, 3, 4), torch.randn(1, 5, 4)
+    trace = mha_tui.trace(module, x, ["a", "b", "c"], context=context)
+    kinds = [s.kind for s in trace.stages]
+    assert "scores" in kinds and "mask" not in kinds and "pos_bias" not in kinds, kinds
+    assert not [s for s in trace.stages if s.kind == "op"]
+    found, asked = problems(trace)
+    assert found == [] and asked
+    judged = mha_tui.check(module, x, context=context, heads=2)
+    assert judged.equivalent, judged.verdict.diagnosis
+
+
+# ---------------------------------------------------------------- two attentions in one forward
+
+
+def test_a_decoder_layer_of_two_attentions_is_refused_with_context_naming_both(tmp_path) -> None:
+    """nn.TransformerDecoderLayer runs self_attn, then multihead_attn on its output: --context
+    explains one cross-attention, so it is refused in one line that names both (the first
+    would be shown under the cross-attention's name), in explain, check and the Python API."""
+    from mha_tui.load.learner import LoadError
+
+    said = ("TransformerDecoderLayer.forward runs two attentions, one after the other: "
+            "self_attn, then multihead_attn on its output")
+    out = tmp_path / "out.txt"
+    init = ("--init", "d_model=4", "--init", "nhead=2", "--init", "batch_first=True")
+    for args in (("explain", "I love AI !", "--module", "torch.nn:TransformerDecoderLayer", *init,
+                  "--context", "le chat est sur le tapis", "--dump", str(out)),
+                 ("check", "torch.nn:TransformerDecoderLayer", *init, "--context", "le chat")):
+        done = run_cli(*args)
+        err = done.stderr.decode()
+        assert done.returncode == 2 and err.count("\n") == 1 and said in err, err
+        assert not out.exists()
+    torch.manual_seed(0)
+    layer = nn.TransformerDecoderLayer(4, 2, dim_feedforward=8, batch_first=True).eval()
+    with pytest.raises(LoadError, match="multihead_attn on its output"):
+        mha_tui.trace(layer, torch.randn(1, 3, 4), context=torch.randn(1, 5, 4))
+    # its cross-attention alone, called as the layer calls it, is explained
+    trace = mha_tui.trace(ts.DecoderCrossAttention(4, 2).eval(), torch.randn(1, 3, 4),
+                          context=torch.randn(1, 5, 4))
+    assert trace.config.cross and not trace.failed
+
+
+def test_the_annotated_decoders_source_attention_with_its_src_mask(tmp_path) -> None:
+    """`self.src_attn(x, m, m, src_mask)`: src_mask is a mask parameter (no padding in one
+    context: none is needed), the keys come from memory, check says equivalent and names no
+    per-head modules (clones(Linear, 4) is one Q, one K, one V and W_O); --batch with
+    --context is refused in one line (the padding would be the queries', the keys the
+    context's)."""
+    module = "tests/fixtures/two_sequences.py:AnnotatedSrcAttention"
+    init = ("--init", "h=2", "--init", "d_model=4")
+    done = run_cli("check", module, *init, "--context", "le chat est sur le tapis")
+    out = " ".join(done.stdout.decode().split())
+    assert done.returncode == 0, out + done.stderr.decode()
+    assert "K and V from the context (memory)" in out and "own module" not in out
+    dump = tmp_path / "out.txt"
+    done = run_cli("explain", "I love AI", "--module", module, *init, "--context", "le chat",
+                   "--batch", "hello", "--dump", str(dump))
+    err = done.stderr.decode()
+    assert done.returncode == 2 and err.count("\n") == 1 and not dump.exists()
+    assert "--batch with --context is not built" in err
+
+
+def test_heads_as_modules_are_still_said_as_such() -> None:
+    """The per-head word is kept where the heads are modules (many-eyes: a ModuleList of
+    heads, each with its own Q, K and V)."""
+    done = run_cli("check", "--model", "many-eyes")
+    assert done.returncode == 0
+    assert "runs each of the 2 heads as its own module" in " ".join(done.stdout.decode().split())

@@ -60,6 +60,7 @@ def check(
     batch: options.BatchJudged = None,
     context: options.ContextJudged = None,
     decode: options.DecodeJudged = 0,
+    dtype: options.DtypeJudged = options.DtypeName.auto,  # type: ignore[attr-defined]
 ) -> None:
     """Is my attention module right? Judge every stage; name the first wrong line and why.
 
@@ -76,7 +77,8 @@ def check(
              "mha-tui explain --hf PATH_OR_NAME")
     config = options.config_of(options.valid_text(sentence, "the sentence"), heads=heads,
                                embed_dim=embed_dim, seed=seed, causal=causal,
-                               max_seq_len=max_seq_len, context=context, batch=batch)
+                               max_seq_len=max_seq_len, context=context, batch=batch,
+                               dtype=dtype.value)
     if not 40 <= width <= 400:
         fail(f"--width must be between 40 and 400, got {width}")
     if not 0 < timeout <= 24 * 3600:

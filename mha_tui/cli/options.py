@@ -75,6 +75,7 @@ class ExpectKind(StrEnum):
     pos_bias = "pos_bias"
     softcap = "softcap"
     sinks = "sinks"
+    differential = "differential"
 
 
 class Ablation(StrEnum):
@@ -127,12 +128,13 @@ HfWhole = Annotated[str | None, typer.Option("--hf", metavar="PATH_OR_NAME", hel
 HfRefused = Annotated[str | None, typer.Option("--hf", hidden=True)]
 Layer = Annotated[int | None, typer.Option("--layer", help="With --hf or --model induction: the layer to explain, from 0; in the app [ and ] move between layers.")]
 Dtype = Annotated[DtypeName, typer.Option("--dtype", help="The dtype the module runs and is recorded in. With --hf, auto is the checkpoint's own (a bfloat16 checkpoint is explained in bfloat16, with the model's own numbers); float32, bfloat16 or float16 on request (the header says so: float32 (upcast from bfloat16 on request)). With --model or a module file: the module and x are cast to it (auto: as the module is built); NumPy code is refused.", case_sensitive=False)]
+DtypeJudged = Annotated[DtypeName, typer.Option("--dtype", help="The dtype the module is judged in: the module and x are cast to it (module.to(dtype)) before its forward, and every check allows that dtype's rounding (bfloat16: 2^-6 of the numbers' size); auto: as the module is built (float32). NumPy code is refused.", case_sensitive=False)]
 NoStream = Annotated[bool, typer.Option("--no-stream", help="With --hf: load every weight of the model at once, instead of only the blocks up to the layer shown, one at a time from the checkpoint (streamed: the default for safetensors checkpoints).")]
 Against = Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE.py:CLASS", help="Compare with a reference, stage by stage: a tutorial's module (mygpt, course, ...) or FILE.py:Class, run on the same x with your weights copied in by role; with --dump, text or JSON.")]
 
 # ---------------------------------------------------------------------------- what is judged
 
-ExpectChoice = Annotated[list[ExpectKind] | None, typer.Option("--expect", help="What you meant to build: plain multi-head attention, or with a mechanism (repeat --expect for several): rotary positions on Q and K (full, base --rotary-base; a partial rotary as the module turns it), ALiBi's fixed slopes on the scores, q/k normalisation (RMSNorm or LayerNorm, per head or whole), cosine attention with a learned scale, relative position terms added to the scores, logit soft-capping (--softcap), attention sinks; each learned parameter is the module's own. Shared K/V heads are read from the K and V weights.", case_sensitive=False, show_default=False)]
+ExpectChoice = Annotated[list[ExpectKind] | None, typer.Option("--expect", help="What you meant to build: plain multi-head attention, or with a mechanism (repeat --expect for several): rotary positions on Q and K (full, base --rotary-base; a partial rotary as the module turns it), ALiBi's fixed slopes on the scores, q/k normalisation (RMSNorm or LayerNorm, per head or whole), cosine attention with a learned scale, relative position terms added to the scores, logit soft-capping (--softcap), attention sinks, differential attention; each learned parameter is the module's own. Shared K/V heads are read from the K and V weights.", case_sensitive=False, show_default=False)]
 Softcap = Annotated[float | None, typer.Option("--softcap", metavar="CAP", help="With --expect softcap: the cap, each score s becoming CAP * tanh(s / CAP) before softmax (Gemma 2: 50); by default the module's own.", show_default=False)]
 RotaryBase = Annotated[float, typer.Option("--rotary-base", metavar="BASE", help="With --expect rotary: the base of the angles, pair i turning by BASE^(-2i/d_h) per position.")]
 Window = Annotated[int | None, typer.Option("--window", metavar="N", help="You meant a causal sliding window: each token sees itself and the N - 1 tokens before it.", show_default=False)]

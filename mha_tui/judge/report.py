@@ -92,6 +92,9 @@ def verdict_renderable(verdict: Verdict, *, ascii_only: bool = False) -> Rendera
                     style="green")
     else:
         head.append(f"  {said}", style=OUTCOME_STYLES[said])
+    if verdict.dtype:
+        head.append(f"  (judged in {verdict.dtype}: every check allows its rounding)",
+                    style="dim")
     parts: list[RenderableType] = [head, stage_table(verdict, ascii_only=ascii_only)]
     if verdict.diagnosis is not None:
         d = verdict.diagnosis

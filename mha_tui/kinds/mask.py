@@ -12,7 +12,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph, masks_somewhere
-from ..ops.numeric import ATOL, blocked, blocked_pattern, blocked_set, causal_set, f64, max_diff
+from ..ops.numeric import (
+    ATOL,
+    HALF,
+    blocked,
+    blocked_pattern,
+    blocked_set,
+    causal_set,
+    f64,
+    max_diff,
+    precision,
+)
 from ..ops.sizes import Sizes
 from ..ops.vocab import LARGE_NEGATIVE, MASK_OPS, very_negative
 from ..records import Check, OpRecord, Stage, Statement, TensorRecord, Trace
@@ -322,7 +332,8 @@ def judge(j: Judge) -> list[Row]:
         pattern = flat[0] if same and flat is not None else None
         kept = ~newly
         d = max_diff(np.where(kept, after, 0.0), np.where(kept, before, 0.0))
-        good = pattern is not None and np.array_equal(pattern, expected) and d <= ATOL
+        good = pattern is not None and np.array_equal(pattern, expected) and d <= _allowed(
+            before, kept)
         mask_ok &= good
         values = after[newly]
         if good and values.size and np.isfinite(values).all():
@@ -336,7 +347,7 @@ def judge(j: Judge) -> list[Row]:
                    f"masks with {float(values.max()):.3g}")
             value_note = (f"{how} instead of -inf: softmax gives those entries weight 0 in "
                           f"float32, the same weights: equivalent")
-        diag = None if good else _mask_diagnosis(j, pattern, expected, d)
+        diag = None if good else _mask_diagnosis(j, pattern, expected, d, _allowed(before, kept))
         n = int(expected.sum())
         rows.append(j.row(stage, "mask", good, d,
                              _blocks_words(j, n),
@@ -428,7 +439,7 @@ def _judge_padded(j: Judge, stages: list[Stage]) -> list[Row]:
         per_row = newly.reshape(B, -1, T, T)  # (B, h, T, T)
         kept = ~newly
         d = max_diff(np.where(kept, after, 0.0), np.where(kept, before, 0.0))
-        good = bool((per_row == expected[:, None]).all()) and d <= ATOL
+        good = bool((per_row == expected[:, None]).all()) and d <= _allowed(before, kept)
         diag = None
         if not good:
             on_queries = causal[None] | pad[:, :, None]
@@ -456,8 +467,20 @@ def _judge_padded(j: Judge, stages: list[Stage]) -> list[Row]:
     return rows
 
 
-def _mask_diagnosis(j: Judge, pattern: np.ndarray | None, expected: np.ndarray, d: float
-                    ) -> tuple[str, str]:
+def _allowed(before: np.ndarray, kept: np.ndarray) -> float:
+    """How far the mask op may move a score it does not block: ATOL, or, for a module in
+    bfloat16 or float16, that dtype's rounding of the scores' size (a mask added inside the
+    product, baddbmm, rounds the sum once more)."""
+    p = precision()
+    if p.dtype not in HALF:
+        return ATOL
+    scores, kept = np.broadcast_arrays(f64(before), kept)
+    finite = np.abs(scores[kept & np.isfinite(scores)])
+    return p.atol * max(1.0, float(finite.max()) if finite.size else 1.0)
+
+
+def _mask_diagnosis(j: Judge, pattern: np.ndarray | None, expected: np.ndarray, d: float,
+                    allowed: float = ATOL) -> tuple[str, str]:
     T = j.T
     if pattern is None:
         return "mask_wrong", "the mask blocks different entries in different heads"
@@ -487,7 +510,7 @@ def _mask_diagnosis(j: Judge, pattern: np.ndarray | None, expected: np.ndarray, 
             "the exercise)")
     if np.array_equal(pattern, expected | np.eye(T, dtype=bool)):
         return "mask_diagonal", "the mask also blocks each token from itself (the diagonal)"
-    if d > ATOL and np.array_equal(pattern, expected):
+    if d > allowed and np.array_equal(pattern, expected):
         return "mask_changes_scores", f"the mask also changes unmasked scores (by up to {d:.3g})"
     return "mask_wrong", (f"the mask blocks {n} entries, {int((pattern & ~expected).sum())} of "
                           f"them not causal ones, and misses {int((expected & ~pattern).sum())}")

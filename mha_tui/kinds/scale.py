@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.graph import Graph, scalar_operand
-from ..ops.numeric import f64, finite_std, ratio
+from ..ops.numeric import f64, finite_std, ratio, tolerance
 from ..ops.sizes import Sizes
 from ..ops.vocab import LARGE_NEGATIVE, MASK_OPS, SCALE_OPS, SHAPE_OPS
 from ..records import Check, OpRecord, Stage, Trace
@@ -224,8 +224,11 @@ def judge(j: Judge) -> list[Row]:
         return [j.row(s, "scale", None, None, "not judged: no path from the scores to "
                                                  "softmax was found") for s in stages]
     totals = [c[0] for c in chains]
-    ok = all(math.isclose(t, expected, rel_tol=1e-5) for t in totals)
-    total = next((t for t in totals if not math.isclose(t, expected, rel_tol=1e-5)), totals[0])
+    # A ratio of a half-precision module's rounded numbers is off by up to its rounding
+    # (`check --dtype bfloat16`: 2^-6), far below any wrong scale's (sqrt(h), d_h ...).
+    rel = _rel_tol()
+    ok = all(math.isclose(t, expected, rel_tol=rel) for t in totals)
+    total = next((t for t in totals if not math.isclose(t, expected, rel_tol=rel)), totals[0])
     scale_ops = [op for c in chains for op in c[1]]
     scores_op = chains[0][2]
     last_op = scale_ops[0] if scale_ops else None  # walked backwards: the last applied
@@ -239,7 +242,7 @@ def judge(j: Judge) -> list[Row]:
                f"scores * 1/sqrt(d_h) = {expected:.4f} before softmax (measured {_factor(total)})")
     diagnosis = None if ok else scale_diagnosis(j, total)
     if not ok and terms is not None and math.isclose(total, 1 / math.sqrt(terms * j.d_h),
-                                                     rel_tol=1e-5):
+                                                     rel_tol=rel):
         # DeBERTa: every one of its terms over sqrt(3 d_h): the position terms' mechanism
         stage = next(s for s in j.trace.stages if s.kind == "pos_bias")
         diagnosis = ("mechanism", f"differs: {position_bias.mechanism(j, stage)}")
@@ -279,6 +282,11 @@ def judge(j: Judge) -> list[Row]:
     return rows
 
 
+def _rel_tol() -> float:
+    """How close a measured scale must come: 1e-5, or the module's dtype's rounding."""
+    return tolerance(rtol=1e-5)["rtol"]
+
+
 def scale_diagnosis(j: Judge, total: float) -> tuple[str, str]:
     named = [
         ("scaled_by_sqrt_C", 1 / math.sqrt(j.C),
@@ -295,7 +303,7 @@ def scale_diagnosis(j: Judge, total: float) -> tuple[str, str]:
         ("scaled_by_C", 1 / j.C, f"divided by C = {j.C}: scaled / raw = {total:.4f}"),
     ]
     for kind, value, message in named:
-        if math.isclose(total, value, rel_tol=1e-5) and not math.isclose(
+        if math.isclose(total, value, rel_tol=_rel_tol()) and not math.isclose(
                 value, 1 / math.sqrt(j.d_h), rel_tol=1e-9):
             return kind, message
     return "wrong_scale", (f"scaled by {_factor(total)}; it should be 1/sqrt(d_h) = "

@@ -111,6 +111,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     if fused_mask is not None:
         return _scores_and_mask(m, unit, stage_id, fused_mask, values, snap, src)
     fused_bias = next((op for op in (m.op(i) for i in unit.ops) if op.name == "baddbmm"
+                       and baddbmm_factors(op)[1] != 0  # beta 0: the input is ignored
                        and len(op.inputs) == 3 and m.snap(op.inputs[0]).values.size > 1
                        and np.ptp(m.snap(op.inputs[0]).values) > 0), None)
     if fused_bias is not None:
@@ -140,6 +141,8 @@ def _product(m: StageMaker, op: OpRecord) -> Callable[[np.ndarray, np.ndarray], 
         return lambda a, c: np.einsum(equation, a, c)
     if op.name == "baddbmm":
         alpha, beta = baddbmm_factors(op)
+        if not beta:  # the input is ignored (torch.empty: any bytes, NaN included)
+            return lambda a, c: alpha * (a @ c)
         given = m.snap(op.inputs[0]).values
         return lambda a, c: beta * given + alpha * (a @ c)
     return np.matmul
@@ -247,6 +250,8 @@ def _scores_and_bias(m: StageMaker, unit: Unit, stage_id: str, op: OpRecord, val
 
 
 def _very_negative_anywhere(m: StageMaker, op: OpRecord) -> bool:
+    if op.name == "baddbmm" and baddbmm_factors(op)[1] == 0:
+        return False  # beta 0: torch ignores the input, whatever its bytes hold
     others = m.g.other_inputs(op)
     return bool(others) and masks_somewhere(m.g, others[0])
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..records import OpRecord, Ref
+from ..records import OpRecord, Recording, Ref
 from .graph import Graph
 from .vocab import LARGE_NEGATIVE
 
@@ -91,6 +91,15 @@ def computed_in(dtype: str) -> Iterator[Precision]:
         yield _CURRENT.get()
     finally:
         _CURRENT.reset(token)
+
+
+def recorded_dtype(rec: Recording) -> str:
+    """The float dtype the module computed in: its float input's (x), else its first float
+    op output's, else float32 (what recognising and judging a recording allow for)."""
+    floats = [snap.dtype for _, snap in rec.inputs if snap.dtype.startswith(("float", "bfloat"))]
+    floats += [op.out.dtype for op in rec.ops if op.outputs
+               and op.out.dtype.startswith(("float", "bfloat"))]
+    return floats[0] if floats else "float32"
 
 
 def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -383,6 +392,14 @@ def token_axes(op: OpRecord) -> tuple[int, int]:
     return out.index(q_only[0]), out.index(k_only[0])
 
 
+def baddbmm_beta(op: OpRecord) -> float:
+    """torch.baddbmm(input, b1, b2, beta=, alpha=)'s beta (1 unless given). With beta 0 torch
+    ignores the input, NaN and inf included: diffusers hands it `torch.empty(...)`, whose
+    bytes are whatever the memory held, so nothing may be read from it."""
+    beta = op.kwarg("beta", 1.0)
+    return float(beta) if isinstance(beta, int | float) else 1.0
+
+
 def recompute(g: Graph, op: OpRecord) -> np.ndarray | None:
     """What a product op computes from its recorded inputs (NumPy, float64), or None."""
     operands = [f64(g.snap(r).values) for r in g.tensor_operands(op)]
@@ -390,9 +407,12 @@ def recompute(g: Graph, op: OpRecord) -> np.ndarray | None:
         if op.name in ("matmul", "mm", "bmm") and len(operands) == 2:
             return operands[0] @ operands[1]
         if op.name == "baddbmm" and len(operands) == 3:
-            beta = float(op.kwarg("beta", 1) or 1)
-            alpha = float(op.kwarg("alpha", 1) or 1)
-            return beta * operands[0] + alpha * (operands[1] @ operands[2])
+            beta = baddbmm_beta(op)
+            alpha = op.kwarg("alpha", 1)
+            alpha = float(alpha) if isinstance(alpha, int | float) else 1.0
+            product = alpha * (operands[1] @ operands[2])
+            # beta = 0: torch ignores the input (diffusers passes torch.empty: any bytes)
+            return beta * operands[0] + product if beta else product
         if op.name == "einsum":
             spec = einsum_spec(op)
             if spec is None:

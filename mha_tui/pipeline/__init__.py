@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
-from ..records import Recorded, Trace
+from ..records import Recorded, Recording, Trace
 from ..records.request import Expect, Request
 from .recognition import recognised
 
@@ -63,12 +63,36 @@ def trace(module: Any, x: Any, tokens: Sequence[str] | None = None, *, context: 
         return trace_decode(module, x, tokens, decode, config=options.get("config"),
                             embedding=options.get("embedding"), ids=options.get("ids"))
     if context is not None:
-        return recognised(_record_cross(module, x, tokens, context, context_tokens, **options))
+        traced = recognised(_record_cross(module, x, tokens, context, context_tokens, **options))
+        refuse_stacked_cross(traced)
+        return traced
     if type(x).__module__ == "numpy" and not _is_torch_module(module):
         return trace_numpy(module, x, tokens, **options)  # NumPy code: torch never loads
     from ..tracing import record_forward  # torch is imported only now
 
     return recognised(record_forward(module, x, tokens, **options))
+
+
+def refuse_stacked_cross(trace: Trace) -> None:
+    """Cross-attention (--context) explains one attention: a forward that runs two, one after
+    the other (nn.TransformerDecoderLayer's self_attn, then multihead_attn), would have its
+    first shown under the second's name. Refused in one line (LoadError) that names both."""
+    if not trace.config.cross or trace.recording is None:
+        return
+    from ..recognise.cross import stacked_attentions
+
+    found = stacked_attentions(trace.recording)
+    if found is None:
+        return
+    from ..load.learner import LoadError
+
+    first, second = found
+    name = trace.module.class_name if trace.module is not None else "the module"
+    raise LoadError(
+        f"{name}.forward runs two attentions, one after the other: {first}, then {second} on "
+        f"its output; --context explains one cross-attention, so give mha-tui the one that "
+        f"reads the context ({second}: an nn.MultiheadAttention is --module "
+        f"torch.nn:MultiheadAttention), or a module of yours that runs only it")
 
 
 def _record_cross(module: Any, x: Any, tokens: Sequence[str] | None, context: Any,
@@ -264,6 +288,7 @@ def run_trace(config: Config, source: Source | None = None, *,
     recorded = record_forward(loaded.module, loaded.x, config.tokens, call=loaded.call,
                               embedding=loaded.embedding, ids=loaded.ids, config=config)
     trace = recognised(recorded)
+    refuse_stacked_cross(trace)
     if loaded.weights and trace.module is not None:  # the header says whose numbers these are
         trace = replace(trace, module=replace(trace.module, weights=loaded.weights))
     return trace
@@ -405,7 +430,7 @@ def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], o
                                    "the reference with the padded keys blocked"}
         causal = causal and context is None
     facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
-                  second=second_recording(module, x, call), reference=reference,
+                  second=partial(second_recording, module, x, call), reference=reference,
                   training=module.training, padding=padding, **named,
                   **(expect or Expect()).facts())
     with one_blas_thread():  # its float64 products beside torch's threads (threads.py)
@@ -435,11 +460,14 @@ def judge_numpy(trace: Trace, module: object, args: Sequence[object], kwargs: Ma
     from ..judge.numpy_reference import reference_output
     from ..tracing.numpy_ops import module_arrays, record
 
-    with np.errstate(all="ignore"):
-        again = record(module, tuple(args), dict(kwargs))
+    def second() -> Recording | None:
+        with np.errstate(all="ignore"):
+            again = record(module, tuple(args), dict(kwargs))
+        return None if again.error else again.recordings[""]
+
     facts = Facts(causal=causal, heads=heads,
                   parameters=tuple((name, tuple(a.shape)) for name, a in module_arrays(module).items()),
-                  second=None if again.error else again.recordings[""],
+                  second=second,
                   reference=reference_output, training=False,
                   reference_name="the NumPy blueprint's computation",
                   **(expect or Expect()).facts())

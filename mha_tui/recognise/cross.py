@@ -15,7 +15,8 @@ from ..kinds._parts.builder import KEYS, plural
 from ..kinds.softmax import UNMASKED_SELF
 from ..ops.numeric import zero_columns
 from ..ops.sizes import Sizes
-from ..records import Check, Stage
+from ..ops.vocab import CONCATS
+from ..records import Check, OpRecord, Recording, Stage
 
 
 def cross_words(stages: tuple[Stage, ...], sizes: Sizes, query: str, context: str
@@ -64,7 +65,7 @@ def cache_words(stages: tuple[Stage, ...], sizes: Sizes) -> tuple[Stage, ...]:
              f"{'looks' if T_q == 1 else 'look'} at {plural(T_k, 'key')}, "
              f"{T_k - T_q} from the cache and {T_q} just made")
     # The cache as the module keeps it: the tensors its concatenations made, T_k long.
-    cached = [t for stage in stages if any(op.name in _CONCATS for op in stage.ops)
+    cached = [t for stage in stages if any(op.name in CONCATS for op in stage.ops)
               for t in (stage.tensors if stage.kind == "kv_cache" else stage.tensors[-1:])
               if KEYS in t.dims]
     cost = None
@@ -111,5 +112,35 @@ def cache_words(stages: tuple[Stage, ...], sizes: Sizes) -> tuple[Stage, ...]:
     return tuple(out)
 
 
-_CONCATS = ("cat", "concat", "concatenate")
+# The op that ends one attention's weighting: a softmax, or the fused op.
+_CORES = {"softmax", "_softmax", "scaled_dot_product_attention"}
 
+
+def stacked_attentions(rec: Recording) -> tuple[str, str] | None:
+    """A forward that runs two attentions one after the other (nn.TransformerDecoderLayer:
+    self_attn, then multihead_attn on its output): the two, each named by the innermost
+    submodule that ran it (else its op), the second made from the first's output; None when
+    every attention's weighting is independent of the others' (one attention, or heads side
+    by side)."""
+    cores = [op for op in rec.ops if op.name in _CORES]
+    if len(cores) < 2:
+        return None
+    producer = {op.index: op for op in rec.ops}
+    for later in cores[1:]:
+        todo, seen = [later.index], set()
+        while todo:
+            i = todo.pop()
+            for ref in producer[i].inputs:
+                if ref.kind != "op" or ref.op is None or ref.op in seen:
+                    continue
+                seen.add(ref.op)
+                if ref.op in producer and producer[ref.op].name in _CORES:
+                    return _ran_by(rec, producer[ref.op]), _ran_by(rec, later)
+                todo.append(ref.op)
+    return None
+
+
+def _ran_by(rec: Recording, op: OpRecord) -> str:
+    calls = [c for c in rec.calls if c.first <= op.index < c.end]
+    inner = min(calls, key=lambda c: c.end - c.first, default=None)
+    return inner.path if inner is not None else f"{op.name} at line {op.source.line}"

@@ -13,7 +13,7 @@ from ..config import Config
 from ..kinds import kv_repeat
 from ..kinds._parts.builder import Builder
 from ..ops.graph import Graph
-from ..ops.numeric import computed_in
+from ..ops.numeric import computed_in, recorded_dtype
 from ..ops.sizes import Sizes, assign_heads, assign_loop_heads, head_calls, infer_sizes
 from ..records import Embedded, Recording, Snapshot, Stage
 from .assemble import build_stages
@@ -38,15 +38,6 @@ def recognise(rec: Recording, config: Config, *, embedded: Embedded | None = Non
     with computed_in(recorded_dtype(rec)):  # every check allows the module's own rounding
         return _recognise(rec, config, x, sizes, calls, embedded=embedded,
                           forward_equal=forward_equal, n_params=n_params)
-
-
-def recorded_dtype(rec: Recording) -> str:
-    """The float dtype the module computed in: its float input's (x), else its first float
-    op output's, else float32."""
-    floats = [snap.dtype for _, snap in rec.inputs if snap.dtype.startswith(("float", "bfloat"))]
-    floats += [op.out.dtype for op in rec.ops if op.outputs
-               and op.out.dtype.startswith(("float", "bfloat"))]
-    return floats[0] if floats else "float32"
 
 
 def _recognise(rec: Recording, config: Config, x: Snapshot | None, sizes: Sizes,

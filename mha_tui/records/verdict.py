@@ -58,9 +58,13 @@ class Verdict:
     # What the reference was, when more than plain multi-head attention ("causal multi-head
     # attention with rotary positions (...) and shared K/V heads (h_kv 2)"); "" for plain.
     reference: str = ""
+    # The half-precision dtype the module was judged in (`check --dtype bfloat16`: every
+    # check allowed its rounding); "" for float32 and wider.
+    dtype: str = ""
 
     def as_dict(self) -> dict[str, object]:
-        """The grader's JSON object (docs/grading.md): module, equivalent, stages, diagnosis."""
+        """The grader's JSON object (docs/grading.md): module, equivalent, stages, diagnosis
+        (and dtype, judged in a half-precision one)."""
         rows = [*self.stages, *([self.end_to_end] if self.end_to_end else [])]
         return {
             "module": self.module,
@@ -72,7 +76,7 @@ class Verdict:
                 "kind": self.diagnosis.kind, "file": self.diagnosis.file,
                 "line": self.diagnosis.line, "message": self.diagnosis.message},
             "differences": list(self.differences),
-        }
+        } | ({"dtype": self.dtype} if self.dtype else {})
 
 
 def _json_float(value: float) -> float | str:
@@ -105,8 +109,10 @@ class RoleWeights:
 class Facts:
     """What the torch-knowing side found by running things (plain values and callables).
 
-    second: a recording of a second call of the same forward on the same input (None if
-    not made). parameters: every parameter of the module, (name, shape). reference:
+    second: records a second call of the same forward on the same input, and returns it
+    (None if that call raised); called only when a verdict's words need it (an active
+    dropout's "two runs differ"), at most once: a second forward costs as much as the first.
+    parameters: every parameter of the module, (name, shape). reference:
     called with (x, role weights, heads, causal), returns the reference module's output
     with those weights copied in.
     """
@@ -114,7 +120,7 @@ class Facts:
     causal: bool = True
     heads: int = 1
     parameters: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    second: Recording | None = None
+    second: Callable[[], Recording | None] | None = None
     reference: Callable[[np.ndarray, RoleWeights, int, bool], np.ndarray] | None = None
     training: bool = False
     # What the reference is, as the verdict names it.

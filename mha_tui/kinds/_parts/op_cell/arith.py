@@ -152,14 +152,19 @@ def products(c: OpCell) -> Why:
         beta, alpha = float(c.op.kwarg("beta", 1)), float(c.op.kwarg("alpha", 1))  # type: ignore[arg-type]
         bias = c.arg(0, "input")
         base = c.array(bias)
-        value = float(base[read_at(base, i)])
-        formula = f"{beta:g} × {c.name(bias)}{bracket(read_at(base, i))} + {alpha:g} × ({f.formula})"
+        # beta 0: torch ignores the input (diffusers' torch.empty holds any bytes, NaN too)
+        value = float(base[read_at(base, i)]) if beta else 0.0
+        formula = (f"{beta:g} × {c.name(bias)}{bracket(read_at(base, i))} + " if beta else "") + \
+            f"{alpha:g} × ({f.formula})"
         terms, more, total = dot(c.cell, f.a, f.b, f.labels, "products")
         total = beta * value + alpha * total
+        added = (Term(f"+ {beta:g} × {c.name(bias)}{bracket(read_at(base, i))}", (beta, "×", value),
+                      beta * value),) if beta else ()
+        if not beta:
+            notes = [*notes, f"beta = 0: torch ignores {c.name(bias)} (its bytes are not read)"]
         terms = (*terms[:-1], Term(f"{alpha:g} × the sum", (alpha, "×", terms[-1].value or 0.0),
                                    alpha * (terms[-1].value or 0.0)),
-                 Term(f"+ {beta:g} × {c.name(bias)}{bracket(read_at(base, i))}", (beta, "×", value),
-                      beta * value), Term("sum", (), total))
+                 *added, Term("sum", (), total))
         return c.why(f"{c.cell.name} = {formula}", list(terms), [*notes, *more], total)
     f = factors(c)
     terms, more, total = dot(c.cell, f.a, f.b, f.labels, "products")
