@@ -7,6 +7,7 @@ sequence is refused in one line."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -97,7 +98,10 @@ def test_the_rows_are_the_query_tokens_and_the_columns_the_context_tokens(style:
     assert tensor_matrices(keys, trace.config, RenderOptions())[0].rows.labels == CONTEXT
     text = text_of(trace)
     assert "T_q=3 T_k=5" in text and "cross-attention" in text
-    assert "(B, h, T, T_k)" in text
+    # every T axis named as the header names it: the queries' T_q, the keys' T_k
+    assert "(B, h, T_q, T_k)" in text and "dims (B, T_q, C)" in text
+    axes = [line for line in text.splitlines() if line.startswith("shape ") or "  dims (" in line]
+    assert axes and not [line for line in axes if re.search(r"[(, ]T[,)]", line.split("shape", 1)[1])]
 
 
 def test_a_decode_step_sized_matrix_is_drawn_by_position_not_refused() -> None:
