@@ -512,7 +512,10 @@ def _notice_differences(j: Judge) -> None:
     if len(project) == 1 and project[0].out.shape[-1] == 3 * j.C:
         j.differences.append("computes Q, K and V with one fused (C, 3C) projection and "
                                 "splits it: equivalent")
-    heads = {j.head_index(op) for op in project} - {None}
+    # one module per head: the queries' projections are numbered like heads (the Annotated
+    # Transformer's clones(Linear, 4) are linears.0..2 for Q, K and V: one Q, not heads)
+    queries = [j.chain_to_projection(ref, through=True)[2] for _, ref, _ in j.head_operands()["Q"]]
+    heads = {j.head_index(op) for op in queries if op is not None} - {None}
     if len(heads) > 1:
         j.differences.append(f"runs each of the {len(heads)} heads as its own module and "
                                 "concatenates their outputs: equivalent")
