@@ -60,7 +60,9 @@ EMBED_NAMES = FILLED_BY_NAME["C"]
 HEAD_NAMES = FILLED_BY_NAME["h"]
 KV_HEAD_NAMES = FILLED_BY_NAME["kv_heads"]
 LENGTH_NAMES = FILLED_BY_NAME["max_seq_len"]
-MASK_NAMES = ("mask", "attn_mask")
+# The Annotated Transformer's and nn.Transformer's names too: src_mask (the source's padding,
+# read by the decoder's source attention), tgt_mask (the target's causal mask), memory_mask.
+MASK_NAMES = ("mask", "attn_mask", "src_mask", "tgt_mask", "memory_mask")
 # A parameter that holds a whole configuration (nanoGPT's `config`, Meta's `args`): --init
 # gives Python literals only, so the way in is a subclass that builds that object.
 CONFIG_NAMES = ("config", "cfg", "conf", "args", "model_args", "params")

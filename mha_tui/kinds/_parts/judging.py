@@ -33,8 +33,9 @@ F = TypeVar("F", bound="Found")
 # The parameters the loader passes a mask by (load.learner.MASK_NAMES, load.signature's
 # padding names): a float mask there (Hugging Face's additive (B, 1, T, T) attention_mask)
 # is never x. Spelled here because kinds sit below load.
-_MASK_INPUTS = frozenset({"mask", "attn_mask", "attention_mask", "key_padding_mask",
-                          "padding_mask", "src_key_padding_mask", "pad_mask"})
+_MASK_INPUTS = frozenset({"mask", "attn_mask", "src_mask", "tgt_mask", "memory_mask",
+                          "attention_mask", "key_padding_mask", "padding_mask",
+                          "src_key_padding_mask", "pad_mask"})
 
 
 def judged_x(rec: Recording) -> set[str]:
