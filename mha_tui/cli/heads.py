@@ -60,8 +60,14 @@ def heads(
         else:
             from ..load.hf import load as load_hf
             from ..load.hf_files import refuse_early
+            from .transcript import check_whole_budget
 
             refuse_early(hf_source, sentence, 0)  # type: ignore[arg-type]
+            # Every layer and the predictions: the whole model, not streamed (docs/heads.md).
+            check_whole_budget(hf_source, sentence, f"heads --hf {hf_source}",  # type: ignore[arg-type]
+                               "use a smaller model, or explain one layer streamed: "
+                               f"mha-tui explain SENTENCE --hf {hf_source} --layer L",
+                               all_layers=True)
             loaded = load_hf(hf_source, sentence)  # type: ignore[arg-type]
         from ..pipeline.heads import model_view
 

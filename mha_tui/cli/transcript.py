@@ -40,7 +40,7 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
     decode: the last N tokens decoded against the model's own cache, a trace per step
     (pipeline.hf_decode; the whole model runs each step, so it is loaded whole). dtype: what
     the model runs in (--dtype: auto, the checkpoint's own). context: an encoder-decoder's
-    encoder input (load.hf_seq2seq, loaded whole, in float32); the sentence is its decoder's,
+    encoder input (load.hf_seq2seq, loaded whole, in its own dtype); the sentence is its decoder's,
     and layer L of the decoder is shown, its cross- or self-attention (attention)."""
     from ..load.hf_error import HfError
     from ..load.hf_files import refuse_early
@@ -58,9 +58,12 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
     from ..pipeline.hf import Session
 
     try:
-        if context is not None:  # an encoder-decoder's decoder layer
+        if context is not None:  # an encoder-decoder's decoder layer, loaded whole
             from ..load import hf_seq2seq
             from ..pipeline.hf_cross import CrossSession
+
+            check_whole_budget(source, sentence, f"--hf {source} with --context",
+                               "use a smaller model or free memory")
 
             seq2seq = hf_seq2seq.load(source, attention, dtype)
             check_layer(seq2seq, layer)
@@ -289,6 +292,26 @@ def _check_hf_budget(source: str, sentence: str, tokens: int | None, layer: int,
         count = exact_tokens(source, sentence)
         if count is not None and count != shape.tokens:
             found = problem(replace(shape, tokens=count))
+    if found is not None:
+        fail(found)
+
+
+def check_whole_budget(source: str, sentence: str, what: str, advice: str, *,
+                       all_layers: bool = False) -> None:
+    """A `--hf` run that loads the whole model (`heads`, `--context`): refused, before torch
+    or any weight, when its estimate does not fit in memory (one line, exit 2)."""
+    from .. import budget
+    from ..load.hf_error import HfError
+    from ..load.hf_files import exact_tokens, run_shape
+
+    try:
+        shape = run_shape(source, exact_tokens(source, sentence), sentence, None)
+    except HfError as error:
+        fail(str(error))
+    if shape is None:
+        return
+    layers = len(shape.block_elements) if all_layers and shape.block_elements else 1
+    found = budget.hf_whole_problem(what, shape, budget.available_memory(), advice, layers)
     if found is not None:
         fail(found)
 
