@@ -141,6 +141,9 @@ def test_without_expect_the_same_modules_are_not_equivalent() -> None:
     (f"{HF}:Gemma2SelfAttention", ("--expect", "rotary"),
      "pass `--expect rotary --expect softcap` if that is the exercise"),
     (f"{CLIP}:Attention", ("--no-causal",), "pass `--expect cosine` if that is the exercise"),
+    (f"{HF}:Qwen3SelfAttention", ("--expect", "rotary", "--rotary-base", "1000000"),
+     "pass `--expect rotary --rotary-base 1000000 --expect qk_norm` if that is the exercise"),
+    (f"{DIFF}:MultiheadDiffAttn", (), "pass `--expect differential` if that is the exercise"),
 ])
 def test_without_expect_the_verdict_infers_the_mechanism_and_says_which_expect(
         spec: str, options: tuple[str, ...], hint: str) -> None:
@@ -150,6 +153,15 @@ def test_without_expect_the_verdict_infers_the_mechanism_and_says_which_expect(
     diagnosis = verdict["diagnosis"]
     assert diagnosis["kind"] == "mechanism", diagnosis
     assert hint in diagnosis["message"], diagnosis["message"]
+
+
+def test_t5_is_told_that_its_unscaled_scores_go_with_its_bias() -> None:
+    """T5 does not scale its scores (it folds 1/sqrt(d_h) into W_Q's initialisation): without
+    --expect, not scaled, with its bias besides, and the --expect that makes it the reference."""
+    code, verdict = check(f"{HF}:T5SelfAttention", "--no-causal")
+    diagnosis = verdict["diagnosis"]
+    assert code == 1 and diagnosis["kind"] == "not_scaled", diagnosis
+    assert diagnosis["message"].endswith("pass `--expect pos_bias` if that is the exercise")
 
 
 def test_a_mechanism_that_does_not_explain_the_output_is_not_offered(tmp_path: Path) -> None:

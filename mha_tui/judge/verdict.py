@@ -78,6 +78,7 @@ def run(j: Judge) -> Verdict:
     if crash is None:
         end, diagnosis = _whole(j, diagnosis)
         diagnosis = _besides(j, diagnosis)
+        diagnosis = _offered(j, diagnosis)
     # Equivalent only when the output equals the reference's end to end: a row that could
     # not be computed (ok None) is never a pass.
     equivalent = diagnosis is None and all(v.ok is not False for v in verdicts) and (
@@ -322,11 +323,32 @@ def _inferred(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
     return ()
 
 
+def _offered(j: Judge, diagnosis: Diagnosis | None) -> Diagnosis | None:
+    """A NOT-equivalent verdict on a module with a named mechanism the learner did not
+    expect, whose growth makes the output the reference's: the diagnosis says which
+    `--expect` to pass (once)."""
+    if diagnosis is None or "pass `--expect" in diagnosis.message or diagnosis.kind == "crash":
+        return diagnosis
+    try:
+        weights = role_weights(j)
+        x = next((snap.values for name, snap in j.g.rec.inputs if name in j.g.x_names), None)
+        if weights is None or x is None or j.g.rec.output is None:
+            return diagnosis
+        got = f64(j.g.snap(j.g.rec.output).values)
+        inferred = _inferred(j, np.asarray(x), weights, got)
+    except (ValueError, IndexError, TypeError):  # a module no layout foresaw: said as it is
+        return diagnosis
+    if not inferred:
+        return diagnosis
+    return replace(diagnosis, message=f"{diagnosis.message}; {_hint(j, inferred)}")
+
+
 def _hint(j: Judge, names: tuple[str, ...]) -> str:
     """The options that make the inferred mechanisms the exercise, with those already given."""
     f = j.facts
+    base = f"{f.rotary_base:.0f}" if f.rotary_base == int(f.rotary_base) else f"{f.rotary_base:g}"
     given = (["--expect rotary"] if f.rotary else []) + (
-        [f"--rotary-base {f.rotary_base:g}"] if f.rotary and f.rotary_base != ROTARY_BASE else [])
+        [f"--rotary-base {base}"] if f.rotary and f.rotary_base != ROTARY_BASE else [])
     given += ["--expect alibi"] if f.alibi else []
     given += [f"--expect {n}" for n in EXPECTED if n in f.mechanisms or n in names]
     return (f"with {' and '.join(names)} grown into the reference, the output is the "
@@ -490,7 +512,10 @@ def _notice_differences(j: Judge) -> None:
     if len(project) == 1 and project[0].out.shape[-1] == 3 * j.C:
         j.differences.append("computes Q, K and V with one fused (C, 3C) projection and "
                                 "splits it: equivalent")
-    heads = {j.head_index(op) for op in project} - {None}
+    # one module per head: the queries' projections are numbered like heads (the Annotated
+    # Transformer's clones(Linear, 4) are linears.0..2 for Q, K and V: one Q, not heads)
+    queries = [j.chain_to_projection(ref, through=True)[2] for _, ref, _ in j.head_operands()["Q"]]
+    heads = {j.head_index(op) for op in queries if op is not None} - {None}
     if len(heads) > 1:
         j.differences.append(f"runs each of the {len(heads)} heads as its own module and "
                                 "concatenates their outputs: equivalent")

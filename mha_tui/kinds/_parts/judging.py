@@ -34,8 +34,9 @@ F = TypeVar("F", bound="Found")
 # The parameters the loader passes a mask by (load.learner.MASK_NAMES, load.signature's
 # padding names): a float mask there (Hugging Face's additive (B, 1, T, T) attention_mask)
 # is never x. Spelled here because kinds sit below load.
-_MASK_INPUTS = frozenset({"mask", "attn_mask", "attention_mask", "key_padding_mask",
-                          "padding_mask", "src_key_padding_mask", "pad_mask"})
+_MASK_INPUTS = frozenset({"mask", "attn_mask", "src_mask", "tgt_mask", "memory_mask",
+                          "attention_mask", "key_padding_mask", "padding_mask",
+                          "src_key_padding_mask", "pad_mask"})
 
 
 def judged_x(rec: Recording) -> set[str]:
@@ -101,6 +102,7 @@ class Judge:
     # What the reference grew into, in words (verdict._reference); "" for plain attention.
     grown: str = ""
     _classified: Graph | None = field(default=None, repr=False)
+    _second: tuple[Recording | None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         assert self.trace.recording is not None
@@ -372,7 +374,9 @@ class Judge:
         return ops
 
     def runs_differ(self) -> str:
-        second = self.facts.second
+        if self._second is None:  # the forward once more, made on the first question only
+            self._second = (self.facts.second() if self.facts.second is not None else None,)
+        second = self._second[0]
         if second is None:
             return "a second run was not made"
         for a, b in zip(self.g.ops, second.ops, strict=False):
