@@ -156,6 +156,11 @@ class Config:
                                   f"{len(tokenize(row))}")
         if PAD in tokenize(self.sentence) or any(PAD in tokenize(row) for row in self.batch):
             raise ConfigError(f"{PAD} is the padding token of --batch; use another word")
+        if self.batch and self.cross:
+            raise ConfigError(
+                "--batch with --context is not built: --batch pads the sentence's rows (the "
+                "queries), but a padding mask blocks keys, and here the keys come from the "
+                "context, which is one sentence; give one of the two")
         if self.context and not tokenize(self.context):
             raise ConfigError("--context is empty; give the sentence the keys and values are "
                               "made from, e.g. --context \"le chat est sur le tapis\"")

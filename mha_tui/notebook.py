@@ -317,7 +317,7 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
     import torch
 
     from .config import Config
-    from .load.modules import forward_inputs
+    from .load.modules import LoadedTorch, forward_inputs
     from .pipeline import judge_torch
 
     words = _words(tokens, sentence)
@@ -331,10 +331,10 @@ def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: in
         with torch.no_grad():
             x = embedding(ids)  # (1, T, C)
     args, kwargs = forward_inputs(module, x, causal=causal, context=context)
-
-    def call(m: Any, inp: Any) -> Any:  # x once, as query, key and value, or with the context
-        return m(*(inp if a is x else a for a in args),
-                 **{k: inp if v is x else v for k, v in kwargs.items()})
+    # Called as the CLI calls a module it built: x once, as query, key and value, or with
+    # the context, and the mask by name (load.modules.LoadedTorch.call).
+    call = LoadedTorch(module=module, embedding=embedding, ids=ids, x=x, args=args,  # type: ignore[arg-type]
+                       kwargs=kwargs).call
 
     labels = _labels(words, tokens, x)
     if decode:

@@ -142,6 +142,12 @@ CASES: dict[str, Case] = {
     "SAM, --expect pos_bias": Case(
         "longtail/sam_attn.py:SamAttention", True, ("relative position terms",), ("pos_bias",),
         causal=False, expect={"mechanisms": ("pos_bias",)}),
+    "differential attention (unilm), --expect differential": Case(
+        "longtail/diff_attn.py:MultiheadDiffAttn", True, ("differential attention", "λ"),
+        ("differential",), expect={"mechanisms": ("differential",)}),
+    "DiffLlama, --expect rotary differential": Case(
+        "longtail/hf_installed.py:DiffLlamaSelfAttention", True, ("differential attention",),
+        ("differential",), expect={**ROTARY, "mechanisms": ("differential",)}),
     "post-norm residual": Case("mechanisms/post_norm.py:BertAttention", False,
                                ("residual",), ("residual",), causal=False),
 }

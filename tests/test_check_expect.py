@@ -29,6 +29,7 @@ SINKS = FIXTURES / "mechanisms" / "sinks.py"
 CLIP = FIXTURES / "longtail" / "open_clip_attn.py"
 NANOCHAT = FIXTURES / "longtail" / "nanochat_attn.py"
 SAM = FIXTURES / "longtail" / "sam_attn.py"
+DIFF = FIXTURES / "longtail" / "diff_attn.py"
 HF = FIXTURES / "longtail" / "hf_installed.py"
 SIZES = ("-H", "4", "-C", "16")
 runner = CliRunner()
@@ -101,6 +102,13 @@ CORRECT = {
     "SAM decomposed relative positions": (
         f"{SAM}:SamAttention", ("--expect", "pos_bias", "--no-causal"),
         ("relative position terms added to the scores before softmax, made from the queries",)),
+    "Diff Transformer (unilm) differential attention": (
+        f"{DIFF}:MultiheadDiffAttn", ("--expect", "differential"),
+        ("differential attention (two softmax maps per head, the second times λ = 0.1771",
+         "× (1 − λ_init) = 0.8")),
+    "DiffLlama (transformers), rotary and differential": (
+        f"{HF}:DiffLlamaSelfAttention", ("--expect", "rotary", "--expect", "differential"),
+        ("rotary positions", "differential attention (two softmax maps per head")),
     "DeBERTa-v2 c2p and p2c": (
         f"{HF}:DebertaV2DisentangledOnly", ("--expect", "pos_bias", "--no-causal"),
         ("DeBERTa's disentangled attention", "every term divided by sqrt(3 d_h)")),
@@ -133,6 +141,9 @@ def test_without_expect_the_same_modules_are_not_equivalent() -> None:
     (f"{HF}:Gemma2SelfAttention", ("--expect", "rotary"),
      "pass `--expect rotary --expect softcap` if that is the exercise"),
     (f"{CLIP}:Attention", ("--no-causal",), "pass `--expect cosine` if that is the exercise"),
+    (f"{HF}:Qwen3SelfAttention", ("--expect", "rotary", "--rotary-base", "1000000"),
+     "pass `--expect rotary --rotary-base 1000000 --expect qk_norm` if that is the exercise"),
+    (f"{DIFF}:MultiheadDiffAttn", (), "pass `--expect differential` if that is the exercise"),
 ])
 def test_without_expect_the_verdict_infers_the_mechanism_and_says_which_expect(
         spec: str, options: tuple[str, ...], hint: str) -> None:
@@ -142,6 +153,15 @@ def test_without_expect_the_verdict_infers_the_mechanism_and_says_which_expect(
     diagnosis = verdict["diagnosis"]
     assert diagnosis["kind"] == "mechanism", diagnosis
     assert hint in diagnosis["message"], diagnosis["message"]
+
+
+def test_t5_is_told_that_its_unscaled_scores_go_with_its_bias() -> None:
+    """T5 does not scale its scores (it folds 1/sqrt(d_h) into W_Q's initialisation): without
+    --expect, not scaled, with its bias besides, and the --expect that makes it the reference."""
+    code, verdict = check(f"{HF}:T5SelfAttention", "--no-causal")
+    diagnosis = verdict["diagnosis"]
+    assert code == 1 and diagnosis["kind"] == "not_scaled", diagnosis
+    assert diagnosis["message"].endswith("pass `--expect pos_bias` if that is the exercise")
 
 
 def test_a_mechanism_that_does_not_explain_the_output_is_not_offered(tmp_path: Path) -> None:
@@ -244,10 +264,21 @@ def test_qk_norm_over_the_tokens(tmp_path: Path) -> None:
     assert "reduces k over axis 1 (the tokens)" in diagnosis["message"]
 
 
+def test_differential_attention_adding_its_second_map(tmp_path: Path) -> None:
+    """`first + λ second`: no difference of two maps is found, and the rows about the heads'
+    layout (2 heads of 2 d_h values) are its consequences: the sign is named at its line."""
+    path, line = planted(tmp_path, DIFF, "attn_weights[:, :, 0] - lambda_full",
+                         "attn_weights[:, :, 0] + lambda_full")
+    code, verdict = check(f"{path}:MultiheadDiffAttn", "--expect", "differential")
+    diagnosis = verdict["diagnosis"]
+    assert code == 1 and diagnosis["kind"] == "differential_sign", diagnosis
+    assert diagnosis["line"] == line
+
+
 @pytest.mark.parametrize(("mechanism", "words"), [
     ("softcap", "no soft-capping"), ("sinks", "no attention sinks"),
     ("cosine", "no cosine attention"), ("qk_norm", "no q/k normalisation"),
-    ("pos_bias", "no position bias")])
+    ("pos_bias", "no position bias"), ("differential", "no differential attention")])
 def test_a_mechanism_expected_and_missing_is_named(mechanism: str, words: str) -> None:
     code, verdict = check("--model=mygpt", "--expect", mechanism)
     diagnosis = verdict["diagnosis"]

@@ -17,6 +17,9 @@ from typer.testing import CliRunner
 pytest.importorskip("einops")
 
 from mha_tui.cli import app
+from mha_tui.config import Config, Source
+from mha_tui.judge.roles import roles_of
+from mha_tui.pipeline import compared
 
 FIXTURE = Path(__file__).parent / "fixtures" / "arena_attn.py"
 
@@ -125,3 +128,44 @@ def test_why_adds_the_bias_term(target: str, cell: str, bias: str) -> None:
     result = _explain(target, "--why", cell)
     assert result.exit_code == 0, result.output
     assert f"+ {bias}" in result.stdout and "✓ equal" in result.stdout, result.stdout
+
+
+def test_why_names_w_os_input_by_its_role() -> None:
+    """TransformerLens' W_O reads z (B, T, h, d_h), which the attend stage shows as (B, h, T,
+    d_h): --why names it the attend stage's z, says in which layout it is indexed, and never
+    falls back to "z (made by einsum at line N)"."""
+    result = _explain(f"{TL}:TLAttention", "--why", "w_o[0, 1, 3]")
+    assert result.exit_code == 0, result.output
+    assert "made by" not in result.stdout, result.stdout
+    assert "attend's z[b,q,h,e] × W_O[h,e,d]" in result.stdout, result.stdout
+    assert "attend's z is read as this op received it, (1, 3, 2, 4); the attend stage shows it " \
+           "as (1, 2, 3, 4)" in " ".join(result.stdout.split()), result.stdout
+
+
+@pytest.mark.parametrize(("mine", "reference"), [
+    (Source(model="mygpt"), f"{TL}:TLAttention"),       # 2-D weights into head-axis ones
+    (Source(module=f"{TL}:TLAttention"), "course"),      # head-axis into 2-D (with biases)
+    (Source(module=f"{FIXTURE}:Attn"), f"{TL}:TLAttention"),  # head-axis both ways
+    (Source(module=f"{TL}:TLAttention"), f"{FIXTURE}:Attn"),
+])
+def test_against_copies_head_axis_weights_by_role(mine: Source, reference: str) -> None:
+    """--against with a TransformerLens / ARENA reference, W_Q (h, C, d_h), b_Q (h, d_h),
+    W_O (h, d_h, C): the learner's weights are copied in by role (and back to 2-D layers
+    the other way), so the reference's Q, K, V and O are the learner's, row for row, and the
+    two outputs are the same numbers."""
+    config = Config("I love AI", embed_dim=8, num_heads=2)
+    ref = Source(module=reference) if ":" in reference else Source(model=reference)
+    c = compared(config, mine, ref)
+    assert c.rows[-1].status == "agree", [(r.kind, r.status) for r in c.rows]
+    mine_roles, their_roles = roles_of(c.mine, 2), roles_of(c.theirs, 2)
+    for role in "qkvo":
+        ours, theirs = getattr(mine_roles, role), getattr(their_roles, role)
+        np.testing.assert_allclose(theirs[0], ours[0], rtol=0, atol=1e-7)
+        if ours[1] is not None and theirs[1] is not None:
+            np.testing.assert_allclose(theirs[1], ours[1], rtol=0, atol=1e-7)
+    got = c.theirs.recording.snapshot(c.theirs.recording.output).values
+    want = c.mine.recording.snapshot(c.mine.recording.output).values
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if ref.module == f"{TL}:TLAttention":
+        assert any("W_Q <- your Q rows 0-7 (stored with a head axis as (2, 8, 4))" in line
+                   for line in c.weights), c.weights

@@ -153,6 +153,10 @@ def test_llama3_rope_scaling_is_named_with_its_factor() -> None:
     found = scaling(_rotation_with(plain * ratio, scale=1.1), base)
     assert found is not None and abs(found.factor - 8) < 1e-6
     assert "factor 8" in found.words() and "YaRN's attention factor" in found.words()
+    assert "as YaRN's rope_scaling (rope_type yarn)" in found.words()
+    plain_tables = scaling(_rotation_with(plain * ratio), base)  # no attention factor
+    assert plain_tables is not None and "as Llama 3's rope_scaling (rope_type llama3)" in \
+        plain_tables.words() and "YaRN" not in plain_tables.words()
 
 
 def test_another_base_is_not_a_rope_scaling() -> None:

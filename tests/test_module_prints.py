@@ -102,9 +102,10 @@ def test_a_loop_of_unrecognised_lines_is_one_stage_per_line() -> None:
 
 
 def test_read_only_by_python_on_a_small_recording() -> None:
-    """The rule itself: an op whose value only Python read, and what feeds only it, are
-    `for_python`; an op the output needs is not, even when Python read it too."""
-    from mha_tui.ops.graph import Graph
+    """The rule itself: an op whose value only Python read, and what feeds only it, are left
+    out of the torch recording (never built: a print loop costs nothing after it ran); an op
+    the output needs is kept, even when Python read it too, and every reference to a kept
+    op is numbered again."""
     from mha_tui.tracing import record
 
     class Talk(torch.nn.Module):
@@ -118,23 +119,72 @@ def test_read_only_by_python_on_a_small_recording() -> None:
             return x * total
 
     module = Talk()
-    rec = record(lambda: module(torch.ones(2, 3)), {"": module}).recordings[""]
-    names = [op.name for op in rec.ops]
-    only = Graph(rec).for_python
-    assert {names[i] for i in only} == {"mul", "mean"}
-    assert names.index("sum") not in only and names.index("add") not in only
-    assert len([i for i in only if names[i] == "mul"]) == 1  # x * 2, not x * total
+    x = torch.ones(2, 3)
+    rec = record(lambda: module(x), {"": module}).recordings[""]
+    assert [op.name for op in rec.ops] == ["sum", "add", "mul"]
+    assert [op.index for op in rec.ops] == [0, 1, 2]
+    assert rec.read == frozenset({0})  # total, read by float() and kept
+    product = rec.ops[2]
+    assert [ref.kind for ref in product.inputs] == ["input", "op"]
+    assert product.inputs[1].op == 0 and rec.output is not None and rec.output.op == 2
+    assert np.array_equal(rec.snapshot(rec.output).values, np.full((2, 3), 6.0, np.float32))
 
 
-def test_the_loop_runs_outside_the_stages(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_write_or_a_raise_keeps_every_op() -> None:
+    """An op that writes in place is a change of state, whoever reads it; a forward that
+    raised returned nothing to reach: both keep the ops Python read."""
+    from mha_tui.tracing import record
+
+    class Writes(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("seen", torch.zeros(()))
+
+        def forward(self, x):
+            print(self.seen.add_(1).item())  # counts the calls: state
+            print((x * 3).sum().item())
+            if x.shape[0] > 1:
+                raise ValueError("two rows")
+            return x + 1
+
+    module = Writes()
+    kept = record(lambda: module(torch.ones(1, 3)), {"": module}).recordings[""]
+    assert [op.name for op in kept.ops] == ["add_", "add"]
+    failed = record(lambda: module(torch.ones(2, 3)), {"": module}).recordings[""]
+    assert failed.error is not None
+    assert [op.name for op in failed.ops] == ["add_", "mul", "sum"]
+
+
+def test_python_only_on_hand_built_references() -> None:
+    """ops.graph.python_only, the rule both the tracer and the graph ask: op 1 is read, op 2
+    reads it and is read, op 3 is the output and reads op 0; op 4 writes (kept)."""
+    from mha_tui.ops.graph import python_only
+    from mha_tui.records import Ref
+
+    x = Ref("input", name="x")
+    inputs = [(x,), (x,), (Ref("op", op=1),), (x, Ref("op", op=0)), (Ref("op", op=1),)]
+    names = ["sum", "mul", "mean", "mul", "add_"]
+    assert python_only(names, inputs, {1, 2}, Ref("op", op=3)) == frozenset({2})
+    assert python_only(names, inputs, {2}, Ref("op", op=3), kept={4}) == frozenset({2})
+    assert python_only(names[:4], inputs[:4], {2}, Ref("op", op=3)) == frozenset({1, 2})
+    assert python_only(names, inputs, set(), Ref("op", op=3)) == frozenset()
+    assert python_only(names[:4], inputs[:4], {0, 2}, Ref("op", op=3)) == frozenset({1, 2})
+
+
+def test_the_loop_runs_outside_the_recording(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """What the printing loop costs beside a plain forward is measured by the benchmark, not
-    here; here: its 300 reads leave no op in the recognised trace's stages."""
+    here; here: its 300 reads leave no op in the recording, so nothing after the forward
+    (recognising, judging, drawing) pays for them: the same ops as without the loop."""
     from mha_tui.notebook import trace_of
     from tests.fixtures.noisy_attn import NoisyAttention
 
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 4)
     module = NoisyAttention(4, 2, loops=300)
-    traced = trace_of(module, torch.randn(1, 3, 4))
-    used = {op.index for stage in traced.stages for op in stage.ops}
-    assert len(traced.recording.ops) > 300 > len(used)
+    traced = trace_of(module, x)
+    module.loops = 0
+    quiet = trace_of(module, x)
+    assert [op.name for op in traced.recording.ops] == [op.name for op in quiet.recording.ops]
+    assert len(traced.recording.ops) < 300
     assert np.isfinite(traced.stages[-1].tensors[-1].values).all()
 

@@ -7,6 +7,7 @@ sequence is refused in one line."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -97,7 +98,10 @@ def test_the_rows_are_the_query_tokens_and_the_columns_the_context_tokens(style:
     assert tensor_matrices(keys, trace.config, RenderOptions())[0].rows.labels == CONTEXT
     text = text_of(trace)
     assert "T_q=3 T_k=5" in text and "cross-attention" in text
-    assert "(B, h, T, T_k)" in text
+    # every T axis named as the header names it: the queries' T_q, the keys' T_k
+    assert "(B, h, T_q, T_k)" in text and "dims (B, T_q, C)" in text
+    axes = [line for line in text.splitlines() if line.startswith("shape ") or "  dims (" in line]
+    assert axes and not [line for line in axes if re.search(r"[(, ]T[,)]", line.split("shape", 1)[1])]
 
 
 def test_a_decode_step_sized_matrix_is_drawn_by_position_not_refused() -> None:
@@ -648,3 +652,31 @@ def test_a_decoder_layer_of_two_attentions_is_refused_with_context_naming_both(t
     trace = mha_tui.trace(ts.DecoderCrossAttention(4, 2).eval(), torch.randn(1, 3, 4),
                           context=torch.randn(1, 5, 4))
     assert trace.config.cross and not trace.failed
+
+
+def test_the_annotated_decoders_source_attention_with_its_src_mask(tmp_path) -> None:
+    """`self.src_attn(x, m, m, src_mask)`: src_mask is a mask parameter (no padding in one
+    context: none is needed), the keys come from memory, check says equivalent and names no
+    per-head modules (clones(Linear, 4) is one Q, one K, one V and W_O); --batch with
+    --context is refused in one line (the padding would be the queries', the keys the
+    context's)."""
+    module = "tests/fixtures/two_sequences.py:AnnotatedSrcAttention"
+    init = ("--init", "h=2", "--init", "d_model=4")
+    done = run_cli("check", module, *init, "--context", "le chat est sur le tapis")
+    out = " ".join(done.stdout.decode().split())
+    assert done.returncode == 0, out + done.stderr.decode()
+    assert "K and V from the context (memory)" in out and "own module" not in out
+    dump = tmp_path / "out.txt"
+    done = run_cli("explain", "I love AI", "--module", module, *init, "--context", "le chat",
+                   "--batch", "hello", "--dump", str(dump))
+    err = done.stderr.decode()
+    assert done.returncode == 2 and err.count("\n") == 1 and not dump.exists()
+    assert "--batch with --context is not built" in err
+
+
+def test_heads_as_modules_are_still_said_as_such() -> None:
+    """The per-head word is kept where the heads are modules (many-eyes: a ModuleList of
+    heads, each with its own Q, K and V)."""
+    done = run_cli("check", "--model", "many-eyes")
+    assert done.returncode == 0
+    assert "runs each of the 2 heads as its own module" in " ".join(done.stdout.decode().split())

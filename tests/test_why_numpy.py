@@ -33,7 +33,7 @@ def test_softmax_weight_of_the_numpy_blueprint(index: tuple[int, ...]) -> None:
     row = np.exp(scores[h, i] - scores[h, i].max())
     expected = row[j] / row.sum()
     made = why(blueprint(), "softmax", index)
-    assert made.recorded == pytest.approx(float(_tensor("softmax", "weights")[index]), abs=0)
+    assert made.recorded == pytest.approx(float(_tensor("softmax", "attn_h")[index]), abs=0)
     assert made.computed == pytest.approx(expected, rel=1e-6)
     assert made.computed == pytest.approx(made.recorded, rel=1e-5)
 

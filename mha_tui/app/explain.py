@@ -341,7 +341,7 @@ class ExplainApp(Keys, Loading, DrillDown, LayerSwitch, Quizzing, App[None]):
         stage = trace.stages[index]
         if self._hidden(stage.id):  # quiz mode: code and question only, never cached
             return self._strips(self._hidden_screen(trace, index), width)
-        explain = self._explains(partial(stage_box, stage), (shown, index), width)
+        explain = self._explains(partial(stage_box, stage, config=trace.config), (shown, index), width)
         opts = replace(self._window_options(width), explain=explain)
         if self.cursor is not None and index == self.stage_index and stage.tensors:
             record = stage.tensors[-1]

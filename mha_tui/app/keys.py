@@ -252,7 +252,8 @@ class Keys:
         """Fold or unfold every stage's explanation: the opposite of what this stage shows."""
         width = self.query_one(StageView).text_width
         if self.trace is not None:
-            shown = self._explains(partial(stage_box, self.trace.stages[self.stage_index]),
+            shown = self._explains(partial(stage_box, self.trace.stages[self.stage_index],
+                                           config=self.trace.config),
                                    ((self._layer, self._step), self.stage_index), width)
         else:
             info = stage_info(STAGE_IDS[min(self.stage_index, len(STAGE_IDS) - 1)],

@@ -20,6 +20,7 @@ from textual.widgets import Static
 from .. import collector
 from ..config import Config, ConfigError, divisors
 from ..records import Trace
+from ..records.request import Request
 from ..render.text import printable
 from .stage_view import StageView
 from .widgets import SentenceBar, StageRail
@@ -36,10 +37,17 @@ START_LOADING_AFTER = 0.5
 was never seen (it normally starts at that paint, well before)."""
 
 
-def load_trace(config: Config, loaded: LoadedTorch | LoadedNumpy | None = None) -> Trace:
-    from ..pipeline import run_trace
+def load_trace(config: Config, loaded: LoadedTorch | LoadedNumpy | None = None,
+               request: Request | None = None) -> Trace:
+    """The app's input (config) run through the pipeline's one door: the caller's Request
+    (the CLI's: its module and options; by default the default module) with that config.
+    loaded: the request's module, already built (`pipeline.load`)."""
+    from dataclasses import replace
 
-    trace = run_trace(config, loaded=loaded)
+    from ..pipeline import traced
+
+    trace = traced(Request(config) if request is None else replace(request, config=config),
+                   loaded=loaded)
     # Warm Pygments' Python lexer here, off the event loop, before the first stage draws.
     from rich.syntax import Syntax
 

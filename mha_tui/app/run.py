@@ -12,6 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
+from ..records.request import Request
 from .explain import ExplainApp
 from .loading import load_trace
 
@@ -63,16 +64,17 @@ def wants_ascii() -> bool:
 def explain_app(config: Config, *, start: str | None = None, ascii_only: bool = False,
                 loaded: LoadedTorch | LoadedNumpy | None = None,
                 build: Callable[[Config], LoadedTorch | LoadedNumpy] | None = None,
-                **options: Any) -> ExplainApp:
+                request: Request | None = None, **options: Any) -> ExplainApp:
     """The app for one run, not started yet.
 
-    loaded: the module the CLI built from --model/--module (None: the default run);
-    build: builds it instead, in the app's loading thread, so that the app is on screen
-    while a learner's module imports and its forward runs (it may never return);
-    options: ExplainApp's, e.g. loader and checker for --check, running, refusals."""
+    request: the Request the CLI built (None: the default module), run again with each
+    input the app is given; loaded: its module, built by the CLI; build: builds it instead,
+    in the app's loading thread, so that the app is on screen while a learner's module
+    imports and its forward runs (it may never return); options: ExplainApp's, e.g. loader
+    and checker for --check, running, refusals."""
     if build is not None:
-        options.setdefault("loader", lambda c: load_trace(c, loaded=build(c)))
-    options.setdefault("loader", partial(load_trace, loaded=loaded))
+        options.setdefault("loader", lambda c: load_trace(c, loaded=build(c), request=request))
+    options.setdefault("loader", partial(load_trace, loaded=loaded, request=request))
     return ExplainApp(config, start=start, ascii_only=ascii_only or wants_ascii(),
                       batched=getattr(loaded, "batched", True), **options)  # NumPy: (T, C)
 

@@ -22,7 +22,7 @@ from ..config import (
     Config,
     Source,
 )
-from ..records.request import Request
+from ..records.request import Checkpoint, Request
 from ..stages import STAGE_IDS
 from ..write import FORMATS
 from . import options, process
@@ -156,12 +156,14 @@ def explain(
         except DumpError as error:
             fail(str(error), error.code)
     if hf_source is not None:
-        explain_hf(sentence, hf_source, layer or 0, destination=destination,
-                    interactive=in_app, preflight=preflight, fmt=fmt, width=width or 100,
-                    full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
-                    quiz=quiz, why=cell, trained=trained, stream=not no_stream and not decode,
-                    decode=decode, dtype=dtype.value, context=context,
-                    attention=(attention or AttentionKind.cross).value)
+        whole = Checkpoint(hf_source, sentence, trained=trained, layer=layer or 0,
+                           stream=not no_stream and not decode, dtype=dtype.value,
+                           context=context, attention=(attention or AttentionKind.cross).value,
+                           steps=decode)
+        explain_hf(whole, destination=destination,
+                   interactive=in_app, preflight=preflight, fmt=fmt, width=width or 100,
+                   full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,
+                   quiz=quiz, why=cell)
         return
     _check_budget(config, destination, fmt)
     if check_stages:

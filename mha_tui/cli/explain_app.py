@@ -48,7 +48,7 @@ def open_explained(request: Request, *, stage: str | None, ascii_only: bool, qui
         refusal = run_app(config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                           build=None if plain or request.steps else partial(load_for, request),
                           running=whose_forward(source), refusals=(LoadError,),
-                          quiz=quiz, **decoding)
+                          quiz=quiz, request=request, **decoding)
         if refusal is not None:
             fail(refusal)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import TRAINED_MODEL_NAMES
+from ..records.request import Checkpoint
 from . import options
 from .options import Ablation, dump_format
 from .process import exit_now, fail, interactive, open_app
@@ -50,36 +51,28 @@ def heads(
             destination = resolve(dump)
         except DumpError as error:
             fail(str(error), error.code)
+    checkpoint = Checkpoint(model or hf_source or "", sentence, trained=model is not None)
     from ..load.hf_error import HfError
+    from ..pipeline import whole
+    from .transcript import check_whole_budget
 
     try:
-        if model is not None:
-            from ..load.trained import load as load_trained
-
-            loaded = load_trained(model, sentence)
-        else:
-            from ..load.hf import load as load_hf
-            from ..load.hf_files import refuse_early
-            from .transcript import check_whole_budget
-
-            refuse_early(hf_source, sentence, 0)  # type: ignore[arg-type]
-            # Every layer and the predictions: the whole model, not streamed (docs/heads.md).
-            check_whole_budget(hf_source, sentence, f"heads --hf {hf_source}",  # type: ignore[arg-type]
+        whole.refused_early(checkpoint)
+        if hf_source is not None:  # every layer and the predictions: loaded whole (docs/heads.md)
+            check_whole_budget(hf_source, sentence, f"heads --hf {hf_source}",
                                "use a smaller model, or explain one layer streamed: "
                                f"mha-tui explain SENTENCE --hf {hf_source} --layer L",
                                all_layers=True)
-            loaded = load_hf(hf_source, sentence)  # type: ignore[arg-type]
-        from ..pipeline.heads import model_view
-
-        view = model_view(loaded, sentence, ascii_only=ascii_only, ablate=head,
-                          method=ablate_with.value)
+        session = whole.session(checkpoint, ascii_only=ascii_only)
+        view = whole.model_view(session, ascii_only=ascii_only, ablate=head,
+                                method=ablate_with.value)
     except HfError as error:
         fail(str(error))
     from ..render.options import RenderOptions
 
     opts = RenderOptions(ascii=ascii_only)
     if interactive(dump):
-        _heads_app(view, loaded, sentence, opts, head)
+        _heads_app(view, session, opts, head)
         return
     from ..write import FORMATS
     from ..write.destination import DumpError, opened, resolve
@@ -95,18 +88,14 @@ def heads(
     exit_now(0)
 
 
-def _heads_app(view: Any, loaded: Any, sentence: str, opts: Any, selected: tuple[int, int] | None
-               ) -> None:
+def _heads_app(view: Any, session: Any, opts: Any, selected: tuple[int, int] | None) -> None:
     """The heads screen; enter on a head opens that layer's walk-through at that head, and
     quitting the walk-through comes back to the heads."""
-    from ..pipeline.heads import model_view
-    from ..pipeline.hf import Session
-
-    session = Session(loaded, sentence, ascii_only=opts.ascii)
+    from ..pipeline import whole
 
     def ablate(layer: int, head: int, method: str) -> Any:
-        return model_view(loaded, sentence, ascii_only=opts.ascii, ablate=(layer, head),
-                          method=method)
+        return whole.model_view(session, ascii_only=opts.ascii, ablate=(layer, head),
+                                method=method)
 
     def app() -> None:
         from ..app.heads import HeadsApp

@@ -75,6 +75,7 @@ class ExpectKind(StrEnum):
     pos_bias = "pos_bias"
     softcap = "softcap"
     sinks = "sinks"
+    differential = "differential"
 
 
 class Ablation(StrEnum):
@@ -133,7 +134,7 @@ Against = Annotated[str | None, typer.Option("--against", metavar="MODEL_OR_FILE
 
 # ---------------------------------------------------------------------------- what is judged
 
-ExpectChoice = Annotated[list[ExpectKind] | None, typer.Option("--expect", help="What you meant to build: plain multi-head attention, or with a mechanism (repeat --expect for several): rotary positions on Q and K (full, base --rotary-base; a partial rotary as the module turns it), ALiBi's fixed slopes on the scores, q/k normalisation (RMSNorm or LayerNorm, per head or whole), cosine attention with a learned scale, relative position terms added to the scores, logit soft-capping (--softcap), attention sinks; each learned parameter is the module's own. Shared K/V heads are read from the K and V weights.", case_sensitive=False, show_default=False)]
+ExpectChoice = Annotated[list[ExpectKind] | None, typer.Option("--expect", help="What you meant to build: plain multi-head attention, or with a mechanism (repeat --expect for several): rotary positions on Q and K (full, base --rotary-base; a partial rotary as the module turns it), ALiBi's fixed slopes on the scores, q/k normalisation (RMSNorm or LayerNorm, per head or whole), cosine attention with a learned scale, relative position terms added to the scores, logit soft-capping (--softcap), attention sinks, differential attention; each learned parameter is the module's own. Shared K/V heads are read from the K and V weights.", case_sensitive=False, show_default=False)]
 Softcap = Annotated[float | None, typer.Option("--softcap", metavar="CAP", help="With --expect softcap: the cap, each score s becoming CAP * tanh(s / CAP) before softmax (Gemma 2: 50); by default the module's own.", show_default=False)]
 RotaryBase = Annotated[float, typer.Option("--rotary-base", metavar="BASE", help="With --expect rotary: the base of the angles, pair i turning by BASE^(-2i/d_h) per position.")]
 Window = Annotated[int | None, typer.Option("--window", metavar="N", help="You meant a causal sliding window: each token sees itself and the N - 1 tokens before it.", show_default=False)]

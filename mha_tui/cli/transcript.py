@@ -1,6 +1,6 @@
 """`explain --dump`: the transcript, the comparison, the worksheet or one cell's story
-written to its destination, whole or not at all; and `--hf`'s layer in the app or a
-transcript.
+written to its destination, whole or not at all; and a whole model's layer (`--hf`,
+`--model induction`: loaded by `pipeline.whole`) in the app or a transcript.
 
 A forward that raised is explained up to its error, and the run ends with exit code 1.
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from .. import collector
 from ..config import DTYPE_BYTES, ConfigError
-from ..records.request import Request
+from ..records.request import Checkpoint, Request
 from ..stages import STAGE_IDS
 from ..write import FORMATS, Page
 from . import process
@@ -27,68 +27,44 @@ if TYPE_CHECKING:
     from ..write.destination import Destination
 
 
-def explain_hf(sentence: str, source: str, layer: int, *, destination: Destination | None,
-                interactive: bool, fmt: Format, width: int, full: bool, color: bool,
-                ascii_only: bool, stage: str | None, only: bool = False, quiz: bool = False,
-                why: tuple[str, tuple[int, ...]] | None = None, trained: bool = False,
-                stream: bool = True, decode: int = 0, dtype: str = "auto",
-                preflight: bool = False, context: str | None = None,
-                attention: str = "cross") -> None:
-    """--hf (or --model induction, trained: a model of mha_tui/models): load the model
-    (refusals here, before any app), then the app, a transcript or --why's cell of the layer
-    shown. stream: read the blocks from the checkpoint one at a time (load.hf_stream).
-    decode: the last N tokens decoded against the model's own cache, a trace per step
-    (pipeline.hf_decode; the whole model runs each step, so it is loaded whole). dtype: what
-    the model runs in (--dtype: auto, the checkpoint's own). context: an encoder-decoder's
-    encoder input (load.hf_seq2seq, loaded whole, in its own dtype); the sentence is its decoder's,
-    and layer L of the decoder is shown, its cross- or self-attention (attention)."""
+def explain_hf(checkpoint: Checkpoint, *, destination: Destination | None, interactive: bool,
+               fmt: Format, width: int, full: bool, color: bool, ascii_only: bool,
+               stage: str | None, only: bool = False, quiz: bool = False,
+               why: tuple[str, tuple[int, ...]] | None = None, preflight: bool = False) -> None:
+    """A whole model (--hf, or --model induction, trained here): what its files refuse and
+    what cannot fit, before torch; the model loaded (`pipeline.whole`,
+    refusals before any app); then the app, a transcript or --why's cell of the layer shown
+    (--decode N: a trace per step, the app's d / D)."""
     from ..load.hf_error import HfError
-    from ..load.hf_files import refuse_early
+    from ..pipeline import whole
 
     try:  # what the checkpoint's files refuse, before torch and transformers are imported
-        if not trained and context is None:
-            tokens = refuse_early(source, sentence, layer)
-            _check_hf_budget(source, sentence, tokens, layer, stream=stream, dtype=dtype,
+        tokens = whole.refused_early(checkpoint)
+        if not checkpoint.trained and checkpoint.context is None:
+            _check_hf_budget(checkpoint.name, checkpoint.sentence, tokens, checkpoint.layer,
+                             stream=checkpoint.stream, dtype=checkpoint.dtype,
                              destination=destination, fmt=fmt, full=full, why=why is not None,
                              quiz=quiz)
-    except HfError as error:
-        fail(str(error))
-    from ..load import trained as trained_models
-    from ..load.hf import check_layer, load
-    from ..pipeline.hf import Session
-
-    try:
-        if context is not None:  # an encoder-decoder's decoder layer, loaded whole
-            from ..load import hf_seq2seq
-            from ..pipeline.hf_cross import CrossSession
-
-            check_whole_budget(source, sentence, f"--hf {source} with --context",
+        elif not checkpoint.trained:  # an encoder-decoder, loaded whole (docs/hf.md)
+            check_whole_budget(checkpoint.name, checkpoint.sentence,
+                               f"--hf {checkpoint.name} with --context",
                                "use a smaller model or free memory")
-
-            seq2seq = hf_seq2seq.load(source, attention, dtype)
-            check_layer(seq2seq, layer)
-            session: Session = CrossSession(seq2seq, sentence, context, ascii_only=ascii_only,
-                                            one_layer=not interactive)
-        else:
-            # too many tokens: refused before the weights load
-            loaded = (trained_models.load(source, sentence) if trained
-                      else load(source, sentence, stream=stream, dtype=dtype))
-            if loaded.note:
-                say(f"mha-tui: note: {loaded.note}")
-            check_layer(loaded, layer)
-            session = Session(loaded, sentence, ascii_only=ascii_only, one_layer=not interactive)
-    except HfError as error:
+        session = whole.session(checkpoint, ascii_only=ascii_only, one_layer=not interactive)
+        if session.note:
+            say(f"mha-tui: note: {session.note}")
+        trace = (whole.traced(checkpoint, session, ascii_only=ascii_only) if checkpoint.steps
+                 else None)
+    except (HfError, ConfigError) as error:
         fail(str(error))
-    if decode:
-        _explain_hf_decode(loaded, sentence, layer, decode, destination=destination,
-                           interactive=interactive, fmt=fmt, width=width, full=full, color=color,
-                           ascii_only=ascii_only, stage=stage, only=only, quiz=quiz, why=why,
-                           preflight=preflight)
-        return
+    layer = checkpoint.layer
     if interactive:
         def app() -> None:
             from ..app.run import run_app  # after open_app paused the collector
 
+            if trace is not None:  # --decode: the steps, d / D
+                run_app(trace.config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
+                        loader=lambda config: trace, quiz=quiz)
+                return
             run_app(session.config(layer), start=stage or STAGE_IDS[0], ascii_only=ascii_only,
                     loader=lambda config: session.trace(config.model.layer if config.model
                                                         else layer),
@@ -96,10 +72,11 @@ def explain_hf(sentence: str, source: str, layer: int, *, destination: Destinati
 
         open_app(app, preflight=preflight)
         return
-    try:
-        trace = session.trace(layer)
-    except (HfError, ConfigError) as error:  # (a model's sizes this tool cannot show)
-        fail(str(error))
+    if trace is None:
+        try:
+            trace = session.trace(layer)
+        except (HfError, ConfigError) as error:  # (a model's sizes this tool cannot show)
+            fail(str(error))
     write_transcript(Request(trace.config), destination, fmt, width=width, full=full, color=color,
                       ascii_only=ascii_only, stage=stage, trace=trace, only=only, quiz=quiz,
                       why=why)
@@ -137,33 +114,6 @@ def write_comparison(request: Request, destination: Destination | None, fmt: For
         fail(f"could not write the transcript to {where(destination)}: "
              f"{error.strerror or error}", 1)
     exit_now(0)
-
-
-def _explain_hf_decode(loaded: object, sentence: str, layer: int, steps: int, *,
-                       destination: Destination | None, interactive: bool, fmt: Format,
-                       width: int, full: bool, color: bool, ascii_only: bool, stage: str | None,
-                       only: bool, quiz: bool, why: tuple[str, tuple[int, ...]] | None,
-                       preflight: bool) -> None:
-    """--hf --decode N: every step traced now, then the app (d / D) or a transcript."""
-    from ..load.hf_error import HfError
-    from ..pipeline.hf_decode import decode_trace
-
-    try:
-        decoded = decode_trace(loaded, sentence, layer, steps, ascii_only=ascii_only)  # type: ignore[arg-type]
-    except HfError as error:
-        fail(str(error))
-    if interactive:
-        def app() -> None:
-            from ..app.run import run_app  # after open_app paused the collector
-
-            run_app(decoded.config, start=stage or STAGE_IDS[0], ascii_only=ascii_only,
-                    loader=lambda config: decoded, quiz=quiz)
-
-        open_app(app, preflight=preflight)
-        return
-    write_transcript(Request(decoded.config), destination, fmt, width=width, full=full,
-                     color=color, ascii_only=ascii_only, stage=stage, trace=decoded, only=only,
-                     quiz=quiz, why=why)
 
 
 def write_transcript(request: Request, destination: Destination | None, fmt: Format, *, width: int,

@@ -192,6 +192,18 @@ def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
             extra.append(Step("weights with sinks", attention, ("B", "h", "T", "T+")))
             attention = attention[..., :T]
     context = attention @ v  # (B, h, T, d_h)
+    if g.differential is not None:  # two maps per head, their difference times [v_a | v_b]
+        dif = g.differential
+        a, b = dif.heads(heads)
+        difference = attention[:, a] - dif.lam * attention[:, b]  # (B, h/2, T, T)
+        both = np.concatenate([v[:, a], v[:, b]], axis=-1)  # (B, h/2, T, 2 d_h)
+        raw_context = difference @ both
+        normed = raw_context / np.sqrt((raw_context ** 2).mean(axis=-1, keepdims=True) + dif.eps)
+        if dif.weight is not None:
+            normed = normed * np.asarray(dif.weight, dtype=np.float64)
+        context = normed * dif.factor  # (B, h/2, T, 2 d_h)
+        extra += [Step("difference", difference, ("B", "h/2", "T", "T'")),
+                  Step("differential context", raw_context, ("B", "h/2", "T", "2d_h"))]
     merged = context.transpose(0, 2, 1, 3).reshape(B, T, C)  # (B, T, C)
     out = merged if weights.o is None else _linear(merged, weights.o)
     return [

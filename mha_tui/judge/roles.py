@@ -16,6 +16,7 @@ parameters. Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -53,13 +54,38 @@ def _by_role(roles: RoleWeights) -> dict[str, tuple[np.ndarray, np.ndarray | Non
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a parameter's rows sit among the roles: row k of the parameter (in (out, in)
-    layout; `transposed` when the module stores it as (in, out)) is row rows[k][1] of role
-    rows[k][0]."""
+    """Where a parameter's rows sit among the roles: row k of the parameter, laid out as
+    (out, in), is row rows[k][1] of role rows[k][0]. The layout: the parameter's axes in
+    `order`, the first `split` of them making the rows and the rest the columns. A 2-D
+    weight is (out, in) as stored ((0, 1), 1) or transposed, stored as (in, out) ((1, 0),
+    1); a head-axis one (TransformerLens, ARENA) is W_Q (h, C, d_h) as ((0, 2, 1), 2): rows
+    h*d_h, columns C; W_O (h, d_h, C) as ((2, 0, 1), 1): rows C, columns h*d_h."""
 
     name: str
     rows: tuple[tuple[str, int], ...]
-    transposed: bool = False
+    order: tuple[int, ...] = (0, 1)
+    split: int = 1
+    shape: tuple[int, ...] = ()
+
+    @property
+    def transposed(self) -> bool:
+        return self.order == (1, 0)
+
+    def layout(self, values: np.ndarray) -> np.ndarray:
+        """The parameter as (out, in) rows."""
+        moved = np.transpose(values, self.order)
+        return moved.reshape(int(np.prod(moved.shape[:self.split])), -1)
+
+    def stored(self, rows: np.ndarray) -> np.ndarray:
+        """(out, in) rows back in the parameter's own shape."""
+        moved_shape = tuple(self.shape[i] for i in self.order)
+        return np.transpose(rows.reshape(moved_shape), np.argsort(self.order))
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """The shape of the axes the rows come from: a bias of the same rows has it
+        ((h, d_h) for TransformerLens' b_Q), or is flat."""
+        return tuple(self.shape[i] for i in self.order[:self.split])
 
 
 def _row_keys(roles: RoleWeights) -> dict[bytes, tuple[str, int] | None]:
@@ -72,24 +98,46 @@ def _row_keys(roles: RoleWeights) -> dict[bytes, tuple[str, int] | None]:
     return keys
 
 
+def _layouts(ndim: int) -> list[tuple[tuple[int, ...], int]]:
+    """Every way to read an array as (out, in) rows: its axes in some order, the first
+    `split` of them the rows (stored as is first, then transposed, then the rest)."""
+    if ndim == 2:
+        return [((0, 1), 1), ((1, 0), 1)]
+    if ndim != 3:
+        return []
+    return [(order, split) for order in itertools.permutations(range(3)) for split in (1, 2)]
+
+
 def _place(name: str, values: np.ndarray, keys: dict[bytes, tuple[str, int] | None]
            ) -> Placement | None:
-    for transposed, layout in ((False, values), (True, values.T)):
-        rows = [keys.get(np.ascontiguousarray(row).tobytes()) for row in f64(layout)]
+    for order, split in _layouts(values.ndim):
+        where = Placement(name, (), order, split, tuple(values.shape))
+        rows = [keys.get(np.ascontiguousarray(row).tobytes()) for row in f64(where.layout(values))]
         if rows and all(r is not None for r in rows):
-            return Placement(name, tuple(rows), transposed)  # type: ignore[arg-type]
+            return Placement(name, tuple(rows), order, split,  # type: ignore[arg-type]
+                             tuple(values.shape))
     return None
 
 
 def _biases(recording: Recording) -> dict[str, str]:
-    """bias parameter -> the weight parameter it was added with, from the recorded ops."""
+    """bias parameter -> the weight parameter it was added with, from the recorded ops:
+    both given to one op (`F.linear(x, W, b)`), or the bias added to what an op made from
+    the weight (`einsum(x, W_Q) + b_Q`, TransformerLens' head-axis biases)."""
     paired: dict[str, str] = {}
     for op in recording.ops:
         params = [r for r in op.inputs if r.kind == "param" and r.snapshot is not None]
-        mats = [r.name for r in params if r.snapshot.ndim == 2]  # type: ignore[union-attr]
+        mats = [r.name for r in params if r.snapshot.ndim >= 2]  # type: ignore[union-attr]
         vecs = [r.name for r in params if r.snapshot.ndim == 1]  # type: ignore[union-attr]
         if len(mats) == 1 and len(vecs) == 1:
             paired[vecs[0]] = mats[0]
+        elif len(params) == 1 and op.name in ("add", "add_") and len(op.inputs) == 2:
+            made = next((recording.ops[r.op] for r in op.inputs
+                         if r.kind == "op" and r.op is not None), None)
+            weights = [] if made is None else [
+                r.name for r in made.inputs if r.kind == "param" and r.snapshot is not None
+                and r.snapshot.ndim >= 2]
+            if len(weights) == 1 and params[0].name not in paired:
+                paired[params[0].name] = weights[0]
     return paired
 
 
@@ -118,7 +166,7 @@ def copy_by_role(params: Mapping[str, np.ndarray], theirs: Trace, their_roles: R
     biases = _biases(theirs.recording)
     placed: dict[str, Placement] = {}
     for name, values in params.items():
-        if values.ndim == 2:
+        if values.ndim >= 2 and name not in biases:
             where = _place(name, values, keys)
             if where is None:
                 raise RoleCopyError(f"{shown}'s parameter {name} {_shape(values.shape)} is not "
@@ -130,27 +178,30 @@ def copy_by_role(params: Mapping[str, np.ndarray], theirs: Trace, their_roles: R
     how: list[str] = []
     for name, where in placed.items():
         rows = np.stack([_row(ours, role, i) for role, i in where.rows])
-        new[name] = rows.T if where.transposed else rows
+        new[name] = where.stored(rows)
         identity = any(role not in ours for role, _ in where.rows)
         how.append(f"{name} <- " + ("the identity (your module has no W_O)" if identity
                                     else _roles_words(where)))
     for name, values in params.items():
-        if values.ndim == 2:
+        if name in placed:
             continue
         weight = biases.get(name)
-        if values.ndim != 1 or weight not in placed:
+        where = placed.get(weight) if weight is not None else None
+        if where is None or values.size != len(where.rows) or (
+                values.ndim != 1 and tuple(values.shape) != where.row_shape):
             raise RoleCopyError(f"{shown}'s parameter {name} {_shape(values.shape)} is no "
                                 "projection's bias: the weights cannot be copied by role")
-        where = placed[weight]
         entries = []
         for role, i in where.rows:
             bias = ours[role][1] if role in ours else None
             entries.append(0.0 if bias is None else bias[i])
             if bias is not None:
                 biased.add(role)
-        new[name] = np.asarray(entries, dtype=np.float64)
-        how.append(f"{name} <- " + ("your biases" if any(e != 0.0 for e in entries)
-                                     else "zero (your projection has no bias)"))
+        new[name] = np.asarray(entries, dtype=np.float64).reshape(values.shape)
+        has = any(role in ours and ours[role][1] is not None for role, _ in where.rows)
+        how.append(f"{name} <- " + ("your biases" if any(e != 0.0 for e in entries) else
+                                     "your biases (all zero)" if has else
+                                     "zero (your projection has no bias)"))
     for role, (_, bias) in ours.items():
         if bias is not None and role not in biased:
             raise RoleCopyError(f"your {role} projection has a bias and {shown}'s has none: "
@@ -178,7 +229,11 @@ def _roles_words(where: Placement) -> str:
             spans.append(f"{role} rows {first}-{last}" if last > first else f"{role} row {first}")
             start = k
     words = "your " + ", ".join(spans)
-    return words + (" (transposed: stored as (in, out))" if where.transposed else "")
+    if where.transposed:
+        return words + " (transposed: stored as (in, out))"
+    if len(where.order) == 3:
+        return words + f" (stored with a head axis as {_shape(where.shape)})"
+    return words
 
 
 def _shape(shape: tuple[int, ...]) -> str:

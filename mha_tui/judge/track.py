@@ -211,7 +211,8 @@ ROLES = {"x": "x", "Q": "Q", "K": "K", "V": "V", "q": "Q", "k": "K", "v": "V",
          "masked raw scores": "the scores", "masked scores": "the scores",
          "Q normed": "Q", "K normed": "K", "q normed": "Q", "k normed": "K", "q unit": "Q",
          "k unit": "K", "capped scores": "the scores", "scores with sinks": "the scores",
-         "weights with sinks": "the attention weights",
+         "weights with sinks": "the attention weights", "difference": "the attention weights",
+         "differential context": "the heads' outputs",
          "weights": "the attention weights", "context": "the heads' outputs",
          "merged": "the merged heads", "out": "the output"}
 AXES = {"T": "T", "T'": "the keys", "h": "the heads", "d_h": "d_h", "C": "C", "B": "B"}

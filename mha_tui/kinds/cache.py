@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..ops.graph import Graph
 from ..ops.sizes import Sizes
+from ..ops.vocab import CONCATS
 from ..records import OpRecord
 
 KIND = "aux"
@@ -15,7 +16,7 @@ KIND = "aux"
 def cache_append(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     """torch.cat onto an empty tensor (a key/value cache filled for the first time): the
     tensor passes through unchanged, so it is plumbing, not a step."""
-    if op.name not in {"cat", "concat", "concatenate"} or len(g.x_inputs(op)) != 1:
+    if op.name not in CONCATS or len(g.x_inputs(op)) != 1:
         return None
     others = g.other_inputs(op)
     return "aux" if others and all(g.snap(r).values.size == 0 for r in others) else None

@@ -23,6 +23,7 @@ from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage
 from ._parts.cell import Cell, Term, Why, where
 from ._parts.found import held
+from ._parts.grown import Differential, Part
 from ._parts.hand_norm import BY_HAND, hand_norms
 from ._parts.judging import judged_x
 from ._parts.maker import StageMaker
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from ._parts.judging import Judge, Row
 
 KIND = "differential"
+EXPECTED = "differential"  # check --expect differential grows the reference by reference(j)
 TITLE = "Differential attention: the second softmax map, times λ, subtracted from the first"
 _SUBS = {"sub", "sub_"}
 _TIMES = {"mul", "mul_"}
@@ -140,10 +142,39 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                    title=TITLE, explanation=explanation)
 
 
+def _expected(j: Judge) -> list[Row]:
+    """Rows for --expect differential and no difference of two maps found: the second map
+    added instead of subtracted, or no second map at all."""
+    g = j.classified()
+    for op in g.ops:
+        if op.name not in ("add", "add_") or len(g.x_inputs(op)) != 2 or \
+                not all(g.derives(r, {"softmax"}) for r in g.x_inputs(op)):
+            continue
+        times = [g.producer(r) for r in g.x_inputs(op)]
+        if any(t is not None and _lambda(g, t) is not None for t in times):
+            line = j.where(op.source)[1]
+            return [j.row(j.stage_of.get(op.index), KIND, False, None,
+                          "first map − λ · second map", source=op.source,
+                          diagnosis=("differential_sign", f"differential attention adds the "
+                                     f"second map, times λ, to the first at line {line}: "
+                                     f"--expect differential subtracts it, so that attention "
+                                     f"both maps give to the same tokens cancels"))]
+    scores = next((s for s in j.trace.stages if s.kind in ("softmax", "sdpa")), None)
+    return [j.row(None, KIND, False, None, "two softmax maps per head, the second times λ "
+                  "subtracted from the first", source=scores.source if scores else None,
+                  position=j.position_after("softmax"),
+                  diagnosis=("mechanism_missing", "no differential attention: --expect "
+                             "differential wants two softmax maps per head, the second times a "
+                             "learned λ subtracted from the first, and no such difference ran"))]
+
+
 def judge(j: Judge) -> list[Row]:
-    """Each differential stage: the difference recomputed from its two maps and λ."""
+    """Each differential stage: the difference recomputed from its two maps and λ; with
+    --expect differential and none, what is there instead."""
     rows = []
     found = differences(j.classified())
+    if EXPECTED in j.facts.mechanisms and not any(s.kind == KIND for s in j.trace.stages):
+        rows += _expected(j)
     for stage in (s for s in j.trace.stages if s.kind == KIND):
         d = held(found, stage)
         rows.append(j.row(stage, KIND, True if d is not None else None, None,
@@ -231,3 +262,50 @@ def _through_norm(cell: Cell, op: OpRecord, at: tuple[int, ...]) -> Why | None:
                 "(recorded); gamma: the norm's own weight",
                 "differential attention normalises each head's output (subln) and scales it by "
                 "(1 − λ_init)"), computed, cell.recorded)
+
+
+def reference(j: Judge) -> Part | None:
+    """--expect differential: the module's own λ, its per-head norm's weight and eps, and its
+    (1 − λ_init); which heads are paired is tried both ways by the judge (unilm's adjacent
+    heads, DiffLlama's halves)."""
+    g = j.classified()
+    found = differences(g)
+    stage = next((s for s in j.trace.stages if s.kind == KIND), None)
+    if not found or stage is None:
+        return None
+    indices = {op.index for op in stage.ops}
+    after = [op for op in stage.ops if op.name in _TIMES and op.index not in found[0].ops
+             and _lambda(g, op) is not None and g.op_derives(op, {"attend"})]
+    if not after:
+        return None
+    factor = _lambda(g, after[-1])
+    assert factor is not None
+    norm = next((n for n in hand_norms(g) if n.ops & indices), None)
+    fitted = (norm.weight, norm.eps) if norm is not None else _rms_fit(
+        g.snap(g.x_inputs(after[-1])[0]).values, found[0].sub.out.values)
+    if fitted is None:
+        return None
+    lam = found[0].lam
+    return Part(f"differential attention (two softmax maps per head, the second times λ = "
+                f"{lam:.4g} subtracted, a per-head RMSNorm and × (1 − λ_init) = "
+                f"{factor:.4g})",
+                differential=Differential(lam, factor, fitted[0], fitted[1]))
+
+
+def _rms_fit(normed: np.ndarray, difference: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """The weight and eps of an RMSNorm that makes `normed` from `difference` (an RMSNorm
+    module mha-tui did not find written out: DiffLlama's groupnorm), or None."""
+    if difference.shape != normed.shape:
+        return None
+    x = difference.astype(np.float64)
+    y = normed.astype(np.float64)
+    for eps in (1e-6, 1e-5, 1e-8):
+        n = x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps)
+        flat_n, flat_y = n.reshape(-1, n.shape[-1]), y.reshape(-1, y.shape[-1])
+        denominator = (flat_n * flat_n).sum(axis=0)
+        if (denominator <= 1e-12).any():
+            return None
+        weight = (flat_n * flat_y).sum(axis=0) / denominator
+        if np.allclose(n * weight, y, atol=1e-5, rtol=1e-4):
+            return weight, eps
+    return None

@@ -22,30 +22,30 @@ import numpy as np
 
 from ..ops.graph import Graph
 from ..ops.sizes import Sizes
+from ..ops.vocab import CONCATS
 from ..records import Check, OpRecord, Ref, Stage, TensorArg
 from ._parts.builder import KEYS
 from ._parts.cell import Cell, Why
 from ._parts.maker import StageMaker
 from ._parts.op_cell import explain, locate
 from ._parts.unit import Unit
-from .op import input_dims, output_dims
+from .op import HEADS_OUT, OUTPUT, QKV, SCORES, WEIGHTS, input_dims, output_dims
 
 if TYPE_CHECKING:
     from ._parts.judging import Judge, Row
 
 KIND = "kv_cache"
 TITLE = "The KV cache: the new token's key and value joined to those of the tokens before"
-_CAT = {"cat", "concat", "concatenate"}
 _WRITE = {"setitem", "index_copy_", "index_put_", "copy_"}
-_QKV = {"project", "qkv_split", "view", "transpose", "rotary", "norm", "kv_repeat"}
-# (not scale: q or k may be scaled before the product, `k * d_h ** -0.25`)
-_SCORED = {"scores", "mask", "softmax", "attend", "concat", "w_o", "sinks", "softcap"}
+# Made after the scores: not scale (q or k may be scaled before the product, `k * d_h ** -0.25`),
+# nor pos_bias (gpt-fast writes its cache after an op the recogniser calls a position bias).
+_SCORED = (SCORES - {"scale", "pos_bias"}) | WEIGHTS | HEADS_OUT | OUTPUT
 
 
 def _past_and_new(g: Graph, op: OpRecord) -> tuple[list[Ref], Ref] | None:
     """A cat's cached operands and its one new (x-derived) operand, or a slice assignment's
     target and the value written into it; None if the op is neither."""
-    if op.name in _CAT:
+    if op.name in CONCATS:
         operands = g.tensor_operands(op)
         fresh = [r for r in operands if g.is_x(r)]
         past = [r for r in operands if not g.is_x(r)]
@@ -78,7 +78,7 @@ def _learned(g: Graph, ref: Ref) -> bool:
 def appends_to_the_cache(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
     """The cat or slice assignment that puts a new token's k or v beside the cached ones."""
     found = _past_and_new(g, op)
-    if found is None or not g.derives(found[1], _QKV) or g.op_derives(op, _SCORED):
+    if found is None or not g.derives(found[1], QKV) or g.op_derives(op, _SCORED):
         return None
     return KIND
 
@@ -89,7 +89,7 @@ RULES = (appends_to_the_cache,)
 def _axis(op: OpRecord, past: np.ndarray, new: np.ndarray) -> int | None:
     """The axis the cache grows along: a cat's dim, or the one axis where the written value
     is shorter than the cache."""
-    if op.name in _CAT:
+    if op.name in CONCATS:
         dim = op.args[1] if len(op.args) > 1 else op.kwarg("dim", op.kwarg("axis", 0))
         return dim % new.ndim if isinstance(dim, int) and new.ndim else None
     if past.ndim != new.ndim:
@@ -114,7 +114,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         after = op.out
         axis = _axis(op, past[0].values, new.values)
         dims = input_dims(m, new_ref)
-        grown = ((*dims[:axis], KEYS if op.name in _CAT else "slot", *dims[axis + 1:])
+        grown = ((*dims[:axis], KEYS if op.name in CONCATS else "slot", *dims[axis + 1:])
                  if axis is not None and len(dims) == after.ndim and dims[axis] == "T" else
                  output_dims(m, op, after.shape))
         shapes.append((tuple(new.shape), dims, tuple(after.shape), grown))
@@ -124,7 +124,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
                                   caption="the cache after this step"))
         rows = new.values.shape[axis] if axis is not None else 0
         which = f"the new token's {name}" if rows == 1 else f"{rows} new rows of {name}"
-        if op.name in _CAT:
+        if op.name in CONCATS:
             operands = [m.snap(r).values for r in m.g.tensor_operands(op)]
             same = axis is not None and np.array_equal(
                 np.concatenate(operands, axis=axis), after.values)

@@ -26,17 +26,22 @@ if TYPE_CHECKING:
 KIND = "op"
 RULES = ()  # the default: what no rule claims
 
-# Where an op sits in the attention dataflow, from the kinds of the ops it is made from,
-# latest first: what a learner can be told about an op no kind names.
+# Where an op sits in the attention dataflow: the stage kinds of each phase, in the order
+# they run. The one table of them (kv_cache's rule reads it too).
+QKV = {"project", "qkv_split", "view", "transpose", "rotary", "norm", "kv_repeat", "cosine"}
+SCORES = {"scores", "scale", "mask", "pos_bias", "softcap", "sinks"}
+WEIGHTS = {"softmax", "dropout"}
+HEADS_OUT = {"attend", "concat", "sdpa"}
+OUTPUT = {"w_o", "residual"}
+
+# From the kinds of the ops it is made from, latest first: what a learner can be told about
+# an op no kind names.
 _ROLES = (
-    ({"w_o", "residual"}, "a transform of the output, after W_O"),
-    ({"attend", "concat", "sdpa"}, "a transform of the heads' outputs, after the weights are applied"),
-    ({"softmax", "dropout"}, "a transform of the weights, after softmax"),
-    ({"scores", "scale", "mask", "pos_bias", "softcap", "sinks"},
-     "a transform of the scores before softmax"),
-    ({"project", "qkv_split", "view", "transpose", "rotary", "norm", "kv_repeat",
-      "cosine"},
-     "a transform of q, k or v before the scores"),
+    (OUTPUT, "a transform of the output, after W_O"),
+    (HEADS_OUT, "a transform of the heads' outputs, after the weights are applied"),
+    (WEIGHTS, "a transform of the weights, after softmax"),
+    (SCORES, "a transform of the scores before softmax"),
+    (QKV, "a transform of q, k or v before the scores"),
 )
 
 

@@ -475,13 +475,14 @@ def mechanism(j: Judge, stage: Stage) -> str | None:
 # ------------------------------------------------------------ check --expect pos_bias
 
 
-def t5_unscaled(j: Judge) -> bool:
+def t5_unscaled(j: Judge, *, expected: bool = True) -> bool:
     """--expect pos_bias on T5's attention: a learned bias per head and distance (its
     buckets) and scores that are never scaled (T5 folds 1/sqrt(d_h) into W_Q's
-    initialisation), which the reference then leaves unscaled too."""
+    initialisation), which the reference then leaves unscaled too. `expected`: only with
+    --expect pos_bias (the scale's judge); the reference asks whenever it grows the bias."""
     raw = next((s.tensors[0].values for s in j.trace.stages if s.kind == "scores"
                 and s.tensors), None)
-    if EXPECTED not in j.facts.mechanisms or raw is None:
+    if (expected and EXPECTED not in j.facts.mechanisms) or raw is None:
         return False
     for stage in (s for s in j.trace.stages if s.kind == KIND):
         if relative_terms(j.classified(), stage.ops) or len(stage.tensors) < 2:
@@ -517,7 +518,7 @@ def reference(j: Judge) -> Part | None:
     if n is not None:
         return Part(f"{said} (every term divided by sqrt({n} d_h))", bias=bias,
                     score_scale=1.0 / np.sqrt(n * j.d_h))
-    if t5_unscaled(j):
+    if t5_unscaled(j, expected=False):
         return Part(f"{said} (the module's own, added to scores that are not scaled, as T5's)",
                     bias=bias, score_scale=1.0)
     return Part(f"{said} (the module's own, added to the scaled scores)", bias=bias)

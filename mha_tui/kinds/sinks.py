@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ops.graph import Graph
 from ..ops.sizes import Sizes
-from ..ops.vocab import SOFTMAXES
+from ..ops.vocab import CONCATS, SOFTMAXES
 from ..records import Check, OpRecord, Stage
 from ._parts.cell import Cell, Why
 from ._parts.found import held
@@ -55,7 +55,7 @@ def _last_axis(op: OpRecord) -> bool:
 
 
 def sink_at(g: Graph, cat: OpRecord) -> Sink | None:
-    if cat.name not in ("cat", "concat", "concatenate") or not _last_axis(cat):
+    if cat.name not in CONCATS or not _last_axis(cat):
         return None
     x_parts, others = g.x_inputs(cat), g.other_inputs(cat)
     if len(x_parts) != 1 or not others or not g.derives(x_parts[0], {"scores"}):

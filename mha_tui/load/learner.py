@@ -42,7 +42,9 @@ HEAD_NAMES = ("num_heads", "n_heads", "n_head", "num_attention_heads")
 # attention) where the class has no default of its own.
 KV_HEAD_NAMES = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
 LENGTH_NAMES = ("max_seq_len", "context_length", "block_size")
-MASK_NAMES = ("mask", "attn_mask")
+# The Annotated Transformer's and nn.Transformer's names too: src_mask (the source's padding,
+# read by the decoder's source attention), tgt_mask (the target's causal mask), memory_mask.
+MASK_NAMES = ("mask", "attn_mask", "src_mask", "tgt_mask", "memory_mask")
 # A parameter that holds a whole configuration (nanoGPT's `config`, Meta's `args`): --init
 # gives Python literals only, so the way in is a subclass that builds that object.
 CONFIG_NAMES = ("config", "cfg", "conf", "args", "model_args", "params")

@@ -7,7 +7,7 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..records import OpRecord, Recording, Ref, Snapshot, TensorArg
@@ -59,21 +59,47 @@ def read_only_by_python(rec: Recording) -> frozenset[int]:
     """The ops that only feed values to Python: `print(w.sum().item())`, `if mask.any():`.
     Each one's result was read by Python (`Recording.read`) or goes only to such ops, and
     none reaches the output. They change no tensor the output depends on, so they are no
-    stage. A forward that raised returned nothing to reach: every op is kept."""
+    stage. A forward that raised returned nothing to reach: every op is kept. (The torch
+    tracer leaves them out of its recording already: see `python_only`.)"""
     if not rec.read or rec.error is not None:
         return frozenset()
-    reaches = reaching_output(rec)
+    return python_only([op.name for op in rec.ops], [op.inputs for op in rec.ops], rec.read,
+                       rec.output, {op.index for op in rec.ops if writes(op)})
+
+
+def writes(op: OpRecord) -> bool:
+    """An op that writes into a tensor or draws from a generator of its own: never one that
+    only feeds Python, whatever reads it (a write is a change of state)."""
+    return op.in_place or op.kwarg("out") is not None or op.kwarg("generator") is not None
+
+
+def python_only(names: Sequence[str], inputs: Sequence[tuple[Ref, ...]], read: Collection[int],
+                output: Ref | None, kept: Collection[int] = ()) -> frozenset[int]:
+    """read_only_by_python on the parts of a recording (op i: names[i], inputs[i]), so that a
+    tracer can ask it before it builds the ops: the ops Python read, or whose every consumer
+    is such an op, that do not reach the output. `kept`: ops never counted so (writes)."""
+    if not read:
+        return frozenset()
+    n = len(names)
+    reaches = [False] * n
+    if output is not None and output.kind == "op" and output.op is not None:
+        reaches[output.op] = True
     consumers: dict[int, list[int]] = {}
-    for op in rec.ops:
-        for ref in op.inputs:
+    for i in range(n - 1, -1, -1):  # every consumer comes after what it consumes
+        refs = inputs[i]
+        for ref in refs:
             if ref.kind == "op" and ref.op is not None:
-                consumers.setdefault(ref.op, []).append(op.index)
+                consumers.setdefault(ref.op, []).append(i)
+        if reaches[i]:
+            for ref in (refs[:1] if names[i] in FIRST_INPUT_ONLY else refs):
+                if ref.kind == "op" and ref.op is not None:
+                    reaches[ref.op] = True
     only: set[int] = set()
-    for op in reversed(rec.ops):  # every consumer comes after what it consumes
-        used = consumers.get(op.index, [])
-        if not reaches[op.index] and (op.index in rec.read or used) and \
+    for i in range(n - 1, -1, -1):
+        used = consumers.get(i, ())
+        if not reaches[i] and i not in kept and (i in read or used) and \
                 all(c in only for c in used):
-            only.add(op.index)
+            only.add(i)
     return frozenset(only)
 
 

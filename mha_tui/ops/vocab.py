@@ -17,6 +17,7 @@ SHAPE_OPS = {"view", "reshape", "transpose", "permute", "contiguous", "unsqueeze
              "split", "chunk", "unbind", "tensor_split", "half", "double", "bool",
              "astype", "copy", "ravel"}  # NumPy's spellings
 SPLITS = {"split", "chunk", "unbind", "tensor_split"}
+CONCATS = {"cat", "concat", "concatenate"}  # torch.cat, its alias, np.concatenate
 SOFTMAXES = {"softmax", "_softmax", "softmax_"}
 DROPOUTS = {"dropout", "dropout_", "feature_dropout", "alpha_dropout"}
 # The check's names for what a step does to the scores.

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
-from ..records import Recorded, Trace
+from ..records import Recorded, Recording, Trace
 from ..records.request import Expect, Request
 from .recognition import recognised
 
@@ -430,7 +430,7 @@ def judge_torch(traced: Trace, module: Any, x: Any, call: Callable[[Any, Any], o
                                    "the reference with the padded keys blocked"}
         causal = causal and context is None
     facts = Facts(causal=causal, heads=heads, parameters=parameter_shapes(module),
-                  second=second_recording(module, x, call), reference=reference,
+                  second=partial(second_recording, module, x, call), reference=reference,
                   training=module.training, padding=padding, **named,
                   **(expect or Expect()).facts())
     with one_blas_thread():  # its float64 products beside torch's threads (threads.py)
@@ -460,11 +460,14 @@ def judge_numpy(trace: Trace, module: object, args: Sequence[object], kwargs: Ma
     from ..judge.numpy_reference import reference_output
     from ..tracing.numpy_ops import module_arrays, record
 
-    with np.errstate(all="ignore"):
-        again = record(module, tuple(args), dict(kwargs))
+    def second() -> Recording | None:
+        with np.errstate(all="ignore"):
+            again = record(module, tuple(args), dict(kwargs))
+        return None if again.error else again.recordings[""]
+
     facts = Facts(causal=causal, heads=heads,
                   parameters=tuple((name, tuple(a.shape)) for name, a in module_arrays(module).items()),
-                  second=None if again.error else again.recordings[""],
+                  second=second,
                   reference=reference_output, training=False,
                   reference_name="the NumPy blueprint's computation",
                   **(expect or Expect()).facts())

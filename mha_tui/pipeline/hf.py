@@ -66,6 +66,11 @@ class Session:
     def n_layers(self) -> int:
         return self.loaded.info.n_layers
 
+    @property
+    def note(self) -> str:
+        """What the loader says of how it loaded the model (whole, not streamed: why), or ""."""
+        return getattr(self.loaded, "note", "")
+
     def config(self, layer: int) -> Config:
         info = self.loaded.info
         model = ModelSource(

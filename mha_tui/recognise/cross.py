@@ -15,6 +15,7 @@ from ..kinds._parts.builder import KEYS, plural
 from ..kinds.softmax import UNMASKED_SELF
 from ..ops.numeric import zero_columns
 from ..ops.sizes import Sizes
+from ..ops.vocab import CONCATS
 from ..records import Check, OpRecord, Recording, Stage
 
 
@@ -64,7 +65,7 @@ def cache_words(stages: tuple[Stage, ...], sizes: Sizes) -> tuple[Stage, ...]:
              f"{'looks' if T_q == 1 else 'look'} at {plural(T_k, 'key')}, "
              f"{T_k - T_q} from the cache and {T_q} just made")
     # The cache as the module keeps it: the tensors its concatenations made, T_k long.
-    cached = [t for stage in stages if any(op.name in _CONCATS for op in stage.ops)
+    cached = [t for stage in stages if any(op.name in CONCATS for op in stage.ops)
               for t in (stage.tensors if stage.kind == "kv_cache" else stage.tensors[-1:])
               if KEYS in t.dims]
     cost = None
@@ -109,10 +110,6 @@ def cache_words(stages: tuple[Stage, ...], sizes: Sizes) -> tuple[Stage, ...]:
             stage = replace(stage, note=stage.note.replace(UNMASKED_SELF, "").strip())
         out.append(stage)
     return tuple(out)
-
-
-_CONCATS = ("cat", "concat", "concatenate")
-
 
 
 # The op that ends one attention's weighting: a softmax, or the fused op.

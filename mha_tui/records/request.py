@@ -15,8 +15,9 @@ from typing import Any
 from ..config import DEFAULT_MODEL, Config, Source, parse_init
 
 # The named mechanisms `--expect` takes besides rotary and alibi, in the forward's order (the
-# stage kind each grows the reference by: norm on q and k, cosine, pos_bias, softcap, sinks).
-MECHANISMS = ("qk_norm", "cosine", "pos_bias", "softcap", "sinks")
+# stage kind each grows the reference by: norm on q and k, cosine, pos_bias, softcap, sinks,
+# differential).
+MECHANISMS = ("qk_norm", "cosine", "pos_bias", "softcap", "sinks", "differential")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,32 @@ class Expect:
         return {"rotary": self.rotary, "window": self.window, "alibi": self.alibi,
                 "rotary_base": self.rotary_base, "mechanisms": self.mechanisms,
                 "softcap": self.softcap}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a caller asks of a whole model read from its weights, one layer shown: `--hf
+    PATH_OR_NAME`, or a model trained here (`--model induction`: `trained`), on `sentence`.
+    `pipeline.whole` loads and traces it; the CLI (`explain`, `heads`) only builds it.
+
+    `stream`: its blocks read one at a time (`--no-stream` unsets it); `dtype`: what it runs
+    in (`--dtype`, auto: as stored); `context`: an encoder-decoder's encoder input
+    (`--context`), whose decoder layer shows its cross- or self-attention (`attention`);
+    `steps`: `--decode N`, the last N tokens decoded against the model's own cache.
+
+    Not a `Request`: a Request's `config` holds the sizes of a module built here, validated
+    when built, and a whole model's sizes are its own, known once it is loaded; its sentence
+    is refused by the model's tokenizer (`load.hf`), not by `Config`."""
+
+    name: str
+    sentence: str
+    trained: bool = False
+    layer: int = 0
+    stream: bool = False
+    dtype: str = "auto"
+    context: str | None = None
+    attention: str = "cross"
+    steps: int = 0
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,10 @@ class RoleWeights:
 class Facts:
     """What the torch-knowing side found by running things (plain values and callables).
 
-    second: a recording of a second call of the same forward on the same input (None if
-    not made). parameters: every parameter of the module, (name, shape). reference:
+    second: records a second call of the same forward on the same input, and returns it
+    (None if that call raised); called only when a verdict's words need it (an active
+    dropout's "two runs differ"), at most once: a second forward costs as much as the first.
+    parameters: every parameter of the module, (name, shape). reference:
     called with (x, role weights, heads, causal), returns the reference module's output
     with those weights copied in.
     """
@@ -118,7 +120,7 @@ class Facts:
     causal: bool = True
     heads: int = 1
     parameters: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    second: Recording | None = None
+    second: Callable[[], Recording | None] | None = None
     reference: Callable[[np.ndarray, RoleWeights, int, bool], np.ndarray] | None = None
     training: bool = False
     # What the reference is, as the verdict names it.

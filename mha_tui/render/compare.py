@@ -254,7 +254,7 @@ def _sides(c: Comparison, pair: TensorPair, opts: RenderOptions) -> SideBySide:
         if record is None:
             columns.append([Text(f"{who}: nothing to set beside it", style="italic")])
             continue
-        parts: list[RenderableType] = [Text(who, style="bold"), Unbroken(tensor_meta(record))]
+        parts: list[RenderableType] = [Text(who, style="bold"), Unbroken(tensor_meta(record, config))]
         if record.caption:
             parts.append(Unbroken(Text(record.caption, style="italic dim")))
         matrices = tensor_matrices(record, config, opts)

@@ -17,12 +17,13 @@ from rich.panel import Panel
 from rich.rule import Rule
 from rich.text import Text
 
+from ..config import Config
 from ..records import Check, Stage, Trace
 from ..stages import StageInfo
 from .code import Code, code_block
 from .header import drawn_config
 from .options import RenderOptions
-from .tensor import TensorView
+from .tensor import TensorView, shown_dims
 from .text import Unbroken
 from .values import HEAD_COLORS
 
@@ -45,9 +46,9 @@ def _intro_panel(body: RenderableType, opts: RenderOptions) -> Panel:
                  subtitle=folded, subtitle_align="right")
 
 
-def stage_box(stage: Stage, opts: RenderOptions) -> Panel:
+def stage_box(stage: Stage, opts: RenderOptions, config: Config | None = None) -> Panel:
     """The app's box above a stage's tensors: shape, code and (unless folded) explanation."""
-    return _intro_panel(stage_intro(labelled(stage), opts), opts)
+    return _intro_panel(stage_intro(labelled(stage), opts, config), opts)
 
 
 def stage_screen(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
@@ -55,7 +56,7 @@ def stage_screen(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     stage = labelled(stage)
     return Group(
         stage_heading(trace, stage),
-        stage_box(stage, opts),
+        stage_box(stage, opts, trace.config),
         stage_tensors(trace, stage, opts),
         Text("checks", style="dim"),
         check_lines(stage.checks, opts.ascii),
@@ -76,11 +77,18 @@ def pending_screen(info: StageInfo, number: int, total: int, message: Text,
     return Group(_heading(number, total, info.id, info.title), pending_box(info, opts), message)
 
 
-def stage_intro(stage: Stage, opts: RenderOptions) -> Group:
+def dims_transition(stage: Stage, config: Config | None) -> str:
+    """`(B, T, C) -> (B, T, h, d_h)`, the axes named as shown (render.tensor.shown_dims)."""
+    before = ", ".join(shown_dims(stage.dims_in, config))
+    return f"({before}) -> " + (
+        "raised" if stage.kind == "error" else f"({', '.join(shown_dims(stage.dims_out, config))})")
+
+
+def stage_intro(stage: Stage, opts: RenderOptions, config: Config | None = None) -> Group:
     """Shape transition, the PyTorch line (highlighted), the explanation and any note."""
     parts: list[RenderableType] = [
         Text.assemble(("shape  ", "dim"), (stage.transition, "bold"), "   ",
-                      (stage.dims_transition, "cyan")),
+                      (dims_transition(stage, config), "cyan")),
         Text("code", style="dim"),
         code_block(stage.code),
     ]
@@ -169,7 +177,7 @@ def stage_view(trace: Trace, stage: Stage, opts: RenderOptions) -> Group:
     rule_chars = "-" if opts.ascii else "━"
     parts: list[RenderableType] = [
         HeadingRule(stage_heading(trace, stage), rule_chars),
-        stage_intro(stage, opts),
+        stage_intro(stage, opts, trace.config),
         Text(""),
         stage_tensors(trace, stage, opts),
     ]

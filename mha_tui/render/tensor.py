@@ -404,12 +404,20 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def tensor_meta(record: TensorRecord) -> Text:
+def shown_dims(dims: Sequence[str], config: Config | None) -> tuple[str, ...]:
+    """The axes' names as shown: T is the queries' axis, named T_q beside the keys' T_k when
+    the two differ (cross-attention, a decode step), as the header names them."""
+    if config is None or not (config.cross or config.cached):
+        return tuple(dims)
+    return tuple("T_q" if d == "T" else d for d in dims)
+
+
+def tensor_meta(record: TensorRecord, config: Config | None = None) -> Text:
     """shape and dims, then strides, contiguity and storage sharing on a second line."""
     text = Text.assemble(
         (record.name, "bold"), "  ",
         ("shape ", "dim"), str(record.shape).replace(",)", ")"), "  ",
-        ("dims ", "dim"), "(" + ", ".join(record.dims) + ")",
+        ("dims ", "dim"), "(" + ", ".join(shown_dims(record.dims, config)) + ")",
         # a half-precision module's tensors say their dtype (float32 ones are the default)
         *((("  dtype ", "dim"), (record.dtype, "bold")) if record.dtype else ()), "\n  ",
         ("strides ", "dim"), str(record.strides).replace(",)", ")"),
@@ -432,7 +440,7 @@ class TensorView:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         record, opts = self.record, self.opts
-        yield Unbroken(tensor_meta(record))
+        yield Unbroken(tensor_meta(record, self.config))
         if record.caption:
             yield Unbroken(Text(record.caption, style="italic dim"))
         rows = batch_rows(record) if opts.row is None else 1

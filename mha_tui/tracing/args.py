@@ -17,8 +17,12 @@ def recorded_arguments(args: Iterable[object], kwargs: Iterable[tuple[str, objec
                        ) -> tuple[list[Ref], tuple[object, ...], tuple[tuple[str, object], ...]]:
     """(inputs, args, kwargs): every array argument once, in order, and where it came from."""
     found = _Found(is_array, ref, plain)
-    converted = tuple(found.convert(a) for a in args)
-    return found.inputs, converted, tuple((k, found.convert(v)) for k, v in kwargs)
+    converted = tuple([found.convert(a) for a in args])  # a list: no generator per op
+    return found.inputs, converted, tuple([(k, found.convert(v)) for k, v in kwargs])
+
+
+# TensorArg(0), TensorArg(1), ...: frozen and equal by value, so one of each serves every op.
+_ARGS = tuple(TensorArg(i) for i in range(8))
 
 
 class _Found:
@@ -37,7 +41,8 @@ class _Found:
             if key not in self.seen:
                 self.seen[key] = len(self.inputs)
                 self.inputs.append(self.ref(value))
-            return TensorArg(self.seen[key])
+            index = self.seen[key]
+            return _ARGS[index] if index < len(_ARGS) else TensorArg(index)
         if isinstance(value, list | tuple) and any(self.is_array(v) for v in value):
             return tuple(self.convert(v) for v in value)
         return self.plain(value)

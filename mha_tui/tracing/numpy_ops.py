@@ -32,8 +32,8 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import FrameType, TracebackType
+from dataclasses import dataclass, field, replace
+from types import CodeType, FrameType, TracebackType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 _NUMPY_DIR = os.path.dirname(np.__file__) + os.sep
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_NOT_THE_MODULE = (_NUMPY_DIR, _THIS_DIR)
 
 # NumPy's names, as the recogniser reads them (torch's spelling where the meaning is the same).
 _UFUNC_NAMES = {
@@ -269,6 +270,7 @@ class _Session:
     refs: dict[int, Ref] = field(default_factory=dict)
     alive: list[object] = field(default_factory=list)
     failed_at: Statement | None = None
+    codes: frozenset[CodeType] = frozenset()  # the forward's own code: where callers stop
 
     def ref(self, a: np.ndarray) -> Ref:
         key = id(a)
@@ -316,26 +318,56 @@ class _Session:
         return result
 
     def where(self, frame: FrameType | None = None) -> Statement:
-        """The innermost frame of the module's own code (outside NumPy and this package)."""
+        """The innermost frame of the module's own code (outside NumPy and this package),
+        with the statements that called it when it is a helper (as the torch adapter does:
+        a helper's returned array is named by the caller's assignment)."""
         frame = frame or sys._getframe(1)
         while frame is not None:
-            filename = frame.f_code.co_filename
-            if not (filename.startswith(_NUMPY_DIR) or filename.startswith(_THIS_DIR)):
-                return source_at(filename, frame.f_lineno, frame.f_code.co_name)
+            code = frame.f_code
+            if not code.co_filename.startswith(_NOT_THE_MODULE):
+                source = source_at(code.co_filename, frame.f_lineno, code.co_name, code)
+                callers = self._callers(frame)
+                return replace(source, callers=callers) if callers else source
             frame = frame.f_back
         return Statement(file="", line=0, text="")
+
+    def _callers(self, frame: FrameType) -> tuple[Statement, ...]:
+        """The module's own statements that called the helper `frame` runs in, innermost
+        first (at most 3), up to the forward (or the first frame that is not the module's)."""
+        if frame.f_code in self.codes or not self.codes:
+            return ()
+        callers: list[Statement] = []
+        up = frame.f_back
+        while up is not None and len(callers) < 3:
+            code = up.f_code
+            if code.co_filename.startswith(_NOT_THE_MODULE):
+                break
+            callers.append(source_at(code.co_filename, up.f_lineno, code.co_name, code))
+            if code in self.codes:
+                break
+            up = up.f_back
+        return tuple(callers)
 
     def error(self, error: BaseException, tb: TracebackType | None) -> RecordedError:
         source = self.failed_at
         if source is None:
             frame = None
             while tb is not None:
-                if not tb.tb_frame.f_code.co_filename.startswith((_NUMPY_DIR, _THIS_DIR)):
+                if not tb.tb_frame.f_code.co_filename.startswith(_NOT_THE_MODULE):
                     frame = tb.tb_frame
                 tb = tb.tb_next
             source = self.where(frame) if frame is not None else None
         message = str(error).strip() or type(error).__name__
         return RecordedError(type(error).__name__, message, source)
+
+
+def _codes_of(forward: Callable[..., object]) -> frozenset[CodeType]:
+    """The code the forward runs: a method's function, or a callable object's __call__."""
+    func = getattr(forward, "__func__", forward)
+    code = getattr(func, "__code__", None)
+    if code is None:  # a callable object: its class's __call__
+        code = getattr(inspect.getattr_static(type(forward), "__call__", None), "__code__", None)
+    return frozenset({code}) if isinstance(code, CodeType) else frozenset()
 
 
 def _wrap(value: object) -> object:
@@ -378,7 +410,8 @@ def record(module: object, args: tuple[object, ...] = (),
     """
     kwargs = dict(kwargs or {})
     forward = forward_of(module)
-    session = _Session(module=module, names={id(a): n for n, a in module_arrays(module).items()})
+    session = _Session(module=module, names={id(a): n for n, a in module_arrays(module).items()},
+                       codes=_codes_of(forward))
     try:
         bound = inspect.signature(forward).bind_partial(*args, **kwargs)
         named = list(bound.arguments.items())

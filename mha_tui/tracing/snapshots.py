@@ -28,6 +28,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..records import Snapshot
@@ -55,9 +56,38 @@ def storage_key(t: torch.Tensor) -> int:
         return id(t)
 
 
+# torch.dtype -> its name in a Snapshot ("float32"): str() of a dtype costs as much as a copy
+# of a small tensor, and a forward's loop snapshots thousands.
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+# The dtypes NumPy holds as they are (bfloat16 and float16 are recorded as float32).
+_AS_IS = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.int16,
+                    torch.int8, torch.uint8, torch.bool})
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _small_copy(data: torch.Tensor) -> Snapshot:
+    """snapshot() of a small CPU tensor in a dtype NumPy holds: NumPy copies it (a torch clone
+    costs more than the copy at this size), and the storage is read from the data pointer
+    without making a storage object. Same Snapshot as the general path."""
+    offset = data.storage_offset()
+    return Snapshot(values=np.array(data.numpy(), order="C"), shape=tuple(data.shape),
+                    strides=data.stride(), contiguous=data.is_contiguous(),
+                    storage=data.data_ptr() - offset * data.element_size(),
+                    storage_offset=offset, dtype=dtype_name(data.dtype))
+
+
 def snapshot(t: torch.Tensor) -> Snapshot:
     """A copy of the tensor's values now, with its layout (strides, storage) as it is."""
     data = t.detach()
+    if 0 < data.numel() < _SMALL and data.dtype in _AS_IS and data.layout == torch.strided \
+            and data.is_cpu and not data.is_conj() and not data.is_neg():
+        return _small_copy(data)
     if data.dtype in (torch.bfloat16, torch.float16):
         copy = data.to(torch.float32)
     elif data.is_contiguous():
@@ -78,7 +108,7 @@ def _snapshot_of(data: torch.Tensor, values: object) -> Snapshot:
         contiguous=bool(data.is_contiguous()),
         storage=storage_key(data),
         storage_offset=int(data.storage_offset()) if strided else 0,
-        dtype=str(data.dtype).removeprefix("torch."),
+        dtype=dtype_name(data.dtype),
     )
 
 

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..ops.graph import python_only
 from ..records import (
     ModuleCall,
     OpRecord,
@@ -120,6 +121,29 @@ def op_name(func: Callable[..., object]) -> tuple[str, str]:
 # ----------------------------------------------------------------------- snapshots
 
 
+def _is_tensor(value: object) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+# An op as the recorder first keeps it: name, qualname, module path, module class, inputs,
+# args, kwargs, outputs (maybe Pending), source, in place. A tuple: building an OpRecord
+# costs as much as the op itself, and a print loop's ops are never built (_Session.build).
+_Draft = tuple[str, str, str, str, tuple[Ref, ...], tuple[object, ...],
+               tuple[tuple[str, object], ...], tuple[object, ...], Statement, bool]
+
+
+def _built(index: int, d: _Draft, inputs: tuple[Ref, ...]) -> OpRecord:
+    outputs = tuple(o.resolve() if isinstance(o, Pending) else o for o in d[7])
+    return OpRecord(index=index, name=d[0], qualname=d[1], module=d[2], module_class=d[3],
+                    inputs=inputs, args=d[5], kwargs=d[6], outputs=outputs,  # type: ignore[arg-type]
+                    source=d[8], in_place=d[9])
+
+
+def _writes(kwargs: tuple[tuple[str, object], ...]) -> bool:
+    """`out=` or `generator=`: the op changes a state (see ops.graph.writes)."""
+    return any(key in ("out", "generator") and value is not None for key, value in kwargs)
+
+
 def _plain(value: object) -> object:
     """A non-tensor argument as a plain Python value the recogniser can read."""
     if value is None or isinstance(value, bool | int | float | str):
@@ -151,9 +175,12 @@ class _Session:
     names: dict[int, tuple[str, str]]  # id(param or buffer) -> ("param"|"buffer", name)
     codes: frozenset[CodeType]
     inputs: list[tuple[str, Snapshot]] = field(default_factory=list)
+    # Each op as recorded (its OpRecord's fields but the index, outputs maybe Pending); the
+    # OpRecords are built once, by Recorder.finish, for the ops the recording keeps.
+    drafts: list[_Draft] = field(default_factory=list)
     ops: list[OpRecord] = field(default_factory=list)
     calls: list[ModuleCall] = field(default_factory=list)
-    producers: dict[int, tuple[int, int]] = field(default_factory=dict)
+    producers: dict[int, Ref] = field(default_factory=dict)  # id(tensor) -> the op output it is
     input_refs: dict[int, Ref] = field(default_factory=dict)
     const_refs: dict[int, Ref] = field(default_factory=dict)
     alive: list[object] = field(default_factory=list)
@@ -164,12 +191,42 @@ class _Session:
     failed_at: Statement | None = None
     done: bool = False
     read: set[int] = field(default_factory=set)  # ops whose value Python read (PYTHON_READS)
+    # id(code) -> (code, is it the forward's, is it outside torch and mha-tui, is it own):
+    # a code object hashes its whole body, an id does not; the code is kept, so is its id.
+    seen: dict[int, tuple[CodeType, bool, bool, bool]] = field(default_factory=dict)
+    # (id(code), line, callers' ids and lines) -> the Statement there (Recorder.where)
+    sources: dict[tuple[object, ...], Statement] = field(default_factory=dict)
+
+    def _facts(self, code: CodeType) -> tuple[CodeType, bool, bool, bool]:
+        facts = self.seen.get(id(code))
+        if facts is None:
+            forward = code in self.codes
+            mine = not code.co_filename.startswith(_NOT_THE_MODULE)
+            facts = self.seen[id(code)] = (code, forward, mine,
+                                           forward or mine or code is _MHA_FORWARD.__code__)
+        return facts
+
+    def is_own(self, code: CodeType) -> bool:
+        """Code an op is placed at: the root's forward, a file outside torch and mha-tui,
+        or torch's F.multi_head_attention_forward."""
+        return self._facts(code)[3]
+
+    def is_forward(self, code: CodeType) -> bool:
+        return self._facts(code)[1]
+
+    def is_mine(self, code: CodeType) -> bool:
+        """A file outside torch, mha-tui and the libraries that only spell ops (einops)."""
+        return self._facts(code)[2]
+
+    def known(self, ids_and_lines: tuple[int, ...]) -> list[CodeType]:
+        """The code objects of `_callers`' ids (every one was seen)."""
+        return [self.seen[i][0] for i in ids_and_lines[0::2]]
 
     def ref(self, t: torch.Tensor) -> Ref:
         key = id(t)
-        if key in self.producers:
-            op, out = self.producers[key]
-            return Ref("op", op=op, output=out)
+        made = self.producers.get(key)
+        if made is not None:
+            return made
         if key in self.input_refs:
             return self.input_refs[key]
         if key in self.names:
@@ -184,6 +241,47 @@ class _Session:
             self.const_refs[key] = Ref("const", snapshot=snapshot(t))
             self.alive.append(t)
         return self.const_refs[key]
+
+    def build(self) -> None:
+        """The OpRecords, from the drafts, without the ops that only fed Python
+        (`print(w.sum().item())` in a loop: `ops.graph.python_only`): they change no tensor
+        the output depends on and are never a stage, so a loop of prints costs the recording
+        nothing after it ran. The ops kept are numbered again, and every reference with them.
+        A forward that raised keeps every op (it returned nothing to reach)."""
+        drafts, self.drafts = self.drafts, []
+        dropped = frozenset() if self.error is not None or not self.read else python_only(
+            [d[0] for d in drafts], [d[4] for d in drafts], self.read, self.output,
+            {i for i, d in enumerate(drafts) if d[9] or _writes(d[6])})
+        if dropped and any(ref.kind == "op" and ref.op in dropped
+                           for call in self.calls for _, ref in call.inputs):
+            dropped = frozenset()  # a module called on one and kept: keep them all
+        if not dropped:
+            self.ops = [_built(i, d, d[4]) for i, d in enumerate(drafts)]
+            return
+        new: dict[int, int] = {}
+        refs: dict[tuple[int, int], Ref] = {}
+
+        def moved(ref: Ref) -> Ref:
+            if ref.kind != "op" or ref.op is None:
+                return ref
+            key = (ref.op, ref.output)
+            if key not in refs:
+                refs[key] = Ref("op", op=new[ref.op], output=ref.output)
+            return refs[key]
+
+        kept_before = [0] * (len(drafts) + 1)  # how many ops are kept before op i
+        for i, d in enumerate(drafts):
+            kept_before[i + 1] = kept_before[i] + (i not in dropped)
+            if i not in dropped:
+                new[i] = kept_before[i]
+                self.ops.append(_built(new[i], d, tuple(moved(r) for r in d[4])))
+        self.calls = [replace(call, first=kept_before[call.first], end=kept_before[call.end],
+                              inputs=tuple((n, moved(r)) for n, r in call.inputs))
+                      for call in self.calls
+                      if call.first == call.end or any(i not in dropped
+                                                       for i in range(call.first, call.end))]
+        self.output = moved(self.output) if self.output is not None else None
+        self.read = {new[i] for i in self.read if i in new}
 
     def recording(self) -> Recording:
         cls = type(self.module)
@@ -322,7 +420,8 @@ class Recorder:
                     named = [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
                 inputs = tuple((name, session.ref(value)) for name, value in named
                                if isinstance(value, torch.Tensor))
-            session.stack.append((path, type(module).__name__, len(session.ops), source, inputs))
+            session.stack.append((path, type(module).__name__, len(session.drafts), source,
+                                  inputs))
 
         return hook
 
@@ -333,7 +432,7 @@ class Recorder:
                 return
             _, cls, first, source, inputs = session.stack.pop()
             library = type(module).__module__.startswith("torch.")
-            session.calls.append(ModuleCall(path, cls, library, first, len(session.ops), source,
+            session.calls.append(ModuleCall(path, cls, library, first, len(session.drafts), source,
                                             inputs))
 
         return hook
@@ -341,37 +440,47 @@ class Recorder:
     # -------------------------------------------------------------- ops
 
     def where(self, session: _Session, frame: FrameType | None = None) -> Statement:
-        """The innermost frame of the module's own code, as a Statement."""
+        """The innermost frame of the module's own code, as a Statement.
+
+        Every op asks this, so the answer is kept per place: the frame's code and line and
+        those of its callers (a loop's line is read and parsed once, not once a pass)."""
         frame = frame or sys._getframe(1)
         fallback = None
         while frame is not None:
             code = frame.f_code
-            filename = code.co_filename
-            if code in session.codes or code is _MHA_FORWARD.__code__ or \
-                    not filename.startswith(_NOT_THE_MODULE):
-                source = source_at(filename, frame.f_lineno, code.co_name, code)
+            if session.is_own(code):
                 callers = self._callers(session, frame)
-                return replace(source, callers=callers) if callers else source
+                key = (id(code), frame.f_lineno, callers)
+                source = session.sources.get(key)
+                if source is None:
+                    source = source_at(code.co_filename, frame.f_lineno, code.co_name, code)
+                    if callers:
+                        source = replace(source, callers=tuple(
+                            source_at(c.co_filename, line, c.co_name, c)
+                            for c, line in zip(session.known(callers), callers[1::2], strict=True)))
+                    session.sources[key] = source
+                return source
             fallback = fallback or frame
             frame = frame.f_back
         if fallback is not None:
             return source_at(fallback.f_code.co_filename, fallback.f_lineno, fallback.f_code.co_name)
         return Statement(file="", line=0, text="")
 
-    def _callers(self, session: _Session, frame: FrameType) -> tuple[Statement, ...]:
+    def _callers(self, session: _Session, frame: FrameType) -> tuple[int, ...]:
         """The module's own statements that called the helper `frame` runs in, innermost
         first (at most 3), up to the first frame that is not the module's code (torch's
-        module call machinery above a forward)."""
-        callers: list[Statement] = []
-        if frame.f_code in session.codes:
+        module call machinery above a forward): id(code), line, id(code), line, ..."""
+        if session.is_forward(frame.f_code):
             return ()
+        callers: list[int] = []
         up = frame.f_back
-        while up is not None and len(callers) < 3:
+        while up is not None and len(callers) < 6:
             code = up.f_code
-            if not (code in session.codes or not code.co_filename.startswith(_NOT_THE_MODULE)):
+            forward = session.is_forward(code)
+            if not (forward or session.is_mine(code)):
                 break
-            callers.append(source_at(code.co_filename, up.f_lineno, code.co_name, code))
-            if code in session.codes:
+            callers += (id(code), up.f_lineno)
+            if forward:
                 break
             up = up.f_back
         return tuple(callers)
@@ -387,20 +496,17 @@ class Recorder:
             if name in PYTHON_READS and args and isinstance(args[0], torch.Tensor):
                 made = session.producers.get(id(args[0]))
                 if made is not None:
-                    session.read.add(made[0])
+                    session.read.add(made.op)  # type: ignore[arg-type]
             return
         inputs, plain_args, plain_kwargs = recorded_arguments(
-            args, kwargs.items(), lambda v: isinstance(v, torch.Tensor), session.ref, _plain)
+            args, kwargs.items(), _is_tensor, session.ref, _plain)
         path, cls = (session.stack[-1][0], session.stack[-1][1]) if session.stack else ("", "")
-        index = len(session.ops)
-        session.ops.append(OpRecord(  # outputs may hold Pending snapshots until finish()
-            index=index, name=name, qualname=qualname, module=path, module_class=cls,
-            inputs=tuple(inputs), args=plain_args, kwargs=plain_kwargs,
-            outputs=tuple(self.snaps.take(t) for t in outputs),  # type: ignore[misc]
-            source=self.where(session), in_place=in_place,
-        ))
+        index = len(session.drafts)
+        session.drafts.append((  # outputs may hold Pending snapshots until finish()
+            name, qualname, path, cls, tuple(inputs), plain_args, plain_kwargs,
+            tuple([self.snaps.take(t) for t in outputs]), self.where(session), in_place))
         for i, t in enumerate(outputs):
-            session.producers[id(t)] = (index, i)
+            session.producers[id(t)] = Ref("op", op=index, output=i)
             session.alive.append(t)
 
     def expand(self, mode: _Mode, func: Callable[..., object], args: tuple[object, ...],
@@ -421,18 +527,16 @@ class Recorder:
             F.has_torch_function = original
 
     def finish(self) -> bool:
-        """Resolve every pending snapshot (see snapshots.py); False if one was written
-        without an op saying so, and the recording must be made again with copies."""
+        """Resolve every pending snapshot (see snapshots.py) and build each session's ops;
+        False if a snapshot was written without an op saying so, and the recording must be
+        made again with copies."""
         alive = [t for session in self.sessions.values() for t in session.alive]
         for session in self.sessions.values():
             session.alive.clear()  # `alive` is now the recorder's one reference to each
         ok = self.snaps.finish(alive)
         del alive
         for session in self.sessions.values():
-            session.ops = [op if not any(isinstance(o, Pending) for o in op.outputs) else
-                           replace(op, outputs=tuple(o.resolve() if isinstance(o, Pending) else o
-                                                     for o in op.outputs))
-                           for op in session.ops]
+            session.build()
         return ok
 
     def fail(self, error: BaseException, tb: TracebackType | None) -> None:

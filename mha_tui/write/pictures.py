@@ -34,7 +34,14 @@ if TYPE_CHECKING:
     from ..quiz import Question
 from ..render.header import module_line, trace_header
 from ..render.options import ASCII_GLYPHS, RenderOptions
-from ..render.stage import check_lines, replace_tensors, stage_heading, stage_tensors, stage_view
+from ..render.stage import (
+    check_lines,
+    dims_transition,
+    replace_tensors,
+    stage_heading,
+    stage_tensors,
+    stage_view,
+)
 from ..render.text import printable
 
 # The app's colours: Textual's "textual-dark" theme (background, foreground), and the ANSI
@@ -230,7 +237,7 @@ def plain_text(renderables: Sequence[RenderableType], opts: RenderOptions, width
 
 def stage_markdown(trace: Trace, stage: Stage, opts: RenderOptions, width: int = 100) -> str:
     parts = [f"## {md_escape(_ascii(stage_heading(trace, stage).plain, opts))}",
-             f"shape {code_span(stage.transition)}   {code_span(stage.dims_transition)}",
+             f"shape {code_span(stage.transition)}   {code_span(dims_transition(stage, trace.config))}",
              fenced("\n".join(printable(line) for line in stage.code.split("\n")), "python"),
              md_escape(stage.explanation)]
     if stage.note:

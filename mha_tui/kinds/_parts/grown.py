@@ -44,6 +44,26 @@ class QKNorm:
 
 
 @dataclass(frozen=True)
+class Differential:
+    """Differential attention (Diff Transformer, DiffLlama): head i's two softmax maps are
+    those of query/key heads `pairs`' (a_i, b_i) (d_h = C / h each); the second, times `lam`,
+    is subtracted from the first; the difference times [v_a | v_b] (2 d_h channels), an
+    RMSNorm over them (`weight`, `eps`), times `factor` (1 − λ_init). pairs "adjacent":
+    (2i, 2i + 1), unilm's view of 2h heads; "halves": (i, i + h/2), DiffLlama's chunks."""
+
+    lam: float
+    factor: float
+    weight: np.ndarray | None
+    eps: float
+    pairs: str = "adjacent"
+
+    def heads(self, h: int) -> tuple[np.ndarray, np.ndarray]:
+        """(a, b): each output head's first and second map's head."""
+        half = np.arange(h // 2)
+        return (2 * half, 2 * half + 1) if self.pairs == "adjacent" else (half, half + h // 2)
+
+
+@dataclass(frozen=True)
 class Part:
     """One mechanism's share of the reference: the fields of `Grown` it sets, and its words
     ("logit soft-capping (cap 50)")."""
@@ -56,6 +76,7 @@ class Part:
     sinks: np.ndarray | None = None
     bias: np.ndarray | None = None
     score_scale: float | None = None
+    differential: Differential | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,7 @@ class Grown:
     sinks: np.ndarray | None = None  # (h, n): n learned logits per head appended, dropped after
     bias: np.ndarray | None = None  # added to the scaled scores: (h, T, T) or (B, h, T, T)
     score_scale: float | None = None  # instead of 1/sqrt(d_h) (DeBERTa's 1/sqrt(3 d_h))
+    differential: Differential | None = None
     words: tuple[str, ...] = field(default=())
 
     @classmethod

@@ -68,6 +68,12 @@ def _returned(g: Graph, op: OpRecord) -> OpRecord | None:
     return None
 
 
+def _runs_at(op: OpRecord, statement: Statement) -> bool:
+    """The op ran at that statement itself (not in a helper it called)."""
+    return (op.source.file, op.source.function) == (statement.file, statement.function) and \
+        statement.line <= op.source.line <= max(statement.line, statement.end_line)
+
+
 def _inside(where: tuple[tuple[str, str, int], ...], helper: tuple[tuple[str, str, int], ...]
             ) -> bool:
     """`where` is in the same call of the helper, or in a helper it called."""
@@ -149,7 +155,10 @@ class StageMaker:
         returned = _returned(self.g, op)
         if returned is None:
             return None  # read only inside the helper (or deeper): not what it returns
+        readers = [self.g.ops[c] for c in self.g.consumers.get(returned.index, [])]
         for depth, caller in enumerate(callers):
+            if any(_runs_at(r, caller) for r in readers):
+                return None  # `out = softmax(scores) @ v`: the line goes on with it; out is not it
             targets = _targets(caller.text)
             if not targets:
                 if caller.text.lstrip().startswith("return"):

@@ -373,10 +373,13 @@ class Scaling:
         rounded = float(f"{self.factor:.2g}")
         factor = f"{rounded:g}" if abs(rounded - self.factor) <= 0.01 * self.factor else \
             f"{self.factor:.3g}"
+        yarn = not np.isclose(self.attention, 1.0, **tolerance(atol=1e-8, rtol=1e-4))
+        # YaRN's cos and sin carry its attention factor 0.1 ln(factor) + 1; Llama 3's do not
+        which = "YaRN's rope_scaling (rope_type yarn)" if yarn else \
+            "Llama 3's rope_scaling (rope_type llama3)"
         said = (f"scaled frequencies: the fast pairs as base^(−2i/r), the slowest {factor} "
-                f"times slower (rope scaling, factor {factor}, as Llama 3's and YaRN's "
-                f"rope_scaling)")
-        if not np.isclose(self.attention, 1.0, **tolerance(atol=1e-8, rtol=1e-4)):
+                f"times slower (rope scaling, factor {factor}, as {which})")
+        if yarn:
             said += f", cos and sin times {self.attention:.4g} (YaRN's attention factor)"
         return said
 

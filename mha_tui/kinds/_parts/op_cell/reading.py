@@ -5,6 +5,7 @@ Never import torch, rich, textual or typer here.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -75,6 +76,7 @@ class OpCell:
         self.base = base.lstrip("_")
         self.shape = op.outputs[out].shape
         self.recorded = op.outputs[out].values[index]
+        self.notes: list[str] = []  # what the operands' names need said (tensor_name)
 
     @property
     def display(self) -> str:
@@ -112,7 +114,7 @@ class OpCell:
         """A tensor argument by where it came from; a number as the call gave it."""
         if not isinstance(value, TensorArg):
             return f"{value:g}" if isinstance(value, float) else repr(value)
-        return tensor_name(self.cell, self.op, value.index)
+        return tensor_name(self.cell, self.op, value.index, self.notes)
 
     def dims(self, value: object, ndim: int, default: object = None) -> tuple[int, ...] | None:
         if value is None or value == ():
@@ -124,14 +126,17 @@ class OpCell:
 
     def why(self, formula: str, terms: list[Term], notes: list[str], computed: float) -> Why:
         c = self.cell
+        notes = [*notes, *(n for n in self.notes if n not in notes)]
         return Why(c.stage.id, c.stage.kind, c.record.name, c.index, where(c), formula,
                    tuple(terms), tuple(notes), float(np.real(computed)),
                    float(np.real(c.record.values[c.index])))
 
 
-def tensor_name(cell: Cell, op: OpRecord, k: int) -> str:
+def tensor_name(cell: Cell, op: OpRecord, k: int, notes: list[str] | None = None) -> str:
     """Where input k of op came from: the forward's input or a parameter by its name, an
-    earlier stage's tensor with equal values by that stage and name, else the op that made it."""
+    earlier stage's tensor with equal values by that stage and name (also when the stage
+    shows its axes in another order: then a line for `notes` says so), else the op that
+    made it."""
     ref = op.inputs[k]
     if ref.kind in ("input", "param", "buffer"):
         return ref.name
@@ -143,13 +148,32 @@ def tensor_name(cell: Cell, op: OpRecord, k: int) -> str:
     producer = recording.ops[ref.op]
     for stage in cell.trace.stages:
         if any(o.index == producer.index for o in stage.ops):
-            for record in reversed(stage.tensors):
-                if record.values.shape == values.shape and np.array_equal(record.values, values):
-                    return record.name if stage.id == cell.stage.id else \
-                        f"{possessive(stage.id)} {record.name}"
+            record = next((r for r in reversed(stage.tensors) if _same_tensor(r.values, values)),
+                          None)
+            if record is not None:
+                name = record.name if stage.id == cell.stage.id else \
+                    f"{possessive(stage.id)} {record.name}"
+                if record.values.shape != values.shape and notes is not None:
+                    said = (f"{name} is read as this op received it, {tuple(values.shape)}; the "
+                            f"{stage.id} stage shows it as {tuple(record.values.shape)}")
+                    if said not in notes:
+                        notes.append(said)
+                return name
     target = re.match(r"\s*([A-Za-z_]\w*)\s*=(?!=)", producer.source.text)
     made = f"made by {producer.name} at line {producer.source.line}"
     return f"{target.group(1)} ({made})" if target else f"a tensor {made}"
+
+
+def _same_tensor(shown: np.ndarray, operand: np.ndarray) -> bool:
+    """The stage shows this operand: the same values, or the same values with the axes in the
+    stage's order (attend shows TransformerLens' z (B, T, h, d_h) as (B, h, T, d_h))."""
+    if shown.shape == operand.shape:
+        return bool(np.array_equal(shown, operand))
+    if sorted(shown.shape) != sorted(operand.shape) or shown.ndim > 5:
+        return False
+    return any(np.array_equal(np.transpose(operand, order), shown)
+               for order in itertools.permutations(range(operand.ndim))
+               if tuple(operand.shape[i] for i in order) == shown.shape)
 
 
 def read_at(values: np.ndarray, out_index: tuple[int, ...]) -> tuple[int, ...]:
