@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 import sys
@@ -14,6 +15,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from mha_tui.config import Config, ConfigError, Source, parse_init, parse_module_ref
+from mha_tui.load.learner import FILLED_BY_NAME
 from mha_tui.load.modules import (
     LoadError,
     causal_mask,
@@ -120,6 +122,66 @@ def test_every_listed_name_gets_its_value() -> None:
     # dropout keeps the class's own default (0.5); a class without one gets 0.0.
     no_causal = Config("I love AI !", embed_dim=8, num_heads=2, causal=False)
     assert constructor_arguments(Everything, no_causal, {})["causal"] is False
+
+
+@pytest.mark.parametrize("what", sorted(FILLED_BY_NAME))
+def test_every_name_of_the_table_gets_its_value(what: str) -> None:
+    """learner.FILLED_BY_NAME, the one table: each name, alone in a class without a default,
+    is filled with what its row says (C, h, C / h, ...)."""
+    given = {"C": 8, "h": 2, "d_h": 4, "kv_heads": 2, "max_seq_len": 32, "dropout": 0.0}
+    for name in FILLED_BY_NAME[what]:
+        def init(self: nn.Module, *args: object, **kwargs: object) -> None:
+            nn.Module.__init__(self)
+
+        init.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)])
+        cls = type("Attn", (nn.Module,), {"__init__": init})
+        assert constructor_arguments(cls, CONFIG, {}) == {name: given[what]}, name
+
+
+def test_public_codes_constructor_names_are_filled(tmp_path: Path) -> None:
+    """Whisper's MultiHeadAttention(n_state, n_head), lucidrains' Attention(dim, heads=8,
+    dim_head=64), the Annotated Transformer's MultiHeadedAttention(h, d_model, dropout=0.1)
+    and d2l's MultiHeadAttention(num_hiddens, num_heads, dropout): built without --init,
+    each author's dropout default kept."""
+    path = write(tmp_path, "public.py", """
+        from torch import nn
+
+        class Whisper(nn.Module):
+            def __init__(self, n_state, n_head):
+                super().__init__()
+
+            def forward(self, x):
+                return x
+
+        class Lucidrains(nn.Module):
+            def __init__(self, dim, heads=8, dim_head=64, dropout=0.1):
+                super().__init__()
+
+            def forward(self, x):
+                return x
+
+        class Annotated(nn.Module):
+            def __init__(self, h, d_model, dropout=0.1):
+                super().__init__()
+
+            def forward(self, x):
+                return x
+
+        class D2l(nn.Module):
+            def __init__(self, num_hiddens, num_heads, dropout, bias=False):
+                super().__init__()
+
+            def forward(self, x):
+                return x
+        """)
+    built = {cls: load(CONFIG, Source(module=f"{path}:{cls}")).construction
+             for cls in ("Whisper", "Lucidrains", "Annotated", "D2l")}
+    assert built == {"Whisper": "Whisper(n_state=8, n_head=2)",
+                     "Lucidrains": "Lucidrains(dim=8, heads=2, dim_head=4)",
+                     "Annotated": "Annotated(h=2, d_model=8)",
+                     "D2l": "D2l(num_hiddens=8, num_heads=2, dropout=0.0)"}
 
 
 def test_init_sets_other_parameters_and_overrides_the_rules(tmp_path: Path) -> None:

@@ -34,14 +34,32 @@ class LoadError(ValueError):
 
 # ---------------------------------------------------------------- constructor arguments
 
-# Constructor parameters filled by name (whatever default they have); every other
-# parameter keeps its default or needs --init NAME=VALUE.
-EMBED_NAMES = ("embed_dim", "d_model", "d_in", "d_out", "n_embd", "dim", "hidden_size")
-HEAD_NAMES = ("num_heads", "n_heads", "n_head", "num_attention_heads")
-# Hugging Face's grouped-query count: as many K/V heads as query heads (plain multi-head
-# attention) where the class has no default of its own.
-KV_HEAD_NAMES = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
-LENGTH_NAMES = ("max_seq_len", "context_length", "block_size")
+# The one table of constructor parameters filled by name: what each is given, and the names
+# public attention code uses for it (tutorials, nanoGPT and minGPT, Whisper's n_state,
+# open_clip's width, lucidrains' dim / heads / dim_head, d2l's num_hiddens, the Annotated
+# Transformer's h, diffusers' query_dim, torch's nhead, Hugging Face's config names). Filled
+# whatever default they have (except AUTHORS_DEFAULT); every other parameter keeps its
+# default or needs --init NAME=VALUE.
+FILLED_BY_NAME: dict[str, tuple[str, ...]] = {
+    "C": ("embed_dim", "d_model", "d_in", "d_out", "n_embd", "n_embed", "dim", "hidden_size",
+          "n_state", "width", "embed_size", "emb_dim", "d_embed", "embedding_dim",
+          "hidden_dim", "model_dim", "dim_model", "num_hiddens", "query_dim"),
+    "h": ("num_heads", "n_heads", "n_head", "num_attention_heads", "heads", "nhead", "nheads",
+          "num_head", "head_num", "h"),
+    "d_h": ("head_dim", "dim_head", "d_head", "head_size", "d_k", "dim_per_head"),
+    # Hugging Face's grouped-query count: as many K/V heads as query heads (plain multi-head
+    # attention) where the class has no default of its own.
+    "kv_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head"),
+    # --max-seq-len: a cache's or a mask buffer's length (the module's own default kept for
+    # the others: a KV cache's max_seq_length sizes what --decode shows).
+    "max_seq_len": ("max_seq_len", "context_length", "block_size"),
+    "dropout": ("dropout", "attention_dropout", "attn_dropout", "attn_pdrop", "dropout_rate",
+                "attention_probs_dropout_prob", "attn_drop", "dropout_p"),
+}
+EMBED_NAMES = FILLED_BY_NAME["C"]
+HEAD_NAMES = FILLED_BY_NAME["h"]
+KV_HEAD_NAMES = FILLED_BY_NAME["kv_heads"]
+LENGTH_NAMES = FILLED_BY_NAME["max_seq_len"]
 # The Annotated Transformer's and nn.Transformer's names too: src_mask (the source's padding,
 # read by the decoder's source attention), tgt_mask (the target's causal mask), memory_mask.
 MASK_NAMES = ("mask", "attn_mask", "src_mask", "tgt_mask", "memory_mask")
@@ -53,20 +71,19 @@ _LITERAL_TYPES = (int, float, complex, bool, str, bytes, tuple, list, dict, set,
 
 def filled_by_name(config: Config) -> dict[str, object]:
     """What each well-known constructor parameter gets for this run."""
-    values: dict[str, object] = dict.fromkeys(EMBED_NAMES, config.embed_dim)
-    values.update(dict.fromkeys(HEAD_NAMES, config.num_heads))
-    values.update(dict.fromkeys(LENGTH_NAMES, config.max_seq_len))
-    values.update(dict.fromkeys(KV_HEAD_NAMES, config.num_heads))
-    # dropout only where the class has no default of its own (AUTHORS_DEFAULT).
-    values.update(dropout=0.0, attention_dropout=0.0, attn_dropout=0.0, batch_first=True,
-                  causal=config.causal)
+    given = {"C": config.embed_dim, "h": config.num_heads,
+             "d_h": config.embed_dim // max(1, config.num_heads), "kv_heads": config.num_heads,
+             "max_seq_len": config.max_seq_len, "dropout": 0.0}
+    values: dict[str, object] = {name: given[what] for what, names in FILLED_BY_NAME.items()
+                                 for name in names}
+    values.update(batch_first=True, causal=config.causal)
     return values
 
 
 # Filled only when the class gives no default: a module is run as its author builds it. A
 # class default `dropout=0.1` handed to F.scaled_dot_product_attention(dropout_p=...) drops
 # weights in eval mode too: filling 0.0 over it would hide that bug (issue 27).
-AUTHORS_DEFAULT = frozenset({"dropout", "attention_dropout", "attn_dropout", *KV_HEAD_NAMES})
+AUTHORS_DEFAULT = frozenset({*FILLED_BY_NAME["dropout"], *KV_HEAD_NAMES})
 
 
 def describe(value: object) -> str:
