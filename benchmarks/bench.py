@@ -388,7 +388,9 @@ def main() -> int:
                              "help, completion, grade, dump, raschka, module, numpy, full, "
                              "json_gpt2, "
                              "hf, hf_refuse; the app: " + ", ".join(APP_ROWS) + "; hf_shapes: "
-                             "the 1B, 3B and 8B Llama shapes) and print "
+                             "the 1B, 3B and 8B Llama shapes; hf_70b: a layer of the 70B "
+                             "shape streamed, about 11 minutes, never in the default run) "
+                             "and print "
                              "their table; the page is left as it is")
     args = parser.parse_args()
     only = None if args.only is None else set(args.only.split(","))
@@ -507,6 +509,8 @@ def main() -> int:
         _key_rows(rows, n, "repaint" in only, "keys" in only)
         if "hf_shapes" in only and tiny is not None:
             _shape_rows(rows)
+        if "hf_70b" in only:
+            _row_70b(rows)
         hf_dir.cleanup()
         classes.cleanup()
         return _report(rows, started, load_before, n, args)
@@ -595,6 +599,30 @@ def _shape_rows(rows: list[Row]) -> None:
                         None, "", None))
         rows.append(Row("  same, transformers' bf16 forward, output_attentions",
                         f"{_mib(own)}, {own.seconds:.1f} s", None, "", None))
+
+
+def _row_70b(rows: list[Row]) -> None:
+    """Llama-3-70B's shapes (benchmarks/hf_shapes.py: all zero, 30 sparse shards of 5 GB, no
+    disk), layer 40 streamed on 12 tokens, once (about 11 minutes on 2 cores: `--only hf_70b`
+    only): its peak against the memory estimate `--hf` checks before loading."""
+    name, layer = "llama-3-70b", 40
+    directory = SHAPES_CACHE / name
+    subprocess.run([PYTHON, str(HF_SHAPES), "build", name, str(directory)], check=True)
+    sentence = subprocess.run([PYTHON, str(HF_SHAPES), "sentence", str(directory)],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    estimate = int(subprocess.run(
+        [PYTHON, "-c", "import sys; from mha_tui import budget; from mha_tui.load.hf_files "
+         "import exact_tokens, run_shape; d, s = sys.argv[1], sys.argv[2]; print(budget."
+         "hf_streamed_bytes(run_shape(d, exact_tokens(d, s), s, None), int(sys.argv[3])))",
+         str(directory), sentence, str(layer)],
+        capture_output=True, text=True, check=True).stdout)
+    with tempfile.TemporaryDirectory() as tmp:  # text: a JSON of this layer is about 2 GB
+        streamed = run_process([*MHA, "explain", sentence, "--hf", str(directory), "--layer",
+                                str(layer), "--dump", str(Path(tmp) / "70b.txt")])
+    rows.append(Row(f"--hf {name} shapes (sparse bf16 shards), layer {layer}, 12 tokens: "
+                    "streamed", f"{_mib(streamed)}, {streamed.seconds:.1f} s", None,
+                    f"<= its estimate ({estimate / 2**20:.0f} MiB)",
+                    streamed.max_rss_kib * 1024 <= estimate))
 
 
 def _report(rows: list[Row], started: float, load_before: tuple[float, float, float], n: int,

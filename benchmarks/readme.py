@@ -33,8 +33,12 @@ a GPT-2 with GPT-2 small's shapes and random weights, built offline by
 use checkpoints `benchmarks/hf_shapes.py` builds once into `~/.cache/mha-tui-bench` (bf16
 safetensors, random weights; the 8B's all zero, a sparse file), each explained once streamed
 and once with `--no-stream`, beside transformers' own bf16 forward with `output_attentions`
-on the same 12 tokens (`--only hf_shapes` runs them alone). Peak memory is each process's
-own `ru_maxrss`.
+on the same 12 tokens (`--only hf_shapes` runs them alone). `--only hf_70b`, never part of
+the default run, explains layer 40 of a Llama-3-70B-shaped checkpoint (all zero, 30 sparse
+shards of 5 GB, as published) streamed and compares its peak with the estimate `--hf` checks
+before loading; measured once on the shared 2-core machine (load about 6.5): 3,025 MiB
+(2,580 MiB in the forward) in 668 s, against an estimate of 3,854 MiB; layer 79's forward
+took 1,403 s and peaked at 2,605 MiB. Peak memory is each process's own `ru_maxrss`.
 
 Last run:"""
 

@@ -161,9 +161,9 @@ FORWARD_CHANNELS = 12
 
 # On top of the weights and activations an `--hf` estimate counts: a fifth more, and 64 MiB
 # for what the interpreter's share varies by (375-415 MiB across the bench's shapes). The
-# estimate is then within about 1.25 x the measured peak and never below it (streamed:
-# 1.16-1.24 x on the bench's 1B, 3B and 8B shapes and 1.2 x on the 70B's; loaded whole, the
-# estimate without them was 1 % under the 1B's measured peak).
+# estimate is then within about 1.45 x the measured peak and never below it (streamed, 12
+# tokens: 1.24 x, 1.42 x and 1.44 x on the bench's 1B, 3B and 8B shapes, 1.27 x on the 70B's;
+# loaded whole, the estimate without them was 1 % under the 1B's measured peak).
 MARGIN = 1.2
 SLACK = 64 << 20
 # A page fault on a mapped file maps the pages around it too (the kernel's fault-around,
@@ -202,15 +202,21 @@ def _with_margin(counted: int) -> int:
     return HF_IMPORTS + SLACK + int(MARGIN * counted)
 
 
-def _activations(shape: HfShape, T: int) -> int:
+def _activations(shape: HfShape, T: int, layers: int = 1) -> int:
     C, h = shape.embed_dim, shape.num_heads
-    recorded = recorded_elements(T, C, h, shape.attention_elements or 4 * C * C) * FLOAT
+    attention = shape.attention_elements or 4 * C * C
+    recorded = layers * recorded_elements(T, C, h, attention) * FLOAT
     forward = (FORWARD_MAPS * h * T * T + FORWARD_CHANNELS * T * max(C, shape.mlp_width)) * FLOAT
-    return recorded + forward
+    # After the forward, the stages' checks recompute from the recorded weights in float64
+    # (measured: Llama-3-70B's layer 40 peaked at 2.5 GiB in its forward and 3.0 GiB at the
+    # end, about W_Q in float64 more): half a layer's attention weights, 8 bytes each.
+    recompute = attention // 2 * 8
+    return recorded + forward + recompute
 
 
-def hf_whole_bytes(shape: HfShape, T: int | None = None) -> int:
-    """Peak memory of the full load: every weight in the model's dtype, the activations, and
+def hf_whole_bytes(shape: HfShape, T: int | None = None, layers: int = 1) -> int:
+    """Peak memory of the full load: every weight in the model's dtype, the activations
+    (`layers` recorded: `mha-tui heads` records every one), and
     the file itself where its tensors are copied into another dtype (transformers maps it
     and converts tensor by tensor: measured, the mapped pages stay in the peak) or read whole
     (a `.bin`, torch.load)."""
@@ -218,7 +224,7 @@ def hf_whole_bytes(shape: HfShape, T: int | None = None) -> int:
     weights = shape.elements * shape.element_bytes
     same = abs(shape.stored - weights) <= shape.stored // 100  # (the header aside)
     copied = 0 if same and shape.safetensors else shape.stored
-    return _with_margin(weights + copied + _activations(shape, T))
+    return _with_margin(weights + copied + _activations(shape, T, layers))
 
 
 def hf_streamed_bytes(shape: HfShape, layer: int, T: int | None = None) -> int | None:
@@ -307,6 +313,20 @@ def _what_fits(shape: HfShape, layer: int, stream: bool, have: int) -> str:
     least = need(0, 1)
     return (f"no layer or sentence fits: the model's weights alone take about {human(least)} "
             f"this way; free memory or use a smaller model")
+
+
+def hf_whole_problem(what: str, shape: HfShape, available: Available | None, advice: str,
+                     layers: int = 1) -> str | None:
+    """Why a run that loads the whole model (`mha-tui heads`, an encoder-decoder with
+    `--context`) cannot fit in memory, in one line with both figures; or None."""
+    if available is None:
+        return None
+    need = hf_whole_bytes(shape, layers=layers)
+    if need <= available.bytes:
+        return None
+    return (f"{what} on {shape.tokens} token{'s' if shape.tokens != 1 else ''} loads the whole "
+            f"model and needs about {human(need)} of memory; {human(available.bytes)} is "
+            f"available ({available.source}); {advice}")
 
 
 def hf_json_bytes(shape: HfShape, layers: int = 1) -> int:

@@ -183,7 +183,7 @@ def test_the_checkpoints_dtype_is_read_from_config_then_safetensors(tmp_path: Pa
     config.pop("dtype", None)
     config.pop("torch_dtype", None)
     (bare / "config.json").write_text(json.dumps(config))
-    assert hf.stored_dtype(hf._config("bare", bare), bare) == "bfloat16"  # from the header
+    assert hf.stored_dtype(hf.tokenizer_and_config("bare", bare)[1], bare) == "bfloat16"  # header
     assert hf.chosen_dtype("auto", "bfloat16") == "bfloat16"
     assert hf.chosen_dtype("float32", "bfloat16") == "float32"
     with pytest.raises(hf.HfError, match="--dtype 'float8'"):

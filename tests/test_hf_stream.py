@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from mha_tui import budget
 from mha_tui.cli import app
 from mha_tui.load import hf
-from mha_tui.load.hf_files import run_shape
+from mha_tui.load.hf_files import exact_tokens, run_shape
 from mha_tui.load.hf_stream import Streamer
 from mha_tui.pipeline.hf import Session
 from mha_tui.render.options import RenderOptions
@@ -392,3 +392,37 @@ def test_a_bin_checkpoint_that_would_run_code_is_refused(
     assert not marker.exists() and not target.exists()
     pickle.loads(pickle.dumps(_Evil(marker)))  # the payload is real
     assert marker.exists()
+
+
+@pytest.mark.parametrize("what", ["heads", "context"])
+def test_a_whole_model_run_that_cannot_fit_is_refused_before_loading(
+        checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        what: str) -> None:
+    """`heads` (every layer and the predictions) and an encoder-decoder with --context load
+    the whole model, not streamed: their estimate is checked before torch, like explain's,
+    and a run that cannot fit is one line with both figures; with room, it runs."""
+    if what == "heads":
+        directory = str(checkpoints["gpt2"])
+        args = ["heads", SENTENCE, "--hf", directory, "--dump", str(tmp_path / "h.txt")]
+    else:
+        directory = str(build("bart", tmp_path / "bart"))
+        args = ["explain", SENTENCE, "--hf", directory, "--context", "A dog sat.", "--dump",
+                str(tmp_path / "h.txt")]
+    shape = run_shape(directory, exact_tokens(directory, SENTENCE), SENTENCE, None)
+    assert shape is not None
+    layers = len(shape.block_elements) if what == "heads" else 1
+    need = budget.hf_whole_bytes(shape, layers=layers)
+    assert need > budget.hf_whole_bytes(shape) or what == "context"  # every layer recorded
+    monkeypatch.setattr(budget, "available_memory",
+                        lambda: budget.Available(need // 2, "MemAvailable in /proc/meminfo"))
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    line = result.stderr
+    assert line.count("\n") == 1 and "loads the whole model" in line, line
+    assert budget.human(need // 2) in line and not (tmp_path / "h.txt").exists()
+    monkeypatch.setattr(budget, "available_memory",
+                        lambda: budget.Available(2 * need, "MemAvailable in /proc/meminfo"))
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "h.txt").stat().st_size > 0

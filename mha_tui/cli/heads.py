@@ -54,9 +54,15 @@ def heads(
     checkpoint = Checkpoint(model or hf_source or "", sentence, trained=model is not None)
     from ..load.hf_error import HfError
     from ..pipeline import whole
+    from .transcript import check_whole_budget
 
     try:
         whole.refused_early(checkpoint)
+        if hf_source is not None:  # every layer and the predictions: loaded whole (docs/heads.md)
+            check_whole_budget(hf_source, sentence, f"heads --hf {hf_source}",
+                               "use a smaller model, or explain one layer streamed: "
+                               f"mha-tui explain SENTENCE --hf {hf_source} --layer L",
+                               all_layers=True)
         session = whole.session(checkpoint, ascii_only=ascii_only)
         view = whole.model_view(session, ascii_only=ascii_only, ablate=head,
                                 method=ablate_with.value)

@@ -45,6 +45,10 @@ def explain_hf(checkpoint: Checkpoint, *, destination: Destination | None, inter
                              stream=checkpoint.stream, dtype=checkpoint.dtype,
                              destination=destination, fmt=fmt, full=full, why=why is not None,
                              quiz=quiz)
+        elif not checkpoint.trained:  # an encoder-decoder, loaded whole (docs/hf.md)
+            check_whole_budget(checkpoint.name, checkpoint.sentence,
+                               f"--hf {checkpoint.name} with --context",
+                               "use a smaller model or free memory")
         session = whole.session(checkpoint, ascii_only=ascii_only, one_layer=not interactive)
         if session.note:
             say(f"mha-tui: note: {session.note}")
@@ -238,6 +242,26 @@ def _check_hf_budget(source: str, sentence: str, tokens: int | None, layer: int,
         count = exact_tokens(source, sentence)
         if count is not None and count != shape.tokens:
             found = problem(replace(shape, tokens=count))
+    if found is not None:
+        fail(found)
+
+
+def check_whole_budget(source: str, sentence: str, what: str, advice: str, *,
+                       all_layers: bool = False) -> None:
+    """A `--hf` run that loads the whole model (`heads`, `--context`): refused, before torch
+    or any weight, when its estimate does not fit in memory (one line, exit 2)."""
+    from .. import budget
+    from ..load.hf_error import HfError
+    from ..load.hf_files import exact_tokens, run_shape
+
+    try:
+        shape = run_shape(source, exact_tokens(source, sentence), sentence, None)
+    except HfError as error:
+        fail(str(error))
+    if shape is None:
+        return
+    layers = len(shape.block_elements) if all_layers and shape.block_elements else 1
+    found = budget.hf_whole_problem(what, shape, budget.available_memory(), advice, layers)
     if found is not None:
         fail(found)
 

@@ -412,7 +412,7 @@ def _find_departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
     stage = j.stage_of.get(found.op.index)
     named = _named(j, stage)
     words = named or _mechanism(j, x, weights) or _missing(j, x, weights, got) or \
-        describe(found, j.T)
+        describe(found, j.T_q)
     file, line = j.where(found.op.source)
     mechanism = bool(named) or words.startswith(("ALiBi", "a LayerNorm", "rotary", "no rotary",
                                                  "no ALiBi"))
@@ -557,7 +557,7 @@ def role_weights(j: Judge) -> RoleWeights | None:
                 if apart is not None:  # its parts are cut from the sum (picoGPT: x @ w + b)
                     out = f64(apart[0].out.values)
             if head_axis_product(j.g, product):  # W_Q (h, C, d_h): a (h*d_h, C) layer
-                if out.size != j.B * j.T * w.shape[0]:
+                if out.size != j.B * j.T_q * w.shape[0]:
                     return None
                 how.append("a head-axis weight read as a (h*d_h, C) layer, head by head")
             elif out.shape[-1] > j.C:  # a fused projection: this role's columns of it
@@ -628,7 +628,7 @@ def _tokens_leading(j: Judge, tensor: np.ndarray) -> list[np.ndarray]:
     laid = [tensor]
     batch = 1 if tensor.ndim >= 3 and tensor.shape[0] == j.B else 0
     for axis in range(batch + 1, tensor.ndim - 1):
-        if tensor.shape[axis] == j.T:
+        if tensor.shape[axis] == j.T_q:
             laid.append(np.moveaxis(tensor, axis, batch))
     return laid
 

@@ -182,7 +182,7 @@ def attend_output(j: Judge) -> np.ndarray | None:
     if not outs:
         return None
     if len(outs) > 1:
-        return np.stack([v.reshape(j.B, j.T, -1) for _, v in
+        return np.stack([v.reshape(j.B, j.T_q, -1) for _, v in
                          sorted(outs, key=lambda o: o[0] or 0)], axis=1)
     values = outs[0][1]
     if values.ndim == 4 and values.shape[1] != j.h and values.shape[2] == j.h:
@@ -204,7 +204,7 @@ def judge(j: Judge) -> list[Row]:
         if final.size != context.size:
             rows.append(j.row(stage, "concat", None, None, "not judged (sizes differ)"))
             continue
-        got = final.reshape(j.B, j.T, j.h * context.shape[-1])
+        got = final.reshape(j.B, j.T_q, j.h * context.shape[-1])
         expected = context.transpose(0, 2, 1, 3).reshape(got.shape)
         good, d = close(got, expected)
         diag = None

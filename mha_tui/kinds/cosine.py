@@ -170,7 +170,7 @@ def _axis_words(j: Judge, op: OpRecord) -> str:
         return "another axis"
     size = shape[dim % len(shape)]
     label = "the heads" if size == j.h and len(shape) == 4 and dim % 4 == 1 else \
-        "the tokens" if size == j.T else f"axis {dim}"
+        "the tokens" if size == j.T_q else f"axis {dim}"
     return f"axis {dim} ({label}, {size} numbers)" if not label.startswith("axis") else label
 
 

@@ -323,8 +323,8 @@ def _judge_op(j: Judge, op: OpRecord, expected: np.ndarray
     wrote = j.tokens_last(wrote) if wrote is not None else None
     newly = (wrote if wrote is not None and wrote.shape == after.shape else blocked(after)) \
         & ~blocked(before)
-    square = newly.ndim >= 2 and newly.shape[-1] == j.T
-    flat = newly.reshape(-1, j.T, j.T) if square else None
+    square = newly.ndim >= 2 and newly.shape[-1] == j.T_q
+    flat = newly.reshape(-1, j.T_q, j.T_q) if square else None
     same = flat is not None and all(np.array_equal(f, flat[0]) for f in flat)
     pattern = flat[0] if same and flat is not None else None
     kept = ~newly
@@ -352,7 +352,7 @@ def judge(j: Judge) -> list[Row]:
     stages = [s for s in j.trace.stages if s.kind == "mask" and not j.is_sdpa(s)]
     if j.facts.padding is not None:
         return _judge_padded(j, stages)
-    expected = blocked_set(j.T, j.facts.causal, j.facts.window)
+    expected = blocked_set(j.T_q, j.facts.causal, j.facts.window)
     rows: list[Row] = []
     mask_ok = True
     value_note = ""
@@ -386,7 +386,7 @@ def judge(j: Judge) -> list[Row]:
     if not soft or not mask_ok:
         return rows
     logits = j.tokens_last(f64(j.g.snap(j.g.x_inputs(soft[0])[0]).values))
-    pattern = blocked_pattern(logits) if logits.ndim >= 2 and logits.shape[-1] == j.T else None
+    pattern = blocked_pattern(logits) if logits.ndim >= 2 and logits.shape[-1] == j.T_q else None
     if pattern is not None and np.array_equal(pattern, expected):
         if not stages and expected.any():
             j.differences.append("applies the mask inside the scores op (an additive "
@@ -508,7 +508,7 @@ def _allowed(before: np.ndarray, kept: np.ndarray) -> float:
 
 def _mask_diagnosis(j: Judge, pattern: np.ndarray | None, expected: np.ndarray, d: float,
                     allowed: float = ATOL) -> tuple[str, str]:
-    T = j.T
+    T = j.T_q
     if pattern is None:
         return "mask_wrong", "the mask blocks different entries in different heads"
     lower = np.tril(np.ones((T, T), bool), k=-1)
@@ -569,10 +569,10 @@ def _mask_after_softmax(j: Judge, soft: OpRecord, expected: np.ndarray
             continue
         xs = j.g.x_inputs(op)
         before, after = f64(j.g.snap(xs[0]).values), f64(op.out.values)
-        if before.shape != after.shape or after.shape[-1] != j.T:
+        if before.shape != after.shape or after.shape[-1] != j.T_q:
             continue
         changed = (before != after) & ~(np.isnan(before) & np.isnan(after))
-        flat = changed.reshape(-1, j.T, j.T)
+        flat = changed.reshape(-1, j.T_q, j.T_q)
         if all(np.array_equal(f & ~expected, np.zeros_like(f)) for f in flat) and changed.any():
             return op, max_diff(after, before)
     return None

@@ -393,7 +393,7 @@ def _expected(j: Judge) -> list[Row]:
         if axis is None or not shape or axis % len(shape) == len(shape) - 1:
             continue
         size = shape[axis % len(shape)]
-        label = "the tokens" if size == j.T else "the heads" if size == j.h else f"{size} numbers"
+        label = "the tokens" if size == j.T_q else "the heads" if size == j.h else f"{size} numbers"
         line = j.where(op.source)[1]
         role = (_feeds(g, op, roles) or "q").lower()
         return [j.row(j.stage_of.get(op.index), KIND, False, None,

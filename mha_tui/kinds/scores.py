@@ -262,7 +262,7 @@ def _very_negative_anywhere(m: StageMaker, op: OpRecord) -> bool:
 def scores_row(j: Judge, stage: Stage) -> Row:
     ops = j.main_ops(stage, {"matmul", "bmm", "baddbmm", "einsum"})
     ok, worst = products_agree(j.g, ops)
-    shapes_ok = all((op.out.shape[q], op.out.shape[k]) == (j.T, j.T_k)
+    shapes_ok = all((op.out.shape[q], op.out.shape[k]) == (j.T_q, j.T_k)
                     for op in ops for q, k in [token_axes(op)])
     shape = "(T_q, T_k)" if j.g.key_names else "(T, T)"
     return j.row(stage, "scores", ok and shapes_ok, worst,

@@ -173,12 +173,12 @@ def _head_count_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role
 def _split_diagnosis(j: Judge, got: np.ndarray, projected: np.ndarray, role: str) -> tuple[str, str]:
     name = {"Q": "queries", "K": "keys", "V": "values"}[role]
     if np.allclose(got.reshape(-1), projected.reshape(-1), equal_nan=True, **tolerance(atol=ATOL, rtol=RTOL)):
-        last = (j.T * j.d_h - 1) // j.C  # the token head 0's last number is from
+        last = (j.T_q * j.d_h - 1) // j.C  # the token head 0's last number is from
         tokens = "token 0" if last == 0 else f"tokens 0-{last}"
         return ("split_without_transpose",
                 f"heads split with a single view(B, h, T, d_h) and no transpose: the {name}' "
                 f"numbers are all there but in memory order, so head 0 holds the first "
-                f"T*d_h = {j.T * j.d_h} numbers ({tokens}, all channels) instead of "
+                f"T*d_h = {j.T_q * j.d_h} numbers ({tokens}, all channels) instead of "
                 f"channels 0-{j.d_h - 1} of every token; view(B, T, h, d_h), then "
                 f"transpose(1, 2)")
     if np.allclose(np.sort(got.reshape(-1)), np.sort(projected.reshape(-1)),

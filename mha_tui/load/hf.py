@@ -235,13 +235,7 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False,
     """
     transformers = import_transformers()
     path = checked_directory(source)
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(
-            path, local_files_only=True, trust_remote_code=False)
-    except Exception as error:
-        raise HfError(f"--hf {source}: could not load the tokenizer in {path}: "
-                      f"{first_line(error)}") from None
-    config = _config(source, path)
+    tokenizer, config = tokenizer_and_config(source, path)
     if sentence is not None:
         _refuse_too_long(source, config, tokenizer, sentence)
     try:
@@ -329,15 +323,23 @@ def _refuse_whole(source: str, why: str, element_bytes: int, sentence: str | Non
                       f"available ({available.source})")
 
 
-def _config(source: str, path: Path) -> Any:
-    """The model's config.json, read by transformers (never the model's own code)."""
+def tokenizer_and_config(source: str, path: Path) -> tuple[Any, Any]:
+    """The checkpoint's tokenizer and config.json, read by transformers from the local files
+    (never the model's own code); each refusal one line (`load` and `hf_seq2seq.load`)."""
     transformers = import_transformers()
     try:
-        return transformers.AutoConfig.from_pretrained(
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            path, local_files_only=True, trust_remote_code=False)
+    except Exception as error:
+        raise HfError(f"--hf {source}: could not load the tokenizer in {path}: "
+                      f"{first_line(error)}") from None
+    try:
+        config = transformers.AutoConfig.from_pretrained(
             path, local_files_only=True, trust_remote_code=False)
     except Exception as error:
         raise HfError(f"--hf {source}: could not read {path / 'config.json'}: "
                       f"{first_line(error)}") from None
+    return tokenizer, config
 
 
 def _refuse_too_long(source: str, config: Any, tokenizer: Any, sentence: str) -> None:

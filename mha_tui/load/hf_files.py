@@ -307,7 +307,8 @@ def run_shape(source: str, tokens: int | None, sentence: str,
     if config is None:
         return None
     C = _first_int(config, "hidden_size", "n_embd", "d_model", "dim")
-    h = _first_int(config, "num_attention_heads", "n_head", "num_heads", "n_heads")
+    h = _first_int(config, "num_attention_heads", "n_head", "num_heads", "n_heads",
+                   "decoder_attention_heads")  # (BART's and Marian's)
     if C is None or h is None:
         return None
     rows = tuple(n for n in (_first_int(config, "vocab_size", "n_vocab"), _first_int(
@@ -317,7 +318,7 @@ def run_shape(source: str, tokens: int | None, sentence: str,
     if sizes is None:
         return None
     mlp = _first_int(config, "intermediate_size", "n_inner", "ffn_dim", "d_ff", "hidden_dim",
-                     "ffn_hidden_size") or 4 * C
+                     "ffn_hidden_size", "decoder_ffn_dim") or 4 * C
     T = tokens if tokens is not None else len(sentence.encode("utf-8")) + 4
     # One layer's attention weights: W_Q and W_O (C x h d_h), W_K and W_V (C x h_kv d_h).
     d_h = _first_int(config, "head_dim", "d_kv") or C // h

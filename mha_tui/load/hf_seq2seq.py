@@ -9,8 +9,9 @@ forcing. Layer L's attention shown is its cross-attention by default (queries fr
 decoder's stream, keys and values from the encoder's output on the context), or its
 self-attention (`attention="self"`).
 
-Loads with `local_files_only=True`, eager attention, float32, never remote code, like
-`load.hf`, whose offline switches and tokens it reuses. Every refusal is an `HfError`.
+Loads with `local_files_only=True`, eager attention, in the checkpoint's own dtype (or
+`--dtype`), never remote code, like `load.hf`, whose offline switches, tokenizer and config
+loading (`tokenizer_and_config`) and tokens it reuses. Every refusal is an `HfError`.
 Never import rich, textual or typer here, nor the tracer or the recogniser.
 """
 
@@ -33,6 +34,7 @@ from .hf import (
     is_byte_level,
     readable_token,
     stored_dtype,
+    tokenizer_and_config,
 )
 from .hf_files import checked_directory
 
@@ -97,18 +99,7 @@ def load(source: str, attention: str = "cross", dtype: str = "auto") -> Seq2SeqL
     dtype: as `load.hf.load`'s (auto: the checkpoint's own)."""
     transformers = import_transformers()
     path = checked_directory(source)
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(
-            path, local_files_only=True, trust_remote_code=False)
-    except Exception as error:
-        raise HfError(f"--hf {source}: could not load the tokenizer in {path}: "
-                      f"{first_line(error)}") from None
-    try:
-        config = transformers.AutoConfig.from_pretrained(
-            path, local_files_only=True, trust_remote_code=False)
-    except Exception as error:
-        raise HfError(f"--hf {source}: could not read {path / 'config.json'}: "
-                      f"{first_line(error)}") from None
+    tokenizer, config = tokenizer_and_config(source, path)
     if not is_encoder_decoder(config):
         raise HfError(f"--context with --hf needs an encoder-decoder model (T5, BART, Marian): "
                       f"{source} is a {config.model_type} model with no encoder to read the "

@@ -24,6 +24,7 @@ from ...ops.numeric import (
     ratio,
     token_axes,
 )
+from ...ops.sizes import Sizes
 from ...ops.vocab import SCALE_OPS, SHAPE_OPS, SOFTMAXES
 from ...records import OpRecord, Recording, Ref, Stage, Statement, TensorArg, Trace
 from ...records.verdict import Diagnosis, Facts, StageVerdict
@@ -94,12 +95,9 @@ class Judge:
     label: str
     g: Graph = field(init=False)
     stage_of: dict[int, Stage] = field(init=False, default_factory=dict)
-    B: int = 1
-    T: int = 1
-    T_k: int = 1  # the keys' length: the context's in cross-attention, else T
-    C: int = 1
-    h: int = 1
-    d_h: int = 1
+    sizes: Sizes = field(init=False)
+    """B, T_q (`sizes.T`), C of x, the head split (h = the heads asked for), and T_k, the
+    keys' length: the context's in cross-attention (`sizes.T_k`), else T_q."""
     differences: list[str] = field(default_factory=list)
     # What the reference grew into, in words (verdict._reference); "" for plain attention.
     grown: str = ""
@@ -114,12 +112,38 @@ class Judge:
                 self.stage_of.setdefault(op.index, stage)
         x = next((snap for name, snap in self.g.rec.inputs if name in self.g.x_names), None)
         shape = x.shape if x is not None else (1, self.trace.config.seq_len, self.trace.config.embed_dim)
-        self.B, self.T, self.C = (1, *shape)[-3:] if len(shape) == 2 else shape[:3]
-        # Cross-attention: the context's length (the keys'), else T.
+        B, T_q, C = (1, *shape)[-3:] if len(shape) == 2 else shape[:3]
+        # Cross-attention: the context's length (the keys'), else T_q.
         context = dict(self.g.rec.inputs).get(min(self.g.key_names)) if self.g.key_names else None
-        self.T_k = context.shape[-2] if context is not None else self.T
-        self.h = max(1, self.facts.heads)
-        self.d_h = max(1, self.C // self.h)
+        h = max(1, self.facts.heads)
+        self.sizes = Sizes(B, T_q, C, h, max(1, C // h),
+                           T_k=context.shape[-2] if context is not None else None)
+
+    @property
+    def B(self) -> int:
+        return self.sizes.B
+
+    @property
+    def T_q(self) -> int:
+        """The queries' length: x's tokens."""
+        return self.sizes.T
+
+    @property
+    def T_k(self) -> int:
+        """The keys' length: the context's in cross-attention, else T_q."""
+        return self.sizes.keys
+
+    @property
+    def C(self) -> int:
+        return self.sizes.C
+
+    @property
+    def h(self) -> int:
+        return self.sizes.h
+
+    @property
+    def d_h(self) -> int:
+        return self.sizes.d_h
 
     # ------------------------------------------------------------ helpers
 
@@ -244,7 +268,7 @@ class Judge:
 
     def canonical_projection(self, values: np.ndarray) -> np.ndarray:
         """A projection output as (B, T, width): torch's MHA works on (T, B, width)."""
-        if values.ndim == 3 and values.shape[:2] == (self.T, self.B) and self.B != self.T:
+        if values.ndim == 3 and values.shape[:2] == (self.T_q, self.B) and self.B != self.T_q:
             return values.transpose(1, 0, 2)
         if values.ndim == 2:
             return values[None]
