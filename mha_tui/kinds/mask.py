@@ -296,6 +296,57 @@ def add_skipped_mask(stages: list[Stage], b: Builder) -> None:
 # ---------------------------------------------------------------------- judging
 
 
+def _nth(k: int) -> str:
+    n = k + 1
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _judge_op(j: Judge, op: OpRecord, expected: np.ndarray
+              ) -> tuple[bool, float, np.ndarray | None, np.ndarray, np.ndarray, str]:
+    """One mask op: (right, largest change to a kept entry, the pattern it blocks (None when
+    it differs between heads), the scores before it, the entries it keeps, the note on the
+    value it masks with)."""
+    after = j.tokens_last(f64(op.out.values))
+    if op.name == "baddbmm":  # mask + q @ k^T in one op (torch's own MHA)
+        operands = [f64(j.g.snap(r).values) for r in j.g.tensor_operands(op)]
+        before = float(op.kwarg("alpha", 1) or 1) * (operands[1] @ operands[2])
+        if "adds the mask inside the scores product (baddbmm): equivalent" not in j.differences:
+            j.differences.append("adds the mask inside the scores product (baddbmm): "
+                                 "equivalent")
+    else:
+        before = j.tokens_last(f64(j.g.snap(j.g.x_inputs(op)[0]).values))
+    if before.shape != after.shape:
+        before = np.broadcast_to(before, after.shape)
+    # what the op wrote, not a threshold on its result (mask_fill.written)
+    wrote = written(j.g, op)
+    wrote = j.tokens_last(wrote) if wrote is not None else None
+    newly = (wrote if wrote is not None and wrote.shape == after.shape else blocked(after)) \
+        & ~blocked(before)
+    square = newly.ndim >= 2 and newly.shape[-1] == j.T_q
+    flat = newly.reshape(-1, j.T_q, j.T_q) if square else None
+    same = flat is not None and all(np.array_equal(f, flat[0]) for f in flat)
+    pattern = flat[0] if same and flat is not None else None
+    kept = ~newly
+    d = max_diff(np.where(kept, after, 0.0), np.where(kept, before, 0.0))
+    good = pattern is not None and np.array_equal(pattern, expected) and d <= _allowed(
+        before, kept)
+    values = after[newly]
+    note = ""
+    if good and values.size and np.isfinite(values).all():
+        written_as = fill_of(j.g, op)
+        how = (f"subtracts {-written_as[1]:.6g} from the entries it blocks"
+               if written_as is not None and written_as[0] == "added" and
+               op.name.startswith("sub") else
+               f"adds {written_as[1]:.6g} to the entries it blocks" if written_as is not None
+               and written_as[0] == "added" else
+               f"masks with {written_as[1]:.6g}" if written_as is not None else
+               f"masks with {float(values.max()):.3g}")
+        note = (f"{how} instead of -inf: softmax gives those entries weight 0 in float32, the "
+                f"same weights: equivalent")
+    return good, d, pattern, before, kept, note
+
+
 def judge(j: Judge) -> list[Row]:
     """Judge the entries blocked by the mask op, then what actually reaches softmax."""
     stages = [s for s in j.trace.stages if s.kind == "mask" and not j.is_sdpa(s)]
@@ -310,44 +361,20 @@ def judge(j: Judge) -> list[Row]:
         if not ops:
             rows.append(j.row(stage, "mask", None, None, "no masking op recognised"))
             continue
-        op = ops[-1]
-        after = j.tokens_last(f64(op.out.values))
-        if op.name == "baddbmm":  # mask + q @ k^T in one op (torch's own MHA)
-            operands = [f64(j.g.snap(r).values) for r in j.g.tensor_operands(op)]
-            before = float(op.kwarg("alpha", 1) or 1) * (operands[1] @ operands[2])
-            j.differences.append("adds the mask inside the scores product (baddbmm): "
-                                    "equivalent")
-        else:
-            before = j.tokens_last(f64(j.g.snap(j.g.x_inputs(op)[0]).values))
-        if before.shape != after.shape:
-            before = np.broadcast_to(before, after.shape)
-        # what the op wrote, not a threshold on its result (mask_fill.written)
-        wrote = written(j.g, op)
-        wrote = j.tokens_last(wrote) if wrote is not None else None
-        newly = (wrote if wrote is not None and wrote.shape == after.shape else blocked(after)) \
-            & ~blocked(before)
-        square = newly.ndim >= 2 and newly.shape[-1] == j.T_q
-        flat = newly.reshape(-1, j.T_q, j.T_q) if square else None
-        same = flat is not None and all(np.array_equal(f, flat[0]) for f in flat)
-        pattern = flat[0] if same and flat is not None else None
-        kept = ~newly
-        d = max_diff(np.where(kept, after, 0.0), np.where(kept, before, 0.0))
-        good = pattern is not None and np.array_equal(pattern, expected) and d <= _allowed(
-            before, kept)
+        # Every op of the stage is judged: a per-head loop (`for h in range(n_heads):
+        # ... masked_fill ...`) masks once per head, and each head's mask must be right. The
+        # row is the first wrong one's (its line and head), else the last's.
+        judged = [_judge_op(j, op, expected) for op in ops]
+        wrong = next((k for k, one in enumerate(judged) if not one[0]), None)
+        op = ops[-1] if wrong is None else ops[wrong]
+        good, d, pattern, before, kept, note = judged[-1 if wrong is None else wrong]
+        d = max(one[1] for one in judged)
         mask_ok &= good
-        values = after[newly]
-        if good and values.size and np.isfinite(values).all():
-            written_as = fill_of(j.g, op)
-            how = (f"subtracts {-written_as[1]:.6g} from the entries it blocks"
-                   if written_as is not None and written_as[0] == "added" and
-                   op.name.startswith("sub") else
-                   f"adds {written_as[1]:.6g} to the entries it blocks" if written_as is not None
-                   and written_as[0] == "added" else
-                   f"masks with {written_as[1]:.6g}" if written_as is not None else
-                   f"masks with {float(values.max()):.3g}")
-            value_note = (f"{how} instead of -inf: softmax gives those entries weight 0 in "
-                          f"float32, the same weights: equivalent")
+        value_note = note or value_note
         diag = None if good else _mask_diagnosis(j, pattern, expected, d, _allowed(before, kept))
+        if diag is not None and len(ops) > 1:
+            diag = (diag[0], f"{diag[1]} (the {_nth(wrong or 0)} of this line's {len(ops)} "
+                             "mask ops, one a pass of its loop)")
         n = int(expected.sum())
         rows.append(j.row(stage, "mask", good, d,
                              _blocks_words(j, n),
