@@ -43,7 +43,8 @@ class LoadError(ValueError):
 FILLED_BY_NAME: dict[str, tuple[str, ...]] = {
     "C": ("embed_dim", "d_model", "d_in", "d_out", "n_embd", "n_embed", "dim", "hidden_size",
           "n_state", "width", "embed_size", "emb_dim", "d_embed", "embedding_dim",
-          "hidden_dim", "model_dim", "dim_model", "num_hiddens", "query_dim"),
+          "hidden_dim", "model_dim", "dim_model", "num_hiddens", "query_dim", "features",
+          "qkv_features"),
     "h": ("num_heads", "n_heads", "n_head", "num_attention_heads", "heads", "nhead", "nheads",
           "num_head", "head_num", "h"),
     "d_h": ("head_dim", "dim_head", "d_head", "head_size", "d_k", "dim_per_head"),
