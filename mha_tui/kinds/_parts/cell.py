@@ -453,7 +453,9 @@ def moved(cell: Cell) -> Why:
         at = tuple(int(k) for k in np.unravel_index(flat, source.shape))
         how = f"the same memory read as shape {tuple(op.out.shape)}: element {flat} in order"
     else:
-        axes = [a for a in op.args[1:] if isinstance(a, int)]
+        # permute(0, 2, 1, 3) or permute((0, 2, 1, 3)) (einops' rearrange passes a tuple)
+        axes = [a for arg in op.args[1:] for a in (arg if isinstance(arg, tuple) else (arg,))
+                if isinstance(a, int)]
         order = list(range(len(cell.index)))
         if op.name == "transpose" and len(axes) == 2:
             a, b = (x % len(order) for x in axes)
