@@ -13,10 +13,12 @@ from mha_tui.config import Config, ConfigError, Source
 from mha_tui.records.request import Expect, Request
 
 
-def test_a_request_survives_the_trip_to_the_grader_worker() -> None:
-    """as_json -> from_json gives an equal Request: every option reaches the worker."""
+@pytest.mark.parametrize("two", [{"context": "le chat"}, {"batch": ("a dog",)}])
+def test_a_request_survives_the_trip_to_the_grader_worker(two: dict[str, object]) -> None:
+    """as_json -> from_json gives an equal Request: every option reaches the worker (a
+    context or a padded batch: the two together are refused)."""
     request = Request(Config("the cat sat", embed_dim=8, num_heads=4, seed=3, causal=False,
-                             max_seq_len=16, context="le chat", batch=("a dog",)),
+                             max_seq_len=16, **two),
                       Source(module="tests/fixtures/mechanisms/alibi.py:BloomAttention",
                              init=(("bias", True), ("dropout", 0.25), ("name", "x"))),
                       Expect(rotary=True, window=3, alibi=False, rotary_base=500.0))
@@ -24,8 +26,10 @@ def test_a_request_survives_the_trip_to_the_grader_worker() -> None:
     assert vars(again.source) == vars(request.source)  # Source compares by identity
     assert (again.config, again.expect, again.against, again.rows, again.steps) == \
         (request.config, request.expect, request.against, request.rows, request.steps)
-    assert again.config.key_tokens == ("le", "chat")
-    assert again.rows == ("a dog",) and again.config.rows[1] == ("a", "dog", "<pad>")
+    if "context" in two:
+        assert again.config.key_tokens == ("le", "chat")
+    else:
+        assert again.rows == ("a dog",) and again.config.rows[1] == ("a", "dog", "<pad>")
 
 
 def test_the_worker_reads_the_graders_limits_beside_the_request() -> None:
