@@ -336,8 +336,8 @@ def test_the_scale_before_a_soft_cap_is_judged_through_it(tmp_path: Path) -> Non
     code, verdict = check(f"{SOFTCAP}:Gemma2Attention", "--expect", "softcap")
     scale = next(row for row in verdict["stages"] if row["kind"] == "scale")
     assert code == 0 and scale["ok"] is True, scale
-    path, line = planted(tmp_path, SOFTCAP, "self.scaling = self.head_dim ** -0.5",
-                         "self.scaling = self.head_dim ** -1.0")
+    path, _ = planted(tmp_path, SOFTCAP, "self.scaling = self.head_dim ** -0.5",
+                      "self.scaling = self.head_dim ** -1.0")
     code, verdict = check(f"{path}:Gemma2Attention", "--expect", "softcap")
     diagnosis = verdict["diagnosis"]
     # d_h = C / h = 4 here: 1/d_h is 1/sqrt(C) too, and named so
