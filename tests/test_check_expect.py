@@ -328,3 +328,18 @@ def test_grading_a_folder_takes_expect(tmp_path: Path) -> None:
     assert alice["equivalent"], alice["diagnosis"]
     assert "logit soft-capping (cap 0.5" in reference(alice)
     assert bob["diagnosis"]["kind"] == "softcap_cap"
+
+
+def test_the_scale_before_a_soft_cap_is_judged_through_it(tmp_path: Path) -> None:
+    """cap · tanh(scores / cap) lies between the scaled scores and softmax: the scale is
+    judged through it (its / cap and * cap are no scaling), right or wrong, at its line."""
+    code, verdict = check(f"{SOFTCAP}:Gemma2Attention", "--expect", "softcap")
+    scale = next(row for row in verdict["stages"] if row["kind"] == "scale")
+    assert code == 0 and scale["ok"] is True, scale
+    path, _ = planted(tmp_path, SOFTCAP, "self.scaling = self.head_dim ** -0.5",
+                      "self.scaling = self.head_dim ** -1.0")
+    code, verdict = check(f"{path}:Gemma2Attention", "--expect", "softcap")
+    diagnosis = verdict["diagnosis"]
+    # d_h = C / h = 4 here: 1/d_h is 1/sqrt(C) too, and named so
+    assert code == 1 and diagnosis["kind"] == "scaled_by_sqrt_C", diagnosis
+    assert diagnosis["line"] == line_of(path, "* self.scaling")

@@ -189,6 +189,9 @@ def scale_chain(j: Judge, soft: OpRecord) -> tuple[float, list[OpRecord], OpReco
         inputs = j.g.x_inputs(op)
         if j.kind(op) == "cosine":  # a learned scale of cosines: cosine's to judge
             return None
+        if j.kind(op) == "softcap" and inputs:  # cap · tanh(s / cap): softcap's to judge,
+            ref = inputs[0]  # and its / cap and * cap are no scaling of the scores
+            continue
         if op.name in ("matmul", "bmm", "baddbmm", "einsum") and len(inputs) >= 2:
             operands = j.g.tensor_operands(op)
             if op.name == "baddbmm":  # bias + alpha * (batch1 @ batch2): alpha scales
