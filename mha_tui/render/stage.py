@@ -78,10 +78,10 @@ def pending_screen(info: StageInfo, number: int, total: int, message: Text,
 
 
 def dims_transition(stage: Stage, config: Config | None) -> str:
-    """`(B, T, C) -> (B, T, h, d_h)`, the axes named as shown (render.tensor.shown_dims)."""
-    before = ", ".join(shown_dims(stage.dims_in, config))
-    return f"({before}) -> " + (
-        "raised" if stage.kind == "error" else f"({', '.join(shown_dims(stage.dims_out, config))})")
+    """Stage.dims_transition, `(B, T, C) -> (B, T, h, d_h)`, with the axes named as shown
+    (render.tensor.shown_dims)."""
+    return replace(stage, dims_in=shown_dims(stage.dims_in, config),
+                   dims_out=shown_dims(stage.dims_out, config)).dims_transition
 
 
 def stage_intro(stage: Stage, opts: RenderOptions, config: Config | None = None) -> Group:
