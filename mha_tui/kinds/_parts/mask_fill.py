@@ -84,7 +84,6 @@ def _chain_check(g: Graph, chain: list[OpRecord], values: np.ndarray, before: np
     with np.errstate(over="ignore", invalid="ignore"):
         for op in chain:
             fill, mark = fill_of(g, op), written(g, op)
-            others = [g.snap(r).values for r in g.other_inputs(op)]
             if fill is None or mark is None or expected.shape != values.shape or \
                     mark.shape != values.shape:
                 return Check(f"{n_total} entries {where} hold a mask value, written by "
@@ -93,7 +92,7 @@ def _chain_check(g: Graph, chain: list[OpRecord], values: np.ndarray, before: np
             if how == "value":
                 expected = np.where(mark, np.asarray(number, dtype=values.dtype), expected)
             else:  # the added (subtracted) tensor, as the op adds it
-                added = np.asarray(others[0], dtype=values.dtype)
+                added = np.asarray(g.snap(g.other_inputs(op)[0]).values, dtype=values.dtype)
                 expected = expected - added if op.name.startswith("sub") else expected + added
             said.append(f"{op.name.rstrip('_')} {'writes' if how == 'value' else 'adds'} "
                         f"{number:.3g}")
