@@ -40,6 +40,15 @@ before loading; measured once on the shared 2-core machine (load about 6.5): 3,0
 (2,580 MiB in the forward) in 668 s, against an estimate of 3,854 MiB; layer 79's forward
 took 1,403 s and peaked at 2,605 MiB. Peak memory is each process's own `ru_maxrss`.
 
+`--only hf_shapes`, 2026-11-28 12:09 UTC, commit c80b4c8, one run each, load average 2.3 to
+2.8 (a test run beside it), 12 tokens:
+
+| shape, layer | streamed (the default) | `--no-stream` | transformers' bf16 forward, `output_attentions` |
+| --- | ---: | ---: | ---: |
+| Llama-3.2-1B, 8 | 557 MiB, 12.1 s | 2,799 MiB, 15.7 s | 2,714 MiB, 12.2 s |
+| Llama-3.2-3B, 14 | 660 MiB, 13.4 s | 6,596 MiB, 20.0 s | 6,488 MiB, 23.2 s |
+| Llama-3-8B (sparse), 16 | 948 MiB, 24.0 s | not run | not run (15 GiB of weights) |
+
 Last run:"""
 
 HOW = """\
