@@ -216,6 +216,35 @@ def test_the_cap_softcap_asks_for() -> None:
     assert code == 0, verdict["diagnosis"]
 
 
+def test_gpt_oss_sdpa_every_stage_is_named_and_judged() -> None:
+    """gpt-oss's `sdpa`: the mask built by `Q.new_full(...)` (it reads only Q's dtype) is the
+    mask stage, `QK *= sm_scale` on the 5-D scores is judged through the sink column's cat,
+    and the merge of its (B, T, h_kv, q_mult, d_h) context is read as the concat."""
+    code, verdict = check(f"{SINKS}:AttentionBlock", "--expect", "sinks")
+    assert code == 0, verdict["diagnosis"]
+    rows = {row["kind"]: row for row in verdict["stages"]}
+    assert "op" not in rows, rows["op"]
+    for kind in ("mask", "scale", "sinks", "concat"):
+        assert rows[kind]["ok"] is True, rows[kind]
+    assert rows["scale"]["line"] == line_of(SINKS, "QK *= sm_scale")
+    assert "measured 0.5000" in rows["scale"]["checked"]
+
+
+@pytest.mark.parametrize(("old", "new", "kind", "at"), [
+    ("QK *= sm_scale", "QK /= sm_scale", "scale_inverted", "QK /= sm_scale"),
+    ("return attn.reshape(B, n_tokens, -1)", "return attn.transpose(2, 3).reshape(B, n_tokens, -1)",
+     "concat", "return attn"),
+])
+def test_gpt_oss_sdpa_a_wrong_scale_or_merge_is_named_at_its_line(
+        tmp_path: Path, old: str, new: str, kind: str, at: str) -> None:
+    path, _ = planted(tmp_path, SINKS, old, new)
+    code, verdict = check(f"{path}:AttentionBlock", "--expect", "sinks")
+    diagnosis = verdict["diagnosis"]
+    assert code == 1, diagnosis
+    assert kind in (diagnosis["kind"], diagnosis.get("stage")), diagnosis
+    assert diagnosis["line"] == line_of(path, at), diagnosis
+
+
 def test_a_sink_column_kept_and_a_key_dropped_instead(tmp_path: Path) -> None:
     path, line = planted(tmp_path, SINKS, "W = W[..., :-1]", "W = W[..., 1:]")
     code, verdict = check(f"{path}:AttentionBlock", "--expect", "sinks")
