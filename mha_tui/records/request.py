@@ -9,6 +9,7 @@ parameter list. Plain frozen data; never import torch, rich, textual or typer he
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,6 +50,38 @@ class Expect:
                 "softcap": self.softcap}
 
 
+@dataclass(frozen=True, eq=False)
+class Given:
+    """A module object given in Python (the notebook's `mha_tui.trace`, `show`, `check`):
+    the one `source` that is not built here. It runs as it is (its mode, its weights), on
+    `x` as the caller made it; it is never built, seeded or edited.
+
+    `tokens` label x's T axis (default t0, t1, ...). `context`: cross-attention's second
+    sequence (B, T_k, C), labelled by `context_tokens` (default c0, c1, ...). `options`:
+    `mha_tui.trace`'s own (`call`, `embedding` and `ids`, and for NumPy code `args`,
+    `kwargs`, `table`, `lookup`), handed to the tracer as given.
+
+    `causal`: None, the module is called as the caller said (`options["call"]`, else
+    `module(x)`); a bool, it is called as the CLI calls a module it built (`load.signature`:
+    x once or as query, key and value, or with the context; a `mask` or `attn_mask`
+    parameter gets the causal mask, or None), and the check judges it with that mask
+    (`mha_tui.check`). `label` names it in a verdict (default its class name)."""
+
+    module: Any
+    x: Any
+    tokens: tuple[str, ...] | None = None
+    context: Any = None
+    context_tokens: tuple[str, ...] | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    causal: bool | None = None
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        """How a verdict names the module: `label`, else its class's name."""
+        return self.label or type(self.module).__name__
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """What a caller asks of a whole model read from its weights, one layer shown: `--hf
@@ -87,7 +120,9 @@ class Request:
       keys' and values' tokens, T_k = `len(config.key_tokens)`; "" for self-attention,
       where T_q == T_k). Validated when built (`ConfigError`, one line).
     - `source`: which module runs: a tutorial's (`--model`) or the learner's (`--module`,
-      with `--init` and `--weights`).
+      with `--init` and `--weights`), both built here; or a `Given` module object (the
+      notebook), run as it is on its own x, with `config` its sizes (`pipeline.given_config`
+      reads them from the module and x when the caller gives none).
     - `expect`: what the check judges against (`--expect`, `--window`, `--rotary-base`);
       plain multi-head attention by default. Read by `pipeline.verdict` and
       `pipeline.checked`.
@@ -102,7 +137,7 @@ class Request:
     """
 
     config: Config
-    source: Source = field(default_factory=Source)
+    source: Source | Given = field(default_factory=Source)
     expect: Expect = field(default_factory=Expect)
     against: Source | None = None
     steps: int = 0
