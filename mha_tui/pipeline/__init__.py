@@ -4,6 +4,10 @@ Every caller enters through one door: it builds a `Request` (records/request.py:
 module, the sentence and sizes, the options) and hands it to `traced` (a Trace), `verdict`
 (a Verdict) or `comparison` (a Comparison); `load` builds a request's module alone (so that
 bad input is refused before the app opens), `checked` its trace-and-judge pair for the app.
+A request's module is built here from its `source` (`--model`, `--module`), or given as an
+object (`Given`: the notebook), or is a whole model (its `checkpoint`: `--hf`, `--model
+induction`), loaded and traced by `pipeline.whole`, the one submodule that reaches
+transformers, imported by the CLI alone.
 
 The CLI (`explain`, `check`), the app's loading worker, `--hf`, the NumPy path and the Python
 API (`mha_tui.trace`) all run through here, so each step happens in one place: the loader
@@ -211,6 +215,11 @@ def traced(request: Request, *, loaded: LoadedTorch | LoadedNumpy | None = None)
     `load`."""
     if isinstance(request.source, Given):
         return _given_trace(request)
+    if request.checkpoint is not None:
+        # A whole model has its own door, pipeline.whole: importing it from here would let
+        # the app and the notebook reach transformers (an import-linter contract forbids it).
+        raise ValueError("a request for a whole model (its checkpoint) is traced by "
+                         "pipeline.whole.trace, not pipeline.traced")
     _refuse_unwired(request)
     if request.steps:
         return decoded(request, loaded=loaded)

@@ -84,18 +84,19 @@ class Given:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """What a caller asks of a whole model read from its weights, one layer shown: `--hf
-    PATH_OR_NAME`, or a model trained here (`--model induction`: `trained`), on `sentence`.
-    `pipeline.whole` loads and traces it; the CLI (`explain`, `heads`) only builds it.
+    """A whole model read from its weights, one layer shown: `--hf PATH_OR_NAME`, or a model
+    trained here (`--model induction`: `trained`), on `sentence`. A `Request`'s `checkpoint`:
+    `pipeline.whole` loads and traces it; the CLI (`explain`, `heads`) only builds the Request.
 
     `stream`: its blocks read one at a time (`--no-stream` unsets it); `dtype`: what it runs
     in (`--dtype`, auto: as stored); `context`: an encoder-decoder's encoder input
     (`--context`), whose decoder layer shows its cross- or self-attention (`attention`);
     `steps`: `--decode N`, the last N tokens decoded against the model's own cache.
 
-    Not a `Request`: a Request's `config` holds the sizes of a module built here, validated
-    when built, and a whole model's sizes are its own, known once it is loaded; its sentence
-    is refused by the model's tokenizer (`load.hf`), not by `Config`."""
+    A request with a checkpoint has no `config`: a Config holds the sizes of a module built
+    here, validated when built, and a whole model's sizes are its own, known once it is
+    loaded (the trace's `config.model`); its sentence is refused by the model's tokenizer
+    (`load.hf`), not by `Config` (which would refuse its length, `<pad>` or `--max-seq-len`)."""
 
     name: str
     sentence: str
@@ -134,13 +135,24 @@ class Request:
     - `steps`: `--decode N`: the last N tokens of the sentence are generated one at a time
       against the module's KV cache after a prefill of the others (`pipeline.decoded`: a
       Trace per step). 0: one forward over the whole sentence.
+    - `checkpoint`: a whole model (`--hf`, `--model induction`) instead of a module built
+      here; the request then has no `config` (None: the model's sizes are its own) and
+      `pipeline.whole` loads and traces it (`whole.trace`; `pipeline.traced` refuses it, so
+      that the app and the notebook never reach transformers). A request names exactly one
+      of `config` and `checkpoint`.
     """
 
-    config: Config
+    config: Config | None = None
     source: Source | Given = field(default_factory=Source)
     expect: Expect = field(default_factory=Expect)
     against: Source | None = None
     steps: int = 0
+    checkpoint: Checkpoint | None = None
+
+    def __post_init__(self) -> None:
+        if (self.config is None) == (self.checkpoint is None):
+            raise ValueError("a Request names a module built here (config) or a whole model "
+                             "(checkpoint): exactly one of them")
 
     def of_module(self, model: str | None = None, module: str | None = None) -> Request:
         """The same run of another module (`check`'s submissions, one by one): --model NAME
@@ -157,6 +169,9 @@ class Request:
         """The request as plain JSON types (the grader hands it to its worker processes).
         Only a request whose module is named (not --hf) travels this way."""
         config, source = self.config, self.source
+        if config is None or not isinstance(source, Source):
+            raise ValueError("only a request for a module built here (--model, --module) "
+                             "travels as JSON")
         return {"sentence": config.sentence, "embed_dim": config.embed_dim,
                 "heads": config.num_heads, "seed": config.seed, "causal": config.causal,
                 "max_seq_len": config.max_seq_len, "context": config.context,
