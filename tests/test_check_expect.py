@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -216,6 +217,35 @@ def test_the_cap_softcap_asks_for() -> None:
     assert code == 0, verdict["diagnosis"]
 
 
+def test_gpt_oss_sdpa_every_stage_is_named_and_judged() -> None:
+    """gpt-oss's `sdpa`: the mask built by `Q.new_full(...)` (it reads only Q's dtype) is the
+    mask stage, `QK *= sm_scale` on the 5-D scores is judged through the sink column's cat,
+    and the merge of its (B, T, h_kv, q_mult, d_h) context is read as the concat."""
+    code, verdict = check(f"{SINKS}:AttentionBlock", "--expect", "sinks")
+    assert code == 0, verdict["diagnosis"]
+    rows = {row["kind"]: row for row in verdict["stages"]}
+    assert "op" not in rows, rows["op"]
+    for kind in ("mask", "scale", "sinks", "concat"):
+        assert rows[kind]["ok"] is True, rows[kind]
+    assert rows["scale"]["line"] == line_of(SINKS, "QK *= sm_scale")
+    assert "measured 0.5000" in rows["scale"]["checked"]
+
+
+@pytest.mark.parametrize(("old", "new", "kind", "at"), [
+    ("QK *= sm_scale", "QK /= sm_scale", "scale_inverted", "QK /= sm_scale"),
+    ("return attn.reshape(B, n_tokens, -1)", "return attn.transpose(2, 3).reshape(B, n_tokens, -1)",
+     "concat", "return attn"),
+])
+def test_gpt_oss_sdpa_a_wrong_scale_or_merge_is_named_at_its_line(
+        tmp_path: Path, old: str, new: str, kind: str, at: str) -> None:
+    path, _ = planted(tmp_path, SINKS, old, new)
+    code, verdict = check(f"{path}:AttentionBlock", "--expect", "sinks")
+    diagnosis = verdict["diagnosis"]
+    assert code == 1, diagnosis
+    assert kind in (diagnosis["kind"], diagnosis.get("stage")), diagnosis
+    assert diagnosis["line"] == line_of(path, at), diagnosis
+
+
 def test_a_sink_column_kept_and_a_key_dropped_instead(tmp_path: Path) -> None:
     path, line = planted(tmp_path, SINKS, "W = W[..., :-1]", "W = W[..., 1:]")
     code, verdict = check(f"{path}:AttentionBlock", "--expect", "sinks")
@@ -262,6 +292,38 @@ def test_qk_norm_over_the_tokens(tmp_path: Path) -> None:
     assert code == 1 and diagnosis["kind"] == "qk_norm_axis", diagnosis
     assert diagnosis["line"] == line
     assert "reduces k over axis 1 (the tokens)" in diagnosis["message"]
+
+
+PADDED = ("--expect", "pos_bias", "--no-causal", "--batch", "the cat sat down", "--batch", "a dog")
+
+
+def test_pos_bias_with_a_padded_batch_uses_every_rows_own_terms() -> None:
+    """SAM's q · R terms are made from each row's own queries: with two rows of different
+    lengths (the second padded), the stage keeps every row's terms and the reference adds
+    each row's own, with its padded keys blocked: equivalent, pos_bias judged right."""
+    from mha_tui.config import Config, Source
+    from mha_tui.pipeline import checked
+
+    code, verdict = check(f"{SAM}:SamPaddedAttention", *PADDED)
+    assert code == 0, verdict["diagnosis"]
+    assert "relative position terms added to the scores" in reference(verdict)
+    rows = {row["kind"]: row for row in verdict["stages"]}
+    assert rows["pos_bias"]["ok"] is True and rows["mask"]["ok"] is True, rows
+    config = Config("the cat sat down", embed_dim=16, num_heads=4, causal=False,
+                    batch=("a dog",))  # rows 1, ... after the sentence's row 0
+    run, _ = checked(Request(config, Source(module=f"{SAM}:SamPaddedAttention"),
+                             Expect(mechanisms=("pos_bias",))))
+    terms = run(config).stage("pos_bias").tensors[0].values  # (B, h, T, T)
+    assert terms.shape == (2, 4, 4, 4) and not np.allclose(terms[0], terms[1])
+
+
+def test_pos_bias_with_a_padded_batch_names_padding_on_the_queries(tmp_path: Path) -> None:
+    path, line = planted(tmp_path, SAM, "(self.num_heads, dim=0)[:, None, :]",
+                         "(self.num_heads, dim=0)[:, :, None]")
+    code, verdict = check(f"{path}:SamPaddedAttention", *PADDED)
+    diagnosis = verdict["diagnosis"]
+    assert code == 1 and diagnosis["kind"] == "padding_on_queries", diagnosis
+    assert diagnosis["line"] == line + 1  # the masked_fill that uses it
 
 
 def test_differential_attention_adding_its_second_map(tmp_path: Path) -> None:

@@ -449,3 +449,48 @@ def test_a_print_loop_cannot_fill_the_disk(tmp_path: Path) -> None:
     assert graded.outcome == COULD_NOT_JUDGE
     assert "File too large" in graded.report["diagnosis"]["message"]
     assert graded.report["diagnosis"]["line"] == line
+
+
+def test_a_ctrl_c_taken_by_another_thread_still_stops_the_grading(tmp_path: Path) -> None:
+    """Linux hands a process's SIGINT to any of its threads that does not block it; one that
+    lands on a pool thread must still reach the grading, which kills its workers and ends
+    (it slept on, on a lock, until the submission's 3600 s ran out: once in a CI run)."""
+    folder = _spinning(tmp_path, ("one",))
+    script = f"""
+import os, signal, sys, threading, time
+from pathlib import Path
+from mha_tui.config import Config
+from mha_tui.grade import Limits, Submission
+from mha_tui.grade.pool import grade
+from mha_tui.records.request import Request
+
+def interrupt_from_this_thread():
+    while not Path({str(tmp_path / 'go')!r}).exists():  # the test saw the worker in its forward
+        time.sleep(0.2)
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # not the main thread
+
+threading.Thread(target=interrupt_from_this_thread, daemon=True).start()
+try:
+    grade([Submission(shown='one', module={str(folder / 'one.py')!r} + ':MultiHeadAttention')],
+          Limits(Request(Config('I love AI !')), timeout=3600))
+except KeyboardInterrupt:
+    print('interrupted')
+"""
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    workers: list[int] = []
+    try:
+        def inside() -> bool:
+            workers[:] = _workers_of(process.pid)
+            return _inside(workers, 1)
+
+        assert _within(600, inside, process), "the worker did not reach the forward within 600 s"
+        (tmp_path / "go").touch()
+        try:
+            out, err = process.communicate(timeout=300)  # a hang guard, not a timing assertion
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the grading slept through a SIGINT another thread took") from None
+        assert out.decode().split() == ["interrupted"], err.decode()[-2000:]
+        assert _within(60, lambda: not any(map(_worker, workers))), workers
+    finally:
+        _kill_leftovers(workers, process)

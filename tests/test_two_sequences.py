@@ -680,3 +680,23 @@ def test_heads_as_modules_are_still_said_as_such() -> None:
     done = run_cli("check", "--model", "many-eyes")
     assert done.returncode == 0
     assert "runs each of the 2 heads as its own module" in " ".join(done.stdout.decode().split())
+
+
+@pytest.mark.parametrize("command", ["explain", "check"])
+@pytest.mark.parametrize("given", [("--context", "le chat est sur le tapis"),
+                                   ("--batch", "the cat sat down")])
+@pytest.mark.parametrize("module", [("--model", "blueprint"),
+                                    ("--module", "tests/fixtures/numpy_attn.py:NumpyAttention")])
+def test_numpy_code_refuses_a_second_sequence_in_one_line(tmp_path, command, given, module) -> None:
+    """NumPy code is given one sentence's x: with a context or batch rows it would have shown
+    (and check judged "equivalent") self-attention on the sentence alone, under a
+    cross-attention header."""
+    out = tmp_path / "t.txt"
+    if command == "explain":
+        result = run_cli("explain", "I love AI !", *given, *module, "--dump", str(out))
+    else:  # check takes a module file as its argument
+        result = run_cli("check", *(module if module[0] == "--model" else module[1:]), *given)
+    err = result.stderr.decode().strip()
+    assert result.returncode == 2 and result.stdout == b"", err
+    assert err.startswith(f"mha-tui: error: {given[0]} needs a torch module") and "\n" not in err
+    assert "is NumPy code" in err and not out.exists()

@@ -77,6 +77,10 @@ MODULES: list[tuple[str, str, tuple[tuple[str, object], ...], bool]] = [
     ("longtail-open-clip-cosine", "longtail/open_clip_attn.py:Attention", (), False),
     ("longtail-diff-attn", "longtail/diff_attn.py:MultiheadDiffAttn", (), True),
     ("longtail-linear-attn", "longtail/linear_attn.py:AttentionLayer", (), False),
+    # the installed transformers' DiffLlama (V's halves shared by .repeat: heads cycled) and
+    # gpt-oss (rotary by torch.chunk halves joined by a cat)
+    ("longtail-diffllama", "longtail/hf_installed.py:DiffLlamaSelfAttention", (), True),
+    ("longtail-gpt-oss", "longtail/hf_installed.py:GptOssSelfAttention", (), True),
     *((f"fixtures-{path.stem}-{cls}", f"{path.name}:{cls}", (), True)
       for path in sorted(FIXTURES.glob("[!_]*.py"))
       # endless: a forward that never returns; two_sequences: forwards that need --context

@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -282,11 +282,17 @@ def grade(submissions: Sequence[Submission], limits: Limits, *, jobs: int = 1,
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
         futures = {pool.submit(grader.run_one, sub): i for i, sub in enumerate(submissions)}
-        for future in as_completed(futures):
-            graded = future.result()
-            results[futures[future]] = graded
-            if done is not None:
-                done(graded)
+        pending = set(futures)
+        while pending:
+            # Never an unbounded wait: Linux may hand the terminal's SIGINT to a pool thread,
+            # which does not wake a main thread asleep on a lock; Python raises the
+            # KeyboardInterrupt when this wait returns, within half a second.
+            finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for future in sorted(finished, key=futures.__getitem__):
+                graded = future.result()
+                results[futures[future]] = graded
+                if done is not None:
+                    done(graded)
     except BaseException:
         grader.workers.stop_all()
         pool.shutdown(wait=True, cancel_futures=True)

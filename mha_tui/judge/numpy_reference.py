@@ -87,7 +87,7 @@ def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
           window: int | None = None, rotary: str | None = None, rotary_dims: int | None = None,
           base: float = ROTARY_BASE, alibi: bool = False, rotary_sign: int = 1,
           rotary_freq: np.ndarray | None = None, rotary_factor: float = 1.0,
-          grown: Grown | None = None) -> list[Step]:
+          grown: Grown | None = None, padding: np.ndarray | None = None) -> list[Step]:
     """Every intermediate of softmax(Q_i K_i^T / sqrt(d_h) + mask) V_i, heads side by side,
     then W_O (the identity when the module has none); x (T, C) or (B, T, C).
 
@@ -103,7 +103,8 @@ def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
     projection before the head split, per head before (or after) the rotary; cosine
     attention's unit-length q and k and learned scale in place of 1/sqrt(d_h); a position
     bias on the scaled scores; soft-capping before the mask; sinks appended before softmax
-    and dropped after."""
+    and dropped after. `padding` (B, T), True where a padded batch's row is padding
+    (`--batch`): those keys are blocked for every query of their row."""
     g = grown or Grown()
     x = np.asarray(x, dtype=np.float64)
     batched = x if x.ndim == 3 else x[None]  # (B, T, C)
@@ -158,6 +159,8 @@ def steps(x: np.ndarray, weights: RoleWeights, heads: int, causal: bool, *,
     blocked = np.triu(np.ones((T, T), dtype=bool), k=1) if causal else np.zeros((T, T), bool)
     if window is not None:
         blocked |= np.tril(np.ones((T, T), dtype=bool), k=-window)
+    if padding is not None:  # (B, 1, T, T): each row's padded keys, for every query
+        blocked = blocked[None, None] | np.asarray(padding, dtype=bool)[:, None, None, :]
     mask = np.where(blocked, -np.inf, 0.0)
     if g.cosine is not None:  # the cosines times the learned scale per head
         per_head = np.broadcast_to(np.asarray(g.cosine, dtype=np.float64).reshape(-1),

@@ -245,7 +245,8 @@ def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
         assert f.reference is not None
         return f.reference(x, weights, j.h, f.causal), f.reference_name, {}, ""
     common: dict[str, object] = {"window": f.window, "alibi": f.alibi,
-                                 "grown": _grown(j, f.mechanisms)}
+                                 "grown": _grown(j, f.mechanisms),
+                                 "padding": _padding(j)}
     tries: list[dict[str, object]] = [common]
     if f.rotary:
         grown_rope = rotary_scaled(j)
@@ -274,6 +275,12 @@ def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
     return out, f"the NumPy reference ({words})", kwargs, words
 
 
+def _padding(j: Judge) -> np.ndarray | None:
+    """A padded batch's (B, T) padding (`--batch`), True = padding, for the NumPy reference
+    to block those keys as the torch-side reference does; None without --batch."""
+    return None if j.facts.padding is None else np.asarray(j.facts.padding, dtype=bool)
+
+
 def _mechanism(j: Judge, x: np.ndarray, weights: RoleWeights) -> str | None:
     """A known mechanism that explains the whole output: rotary positions, ALiBi."""
     got = f64(j.g.snap(j.g.rec.output).values) if j.g.rec.output is not None else None
@@ -292,7 +299,7 @@ def _mechanism(j: Judge, x: np.ndarray, weights: RoleWeights) -> str | None:
                               f"attention has no positions"))
     for kwargs, words in tries:
         out = steps(x, weights, j.h, f.causal, window=f.window, alibi=f.alibi,
-                    **kwargs)[-1].values  # type: ignore[arg-type]
+                    padding=_padding(j), **kwargs)[-1].values  # type: ignore[arg-type]
         out = out if np.ndim(x) == 3 else out[0]
         if got.size == out.size and close(got.reshape(out.shape), out)[0]:
             return words
@@ -309,7 +316,7 @@ def _inferred(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
     if not shown:
         return ()
     _, _, kwargs, _ = _reference(j, x, weights, got) if _grows(j, weights) else (
-        None, None, {"window": f.window, "alibi": f.alibi}, "")
+        None, None, {"window": f.window, "alibi": f.alibi, "padding": _padding(j)}, "")
     grown = _grown(j, tuple(n for n in EXPECTED if n in f.mechanisms or n in shown))
     if grown is None:
         return ()
@@ -363,7 +370,7 @@ def _missing(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray) -> 
     shown = tuple(name for name, row in EXPECTED.items()
                   if any(stage.kind == row.kind for stage in j.trace.stages))
     out = steps(x, weights, j.h, f.causal, window=f.window,  # without it, with what it has
-                grown=_grown(j, shown))[-1].values
+                grown=_grown(j, shown), padding=_padding(j))[-1].values
     out = out if np.ndim(x) == 3 else out[0]
     if not (got.size == out.size and close(got.reshape(out.shape), out)[0]):
         return None
@@ -404,7 +411,8 @@ def _find_departure(j: Judge, end: StageVerdict) -> Diagnosis | None:
         return None
     x = np.asarray(x)
     got = f64(j.g.snap(j.g.rec.output).values) if j.g.rec.output is not None else np.zeros(0)
-    _, _, grown, _ = _reference(j, x, weights, got) if _grows(j, weights) else (None, None, {}, "")
+    _, _, grown, _ = _reference(j, x, weights, got) if _grows(j, weights) else (
+        None, None, {"padding": _padding(j)}, "")
     found = departure(j.g.rec, j.g.x_names,
                       steps(x, weights, j.h, j.facts.causal, **grown))  # type: ignore[arg-type]
     if found is None:
@@ -630,6 +638,9 @@ def _tokens_leading(j: Judge, tensor: np.ndarray) -> list[np.ndarray]:
     for axis in range(batch + 1, tensor.ndim - 1):
         if tensor.shape[axis] == j.T_q:
             laid.append(np.moveaxis(tensor, axis, batch))
+    if not batch and j.B > 1 and tensor.ndim >= 3 and tensor.shape[0] % j.B == 0:
+        # heads folded into the batch axis (SAM's (B * h, T, d_h)): as (B, h, T, d_h) first
+        laid.extend(_tokens_leading(j, tensor.reshape(j.B, -1, *tensor.shape[1:]))[1:])
     return laid
 
 

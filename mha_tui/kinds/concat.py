@@ -178,7 +178,9 @@ def attend_output(j: Judge) -> np.ndarray | None:
                     return None
                 batch = [c for c in out if c not in (q, d)]
                 values = np.einsum(f"{out}->{''.join(batch)}{q}{d}", values)
-            outs.append((j.head_index(op), values))
+            if values.ndim > 4:  # (B, h_kv, n, T, d_h): gpt-oss's query heads grouped by K/V
+                values = values.reshape(values.shape[0], -1, *values.shape[-2:])
+            outs.append((j.head_index(op), values))  # h_kv-major, as the module's own merge
     if not outs:
         return None
     if len(outs) > 1:

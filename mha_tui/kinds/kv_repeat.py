@@ -54,6 +54,17 @@ class Repeat:
 _FOUND: WeakKeyDictionary[Graph, dict[int, Repeat]] = WeakKeyDictionary()
 
 
+def repeat_order(before: np.ndarray, after: np.ndarray, axis: int) -> str | None:
+    """How `after`'s heads on `axis` copy `before`'s: "interleave" (head j is head j // n,
+    repeat_kv), "tile" (head j is head j % h_kv, torch's .repeat), or None (neither)."""
+    n = after.shape[axis] // before.shape[axis]
+    if np.array_equal(np.repeat(before, n, axis=axis), after):
+        return "interleave"
+    if before.shape[axis] > 1 and np.array_equal(np.concatenate([before] * n, axis=axis), after):
+        return "tile"
+    return None
+
+
 def _repeat_ending_at(g: Graph, op: OpRecord, sizes: Sizes) -> Repeat | None:
     """op's output has h heads on an axis where a tensor a few shape ops back had h_kv."""
     out = op.out
@@ -71,15 +82,10 @@ def _repeat_ending_at(g: Graph, op: OpRecord, sizes: Sizes) -> Repeat | None:
                 rest = [n for a, n in enumerate(out.shape) if a != out.ndim + axis]
                 if rest != [n for a, n in enumerate(before.shape) if a != before.ndim + axis]:
                     continue
-                n = sizes.h // h_kv
-                repeated = np.repeat(before.values, n, axis=axis)
-                if np.array_equal(repeated, out.values):
+                order = repeat_order(before.values, out.values, axis)
+                if order is not None:
                     return Repeat(before=ref, after=Ref("op", op=op.index), axis=axis, h_kv=h_kv,
-                                  ops=frozenset(chain))
-                if h_kv > 1 and np.array_equal(
-                        np.concatenate([before.values] * n, axis=axis), out.values):
-                    return Repeat(before=ref, after=Ref("op", op=op.index), axis=axis, h_kv=h_kv,
-                                  ops=frozenset(chain), order="tile")
+                                  ops=frozenset(chain), order=order)
         producer = g.producer(ref)
         if producer is None or producer.name not in _REPEATS or not g.x_inputs(producer):
             return None
@@ -293,25 +299,38 @@ def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Repeat]])
 
 
 def why(cell: Cell) -> Why:
-    """A repeated K/V value: query head j reads K/V head j // n, the same number copied."""
-    before = cell.stage.tensors[-2]  # the builder's pairs: (role, h_kv heads), (role, h heads)
+    """A repeated K/V value: query head j reads K/V head j // n (or j % h_kv, where the
+    module's .repeat cycled the heads, as the stage found), the same number copied."""
+    # the builder's pairs: (role, h_kv heads), (role, h heads); the cell's is the one before
+    at_record = next((i for i, r in enumerate(cell.stage.tensors) if r is cell.record), 0)
+    if at_record < 1:
+        raise WhyError(f"cannot tell which K/V heads {cell.name} was copied from")
+    before = cell.stage.tensors[at_record - 1]
     shape, kv_shape = cell.record.values.shape, before.values.shape
     axes = [a for a, (n, m) in enumerate(zip(shape, kv_shape, strict=False)) if n != m]
     if len(shape) != len(kv_shape) or len(axes) != 1 or shape[axes[0]] % kv_shape[axes[0]]:
         raise WhyError(f"cannot read {cell.name} against {before.name}")
     axis = axes[0]
-    n = shape[axis] // kv_shape[axis]
+    h_kv = kv_shape[axis]
+    n = shape[axis] // h_kv
     head = cell.index[axis]
-    at = (*cell.index[:axis], head // n, *cell.index[axis + 1:])
+    if repeat_order(before.values, cell.record.values, axis) == "tile":
+        source, rule = head % h_kv, f"{head} % {h_kv}"
+        said = (f"the {h_kv} K/V heads are cycled {n} times (torch's .repeat), not each "
+                f"repeated in place: query head {head} reads K/V head {source}")
+    else:
+        source, rule = head // n, f"{head} // {n}"
+        said = (f"each of the {h_kv} K/V heads is repeated {n} times, one copy for each query "
+                f"head that shares it: heads {source * n}..{source * n + n - 1} read K/V head "
+                f"{source}")
+    at = (*cell.index[:axis], source, *cell.index[axis + 1:])
     computed = float(before.values[at])
     spot = f"[{', '.join(map(str, at))}]"
     return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
                f"{cell.name} = {before.name}{spot}  (query head {head} reads K/V head "
-               f"{head} // {n} = {head // n})",
+               f"{rule} = {source})",
                (Term(f"{before.name}{spot}", (), computed),),
-               (f"each of the {kv_shape[axis]} K/V heads is repeated {n} times, one copy for "
-                f"each query head that shares it: heads {head // n * n}..{head // n * n + n - 1} "
-                f"read K/V head {head // n}", "copied, not computed"), computed, cell.recorded)
+               (said, "copied, not computed"), computed, cell.recorded)
 
 
 def quiz(stage: Stage, trace: Trace) -> tuple[Question, ...]:

@@ -159,20 +159,25 @@ def bias_shape(bias: np.ndarray) -> BiasShape:
 
 def bias_stage(m: StageMaker, stage_id: str, bias: np.ndarray, before: np.ndarray,
                after: np.ndarray, *, unit: Unit | None = None, base: Stage | None = None,
-               bias_name: str = "position bias", note: str = "") -> Stage:
-    """The stage of a position bias: the bias per head, the scores before and after."""
+               bias_name: str = "position bias", note: str = "", per_row: bool = False
+               ) -> Stage:
+    """The stage of a position bias: the bias per head, the scores before and after.
+    per_row: terms made from each batch row's queries (SAM, DeBERTa), kept row by row (B, h,
+    T, T); else one row's, the same for every row."""
     h = m.s.h
-    full = np.broadcast_to(bias, after.shape).reshape(-1, *after.shape[-3:])[0] \
-        if bias.ndim >= 3 else np.broadcast_to(bias, after.shape[-3:])
-    full = np.asarray(full, dtype=np.float64)
+    rows = np.broadcast_to(bias, after.shape).reshape(-1, *after.shape[-3:]) \
+        if bias.ndim >= 3 else np.broadcast_to(bias, after.shape[-3:])[None]
+    full = np.asarray(rows[0], dtype=np.float64)
     shape = bias_shape(full.reshape(-1, *after.shape[-2:])[-h:]) if full.ndim == 3 else \
         BiasShape("other")
+    kept = np.asarray(rows, dtype=np.float64) if per_row and after.ndim == 4 else full[None]
     tensors: list[TensorRecord] = [
-        m.b.record(bias_name, synthetic(full.astype(after.dtype)[None]), BHTT,
+        m.b.record(bias_name, synthetic(kept.astype(after.dtype)), BHTT,
                    caption="what is added to each head's scores: row query, column key"),
         m.b.record("scores + bias", synthetic(after), BHTT if after.ndim == 4 else None)]
     added = after.astype(np.float64) - before.astype(np.float64)
-    ok = bool(np.allclose(added, np.broadcast_to(full, added.shape), **tolerance(atol=1e-5, rtol=1e-4)))
+    ok = bool(np.allclose(added, np.broadcast_to(kept if per_row else full, added.shape),
+                          **tolerance(atol=1e-5, rtol=1e-4)))
     checks = [Check("the scores after minus the scores before equal the bias, for every head "
                     "(computed by mha-tui)", ok)]
     if shape.kind == "alibi":
@@ -237,7 +242,7 @@ def _build_terms(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     after4 = after.reshape(m.s.B, -1, m.s.T, m.s.T) if after.ndim != 4 else after
     before4 = before_snap.values.reshape(after4.shape)
     stage = bias_stage(m, stage_id, after4 - before4, before4, after4, unit=unit,
-                       bias_name="q · R terms")
+                       bias_name="q · R terms", per_row=True)
     words = ("Relative position terms made from the queries: each query's vector is dotted with "
              "a learned table of relative positions (SAM: one for the height, one for the width "
              "of the image grid, add_decomposed_rel_pos) and the results are added to its "
@@ -499,7 +504,7 @@ def t5_unscaled(j: Judge, *, expected: bool = True) -> bool:
 
 def reference(j: Judge) -> Part | None:
     """--expect pos_bias: the module's own position terms or bias, as its stage shows them
-    added to the scores (one batch row's: the same for every row unless made from q),
+    added to the scores (each batch row's own when made from its queries, else one row's),
     added to the scores scaled by 1/sqrt(d_h) (DeBERTa's n + 1 terms: 1/sqrt((n + 1) d_h))."""
     stage = next((s for s in j.trace.stages if s.kind == KIND and s.tensors
                   and s.tensors[0].values.ndim >= 3), None)
@@ -509,9 +514,11 @@ def reference(j: Judge) -> Part | None:
     bias = np.asarray(stage.tensors[0].values, dtype=np.float64)
     if bias.size % (j.h * T * T) or bias.shape[-2] != T:
         return None
-    bias = bias.reshape(-1, j.h, T, T)[:1]  # (1, h, T, T)
-    if j.B > 1 and relative_terms(j.classified(), stage.ops):
-        return None  # made from each row's queries: one row's terms are not the others'
+    bias = bias.reshape(-1, j.h, T, T)
+    # made from each row's queries (SAM, DeBERTa): every row's own terms, (B, h, T, T);
+    # else one row's, the same for every row, (1, h, T, T)
+    if not (relative_terms(j.classified(), stage.ops) and bias.shape[0] == j.B):
+        bias = bias[:1]
     n = disentangled_scale(j)
     said = mechanism(j, stage) or "a position bias added to the scores"
     said = said.split(";")[0].split(":")[0]

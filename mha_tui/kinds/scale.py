@@ -192,6 +192,9 @@ def scale_chain(j: Judge, soft: OpRecord) -> tuple[float, list[OpRecord], OpReco
         if j.kind(op) == "softcap" and inputs:  # cap · tanh(s / cap): softcap's to judge,
             ref = inputs[0]  # and its / cap and * cap are no scaling of the scores
             continue
+        if j.kind(op) == "sinks" and op.name == "cat" and len(inputs) == 1:
+            ref = inputs[0]  # gpt-oss's `cat([QK, S])`: the sink column is no scaling
+            continue
         if op.name in ("matmul", "bmm", "baddbmm", "einsum") and len(inputs) >= 2:
             operands = j.g.tensor_operands(op)
             if op.name == "baddbmm":  # bias + alpha * (batch1 @ batch2): alpha scales

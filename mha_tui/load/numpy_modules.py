@@ -200,6 +200,13 @@ def load(config: Config, source: Source) -> LoadedNumpy | None:
     if numpy_code and config.dtype:
         raise LoadError(f"--dtype {config.dtype} casts a torch module (module.to(dtype)); "
                         f"{safe(source.module or '--model ' + source.model)} is NumPy code")
+    if numpy_code and (config.cross or config.batch):
+        # NumPy code gets one sentence's x, (T, C), as its only sequence: run with a context
+        # or other rows, it would show (and check would judge) self-attention on the sentence.
+        given = "--context" if config.cross else "--batch"
+        raise LoadError(f"{given} needs a torch module: mha-tui gives NumPy code one sentence's "
+                        f"x, (T, C) with no batch axis, and "
+                        f"{safe(source.module or '--model ' + source.model)} is NumPy code")
     if source.module is None:
         if source.model not in NUMPY_MODEL_NAMES:
             return None

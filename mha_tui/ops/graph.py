@@ -17,10 +17,17 @@ from .vocab import very_negative
 # `cache.to(xq)`, `mask.type_as(x)`, `bias.expand_as(scores)`. A tensor made so from a
 # constant does not depend on x (Meta's Llama moves its K/V cache with `.to(xq)`).
 FIRST_INPUT_ONLY = frozenset({"to", "type_as", "expand_as", "view_as", "reshape_as"})
+# Ops that take only a dtype, device or shape from every tensor they are given: a new tensor
+# of a value (gpt-oss's `Q.new_full((n, n), -inf)`, timm's `attn.new_full(...)`,
+# `torch.zeros_like(scores)`). What they make does not depend on the tensor's values.
+NO_VALUE_INPUTS = frozenset({"new_full", "new_zeros", "new_ones", "new_empty", "full_like",
+                             "zeros_like", "ones_like", "empty_like"})
 
 
 def value_inputs(op: OpRecord) -> tuple[Ref, ...]:
     """The inputs whose values the op's output is made from."""
+    if op.name in NO_VALUE_INPUTS:
+        return ()
     return op.inputs[:1] if op.name in FIRST_INPUT_ONLY else op.inputs
 
 

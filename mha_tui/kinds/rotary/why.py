@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ...records import OpRecord, Stage, Trace
+from ...records import OpRecord, Stage, TensorRecord, Trace
 from .._parts.cell import Cell, Term, Why, WhyError, maker, reindex, where
 from .._parts.quizzing import Question, number_text
 from .finding import KIND
@@ -23,7 +23,7 @@ def why(cell: Cell) -> Why:
     (rot(x)_c = −x of its partner for the first channel of a pair, +x for the second), or a
     pass-through channel read unchanged."""
     record, index = cell.record, cell.index
-    before = cell.stage.tensors[-2]  # the builder's pairs: (role before, role after)
+    before = _before(cell)
     if before.values.shape != record.values.shape:
         raise WhyError(f"cannot read {cell.name} against {before.name}: their shapes differ")
     x_full = before.values
@@ -31,6 +31,8 @@ def why(cell: Cell) -> Why:
     c = index[-1]
     recording = cell.trace.recording
     assert recording is not None  # maker found the op in the recording
+    if op.name == "cat" and _halves(cell, op):
+        return _why_halves(cell, op, at, x_full, before.name)
     if op.name == "cat":
         r = cell.operand(op, 0).shape[-1]
         if c >= r:
@@ -52,6 +54,8 @@ def why(cell: Cell) -> Why:
         else:
             at = reindex(at, op.out.shape, inner.out.shape)
         op = inner
+    if op.name == "cat" and _halves(cell, op):  # a partial rotary's turned part, in halves
+        return _why_halves(cell, op, at, x_full, before.name)
     if op.name == "mul" and op.out.values.dtype.kind == "c":
         return _why_complex(cell, op, at, x_full)
     if op.name == "stack" and len(op.inputs) == 2 and at[-1] in (0, 1):
@@ -59,6 +63,15 @@ def why(cell: Cell) -> Why:
     if op.name not in {"add", "add_"}:
         raise WhyError(f"cannot tell how {cell.name} was turned: it comes from {op.name}")
     return _why_real(cell, op, at, x_full)
+
+
+def _before(cell: Cell) -> TensorRecord:
+    """The tensor the cell's was turned from: the builder's pairs are (role before, role
+    after), so the one before the cell's own (Q's for a Q cell, K's for a K cell)."""
+    at_record = next((i for i, r in enumerate(cell.stage.tensors) if r is cell.record), 0)
+    if at_record < 1:
+        raise WhyError(f"cannot tell which tensor {cell.name} was turned from")
+    return cell.stage.tensors[at_record - 1]
 
 
 def _at(index: tuple[int, ...]) -> str:
@@ -106,7 +119,7 @@ def _why_real(cell: Cell, op: OpRecord, at: tuple[int, ...], x_full: np.ndarray)
     cos_c, sin_c = float(cos[at]), float(sin[at])
     a, b = xc * cos_c, sign * xp * sin_c
     computed = a + b
-    name = cell.stage.tensors[-2].name
+    name = _before(cell).name
     t = _position(cell)
     angle = math.atan2(sin_c, cos_c)
     terms = (Term(f"{name}[.., {c}] × cos", (xc, "×", cos_c), a),
@@ -177,9 +190,9 @@ def _why_stacked(cell: Cell, op: OpRecord, at: tuple[int, ...], x_full: np.ndarr
         a, b = (float(np.broadcast_to(cell.operand(mul, j), combine.out.shape)[here])
                  for j in (0, 1))
         # which of the two is a channel of the pair (x), which the module's table
-        channel = _channel_of(x_full, lead, pair, a)
+        channel = _channel_in(x_full, lead, (2 * pair, 2 * pair + 1), a)
         x_value, table, xc = (a, b, channel) if channel is not None else \
-            (b, a, _channel_of(x_full, lead, pair, b))
+            (b, a, _channel_in(x_full, lead, (2 * pair, 2 * pair + 1), b))
         if xc is None:
             raise WhyError(f"cannot find {cell.name}'s pair among the rotation's products")
         own_channel = xc == 2 * pair + part  # x of this channel times cos, its partner's sin
@@ -207,15 +220,91 @@ def _why_stacked(cell: Cell, op: OpRecord, at: tuple[int, ...], x_full: np.ndarr
                computed, cell.recorded)
 
 
-def _channel_of(x_full: np.ndarray, lead: list[int], pair: int, value: float) -> int | None:
-    """Which channel of the pair (2·pair or 2·pair + 1) of the head tensor before rotary holds
-    `value` at the cell's place (None: neither, the operand is a table)."""
+def _combines(cell: Cell, ref_op: OpRecord) -> list[OpRecord] | None:
+    """The two recorded products a rotation's sub or add combines (None: it is not one)."""
+    recording = cell.trace.recording
+    assert recording is not None
+    if ref_op.name not in {"add", "sub"} or len(ref_op.inputs) != 2:
+        return None
+    muls = [recording.ops[r.op] if r.kind == "op" and r.op is not None else None
+            for r in ref_op.inputs]
+    if any(mul is None or mul.name not in {"mul", "mul_"} or len(mul.inputs) != 2
+           for mul in muls):
+        return None
+    return muls  # type: ignore[return-value]
+
+
+def _halves(cell: Cell, op: OpRecord) -> bool:
+    """gpt-oss's `torch.cat((first_, second_), dim=-1)`: two halves of equal width, each a
+    sum or difference of two products (a partial rotary's cat joins x's own channels)."""
+    recording = cell.trace.recording
+    if recording is None or len(op.inputs) != 2 or op.out.shape[-1] % 2:
+        return False
+    for k, ref in enumerate(op.inputs):
+        part = recording.ops[ref.op] if ref.kind == "op" and ref.op is not None else None
+        if part is None or cell.operand(op, k).shape[-1] != op.out.shape[-1] // 2 or \
+                _combines(cell, part) is None:
+            return False
+    return True
+
+
+def _why_halves(cell: Cell, op: OpRecord, at: tuple[int, ...], x_full: np.ndarray,
+                name: str) -> Why:
+    """gpt-oss's halves `torch.chunk(x, 2, dim=-1)`, turned one at a time and joined by a
+    cat: `first_ = x1 * cos - x2 * sin`, `second_ = x2 * cos + x1 * sin`. The cell is channel
+    `at[-1] % half` of half `at[-1] // half`: the recorded sub or add of two recorded
+    products."""
+    recording = cell.trace.recording
+    assert recording is not None
+    half = op.out.shape[-1] // 2
+    *lead, c = at
+    part, k = divmod(c, half)
+    combine = recording.ops[op.inputs[part].op]  # type: ignore[index]
+    muls = _combines(cell, combine)
+    assert muls is not None  # _halves checked it
+    here = (*lead, k)
+    pair_channels = (k, k + half)
+    terms = []
+    tables: dict[str, float] = {}
+    for n, mul in enumerate(muls):
+        a, b = (float(np.broadcast_to(cell.operand(mul, j), combine.out.shape)[here])
+                for j in (0, 1))
+        xc = _channel_in(x_full, lead, pair_channels, a)
+        x_value, table = (a, b) if xc is not None else (b, a)
+        if xc is None:
+            xc = _channel_in(x_full, lead, pair_channels, b)
+        if xc is None:
+            raise WhyError(f"cannot find {cell.name}'s pair among the rotation's products")
+        table_name = "cos" if xc == c else "sin"  # x of this channel times cos, its partner's sin
+        sign = -1.0 if combine.name == "sub" and n == 1 else 1.0
+        terms.append(Term(f"{'−' if sign < 0 else ''}{name}[.., {xc}] × {table_name}",
+                          (sign * x_value, "×", table), sign * x_value * table))
+        tables[table_name] = table
+    computed = sum(term.value for term in terms)  # type: ignore[misc]
+    partner = k + half if part == 0 else k
+    angle = math.atan2(tables.get("sin", 0.0), tables.get("cos", 1.0))
+    t = _position(cell)
+    return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
+               f"{cell.name} = x[{c}] · cos − x[{partner}] · sin" if part == 0 else
+               f"{cell.name} = x[{c}] · cos + x[{partner}] · sin",
+               (*terms, Term("sum", (), computed)),
+               (f"channel {c} is in pair {k} with channel {partner} (half-split: the module "
+                f"chunks each head's {2 * half} channels into two halves, turns them, and joins "
+                f"them back with a cat); the pair is turned by the angle atan2(sin, cos) = "
+                f"{angle:.6g} rad" + (f" at position {t}" if t is not None else ""),
+                "cos and sin are the module's own recorded tables, read at this cell; each "
+                "product is the module's recorded operands, multiplied by mha-tui"),
+               computed, cell.recorded)
+
+
+def _channel_in(x_full: np.ndarray, lead: list[int], channels: tuple[int, ...],
+                value: float) -> int | None:
+    """Which of `channels` of the head tensor before rotary holds `value` at the cell's place
+    (None: none, the operand is a table)."""
     if len(lead) != x_full.ndim - 1:
         return None
-    for c in (2 * pair, 2 * pair + 1):
-        if float(x_full[(*lead, c)]) == value:
-            return c
-    return None
+    return next((c for c in channels if c < x_full.shape[-1]
+                 and float(x_full[(*lead, c)]) == value), None)
 
 
 def _position(cell: Cell) -> int | None:
