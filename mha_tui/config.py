@@ -244,8 +244,21 @@ class Config:
         return self.embed_dim // self.num_heads
 
     @property
-    def seq_len(self) -> int:
+    def T_q(self) -> int:
+        """The queries' length: the sentence's tokens (a padded batch's longest row; a decode
+        step's new tokens)."""
         return len(self.tokens)
+
+    @property
+    def T_k(self) -> int:
+        """The keys' length: the context's tokens (cross-attention), the cached and new
+        tokens (a decode step), else the sentence's own: T_q."""
+        return len(self.key_tokens)
+
+    @property
+    def seq_len(self) -> int:
+        """T_q, by the name `--max-seq-len` speaks: the sentence's tokens (the queries)."""
+        return self.T_q
 
     def as_dict(self) -> dict[str, object]:
         if self.model is not None:  # the tokenizer's ids index the model's own vocabulary

@@ -24,6 +24,7 @@ from . import records
 if TYPE_CHECKING:
     from .config import Config
     from .judge import Verdict
+    from .records.request import Request
     from .render.options import RenderOptions
 
 WIDTH = 100  # columns the pictures are drawn at (a notebook's output area holds about this)
@@ -115,12 +116,36 @@ class Trace(records.Trace):
                 f"({', '.join(s.id for s in self.stages)})>")
 
 
-def trace_of(module: Any, x: Any, tokens: Sequence[str] | None = None, **options: Any) -> Trace:
-    """`mha_tui.trace`: the pipeline's trace (load -> trace -> recognise, `pipeline.trace`),
-    as a `Trace` that shows itself in a notebook. The check and `show` trace through here too."""
-    from .pipeline import trace
+def trace_of(module: Any, x: Any, tokens: Sequence[str] | None = None, *, context: Any = None,
+             context_tokens: Sequence[str] | None = None, decode: int = 0,
+             config: Config | None = None, **options: Any) -> Trace:
+    """`mha_tui.trace`: the module given, as a `Request` (its source a `Given`), traced by
+    the pipeline (`pipeline.traced`: load -> trace -> recognise) and returned as a `Trace`
+    that shows itself in a notebook. `show` traces through here too."""
+    from . import pipeline
 
-    return Trace.of(trace(module, x, tokens, **options))
+    return Trace.of(pipeline.traced(_request(module, x, tokens, context=context,
+                                             context_tokens=context_tokens, decode=decode,
+                                             config=config, options=options)))
+
+
+def _request(module: Any, x: Any, tokens: Sequence[str] | None, *, context: Any = None,
+             context_tokens: Sequence[str] | None = None, decode: int = 0,
+             config: Config | None = None, options: dict[str, Any] | None = None,
+             causal: bool | None = None) -> Request:
+    """The Request for a module given in Python: its sizes `config` (by default read from the
+    module and x, `pipeline.given_config`), a `Given` source, `decode` steps."""
+    from .pipeline import given_config
+    from .records.request import Given, Request
+
+    options = options or {}
+    given = Given(module, x, None if tokens is None else tuple(tokens), context=context,
+                  context_tokens=None if context_tokens is None else tuple(context_tokens),
+                  options=options, causal=causal)
+    if config is None:
+        config = given_config(module, x, tokens, embedding=options.get("embedding"),
+                              ids=options.get("ids"))
+    return Request(config, given, steps=decode)
 
 
 def _in_kernel() -> bool:
@@ -273,15 +298,53 @@ def check(module: Any, x: Any = None, tokens: Sequence[str] | None = None, *,
     row, and a second run after the module's reset the first; the Checked's trace is the
     first step's, its `steps` every step's.
     """
-    if not _is_torch_module(module):  # NumPy code: judged without torch
-        return _check_numpy(module, x, tokens, heads=heads, causal=causal, seed=seed,
-                            sentence=sentence)
-    return _check_torch(module, x, tokens, heads=heads, causal=causal, seed=seed, sentence=sentence,
-                        context=context, context_tokens=context_tokens, decode=decode)
+    words = _words(tokens, sentence)
+    options: dict[str, Any] = {}
+    if x is None:  # the sentence's tokens, looked up in a table drawn from seed (global RNG untouched)
+        x, options = _sentence_input(module, words, seed)
+    labels = _labels(words, tokens, x)
+    if not _is_torch_module(module):  # NumPy code: one sequence, one forward
+        context = context_tokens = None
+        decode = 0
+    request = _request(module, x, labels, context=context, context_tokens=context_tokens,
+                       decode=decode, config=_config(x, labels, heads, seed), options=options,
+                       causal=causal)
+    from .pipeline import checked
+
+    traced, judged = checked(request)
+    trace = traced(request.config)
+    return Checked(judged(trace), Trace.of(trace))
+
+
+def _sentence_input(module: Any, words: list[str], seed: int) -> tuple[Any, dict[str, Any]]:
+    """x for `check` when none is given: the words' ids looked up in a table drawn from seed
+    (NumPy code: the blueprint's table, as `mha-tui check` draws it), C the module's width;
+    and the lookup, for the tracer to show (torch: embedding and ids; NumPy: table and ids)."""
+    from .config import Config
+
+    if not _is_torch_module(module):
+        import numpy as np
+
+        from .load.numpy_modules import embedding_table
+
+        config = Config(" ".join(words), embed_dim=_width_of(module), num_heads=1, seed=seed)
+        table, ids = embedding_table(config), np.array(config.ids)  # as the blueprint builds x
+        return table[ids], {"table": table, "ids": ids}  # x: (T, C)
+    import torch
+
+    config = Config(" ".join(words), embed_dim=_width_of(module), num_heads=1)
+    table = torch.randn(len(config.vocab), config.embed_dim,
+                        generator=torch.Generator().manual_seed(seed))  # (V, C)
+    embedding = torch.nn.Embedding.from_pretrained(table)
+    ids = torch.tensor([config.ids])  # (1, T)
+    with torch.no_grad():
+        x = embedding(ids)  # (1, T, C)
+    return x, {"embedding": embedding, "ids": ids}
 
 
 def _config(x: Any, labels: Sequence[str] | None, heads: int | None, seed: int) -> Config | None:
-    """The run's sizes when heads is given (otherwise the tracer reads them from the module)."""
+    """The run's sizes when heads is given (otherwise `pipeline.given_config` reads them from
+    the module and x)."""
     if heads is None:
         return None
     from .config import Config
@@ -309,71 +372,6 @@ def _is_torch_module(module: Any) -> bool:
 
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(module, torch.nn.Module)
-
-
-def _check_torch(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: int | None,
-                 causal: bool, seed: int, sentence: str, context: Any = None,
-                 context_tokens: Sequence[str] | None = None, decode: int = 0) -> Checked:
-    import torch
-
-    from .config import Config
-    from .load.modules import LoadedTorch, forward_inputs
-    from .pipeline import judge_torch
-
-    words = _words(tokens, sentence)
-    embedding = ids = None
-    if x is None:  # the sentence's tokens, looked up in a table drawn from seed (global RNG untouched)
-        config = Config(" ".join(words), embed_dim=_width_of(module), num_heads=1)
-        table = torch.randn(len(config.vocab), config.embed_dim,
-                            generator=torch.Generator().manual_seed(seed))  # (V, C)
-        embedding = torch.nn.Embedding.from_pretrained(table)
-        ids = torch.tensor([config.ids])  # (1, T)
-        with torch.no_grad():
-            x = embedding(ids)  # (1, T, C)
-    args, kwargs = forward_inputs(module, x, causal=causal, context=context)
-    # Called as the CLI calls a module it built: x once, as query, key and value, or with
-    # the context, and the mask by name (load.modules.LoadedTorch.call).
-    call = LoadedTorch(module=module, embedding=embedding, ids=ids, x=x, args=args,  # type: ignore[arg-type]
-                       kwargs=kwargs).call
-
-    labels = _labels(words, tokens, x)
-    if decode:
-        from .config import config_for
-        from .pipeline import judge_decode
-
-        run = _config(x, labels, heads, seed) or config_for(module, tuple(x.shape), labels)
-        decoded = trace_of(module, x, labels, decode=decode, embedding=embedding, ids=ids,
-                           config=run)
-        return Checked(judge_decode(decoded, module, x, call, steps=decode, config=run,
-                                    embedding=embedding, ids=ids, label=type(module).__name__),
-                       decoded)
-    extra = {} if context is None else {"context": context, "context_tokens": context_tokens}
-    traced = trace_of(module, x, labels, call=call, embedding=embedding, ids=ids,
-                      config=_config(x, labels, heads, seed), **extra)
-    return Checked(judge_torch(traced, module, x, call, causal=causal, heads=traced.config.num_heads,
-                               label=type(module).__name__, context=context), traced)
-
-
-def _check_numpy(module: Any, x: Any, tokens: Sequence[str] | None, *, heads: int | None,
-                 causal: bool, seed: int, sentence: str) -> Checked:
-    import numpy as np
-
-    from .config import Config
-    from .load.numpy_modules import embedding_table, forward_inputs
-    from .pipeline import judge_numpy
-
-    words = _words(tokens, sentence)
-    table = ids = None
-    if x is None:
-        config = Config(" ".join(words), embed_dim=_width_of(module), num_heads=1, seed=seed)
-        table, ids = embedding_table(config), np.array(config.ids)  # as the blueprint builds x
-        x = table[ids]  # (T, C)
-    args, kwargs = forward_inputs(module, x, causal=causal)
-    labels = _labels(words, tokens, x)
-    traced = trace_of(module, x, labels, args=args, kwargs=kwargs, table=table, ids=ids,
-                   config=_config(x, labels, heads, seed))
-    return Checked(judge_numpy(traced, module, args, kwargs, causal=causal,
-                               heads=traced.config.num_heads, label=type(module).__name__), traced)
 
 
 def show(module: Any, x: Any, tokens: Sequence[str] | None = None, **options: Any) -> None:

@@ -1,4 +1,5 @@
-"""The eleven stages of a multi-head attention forward pass, as a learner reads them.
+"""The eleven stages of a multi-head attention forward pass, as a learner reads them, and
+the title of every other stage kind (`TITLES`, `title_of`): the one home of the titles.
 
 This catalogue is pure data so that the app can draw its stage rail (and `--stage` check
 its choices) before torch or NumPy is imported: each kind's title and explanation, and the
@@ -213,6 +214,28 @@ STAGES: tuple[StageInfo, ...] = (
 )
 
 STAGE_IDS: tuple[str, ...] = tuple(stage.id for stage in STAGES)
+
+# The titles of the stage kinds beyond the eleven, for a mechanism the textbook forward
+# lacks (each kind's module in mha_tui/kinds/ reads its own here, `title_of(KIND)`), so that
+# every kind's title has one home, readable before NumPy or torch is imported. A kind whose
+# title says what its stage found (a mask's shape, a norm's placement, the number of K/V
+# heads) makes it where it builds the stage, from these words or its own.
+TITLES: dict[str, str] = {
+    "rotary": "Rotary positions: turn Q and K by each token's position",
+    "differential": "Differential attention: the second softmax map, times λ, subtracted from the first",
+    "linear_attn": "Linear attention, not softmax attention: φ(Q) (φ(K)^T V), no (T, T) scores",
+    "softcap": "Soft-capping: the scores squashed into (−cap, cap) by cap · tanh(scores / cap)",
+    "cosine": "Cosine attention: q and k at unit length, the scores times a learned scale",
+    "sinks": "Attention sinks: a learned extra key per head, dropped after softmax",
+    "kv_cache": "The KV cache: the new token's key and value joined to those of the tokens before",
+}
+
+
+def title_of(kind: str) -> str:
+    """A stage kind's title: the catalogue's for the eleven, `TITLES`' for the others."""
+    if kind in TITLES:
+        return TITLES[kind]
+    return stage_info(kind).title
 
 # The mask stage of a NumPy forward given mask=None (--no-causal): its guarded line did not
 # run and so was not recorded; the stage says so and shows no code.

@@ -99,7 +99,10 @@ def test_the_stage_kind_example_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert before.exit_code == 0, before.output
     assert " clamp  · " not in before.stdout and "scores.clamp(-0.5, 0.5)" in before.stdout
 
-    source, row_source, test_source = _python_blocks(_section("## Add a stage kind"))
+    from mha_tui import stages
+
+    source, title_source, row_source, test_source = _python_blocks(_section("## Add a stage kind"))
+    monkeypatch.setattr(stages, "TITLES", {**stages.TITLES, **eval("{" + title_source + "}")})
     kind = types.ModuleType("mha_tui.kinds.clamp")
     kind.__package__ = "mha_tui.kinds"
     monkeypatch.setitem(sys.modules, kind.__name__, kind)

@@ -218,3 +218,42 @@ def test_tokens_that_do_not_fit_x_are_refused_in_words() -> None:
     with pytest.raises(ValueError, match=r"^2 tokens for the 5 positions of x, shape \(5, 8\)"):
         mha_tui.trace(Blueprint(8, 2, seed=0), np.ones((5, 8), dtype=np.float32), ["a", "b"])
     assert mha_tui.check(_module(), None, ["a", "b"]).verdict.equivalent
+
+
+def test_the_notebook_enters_the_pipeline_through_a_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mha_tui.trace and mha_tui.check build a Request whose source is the very module object
+    given (a `Given`), and hand it to the pipeline's door (`traced`, `checked`), as the CLI does."""
+    from mha_tui import pipeline
+    from mha_tui.records.request import Given, Request
+
+    seen: list[Request] = []
+    for name in ("traced", "checked"):
+        door = getattr(pipeline, name)
+        monkeypatch.setattr(pipeline, name, lambda request, _door=door, **kw: (
+            seen.append(request), _door(request, **kw))[1])
+    module = _module()
+    x = torch.randn(1, 4, 4, generator=torch.Generator().manual_seed(1))  # (B, T, C)
+    mha_tui.trace(module, x, TOKENS)
+    mha_tui.check(module, x, TOKENS, causal=False)
+    assert [type(r.source) for r in seen] == [Given, Given]
+    assert all(r.source.module is module and r.source.x is x for r in seen)
+    assert seen[0].source.causal is None and seen[1].source.causal is False  # called as given; as the CLI
+    assert seen[0].config.tokens == tuple(TOKENS) and seen[0].config.num_heads == 2  # read from the module
+
+
+def test_a_given_module_is_judged_by_the_pipeline_as_the_notebook_judges_it() -> None:
+    """pipeline.verdict on a hand-built Request of a Given module (what a caller other than the
+    notebook would build) gives the notebook's verdict: a wrong scale found, a right module passed."""
+    from mha_tui import pipeline
+    from mha_tui.records.request import Given, Request
+
+    x = torch.randn(1, 5, 4, generator=torch.Generator().manual_seed(2))  # (B, T, C)
+    for module in (ScaledByC(embed_dim=4, num_heads=2).eval(), _module()):
+        given = Given(module, x, causal=True)
+        verdict = pipeline.verdict(Request(pipeline.given_config(module, x), given))
+        checked = mha_tui.check(module, x)
+        assert verdict.equivalent == checked.equivalent
+        assert [(r.kind, r.ok, r.max_diff) for r in verdict.stages] == \
+            [(r.kind, r.ok, r.max_diff) for r in checked.verdict.stages]
+    assert not pipeline.verdict(Request(pipeline.given_config(ScaledByC(4, 2), x),
+                                        Given(ScaledByC(4, 2), x, causal=True))).equivalent

@@ -110,3 +110,29 @@ def test_a_results_files_fingerprint_holds_what_it_held_before_the_request() -> 
     crossed = Request(Config("I love AI !", context="le chat"))
     assert settings(crossed)["context"] == "le chat"
     assert settings(check.of_module("course")) == settings(check)
+
+
+@pytest.mark.parametrize(("config", "T_q", "T_k"), [
+    (Config("the cat sat"), 3, 3),  # self-attention: the keys are the queries' own tokens
+    (Config("the cat sat", context="le chat noir est là"), 3, 5),  # cross-attention: the context's
+    (Config("a dog", batch=("the cat sat on",)), 4, 4),  # a padded batch: the longest row
+    (Config("sat", cached=("the", "cat")), 1, 3),  # a decode step: the cache's and the new token
+])
+def test_the_config_knows_the_queries_and_the_keys_lengths(config: Config, T_q: int, T_k: int) -> None:
+    """T_q (seq_len, as --max-seq-len speaks) counts the queries, T_k the keys they look at:
+    the numbers the header shows and the recogniser's Sizes hold."""
+    assert (config.T_q, config.T_k, config.seq_len) == (T_q, T_k, T_q)
+    assert len(config.key_tokens) == T_k and len(config.tokens) == T_q
+
+
+def test_the_recognisers_sizes_hold_both_lengths() -> None:
+    """A traced cross-attention: Sizes.T_q is x's tokens, Sizes.T_k the context's, as the
+    config that made the run says."""
+    from mha_tui.ops.sizes import Sizes
+
+    sizes = Sizes(1, 3, 4, 2, 2, T_k=5)
+    assert (sizes.T_q, sizes.T_k, sizes.keys) == (3, 5, 5)
+    assert (Sizes(1, 3, 4, 2, 2).T_q, Sizes(1, 3, 4, 2, 2).keys) == (3, 3)
+    trace = pipeline.traced(Request(Config("the cat sat", context="le chat noir est là"),
+                                    Source(model="cross")))
+    assert (trace.config.T_q, trace.config.T_k) == (3, 5)

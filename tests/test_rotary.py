@@ -12,6 +12,7 @@ from mha_tui.ops.graph import Graph
 from mha_tui.ops.sizes import Sizes
 from mha_tui.recognise.classify import classify
 from mha_tui.records import Recording, Ref
+from mha_tui.stages import title_of
 
 from .test_families import _families_root  # noqa: F401  (the session's checkpoint folder)
 from .test_rules import Tape, _param, _snap
@@ -227,7 +228,7 @@ def test_the_rotary_stage_shows_the_modules_angles(llama_trace) -> None:  # type
     """Angles t * 10000^(-2i/d_h), computed here, equal the stage's angle table; the checks
     on screen hold; Q and K before and after are the module's own tensors."""
     stage = llama_trace.stage("rotary")
-    assert stage.title == rotary.TITLE
+    assert stage.title == title_of(rotary.KIND)
     T_ = len(llama_trace.config.tokens)
     d_h = 8
     omega = BASE ** (-np.arange(d_h // 2) * 2 / d_h)

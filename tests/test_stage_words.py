@@ -285,3 +285,21 @@ def test_a_cat_of_a_tuple_arguments_first_tensor_is_titled_as_written() -> None:
     assert "torch.cat((past_kv[0], k), dim=1)" in [code_of(stage.title) for stage in traced.stages
                                                    if stage.kind == "op"]
     assert [name for name, _ in traced.recording.inputs] == ["x", "past_kv[0]", "past_kv[1]"]
+
+
+def test_every_kinds_title_has_one_home_read_without_numpy() -> None:
+    """Each title in stages.TITLES belongs to a registered kind that is not one of the eleven
+    (whose titles are their StageInfo's), and title_of reads any of them with neither NumPy
+    nor torch imported (the app's rail and --stage need titles before a module runs)."""
+    import subprocess
+    import sys
+
+    from mha_tui import stages
+    from mha_tui.kinds import registry
+
+    assert stages.TITLES and set(stages.TITLES) <= set(registry.BY_KIND) - set(stages.STAGE_IDS)
+    code = ("import sys; from mha_tui.stages import TITLES, STAGE_IDS, title_of; "
+            "titles = [title_of(k) for k in (*TITLES, *STAGE_IDS)]; "
+            "print(len(set(titles)), sorted({'numpy', 'torch'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split(" ", 1) == [str(len(stages.TITLES) + 11), "[]\n"]

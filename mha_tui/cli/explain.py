@@ -156,10 +156,10 @@ def explain(
         except DumpError as error:
             fail(str(error), error.code)
     if hf_source is not None:
-        whole = Checkpoint(hf_source, sentence, trained=trained, layer=layer or 0,
-                           stream=not no_stream and not decode, dtype=dtype.value,
-                           context=context, attention=(attention or AttentionKind.cross).value,
-                           steps=decode)
+        whole = Request(checkpoint=Checkpoint(
+            hf_source, sentence, trained=trained, layer=layer or 0,
+            stream=not no_stream and not decode, dtype=dtype.value, context=context,
+            attention=(attention or AttentionKind.cross).value, steps=decode))
         explain_hf(whole, destination=destination,
                    interactive=in_app, preflight=preflight, fmt=fmt, width=width or 100,
                    full=full, color=color, ascii_only=ascii_only, stage=stage, only=only,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import TRAINED_MODEL_NAMES
-from ..records.request import Checkpoint
+from ..records.request import Checkpoint, Request
 from . import options
 from .options import Ablation, dump_format
 from .process import exit_now, fail, interactive, open_app
@@ -51,19 +51,20 @@ def heads(
             destination = resolve(dump)
         except DumpError as error:
             fail(str(error), error.code)
-    checkpoint = Checkpoint(model or hf_source or "", sentence, trained=model is not None)
+    request = Request(checkpoint=Checkpoint(model or hf_source or "", sentence,
+                                            trained=model is not None))
     from ..load.hf_error import HfError
     from ..pipeline import whole
     from .transcript import check_whole_budget
 
     try:
-        whole.refused_early(checkpoint)
+        whole.refused_early(request)
         if hf_source is not None:  # every layer and the predictions: loaded whole (docs/heads.md)
             check_whole_budget(hf_source, sentence, f"heads --hf {hf_source}",
                                "use a smaller model, or explain one layer streamed: "
                                f"mha-tui explain SENTENCE --hf {hf_source} --layer L",
                                all_layers=True)
-        session = whole.session(checkpoint, ascii_only=ascii_only)
+        session = whole.session(request, ascii_only=ascii_only)
         view = whole.model_view(session, ascii_only=ascii_only, ablate=head,
                                 method=ablate_with.value)
     except HfError as error:

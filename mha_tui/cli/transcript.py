@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from .. import collector
 from ..config import DTYPE_BYTES, ConfigError
-from ..records.request import Checkpoint, Request
+from ..records.request import Request
 from ..stages import STAGE_IDS
 from ..write import FORMATS, Page
 from . import process
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..write.destination import Destination
 
 
-def explain_hf(checkpoint: Checkpoint, *, destination: Destination | None, interactive: bool,
+def explain_hf(request: Request, *, destination: Destination | None, interactive: bool,
                fmt: Format, width: int, full: bool, color: bool, ascii_only: bool,
                stage: str | None, only: bool = False, quiz: bool = False,
                why: tuple[str, tuple[int, ...]] | None = None, preflight: bool = False) -> None:
@@ -38,8 +38,9 @@ def explain_hf(checkpoint: Checkpoint, *, destination: Destination | None, inter
     from ..load.hf_error import HfError
     from ..pipeline import whole
 
+    checkpoint = whole.checkpoint_of(request)
     try:  # what the checkpoint's files refuse, before torch and transformers are imported
-        tokens = whole.refused_early(checkpoint)
+        tokens = whole.refused_early(request)
         if not checkpoint.trained and checkpoint.context is None:
             _check_hf_budget(checkpoint.name, checkpoint.sentence, tokens, checkpoint.layer,
                              stream=checkpoint.stream, dtype=checkpoint.dtype,
@@ -49,10 +50,10 @@ def explain_hf(checkpoint: Checkpoint, *, destination: Destination | None, inter
             check_whole_budget(checkpoint.name, checkpoint.sentence,
                                f"--hf {checkpoint.name} with --context",
                                "use a smaller model or free memory")
-        session = whole.session(checkpoint, ascii_only=ascii_only, one_layer=not interactive)
+        session = whole.session(request, ascii_only=ascii_only, one_layer=not interactive)
         if session.note:
             say(f"mha-tui: note: {session.note}")
-        trace = (whole.traced(checkpoint, session, ascii_only=ascii_only) if checkpoint.steps
+        trace = (whole.traced(request, session, ascii_only=ascii_only) if checkpoint.steps
                  else None)
     except (HfError, ConfigError) as error:
         fail(str(error))

@@ -30,8 +30,11 @@ name, so a new mechanism is one module here and one row in the registry.
   module's own stage of this kind (a cap, a learned scale, a norm's weight, sink logits, a
   bias) and its words; None when the module has none (its judge then names what is missing,
   misplaced or wrong, at its line).
-- its title: the catalogue entry in `mha_tui.stages` for the eleven stages of the textbook
-  forward, or `TITLE` in the module for a mechanism beyond them (rotary, shared K/V heads).
+- its title: in `mha_tui.stages`, the one home of every kind's title, read before NumPy is
+  imported: the catalogue entry (`StageInfo`) for the eleven stages of the textbook
+  forward, `TITLES` for a mechanism beyond them (`title_of(KIND)`); a kind whose title
+  says what its stage found (a mask's shape, the number of K/V heads) makes it as it
+  builds the stage.
 - its place: the registry row says why its rules are asked where they are.
 
 Helpers several kinds share and that are not kinds (`mask_why`, `product_cell`, `op_cell`,

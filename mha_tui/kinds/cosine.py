@@ -20,6 +20,7 @@ import numpy as np
 from ..ops.graph import Graph, scalar_operand
 from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage
+from ..stages import title_of
 from ._parts.builder import BHTD, BHTT
 from ._parts.cell import Cell, Term, Why, WhyError, dot, where
 from ._parts.grown import Part
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 KIND = "cosine"
 EXPECTED = "cosine"  # check --expect cosine grows the reference by reference(j)
-TITLE = "Cosine attention: q and k at unit length, the scores times a learned scale"
 _NORMALIZE = {"normalize"}
 _TIMES = {"mul", "mul_"}
 
@@ -137,7 +137,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     last = cos.scaled or first
     return m.stage(unit, stage_id, KIND, tensors[-3:], checks, shape_in=src.shape,
                    shape_out=last.out.shape, dims_in=m.dims(src.shape, BHTD),
-                   dims_out=tensors[-1].dims, title=TITLE, explanation=explanation)
+                   dims_out=tensors[-1].dims, title=title_of(KIND), explanation=explanation)
 
 
 def _scales(j: Judge) -> np.ndarray | None:

@@ -21,6 +21,7 @@ import numpy as np
 from ..ops.graph import Graph, scalar_operand
 from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage
+from ..stages import title_of
 from ._parts.cell import Cell, Term, Why, where
 from ._parts.found import held
 from ._parts.grown import Differential, Part
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 
 KIND = "differential"
 EXPECTED = "differential"  # check --expect differential grows the reference by reference(j)
-TITLE = "Differential attention: the second softmax map, times λ, subtracted from the first"
 _SUBS = {"sub", "sub_"}
 _TIMES = {"mul", "mul_"}
 _NORMS = {"rms_norm", "layer_norm"}
@@ -139,7 +139,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         "head and scaled by (1 − λ_init).")
     return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=first.shape,
                    shape_out=last.out.shape, dims_in=tensors[0].dims, dims_out=tensors[-1].dims,
-                   title=TITLE, explanation=explanation)
+                   title=title_of(KIND), explanation=explanation)
 
 
 def _expected(j: Judge) -> list[Row]:

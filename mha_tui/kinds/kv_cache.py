@@ -24,6 +24,7 @@ from ..ops.graph import Graph
 from ..ops.sizes import Sizes
 from ..ops.vocab import CONCATS
 from ..records import Check, OpRecord, Ref, Stage, TensorArg
+from ..stages import title_of
 from ._parts.builder import KEYS
 from ._parts.cell import Cell, Why
 from ._parts.maker import StageMaker
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from ._parts.judging import Judge, Row
 
 KIND = "kv_cache"
-TITLE = "The KV cache: the new token's key and value joined to those of the tokens before"
 _WRITE = {"setitem", "index_copy_", "index_put_", "copy_"}
 # Made after the scores: not scale (q or k may be scaled before the product, `k * d_h ** -0.25`),
 # nor pos_bias (gpt-fast writes its cache after an op the recogniser calls a position bias).
@@ -159,7 +159,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     explanation = opening + "; ".join(lines) + "." + closing
     shape_in, dims_in, shape_out, dims_out = shapes[0][:2] + shapes[-1][2:]
     return m.stage(unit, stage_id, KIND, tensors[-4:], checks, shape_in=shape_in,
-                   shape_out=shape_out, dims_in=dims_in, dims_out=dims_out, title=TITLE,
+                   shape_out=shape_out, dims_in=dims_in, dims_out=dims_out, title=title_of(KIND),
                    explanation=explanation)
 
 

@@ -253,7 +253,7 @@ def judge(j: Judge) -> list[Row]:
     and for V alike (Llama's repeat_kv, repeat_interleave), never j % h_kv (.repeat)."""
     from ._parts.judging import judge_found
 
-    sizes = Sizes(j.B, j.T_q, j.C, j.h, j.d_h)
+    sizes = j.sizes  # the judge's: B, T_q, C, the h asked for, d_h, and T_k
 
     def find(g: Graph, stage: Stage) -> list[Repeat]:
         found: list[Repeat] = []

@@ -17,13 +17,13 @@ from ..ops.graph import Graph, hand_written_softmaxes
 from ..ops.sizes import Sizes
 from ..ops.vocab import SHAPE_OPS, SOFTMAXES
 from ..records import Check, OpRecord, Stage
+from ..stages import title_of
 from ._parts.cell import Cell, Why
 from ._parts.maker import StageMaker
 from ._parts.op_cell import explain, locate
 from ._parts.unit import Unit
 
 KIND = "linear_attn"
-TITLE = "Linear attention, not softmax attention: φ(Q) (φ(K)^T V), no (T, T) scores"
 
 
 def _no_softmax(g: Graph) -> bool:
@@ -72,7 +72,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         "as one stage and names no scores, mask or softmax in it.")
     return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=src.shape,
                    shape_out=last.out.shape, dims_in=m.dims(src.shape),
-                   dims_out=tensors[-1].dims, title=TITLE, explanation=explanation)
+                   dims_out=tensors[-1].dims, title=title_of(KIND), explanation=explanation)
 
 
 def why(cell: Cell) -> Why:

@@ -21,6 +21,7 @@ from ..ops.graph import Graph
 from ..ops.sizes import Sizes
 from ..ops.vocab import CONCATS, SOFTMAXES
 from ..records import Check, OpRecord, Stage
+from ..stages import title_of
 from ._parts.cell import Cell, Why
 from ._parts.found import held
 from ._parts.grown import Part
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 KIND = "sinks"
 EXPECTED = "sinks"  # check --expect sinks grows the reference by reference(j)
-TITLE = "Attention sinks: a learned extra key per head, dropped after softmax"
 _SHIFT = {"max", "amax", "sub", "getitem"}  # combined - combined.max(-1, keepdim=True).values
 
 
@@ -132,7 +132,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         "on the real keys sum to less than 1. A head can so attend to 'nothing' instead of "
         "being forced to put all its weight on some token.")
     return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=combined.shape,
-                   shape_out=combined.shape, dims_in=dims, dims_out=dims, title=TITLE,
+                   shape_out=combined.shape, dims_in=dims, dims_out=dims, title=title_of(KIND),
                    explanation=explanation, extra_ops=sorted(found.ops))
 
 

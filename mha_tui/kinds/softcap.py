@@ -19,6 +19,7 @@ from ..ops.graph import Graph, scalar_operand
 from ..ops.numeric import tolerance
 from ..ops.sizes import Sizes
 from ..records import Check, OpRecord, Stage
+from ..stages import title_of
 from ._parts.builder import BHTT
 from ._parts.cell import Cell, Term, Why, WhyError, where
 from ._parts.found import held
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
 KIND = "softcap"
 EXPECTED = "softcap"  # check --expect softcap grows the reference by reference(j)
-TITLE = "Soft-capping: the scores squashed into (−cap, cap) by cap · tanh(scores / cap)"
 _INTO = {"div", "div_", "true_divide", "mul", "mul_"}
 _OUT = {"mul", "mul_"}
 
@@ -123,7 +123,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         f"±{found.cap:g} and can never pass it, so no single key can take all of a query's "
         f"weight just by growing. Gemma 2 caps its attention logits this way (cap 50).")
     return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=before.shape,
-                   shape_out=after.shape, dims_in=dims, dims_out=dims, title=TITLE,
+                   shape_out=after.shape, dims_in=dims, dims_out=dims, title=title_of(KIND),
                    explanation=explanation, extra_ops=sorted(found.ops))
 
 

@@ -33,6 +33,11 @@ class Sizes:
     start: int = 0
 
     @property
+    def T_q(self) -> int:
+        """The queries' length: x's tokens (`T`)."""
+        return self.T
+
+    @property
     def cross(self) -> bool:
         return self.T_k is not None
 

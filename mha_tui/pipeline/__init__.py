@@ -4,6 +4,10 @@ Every caller enters through one door: it builds a `Request` (records/request.py:
 module, the sentence and sizes, the options) and hands it to `traced` (a Trace), `verdict`
 (a Verdict) or `comparison` (a Comparison); `load` builds a request's module alone (so that
 bad input is refused before the app opens), `checked` its trace-and-judge pair for the app.
+A request's module is built here from its `source` (`--model`, `--module`), or given as an
+object (`Given`: the notebook), or is a whole model (its `checkpoint`: `--hf`, `--model
+induction`), loaded and traced by `pipeline.whole`, the one submodule that reaches
+transformers, imported by the CLI alone.
 
 The CLI (`explain`, `check`), the app's loading worker, `--hf`, the NumPy path and the Python
 API (`mha_tui.trace`) all run through here, so each step happens in one place: the loader
@@ -23,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..records import Recorded, Recording, Trace
-from ..records.request import Expect, Request
+from ..records.request import Expect, Given, Request
 from .recognition import recognised
 
 if TYPE_CHECKING:
@@ -206,8 +210,16 @@ def load(request: Request) -> LoadedTorch | LoadedNumpy:
 
 
 def traced(request: Request, *, loaded: LoadedTorch | LoadedNumpy | None = None) -> Trace:
-    """load -> trace -> recognise: the Trace of the request's module on its sentence.
-    loaded: the request's module, already built by `load`."""
+    """load -> trace -> recognise: the Trace of the request's module on its sentence (a
+    `Given` module object: on its own x). loaded: the request's module, already built by
+    `load`."""
+    if isinstance(request.source, Given):
+        return _given_trace(request)
+    if request.checkpoint is not None:
+        # A whole model has its own door, pipeline.whole: importing it from here would let
+        # the app and the notebook reach transformers (an import-linter contract forbids it).
+        raise ValueError("a request for a whole model (its checkpoint) is traced by "
+                         "pipeline.whole.trace, not pipeline.traced")
     _refuse_unwired(request)
     if request.steps:
         return decoded(request, loaded=loaded)
@@ -250,6 +262,9 @@ def load_numpy_source(request: Request) -> bool:
 def verdict(request: Request) -> Verdict:
     """load -> trace -> judge: `mha-tui check`'s verdict on the request's module, judged
     against `request.expect`."""
+    if isinstance(request.source, Given):
+        run, checker = checked(request)
+        return checker(run(request.config))
     _refuse_unwired(request)
     if request.steps:  # the steps traced, then judged with the full forward (judge.decode)
         run, checker = checked(request)
@@ -264,6 +279,96 @@ def comparison(request: Request, *, loaded: LoadedTorch | LoadedNumpy | None = N
         raise ValueError("comparison() needs a request with `against`")
     return compared(request.config, request.source, request.against,
                     loaded=loaded)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- a module object given in Python
+
+def given_config(module: Any, x: Any, tokens: Sequence[str] | None = None, *,
+                 embedding: Any = None, ids: Any = None) -> Config:
+    """The sizes of a run on a `Given` module the caller did not describe (`config.config_for`):
+    T and C from x's shape (or from `embedding(ids)`'s, when x is made by that lookup), h
+    from the module's own head-count attribute, tokens t0, t1, ..."""
+    from ..config import config_for
+
+    if x is None and embedding is not None and ids is not None:
+        shape = (*tuple(ids.shape), int(embedding.weight.shape[-1]))  # embedding(ids): (B, T, C)
+    elif x is None:
+        raise ValueError("trace() needs x, or an embedding and ids to make it")
+    else:
+        shape = tuple(x.shape)
+    return config_for(module, shape, tokens)
+
+
+def _given_options(request: Request) -> dict[str, Any]:
+    """What the tracer is handed for a `Given` module: the caller's options, and when it is
+    called as the CLI calls a module (`Given.causal` a bool), its inputs by its signature."""
+    given = request.source
+    assert isinstance(given, Given)
+    options = dict(given.options)
+    if given.causal is None:
+        return options
+    if not _is_torch_module(given.module):  # NumPy code: x (or x three times) and the mask
+        from ..load.numpy_modules import forward_inputs as numpy_inputs
+
+        args, kwargs = numpy_inputs(given.module, given.x, causal=given.causal)
+        return {**options, "args": args, "kwargs": kwargs}
+    from ..load.modules import LoadedTorch, forward_inputs
+
+    args, kwargs = forward_inputs(given.module, given.x, causal=given.causal,
+                                  context=given.context)
+    # Called as the CLI calls a module it built: x once, as query, key and value, or with
+    # the context, and the mask by name (load.modules.LoadedTorch.call).
+    call = LoadedTorch(module=given.module, embedding=options.get("embedding"),  # type: ignore[arg-type]
+                       ids=options.get("ids"), x=given.x, args=args, kwargs=kwargs).call
+    return {**options, "call": call}
+
+
+def _given_trace(request: Request, options: Mapping[str, Any] | None = None) -> Trace:
+    """trace -> recognise of a `Given` module on its own x (`trace`, with the request's config)."""
+    given = request.source
+    assert isinstance(given, Given)
+    options = _given_options(request) if options is None else options
+    cross = {} if given.context is None else {"context": given.context,
+                                              "context_tokens": given.context_tokens}
+    return trace(given.module, given.x, given.tokens, decode=request.steps,
+                 config=request.config, **cross, **options)
+
+
+def _given_checked(request: Request) -> tuple[Callable[[Config], Trace], Callable[[Trace], Verdict]]:
+    """checked() for a `Given` module: traced on its own x, then judged as `check` judges a
+    module it built (torch: `judge_torch`, `--decode`: `judge_decode`; NumPy: `judge_numpy`),
+    with the mask it was called with (`Given.causal`, True when not said)."""
+    given = request.source
+    assert isinstance(given, Given)
+    options = _given_options(request)
+    causal = True if given.causal is None else given.causal
+
+    def run(config: Config) -> Trace:
+        return _given_trace(replace(request, config=config), options)
+
+    if not _is_torch_module(given.module):
+        def numpy_checker(traced: Trace) -> Verdict:
+            return judge_numpy(traced, given.module, options.get("args") or (given.x,),
+                               options.get("kwargs") or {}, causal=causal,
+                               heads=traced.config.num_heads, label=given.name,
+                               expect=request.expect)
+
+        return run, numpy_checker
+    call = options.get("call") or (lambda m, inp: m(inp))
+    if request.steps:
+        def decode_checker(traced: Trace) -> Verdict:
+            return judge_decode(traced, given.module, given.x, call, steps=request.steps,
+                                config=request.config, embedding=options.get("embedding"),
+                                ids=options.get("ids"), label=given.name, expect=request.expect)
+
+        return run, decode_checker
+
+    def checker(traced: Trace) -> Verdict:
+        return judge_torch(traced, given.module, given.x, call, causal=causal,
+                           heads=traced.config.num_heads, label=given.name,
+                           expect=request.expect, context=given.context)
+
+    return run, checker
 
 
 # ---------------------------------------------------------------- the CLI's and the app's runs
@@ -313,6 +418,8 @@ def checked(request: Request) -> tuple[Callable[[Config], Trace], Callable[[Trac
     against `request.expect` (--expect rotary, --window N)."""
     from ..load.numpy_modules import load as load_numpy
 
+    if isinstance(request.source, Given):
+        return _given_checked(request)
     _refuse_unwired(request)
     config, source, grown = request.config, request.source, request.expect
     numpy_loaded = load_numpy(config, source)

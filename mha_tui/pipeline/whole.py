@@ -1,8 +1,9 @@
-"""A whole model (`records.request.Checkpoint`: `--hf PATH_OR_NAME`, `--model induction`):
-what the checkpoint's files refuse before torch, then the model loaded into a `Session` (a
-trace per layer, `pipeline.hf`), its decode steps, or `heads`' model view.
+"""A whole model (a `Request` whose `checkpoint` names it: `--hf PATH_OR_NAME`, `--model
+induction`): what the checkpoint's files refuse before torch, then the model loaded into a
+`Session` (a trace per layer, `pipeline.hf`), its decode steps, or `heads`' model view;
+`trace` runs them in order.
 
-The CLI builds the Checkpoint and comes here; it never loads a model itself. Importing this
+The CLI builds the Request and comes here; it never loads a model itself. Importing this
 module imports neither torch nor transformers: each step imports what it runs. Every refusal
 is an `HfError` (one line). Never import rich, textual or typer here.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..records.request import Checkpoint
+from ..records.request import Checkpoint, Request
 
 if TYPE_CHECKING:
     from ..records import Trace
@@ -19,11 +20,27 @@ if TYPE_CHECKING:
     from .hf import Session
 
 
-def refused_early(checkpoint: Checkpoint) -> int | None:
+def checkpoint_of(request: Request) -> Checkpoint:
+    """The whole model a request names (a request for a module built here has none)."""
+    if request.checkpoint is None:
+        raise ValueError("pipeline.whole runs a request for a whole model (its checkpoint)")
+    return request.checkpoint
+
+
+def trace(request: Request, *, ascii_only: bool = False) -> Trace:
+    """The request's checkpoint refused early, loaded, and its layer traced (`--decode N`:
+    every step), one layer recorded: a transcript's run, in one call."""
+    refused_early(request)
+    return traced(request, session(request, ascii_only=ascii_only, one_layer=True),
+                  ascii_only=ascii_only)
+
+
+def refused_early(request: Request) -> int | None:
     """What `--hf`'s files refuse (a missing file, an unknown architecture, a layer out of
     range, too many tokens), before torch or transformers is imported; returns the
     sentence's token count (or a bound above it) when the files say one, for the memory
     estimate. A model trained here, or an encoder-decoder, is refused when it loads."""
+    checkpoint = checkpoint_of(request)
     if checkpoint.trained or checkpoint.context is not None:
         return None
     from ..load.hf_files import refuse_early
@@ -31,10 +48,11 @@ def refused_early(checkpoint: Checkpoint) -> int | None:
     return refuse_early(checkpoint.name, checkpoint.sentence, checkpoint.layer)
 
 
-def session(checkpoint: Checkpoint, *, ascii_only: bool = False, one_layer: bool = False) -> Session:
+def session(request: Request, *, ascii_only: bool = False, one_layer: bool = False) -> Session:
     """The model loaded (too many tokens: refused before the weights load) and its layer
     checked: a Session that traces it layer by layer. one_layer: record only the layer
     asked for (a transcript shows one layer)."""
+    checkpoint = checkpoint_of(request)
     sentence = checkpoint.sentence
     from ..load.hf import check_layer
     from .hf import Session
@@ -60,9 +78,10 @@ def session(checkpoint: Checkpoint, *, ascii_only: bool = False, one_layer: bool
     return Session(loaded, sentence, ascii_only=ascii_only, one_layer=one_layer)
 
 
-def traced(checkpoint: Checkpoint, shown: Session, *, ascii_only: bool = False) -> Trace:
+def traced(request: Request, shown: Session, *, ascii_only: bool = False) -> Trace:
     """The Trace of the checkpoint's layer: its forward (`--decode N`: every step traced against
     the model's own cache, `pipeline.hf_decode`)."""
+    checkpoint = checkpoint_of(request)
     if not checkpoint.steps:
         return shown.trace(checkpoint.layer)
     from .hf_decode import decode_trace

@@ -9,6 +9,7 @@ parameter list. Plain frozen data; never import torch, rich, textual or typer he
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,20 +50,53 @@ class Expect:
                 "softcap": self.softcap}
 
 
+@dataclass(frozen=True, eq=False)
+class Given:
+    """A module object given in Python (the notebook's `mha_tui.trace`, `show`, `check`):
+    the one `source` that is not built here. It runs as it is (its mode, its weights), on
+    `x` as the caller made it; it is never built, seeded or edited.
+
+    `tokens` label x's T axis (default t0, t1, ...). `context`: cross-attention's second
+    sequence (B, T_k, C), labelled by `context_tokens` (default c0, c1, ...). `options`:
+    `mha_tui.trace`'s own (`call`, `embedding` and `ids`, and for NumPy code `args`,
+    `kwargs`, `table`, `lookup`), handed to the tracer as given.
+
+    `causal`: None, the module is called as the caller said (`options["call"]`, else
+    `module(x)`); a bool, it is called as the CLI calls a module it built (`load.signature`:
+    x once or as query, key and value, or with the context; a `mask` or `attn_mask`
+    parameter gets the causal mask, or None), and the check judges it with that mask
+    (`mha_tui.check`). `label` names it in a verdict (default its class name)."""
+
+    module: Any
+    x: Any
+    tokens: tuple[str, ...] | None = None
+    context: Any = None
+    context_tokens: tuple[str, ...] | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    causal: bool | None = None
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        """How a verdict names the module: `label`, else its class's name."""
+        return self.label or type(self.module).__name__
+
+
 @dataclass(frozen=True)
 class Checkpoint:
-    """What a caller asks of a whole model read from its weights, one layer shown: `--hf
-    PATH_OR_NAME`, or a model trained here (`--model induction`: `trained`), on `sentence`.
-    `pipeline.whole` loads and traces it; the CLI (`explain`, `heads`) only builds it.
+    """A whole model read from its weights, one layer shown: `--hf PATH_OR_NAME`, or a model
+    trained here (`--model induction`: `trained`), on `sentence`. A `Request`'s `checkpoint`:
+    `pipeline.whole` loads and traces it; the CLI (`explain`, `heads`) only builds the Request.
 
     `stream`: its blocks read one at a time (`--no-stream` unsets it); `dtype`: what it runs
     in (`--dtype`, auto: as stored); `context`: an encoder-decoder's encoder input
     (`--context`), whose decoder layer shows its cross- or self-attention (`attention`);
     `steps`: `--decode N`, the last N tokens decoded against the model's own cache.
 
-    Not a `Request`: a Request's `config` holds the sizes of a module built here, validated
-    when built, and a whole model's sizes are its own, known once it is loaded; its sentence
-    is refused by the model's tokenizer (`load.hf`), not by `Config`."""
+    A request with a checkpoint has no `config`: a Config holds the sizes of a module built
+    here, validated when built, and a whole model's sizes are its own, known once it is
+    loaded (the trace's `config.model`); its sentence is refused by the model's tokenizer
+    (`load.hf`), not by `Config` (which would refuse its length, `<pad>` or `--max-seq-len`)."""
 
     name: str
     sentence: str
@@ -87,7 +121,9 @@ class Request:
       keys' and values' tokens, T_k = `len(config.key_tokens)`; "" for self-attention,
       where T_q == T_k). Validated when built (`ConfigError`, one line).
     - `source`: which module runs: a tutorial's (`--model`) or the learner's (`--module`,
-      with `--init` and `--weights`).
+      with `--init` and `--weights`), both built here; or a `Given` module object (the
+      notebook), run as it is on its own x, with `config` its sizes (`pipeline.given_config`
+      reads them from the module and x when the caller gives none).
     - `expect`: what the check judges against (`--expect`, `--window`, `--rotary-base`);
       plain multi-head attention by default. Read by `pipeline.verdict` and
       `pipeline.checked`.
@@ -99,13 +135,24 @@ class Request:
     - `steps`: `--decode N`: the last N tokens of the sentence are generated one at a time
       against the module's KV cache after a prefill of the others (`pipeline.decoded`: a
       Trace per step). 0: one forward over the whole sentence.
+    - `checkpoint`: a whole model (`--hf`, `--model induction`) instead of a module built
+      here; the request then has no `config` (None: the model's sizes are its own) and
+      `pipeline.whole` loads and traces it (`whole.trace`; `pipeline.traced` refuses it, so
+      that the app and the notebook never reach transformers). A request names exactly one
+      of `config` and `checkpoint`.
     """
 
-    config: Config
-    source: Source = field(default_factory=Source)
+    config: Config | None = None
+    source: Source | Given = field(default_factory=Source)
     expect: Expect = field(default_factory=Expect)
     against: Source | None = None
     steps: int = 0
+    checkpoint: Checkpoint | None = None
+
+    def __post_init__(self) -> None:
+        if (self.config is None) == (self.checkpoint is None):
+            raise ValueError("a Request names a module built here (config) or a whole model "
+                             "(checkpoint): exactly one of them")
 
     def of_module(self, model: str | None = None, module: str | None = None) -> Request:
         """The same run of another module (`check`'s submissions, one by one): --model NAME
@@ -122,6 +169,9 @@ class Request:
         """The request as plain JSON types (the grader hands it to its worker processes).
         Only a request whose module is named (not --hf) travels this way."""
         config, source = self.config, self.source
+        if config is None or not isinstance(source, Source):
+            raise ValueError("only a request for a module built here (--model, --module) "
+                             "travels as JSON")
         return {"sentence": config.sentence, "embed_dim": config.embed_dim,
                 "heads": config.num_heads, "seed": config.seed, "causal": config.causal,
                 "max_seq_len": config.max_seq_len, "context": config.context,

@@ -77,9 +77,9 @@ def masking(trace: Trace) -> str | None:
 def _sizes(config: Config, batched: bool = True, asked: int | None = None,
            masked: str | None = None) -> Text:
     if config.model is not None:  # C, h and d_h are on the model's line
-        lengths = (f"T_q={config.seq_len} T_k={len(config.key_tokens)} ({len(config.cached)} cached)"
+        lengths = (f"T_q={config.T_q} T_k={config.T_k} ({len(config.cached)} cached)"
                    if config.cached else
-                   f"T_q={config.seq_len} T_k={len(config.key_tokens)} cross-attention"
+                   f"T_q={config.T_q} T_k={config.T_k} cross-attention"
                    if config.cross else f"T={config.seq_len}")  # cross: an encoder-decoder's decoder
         sizes = Text(f"{'B=1 ' if batched else ''}{lengths}", style="cyan", end="")
         if config.model.encoder:  # said where a toy module's header says causal or no mask
@@ -89,8 +89,8 @@ def _sizes(config: Config, batched: bool = True, asked: int | None = None,
         return sizes
     own = f" (the module's own; --heads {asked})" if asked not in (None, config.num_heads) else ""
     # Cross-attention: the queries' and the keys' lengths; no causal mask across sequences.
-    lengths = (f"T_q={config.seq_len} T_k={len(config.key_tokens)}" if config.cross
-               else f"T_q={config.seq_len} T_k={len(config.key_tokens)} ({len(config.cached)} cached)"
+    lengths = (f"T_q={config.T_q} T_k={config.T_k}" if config.cross
+               else f"T_q={config.T_q} T_k={config.T_k} ({len(config.cached)} cached)"
                if config.cached else f"T={config.seq_len}")
     flag = "causal" if config.causal else "no mask"
     mask = (f"cross-attention, {masked}" if config.cross and masked else "cross-attention"

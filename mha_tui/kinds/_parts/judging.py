@@ -113,7 +113,7 @@ class Judge:
             for op in stage.ops:
                 self.stage_of.setdefault(op.index, stage)
         x = next((snap for name, snap in self.g.rec.inputs if name in self.g.x_names), None)
-        shape = x.shape if x is not None else (1, self.trace.config.seq_len, self.trace.config.embed_dim)
+        shape = x.shape if x is not None else (1, self.trace.config.T_q, self.trace.config.embed_dim)
         B, T_q, C = (1, *shape)[-3:] if len(shape) == 2 else shape[:3]
         # Cross-attention: the context's length (the keys'), else T_q.
         context = dict(self.g.rec.inputs).get(min(self.g.key_names)) if self.g.key_names else None

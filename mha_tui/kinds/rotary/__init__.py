@@ -22,6 +22,7 @@ from ...ops.graph import Graph
 from ...ops.numeric import HALF, precision, tolerance
 from ...ops.sizes import Sizes
 from ...records import Check, OpRecord, Stage
+from ...stages import title_of
 from .._parts.builder import BHTD, BTHD
 from .._parts.maker import StageMaker, synthetic
 from .._parts.unit import Unit
@@ -40,10 +41,9 @@ from .finding import (
 from .judging import judge, mechanism, scaled
 from .why import quiz, why
 
-__all__ = ["KIND", "RULES", "TITLE", "Rotation", "build", "judge", "mechanism", "quiz", "rotations", "scaled",
+__all__ = ["KIND", "RULES", "Rotation", "build", "judge", "mechanism", "quiz", "rotations", "scaled",
            "why"]
 
-TITLE = "Rotary positions: turn Q and K by each token's position"
 
 
 def turns_by_position(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
@@ -161,7 +161,7 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
     after = m.snap(first.after)
     return m.stage(unit, stage_id, KIND, tensors, checks, shape_in=before.shape,
                    shape_out=after.shape, dims_in=tensors[1].dims, dims_out=tensors[2].dims,
-                   title=TITLE, explanation=explanation, extra_ops=ops)
+                   title=title_of(KIND), explanation=explanation, extra_ops=ops)
 
 
 def _offset_check(angle: float, start: int) -> Check:

@@ -9,7 +9,6 @@ import numpy as np
 
 from ...ops.graph import Graph
 from ...ops.numeric import tolerance
-from ...ops.sizes import Sizes
 from ...records import OpRecord, Stage
 
 if TYPE_CHECKING:
@@ -30,7 +29,7 @@ def judge(j: Judge) -> list[Row]:
 
     def find(g: Graph, stage: Stage) -> list[Rotation]:
         if not found:  # once, on the classified graph
-            found.extend(rotations(g, Sizes(j.B, j.T_q, j.C, j.h, j.d_h)))
+            found.extend(rotations(g, j.sizes))
         ops = {op.index for op in stage.ops}
         return [rot for rot in found if (rot.ops | rot.tables) & ops]
 
@@ -145,7 +144,7 @@ def mechanism(j: Judge, stage: Stage) -> str | None:
     option that makes it the exercise: the words `check` gives when the module leaves plain
     attention here."""
     ops = {op.index for op in stage.ops}
-    here = [rot for rot in rotations(j.classified(), Sizes(j.B, j.T_q, j.C, j.h, j.d_h))
+    here = [rot for rot in rotations(j.classified(), j.sizes)
             if rot.ops & ops]
     if not here:
         return None
@@ -164,5 +163,5 @@ def mechanism(j: Judge, stage: Stage) -> str | None:
 def scaled(j: Judge) -> Scaling | None:
     """The rope scaling of the module's rotary, from the base the learner expects
     (`--rotary-base`), for the reference to grow it; None when there is none."""
-    found = rotations(j.classified(), Sizes(j.B, j.T_q, j.C, j.h, j.d_h))
+    found = rotations(j.classified(), j.sizes)
     return scaling(found[0], j.facts.rotary_base) if found else None
