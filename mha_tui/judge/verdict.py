@@ -28,7 +28,15 @@ from ..ops.numeric import (
     recorded_dtype,
 )
 from ..records import Ref, Stage, Trace
-from ..records.verdict import Diagnosis, Facts, RoleWeights, StageVerdict, Verdict
+from ..records.verdict import (
+    Diagnosis,
+    Facts,
+    Mechanism,
+    Reference,
+    RoleWeights,
+    StageVerdict,
+    Verdict,
+)
 from .numpy_reference import ROTARY_BASE, alibi_slopes, kv_heads, steps
 from .track import departure, describe
 from .whole import Finding, nan_origin, no_attention, output_shape
@@ -84,7 +92,8 @@ def run(j: Judge) -> Verdict:
     equivalent = diagnosis is None and all(v.ok is not False for v in verdicts) and (
         end is not None and end.ok is True)
     return Verdict(j.label, equivalent, tuple(verdicts), diagnosis,
-                   tuple(d for d in dict.fromkeys(j.differences) if d), end, j.grown)
+                   tuple(d for d in dict.fromkeys(j.differences) if d), end, j.grown,
+                   compared_with=j.compared_with)
 
 
 # The rows about how the heads are laid out, which a mechanism that lays them out its own way
@@ -186,7 +195,7 @@ def _grown(j: Judge, names: tuple[str, ...]) -> Grown | None:
     """The named mechanisms (--expect softcap, ...) the reference grows, with the module's
     own parameters; None for none. A mechanism the module lacks is left out: its kind's
     judge names it missing."""
-    parts = [part for name in names if (part := _part(j, name)) is not None]
+    parts = [(name, part) for name in names if (part := _part(j, name)) is not None]
     return Grown.of(parts) if parts else None
 
 
@@ -203,31 +212,51 @@ def _rotary_dims(j: Judge) -> list[int | None]:
 
 def _name(j: Judge, weights: RoleWeights, kwargs: dict[str, object]) -> str:
     """What the grown reference computes, in words."""
-    grown: list[str] = []
+    return _described(j, weights, kwargs).words
+
+
+def _described(j: Judge, weights: RoleWeights, kwargs: dict[str, object]) -> Reference:
+    """What the reference computes (steps' keyword arguments `kwargs`; none: plain
+    multi-head attention): each mechanism with its words and parameters, and the whole in
+    words, as the verdict says it."""
+    grown: list[Mechanism] = []
     if kwargs.get("rotary"):
         r = kwargs.get("rotary_dims") or j.d_h
         extent = "full" if r == j.d_h else f"partial: {r} of each head's {j.d_h} channels"
         pairs = "rotate_half" if kwargs["rotary"] == "half" else "interleaved pairs"
         other_way = ", turning the other way" if kwargs.get("rotary_sign") == -1 else ""
+        base = float(kwargs.get("base", ROTARY_BASE))  # type: ignore[arg-type]
+        parameters: list[tuple[str, object]] = [
+            ("base", base), ("pairs", "rotate_half" if kwargs["rotary"] == "half" else
+                             "interleaved"), ("channels", int(r)),  # type: ignore[call-overload]
+            ("direction", -1 if kwargs.get("rotary_sign") == -1 else 1)]
         if kwargs.get("rotary_freq") is not None:
             found = rotary_scaled(j)
             other_way += f", {found.words()}" if found is not None else ""
-        grown.append(f"rotary positions ({extent}, base {kwargs.get('base', ROTARY_BASE):g}, "
-                     f"{pairs}{other_way})")
+            if found is not None:
+                parameters.append(("scaling", found.parameters()))
+        grown.append(Mechanism("rotary", f"rotary positions ({extent}, base {base:g}, "
+                                         f"{pairs}{other_way})", tuple(parameters)))
     if kwargs.get("alibi"):
-        slopes = ", ".join(f"{m:.4g}" for m in alibi_slopes(j.h)[:4])
-        grown.append(f"ALiBi (slopes {slopes}{', ...' if j.h > 4 else ''})")
+        slopes = alibi_slopes(j.h)
+        shown = ", ".join(f"{m:.4g}" for m in slopes[:4])
+        grown.append(Mechanism("alibi", f"ALiBi (slopes {shown}{', ...' if j.h > 4 else ''})",
+                               (("slopes", [float(m) for m in slopes]),)))
     if kwargs.get("window"):
-        grown.append(f"a sliding window of {kwargs['window']}")
+        grown.append(Mechanism("window", f"a sliding window of {kwargs['window']}",
+                               (("size", int(kwargs["window"])),)))  # type: ignore[call-overload]
     h_kv = kv_heads(weights, j.h)
     if h_kv != j.h:
-        grown.append("one K/V head shared by all query heads (multi-query, h_kv 1)" if h_kv == 1
-                     else f"shared K/V heads (h_kv {h_kv})")
+        grown.append(Mechanism(
+            "shared_kv", "one K/V head shared by all query heads (multi-query, h_kv 1)"
+            if h_kv == 1 else f"shared K/V heads (h_kv {h_kv})", (("h_kv", int(h_kv)),)))
     named = kwargs.get("grown")
     if isinstance(named, Grown):
-        grown += named.words
+        grown += [Mechanism(name, part.words, part.parameters()) for name, part in named.parts]
     mask = "causal" if j.facts.causal else "unmasked (bidirectional)"
-    return f"{mask} multi-head attention" + (f" with {' and '.join(grown)}" if grown else "")
+    words = f"{mask} multi-head attention" + (
+        f" with {' and '.join(m.words for m in grown)}" if grown else "")
+    return Reference(words, j.facts.causal, tuple(grown))
 
 
 def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
@@ -694,7 +723,8 @@ def _end_to_end(j: Judge) -> tuple[StageVerdict, Diagnosis | None]:
     if x is None:
         return not_compared("the forward has no input x to give the reference")
     got = f64(j.g.snap(out_ref).values)
-    expected, name, _, j.grown = _reference(j, np.asarray(x), weights, got)
+    expected, name, kwargs, j.grown = _reference(j, np.asarray(x), weights, got)
+    j.compared_with = _described(j, weights, kwargs)
     if got.size != expected.size:
         return not_compared(f"the output has {got.size} numbers, the reference's {expected.size}")
     got = got.reshape(expected.shape)

@@ -46,6 +46,35 @@ class Diagnosis:
 
 
 @dataclass(frozen=True)
+class Mechanism:
+    """One mechanism the reference was grown by, for a grader's script: its name (`rotary`,
+    `alibi`, `window`, `shared_kv`, or an `--expect` name: `softcap`, `sinks`, `cosine`,
+    `qk_norm`, `pos_bias`, `differential`), the words the verdict says it in, and its
+    parameters as JSON values (numbers, strings, booleans, lists of numbers)."""
+
+    name: str
+    words: str
+    parameters: tuple[tuple[str, object], ...] = ()
+
+    def as_dict(self) -> dict[str, object]:
+        return {"mechanism": self.name, "words": self.words, **dict(self.parameters)}
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What the module's output was compared with: multi-head attention (`causal` or not),
+    grown by `mechanisms` (none: plain multi-head attention), said as `words`."""
+
+    words: str
+    causal: bool
+    mechanisms: tuple[Mechanism, ...] = ()
+
+    def as_dict(self) -> dict[str, object]:
+        return {"words": self.words, "causal": self.causal, "plain": not self.mechanisms,
+                "mechanisms": [m.as_dict() for m in self.mechanisms]}
+
+
+@dataclass(frozen=True)
 class Verdict:
     """A module judged: equivalent to multi-head attention, or not, and where and why."""
 
@@ -61,10 +90,13 @@ class Verdict:
     # The half-precision dtype the module was judged in (`check --dtype bfloat16`: every
     # check allowed its rounding); "" for float32 and wider.
     dtype: str = ""
+    # The same, for a script: what the output was compared with, the mechanisms and their
+    # parameters; None where no reference was computed (could not judge, not attention).
+    compared_with: Reference | None = None
 
     def as_dict(self) -> dict[str, object]:
-        """The grader's JSON object (docs/grading.md): module, equivalent, stages, diagnosis
-        (and dtype, judged in a half-precision one)."""
+        """The grader's JSON object (docs/grading.md): module, equivalent, stages, diagnosis,
+        differences, reference (and dtype, judged in a half-precision one)."""
         rows = [*self.stages, *([self.end_to_end] if self.end_to_end else [])]
         return {
             "module": self.module,
@@ -76,6 +108,7 @@ class Verdict:
                 "kind": self.diagnosis.kind, "file": self.diagnosis.file,
                 "line": self.diagnosis.line, "message": self.diagnosis.message},
             "differences": list(self.differences),
+            "reference": None if self.compared_with is None else self.compared_with.as_dict(),
         } | ({"dtype": self.dtype} if self.dtype else {})
 
 

@@ -78,6 +78,33 @@ class Part:
     score_scale: float | None = None
     differential: Differential | None = None
 
+    def parameters(self) -> tuple[tuple[str, object], ...]:
+        """Its parameters as JSON values, for a grader's script (the verdict's reference)."""
+        said: list[tuple[str, object]] = []
+        if self.softcap is not None:
+            said.append(("cap", float(self.softcap)))
+        if self.cosine is not None:
+            said.append(("scale", _numbers(self.cosine)))
+        for role, norm in (("q_norm", self.q_norm), ("k_norm", self.k_norm)):
+            if norm is not None:
+                said.append((role, {"norm": norm.name, "over": "head" if norm.per_head
+                                    else "projection", "after_rotary": norm.after_rotary,
+                                    "eps": float(norm.eps)}))
+        if self.sinks is not None:
+            said.append(("sink_logits", _numbers(self.sinks)))
+        if self.bias is not None:  # the module's own terms: their shape, not every number
+            said.append(("bias_shape", [int(n) for n in np.shape(self.bias)]))
+        if self.score_scale is not None:
+            said.append(("score_scale", float(self.score_scale)))
+        if self.differential is not None:
+            d = self.differential
+            said += [("lambda", float(d.lam)), ("factor", float(d.factor)), ("pairs", d.pairs)]
+        return tuple(said)
+
+
+def _numbers(values: np.ndarray) -> list[float]:
+    return [float(f"{v:.6g}") for v in np.asarray(values, dtype=np.float64).reshape(-1)]
+
 
 @dataclass(frozen=True)
 class Grown:
@@ -92,12 +119,14 @@ class Grown:
     score_scale: float | None = None  # instead of 1/sqrt(d_h) (DeBERTa's 1/sqrt(3 d_h))
     differential: Differential | None = None
     words: tuple[str, ...] = field(default=())
+    parts: tuple[tuple[str, Part], ...] = field(default=())  # (--expect name, its part)
 
     @classmethod
-    def of(cls, parts: list[Part]) -> Grown:
+    def of(cls, parts: list[tuple[str, Part]]) -> Grown:
         grown = cls()
-        for part in parts:
+        for name, part in parts:
             changes = {f.name: getattr(part, f.name) for f in fields(part)
                        if f.name != "words" and getattr(part, f.name) is not None}
-            grown = replace(grown, **changes, words=(*grown.words, part.words))
+            grown = replace(grown, **changes, words=(*grown.words, part.words),
+                            parts=(*grown.parts, (name, part)))
         return grown

@@ -27,7 +27,7 @@ from ...ops.numeric import (
 from ...ops.sizes import Sizes
 from ...ops.vocab import SCALE_OPS, SHAPE_OPS, SOFTMAXES
 from ...records import OpRecord, Recording, Ref, Stage, Statement, TensorArg, Trace
-from ...records.verdict import Diagnosis, Facts, StageVerdict
+from ...records.verdict import Diagnosis, Facts, Reference, StageVerdict
 
 F = TypeVar("F", bound="Found")
 
@@ -101,6 +101,8 @@ class Judge:
     differences: list[str] = field(default_factory=list)
     # What the reference grew into, in words (verdict._reference); "" for plain attention.
     grown: str = ""
+    # The same, with each mechanism's parameters, for the JSON verdict; None until computed.
+    compared_with: Reference | None = None
     _classified: Graph | None = field(default=None, repr=False)
     _second: tuple[Recording | None] | None = field(default=None, repr=False)
 

@@ -368,13 +368,23 @@ class Scaling:
     factor: float  # how many times slower the slowest pair turns
     attention: float  # the tables' length (1: none)
 
+    @property
+    def yarn(self) -> bool:
+        """YaRN's cos and sin carry its attention factor 0.1 ln(factor) + 1; Llama 3's do not."""
+        return not np.isclose(self.attention, 1.0, **tolerance(atol=1e-8, rtol=1e-4))
+
+    def parameters(self) -> dict[str, object]:
+        """For a grader's script: which scaling, its factor (as measured), YaRN's attention
+        factor."""
+        return {"rope_type": "yarn" if self.yarn else "llama3",
+                "factor": float(f"{self.factor:.4g}"), "attention_factor": float(f"{self.attention:.6g}")}
+
     def words(self) -> str:
         # measured from float32 tables: 3.99 is YaRN's factor 4
         rounded = float(f"{self.factor:.2g}")
         factor = f"{rounded:g}" if abs(rounded - self.factor) <= 0.01 * self.factor else \
             f"{self.factor:.3g}"
-        yarn = not np.isclose(self.attention, 1.0, **tolerance(atol=1e-8, rtol=1e-4))
-        # YaRN's cos and sin carry its attention factor 0.1 ln(factor) + 1; Llama 3's do not
+        yarn = self.yarn
         which = "YaRN's rope_scaling (rope_type yarn)" if yarn else \
             "Llama 3's rope_scaling (rope_type llama3)"
         said = (f"scaled frequencies: the fast pairs as base^(−2i/r), the slowest {factor} "
