@@ -105,6 +105,27 @@ class ModelInfo:
     # only when `--dtype` asked for another one: "upcast from bfloat16 on request").
     dtype: str = "float32"
     stored_dtype: str = "float32"
+    # config.json's rotary scaling, as plain numbers and words (rope_type, rope_theta,
+    # factor, alpha, max_position_embeddings): what kinds.rotary.ntk names. () for none.
+    rope: tuple[tuple[str, float | str], ...] = ()
+
+
+def rope_of(config: Any) -> tuple[tuple[str, float | str], ...]:
+    """The rotary scaling config.json asks for: `rope_parameters` (transformers 5), else the
+    older `rope_scaling` with `rope_theta` beside it; () when it asks for none, or keeps one
+    per layer type (Gemma 3: mha-tui names none there)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
+        return ()
+    kept: dict[str, float | str] = {}
+    for key in ("rope_type", "type", "rope_theta", "factor", "alpha"):
+        value = params.get(key, getattr(config, key, None) if key == "rope_theta" else None)
+        if isinstance(value, str) or (isinstance(value, int | float) and not isinstance(value, bool)):
+            kept[key] = value if isinstance(value, str) else float(value)
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int):
+        kept["max_position_embeddings"] = float(positions)
+    return tuple(kept.items())
 
 
 @dataclass(eq=False)
@@ -299,7 +320,7 @@ def load(source: str, sentence: str | None = None, *, stream: bool = False,
         vocab_size=int(config.vocab_size),
         max_positions=getattr(config, "max_position_embeddings", None),
         attention_params=sum(p.numel() for p in attention.parameters()), encoder=encoder,
-        encoder_of=encoder_of, dtype=runs_in, stored_dtype=stored,
+        encoder_of=encoder_of, dtype=runs_in, stored_dtype=stored, rope=rope_of(config),
     )
     return Loaded(model=model, tokenizer=tokenizer, info=info, blocks_path=blocks_path,
                   attention_name=attention_name, blocks=blocks, stream=streamer, note=note)

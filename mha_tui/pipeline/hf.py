@@ -26,6 +26,7 @@ from torch import nn
 
 from ..config import MAX_SEQ_LEN, Config, ModelSource
 from ..kinds import position_bias, rotary
+from ..kinds.rotary.ntk import named_ntk
 from ..load.hf import HfError, Loaded, all_layers_limit, check_layer, first_line, tokenize
 from ..records import Check, ModuleInfo, Recorded, Recording, Stage, Trace
 from ..tracing.hf_layers import ForwardRun, LayerInput, run_forward
@@ -138,6 +139,8 @@ def trace_layers(loaded: Loaded, session: Session, layers: Sequence[int]) -> dic
         config = session.config(layer)
         recording = result.recordings[loaded.attention_path(layer)]
         stages = _attention_stages(config, recording, run.layers[layer], loaded.attention(layer))
+        if loaded.info.rope:  # NTK rope scaling, as config.json says it
+            stages = named_ntk(stages, dict(loaded.info.rope), len(session.ids))
         module = ModuleInfo(class_name=recording.module_class, file=recording.module_file)
         inside = next((stage.title for stage in stages if stage.kind in POSITION_KINDS), "")
         first = input_stage(loaded, run, layer, positions_inside=inside)
