@@ -39,7 +39,7 @@ PAD_NAMES = ("key_padding_mask", "padding_mask", "src_key_padding_mask", "pad_ma
 # gpt-fast's input_pos), or a use_cache switch on a cache the module keeps (Raschka's, with
 # reset_cache()).
 PASSED_CACHE_NAMES = ("layer_past", "past_key_value", "past_key_values", "past_kv", "kv_cache",
-                      "past", "layer_cache")
+                      "past", "layer_cache", "cache")
 START_NAMES = ("start_pos",)
 POSITIONS_NAMES = ("input_pos",)
 RESET_NAMES = ("reset_cache", "reset_kv_cache", "clear_cache", "reset_caches")
