@@ -36,6 +36,9 @@ STYLES = {  # the module, the cache's kind, its parameter
     "nanogpt": (lambda: kv.NanoGPTKVAttention(4, 2), "passed", "past_kv"),
     "meta llama": (lambda: kv.MetaLlamaDecoding(4, 2), "start_pos", "start_pos"),
     "gpt-fast": (lambda: kv.GPTFastDecoding(4, 2), "input_pos", "input_pos"),
+    "bart (the cache third in the returned tuple)": (lambda: kv.BartDecoderAttention(4, 2),
+                                                     "passed", "past_key_value"),
+    "a dict cache": (lambda: kv.DictCacheAttention(4, 2), "passed", "cache"),
 }
 
 
@@ -95,6 +98,14 @@ def test_each_step_equals_the_same_row_of_the_full_forward(style: str) -> None:
         assert f"equals row {position} of the full, uncached forward" in said
         # K and V, C channels each, float32: the cost of a token in this module's cache
         assert f"{2 * 4 * 4} bytes per token" in said
+
+
+def test_the_cache_stage_names_k_and_v_unbound_from_one_projection() -> None:
+    """`q, k, v = qkv.permute(...)`: the keys joined to the cache are k (output 1 of the
+    unbinding), the values v, not the line's first name."""
+    trace = mha_tui.trace(kv.DictCacheAttention(4, 2).eval(), _x(), TOKENS, decode=1)
+    names = [t.name for t in trace.steps[0].stage("kv_cache").tensors]
+    assert names == ["k new", "k cached", "v new", "v cached"]
 
 
 class LearnedMemoryKeys(torch.nn.Module):

@@ -295,7 +295,8 @@ def test_a_batch_is_padded_to_its_longest_row() -> None:
 
 @pytest.mark.parametrize(("cls", "parameter", "given"), [
     (ts.HFPaddedAttention, "attention_mask", [[1, 1, 1, 1], [1, 1, 0, 0]]),
-    (ts.KeyPaddingAttention, "key_padding_mask", [[False] * 4, [False, False, True, True]])])
+    (ts.KeyPaddingAttention, "key_padding_mask", [[False] * 4, [False, False, True, True]]),
+    (ts.FairseqEncoderAttention, "encoder_padding_mask", [[False] * 4, [False, False, True, True]])])
 def test_the_padding_mask_goes_to_the_modules_own_parameter(cls, parameter: str, given) -> None:
     from mha_tui.load.modules import forward_inputs
 
@@ -372,7 +373,7 @@ def _check_padded(cls: str, causal: bool = False):
 
 
 @pytest.mark.parametrize("cls", ["HFPaddedAttention", "KeyPaddingAttention", "SDPAPaddedAttention",
-                                 "TorchKeyPadding", "SeqFirstKeyPadding"])
+                                 "TorchKeyPadding", "SeqFirstKeyPadding", "FairseqEncoderAttention"])
 def test_a_right_padding_mask_is_equivalent(cls: str) -> None:
     verdict = _check_padded(cls)
     assert verdict.equivalent, verdict.diagnosis
@@ -390,6 +391,20 @@ def test_the_classic_padding_bugs_are_named_at_their_line(cls: str, kind: str, l
     assert verdict.diagnosis.kind == kind
     with open(verdict.diagnosis.file) as source:
         assert line in source.read().splitlines()[verdict.diagnosis.line - 1]
+
+
+@pytest.mark.parametrize("cls", ["SDPAPaddedAttention", "FairseqEncoderAttention"])
+def test_a_padding_mask_inside_the_fused_op_is_titled_padding_not_causal(cls: str) -> None:
+    """The expansion of F.scaled_dot_product_attention names what its attn_mask blocks: the
+    padded keys, not a causal mask it does not have."""
+    from mha_tui.config import Source
+    from mha_tui.pipeline import run_trace
+
+    trace = run_trace(Config("I love AI !", batch=("the cat",), causal=False),
+                      Source(module=PADDED.format(cls), init=(("embed_dim", 4),)))
+    mask = trace.stage("mask")
+    assert mask.title.startswith("Padding: keys blocked for every query (row 0: none; row 1: 2, 3)")
+    assert "earlier tokens" not in mask.explanation and "Causal" not in mask.title
 
 
 def test_check_batch_with_the_causal_mask_combined_from_the_command_line() -> None:

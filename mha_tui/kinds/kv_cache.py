@@ -109,7 +109,8 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> Stage:
         past_refs, new_ref = found
         new = m.snap(new_ref)
         made = m.g.producer(new_ref)
-        name = m.tensor_name(made, 0, fallback=made.name) if made is not None else new_ref.name
+        name = (m.tensor_name(made, new_ref.output, fallback=made.name) if made is not None
+                else new_ref.name)  # `q, k, v = qkv.unbind(0)`: k is output 1, named k
         past = [m.snap(r) for r in past_refs]
         after = op.out
         axis = _axis(op, past[0].values, new.values)

@@ -21,7 +21,7 @@ from ._parts.builder import BHTD, BHTT
 from ._parts.cell import Cell, Term, Why, WhyError, Witness, expanded_from
 from ._parts.cell import fused_argument as argument
 from ._parts.maker import StageMaker, synthetic, words
-from ._parts.mask_shape import blocks_word, mask_shape
+from ._parts.mask_shape import MaskShape, blocks_word, mask_shape, token_names
 from ._parts.mask_why import added_why
 from ._parts.unit import Unit
 from .attend import weighted_sum_why
@@ -115,8 +115,12 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> list[Stage]:
 
     def make(kind: str, name: str, values: np.ndarray, checks: list[Check], caption: str,
              value_kind: str = "signed", extra: tuple[TensorRecord, ...] = (),
-             blocks: str = "") -> Stage:
+             blocks: str = "", shape: MaskShape | None = None) -> Stage:
         title, explanation = words(kind)
+        if shape is not None and shape.kind != "causal":
+            # what the mask blocks, read from its entries: padding, a window, ... (the mask
+            # kind's words), never "causal" for a mask that is not
+            title, explanation = shape.title, shape.explanation or explanation
         rec = m.b.record(name, synthetic(values),
                             m.dims(values.shape, BHTD if kind == "attend" else BHTT),
                             kind=value_kind, caption=caption)  # type: ignore[arg-type]
@@ -138,10 +142,11 @@ def build(m: StageMaker, unit: Unit, stage_id: str) -> list[Stage]:
     if masked_by:
         blocked = np.isneginf(np.broadcast_to(bias, masked.shape))
         n = int(blocked.sum())
+        shape = mask_shape(blocked, token_names(m.b.config.tokens))
         stages.append(make("mask", "scores + attn_bias", masked,
                            [Check(f"{n} entries blocked by {' and '.join(masked_by)} are -inf", None)],
                            "attn_bias: 0 where a token may look, -inf where it may not",
-                           blocks=blocks_word(mask_shape(blocked)) if n else "none"))
+                           blocks=blocks_word(shape) if n else "none", shape=shape if n else None))
     stages.append(make("softmax", "attn_weight", weights, softmax_checks(weights, masked),
                        "row: query token · column: key token it takes from", "prob"))
     fused_rec = m.b.record(m.tensor_name(op, fallback="y") + " (fused, from the module)",

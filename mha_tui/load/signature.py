@@ -27,9 +27,11 @@ CONTEXT_NAMES = ("context", "encoder_hidden_states", "key_value_states", "xa", "
                  "encoder_output", "encoder_out", "enc_output", "cross_states", "kv_input")
 
 # The names public code gives a padding mask: Hugging Face's (1 = a token, 0 = padding) and
-# torch's (True = padding).
+# torch's and fairseq's (True = padding: nn.TransformerDecoderLayer's tgt_key_padding_mask,
+# fairseq's encoder_padding_mask and self_attn_padding_mask).
 PAD_KEEP_NAMES = ("attention_mask",)
-PAD_NAMES = ("key_padding_mask", "padding_mask", "src_key_padding_mask", "pad_mask")
+PAD_NAMES = ("key_padding_mask", "padding_mask", "src_key_padding_mask", "pad_mask",
+             "tgt_key_padding_mask", "encoder_padding_mask", "self_attn_padding_mask")
 
 # The caches of public code, found from the forward's signature (`--decode`): a cache passed
 # in and returned (GPT-2's layer_past, Hugging Face's past_key_value(s), nanoGPT forks'
@@ -37,7 +39,7 @@ PAD_NAMES = ("key_padding_mask", "padding_mask", "src_key_padding_mask", "pad_ma
 # gpt-fast's input_pos), or a use_cache switch on a cache the module keeps (Raschka's, with
 # reset_cache()).
 PASSED_CACHE_NAMES = ("layer_past", "past_key_value", "past_key_values", "past_kv", "kv_cache",
-                      "past", "layer_cache")
+                      "past", "layer_cache", "cache")
 START_NAMES = ("start_pos",)
 POSITIONS_NAMES = ("input_pos",)
 RESET_NAMES = ("reset_cache", "reset_kv_cache", "clear_cache", "reset_caches")

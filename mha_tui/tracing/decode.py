@@ -129,9 +129,14 @@ def _result_output(result: object) -> torch.Tensor:
 
 
 def _present(result: object, style: CacheStyle) -> object:
-    """The cache a forward of the "passed" style returned: the element after its output."""
-    if isinstance(result, tuple | list) and len(result) >= 2 and result[1] is not None:
-        return result[1]
+    """The cache a forward of the "passed" style returned: the element after its output, or,
+    when that is None, the first one after it that is not (Hugging Face's BART, Marian and
+    Whisper return (attn_output, attn_weights, past_key_value), attn_weights None unless
+    output_attentions)."""
+    if isinstance(result, tuple | list) and len(result) >= 2:
+        found = next((item for item in result[1:] if item is not None), None)
+        if found is not None:
+            return found
     raise Refused(f"the forward returned no cache after its output (with {style.parameter} and "
                   f"{'use_cache=True' if style.use_cache else 'no use_cache'}): return "
                   "(output, (keys, values))")
@@ -257,6 +262,8 @@ def _tensors(value: object) -> list[torch.Tensor]:
         return [value]
     if isinstance(value, tuple | list):
         return [t for item in value for t in _tensors(item)]
+    if isinstance(value, dict):  # a cache kept as {"k": keys, "v": values}
+        return [t for item in value.values() for t in _tensors(item)]
     return []
 
 

@@ -36,7 +36,8 @@ F = TypeVar("F", bound="Found")
 # is never x. Spelled here because kinds sit below load.
 _MASK_INPUTS = frozenset({"mask", "attn_mask", "src_mask", "tgt_mask", "memory_mask",
                           "attention_mask", "key_padding_mask", "padding_mask",
-                          "src_key_padding_mask", "pad_mask"})
+                          "src_key_padding_mask", "pad_mask", "tgt_key_padding_mask",
+                          "encoder_padding_mask", "self_attn_padding_mask"})
 
 
 def judged_x(rec: Recording) -> set[str]:
