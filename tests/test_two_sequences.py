@@ -35,6 +35,7 @@ STYLES = {
     "bart": lambda: ts.BartStyleAttention(4, 2),
     "nn.Transformer decoder (tgt, memory)": lambda: ts.DecoderCrossAttention(4, 2),
     "nn.MultiheadAttention": lambda: nn.MultiheadAttention(4, 2, batch_first=True),
+    "t5 (the context after a mask parameter)": lambda: ts.T5CrossAttention(4, 2),
 }
 
 
@@ -60,6 +61,8 @@ def _own_output(module: nn.Module, x: torch.Tensor, context: torch.Tensor) -> to
             return module(x, context)
         if isinstance(module, ts.WhisperAttention):
             return module(x, xa=context)
+        if isinstance(module, ts.T5CrossAttention):
+            return module(x, key_value_states=context)
         if isinstance(module, ts.BartStyleAttention):
             return module(x, key_value_states=context)[0]
         return module(x, context=context)
@@ -144,6 +147,14 @@ def test_the_context_goes_to_the_parameter_public_code_names(module: nn.Module, 
     call = plan(module.forward, type(module).__name__, causal=True, context=True)
     assert call.context_parameter == parameter
     assert ("mask", "mask") not in call.kwargs or parameter == "mask"  # no causal mask across
+
+
+def test_a_context_after_a_mask_parameter_goes_by_its_name_not_into_the_mask() -> None:
+    """T5's forward(hidden_states, mask=None, key_value_states=None): the context is not the
+    second positional argument (that is the mask)."""
+    call = plan(ts.T5CrossAttention(4, 2).forward, "T5CrossAttention.forward", causal=True,
+                context=True)
+    assert call.args == ("x",) and ("key_value_states", "context") in call.kwargs
 
 
 def test_a_forward_of_one_sequence_is_refused_in_one_line() -> None:
@@ -360,7 +371,8 @@ def _check_padded(cls: str, causal: bool = False):
                         Source(module=PADDED.format(cls), init=(("embed_dim", 4),)))
 
 
-@pytest.mark.parametrize("cls", ["HFPaddedAttention", "KeyPaddingAttention"])
+@pytest.mark.parametrize("cls", ["HFPaddedAttention", "KeyPaddingAttention", "SDPAPaddedAttention",
+                                 "TorchKeyPadding", "SeqFirstKeyPadding"])
 def test_a_right_padding_mask_is_equivalent(cls: str) -> None:
     verdict = _check_padded(cls)
     assert verdict.equivalent, verdict.diagnosis
@@ -369,7 +381,9 @@ def test_a_right_padding_mask_is_equivalent(cls: str) -> None:
 
 @pytest.mark.parametrize(("cls", "kind", "line"), [
     ("PaddingOnQueries", "padding_on_queries", "key_padding_mask[:, None, :, None]"),
-    ("PaddingInverted", "padding_inverted", "attn_weights = attn_weights + extended")])
+    ("PaddingInverted", "padding_inverted", "attn_weights = attn_weights + extended"),
+    ("SDPAPaddingOnQueries", "padding_on_queries", "attention_mask[:, None, :, None].bool()"),
+    ("SDPAPaddingInverted", "padding_inverted", "attention_mask[:, None, None, :] == 0")])
 def test_the_classic_padding_bugs_are_named_at_their_line(cls: str, kind: str, line: str) -> None:
     verdict = _check_padded(cls)
     assert not verdict.equivalent and verdict.diagnosis is not None

@@ -484,7 +484,9 @@ def _judge_padded(j: Judge, stages: list[Stage]) -> list[Row]:
                 diag = ("padding_wrong", "the mask does not block exactly each row's padded "
                         "keys" + (" and the causal entries" if causal.any() else ""))
         rows.append(j.row(stage, "mask", good, d, words, source=op.source, diagnosis=diag))
-    if not stages and pad.any():
+    # F.scaled_dot_product_attention takes the padding in its attn_mask: the sdpa kind
+    # judges it from the fused op's own output.
+    if not stages and pad.any() and not any(j.is_sdpa(s) for s in j.trace.stages):
         soft = j.softmax_ops()
         rows.append(j.row(None, "mask", False, None, words,
                           source=soft[0].source if soft else None,

@@ -6,6 +6,7 @@ Never import torch, rich, textual or typer here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -363,15 +364,24 @@ def judge(j: Judge) -> list[Row]:
             "attend": "F.scaled_dot_product_attention = softmax(Q K^T / sqrt(d_h) + causal "
                       "mask) V, recomputed here from its q, k, v",
         }
+        if _padding(j, f64(j.g.snap(op.inputs[0]).values)) is not None:
+            checked["mask"] = ("blocks " + ("the causal entries and " if j.facts.causal else "")
+                               + "each row's padded keys for every query, inside the fused op")
+        # A padding bug is named where the mask was made (its broadcast), not at the call.
+        made = mask_ref(op)
+        maker = j.g.producer(made) if made is not None else None
+        blamed = maker.source if diag is not None and diag[0].startswith("padding_") and \
+            maker is not None and maker.source is not None else op.source
         seen_kinds = set()
         for s in kinds:
             seen_kinds.add(s.kind)
             is_wrong = s.kind == wrong
             rows.append(j.row(s, s.kind, not is_wrong, diff if s.kind in (wrong, "attend") else None,
-                                 checked.get(s.kind, "inside the fused op"), source=op.source,
+                                 checked.get(s.kind, "inside the fused op"),
+                                 source=blamed if is_wrong else op.source,
                                  diagnosis=diag if is_wrong else None))
         if wrong and wrong not in seen_kinds:
-            rows.append(j.row(None, wrong, False, diff, checked[wrong], source=op.source,
+            rows.append(j.row(None, wrong, False, diff, checked[wrong], source=blamed,
                                  diagnosis=diag,
                                  position=j.trace.stages.index(kinds[0]) + 0.5 if kinds else 0))
         j.differences.append("computes attention with F.scaled_dot_product_attention "
@@ -380,11 +390,24 @@ def judge(j: Judge) -> list[Row]:
     return rows
 
 
+def _padding(j: Judge, q: np.ndarray) -> np.ndarray | None:
+    """A padded batch's (B, T) padding (`--batch`), True = padding, when the fused op's q is
+    (B, h, T, d_h) of that batch; else None (no padding, or heads merged into the batch)."""
+    if j.facts.padding is None:
+        return None
+    pad = np.asarray(j.facts.padding, dtype=bool)
+    return pad if q.ndim == 4 and q.shape[0] == pad.shape[0] and q.shape[-2] == pad.shape[1] \
+        else None
+
+
 def _judge_sdpa(j: Judge, op: OpRecord) -> tuple[bool, float, tuple[str, str] | None]:
     q, k, v = shared_heads(op, *(f64(j.g.snap(r).values) for r in j.g.tensor_operands(op)[:3]))
     d = q.shape[-1]
     T = q.shape[-2]
-    expected_mask = blocked_set(T, j.facts.causal, j.facts.window)
+    causal = blocked_set(T, j.facts.causal, j.facts.window)  # (T, T)
+    pad = _padding(j, q)  # (B, T), True = padding
+    # A padded batch: each row's padded keys are blocked for every query, (B, 1, T, T).
+    expected_mask = causal if pad is None else causal | pad[:, None, None, :]
 
     def attention(factor: float, mask: np.ndarray) -> np.ndarray:
         scores = q @ np.swapaxes(k, -1, -2) * factor
@@ -400,6 +423,11 @@ def _judge_sdpa(j: Judge, op: OpRecord) -> tuple[bool, float, tuple[str, str] | 
                              f"dropout is active inside F.scaled_dot_product_attention "
                              f"(dropout_p={p}): {j.runs_differ()}; pass "
                              "dropout_p=self.dropout if self.training else 0.0")
+    if pad is not None:
+        padding = _padding_diagnosis(op.out.values, lambda mask: attention(1 / math.sqrt(d), mask),
+                                     causal, pad)
+        if padding is not None:
+            return False, diff, padding
     for factor in (1 / math.sqrt(j.C), 1.0, 1 / d, math.sqrt(d)):
         if close(op.out.values, attention(factor, expected_mask))[0]:
             return False, diff, scale_diagnosis(j, factor)
@@ -425,5 +453,29 @@ def _judge_sdpa(j: Judge, op: OpRecord) -> tuple[bool, float, tuple[str, str] | 
                                               "reversed: it blocks the earlier tokens")
     return False, diff, ("sdpa_wrong", "F.scaled_dot_product_attention's output is not causal "
                                        "attention with 1/sqrt(d_h) scaling of its q, k, v")
+
+
+def _padding_diagnosis(out: np.ndarray, attention: Callable[[np.ndarray], np.ndarray],
+                       causal: np.ndarray, pad: np.ndarray) -> tuple[str, str] | None:
+    """The classic padding bugs, as the fused op's output shows them (the same names as the
+    mask kind's): the padding on the query axis, inverted, or not given at all."""
+    found = (
+        (causal | pad[:, None, :, None], "padding_on_queries",
+         "the padding mask given to F.scaled_dot_product_attention is broadcast on the query "
+         "axis: the padded positions' rows are blocked, and every query still sees the padded "
+         "keys; put the padding on the last (key) axis, mask[:, None, None, :]"),
+        (causal | ~pad[:, None, None, :], "padding_inverted",
+         "the padding mask given to F.scaled_dot_product_attention is inverted: the tokens are "
+         "blocked and the padded keys are seen (attn_mask keeps the entries where it is True: "
+         "True for a token, False for padding)"),
+        (causal, "mask_missing",
+         "F.scaled_dot_product_attention ran without the padding mask: every query also "
+         "attends to the padded keys (pass attn_mask=mask[:, None, None, :], True for a token)"),
+    )
+    for mask, name, said in found:
+        if close(out, attention(mask))[0]:
+            return name, said
+    return None
+
 
 # ------------------------------------------------------------ ordering

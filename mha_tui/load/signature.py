@@ -116,7 +116,10 @@ def plan(forward: Callable[..., object], name: str, *, causal: bool, context: bo
                     f"parameter for the second one ({', '.join(CONTEXT_NAMES[:5])}, ...) or "
                     "forward(query, key, value)")
             context_parameter = named.name
-            if named.kind is named.KEYWORD_ONLY or named is not positional[1]:
+            # Second in the signature itself, not only among the non-mask parameters: T5's
+            # forward(hidden_states, mask=None, key_value_states=None) takes it by name.
+            ordered = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            if named.kind is named.KEYWORD_ONLY or named is not ordered[1]:
                 args = ("x",)
                 kwargs.append((named.name, "context"))
             else:
