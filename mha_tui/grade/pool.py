@@ -280,27 +280,57 @@ def grade(submissions: Sequence[Submission], limits: Limits, *, jobs: int = 1,
     results: dict[int, Graded] = {}
     grader = Grader(limits, sandbox=sandbox, watched=watched)
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    stop = threading.Event()
+    restore = _ctrl_c_sets(stop)
     try:
         futures = {pool.submit(grader.run_one, sub): i for i, sub in enumerate(submissions)}
         pending = set(futures)
         while pending:
-            # Never an unbounded wait: Linux may hand the terminal's SIGINT to a pool thread,
-            # which does not wake a main thread asleep on a lock; Python raises the
-            # KeyboardInterrupt when this wait returns, within half a second.
+            # Ctrl-C only sets `stop`, read here, where no lock is half taken. Never an
+            # unbounded wait: Linux may hand the SIGINT to a pool thread, which does not wake
+            # a main thread asleep on a lock.
+            if stop.is_set():
+                raise KeyboardInterrupt
             finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for future in sorted(finished, key=futures.__getitem__):
                 graded = future.result()
                 results[futures[future]] = graded
                 if done is not None:
                     done(graded)
+        if stop.is_set():
+            raise KeyboardInterrupt
     except BaseException:
+        restore()  # a second Ctrl-C now interrupts the stopping itself
         grader.workers.stop_all()
         pool.shutdown(wait=True, cancel_futures=True)
         grader.close()
         raise
+    finally:
+        restore()
     pool.shutdown()
     grader.close()
     return [results[i] for i in range(len(submissions))]
+
+
+def _ctrl_c_sets(stop: threading.Event) -> Callable[[], None]:
+    """While grading, SIGINT sets `stop` instead of raising KeyboardInterrupt wherever the
+    main thread is (inside a lock's acquire, it left the lock taken and a worker thread
+    waiting on it forever). Returns what puts the handler back (idempotent). Outside the
+    main thread (no handler can be set there), nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    before = signal.getsignal(signal.SIGINT)
+    if before in (signal.SIG_IGN, None):  # ignored (or set outside Python): leave it so
+        return lambda: None
+    signal.signal(signal.SIGINT, lambda number, frame: stop.set())
+    put_back: list[bool] = []
+
+    def restore() -> None:
+        if not put_back:
+            put_back.append(True)
+            signal.signal(signal.SIGINT, before)
+
+    return restore
 
 
 def _visible(sub: Submission, limits: Limits, folder: Path) -> list[tuple[str, str]]:
