@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from .conftest import ROOT
+from .conftest import ROOT, sigint_as_a_terminal_gives_it
 
 PAGES = [Path(ROOT, "README.md"), *sorted(Path(ROOT, "docs").rglob("*.md"))]
 FIXTURES = Path(ROOT, "tests", "fixtures")
@@ -315,7 +315,8 @@ def test_a_shown_serve_command_listens(shown: Shown, in_reader: Path) -> None:
     argv = ["127.0.0.1" if word == "0.0.0.0" else word for word in argv]
     env = {**os.environ, "HF_HUB_CACHE": str(in_reader / "hub")}
     server = subprocess.Popen([sys.executable, "-m", "mha_tui", *argv], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env, cwd=in_reader)
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=in_reader,
+                              preexec_fn=sigint_as_a_terminal_gives_it)
     try:
         line = server.stdout.readline() if server.stdout else ""
         assert f"serving the app on http://127.0.0.1:{argv[-1]}" in line, server.stderr

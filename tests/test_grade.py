@@ -26,7 +26,7 @@ from mha_tui.grade.pool import grade
 from mha_tui.judge.outcome import COULD_NOT_JUDGE, EQUIVALENT, NOT_EQUIVALENT, worst
 from mha_tui.records.request import Request
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, run_cli, sigint_as_a_terminal_gives_it
 
 MISTAKES = Path(ROOT, "tests", "fixtures", "mistakes")
 FIRST_LINE = "        B, T, C = x.shape\n"  # the first line of correct.py's forward
@@ -329,16 +329,11 @@ def _kill_leftovers(workers: list[int], process: subprocess.Popen[bytes] | None 
 
 def _grading(folder: Path) -> subprocess.Popen[bytes]:
     """`mha-tui check FOLDER` with two jobs and an hour's --timeout, SIGINT as a terminal
-    gives it. pytest run as a background job of a non-interactive shell (`make test &`) has
-    SIGINT ignored, the grader would inherit that and Python keeps it ignored: the interrupt
-    then did nothing, and the test waited out its guards with both workers spinning (the
-    hang seen once at load 7)."""
-    import signal
-
+    gives it (see `sigint_as_a_terminal_gives_it`: the hang seen once at load 7)."""
     return subprocess.Popen(
         [sys.executable, "-m", "mha_tui", "check", str(folder), "--class", "MultiHeadAttention",
          "--timeout", "3600", "--jobs", "2"], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        stderr=subprocess.PIPE, preexec_fn=sigint_as_a_terminal_gives_it)
 
 
 def _sigint_ignored(pid: int) -> bool:
@@ -477,7 +472,7 @@ except KeyboardInterrupt:
     print('interrupted')
 """
     process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+                               stderr=subprocess.PIPE, preexec_fn=sigint_as_a_terminal_gives_it)
     workers: list[int] = []
     try:
         def inside() -> bool:

@@ -24,7 +24,7 @@ from mha_tui.grade import Submission, student_ids
 from mha_tui.grade.rubric import DEFAULT_POINTS, Rubric, RubricError, load_rubric, score
 from mha_tui.judge.outcome import COULD_NOT_JUDGE, EQUIVALENT, NOT_EQUIVALENT
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, run_cli, sigint_as_a_terminal_gives_it
 
 MISTAKES = Path(ROOT, "tests", "fixtures", "mistakes")
 CLASS = "MultiHeadAttention"
@@ -188,7 +188,7 @@ def test_results_come_as_they_are_graded_and_resume_skips_them(tmp_path: Path) -
     argv = [sys.executable, "-m", "mha_tui", "check", f"{folder}/*/attn.py", "--class", CLASS,
             "--results", str(results), "--jobs", "1", "--format", "csv"]
     process = subprocess.Popen([*argv, "--timeout", "3600"], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+                               stderr=subprocess.PIPE, preexec_fn=sigint_as_a_terminal_gives_it)
     try:
         deadline = time.monotonic() + 600  # a hang guard, not a timing assertion
         while time.monotonic() < deadline and process.poll() is None and \

@@ -49,11 +49,22 @@ def normalises_by_hand(g: Graph, op: OpRecord, sizes: Sizes) -> str | None:
 RULES = (normalises, normalises_by_hand)
 
 
+# torch.finfo(dtype).eps: what F.rms_norm uses when called without eps (nanochat's
+# `F.rms_norm(x, (x.size(-1),))`)
+_MACHINE_EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10,
+                "bfloat16": 2.0 ** -7}
+
+
 def eps_of(op: OpRecord) -> float:
-    """The eps a layer_norm / rms_norm op was called with (1e-5, torch's default, if none)."""
+    """The eps a layer_norm / rms_norm op was called with; if none, torch's default: 1e-5
+    for layer_norm, the input dtype's machine epsilon for rms_norm."""
     eps_kwarg = op.kwarg("eps")  # nn.LayerNorm passes eps by keyword
-    return float(eps_kwarg) if isinstance(eps_kwarg, float) else \
-        next((float(a) for a in op.scalars() if isinstance(a, float)), 1e-5)
+    if isinstance(eps_kwarg, float):
+        return float(eps_kwarg)
+    given = next((float(a) for a in op.scalars() if isinstance(a, float)), None)
+    if given is not None:
+        return given
+    return _MACHINE_EPS.get(op.out.dtype, 2.0 ** -23) if op.name == "rms_norm" else 1e-5
 
 
 def affine(g: Graph, op: OpRecord) -> tuple[np.ndarray | None, np.ndarray | None]:
