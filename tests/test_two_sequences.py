@@ -407,6 +407,23 @@ def test_a_padding_mask_inside_the_fused_op_is_titled_padding_not_causal(cls: st
     assert "earlier tokens" not in mask.explanation and "Causal" not in mask.title
 
 
+@pytest.mark.parametrize("cls", ["KeyPaddingAttention", "SDPAPaddedAttention"])
+def test_why_on_a_padded_row_names_its_own_tokens_and_the_padding(cls: str) -> None:
+    """Row 1 ("the cat <pad> <pad>") is labelled with its own tokens, not row 0's, and a
+    blocked padded key is said as padding, not as a causal mask (there is none)."""
+    from mha_tui.config import Source
+    from mha_tui.pipeline import run_trace
+    from mha_tui.why import why
+
+    trace = run_trace(Config("I love AI !", batch=("the cat",), causal=False),
+                      Source(module=PADDED.format(cls), init=(("embed_dim", 4),)))
+    blocked = why(trace, "mask", (1, 0, 1, 2))
+    assert blocked.where == "head 0, query cat (row 1), key <pad> (column 2)"
+    assert any("is padding in batch row 1" in note for note in blocked.notes)
+    assert not any("causal mask hides the future" in note for note in blocked.notes)
+    assert why(trace, "softmax", (0, 0, 1, 2)).where == "head 0, query love (row 1), key AI (column 2)"
+
+
 def test_check_batch_with_the_causal_mask_combined_from_the_command_line() -> None:
     result = run_cli("check", "--model", "course", "--batch", "the cat")
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()

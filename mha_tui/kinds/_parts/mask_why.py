@@ -152,7 +152,12 @@ def masked_why(cell: Cell, terms: tuple[Term, ...], computed: float, blocked: bo
                notes: tuple[str, ...] = ()) -> Why:
     """Kept or blocked, and why: a causal rule (j > i) or another."""
     *_, i, j = cell.index
-    if blocked:
+    if blocked and cell.padded_key(j):
+        reason = (f"key {cell.key_token(j)} (position {j}) is padding in batch row "
+                  f"{cell.index[0]}: the padding mask blocks it for every query"
+                  + (", and it comes after the query (j > i)" if j > i and cell.trace.config.causal
+                     else ""))
+    elif blocked:
         reason = (f"key {cell.key_token(j)} (position {j}) comes after query {cell.token(i)} "
                   f"(position {i}): j > i, and a causal mask hides the future"
                   if j > i else f"blocked although j <= i ({entry}): not a causal rule")
