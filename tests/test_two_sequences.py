@@ -378,6 +378,8 @@ def test_a_right_padding_mask_is_equivalent(cls: str) -> None:
     verdict = _check_padded(cls)
     assert verdict.equivalent, verdict.diagnosis
     assert any(v.kind == "mask" and v.ok and "padded keys" in v.checked for v in verdict.stages)
+    # no causal mask was asked for: no row says one was checked
+    assert not [v.checked for v in verdict.stages if "causal" in v.checked]
 
 
 @pytest.mark.parametrize(("cls", "kind", "line"), [
