@@ -424,6 +424,8 @@ def test_why_on_a_padded_row_names_its_own_tokens_and_the_padding(cls: str) -> N
     assert any("is padding in batch row 1" in note for note in blocked.notes)
     assert not any("causal mask hides the future" in note for note in blocked.notes)
     assert why(trace, "softmax", (0, 0, 1, 2)).where == "head 0, query love (row 1), key AI (column 2)"
+    if cls == "KeyPaddingAttention":  # key_padding_mask[:, None, None, :]: its entry [1, 0, 0, 2]
+        assert blocked.terms[1].label.startswith("mask[1, 0, 0, 2] = True")
 
 
 def test_check_batch_with_the_causal_mask_combined_from_the_command_line() -> None:
