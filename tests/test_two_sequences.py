@@ -378,6 +378,8 @@ def test_a_right_padding_mask_is_equivalent(cls: str) -> None:
     verdict = _check_padded(cls)
     assert verdict.equivalent, verdict.diagnosis
     assert any(v.kind == "mask" and v.ok and "padded keys" in v.checked for v in verdict.stages)
+    # no causal mask was asked for: no row says one was checked
+    assert not [v.checked for v in verdict.stages if "causal" in v.checked]
 
 
 def test_a_mask_blocking_the_padded_queries_too_is_equivalent() -> None:
@@ -424,6 +426,25 @@ def test_a_padding_mask_inside_the_fused_op_is_titled_padding_not_causal(cls: st
     mask = trace.stage("mask")
     assert mask.title.startswith("Padding: keys blocked for every query (row 0: none; row 1: 2, 3)")
     assert "earlier tokens" not in mask.explanation and "Causal" not in mask.title
+
+
+@pytest.mark.parametrize("cls", ["KeyPaddingAttention", "SDPAPaddedAttention"])
+def test_why_on_a_padded_row_names_its_own_tokens_and_the_padding(cls: str) -> None:
+    """Row 1 ("the cat <pad> <pad>") is labelled with its own tokens, not row 0's, and a
+    blocked padded key is said as padding, not as a causal mask (there is none)."""
+    from mha_tui.config import Source
+    from mha_tui.pipeline import run_trace
+    from mha_tui.why import why
+
+    trace = run_trace(Config("I love AI !", batch=("the cat",), causal=False),
+                      Source(module=PADDED.format(cls), init=(("embed_dim", 4),)))
+    blocked = why(trace, "mask", (1, 0, 1, 2))
+    assert blocked.where == "head 0, query cat (row 1), key <pad> (column 2)"
+    assert any("is padding in batch row 1" in note for note in blocked.notes)
+    assert not any("causal mask hides the future" in note for note in blocked.notes)
+    assert why(trace, "softmax", (0, 0, 1, 2)).where == "head 0, query love (row 1), key AI (column 2)"
+    if cls == "KeyPaddingAttention":  # key_padding_mask[:, None, None, :]: its entry [1, 0, 0, 2]
+        assert blocked.terms[1].label.startswith("mask[1, 0, 0, 2] = True")
 
 
 def test_check_batch_with_the_causal_mask_combined_from_the_command_line() -> None:

@@ -361,15 +361,19 @@ def judge(j: Judge) -> list[Row]:
         good, diff, diag = _judge_sdpa(j, op)
         wrong = "" if diag is None else "attend" if diag[0] in ("sdpa_wrong", "dropout_active") \
             else "scale" if "scale" in diag[0] else "mask"
+        padded = _padding(j, f64(j.g.snap(op.inputs[0]).values)) is not None
+        # the reference's mask, in words: causal, padding, both or none
+        masks = " and ".join(m for m, on in (("causal", j.facts.causal), ("padding", padded)) if on)
         checked = {
             "scores": "Q_i @ K_i^T for every head, inside the fused op",
             "scale": f"scaled by 1/sqrt(d_h) = {1 / math.sqrt(j.d_h):.4f} inside the fused op",
             "mask": "blocks exactly the causal entries, inside the fused op",
             "softmax": "rows normalised over the keys, inside the fused op",
-            "attend": "F.scaled_dot_product_attention = softmax(Q K^T / sqrt(d_h) + causal "
-                      "mask) V, recomputed here from its q, k, v",
+            "attend": "F.scaled_dot_product_attention = softmax(Q K^T / sqrt(d_h)"
+                      + (f" + {masks} mask" if masks else "") + ") V, recomputed here from its "
+                      "q, k, v",
         }
-        if _padding(j, f64(j.g.snap(op.inputs[0]).values)) is not None:
+        if padded:
             checked["mask"] = ("blocks " + ("the causal entries and " if j.facts.causal else "")
                                + "each row's padded keys for every query, inside the fused op")
         # A padding bug is named where the mask was made (its broadcast), not at the call.

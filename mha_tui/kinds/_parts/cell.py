@@ -176,13 +176,31 @@ class Cell:
     def name(self) -> str:
         return f"{self.record.name}[{', '.join(map(str, self.index))}]"
 
+    def _row_tokens(self) -> tuple[str, ...] | None:
+        """A padded batch's (`--batch`) row of this cell: its own tokens, <pad> included;
+        None without a batch (or a cell of no batch axis)."""
+        config = self.trace.config
+        if not config.batch or self.record.dims[:1] != ("B",) or not self.index:
+            return None
+        return config.row_tokens(self.index[0]) if self.index[0] < len(config.rows) else None
+
+    def padded_key(self, t: int) -> bool:
+        """Key t is padding in this cell's batch row (`--batch`, self-attention)."""
+        config = self.trace.config
+        if self._row_tokens() is None or config.cross:
+            return False
+        row = config.padding[self.index[0]]
+        return 0 <= t < len(row) and row[t]
+
     def token(self, t: int) -> str:
-        tokens = self.trace.config.tokens
+        tokens = self._row_tokens() or self.trace.config.tokens
         return tokens[t] if 0 <= t < len(tokens) else str(t)
 
     def key_token(self, t: int) -> str:
-        """Key t's token: the context's in cross-attention, else the sentence's own."""
-        tokens = self.trace.config.key_tokens
+        """Key t's token: the context's in cross-attention, else the sentence's own (in a
+        padded batch, the cell's row's)."""
+        config = self.trace.config
+        tokens = (self._row_tokens() if not config.cross else None) or config.key_tokens
         return tokens[t] if 0 <= t < len(tokens) else str(t)
 
     @property

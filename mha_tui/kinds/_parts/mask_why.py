@@ -33,18 +33,28 @@ def why(cell: Cell) -> Why:
     out_shape = op.out.shape
     *_, i, j = index
     if op.name.startswith("masked_fill"):
-        mask = np.broadcast_to(cell.operand(op, 1), out_shape)
+        own = cell.operand(op, 1)
+        mask = np.broadcast_to(own, out_shape)
         blocked = bool(mask[index])
         fill = cell.scalar(op)
         computed = fill if blocked else before
+        # the entry as the mask itself is indexed: [i, j] of a (T, T) mask, [b, 0, 0, j] of
+        # a padding mask broadcast from (B, 1, 1, T)
+        spot = ", ".join(map(str, _own_index(index, own.shape))) if own.ndim > 2 else f"{i}, {j}"
         terms = (Term("score before the mask", (), before),
-                 Term(f"mask[{i}, {j}] = {blocked}: "
+                 Term(f"mask[{spot}] = {blocked}: "
                       + ("written over with the fill value" if blocked else "kept"), (), computed))
-        return masked_why(cell, terms, computed, blocked, f"the mask's entry [{i}, {j}] is {blocked}")
+        return masked_why(cell, terms, computed, blocked, f"the mask's entry [{spot}] is {blocked}")
     if op.name.startswith(("add", "sub")):
         added = float(np.broadcast_to(cell.operand(op, 1), out_shape)[index])
         return added_why(cell, before, added, adds=op.name.startswith("add"))
     raise WhyError(f"stage {cell.stage.id}: a {op.name} mask is not explained yet")
+
+
+def _own_index(index: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Where a cell of a broadcast result reads a tensor of `shape` (NumPy's broadcasting)."""
+    tail = index[len(index) - len(shape):]
+    return tuple(0 if n == 1 else k for k, n in zip(tail, shape, strict=True))
 
 
 def _where_why(cell: Cell, op: OpRecord, index: tuple[int, ...]) -> Why:
@@ -152,7 +162,12 @@ def masked_why(cell: Cell, terms: tuple[Term, ...], computed: float, blocked: bo
                notes: tuple[str, ...] = ()) -> Why:
     """Kept or blocked, and why: a causal rule (j > i) or another."""
     *_, i, j = cell.index
-    if blocked:
+    if blocked and cell.padded_key(j):
+        reason = (f"key {cell.key_token(j)} (position {j}) is padding in batch row "
+                  f"{cell.index[0]}: the padding mask blocks it for every query"
+                  + (", and it comes after the query (j > i)" if j > i and cell.trace.config.causal
+                     else ""))
+    elif blocked:
         reason = (f"key {cell.key_token(j)} (position {j}) comes after query {cell.token(i)} "
                   f"(position {i}): j > i, and a causal mask hides the future"
                   if j > i else f"blocked although j <= i ({entry}): not a causal rule")
