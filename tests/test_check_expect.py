@@ -317,6 +317,17 @@ def test_pos_bias_with_a_padded_batch_uses_every_rows_own_terms() -> None:
     assert terms.shape == (2, 4, 4, 4) and not np.allclose(terms[0], terms[1])
 
 
+def test_deberta_blocking_the_padded_queries_too_is_equivalent() -> None:
+    """DeBERTa's own mask (the installed transformers' get_attention_mask) blocks the padded
+    queries' rows as well as the padded keys: no real token reads those rows, so the mask is
+    judged right, said as the module's own choice, and the output compared on the real rows."""
+    code, verdict = check(f"{HF}:DebertaV2Padded", *PADDED)
+    assert code == 0, verdict["diagnosis"]
+    rows = {row["kind"]: row for row in verdict["stages"]}
+    assert rows["mask"]["ok"] is True and "padded queries' rows too" in rows["mask"]["checked"]
+    assert "padded positions' own rows are not compared" in reference(verdict)
+
+
 def test_pos_bias_with_a_padded_batch_names_padding_on_the_queries(tmp_path: Path) -> None:
     path, line = planted(tmp_path, SAM, "(self.num_heads, dim=0)[:, None, :]",
                          "(self.num_heads, dim=0)[:, :, None]")

@@ -386,6 +386,25 @@ def test_a_right_padding_mask_is_equivalent(cls: str) -> None:
     assert not [v.checked for v in verdict.stages if "causal" in v.checked]
 
 
+def test_a_mask_blocking_the_padded_queries_too_is_equivalent() -> None:
+    """mask[:, None, None, :] * mask[:, None, :, None] (DeBERTa's way): the padded queries'
+    rows are blocked too; nothing a real token sees changes, so it is equivalent, and said."""
+    verdict = _check_padded("PaddingOnQueriesAndKeys")
+    assert verdict.equivalent, verdict.diagnosis
+    mask = next(v for v in verdict.stages if v.kind == "mask")
+    assert mask.ok and "blocks the padded queries' rows too" in mask.checked
+    assert "padded positions' own rows are not compared" in verdict.end_to_end.checked
+
+
+def test_a_real_key_blocked_is_named_with_its_entry() -> None:
+    verdict = _check_padded("PaddingBlocksARealKey")
+    assert not verdict.equivalent and verdict.diagnosis.kind == "padding_wrong"
+    assert "batch row 0, head 0, query 0 has key 0 (a token) blocked" in verdict.diagnosis.message
+    with open(verdict.diagnosis.file) as source:
+        assert "keep[:, None, None, :] == 0" in source.read().splitlines()[verdict.diagnosis.line - 1]
+    assert "not compared" not in verdict.end_to_end.checked
+
+
 @pytest.mark.parametrize(("cls", "kind", "line"), [
     ("PaddingOnQueries", "padding_on_queries", "key_padding_mask[:, None, :, None]"),
     ("PaddingInverted", "padding_inverted", "attn_weights = attn_weights + extended"),

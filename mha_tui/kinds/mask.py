@@ -466,7 +466,15 @@ def _judge_padded(j: Judge, stages: list[Stage]) -> list[Row]:
         per_row = newly.reshape(B, -1, T, T)  # (B, h, T, T)
         kept = ~newly
         d = max_diff(np.where(kept, after, 0.0), np.where(kept, before, 0.0))
-        good = bool((per_row == expected[:, None]).all()) and d <= _allowed(before, kept)
+        # A padded query's row is never read for a real token's output: what the module
+        # blocks there is its own choice (DeBERTa's mask blocks the padded queries too).
+        real = ~pad[:, None, :, None]  # (B, 1, T_q, 1)
+        matches = (per_row == expected[:, None]) | ~real
+        good = bool(matches.all()) and d <= _allowed(before, kept)
+        checked = words
+        if good and (per_row != expected[:, None]).any():
+            checked += (", and blocks the padded queries' rows too (the module's own choice: "
+                        "no real token reads them)")
         diag = None
         if not good:
             on_queries = causal[None] | pad[:, :, None]
@@ -482,8 +490,9 @@ def _judge_padded(j: Judge, stages: list[Stage]) -> list[Row]:
                         "token, 0 for padding; key_padding_mask is True for padding)")
             else:
                 diag = ("padding_wrong", "the mask does not block exactly each row's padded "
-                        "keys" + (" and the causal entries" if causal.any() else ""))
-        rows.append(j.row(stage, "mask", good, d, words, source=op.source, diagnosis=diag))
+                        "keys" + (" and the causal entries" if causal.any() else "")
+                        + _first_wrong_entry(per_row, expected, pad))
+        rows.append(j.row(stage, "mask", good, d, checked, source=op.source, diagnosis=diag))
     # F.scaled_dot_product_attention takes the padding in its attn_mask: the sdpa kind
     # judges it from the fused op's own output.
     if not stages and pad.any() and not any(j.is_sdpa(s) for s in j.trace.stages):
@@ -494,6 +503,19 @@ def _judge_padded(j: Judge, stages: list[Stage]) -> list[Row]:
                                      "every query also attends to the padded keys"),
                           position=j.position_before("softmax")))
     return rows
+
+
+def _first_wrong_entry(per_row: np.ndarray, expected: np.ndarray, pad: np.ndarray) -> str:
+    """Where a padded batch's mask is first wrong for a real query: a key it should block
+    that is seen, or a key it blocks that should be seen (batch row, head, query, key)."""
+    wrong = (per_row != expected[:, None]) & ~pad[:, None, :, None]
+    if not wrong.any():
+        return ""
+    b, h, i, k = (int(n) for n in np.argwhere(wrong)[0])
+    what = "padding" if pad[b, k] else "a token"
+    done = "blocked" if per_row[b, h, i, k] else "seen"
+    head = f", head {h}" if per_row.shape[1] > 1 else ""
+    return f": in batch row {b}{head}, query {i} has key {k} ({what}) {done}"
 
 
 def _allowed(before: np.ndarray, kept: np.ndarray) -> float:
