@@ -187,6 +187,10 @@ def test_explain_context_from_the_command_line(tmp_path) -> None:
     assert result.returncode == 0, result.stderr.decode()
     written = json.loads(out.read_text())
     assert written["config"]["context_tokens"] == ["le", "chat", "est", "sur", "le", "tapis"]
+    # the axes named as the text names them: the queries' T_q beside the keys' T_k
+    softmax = next(stage for stage in written["stages"] if stage["kind"] == "softmax")
+    assert softmax["dims_out"] == ["B", "h", "T_q", "T_k"]
+    assert [t["dims"] for t in softmax["tensors"].values()] == [["B", "h", "T_q", "T_k"]]
     why = run_cli("explain", "I love AI !", "--context", "le chat est sur le tapis", "--dump", "-",
                   "--why", "softmax[0, 0, 1, 5]")
     assert why.returncode == 0, why.stderr.decode()

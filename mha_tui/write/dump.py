@@ -23,10 +23,12 @@ from ..records import OpRecord, TensorRecord, Trace
 from ..render.header import display_path, module_line, trace_header
 from ..render.options import ASCII_GLYPHS, RenderOptions
 from ..render.stage import labelled, stage_view
+from ..render.tensor import shown_dims
 from ..render.why import why_view
 from .floats import float32_json, numpy_texts
 
 if TYPE_CHECKING:
+    from ..config import Config
     from ..judge.compare import Comparison
     from ..quiz import Question
     from ..why import Why
@@ -243,10 +245,11 @@ def _json_escape(match: re.Match[str]) -> str:
     return ch
 
 
-def _tensor_json(record: TensorRecord, tensors: list[np.ndarray], nonce: str) -> dict[str, Any]:
+def _tensor_json(record: TensorRecord, tensors: list[np.ndarray], nonce: str,
+                 config: Config | None = None) -> dict[str, Any]:
     data: dict[str, Any] = {
         "shape": list(record.shape),
-        "dims": list(record.dims),
+        "dims": list(shown_dims(record.dims, config)),  # T_q beside T_k, as the text says
         "strides": list(record.strides),
         "stride_unit": record.stride_unit,
         "contiguous": record.contiguous,
@@ -310,11 +313,13 @@ def _one_document(trace: Trace, first: int, tensors: list[np.ndarray], nonce: st
                 "explanation": stage.explanation,
                 "shape_in": list(stage.shape_in),
                 "shape_out": list(stage.shape_out),
-                "dims_in": list(stage.dims_in),
-                "dims_out": list(stage.dims_out),
+                "dims_in": list(shown_dims(stage.dims_in, trace.config)),
+                "dims_out": list(shown_dims(stage.dims_out, trace.config)),
                 "note": stage.note,
-                "tensors": {r.name: _tensor_json(r, tensors, nonce) for r in stage.tensors},
-                "aside": {r.name: _tensor_json(r, tensors, nonce) for r in stage.aside},
+                "tensors": {r.name: _tensor_json(r, tensors, nonce, trace.config)
+                            for r in stage.tensors},
+                "aside": {r.name: _tensor_json(r, tensors, nonce, trace.config)
+                          for r in stage.aside},
                 "checks": [{"label": c.label, "ok": c.ok} for c in stage.checks],
                 "ops": [_op_json(op) for op in stage.ops],
             }
