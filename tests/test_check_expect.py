@@ -335,6 +335,9 @@ def test_pos_bias_with_a_padded_batch_names_padding_on_the_queries(tmp_path: Pat
     diagnosis = verdict["diagnosis"]
     assert code == 1 and diagnosis["kind"] == "padding_on_queries", diagnosis
     assert diagnosis["line"] == line + 1  # the masked_fill that uses it
+    # its scores fold the batch into the heads, (B h, T, T): the NaN row is said by batch
+    # row ("a dog", row 2, padded from token 2) and head, not as "head 8"
+    assert "row 2 of head 0 in batch row 2 is fully masked" in diagnosis["message"], diagnosis
 
 
 def test_differential_attention_adding_its_second_map(tmp_path: Path) -> None:

@@ -396,6 +396,17 @@ def test_a_mask_blocking_the_padded_queries_too_is_equivalent() -> None:
     assert "padded positions' own rows are not compared" in verdict.end_to_end.checked
 
 
+def test_padded_queries_rows_of_minus_inf_are_named_for_their_nan() -> None:
+    """Blocking a padded query's whole row with -inf makes it NaN, which the next layer's
+    0 * NaN carries to the real tokens: named at the mask's line, its row said by batch row
+    and head (the scores are (B, h, T, T): row 1's padding, not "head 2")."""
+    verdict = _check_padded("PaddingRowsOfMinusInf")
+    assert not verdict.equivalent and verdict.diagnosis.kind == "padding_nan"
+    assert "row 2 of head 0 in batch row 1 is fully masked" in verdict.diagnosis.message
+    with open(verdict.diagnosis.file) as source:
+        assert 'float("-inf"))' in source.read().splitlines()[verdict.diagnosis.line - 1]
+
+
 def test_a_real_key_blocked_is_named_with_its_entry() -> None:
     verdict = _check_padded("PaddingBlocksARealKey")
     assert not verdict.equivalent and verdict.diagnosis.kind == "padding_wrong"

@@ -144,7 +144,7 @@ def _whole(j: Judge, diagnosis: Diagnosis | None) -> tuple[StageVerdict, Diagnos
                            f"not compared: the reference could not be computed "
                            f"({type(error).__name__}: {error})")
         mismatch = None
-    nan = nan_origin(rec, j.g.x_names)
+    nan = nan_origin(rec, j.g.x_names, j.h)
     if end.ok is None and diagnosis is None:
         diagnosis = Diagnosis("no_reference", end.file, end.line,
                               f"could not judge: {end.checked.removeprefix('not compared: ')}",
@@ -313,8 +313,9 @@ def _padding(j: Judge) -> np.ndarray | None:
 def _real_rows(j: Judge, got: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, str]:
     """A padded batch's output compared on its real tokens only: a padded query's row is
     never read for a real token's output, so whatever the module puts there (DeBERTa blocks
-    those rows, giving the mean of every value) is its own choice. Returns the output with
-    the padded rows taken from the reference, and words when they differed."""
+    those rows, giving the mean of every value) is its own choice, unless it is NaN (a row
+    blocked with -inf: the next layer's 0 * NaN reaches the real tokens). Returns the output
+    with the padded rows taken from the reference, and words when they differed."""
     pad = _padding(j)
     if pad is None or got.ndim < 2:
         return got, ""
@@ -326,7 +327,8 @@ def _real_rows(j: Judge, got: np.ndarray, expected: np.ndarray) -> tuple[np.ndar
         return got, ""
     rows = rows.reshape(rows.shape + (1,) * (got.ndim - 2))
     same = np.broadcast_to(rows, got.shape)
-    if close(got[same], expected[same])[0]:
+    if close(got[same], expected[same])[0] or \
+            (np.isnan(got[same]) & ~np.isnan(expected[same])).any():
         return got, ""
     return np.where(rows, expected, got), ("; the padded positions' own rows are not compared "
                                            "(no real token reads them: the module's own choice)")

@@ -149,17 +149,27 @@ def _snap_values(rec: Recording, ref: Ref) -> np.ndarray:
     return np.asarray(rec.snapshot(ref).values)
 
 
-def _fully_blocked_rows(values: np.ndarray) -> list[tuple[int, int]]:
-    """(head, row) of every row of a (..., T, T) score tensor whose entries are all blocked."""
+def _fully_blocked_rows(values: np.ndarray, heads: int | None = None
+                        ) -> list[tuple[int, int, int]]:
+    """(batch row, head, row) of every row of a (..., T, T) score tensor whose entries are all
+    blocked. Its leading axes are (B, h), (h,), or, given `heads`, the batch and the heads
+    folded into one axis of B * h (SAM's, timm's), batch row major."""
     v = np.asarray(values, dtype=np.float64)
     if v.ndim < 2:
         return []
     with np.errstate(invalid="ignore"):
         blocked = np.isneginf(v) | (v <= LARGE_NEGATIVE)
     rows = blocked.all(axis=-1)
+    lead = rows.shape[:-1]
+    if len(lead) >= 2:
+        per_head = int(lead[-1])
+    elif lead and heads and lead[0] % heads == 0:
+        per_head = heads
+    else:
+        per_head = int(lead[0]) if lead else 1
     flat = rows.reshape(-1, rows.shape[-1])
-    heads = flat.shape[0]
-    return [(i % heads if heads else 0, r) for i in range(heads) for r in np.flatnonzero(flat[i])]
+    return [(i // per_head, i % per_head, int(r)) for i in range(flat.shape[0])
+            for r in np.flatnonzero(flat[i])]
 
 
 def _blocking_op(rec: Recording, ref: Ref) -> OpRecord | None:
@@ -184,9 +194,11 @@ def _blocking_op(rec: Recording, ref: Ref) -> OpRecord | None:
     return None
 
 
-def nan_origin(rec: Recording, x_names: set[str]) -> tuple[Finding, OpRecord] | None:
+def nan_origin(rec: Recording, x_names: set[str], heads: int | None = None
+               ) -> tuple[Finding, OpRecord] | None:
     """Where NaN first appears in the forward (an op whose output has NaN and whose inputs
-    had none) and why, in words; (finding, the op that made the NaN) or None."""
+    had none) and why, in words; (finding, the op that made the NaN) or None. `heads` tells
+    a (B * h, T, T) tensor of heads folded into the batch from one of h heads."""
     from_x = x_dependent(rec, x_names)
     for op in rec.ops:
         if not from_x[op.index] or not any(_has_nan(np.asarray(o.values)) for o in op.outputs):
@@ -195,22 +207,27 @@ def nan_origin(rec: Recording, x_names: set[str]) -> tuple[Finding, OpRecord] | 
             return None  # NaN came in from outside the forward's ops
         if op.name in SOFTMAXES or op.name == "scaled_dot_product_attention":
             source = op.inputs[0] if op.inputs else None
-            rows = _fully_blocked_rows(_snap_values(rec, source)) if source is not None and \
-                op.name in SOFTMAXES else []
+            rows = _fully_blocked_rows(_snap_values(rec, source), heads) \
+                if source is not None and op.name in SOFTMAXES else []
             if op.name == "scaled_dot_product_attention":
                 return Finding("nan", op.source, "NaN first appears in "
                                "F.scaled_dot_product_attention's output: a row its mask blocks "
                                "entirely has no key to attend to (softmax of all -inf is NaN)"), op
             if rows:
-                head, row = rows[0]
-                heads = {h for h, r in rows if r == row}
-                more = f"; the same row in all {len(heads)} heads" if len(heads) > 1 else ""
-                others = sorted({r for _, r in rows} - {row})
+                batch, head, row = rows[0]
+                batches = {b for b, _, _ in rows}
+                of = f" in batch row {batch}" if batches != {0} else ""
+                alike = {h for b, h, r in rows if (b, r) == (batch, row)}
+                more = f"; the same row in all {len(alike)} heads" if len(alike) > 1 else ""
+                others = sorted({r for b, _, r in rows if b == batch} - {row})
                 if others:
                     more += f"; rows {', '.join(map(str, others))} too"
+                if len(batches) > 1:
+                    more += (f"; in batch rows {', '.join(map(str, sorted(batches - {batch})))} "
+                             "as well")
                 blocker = _blocking_op(rec, source) if source is not None else None
-                words = (f"row {row} of head {head} is fully masked: softmax of all -inf is NaN"
-                         f"{more}; token {row} may look at no token, not even itself")
+                words = (f"row {row} of head {head}{of} is fully masked: softmax of all -inf "
+                         f"is NaN{more}; token {row}{of} may look at no token, not even itself")
                 return Finding("nan", blocker.source if blocker is not None else op.source,
                                words), op
         return Finding("nan", op.source, f"NaN first appears in the output of "

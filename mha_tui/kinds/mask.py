@@ -476,7 +476,13 @@ def _judge_padded(j: Judge, stages: list[Stage]) -> list[Row]:
             checked += (", and blocks the padded queries' rows too (the module's own choice: "
                         "no real token reads them)")
         diag = None
-        if not good:
+        if good and np.isneginf(after).all(axis=-1).any():
+            good = False
+            diag = ("padding_nan", "the padded queries' rows are blocked entirely with -inf: "
+                    "softmax makes them NaN, and the next layer's weights @ V (0 * NaN) carries "
+                    "it to the real tokens; block with torch.finfo(dtype).min, as Hugging Face "
+                    "does, or block the padded keys only")
+        if not good and diag is None:
             on_queries = causal[None] | pad[:, :, None]
             inverted = causal[None] | ~pad[:, None, :]
             if (per_row == on_queries[:, None]).all():
