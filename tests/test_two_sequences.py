@@ -386,10 +386,12 @@ def test_a_right_padding_mask_is_equivalent(cls: str) -> None:
     assert not [v.checked for v in verdict.stages if "causal" in v.checked]
 
 
-def test_a_mask_blocking_the_padded_queries_too_is_equivalent() -> None:
+@pytest.mark.parametrize("cls", ["PaddingOnQueriesAndKeys", "SDPAPaddingBothAxes"])
+def test_a_mask_blocking_the_padded_queries_too_is_equivalent(cls: str) -> None:
     """mask[:, None, None, :] * mask[:, None, :, None] (DeBERTa's way): the padded queries'
-    rows are blocked too; nothing a real token sees changes, so it is equivalent, and said."""
-    verdict = _check_padded("PaddingOnQueriesAndKeys")
+    rows are blocked too; nothing a real token sees changes, so it is equivalent, and said
+    (also inside F.scaled_dot_product_attention, which gives those rows 0)."""
+    verdict = _check_padded(cls)
     assert verdict.equivalent, verdict.diagnosis
     mask = next(v for v in verdict.stages if v.kind == "mask")
     assert mask.ok and "blocks the padded queries' rows too" in mask.checked
