@@ -309,6 +309,8 @@ def test_pos_bias_with_a_padded_batch_uses_every_rows_own_terms() -> None:
     assert "relative position terms added to the scores" in reference(verdict)
     rows = {row["kind"]: row for row in verdict["stages"]}
     assert rows["pos_bias"]["ok"] is True and rows["mask"]["ok"] is True, rows
+    said = rows["pos_bias"]["checked"]  # the terms are the reference's: no advice to expect alibi
+    assert "--expect pos_bias" in said and "not part of plain attention" not in said, said
     config = Config("the cat sat down", embed_dim=16, num_heads=4, causal=False,
                     batch=("a dog",))  # rows 1, ... after the sentence's row 0
     run, _ = checked(Request(config, Source(module=f"{SAM}:SamPaddedAttention"),

@@ -340,9 +340,12 @@ def judge(j: Judge) -> list[Row]:
                 }.get(shape.kind, "a position bias")
         added = all(c.ok is not False for c in stage.checks[:1])
         if not j.facts.alibi:
+            grown = EXPECTED in j.facts.mechanisms  # in the reference, by --expect pos_bias
             rows.append(j.row(stage, KIND, added, None,
-                              f"scores + {said}: the bias is what was added (not part of "
-                              f"plain attention; check --expect alibi for an ALiBi exercise)"))
+                              f"scores + {said}: the bias is what was added (" + (
+                                  "the reference adds the module's own terms: --expect pos_bias"
+                                  if grown else "not part of plain attention; check --expect "
+                                  "alibi for an ALiBi exercise") + ")"))
             continue
         slopes = alibi_slopes(j.h)
         expected = ", ".join(f"{m:.4g}" for m in slopes[:4]) + (", ..." if j.h > 4 else "")
