@@ -786,3 +786,22 @@ def test_numpy_code_refuses_a_second_sequence_in_one_line(tmp_path, command, giv
     assert result.returncode == 2 and result.stdout == b"", err
     assert err.startswith(f"mha-tui: error: {given[0]} needs a torch module") and "\n" not in err
     assert "is NumPy code" in err and not out.exists()
+
+
+@pytest.mark.parametrize("module,init", [
+    ("tests/fixtures/two_sequences.py:SDCrossAttention", "context_dim=8"),  # CompVis' spelling
+    ("torch.nn:MultiheadAttention", "kdim=6")])
+def test_a_context_of_another_width_is_refused_in_one_line(tmp_path, module, init) -> None:
+    """--context is embedded at C; a module built to read a context of another width failed
+    inside its own product ("mat1 and mat2 shapes cannot be multiplied"), as if its code were
+    wrong. Refused before it runs, naming the argument; at C it runs."""
+    name, value = init.split("=")
+    out = tmp_path / "t.txt"
+    result = run_cli("explain", "I love AI !", "--context", "le chat", "--module", module,
+                     "--init", init, "--dump", str(out))
+    err = result.stderr.decode().strip()
+    assert result.returncode == 2 and "\n" not in err and not out.exists(), err
+    assert f"({init}) reads a context {value} wide" in err and f"--init {name}=4" in err
+    fixed = run_cli("explain", "I love AI !", "--context", "le chat", "--module", module,
+                    "--init", f"{name}=4", "--dump", str(out))
+    assert fixed.returncode == 0 and "T_k=2" in out.read_text(), fixed.stderr.decode()

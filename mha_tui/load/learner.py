@@ -215,6 +215,32 @@ def safe(text: str, limit: int = 300) -> str:
     return out if len(out) <= limit else out[: limit - 1] + "…"
 
 
+# The constructor arguments that set the width of cross-attention's second sequence
+# (CompVis' and lucidrains' context_dim, diffusers' cross_attention_dim, torch's and fairseq's
+# kdim/vdim, encoder widths): --context is embedded at C, the sentence's width.
+CONTEXT_WIDTH_NAMES = ("context_dim", "cross_attention_dim", "kdim", "vdim", "encoder_dim",
+                       "encoder_hidden_size")
+
+
+def refuse_another_context_width(cls: type, config: Config, kwargs: Mapping[str, object]) -> None:
+    """--context with a module built to read a context of another width (given by --init or
+    its author's default): refused in one line, before its forward fails inside a product."""
+    if not config.cross:
+        return
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return
+    for name in CONTEXT_WIDTH_NAMES:
+        value = kwargs.get(name, params[name].default if name in params else None)
+        if isinstance(value, int) and not isinstance(value, bool) and value != config.embed_dim:
+            C = config.embed_dim
+            raise LoadError(f"--context is embedded at the sentence's width C = {C}; "
+                            f"{cls.__name__}({name}={value}) reads a context {value} wide, which "
+                            f"mha-tui does not build yet: --init {name}={C} (or --embed-dim "
+                            f"{value} if that is also the sentence's width)")
+
+
 def constructor_arguments(cls: type, config: Config, init: Mapping[str, object]) -> dict[str, object]:
     """The keyword arguments cls(...) gets: --init first, then the by-name rules; every
     other parameter keeps its default. A required one left over is refused."""

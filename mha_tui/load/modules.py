@@ -36,6 +36,7 @@ from .learner import (  # the torch-free half of the load room, shared with nump
     import_file,
     import_name,
     learner_code,
+    refuse_another_context_width,
     safe,
     shown_path,
 )
@@ -133,6 +134,7 @@ def load(config: Config, source: Source | None = None) -> LoadedTorch:
                             f"{', '.join([*switchable, *NUMPY_MODEL_NAMES])} and --module")
     fixed = example.fixed(config) if example else {}
     kwargs = constructor_arguments(cls, config, {**fixed, **dict(source.init)})
+    refuse_another_context_width(cls, config, kwargs)
 
     with torch.no_grad():
         torch.manual_seed(config.seed)
