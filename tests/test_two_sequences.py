@@ -187,6 +187,8 @@ def test_explain_context_from_the_command_line(tmp_path) -> None:
     assert result.returncode == 0, result.stderr.decode()
     written = json.loads(out.read_text())
     assert written["config"]["context_tokens"] == ["le", "chat", "est", "sur", "le", "tapis"]
+    # the flag asked for is still true; what the module did is the header's word
+    assert written["config"]["causal"] is True and written["masking"] == "no mask"
     # the axes named as the text names them: the queries' T_q beside the keys' T_k
     softmax = next(stage for stage in written["stages"] if stage["kind"] == "softmax")
     assert softmax["dims_out"] == ["B", "h", "T_q", "T_k"]

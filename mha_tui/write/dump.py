@@ -20,7 +20,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from ..records import OpRecord, TensorRecord, Trace
-from ..render.header import display_path, module_line, trace_header
+from ..render.header import display_path, masking, module_line, trace_header
 from ..render.options import ASCII_GLYPHS, RenderOptions
 from ..render.stage import labelled, stage_view
 from ..render.tensor import shown_dims
@@ -302,6 +302,9 @@ def _one_document(trace: Trace, first: int, tensors: list[np.ndarray], nonce: st
             "class": trace.module.class_name, "file": display_path(trace.module.file),
             "per_head_modules": trace.module.per_head_modules,
             **({"weights": display_path(trace.module.weights)} if trace.module.weights else {})},
+        # what the module did about masking, as the header says it (config.causal is the
+        # flag asked for: cross-attention with no mask still has it true)
+        "masking": masking(trace),
         "stages": [
             {
                 "id": stage.id,
