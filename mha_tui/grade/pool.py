@@ -285,12 +285,10 @@ def grade(submissions: Sequence[Submission], limits: Limits, *, jobs: int = 1,
     try:
         futures = {pool.submit(grader.run_one, sub): i for i, sub in enumerate(submissions)}
         pending = set(futures)
-        while pending:
-            # Ctrl-C only sets `stop`, read here, where no lock is half taken. Never an
-            # unbounded wait: Linux may hand the SIGINT to a pool thread, which does not wake
-            # a main thread asleep on a lock.
-            if stop.is_set():
-                raise KeyboardInterrupt
+        # Ctrl-C only sets `stop`, read here, where no lock is half taken. Never an unbounded
+        # wait: Linux may hand the SIGINT to a pool thread, which does not wake a main thread
+        # asleep on a lock.
+        while pending and not stop.is_set():
             finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for future in sorted(finished, key=futures.__getitem__):
                 graded = future.result()
