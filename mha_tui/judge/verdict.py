@@ -210,11 +210,6 @@ def _rotary_dims(j: Judge) -> list[int | None]:
     return dims or ([j.d_h - 1] if j.d_h > 2 else [])
 
 
-def _name(j: Judge, weights: RoleWeights, kwargs: dict[str, object]) -> str:
-    """What the grown reference computes, in words."""
-    return _described(j, weights, kwargs).words
-
-
 def _described(j: Judge, weights: RoleWeights, kwargs: dict[str, object]) -> Reference:
     """What the reference computes (steps' keyword arguments `kwargs`; none: plain
     multi-head attention): each mechanism with its words and parameters, and the whole in
@@ -260,9 +255,9 @@ def _described(j: Judge, weights: RoleWeights, kwargs: dict[str, object]) -> Ref
 
 
 def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
-               ) -> tuple[np.ndarray, str, dict[str, object], str]:
+               ) -> tuple[np.ndarray, str, dict[str, object], Reference | None]:
     """The reference's output, its name, how it was grown (steps' keyword arguments) and
-    what it computes in words ("" for plain multi-head attention).
+    what it computes (`_described`; None for plain multi-head attention).
 
     Plain attention is the torch-side reference module (Facts.reference); shared K/V heads
     (read from the K and V weights' shapes) and a mechanism the learner said they meant to
@@ -272,7 +267,7 @@ def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
     f = j.facts
     if not _grows(j, weights):
         assert f.reference is not None
-        return f.reference(x, weights, j.h, f.causal), f.reference_name, {}, ""
+        return f.reference(x, weights, j.h, f.causal), f.reference_name, {}, None
     common: dict[str, object] = {"window": f.window, "alibi": f.alibi,
                                  "grown": _grown(j, f.mechanisms),
                                  "padding": _padding(j)}
@@ -300,8 +295,8 @@ def _reference(j: Judge, x: np.ndarray, weights: RoleWeights, got: np.ndarray
             best = (d, out, kwargs)
     assert best is not None
     _, out, kwargs = best
-    words = _name(j, weights, kwargs)
-    return out, f"the NumPy reference ({words})", kwargs, words
+    described = _described(j, weights, kwargs)
+    return out, f"the NumPy reference ({described.words})", kwargs, described
 
 
 def _padding(j: Judge) -> np.ndarray | None:
@@ -747,8 +742,9 @@ def _end_to_end(j: Judge) -> tuple[StageVerdict, Diagnosis | None]:
     if x is None:
         return not_compared("the forward has no input x to give the reference")
     got = f64(j.g.snap(out_ref).values)
-    expected, name, kwargs, j.grown = _reference(j, np.asarray(x), weights, got)
-    j.compared_with = _described(j, weights, kwargs)
+    expected, name, kwargs, grown = _reference(j, np.asarray(x), weights, got)
+    j.grown = grown.words if grown is not None else ""
+    j.compared_with = grown or _described(j, weights, kwargs)  # plain attention: kwargs {}
     if got.size != expected.size:
         return not_compared(f"the output has {got.size} numbers, the reference's {expected.size}")
     got, padded_rows = _real_rows(j, got.reshape(expected.shape), expected)
