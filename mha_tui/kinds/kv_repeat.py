@@ -301,11 +301,9 @@ def _judged(j: Judge, g: Graph, stage: Stage, by_role: list[tuple[str, Repeat]])
 def why(cell: Cell) -> Why:
     """A repeated K/V value: query head j reads K/V head j // n (or j % h_kv, where the
     module's .repeat cycled the heads, as the stage found), the same number copied."""
-    # the builder's pairs: (role, h_kv heads), (role, h heads); the cell's is the one before
-    at_record = next((i for i, r in enumerate(cell.stage.tensors) if r is cell.record), 0)
-    if at_record < 1:
+    before = cell.record_before()  # the builder's pairs: (role, h_kv heads), (role, h heads)
+    if before is None:
         raise WhyError(f"cannot tell which K/V heads {cell.name} was copied from")
-    before = cell.stage.tensors[at_record - 1]
     shape, kv_shape = cell.record.values.shape, before.values.shape
     axes = [a for a, (n, m) in enumerate(zip(shape, kv_shape, strict=False)) if n != m]
     if len(shape) != len(kv_shape) or len(axes) != 1 or shape[axes[0]] % kv_shape[axes[0]]:

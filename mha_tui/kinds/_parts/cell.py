@@ -192,6 +192,13 @@ class Cell:
         row = config.padding[self.index[0]]
         return 0 <= t < len(row) and row[t]
 
+    def record_before(self) -> TensorRecord | None:
+        """The stage's tensor listed just before the cell's own: where a builder lists
+        (before, after) pairs per role (rotary's Q and K, repeated K and V), the one the
+        cell's was made from; None when the cell's tensor comes first."""
+        at = next((i for i, r in enumerate(self.stage.tensors) if r is self.record), 0)
+        return self.stage.tensors[at - 1] if at >= 1 else None
+
     def token(self, t: int) -> str:
         tokens = self._row_tokens() or self.trace.config.tokens
         return tokens[t] if 0 <= t < len(tokens) else str(t)

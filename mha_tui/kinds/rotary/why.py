@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -68,10 +69,10 @@ def why(cell: Cell) -> Why:
 def _before(cell: Cell) -> TensorRecord:
     """The tensor the cell's was turned from: the builder's pairs are (role before, role
     after), so the one before the cell's own (Q's for a Q cell, K's for a K cell)."""
-    at_record = next((i for i, r in enumerate(cell.stage.tensors) if r is cell.record), 0)
-    if at_record < 1:
+    before = cell.record_before()
+    if before is None:
         raise WhyError(f"cannot tell which tensor {cell.name} was turned from")
-    return cell.stage.tensors[at_record - 1]
+    return before
 
 
 def _at(index: tuple[int, ...]) -> str:
@@ -179,32 +180,14 @@ def _why_stacked(cell: Cell, op: OpRecord, at: tuple[int, ...], x_full: np.ndarr
     if combine is None or combine.name not in {"add", "sub"} or len(combine.inputs) != 2:
         raise WhyError(f"cannot tell how {cell.name} was turned: part {part} of its pair is "
                        f"not a sum or difference of two products")
-    here = (*lead, pair)
-    names = {2 * pair: f"x[{2 * pair}]", 2 * pair + 1: f"x[{2 * pair + 1}]"}
-    terms, values = [], []
-    for k, mul_ref in enumerate(combine.inputs):
-        mul = recording.ops[mul_ref.op] if mul_ref.kind == "op" and mul_ref.op is not None else None
-        if mul is None or mul.name not in {"mul", "mul_"} or len(mul.inputs) != 2:
-            raise WhyError(f"the rotation's {combine.name} in stage {cell.stage.id} is not of "
-                           "two products")
-        a, b = (float(np.broadcast_to(cell.operand(mul, j), combine.out.shape)[here])
-                 for j in (0, 1))
-        # which of the two is a channel of the pair (x), which the module's table
-        channel = _channel_in(x_full, lead, (2 * pair, 2 * pair + 1), a)
-        x_value, table, xc = (a, b, channel) if channel is not None else \
-            (b, a, _channel_in(x_full, lead, (2 * pair, 2 * pair + 1), b))
-        if xc is None:
-            raise WhyError(f"cannot find {cell.name}'s pair among the rotation's products")
-        own_channel = xc == 2 * pair + part  # x of this channel times cos, its partner's sin
-        table_name = "cos" if own_channel else "sin"
-        sign = -1.0 if combine.name == "sub" and k == 1 else 1.0
-        product = x_value * table
-        terms.append(Term(f"{'−' if sign < 0 else ''}{names[xc]} × {table_name}",
-                          (sign * x_value, "×", table), sign * product))
-        values.append((table_name, table))
+    muls = _combines(cell, combine)
+    if muls is None:
+        raise WhyError(f"the rotation's {combine.name} in stage {cell.stage.id} is not of "
+                       "two products")
+    terms, angle = _pair_terms(cell, combine, muls, (*lead, pair), x_full,
+                               (2 * pair, 2 * pair + 1), 2 * pair + part,
+                               lambda xc: f"x[{xc}]")
     computed = sum(term.value for term in terms)
-    tables = dict(values)
-    angle = math.atan2(tables.get("sin", 0.0), tables.get("cos", 1.0))
     t = _position(cell)
     c = 2 * pair + part
     return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
@@ -262,27 +245,10 @@ def _why_halves(cell: Cell, op: OpRecord, at: tuple[int, ...], x_full: np.ndarra
     combine = recording.ops[op.inputs[part].op]  # type: ignore[index]
     muls = _combines(cell, combine)
     assert muls is not None  # _halves checked it
-    here = (*lead, k)
-    pair_channels = (k, k + half)
-    terms = []
-    tables: dict[str, float] = {}
-    for n, mul in enumerate(muls):
-        a, b = (float(np.broadcast_to(cell.operand(mul, j), combine.out.shape)[here])
-                for j in (0, 1))
-        xc = _channel_in(x_full, lead, pair_channels, a)
-        x_value, table = (a, b) if xc is not None else (b, a)
-        if xc is None:
-            xc = _channel_in(x_full, lead, pair_channels, b)
-        if xc is None:
-            raise WhyError(f"cannot find {cell.name}'s pair among the rotation's products")
-        table_name = "cos" if xc == c else "sin"  # x of this channel times cos, its partner's sin
-        sign = -1.0 if combine.name == "sub" and n == 1 else 1.0
-        terms.append(Term(f"{'−' if sign < 0 else ''}{name}[.., {xc}] × {table_name}",
-                          (sign * x_value, "×", table), sign * x_value * table))
-        tables[table_name] = table
-    computed = sum(term.value for term in terms)  # type: ignore[misc]
+    terms, angle = _pair_terms(cell, combine, muls, (*lead, k), x_full, (k, k + half), c,
+                               lambda xc: f"{name}[.., {xc}]")
+    computed = sum(term.value for term in terms)
     partner = k + half if part == 0 else k
-    angle = math.atan2(tables.get("sin", 0.0), tables.get("cos", 1.0))
     t = _position(cell)
     return Why(cell.stage.id, KIND, cell.record.name, cell.index, where(cell),
                f"{cell.name} = x[{c}] · cos − x[{partner}] · sin" if part == 0 else
@@ -295,6 +261,33 @@ def _why_halves(cell: Cell, op: OpRecord, at: tuple[int, ...], x_full: np.ndarra
                 "cos and sin are the module's own recorded tables, read at this cell; each "
                 "product is the module's recorded operands, multiplied by mha-tui"),
                computed, cell.recorded)
+
+
+def _pair_terms(cell: Cell, combine: OpRecord, muls: list[OpRecord], here: tuple[int, ...],
+                x_full: np.ndarray, channels: tuple[int, ...], own: int,
+                label: Callable[[int], str]) -> tuple[list[Term], float]:
+    """The two recorded products a rotation's sub or add (`combine`) joins, read at `here`,
+    as terms: in each, which operand is a channel of the pair (`channels` of the head tensor
+    before rotary, `x_full`) and which the module's table, cos for the cell's `own` channel,
+    sin for its partner's; and the angle atan2(sin, cos) the pair is turned by."""
+    *lead, _ = here
+    terms: list[Term] = []
+    tables: dict[str, float] = {}
+    for n, mul in enumerate(muls):
+        a, b = (float(np.broadcast_to(cell.operand(mul, j), combine.out.shape)[here])
+                for j in (0, 1))
+        xc = _channel_in(x_full, lead, channels, a)
+        x_value, table = (a, b) if xc is not None else (b, a)
+        if xc is None:
+            xc = _channel_in(x_full, lead, channels, b)
+        if xc is None:
+            raise WhyError(f"cannot find {cell.name}'s pair among the rotation's products")
+        table_name = "cos" if xc == own else "sin"
+        sign = -1.0 if combine.name == "sub" and n == 1 else 1.0
+        terms.append(Term(f"{'−' if sign < 0 else ''}{label(xc)} × {table_name}",
+                          (sign * x_value, "×", table), sign * x_value * table))
+        tables[table_name] = table
+    return terms, math.atan2(tables.get("sin", 0.0), tables.get("cos", 1.0))
 
 
 def _channel_in(x_full: np.ndarray, lead: list[int], channels: tuple[int, ...],
