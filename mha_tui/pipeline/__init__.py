@@ -262,13 +262,12 @@ def load_numpy_source(request: Request) -> bool:
 def verdict(request: Request) -> Verdict:
     """load -> trace -> judge: `mha-tui check`'s verdict on the request's module, judged
     against `request.expect`."""
-    if isinstance(request.source, Given):
+    # A module object given in Python, or --decode (the steps traced, then judged with the
+    # full forward, judge.decode): checked's pair (which refuses what is not wired).
+    if isinstance(request.source, Given) or request.steps:
         run, checker = checked(request)
         return checker(run(request.config))
     _refuse_unwired(request)
-    if request.steps:  # the steps traced, then judged with the full forward (judge.decode)
-        run, checker = checked(request)
-        return checker(run(request.config))
     return check_source(request.config, request.source, request.expect)
 
 
