@@ -468,11 +468,11 @@ def _judge_padded(j: Judge, stages: list[Stage]) -> list[Row]:
         d = max_diff(np.where(kept, after, 0.0), np.where(kept, before, 0.0))
         # A padded query's row is never read for a real token's output: what the module
         # blocks there is its own choice (DeBERTa's mask blocks the padded queries too).
-        real = ~pad[:, None, :, None]  # (B, 1, T_q, 1)
-        matches = (per_row == expected[:, None]) | ~real
-        good = bool(matches.all()) and d <= _allowed(before, kept)
+        differs = per_row != expected[:, None]
+        wrong = differs & ~pad[:, None, :, None]  # on a real query's row, (B, h, T_q, T_k)
+        good = not wrong.any() and d <= _allowed(before, kept)
         checked = words
-        if good and (per_row != expected[:, None]).any():
+        if good and differs.any():
             checked += (", and blocks the padded queries' rows too (the module's own choice: "
                         "no real token reads them)")
         diag = None
@@ -497,7 +497,7 @@ def _judge_padded(j: Judge, stages: list[Stage]) -> list[Row]:
             else:
                 diag = ("padding_wrong", "the mask does not block exactly each row's padded "
                         "keys" + (" and the causal entries" if causal.any() else "")
-                        + _first_wrong_entry(per_row, expected, pad))
+                        + _first_wrong_entry(wrong, per_row, pad))
         rows.append(j.row(stage, "mask", good, d, checked, source=op.source, diagnosis=diag))
     # F.scaled_dot_product_attention takes the padding in its attn_mask: the sdpa kind
     # judges it from the fused op's own output.
@@ -511,10 +511,10 @@ def _judge_padded(j: Judge, stages: list[Stage]) -> list[Row]:
     return rows
 
 
-def _first_wrong_entry(per_row: np.ndarray, expected: np.ndarray, pad: np.ndarray) -> str:
-    """Where a padded batch's mask is first wrong for a real query: a key it should block
-    that is seen, or a key it blocks that should be seen (batch row, head, query, key)."""
-    wrong = (per_row != expected[:, None]) & ~pad[:, None, :, None]
+def _first_wrong_entry(wrong: np.ndarray, per_row: np.ndarray, pad: np.ndarray) -> str:
+    """Where a padded batch's mask is first wrong (`wrong`: on a real query's row): a key it
+    should block that is seen, or a key it blocks that should be seen (batch row, head,
+    query, key)."""
     if not wrong.any():
         return ""
     b, h, i, k = (int(n) for n in np.argwhere(wrong)[0])
